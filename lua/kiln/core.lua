@@ -1,0 +1,188 @@
+-- kiln.core: what every part of the Lua library shares: the C library, error raising,
+-- wrapping of returned tensors, and the conversions between Lua's 1-based and C's 0-based dims.
+local ffi = require "ffi"
+local cdef = require "kiln.cdef"
+local C = cdef.lib
+
+local M = {C = C, ffi = ffi}
+
+local cpu_stats = C.kiln_memory_stats(C.KILN_CPU)
+local cuda_stats = C.kiln_memory_stats(C.KILN_CUDA)
+-- A tensor in Lua is a struct kiln_ref holding the C pointer. A bare pointer would not do:
+-- LuaJIT gives pointers built-in arithmetic and indexing (p + 1, p[2]) that metamethods cannot
+-- override, and a tensor needs both.
+local Ref = ffi.typeof("struct kiln_ref")
+M.Ref = Ref
+local finalize = C.kiln_ref_release
+
+-- C counts dims and indices from 0; messages are rewritten to count from 1 as Lua does.
+local raise
+local function lua_message(msg)
+  msg = msg:gsub("dim (%d+)", function(d) return "dim " .. (tonumber(d) + 1) end)
+  msg = msg:gsub("index (%-?%d+) out of range", function(i) return "index " .. (tonumber(i) + 1) .. " out of range" end)
+  msg = msg:gsub("%(C counts from 0%)", "(counting from 1)")
+  msg = msg:gsub("; C counts from 0%)", "; counting from 1)")
+  return msg
+end
+M.lua_message = lua_message
+
+-- Errors point at the user's line: the first frame on the stack that is neither C nor a file of
+-- this library (operators reach the library through metamethod frames of their own).
+local library_prefix = debug.getinfo(1, "S").source:match("^(@.*/)[^/]*$") or "@lua/kiln/"
+
+function M.raise(msg)
+  local level = 2
+  while true do
+    local info = debug.getinfo(level, "S")
+    if not info then level = 1 break end
+    if info.what ~= "C" and info.source:sub(1, #library_prefix) ~= library_prefix then break end
+    level = level + 1
+  end
+  error(msg, level)
+end
+
+raise = M.raise
+
+-- Raise the runtime's last error, its dims and indices counted from 1.
+function M.fail()
+  M.raise(lua_message(ffi.string(C.kiln_error_message())))
+end
+
+local fail = M.fail
+local collectgarbage = collectgarbage
+
+-- The GC cannot see the memory behind a tensor's small cdata, so the runtime counts bytes and a
+-- collection runs when enough were allocated since the last one. The CPU threshold follows the
+-- Lua heap (a collection costs about its size): 8x the heap, at least 16 MB, unless set by hand.
+M.gc_threshold_fixed = false
+local function collect()
+  C.kiln_memory_collected()
+  collectgarbage("collect")
+  if not M.gc_threshold_fixed then
+    local heap = collectgarbage("count") * 1024
+    C.kiln_memory_set_threshold(C.KILN_CPU, math.min(math.max(16 * 2 ^ 20, 8 * heap), 2 ^ 30))
+  end
+end
+M.collect = collect
+
+-- Take ownership of a tensor C returned; nil means the call failed.
+function M.wrap(p)
+  if p == nil then fail() end
+  local r = ffi.gc(Ref(p), finalize)
+  if cpu_stats.since_collect > cpu_stats.threshold or cuda_stats.since_collect > cuda_stats.threshold then collect() end
+  return r
+end
+
+-- A status: 0 is fine, anything else raises.
+function M.check(status)
+  if status ~= 0 then fail() end
+end
+
+function M.is_tensor(x) return ffi.istype(Ref, x) end
+
+-- A Lua dim (1-based, -1 is the last) to a C dim (0-based, negative counts from the end).
+function M.cdim(t, d, what, extra)
+  local n = t.p.ndim + (extra or 0)
+  if type(d) ~= "number" or d ~= math.floor(d) then
+    raise(string.format("%s: dim must be an integer, got %s", what or "kiln", tostring(d)))
+  end
+  if d == 0 or d > n or d < -n or (n == 0 and d ~= 1 and d ~= -1) then
+    raise(string.format("%s: dim %d out of range for a tensor of %d dims (dims count from 1; -1 is the last)",
+                        what or "kiln", d, t.p.ndim))
+  end
+  if d > 0 then return d - 1 end
+  return d + n
+end
+
+-- dtypes by name and by number.
+M.dtype_names = {}
+for i = 0, C.KILN_DTYPE_COUNT - 1 do M.dtype_names[i] = ffi.string(C.kiln_dtype_name(i)) end
+
+function M.dtype(name, what)
+  if name == nil then return C.KILN_F32 end
+  if type(name) == "number" then return name end
+  local d = C.kiln_dtype_from_name(tostring(name))
+  if d < 0 then raise(string.format("%s: unknown dtype %q (f32, f64, f16, bf16, i64, i32, u8, bool)", what or "kiln", tostring(name))) end
+  return d
+end
+
+local devices = {}
+function M.device(name, what)
+  if name == nil then name = "cpu" end
+  if ffi.istype("struct kiln_device", name) then return name end
+  local d = devices[name]
+  if d then return d end
+  d = ffi.new("struct kiln_device")
+  if C.kiln_device_parse(tostring(name), d) ~= 0 then fail() end
+  devices[name] = d
+  return d
+end
+
+function M.device_name(d) return ffi.string(C.kiln_device_name(d)) end
+
+-- Size arguments: (2, 3), ({2, 3}) or (t:size()); a trailing table with string keys is options.
+function M.sizes_and_options(...)
+  local n = select("#", ...)
+  local opts = nil
+  local last = select(n, ...)
+  if n > 0 and type(last) == "table" and (last[1] == nil) and next(last) ~= nil then
+    opts = last
+    n = n - 1
+  elseif n > 0 and last == nil then
+    n = n - 1
+  end
+  local sizes = {}
+  local first = ...
+  if n == 1 and type(first) == "table" then
+    for i = 1, #first do sizes[i] = first[i] end
+  else
+    for i = 1, n do sizes[i] = (select(i, ...)) end
+  end
+  for i = 1, #sizes do
+    local s = sizes[i]
+    if type(s) ~= "number" or s ~= math.floor(s) then
+      raise(string.format("kiln: size %d is %s (expected an integer)", i, tostring(s)))
+    end
+  end
+  return sizes, opts or {}
+end
+
+-- A Lua list of numbers as an int64_t[]; keep the returned array alive across the call.
+function M.int64_array(list)
+  local n = #list
+  local a = ffi.new("int64_t[?]", n > 0 and n or 1)
+  for i = 1, n do a[i - 1] = list[i] end
+  return a, n
+end
+
+-- A tensor from a number or nested Lua tables (booleans give bool unless a dtype is named).
+function M.from_table(data, dtype, device)
+  local sizes, flat = {}, {}
+  local is_bool = false
+  local function shape(x, d)
+    if type(x) == "table" then
+      local n = #x
+      if sizes[d] == nil then sizes[d] = n
+      elseif sizes[d] ~= n then
+        raise(string.format("tensor: ragged nested table: dim %d has %d and %d elements", d, sizes[d], n))
+      end
+      for i = 1, n do shape(x[i], d + 1) end
+    else
+      if sizes[d] ~= nil and d <= #sizes then
+        raise(string.format("tensor: ragged nested table: a number where dim %d expects a table", d))
+      end
+      if type(x) == "boolean" then is_bool = true; x = x and 1 or 0
+      elseif type(x) ~= "number" then raise("tensor: expected numbers, got a " .. type(x)) end
+      flat[#flat + 1] = x
+    end
+  end
+  shape(data, 1)
+  if dtype == nil and is_bool then dtype = "bool" end
+  local dt = M.dtype(dtype, "tensor")
+  local a, n = M.int64_array(sizes)
+  local buf = ffi.new("double[?]", #flat > 0 and #flat or 1)
+  for i = 1, #flat do buf[i - 1] = flat[i] end
+  return M.wrap(C.kiln_tensor_from_f64(n, a, buf, dt, M.device(device)))
+end
+
+return M

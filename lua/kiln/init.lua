@@ -1,0 +1,142 @@
+-- kiln: tensors and deep learning in LuaJIT over a C runtime.
+-- `local kiln = require "kiln"` loads libkiln, its declarations and the tensor metatype.
+local core = require "kiln.core"
+local Tensor = require "kiln.tensor"
+local ffi, C = core.ffi, core.C
+local wrap, check, raise = core.wrap, core.check, core.raise
+
+local kiln = {}
+kiln.version = ffi.string(C.kiln_version())
+kiln.Tensor = Tensor
+kiln.C = C
+kiln.ffi = ffi
+
+for name, d in pairs({f32 = "f32", f64 = "f64", f16 = "f16", bf16 = "bf16", i64 = "i64", i32 = "i32", u8 = "u8", bool = "bool"}) do
+  kiln[name] = d
+end
+kiln.float32, kiln.float64, kiln.float16, kiln.bfloat16 = "f32", "f64", "f16", "bf16"
+kiln.int64, kiln.int32, kiln.uint8 = "i64", "i32", "u8"
+
+kiln.is_tensor = core.is_tensor
+
+-- ---- creation ----
+
+-- kiln.tensor({{1, 2}, {3, 4}}, {dtype = "f64", device = "cpu"}); a number gives a 0-dim tensor.
+function kiln.tensor(data, opts)
+  opts = opts or {}
+  if core.is_tensor(data) then return data:to{dtype = opts.dtype or data:dtype(), device = opts.device}:clone() end
+  return core.from_table(data, opts.dtype, opts.device)
+end
+
+local function creator(fill)
+  return function(...)
+    local sizes, opts = core.sizes_and_options(...)
+    local a, n = core.int64_array(sizes)
+    return fill(n, a, opts)
+  end
+end
+
+kiln.empty = creator(function(n, a, o) return wrap(C.kiln_tensor_empty(n, a, core.dtype(o.dtype, "empty"), core.device(o.device))) end)
+kiln.zeros = creator(function(n, a, o) return wrap(C.kiln_tensor_full(n, a, 0, core.dtype(o.dtype, "zeros"), core.device(o.device))) end)
+kiln.ones = creator(function(n, a, o) return wrap(C.kiln_tensor_full(n, a, 1, core.dtype(o.dtype, "ones"), core.device(o.device))) end)
+
+-- kiln.full({2, 3}, 7) or kiln.full(2, 3, 7, {dtype=...}): the value is the last number.
+function kiln.full(...)
+  local args = {...}
+  local opts = {}
+  if type(args[#args]) == "table" and args[#args][1] == nil then opts = table.remove(args) end
+  local value = table.remove(args)
+  if type(value) ~= "number" then raise("full: the last argument (before options) must be the fill value") end
+  local sizes = type(args[1]) == "table" and args[1] or args
+  local a, n = core.int64_array(sizes)
+  return wrap(C.kiln_tensor_full(n, a, value, core.dtype(opts.dtype, "full"), core.device(opts.device)))
+end
+
+-- arange(end), arange(start, end), arange(start, end, step): end is excluded, as in PyTorch.
+-- The dtype is i64 when every argument is an integer, else f32.
+function kiln.arange(a, b, c, opts)
+  if type(b) == "table" then opts, b = b, nil elseif type(c) == "table" then opts, c = c, nil end
+  opts = opts or {}
+  local start, stop, step = 0, a, 1
+  if b ~= nil then start, stop, step = a, b, c or 1 end
+  local int = start == math.floor(start) and stop == math.floor(stop) and step == math.floor(step)
+  local dtype = opts.dtype or (int and "i64" or "f32")
+  return wrap(C.kiln_tensor_arange(start, stop, step, core.dtype(dtype, "arange"), core.device(opts.device)))
+end
+
+function kiln.linspace(a, b, steps, opts)
+  opts = opts or {}
+  return wrap(C.kiln_tensor_linspace(a, b, steps, core.dtype(opts.dtype, "linspace"), core.device(opts.device)))
+end
+
+function kiln.eye(n, m, opts)
+  if type(m) == "table" then opts, m = m, nil end
+  opts = opts or {}
+  return wrap(C.kiln_tensor_eye(n, m or n, core.dtype(opts.dtype, "eye"), core.device(opts.device)))
+end
+
+kiln.rand = creator(function(n, a, o)
+  local t = wrap(C.kiln_tensor_empty(n, a, core.dtype(o.dtype, "rand"), core.device(o.device)))
+  check(C.kiln_uniform_(t.p, 0, 1))
+  return t
+end)
+
+kiln.randn = creator(function(n, a, o)
+  local t = wrap(C.kiln_tensor_empty(n, a, core.dtype(o.dtype, "randn"), core.device(o.device)))
+  check(C.kiln_normal_(t.p, 0, 1))
+  return t
+end)
+
+-- randint(low, high, sizes, opts): integers in [low, high), i64 by default. randint(high, sizes) starts at 0.
+function kiln.randint(low, high, sizes, opts)
+  if type(high) == "table" then low, high, sizes, opts = 0, low, high, sizes end
+  opts = opts or {}
+  local a, n = core.int64_array(sizes or {})
+  local t = wrap(C.kiln_tensor_empty(n, a, core.dtype(opts.dtype or "i64", "randint"), core.device(opts.device)))
+  check(C.kiln_randint_(t.p, low, high))
+  return t
+end
+
+kiln.zeros_like, kiln.ones_like, kiln.full_like = Tensor.zeros_like, Tensor.ones_like, Tensor.full_like
+function kiln.empty_like(t, opts) return Tensor.full_like(t, 0, opts) end
+function kiln.rand_like(t) return Tensor.uniform_(kiln.empty_like(t), 0, 1) end
+function kiln.randn_like(t) return Tensor.normal_(kiln.empty_like(t), 0, 1) end
+
+-- ---- functions ----
+
+kiln.cat, kiln.stack = Tensor.cat, Tensor.stack
+kiln.where = Tensor._where
+-- Every method is also a function of the tensor: kiln.exp(t), kiln.sum(t, 2).
+for name, fn in pairs(Tensor) do
+  if kiln[name] == nil and name:sub(1, 1) ~= "_" then kiln[name] = fn end
+end
+
+-- ---- the runtime ----
+
+function kiln.manual_seed(seed)
+  C.kiln_manual_seed(seed)
+end
+kiln.seed = kiln.manual_seed
+function kiln.initial_seed() return tonumber(C.kiln_initial_seed()) end
+function kiln.get_rng_state() return {seed = tonumber(C.kiln_initial_seed()), offset = tonumber(C.kiln_random_offset())} end
+function kiln.set_rng_state(s) C.kiln_random_set_state(s.seed, s.offset) end
+
+function kiln.set_num_threads(n) check(C.kiln_set_num_threads(n)) end
+function kiln.get_num_threads() return C.kiln_get_num_threads() end
+
+-- Bytes held by tensors on a device type ("cpu" or "cuda").
+function kiln.memory_stats(device)
+  local s = C.kiln_memory_stats(device == "cuda" and C.KILN_CUDA or C.KILN_CPU)
+  return {live_bytes = tonumber(s.live_bytes), peak_bytes = tonumber(s.peak_bytes), allocs = tonumber(s.allocs),
+          frees = tonumber(s.frees), threshold = tonumber(s.threshold)}
+end
+-- Collect garbage after this many tensor bytes were allocated since the last collection
+-- (nil: back to the automatic CPU threshold).
+function kiln.set_gc_threshold(bytes, device)
+  if device ~= "cuda" then core.gc_threshold_fixed = bytes ~= nil end
+  C.kiln_memory_set_threshold(device == "cuda" and C.KILN_CUDA or C.KILN_CPU, bytes or 16 * 2 ^ 20)
+end
+
+function kiln.help(x) return require("kiln.help").help(x) end
+
+return kiln

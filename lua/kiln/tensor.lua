@@ -1,0 +1,514 @@
+-- kiln.tensor: the tensor metatype: operators, methods, indexing. Every method is a thin
+-- call into libkiln; dims and indices count from 1 here (-1 is the last) and from 0 in C.
+local core = require "kiln.core"
+local ffi, C = core.ffi, core.C
+local wrap, check, cdim, fail, is_tensor, raise = core.wrap, core.check, core.cdim, core.fail, core.is_tensor, core.raise
+
+local Tensor = {}     -- the methods
+local mt = {}
+
+local function scalar_or_tensor(x, what)
+  if type(x) == "number" then return x end
+  if type(x) == "boolean" then return x and 1 or 0 end
+  if is_tensor(x) then return x end
+  raise(string.format("%s: expected a tensor or a number, got %s", what, type(x)))
+end
+
+-- ---- shape and properties ----
+
+function Tensor.dim(t) return t.p.ndim end
+Tensor.ndimension = Tensor.dim
+function Tensor.numel(t) return tonumber(t.p.numel) end
+Tensor.nelement = Tensor.numel
+function Tensor.dtype(t) return core.dtype_names[t.p.dtype] end
+function Tensor.device(t) return core.device_name(t.p.device) end
+function Tensor.is_contiguous(t) return C.kiln_is_contiguous(t.p) == 1 end
+function Tensor.is_freed(t) return C.kiln_tensor_is_freed(t.p) == 1 end
+function Tensor.element_size(t) return C.kiln_dtype_size(t.p.dtype) end
+
+local size_mt = {__tostring = function(s) return "[" .. table.concat(s, ", ") .. "]" end}
+
+function Tensor.size(t, d)
+  if d then return tonumber(t.p.sizes[cdim(t, d, "size")]) end
+  local s = {}
+  for i = 0, t.p.ndim - 1 do s[i + 1] = tonumber(t.p.sizes[i]) end
+  return setmetatable(s, size_mt)
+end
+Tensor.shape = Tensor.size
+
+function Tensor.stride(t, d)
+  if d then return tonumber(t.p.strides[cdim(t, d, "stride")]) end
+  local s = {}
+  for i = 0, t.p.ndim - 1 do s[i + 1] = tonumber(t.p.strides[i]) end
+  return s
+end
+
+-- ---- views ----
+
+local function size_args(t, what, ...)
+  local sizes = core.sizes_and_options(...)
+  return sizes
+end
+
+function Tensor.view(t, ...)
+  local a, n = core.int64_array(size_args(t, "view", ...))
+  return wrap(C.kiln_view(t.p, n, a))
+end
+
+function Tensor.reshape(t, ...)
+  local a, n = core.int64_array(size_args(t, "reshape", ...))
+  return wrap(C.kiln_reshape(t.p, n, a))
+end
+
+function Tensor.view_as(t, other) return t:view(other:size()) end
+
+function Tensor.transpose(t, d0, d1)
+  return wrap(C.kiln_transpose(t.p, cdim(t, d0, "transpose"), cdim(t, d1, "transpose")))
+end
+
+function Tensor.t(t)
+  if t.p.ndim > 2 then raise("t: expects a tensor of at most 2 dims, got " .. tostring(t:size())) end
+  if t.p.ndim < 2 then return wrap(C.kiln_alias(t.p)) end
+  return wrap(C.kiln_transpose(t.p, 0, 1))
+end
+
+function Tensor.permute(t, ...)
+  local dims = type(...) == "table" and ... or {...}
+  local a = ffi.new("int[?]", #dims > 0 and #dims or 1)
+  for i = 1, #dims do a[i - 1] = cdim(t, dims[i], "permute") end
+  return wrap(C.kiln_permute(t.p, #dims, a))
+end
+
+-- narrow(dim, start, length): start counts from 1.
+function Tensor.narrow(t, d, start, length)
+  local cd = cdim(t, d, "narrow")
+  if start < 0 then start = tonumber(t.p.sizes[cd]) + start + 1 end
+  if start < 1 then raise(string.format("narrow: start %d out of range (counting from 1)", start)) end
+  return wrap(C.kiln_narrow(t.p, cd, start - 1, length))
+end
+
+local function c_index(t, cd, i, what)
+  local size = tonumber(t.p.sizes[cd])
+  if type(i) ~= "number" or i ~= math.floor(i) then
+    raise(string.format("%s: index must be an integer, got %s", what, tostring(i)))
+  end
+  if i == 0 or i > size or i < -size then
+    raise(string.format("%s: index %d out of range for dim %d of size %d (tensor %s; counting from 1, -1 is the last)",
+                        what, i, cd + 1, size, tostring(Tensor.size(t))))
+  end
+  return i > 0 and i - 1 or size + i
+end
+
+function Tensor.select(t, d, i)
+  local cd = cdim(t, d, "select")
+  return wrap(C.kiln_select(t.p, cd, c_index(t, cd, i, "select")))
+end
+
+function Tensor.squeeze(t, d)
+  if d == nil then return wrap(C.kiln_squeeze_all(t.p)) end
+  return wrap(C.kiln_squeeze(t.p, cdim(t, d, "squeeze")))
+end
+
+function Tensor.unsqueeze(t, d) return wrap(C.kiln_unsqueeze(t.p, cdim(t, d, "unsqueeze", 1))) end
+
+function Tensor.expand(t, ...)
+  local a, n = core.int64_array(size_args(t, "expand", ...))
+  return wrap(C.kiln_expand(t.p, n, a))
+end
+function Tensor.expand_as(t, other) return t:expand(other:size()) end
+
+function Tensor.flatten(t, s, e)
+  if t.p.ndim == 0 then return wrap(C.kiln_flatten(t.p, 0, 0)) end
+  return wrap(C.kiln_flatten(t.p, cdim(t, s or 1, "flatten"), cdim(t, e or -1, "flatten")))
+end
+
+function Tensor.contiguous(t) return wrap(C.kiln_contiguous(t.p)) end
+function Tensor.clone(t) return wrap(C.kiln_clone(t.p)) end
+
+-- ---- copies, dtypes, devices ----
+
+function Tensor.copy_(t, src)
+  if type(src) == "number" then check(C.kiln_fill_(t.p, src)) return t end
+  check(C.kiln_copy_(t.p, src.p))
+  return t
+end
+function Tensor.fill_(t, v) check(C.kiln_fill_(t.p, v)) return t end
+function Tensor.zero_(t) check(C.kiln_fill_(t.p, 0)) return t end
+
+-- to("f64"), to("cuda"), to{dtype=..., device=...}, to(other_tensor)
+function Tensor.to(t, what)
+  if is_tensor(what) then return t:to{dtype = what.p.dtype, device = what.p.device} end
+  local dtype, device
+  if type(what) == "table" then dtype, device = what.dtype, what.device
+  elseif type(what) == "string" and C.kiln_dtype_from_name(what) >= 0 then dtype = what
+  else device = what end
+  local r = t
+  if device ~= nil then r = wrap(C.kiln_to_device(r.p, core.device(device))) end
+  if dtype ~= nil then r = wrap(C.kiln_to_dtype(r.p, core.dtype(dtype, "to"))) end
+  return r
+end
+function Tensor.type(t, dtype) if dtype == nil then return Tensor.dtype(t) end return t:to(dtype) end
+function Tensor.float(t) return t:to("f32") end
+function Tensor.double(t) return t:to("f64") end
+function Tensor.half(t) return t:to("f16") end
+function Tensor.bfloat16(t) return t:to("bf16") end
+function Tensor.long(t) return t:to("i64") end
+function Tensor.int(t) return t:to("i32") end
+function Tensor.byte(t) return t:to("u8") end
+function Tensor.bool(t) return t:to("bool") end
+function Tensor.cpu(t) return t:to("cpu") end
+function Tensor.cuda(t, i) return t:to(i and ("cuda:" .. i) or "cuda") end
+
+function Tensor.free(t) C.kiln_tensor_free(t.p) end
+
+-- ---- elements ----
+
+local dbl = ffi.typeof("double[?]")
+
+function Tensor.item(t)
+  local out = dbl(1)
+  check(C.kiln_tensor_item(t.p, out))
+  if t.p.dtype == C.KILN_BOOL then return out[0] ~= 0 end
+  return out[0]
+end
+
+-- Nested Lua tables in row-major order (a number for a 0-dim tensor).
+function Tensor.totable(t)
+  local n = tonumber(t.p.numel)
+  local buf = dbl(n > 0 and n or 1)
+  check(C.kiln_tensor_to_f64(t.p, buf))
+  local is_bool = t.p.dtype == C.KILN_BOOL
+  local pos = 0
+  local function build(d)
+    if d == t.p.ndim then
+      local v = buf[pos]
+      pos = pos + 1
+      if is_bool then return v ~= 0 end
+      return v
+    end
+    local r = {}
+    for i = 1, tonumber(t.p.sizes[d]) do r[i] = build(d + 1) end
+    return r
+  end
+  return build(0)
+end
+Tensor.tolist = Tensor.totable
+
+-- ---- elementwise ----
+
+local unary = {"neg", "abs", "sign", "sqrt", "rsqrt", "exp", "log", "log1p", "expm1", "sin", "cos", "tanh",
+               "sigmoid", "relu", "floor", "ceil", "round", "trunc", "reciprocal", "square", "erf", "logical_not"}
+for _, name in ipairs(unary) do
+  local op = C["KILN_OP_" .. name:upper()]
+  Tensor[name] = function(t) return wrap(C.kiln_unary(op, t.p)) end
+  Tensor[name .. "_"] = function(t) check(C.kiln_unary_(op, t.p)) return t end
+end
+
+local binary = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "remainder", "eq", "ne", "lt", "le",
+                "gt", "ge", "logical_and", "logical_or"}
+for _, name in ipairs(binary) do
+  local op = C["KILN_OP_" .. name:upper()]
+  Tensor[name] = function(a, b)
+    b = scalar_or_tensor(b, name)
+    if type(b) == "number" then return wrap(C.kiln_binary_scalar(op, a.p, b, 0)) end
+    return wrap(C.kiln_binary(op, a.p, b.p))
+  end
+  Tensor[name .. "_"] = function(a, b)
+    b = scalar_or_tensor(b, name .. "_")
+    if type(b) == "number" then check(C.kiln_binary_scalar_(op, a.p, b)) else check(C.kiln_binary_(op, a.p, b.p)) end
+    return a
+  end
+end
+Tensor.greater, Tensor.less = Tensor.gt, Tensor.lt
+
+-- Operators. A number on the left works too (2 - t, 1 / t).
+local OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_POW, OP_REM = C.KILN_OP_ADD, C.KILN_OP_SUB, C.KILN_OP_MUL, C.KILN_OP_DIV, C.KILN_OP_POW, C.KILN_OP_REMAINDER
+local function operator(op)
+  return function(a, b)
+    if type(a) == "number" then return wrap(C.kiln_binary_scalar(op, b.p, a, 1)) end
+    if type(b) == "number" then return wrap(C.kiln_binary_scalar(op, a.p, b, 0)) end
+    if not is_tensor(b) or not is_tensor(a) then
+      raise(string.format("%s: expected tensors or numbers, got %s and %s", C.kiln_op_name(op) ~= nil and ffi.string(C.kiln_op_name(op)) or "?", type(a), type(b)))
+    end
+    return wrap(C.kiln_binary(op, a.p, b.p))
+  end
+end
+mt.__add = operator(OP_ADD)
+mt.__sub = operator(OP_SUB)
+mt.__mul = operator(OP_MUL)
+mt.__div = operator(OP_DIV)
+mt.__pow = operator(OP_POW)
+mt.__mod = operator(OP_REM)
+mt.__unm = function(a) return wrap(C.kiln_unary(C.KILN_OP_NEG, a.p)) end
+
+function Tensor.where(cond, a, b)
+  -- t:where(cond, other) reads like PyTorch's x.where(cond, y); kiln.where(cond, a, b) is below.
+  return Tensor._where(a, cond, b)
+end
+function Tensor._where(cond, a, b)
+  local like = is_tensor(a) and a or b
+  if type(a) == "number" then a = Tensor.full_like(like, a) end
+  if type(b) == "number" then b = Tensor.full_like(like, b) end
+  return wrap(C.kiln_where(cond.p, a.p, b.p))
+end
+
+function Tensor.full_like(t, v, opts)
+  opts = opts or {}
+  local dtype = opts.dtype and core.dtype(opts.dtype) or t.p.dtype
+  local dev = opts.device and core.device(opts.device) or t.p.device
+  local a, n = core.int64_array(Tensor.size(t))
+  return wrap(C.kiln_tensor_full(n, a, v, dtype, dev))
+end
+function Tensor.zeros_like(t, opts) return Tensor.full_like(t, 0, opts) end
+function Tensor.ones_like(t, opts) return Tensor.full_like(t, 1, opts) end
+
+function Tensor.clamp(t, lo, hi)
+  if type(lo) == "table" then lo, hi = lo.min, lo.max end
+  return wrap(C.kiln_clamp(t.p, lo or 0, hi or 0, lo ~= nil and 1 or 0, hi ~= nil and 1 or 0))
+end
+Tensor.clip = Tensor.clamp
+
+-- ---- reductions ----
+
+local dims_buf = ffi.new("int[8]")
+local function dims_arg(t, dim, what)
+  if dim == nil then return 0 end
+  if type(dim) == "number" then dims_buf[0] = cdim(t, dim, what) return 1 end
+  for i = 1, #dim do dims_buf[i - 1] = cdim(t, dim[i], what) end
+  return #dim
+end
+
+local function reducer(opname, p_default)
+  local op = C["KILN_OP_" .. opname:upper()]
+  return function(t, dim, keepdim)
+    local n = dims_arg(t, dim, opname)
+    return wrap(C.kiln_reduce(op, t.p, n, dims_buf, keepdim and 1 or 0, p_default or 0))
+  end
+end
+Tensor.sum = reducer("sum")
+Tensor.mean = reducer("mean")
+Tensor.prod = reducer("prod")
+Tensor.logsumexp = reducer("logsumexp")
+
+-- var(dim, keepdim, {correction = 1}) or var{dim=, keepdim=, correction=}; unbiased by default.
+local function spread(opname)
+  local op = C["KILN_OP_" .. opname:upper()]
+  return function(t, dim, keepdim, opts)
+    if type(dim) == "table" and (dim.dim or dim.correction or dim.keepdim ~= nil or dim.unbiased ~= nil) then
+      opts, dim, keepdim = dim, dim.dim, dim.keepdim
+    end
+    if type(keepdim) == "table" then opts, keepdim = keepdim, nil end
+    opts = opts or {}
+    local correction = opts.correction or (opts.unbiased == false and 0) or 1
+    local n = dims_arg(t, dim, opname)
+    return wrap(C.kiln_reduce(op, t.p, n, dims_buf, keepdim and 1 or 0, correction))
+  end
+end
+Tensor.var = spread("var")
+Tensor.std = spread("std")
+
+-- norm(p=2, dim, keepdim); p may be math.huge.
+function Tensor.norm(t, p, dim, keepdim)
+  local n = dims_arg(t, dim, "norm")
+  return wrap(C.kiln_reduce(C.KILN_OP_NORM, t.p, n, dims_buf, keepdim and 1 or 0, p or 2))
+end
+
+-- Indices that Lua sees count from 1.
+local function plus_one(idx) return wrap(C.kiln_binary_scalar(OP_ADD, idx.p, 1, 0)) end
+
+local function arg_reducer(opname)
+  local op = C["KILN_OP_" .. opname:upper()]
+  return function(t, dim, keepdim)
+    local n = dims_arg(t, dim, opname)
+    return plus_one(wrap(C.kiln_reduce(op, t.p, n, dims_buf, keepdim and 1 or 0, 0)))
+  end
+end
+Tensor.argmax = arg_reducer("argmax")
+Tensor.argmin = arg_reducer("argmin")
+
+-- max() is the largest element; max(dim) gives values and (1-based) indices, like Torch7 and PyTorch;
+-- max(other_tensor) is the elementwise maximum.
+local function extreme(opname, argname, elementwise)
+  local op, argop = C["KILN_OP_" .. opname:upper()], C["KILN_OP_" .. argname:upper()]
+  return function(t, dim, keepdim)
+    if is_tensor(dim) then return elementwise(t, dim) end
+    local n = dims_arg(t, dim, opname)
+    local values = wrap(C.kiln_reduce(op, t.p, n, dims_buf, keepdim and 1 or 0, 0))
+    if dim == nil then return values end
+    return values, plus_one(wrap(C.kiln_reduce(argop, t.p, n, dims_buf, keepdim and 1 or 0, 0)))
+  end
+end
+Tensor.max = extreme("max", "argmax", Tensor.maximum)
+Tensor.min = extreme("min", "argmin", Tensor.minimum)
+
+-- ---- linear algebra ----
+
+-- a:matmul(b), or a:matmul(b, {out = c}) to write into c without allocating.
+function Tensor.matmul(a, b, opts)
+  if opts and opts.out then check(C.kiln_matmul_out(opts.out.p, a.p, b.p)) return opts.out end
+  return wrap(C.kiln_matmul(a.p, b.p))
+end
+function Tensor.mm(a, b) return wrap(C.kiln_mm(a.p, b.p)) end
+function Tensor.bmm(a, b) return wrap(C.kiln_bmm(a.p, b.p)) end
+function Tensor.dot(a, b) return wrap(C.kiln_matmul(a.p, b.p)) end
+-- c:addmm(a, b, {beta=1, alpha=1}) = beta * c + alpha * a @ b
+function Tensor.addmm(c, a, b, opts)
+  opts = opts or {}
+  return wrap(C.kiln_addmm(c.p, a.p, b.p, opts.beta or 1, opts.alpha or 1))
+end
+
+-- ---- joining and splitting ----
+
+local function tensor_list(list, what)
+  local n = #list
+  if n == 0 then raise(what .. ": expected a non-empty list of tensors") end
+  local arr = ffi.new("struct kiln_tensor *[?]", n)
+  for i = 1, n do
+    if not is_tensor(list[i]) then raise(string.format("%s: element %d is a %s, not a tensor", what, i, type(list[i]))) end
+    arr[i - 1] = list[i].p
+  end
+  return arr, n
+end
+
+function Tensor.cat(list, dim)
+  local arr, n = tensor_list(list, "cat")
+  local ref = list[1]
+  for i = 1, n do if not (list[i].p.ndim == 1 and list[i].p.numel == 0) then ref = list[i] break end end
+  local r = wrap(C.kiln_cat(n, arr, cdim(ref, dim or 1, "cat")))
+  return r
+end
+
+function Tensor.stack(list, dim)
+  local arr, n = tensor_list(list, "stack")
+  return wrap(C.kiln_stack(n, arr, cdim(list[1], dim or 1, "stack", 1)))
+end
+
+-- split(size, dim): views of `size` along dim (the last may be smaller); a table of sizes splits exactly.
+function Tensor.split(t, size, dim)
+  dim = dim or 1
+  local cd = cdim(t, dim, "split")
+  local total = tonumber(t.p.sizes[cd])
+  local parts, start = {}, 0
+  if type(size) == "table" then
+    local sum = 0
+    for _, s in ipairs(size) do sum = sum + s end
+    if sum ~= total then raise(string.format("split: sizes add up to %d, dim %d has size %d", sum, dim, total)) end
+    for _, s in ipairs(size) do parts[#parts + 1] = wrap(C.kiln_narrow(t.p, cd, start, s)) start = start + s end
+    return parts
+  end
+  if size <= 0 then raise("split: size must be positive, got " .. tostring(size)) end
+  while start < total do
+    local len = math.min(size, total - start)
+    parts[#parts + 1] = wrap(C.kiln_narrow(t.p, cd, start, len))
+    start = start + len
+  end
+  return parts
+end
+
+function Tensor.chunk(t, n, dim)
+  dim = dim or 1
+  local total = tonumber(t.p.sizes[cdim(t, dim, "chunk")])
+  if n <= 0 then raise("chunk: number of chunks must be positive, got " .. tostring(n)) end
+  return Tensor.split(t, math.max(1, math.ceil(total / n)), dim)
+end
+
+-- ---- indexing by tensors (indices count from 1) ----
+
+local function c_indices(idx, what)
+  if not is_tensor(idx) then
+    if type(idx) == "table" then idx = core.from_table(idx, "i64") else raise(what .. ": index must be a tensor or a table of integers") end
+  end
+  if idx.p.dtype ~= C.KILN_I64 and idx.p.dtype ~= C.KILN_I32 then
+    raise(string.format("%s: index has dtype %s (expected i64 or i32)", what, core.dtype_names[idx.p.dtype]))
+  end
+  return wrap(C.kiln_binary_scalar(OP_SUB, idx.p, 1, 0))
+end
+
+function Tensor.index_select(t, dim, idx)
+  return wrap(C.kiln_index_select(t.p, cdim(t, dim, "index_select"), c_indices(idx, "index_select").p))
+end
+Tensor.index = Tensor.index_select
+
+function Tensor.gather(t, dim, idx)
+  return wrap(C.kiln_gather(t.p, cdim(t, dim, "gather"), c_indices(idx, "gather").p))
+end
+
+function Tensor.scatter_add(t, dim, idx, src)
+  return wrap(C.kiln_scatter_add(t.p, cdim(t, dim, "scatter_add"), c_indices(idx, "scatter_add").p, src.p))
+end
+function Tensor.scatter_add_(t, dim, idx, src)
+  check(C.kiln_scatter_add_(t.p, cdim(t, dim, "scatter_add_"), c_indices(idx, "scatter_add_").p, src.p))
+  return t
+end
+
+function Tensor.masked_fill(t, mask, v) return wrap(C.kiln_masked_fill(t.p, mask.p, v)) end
+function Tensor.masked_fill_(t, mask, v) check(C.kiln_masked_fill_(t.p, mask.p, v)) return t end
+function Tensor.masked_select(t, mask) return wrap(C.kiln_masked_select(t.p, mask.p)) end
+
+-- ---- random fills ----
+
+function Tensor.uniform_(t, lo, hi) check(C.kiln_uniform_(t.p, lo or 0, hi or 1)) return t end
+function Tensor.normal_(t, mean, std) check(C.kiln_normal_(t.p, mean or 0, std or 1)) return t end
+function Tensor.random_(t, lo, hi)
+  if hi == nil then lo, hi = 1, lo end
+  check(C.kiln_randint_(t.p, lo, hi + 1))     -- inclusive, like Torch7's random_(a, b)
+  return t
+end
+
+-- ---- t[i] and t[i] = v ----
+
+local rawget = rawget
+
+mt.__index = function(t, k)
+  local m = Tensor[k]
+  if m ~= nil then return m end
+  if type(k) == "number" then
+    if t.p.ndim == 0 then raise("index: cannot index a 0-dim tensor (use :item())") end
+    local i = c_index(t, 0, k, "index")
+    if t.p.ndim == 1 then
+      if t.p.device.type ~= 0 then return Tensor.select(t, 1, k):item() end
+      if C.kiln_tensor_is_freed(t.p) == 1 then fail() end
+      local v = C.kiln_tensor_get(t.p, t.p.offset + i * t.p.strides[0])
+      if t.p.dtype == C.KILN_BOOL then return v ~= 0 end
+      return v
+    end
+    return wrap(C.kiln_select(t.p, 0, i))
+  end
+  if type(k) == "table" then   -- t[{i, j}]: one element, or a view when fewer indices than dims
+    local r = t
+    for n, i in ipairs(k) do r = r[i] end
+    return r
+  end
+  return nil
+end
+
+mt.__newindex = function(t, k, v)
+  if type(k) == "table" then
+    local target = t
+    for n = 1, #k - 1 do target = target[k[n]] end
+    target[k[#k]] = v
+    return
+  end
+  if type(k) ~= "number" then raise("tensor: cannot set field " .. tostring(k)) end
+  if t.p.ndim == 0 then raise("index: cannot index a 0-dim tensor (use :fill_())") end
+  local i = c_index(t, 0, k, "index")
+  if t.p.ndim == 1 and type(v) ~= "cdata" and t.p.device.type == 0 then
+    if type(v) == "boolean" then v = v and 1 or 0 end
+    check(C.kiln_tensor_set(t.p, t.p.offset + i * t.p.strides[0], v))
+    return
+  end
+  local view = wrap(C.kiln_select(t.p, 0, i))
+  if type(v) == "number" then check(C.kiln_fill_(view.p, v)) else check(C.kiln_copy_(view.p, v.p)) end
+end
+
+mt.__len = function(t)
+  if t.p.ndim == 0 then return 0 end
+  return tonumber(t.p.sizes[0])
+end
+
+mt.__tostring = function(t) return require("kiln.format").tensor(t) end
+mt.__concat = function(a, b) return tostring(a) .. tostring(b) end
+
+ffi.metatype(core.Ref, mt)
+
+return Tensor

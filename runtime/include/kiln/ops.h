@@ -1,0 +1,86 @@
+/* kiln/ops.h: the op table (an append-only enum) and the functions that run ops.
+   Every op is checked here, then dispatched to the kernel of its inputs' device. */
+#ifndef KILN_OPS_H
+#define KILN_OPS_H
+#include <stdint.h>
+#include <kiln/tensor.h>
+
+enum kiln_op {
+  /* data movement */
+  KILN_OP_COPY = 0, KILN_OP_FILL,
+  /* unary elementwise */
+  KILN_OP_NEG, KILN_OP_ABS, KILN_OP_SIGN, KILN_OP_SQRT, KILN_OP_RSQRT, KILN_OP_EXP, KILN_OP_LOG,
+  KILN_OP_LOG1P, KILN_OP_EXPM1, KILN_OP_SIN, KILN_OP_COS, KILN_OP_TANH, KILN_OP_SIGMOID,
+  KILN_OP_RELU, KILN_OP_FLOOR, KILN_OP_CEIL, KILN_OP_ROUND, KILN_OP_TRUNC, KILN_OP_RECIPROCAL,
+  KILN_OP_SQUARE, KILN_OP_ERF, KILN_OP_LOGICAL_NOT,
+  /* binary elementwise, with broadcasting */
+  KILN_OP_ADD, KILN_OP_SUB, KILN_OP_MUL, KILN_OP_DIV, KILN_OP_POW, KILN_OP_MAXIMUM, KILN_OP_MINIMUM,
+  KILN_OP_REMAINDER, KILN_OP_EQ, KILN_OP_NE, KILN_OP_LT, KILN_OP_LE, KILN_OP_GT, KILN_OP_GE,
+  KILN_OP_LOGICAL_AND, KILN_OP_LOGICAL_OR,
+  /* ternary elementwise */
+  KILN_OP_WHERE, KILN_OP_CLAMP,
+  /* reductions */
+  KILN_OP_SUM, KILN_OP_MEAN, KILN_OP_PROD, KILN_OP_MAX, KILN_OP_MIN, KILN_OP_ARGMAX, KILN_OP_ARGMIN,
+  KILN_OP_VAR, KILN_OP_STD, KILN_OP_NORM, KILN_OP_LOGSUMEXP,
+  /* linear algebra */
+  KILN_OP_GEMM,
+  /* joining and indexing */
+  KILN_OP_CAT, KILN_OP_INDEX_SELECT, KILN_OP_GATHER, KILN_OP_SCATTER_ADD, KILN_OP_MASKED_FILL,
+  KILN_OP_MASKED_SELECT,
+  /* random fills */
+  KILN_OP_UNIFORM, KILN_OP_NORMAL, KILN_OP_RANDINT,
+  KILN_OP_COUNT
+};
+
+/* "add", "argmax"; "?" for a bad value. */
+const char *kiln_op_name(int op);
+/* 1 when the backend of that device type has a kernel for op. */
+int kiln_op_supported(int op, int device_type);
+
+/* Elementwise. Results take the promoted dtype of the inputs; ops that need a float
+   (sqrt, exp, div, ...) give f32 for integer inputs; comparisons give bool. */
+struct kiln_tensor *kiln_unary(int op, const struct kiln_tensor *a);
+struct kiln_tensor *kiln_binary(int op, const struct kiln_tensor *a, const struct kiln_tensor *b);
+/* a op s, or s op a when reverse is 1. An integer tensor with a non-integer scalar gives f32. */
+struct kiln_tensor *kiln_binary_scalar(int op, const struct kiln_tensor *a, double s, int reverse);
+/* In place: a = op(a), a = a op b, a = a op s. a keeps its dtype and shape. */
+int kiln_unary_(int op, struct kiln_tensor *a);
+int kiln_binary_(int op, struct kiln_tensor *a, const struct kiln_tensor *b);
+int kiln_binary_scalar_(int op, struct kiln_tensor *a, double s);
+struct kiln_tensor *kiln_where(const struct kiln_tensor *cond, const struct kiln_tensor *a, const struct kiln_tensor *b);
+/* Clamp to [lo, hi]; has_lo / has_hi say which bounds apply. */
+struct kiln_tensor *kiln_clamp(const struct kiln_tensor *a, double lo, double hi, int has_lo, int has_hi);
+
+/* Reductions over ndims dims (all dims when ndims is 0). p is the norm's order for NORM and
+   the correction (1: unbiased) for VAR and STD. ARGMAX/ARGMIN take one dim or none (then the
+   index is into the flattened tensor) and give i64 indices counted from 0. */
+struct kiln_tensor *kiln_reduce(int op, const struct kiln_tensor *a, int ndims, const int *dims, int keepdim, double p);
+
+/* Matrix products through BLAS (f32, f64; f16 and bf16 compute in f32). */
+struct kiln_tensor *kiln_mm(const struct kiln_tensor *a, const struct kiln_tensor *b);     /* [n,k] @ [k,m] */
+struct kiln_tensor *kiln_bmm(const struct kiln_tensor *a, const struct kiln_tensor *b);    /* [b,n,k] @ [b,k,m] */
+struct kiln_tensor *kiln_matmul(const struct kiln_tensor *a, const struct kiln_tensor *b); /* NumPy matmul rules */
+/* out = a @ b into an existing tensor: 2-d [n,k] @ [k,m] or batched 3-d; out has the result's
+   shape and dtype (no allocation, for hot loops). */
+int kiln_matmul_out(struct kiln_tensor *out, const struct kiln_tensor *a, const struct kiln_tensor *b);
+/* beta * c + alpha * (a @ b), c broadcast to [n,m]. */
+struct kiln_tensor *kiln_addmm(const struct kiln_tensor *c, const struct kiln_tensor *a, const struct kiln_tensor *b,
+                               double beta, double alpha);
+
+/* Joining. */
+struct kiln_tensor *kiln_cat(int n, struct kiln_tensor *const *tensors, int dim);
+struct kiln_tensor *kiln_stack(int n, struct kiln_tensor *const *tensors, int dim);
+
+/* Indexing. Indices are i64 (or i32) tensors counted from 0; a negative index is an error. */
+struct kiln_tensor *kiln_index_select(const struct kiln_tensor *a, int dim, const struct kiln_tensor *index);
+struct kiln_tensor *kiln_gather(const struct kiln_tensor *a, int dim, const struct kiln_tensor *index);
+/* A copy of a with src added at index along dim. */
+struct kiln_tensor *kiln_scatter_add(const struct kiln_tensor *a, int dim, const struct kiln_tensor *index,
+                                     const struct kiln_tensor *src);
+int kiln_scatter_add_(struct kiln_tensor *a, int dim, const struct kiln_tensor *index, const struct kiln_tensor *src);
+struct kiln_tensor *kiln_masked_fill(const struct kiln_tensor *a, const struct kiln_tensor *mask, double value);
+int kiln_masked_fill_(struct kiln_tensor *a, const struct kiln_tensor *mask, double value);
+/* The elements of a where mask (broadcast) is true, as a 1-d tensor. */
+struct kiln_tensor *kiln_masked_select(const struct kiln_tensor *a, const struct kiln_tensor *mask);
+
+#endif

@@ -1,0 +1,60 @@
+/* cpu/backend.c: the CPU backend table. Every op has a CPU kernel; test_ops checks the table is full. */
+#include "cpu.h"
+#include <malloc.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Training loops allocate and free the same large buffers every step. glibc would serve each
+   from a fresh mmap (and page-fault it in again); keep them in the heap instead, as PyTorch's CPU
+   allocator does by caching. */
+__attribute__((constructor)) static void cpu_malloc_setup(void) {
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+}
+
+static void *cpu_alloc(int64_t nbytes, int device_index) {
+  (void)device_index;
+  /* 64-byte alignment for vector loads; at least one byte so that empty tensors have a pointer. */
+  size_t n = (size_t)(nbytes > 0 ? nbytes : 1);
+  n = (n + 63) & ~(size_t)63;
+  return aligned_alloc(64, n);
+}
+
+static void cpu_free(void *data, int64_t nbytes, int device_index) {
+  (void)nbytes; (void)device_index;
+  free(data);
+}
+
+static int cpu_memcpy(void *dst, const void *src, int64_t nbytes, int device_index) {
+  (void)device_index;
+  memcpy(dst, src, (size_t)nbytes);
+  return KILN_OK;
+}
+
+#define EW(op) [op] = cpu_elementwise
+const struct kiln_backend kiln_cpu_backend = {
+  .name = "cpu",
+  .alloc = cpu_alloc,
+  .free = cpu_free,
+  .memcpy_to_host = cpu_memcpy,
+  .memcpy_from_host = cpu_memcpy,
+  .kernel = {
+    [KILN_OP_COPY] = cpu_copy, [KILN_OP_FILL] = cpu_fill,
+    EW(KILN_OP_NEG), EW(KILN_OP_ABS), EW(KILN_OP_SIGN), EW(KILN_OP_SQRT), EW(KILN_OP_RSQRT), EW(KILN_OP_EXP),
+    EW(KILN_OP_LOG), EW(KILN_OP_LOG1P), EW(KILN_OP_EXPM1), EW(KILN_OP_SIN), EW(KILN_OP_COS), EW(KILN_OP_TANH),
+    EW(KILN_OP_SIGMOID), EW(KILN_OP_RELU), EW(KILN_OP_FLOOR), EW(KILN_OP_CEIL), EW(KILN_OP_ROUND),
+    EW(KILN_OP_TRUNC), EW(KILN_OP_RECIPROCAL), EW(KILN_OP_SQUARE), EW(KILN_OP_ERF), EW(KILN_OP_LOGICAL_NOT),
+    EW(KILN_OP_ADD), EW(KILN_OP_SUB), EW(KILN_OP_MUL), EW(KILN_OP_DIV), EW(KILN_OP_POW), EW(KILN_OP_MAXIMUM),
+    EW(KILN_OP_MINIMUM), EW(KILN_OP_REMAINDER), EW(KILN_OP_EQ), EW(KILN_OP_NE), EW(KILN_OP_LT), EW(KILN_OP_LE),
+    EW(KILN_OP_GT), EW(KILN_OP_GE), EW(KILN_OP_LOGICAL_AND), EW(KILN_OP_LOGICAL_OR), EW(KILN_OP_WHERE),
+    EW(KILN_OP_CLAMP),
+    [KILN_OP_SUM] = cpu_reduce, [KILN_OP_MEAN] = cpu_reduce, [KILN_OP_PROD] = cpu_reduce, [KILN_OP_MAX] = cpu_reduce,
+    [KILN_OP_MIN] = cpu_reduce, [KILN_OP_ARGMAX] = cpu_reduce, [KILN_OP_ARGMIN] = cpu_reduce, [KILN_OP_VAR] = cpu_reduce,
+    [KILN_OP_STD] = cpu_reduce, [KILN_OP_NORM] = cpu_reduce, [KILN_OP_LOGSUMEXP] = cpu_reduce,
+    [KILN_OP_GEMM] = cpu_gemm,
+    [KILN_OP_CAT] = cpu_cat, [KILN_OP_INDEX_SELECT] = cpu_index_select, [KILN_OP_GATHER] = cpu_gather,
+    [KILN_OP_SCATTER_ADD] = cpu_scatter_add, [KILN_OP_MASKED_FILL] = cpu_masked_fill,
+    [KILN_OP_MASKED_SELECT] = cpu_masked_select,
+    [KILN_OP_UNIFORM] = cpu_random, [KILN_OP_NORMAL] = cpu_random, [KILN_OP_RANDINT] = cpu_random,
+  },
+};

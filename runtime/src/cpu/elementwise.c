@@ -1,0 +1,323 @@
+/* cpu/elementwise.c: the CPU elementwise engine and its kernels.
+   A plan coalesces the operands' dims; each row is cut into blocks, operands that are not
+   contiguous in the compute dtype are gathered into small buffers, and one kernel runs on
+   contiguous buffers. Kernels exist per compute dtype: f32, f64 and i64. */
+#include "../internal.h"
+#include "cpu.h"
+#include <math.h>
+#include <string.h>
+
+enum { BLOCK = 512, GRAIN = 32768 };
+
+typedef void (*ew_fn)(int64_t n, void *out, const void *const *in, const double *sc);
+
+/* ---- kernels ---- */
+
+#define U_F32(name, expr) static void name##_f32(int64_t n, void *o_, const void *const *in, const double *sc) { \
+    float *o = o_; const float *a = in[0]; (void)sc; for (int64_t i = 0; i < n; i++) { float x = a[i]; o[i] = (expr); } }
+#define U_F64(name, expr) static void name##_f64(int64_t n, void *o_, const void *const *in, const double *sc) { \
+    double *o = o_; const double *a = in[0]; (void)sc; for (int64_t i = 0; i < n; i++) { double x = a[i]; o[i] = (expr); } }
+#define U_I64(name, expr) static void name##_i64(int64_t n, void *o_, const void *const *in, const double *sc) { \
+    int64_t *o = o_; const int64_t *a = in[0]; (void)sc; for (int64_t i = 0; i < n; i++) { int64_t x = a[i]; o[i] = (expr); } }
+#define B_F32(name, expr) static void name##_f32(int64_t n, void *o_, const void *const *in, const double *sc) { \
+    float *o = o_; const float *a = in[0], *b = in[1]; (void)sc; for (int64_t i = 0; i < n; i++) { float x = a[i], y = b[i]; o[i] = (expr); } }
+#define B_F64(name, expr) static void name##_f64(int64_t n, void *o_, const void *const *in, const double *sc) { \
+    double *o = o_; const double *a = in[0], *b = in[1]; (void)sc; for (int64_t i = 0; i < n; i++) { double x = a[i], y = b[i]; o[i] = (expr); } }
+#define B_I64(name, expr) static void name##_i64(int64_t n, void *o_, const void *const *in, const double *sc) { \
+    int64_t *o = o_; const int64_t *a = in[0], *b = in[1]; (void)sc; for (int64_t i = 0; i < n; i++) { int64_t x = a[i], y = b[i]; o[i] = (expr); } }
+/* Comparisons and logical ops write bool (one byte) from inputs in the compute dtype. */
+#define CMP(name, T, sfx, expr) static void name##_##sfx(int64_t n, void *o_, const void *const *in, const double *sc) { \
+    uint8_t *o = o_; const T *a = in[0], *b = in[1]; (void)sc; for (int64_t i = 0; i < n; i++) { T x = a[i], y = b[i]; o[i] = (expr); } }
+#define CMP3(name, expr) CMP(name, float, f32, expr) CMP(name, double, f64, expr) CMP(name, int64_t, i64, expr)
+
+/* Signed overflow is undefined in C; integer arithmetic wraps through unsigned. */
+#define WRAP(op) ((int64_t)((uint64_t)x op (uint64_t)y))
+
+U_F32(neg, -x) U_F64(neg, -x) U_I64(neg, (int64_t)(0ull - (uint64_t)x))
+U_F32(abs, fabsf(x)) U_F64(abs, fabs(x)) U_I64(abs, x < 0 ? (int64_t)(0ull - (uint64_t)x) : x)
+U_F32(sign, (float)((x > 0) - (x < 0))) U_F64(sign, (double)((x > 0) - (x < 0))) U_I64(sign, (x > 0) - (x < 0))
+U_F32(sqrt, sqrtf(x)) U_F64(sqrt, sqrt(x))
+U_F32(rsqrt, 1.0f / sqrtf(x)) U_F64(rsqrt, 1.0 / sqrt(x))
+U_F32(exp, expf(x)) U_F64(exp, exp(x))
+U_F32(log, logf(x)) U_F64(log, log(x))
+U_F32(log1p, log1pf(x)) U_F64(log1p, log1p(x))
+U_F32(expm1, expm1f(x)) U_F64(expm1, expm1(x))
+U_F32(sin, sinf(x)) U_F64(sin, sin(x))
+U_F32(cos, cosf(x)) U_F64(cos, cos(x))
+U_F32(tanh, tanhf(x)) U_F64(tanh, tanh(x))
+U_F32(sigmoid, 1.0f / (1.0f + expf(-x))) U_F64(sigmoid, 1.0 / (1.0 + exp(-x)))
+U_F32(relu, x < 0 ? 0.0f : x) U_F64(relu, x < 0 ? 0.0 : x) U_I64(relu, x < 0 ? 0 : x)
+U_F32(floor, floorf(x)) U_F64(floor, floor(x)) U_I64(floor, x)
+U_F32(ceil, ceilf(x)) U_F64(ceil, ceil(x)) U_I64(ceil, x)
+U_F32(round, nearbyintf(x)) U_F64(round, nearbyint(x)) U_I64(round, x)
+U_F32(trunc, truncf(x)) U_F64(trunc, trunc(x)) U_I64(trunc, x)
+U_F32(reciprocal, 1.0f / x) U_F64(reciprocal, 1.0 / x)
+U_F32(square, x * x) U_F64(square, x * x) U_I64(square, (int64_t)((uint64_t)x * (uint64_t)x))
+U_F32(erf, erff(x)) U_F64(erf, erf(x))
+
+#define LNOT(T, sfx) static void logical_not_##sfx(int64_t n, void *o_, const void *const *in, const double *sc) { \
+    uint8_t *o = o_; const T *a = in[0]; (void)sc; for (int64_t i = 0; i < n; i++) o[i] = a[i] == 0; }
+LNOT(float, f32) LNOT(double, f64) LNOT(int64_t, i64)
+
+static int64_t ipow(int64_t base, int64_t e) {
+  if (e < 0) return base == 1 ? 1 : base == -1 ? (e & 1 ? -1 : 1) : 0;
+  uint64_t r = 1, b = (uint64_t)base;
+  while (e) { if (e & 1) r *= b; b *= b; e >>= 1; }
+  return (int64_t)r;
+}
+static float fremf(float x, float y) { float r = fmodf(x, y); return r != 0 && ((r < 0) != (y < 0)) ? r + y : r; }
+static double frem(double x, double y) { double r = fmod(x, y); return r != 0 && ((r < 0) != (y < 0)) ? r + y : r; }
+static int64_t irem(int64_t x, int64_t y) {
+  if (y == 0 || y == -1) return 0;   /* x % 0 is undefined; x % -1 is 0 (and INT64_MIN % -1 traps) */
+  int64_t r = x % y;
+  return r != 0 && ((r < 0) != (y < 0)) ? r + y : r;
+}
+
+B_F32(add, x + y) B_F64(add, x + y) B_I64(add, WRAP(+))
+B_F32(sub, x - y) B_F64(sub, x - y) B_I64(sub, WRAP(-))
+B_F32(mul, x * y) B_F64(mul, x * y) B_I64(mul, WRAP(*))
+B_F32(div, x / y) B_F64(div, x / y)
+B_F32(pow, powf(x, y)) B_F64(pow, pow(x, y)) B_I64(pow, ipow(x, y))
+B_F32(maximum, (x != x || x > y) ? x : y) B_F64(maximum, (x != x || x > y) ? x : y) B_I64(maximum, x > y ? x : y)
+B_F32(minimum, (x != x || x < y) ? x : y) B_F64(minimum, (x != x || x < y) ? x : y) B_I64(minimum, x < y ? x : y)
+B_F32(remainder, fremf(x, y)) B_F64(remainder, frem(x, y)) B_I64(remainder, irem(x, y))
+CMP3(eq, x == y) CMP3(ne, x != y) CMP3(lt, x < y) CMP3(le, x <= y) CMP3(gt, x > y) CMP3(ge, x >= y)
+CMP3(logical_and, x != 0 && y != 0) CMP3(logical_or, x != 0 || y != 0)
+
+#define WHERE(T, sfx) static void where_##sfx(int64_t n, void *o_, const void *const *in, const double *sc) { \
+    T *o = o_; const T *c = in[0], *a = in[1], *b = in[2]; (void)sc; for (int64_t i = 0; i < n; i++) o[i] = c[i] != 0 ? a[i] : b[i]; }
+WHERE(float, f32) WHERE(double, f64) WHERE(int64_t, i64)
+
+static void clamp_f32(int64_t n, void *o_, const void *const *in, const double *sc) {
+  float *o = o_; const float *a = in[0]; float lo = (float)sc[0], hi = (float)sc[1];
+  for (int64_t i = 0; i < n; i++) { float x = a[i]; o[i] = x < lo ? lo : x > hi ? hi : x; }
+}
+static void clamp_f64(int64_t n, void *o_, const void *const *in, const double *sc) {
+  double *o = o_; const double *a = in[0]; double lo = sc[0], hi = sc[1];
+  for (int64_t i = 0; i < n; i++) { double x = a[i]; o[i] = x < lo ? lo : x > hi ? hi : x; }
+}
+static int64_t bound_i64(double v) { return v <= -9.2e18 ? INT64_MIN : v >= 9.2e18 ? INT64_MAX : (int64_t)v; }
+static void clamp_i64(int64_t n, void *o_, const void *const *in, const double *sc) {
+  int64_t *o = o_; const int64_t *a = in[0]; int64_t lo = bound_i64(sc[0]), hi = bound_i64(sc[1]);
+  for (int64_t i = 0; i < n; i++) { int64_t x = a[i]; o[i] = x < lo ? lo : x > hi ? hi : x; }
+}
+
+#define ROW(name) {name##_f32, name##_f64, name##_i64}
+#define ROWF(name) {name##_f32, name##_f64, NULL}
+static const ew_fn kernels[KILN_OP_COUNT][3] = {
+  [KILN_OP_NEG] = ROW(neg), [KILN_OP_ABS] = ROW(abs), [KILN_OP_SIGN] = ROW(sign), [KILN_OP_SQRT] = ROWF(sqrt),
+  [KILN_OP_RSQRT] = ROWF(rsqrt), [KILN_OP_EXP] = ROWF(exp), [KILN_OP_LOG] = ROWF(log), [KILN_OP_LOG1P] = ROWF(log1p),
+  [KILN_OP_EXPM1] = ROWF(expm1), [KILN_OP_SIN] = ROWF(sin), [KILN_OP_COS] = ROWF(cos), [KILN_OP_TANH] = ROWF(tanh),
+  [KILN_OP_SIGMOID] = ROWF(sigmoid), [KILN_OP_RELU] = ROW(relu), [KILN_OP_FLOOR] = ROW(floor), [KILN_OP_CEIL] = ROW(ceil),
+  [KILN_OP_ROUND] = ROW(round), [KILN_OP_TRUNC] = ROW(trunc), [KILN_OP_RECIPROCAL] = ROWF(reciprocal),
+  [KILN_OP_SQUARE] = ROW(square), [KILN_OP_ERF] = ROWF(erf), [KILN_OP_LOGICAL_NOT] = ROW(logical_not),
+  [KILN_OP_ADD] = ROW(add), [KILN_OP_SUB] = ROW(sub), [KILN_OP_MUL] = ROW(mul), [KILN_OP_DIV] = ROWF(div),
+  [KILN_OP_POW] = ROW(pow), [KILN_OP_MAXIMUM] = ROW(maximum), [KILN_OP_MINIMUM] = ROW(minimum),
+  [KILN_OP_REMAINDER] = ROW(remainder), [KILN_OP_EQ] = ROW(eq), [KILN_OP_NE] = ROW(ne), [KILN_OP_LT] = ROW(lt),
+  [KILN_OP_LE] = ROW(le), [KILN_OP_GT] = ROW(gt), [KILN_OP_GE] = ROW(ge), [KILN_OP_LOGICAL_AND] = ROW(logical_and),
+  [KILN_OP_LOGICAL_OR] = ROW(logical_or), [KILN_OP_WHERE] = ROW(where), [KILN_OP_CLAMP] = ROW(clamp),
+};
+
+static int ctype_index(int ctype) { return ctype == KILN_F32 ? 0 : ctype == KILN_F64 ? 1 : 2; }
+
+/* Copy and fill: byte moves of one element size. */
+#define MOVE(bits) static void move##bits(int64_t n, void *o, const void *const *in, const double *sc) { \
+    (void)sc; memcpy(o, in[0], (size_t)n * (bits / 8)); }
+MOVE(8) MOVE(16) MOVE(32) MOVE(64)
+#define FILL(T, bits) static void fill##bits(int64_t n, void *o_, const void *const *in, const double *sc) { \
+    T *o = o_; T v; (void)in; memcpy(&v, sc, sizeof v); for (int64_t i = 0; i < n; i++) o[i] = v; }
+FILL(uint8_t, 8) FILL(uint16_t, 16) FILL(uint32_t, 32) FILL(uint64_t, 64)
+
+/* ---- the engine ---- */
+
+struct plan {
+  int nin;
+  int ndim;
+  int64_t sizes[KILN_MAX_DIMS];
+  char *base[4];                       /* 0: out, 1..: inputs */
+  int dtype[4];
+  int64_t strides[4][KILN_MAX_DIMS];
+  int constant[4];                     /* input k is the scalar of the call */
+  int ctype, octype;
+  ew_fn fn;
+  const double *sc;
+  double scalar;
+};
+
+static void plan_operand(struct plan *p, int k, const struct kiln_tensor *t, int ndim, const int64_t *sizes) {
+  p->base[k] = t->storage && t->storage->data ? (char *)t->storage->data + t->offset * kiln_dtype_size(t->dtype) : NULL;
+  p->dtype[k] = t->dtype;
+  int lead = ndim - t->ndim;
+  for (int d = 0; d < ndim; d++) {
+    int64_t size = d < lead ? 1 : t->sizes[d - lead];
+    p->strides[k][d] = (size == 1 && sizes[d] != 1) || d < lead ? 0 : t->strides[d - lead];
+  }
+}
+
+/* Drop size-1 dims and merge dims that are contiguous with each other in every operand. */
+static void plan_coalesce(struct plan *p) {
+  int nops = p->nin + 1, n = 0;
+  for (int d = 0; d < p->ndim; d++) {
+    if (p->sizes[d] == 1) continue;
+    if (n > 0) {
+      int merge = 1;
+      for (int k = 0; k < nops; k++)
+        if (p->strides[k][n - 1] != p->strides[k][d] * p->sizes[d]) { merge = 0; break; }
+      if (merge) {
+        p->sizes[n - 1] *= p->sizes[d];
+        for (int k = 0; k < nops; k++) p->strides[k][n - 1] = p->strides[k][d];
+        continue;
+      }
+    }
+    p->sizes[n] = p->sizes[d];
+    for (int k = 0; k < nops; k++) p->strides[k][n] = p->strides[k][d];
+    n++;
+  }
+  if (n == 0) {
+    p->sizes[0] = 1;
+    for (int k = 0; k < nops; k++) p->strides[k][0] = 0;
+    n = 1;
+  }
+  p->ndim = n;
+}
+
+/* Read m elements of src (dtype sd, stride st) into dst as dtype dd. */
+static void gather(void *dst, int dd, const char *src, int sd, int64_t st, int64_t m) {
+  int ss = kiln_dtype_size(sd), ds = kiln_dtype_size(dd);
+  if (st == 1) { kiln_convert(dst, dd, src, sd, m); return; }
+  if (st == 0) {
+    kiln_convert(dst, dd, src, sd, 1);
+    for (int64_t i = 1; i < m; i++) memcpy((char *)dst + i * ds, dst, (size_t)ds);
+    return;
+  }
+  if (sd == dd) {
+    switch (ss) {
+    case 1: for (int64_t i = 0; i < m; i++) ((uint8_t *)dst)[i] = ((const uint8_t *)src)[i * st]; return;
+    case 2: for (int64_t i = 0; i < m; i++) ((uint16_t *)dst)[i] = ((const uint16_t *)src)[i * st]; return;
+    case 4: for (int64_t i = 0; i < m; i++) ((uint32_t *)dst)[i] = ((const uint32_t *)src)[i * st]; return;
+    case 8: for (int64_t i = 0; i < m; i++) ((uint64_t *)dst)[i] = ((const uint64_t *)src)[i * st]; return;
+    }
+  }
+  for (int64_t i = 0; i < m; i++) kiln_convert((char *)dst + i * ds, dd, src + i * st * ss, sd, 1);
+}
+
+static void scatter(char *dst, int dd, int64_t st, const void *src, int sd, int64_t m) {
+  int ds = kiln_dtype_size(dd), ss = kiln_dtype_size(sd);
+  if (st == 1) { kiln_convert(dst, dd, src, sd, m); return; }
+  for (int64_t i = 0; i < m; i++) kiln_convert(dst + i * st * ds, dd, (const char *)src + i * ss, sd, 1);
+}
+
+static void run_range(void *ctx, int64_t begin, int64_t end) {
+  const struct plan *p = ctx;
+  _Alignas(64) char bufs[4][BLOCK * 8];
+  int nops = p->nin + 1, nd = p->ndim, csize = kiln_dtype_size(p->ctype);
+  int64_t idx[KILN_MAX_DIMS];
+  int64_t rem = begin;
+  for (int d = nd - 1; d >= 0; d--) { idx[d] = rem % p->sizes[d]; rem /= p->sizes[d]; }
+  for (int k = 1; k < nops; k++)
+    if (p->constant[k]) {
+      kiln_store_f64(bufs[k], p->ctype, p->scalar);
+      for (int i = 1; i < BLOCK; i++) memcpy(bufs[k] + i * csize, bufs[k], (size_t)csize);
+    }
+  int64_t inner = p->sizes[nd - 1];
+  while (begin < end) {
+    char *ptr[4];
+    for (int k = 0; k < nops; k++) {
+      int64_t off = 0;
+      for (int d = 0; d < nd; d++) off += idx[d] * p->strides[k][d];
+      ptr[k] = p->base[k] ? p->base[k] + off * kiln_dtype_size(p->dtype[k]) : NULL;
+    }
+    int64_t n = inner - idx[nd - 1];
+    if (n > end - begin) n = end - begin;
+    for (int64_t j = 0; j < n; j += BLOCK) {
+      int64_t m = n - j < BLOCK ? n - j : BLOCK;
+      const void *in[3] = {0};
+      for (int k = 1; k < nops; k++) {
+        int64_t st = p->strides[k][nd - 1];
+        const char *src = ptr[k] ? ptr[k] + j * st * kiln_dtype_size(p->dtype[k]) : NULL;
+        if (p->constant[k]) in[k - 1] = bufs[k];
+        else if (p->dtype[k] == p->ctype && st == 1) in[k - 1] = src;
+        else { gather(bufs[k], p->ctype, src, p->dtype[k], st, m); in[k - 1] = bufs[k]; }
+      }
+      int64_t ost = p->strides[0][nd - 1];
+      char *dst = ptr[0] + j * ost * kiln_dtype_size(p->dtype[0]);
+      int direct = p->dtype[0] == p->octype && ost == 1;
+      void *o = direct ? (void *)dst : (void *)bufs[0];
+      p->fn(m, o, in, p->sc);
+      if (!direct) scatter(dst, p->dtype[0], ost, bufs[0], p->octype, m);
+    }
+    begin += n;
+    idx[nd - 1] += n;
+    for (int d = nd - 1; d > 0 && idx[d] >= p->sizes[d]; d--) { idx[d] = 0; idx[d - 1]++; }
+  }
+}
+
+/* The fast path: every operand contiguous over the same shape, already in the compute dtype. */
+struct flat { ew_fn fn; char *out; const char *in[3]; int osize, isize, nin; const double *sc; };
+static void run_flat(void *ctx, int64_t begin, int64_t end) {
+  const struct flat *f = ctx;
+  const void *in[3];
+  for (int k = 0; k < f->nin; k++) in[k] = f->in[k] + begin * f->isize;
+  f->fn(end - begin, f->out + begin * f->osize, in, f->sc);
+}
+
+static int same_shape(const struct kiln_tensor *a, const struct kiln_tensor *b) {
+  return a->ndim == b->ndim && memcmp(a->sizes, b->sizes, sizeof(int64_t) * (size_t)a->ndim) == 0;
+}
+
+static void execute(struct kiln_tensor *out, const struct kiln_tensor *const *in, int nin, int have_scalar, double scalar,
+                    int reverse, int ctype, int octype, ew_fn fn, const double *sc) {
+  if (out->numel == 0) return;
+  if (!have_scalar && out->dtype == octype && kiln_is_contiguous(out)) {
+    int ok = 1;
+    for (int k = 0; k < nin && ok; k++) ok = in[k]->dtype == ctype && kiln_is_contiguous(in[k]) && same_shape(in[k], out);
+    if (ok) {
+      struct flat f = {fn, kiln_tensor_data(out), {0}, kiln_dtype_size(octype), kiln_dtype_size(ctype), nin, sc};
+      for (int k = 0; k < nin; k++) f.in[k] = kiln_tensor_data(in[k]);
+      kiln_parallel_for(out->numel, GRAIN, run_flat, &f);
+      return;
+    }
+  }
+  struct plan p = {.nin = nin + (have_scalar ? 1 : 0), .ndim = out->ndim, .ctype = ctype, .octype = octype, .fn = fn, .sc = sc, .scalar = scalar};
+  memcpy(p.sizes, out->sizes, sizeof(int64_t) * (size_t)out->ndim);
+  plan_operand(&p, 0, out, out->ndim, out->sizes);
+  int k = 1;
+  if (have_scalar && reverse) { p.constant[k] = 1; p.dtype[k] = ctype; k++; }
+  for (int i = 0; i < nin; i++, k++) plan_operand(&p, k, in[i], out->ndim, out->sizes);
+  if (have_scalar && !reverse) { p.constant[k] = 1; p.dtype[k] = ctype; k++; }
+  if (p.ndim == 0) { p.ndim = 1; p.sizes[0] = 1; for (int j = 0; j < 4; j++) p.strides[j][0] = 0; }
+  plan_coalesce(&p);
+  kiln_parallel_for(out->numel, GRAIN, run_range, &p);
+}
+
+int cpu_elementwise(const struct kiln_call *c) {
+  int ctype = (int)c->ints[0];
+  ew_fn fn = kernels[c->op][ctype_index(ctype)];
+  if (!fn) return kiln_fail(KILN_ERR_DTYPE, "%s: not defined for %s", kiln_op_name(c->op), kiln_dtype_name(ctype));
+  int octype = c->op == KILN_OP_LOGICAL_NOT || (c->op >= KILN_OP_EQ && c->op <= KILN_OP_LOGICAL_OR) ? KILN_BOOL : ctype;
+  int scalar = c->nin == 2 && c->in[1] == NULL;
+  int nin = scalar ? 1 : c->nin;
+  execute(c->out, c->in, nin, scalar, c->scalar[0], scalar && c->ints[1], ctype, octype, fn, c->scalar);
+  return KILN_OK;
+}
+
+int cpu_copy(const struct kiln_call *c) {
+  static const ew_fn moves[9] = {[1] = move8, [2] = move16, [4] = move32, [8] = move64};
+  int dt = c->out->dtype;
+  execute(c->out, c->in, 1, 0, 0, 0, dt, dt, moves[kiln_dtype_size(dt)], NULL);
+  return KILN_OK;
+}
+
+int cpu_fill(const struct kiln_call *c) {
+  static const ew_fn fills[9] = {[1] = fill8, [2] = fill16, [4] = fill32, [8] = fill64};
+  int dt = c->out->dtype;
+  double bits = 0;   /* the value in the tensor's dtype, carried in the bytes of a double */
+  kiln_store_f64(&bits, dt, c->scalar[0]);
+  execute(c->out, NULL, 0, 0, 0, 0, dt, dt, fills[kiln_dtype_size(dt)], &bits);
+  return KILN_OK;
+}
+
+int kiln_cpu_copy(struct kiln_tensor *dst, const struct kiln_tensor *src) {
+  struct kiln_call call = {.op = KILN_OP_COPY, .out = dst, .in = {src}, .nin = 1};
+  return cpu_copy(&call);
+}

@@ -1,0 +1,138 @@
+/* cpu/gemm.c: GEMM through OpenBLAS, run inside kiln's thread pool. OpenBLAS itself is kept
+   single-threaded; the pool splits the output into row or column panels (or the batch) and
+   each worker calls cblas on its part, so exactly one pool ever runs. */
+#include "cpu.h"
+#include <cblas.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct gemm_job {
+  int dtype;                 /* f32 or f64 */
+  int64_t nbatch, n, k, m;
+  const char *a, *b;         /* first element of each operand */
+  char *c;
+  int64_t sa, sb, sc;        /* batch strides, in elements */
+  CBLAS_TRANSPOSE ta, tb;
+  int64_t lda, ldb, ldc;
+  double alpha, beta;
+  int split;                 /* 0: by batch, 1: by rows of c, 2: by columns of c */
+  int64_t panel;             /* rows or columns per part */
+};
+
+static void gemm_block(const struct gemm_job *j, int64_t bi, int64_t r0, int64_t rn, int64_t c0, int64_t cn) {
+  int es = j->dtype == KILN_F32 ? 4 : 8;
+  /* Row r0 of op(A) and column c0 of op(B). */
+  const char *a = j->a + (bi * j->sa + (j->ta == CblasNoTrans ? r0 * j->lda : r0)) * es;
+  const char *b = j->b + (bi * j->sb + (j->tb == CblasNoTrans ? c0 : c0 * j->ldb)) * es;
+  char *c = j->c + (bi * j->sc + r0 * j->ldc + c0) * es;
+  if (j->dtype == KILN_F32)
+    cblas_sgemm(CblasRowMajor, j->ta, j->tb, (int)rn, (int)cn, (int)j->k, (float)j->alpha, (const float *)a, (int)j->lda,
+                (const float *)b, (int)j->ldb, (float)j->beta, (float *)c, (int)j->ldc);
+  else
+    cblas_dgemm(CblasRowMajor, j->ta, j->tb, (int)rn, (int)cn, (int)j->k, j->alpha, (const double *)a, (int)j->lda,
+                (const double *)b, (int)j->ldb, j->beta, (double *)c, (int)j->ldc);
+}
+
+static void gemm_range(void *ctx, int64_t begin, int64_t end) {
+  const struct gemm_job *j = ctx;
+  for (int64_t t = begin; t < end; t++) {
+    if (j->split == 0) gemm_block(j, t, 0, j->n, 0, j->m);
+    else {
+      int64_t total = j->split == 1 ? j->n : j->m;
+      int64_t nparts = (total + j->panel - 1) / j->panel;
+      int64_t bi = t / nparts, p = t % nparts;
+      int64_t s = p * j->panel, len = total - s < j->panel ? total - s : j->panel;
+      if (j->split == 1) gemm_block(j, bi, s, len, 0, j->m);
+      else gemm_block(j, bi, 0, j->n, s, len);
+    }
+  }
+}
+
+/* A BLAS view of matrix t (dims 1, 2 of a 3-d tensor): transposed or not, and its leading dim. */
+static int blas_layout(const struct kiln_tensor *t, CBLAS_TRANSPOSE *tr, int64_t *ld) {
+  int64_t rows = t->sizes[1], cols = t->sizes[2], s0 = t->strides[1], s1 = t->strides[2];
+  if ((s1 == 1 || cols == 1) && s0 >= (cols > 1 ? cols : 1)) { *tr = CblasNoTrans; *ld = s0 > 0 ? s0 : 1; if (rows == 1) *ld = cols > 1 ? cols : 1; return 1; }
+  if ((s0 == 1 || rows == 1) && s1 >= (rows > 1 ? rows : 1)) { *tr = CblasTrans; *ld = s1 > 0 ? s1 : 1; if (cols == 1) *ld = rows > 1 ? rows : 1; return 1; }
+  return 0;
+}
+
+static void gemm_naive_i64(struct kiln_tensor *out, const struct kiln_tensor *a, const struct kiln_tensor *b, double alpha, double beta) {
+  int64_t B = out->sizes[0], n = out->sizes[1], m = out->sizes[2], k = a->sizes[2];
+  int64_t al = (int64_t)alpha, be = (int64_t)beta;
+  for (int64_t bi = 0; bi < B; bi++)
+    for (int64_t i = 0; i < n; i++)
+      for (int64_t j = 0; j < m; j++) {
+        uint64_t s = 0;
+        for (int64_t p = 0; p < k; p++) {
+          int64_t x = (int64_t)kiln_tensor_get(a, a->offset + bi * a->strides[0] + i * a->strides[1] + p * a->strides[2]);
+          int64_t y = (int64_t)kiln_tensor_get(b, b->offset + bi * b->strides[0] + p * b->strides[1] + j * b->strides[2]);
+          s += (uint64_t)x * (uint64_t)y;
+        }
+        int64_t off = out->offset + bi * out->strides[0] + i * out->strides[1] + j * out->strides[2];
+        int64_t prev = be ? (int64_t)kiln_tensor_get(out, off) : 0;
+        kiln_store_f64((char *)out->storage->data + off * kiln_dtype_size(out->dtype), out->dtype,
+                       (double)(int64_t)((uint64_t)al * s + (uint64_t)be * (uint64_t)prev));
+      }
+}
+
+int cpu_gemm(const struct kiln_call *c) {
+  struct kiln_tensor *out = c->out;
+  const struct kiln_tensor *a = c->in[0], *b = c->in[1];
+  double alpha = c->scalar[0], beta = c->scalar[1];
+  if (out->numel == 0) return KILN_OK;
+  if (!kiln_dtype_is_float(out->dtype)) { gemm_naive_i64(out, a, b, alpha, beta); return KILN_OK; }
+  int dt = out->dtype == KILN_F64 ? KILN_F64 : KILN_F32;
+  struct kiln_tensor *A = NULL, *Bm = NULL, *C = NULL;
+  int rc = KILN_OK;
+  struct gemm_job j = {.dtype = dt, .nbatch = out->sizes[0], .n = out->sizes[1], .m = out->sizes[2], .k = a->sizes[2],
+                       .alpha = alpha, .beta = beta};
+  /* Operands BLAS cannot read in place (other dtype, odd strides) are copied first. */
+  A = (a->dtype == dt && blas_layout(a, &j.ta, &j.lda)) ? kiln_alias(a) : NULL;
+  if (!A) {
+    A = kiln_tensor_empty(3, a->sizes, dt, a->device);
+    if (!A) return kiln_error_code();
+    kiln_cpu_copy(A, a);
+    blas_layout(A, &j.ta, &j.lda);
+  }
+  Bm = (b->dtype == dt && blas_layout(b, &j.tb, &j.ldb)) ? kiln_alias(b) : NULL;
+  if (!Bm) {
+    Bm = kiln_tensor_empty(3, b->sizes, dt, b->device);
+    if (!Bm) { rc = kiln_error_code(); goto done; }
+    kiln_cpu_copy(Bm, b);
+    blas_layout(Bm, &j.tb, &j.ldb);
+  }
+  int direct_out = out->dtype == dt && out->strides[2] == 1 && out->strides[1] >= out->sizes[2] && kiln_is_contiguous(out);
+  C = direct_out ? kiln_alias(out) : kiln_tensor_empty(3, out->sizes, dt, out->device);
+  if (!C) { rc = kiln_error_code(); goto done; }
+  if (!direct_out && beta != 0) kiln_cpu_copy(C, out);
+  j.a = kiln_tensor_data(A); j.b = kiln_tensor_data(Bm); j.c = kiln_tensor_data(C);
+  j.sa = A->sizes[0] > 1 ? A->strides[0] : 0;
+  j.sb = Bm->sizes[0] > 1 ? Bm->strides[0] : 0;
+  j.sc = C->strides[0];
+  j.ldc = C->strides[1] > 0 ? C->strides[1] : 1;
+  if (j.k == 0) {  /* BLAS wants k >= 1: the product is zero, only beta * C remains */
+    struct kiln_tensor *scaled = beta != 0 ? kiln_binary_scalar(KILN_OP_MUL, C, beta, 0) : NULL;
+    if (beta != 0 && !scaled) { rc = kiln_error_code(); goto done; }
+    if (scaled) { kiln_cpu_copy(C, scaled); kiln_tensor_release(scaled); }
+    else kiln_fill_(C, 0);
+  } else {
+    int nt = kiln_get_num_threads();
+    double flops = 2.0 * (double)j.n * (double)j.m * (double)j.k;
+    int64_t tasks;
+    if (nt == 1 || flops * (double)j.nbatch < 2e5) { j.split = 0; tasks = j.nbatch; nt = 1; }
+    else if (j.nbatch >= nt) { j.split = 0; tasks = j.nbatch; }
+    else {
+      /* Split the larger side into nt panels, aligned to 16 for the micro-kernels. */
+      j.split = j.n >= j.m ? 1 : 2;
+      int64_t total = j.split == 1 ? j.n : j.m;
+      j.panel = ((total + nt - 1) / nt + 15) / 16 * 16;
+      tasks = j.nbatch * ((total + j.panel - 1) / j.panel);
+    }
+    if (nt == 1) gemm_range(&j, 0, tasks);
+    else kiln_parallel_for(tasks, 1, gemm_range, &j);
+  }
+  if (!direct_out) kiln_cpu_copy(out, C);
+done:
+  kiln_tensor_release(A); kiln_tensor_release(Bm); kiln_tensor_release(C);
+  return rc;
+}

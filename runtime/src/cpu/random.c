@@ -1,0 +1,53 @@
+/* cpu/random.c: Philox 4x32-10 (Salmon et al., SC'11) filling contiguous tensors.
+   Element i takes block counter = offset + i under key = seed, so threads can split freely. */
+#include "cpu.h"
+#include <math.h>
+
+static void philox(uint64_t ctr, uint64_t key, uint32_t out[4]) {
+  uint32_t c0 = (uint32_t)ctr, c1 = (uint32_t)(ctr >> 32), c2 = 0, c3 = 0;
+  uint32_t k0 = (uint32_t)key, k1 = (uint32_t)(key >> 32);
+  for (int r = 0; r < 10; r++) {
+    uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
+    uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+    c1 = (uint32_t)p1; c3 = (uint32_t)p0; c0 = n0; c2 = n2;
+    k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;
+  }
+  out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
+}
+
+/* Uniform in [0, 1) with 53 bits, and in (0, 1] for logarithms. */
+static double unit53(const uint32_t r[4]) { return (double)(((uint64_t)r[0] << 21) ^ (r[1] >> 11)) * 0x1p-53; }
+
+struct rjob { int op; char *data; int dtype; uint64_t seed, offset; double p0, p1; };
+
+static void fill_range(void *ctx, int64_t begin, int64_t end) {
+  const struct rjob *j = ctx;
+  int es = kiln_dtype_size(j->dtype);
+  for (int64_t i = begin; i < end; i++) {
+    uint32_t r[4];
+    philox(j->offset + (uint64_t)i, j->seed, r);
+    double v;
+    if (j->op == KILN_OP_UNIFORM) {
+      double u = j->dtype == KILN_F64 ? unit53(r) : (double)(r[0] >> 8) * 0x1p-24;
+      v = j->p0 + (j->p1 - j->p0) * u;
+      if (v >= j->p1 && j->p1 > j->p0) v = nextafter(j->p1, j->p0);  /* rounding must not reach hi */
+      if (j->dtype != KILN_F64 && (float)v >= (float)j->p1 && j->p1 > j->p0) v = nextafterf((float)j->p1, (float)j->p0);
+    } else if (j->op == KILN_OP_NORMAL) {
+      double u1 = 1.0 - unit53(r);                       /* (0, 1] */
+      double u2 = (double)(((uint64_t)r[2] << 21) ^ (r[3] >> 11)) * 0x1p-53;
+      v = j->p0 + j->p1 * sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+    } else {
+      uint64_t range = (uint64_t)((int64_t)j->p1 - (int64_t)j->p0);
+      uint64_t x = ((uint64_t)r[0] << 32) | r[1];
+      v = (double)((int64_t)j->p0 + (int64_t)(x % range));
+      if (j->dtype == KILN_I64) { ((int64_t *)j->data)[i] = (int64_t)j->p0 + (int64_t)(x % range); continue; }
+    }
+    kiln_store_f64(j->data + i * es, j->dtype, v);
+  }
+}
+
+int cpu_random(const struct kiln_call *c) {
+  struct rjob j = {c->op, kiln_tensor_data(c->out), c->out->dtype, (uint64_t)c->ints[0], (uint64_t)c->ints[1], c->scalar[0], c->scalar[1]};
+  kiln_parallel_for(c->out->numel, 8192, fill_range, &j);
+  return KILN_OK;
+}

@@ -1,0 +1,212 @@
+/* cpu/reduce.c: reductions on the CPU. The input is seen as rows [M, R] (kept dims first, reduced
+   dims last), each row cut into fixed chunks; partial results combine in order, so results do
+   not depend on the thread count. Floats accumulate in double. */
+#include "cpu.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { CHUNK = 32768 };
+
+struct acc {
+  double s, m, q;   /* sum (or product, or the max for logsumexp), mean, M2 */
+  int64_t n, idx;   /* count, index of the max/min */
+  int64_t is;       /* integer sum, product, max or min */
+};
+
+struct job {
+  int op;
+  int ints;             /* 1: exact integer path on i64 data */
+  int dtype;            /* of the rows: f32, f64 or i64 */
+  const char *x;        /* [M, R] contiguous */
+  int64_t M, R, nchunks;
+  double p;
+  struct acc *accs;     /* [M, nchunks] */
+};
+
+#define CHUNK_FLOAT(T, sfx)                                                                     \
+static void chunk_##sfx(int op, const T *x, int64_t n, int64_t base, double p, struct acc *a) {  \
+  memset(a, 0, sizeof *a);                                                                       \
+  a->n = n;                                                                                      \
+  switch (op) {                                                                                  \
+  case KILN_OP_SUM: case KILN_OP_MEAN: { double s = 0; for (int64_t i = 0; i < n; i++) s += x[i]; a->s = s; break; } \
+  case KILN_OP_PROD: { double s = 1; for (int64_t i = 0; i < n; i++) s *= x[i]; a->s = s; break; } \
+  case KILN_OP_MAX: case KILN_OP_ARGMAX: case KILN_OP_MIN: case KILN_OP_ARGMIN: {               \
+    int want_max = op == KILN_OP_MAX || op == KILN_OP_ARGMAX;                                    \
+    double best = x[0]; int64_t bi = 0;                                                          \
+    for (int64_t i = 1; i < n && best == best; i++) {                                            \
+      double v = x[i];                                                                           \
+      if (v != v || (want_max ? v > best : v < best)) { best = v; bi = i; }                      \
+    }                                                                                            \
+    a->s = best; a->idx = base + bi; break;                                                      \
+  }                                                                                              \
+  case KILN_OP_VAR: case KILN_OP_STD: {                                                          \
+    double s = 0; for (int64_t i = 0; i < n; i++) s += x[i];                                     \
+    double mean = n ? s / (double)n : 0, q = 0;                                                  \
+    for (int64_t i = 0; i < n; i++) { double d = x[i] - mean; q += d * d; }                       \
+    a->m = mean; a->q = q; break;                                                                \
+  }                                                                                              \
+  case KILN_OP_NORM: {                                                                           \
+    double s = 0;                                                                                \
+    if (p == 2) for (int64_t i = 0; i < n; i++) s += (double)x[i] * x[i];                         \
+    else if (p == 1) for (int64_t i = 0; i < n; i++) s += fabs((double)x[i]);                     \
+    else if (isinf(p)) for (int64_t i = 0; i < n; i++) { double v = fabs((double)x[i]); if (v > s || v != v) s = v; } \
+    else if (p == 0) for (int64_t i = 0; i < n; i++) s += x[i] != 0;                              \
+    else for (int64_t i = 0; i < n; i++) s += pow(fabs((double)x[i]), p);                         \
+    a->s = s; break;                                                                             \
+  }                                                                                              \
+  case KILN_OP_LOGSUMEXP: {                                                                      \
+    double m = -INFINITY; for (int64_t i = 0; i < n; i++) if (x[i] > m || x[i] != x[i]) m = x[i]; \
+    double s = 0;                                                                                \
+    if (isfinite(m)) for (int64_t i = 0; i < n; i++) s += exp(x[i] - m);                          \
+    a->m = m; a->s = s; break;                                                                   \
+  }                                                                                              \
+  }                                                                                              \
+}
+CHUNK_FLOAT(float, f32)
+CHUNK_FLOAT(double, f64)
+
+static void chunk_i64(int op, const int64_t *x, int64_t n, int64_t base, struct acc *a) {
+  memset(a, 0, sizeof *a);
+  a->n = n;
+  switch (op) {
+  case KILN_OP_SUM: { uint64_t s = 0; for (int64_t i = 0; i < n; i++) s += (uint64_t)x[i]; a->is = (int64_t)s; break; }
+  case KILN_OP_PROD: { uint64_t s = 1; for (int64_t i = 0; i < n; i++) s *= (uint64_t)x[i]; a->is = (int64_t)s; break; }
+  default: {
+    int want_max = op == KILN_OP_MAX || op == KILN_OP_ARGMAX;
+    int64_t best = x[0], bi = 0;
+    for (int64_t i = 1; i < n; i++)
+      if (want_max ? x[i] > best : x[i] < best) { best = x[i]; bi = i; }
+    a->is = best; a->idx = base + bi;
+  }
+  }
+}
+
+/* Fold b (the later chunk) into a. */
+static void combine(int op, int ints, struct acc *a, const struct acc *b, double p) {
+  if (b->n == 0) return;
+  if (a->n == 0) { *a = *b; return; }
+  if (ints) {
+    switch (op) {
+    case KILN_OP_SUM: a->is = (int64_t)((uint64_t)a->is + (uint64_t)b->is); break;
+    case KILN_OP_PROD: a->is = (int64_t)((uint64_t)a->is * (uint64_t)b->is); break;
+    case KILN_OP_MAX: case KILN_OP_ARGMAX: if (b->is > a->is) { a->is = b->is; a->idx = b->idx; } break;
+    default: if (b->is < a->is) { a->is = b->is; a->idx = b->idx; } break;
+    }
+  } else {
+    switch (op) {
+    case KILN_OP_SUM: case KILN_OP_MEAN: a->s += b->s; break;
+    case KILN_OP_PROD: a->s *= b->s; break;
+    case KILN_OP_MAX: case KILN_OP_ARGMAX:
+      if (a->s == a->s && (b->s != b->s || b->s > a->s)) { a->s = b->s; a->idx = b->idx; }
+      break;
+    case KILN_OP_MIN: case KILN_OP_ARGMIN:
+      if (a->s == a->s && (b->s != b->s || b->s < a->s)) { a->s = b->s; a->idx = b->idx; }
+      break;
+    case KILN_OP_VAR: case KILN_OP_STD: {   /* Chan et al.: merge two (n, mean, M2) */
+      double na = (double)a->n, nb = (double)b->n, d = b->m - a->m;
+      a->q += b->q + d * d * na * nb / (na + nb);
+      a->m += d * nb / (na + nb);
+      break;
+    }
+    case KILN_OP_NORM:
+      if (isinf(p)) { if (b->s > a->s || b->s != b->s) a->s = b->s; }
+      else a->s += b->s;
+      break;
+    case KILN_OP_LOGSUMEXP: {
+      double m = a->m > b->m || a->m != a->m ? a->m : b->m;
+      if (isfinite(m)) a->s = a->s * exp(a->m - m) + b->s * exp(b->m - m);
+      a->m = m;
+      break;
+    }
+    }
+  }
+  a->n += b->n;
+}
+
+static double finish(int op, const struct acc *a, double p) {
+  double n = (double)a->n;
+  switch (op) {
+  case KILN_OP_MEAN: return a->s / n;
+  case KILN_OP_VAR: return a->q / (n - p);
+  case KILN_OP_STD: return sqrt(a->q / (n - p));
+  case KILN_OP_NORM:
+    if (p == 2) return sqrt(a->s);
+    if (p == 1 || p == 0 || isinf(p)) return a->s;
+    return pow(a->s, 1.0 / p);
+  case KILN_OP_LOGSUMEXP:
+    if (a->n == 0) return -INFINITY;
+    if (!isfinite(a->m)) return a->m == a->m && a->m < 0 ? -INFINITY : a->m;
+    return a->m + log(a->s);
+  case KILN_OP_PROD: return a->n ? a->s : 1;
+  default: return a->s;
+  }
+}
+
+static void run_chunks(void *ctx, int64_t begin, int64_t end) {
+  const struct job *j = ctx;
+  for (int64_t t = begin; t < end; t++) {
+    int64_t row = t / j->nchunks, c = t % j->nchunks;
+    int64_t r0 = c * CHUNK, n = j->R - r0 < CHUNK ? j->R - r0 : CHUNK;
+    int64_t off = row * j->R + r0;
+    struct acc *a = &j->accs[t];
+    if (n <= 0) { memset(a, 0, sizeof *a); continue; }
+    if (j->dtype == KILN_I64) chunk_i64(j->op, (const int64_t *)j->x + off, n, r0, a);
+    else if (j->dtype == KILN_F32) chunk_f32(j->op, (const float *)j->x + off, n, r0, j->p, a);
+    else chunk_f64(j->op, (const double *)j->x + off, n, r0, j->p, a);
+  }
+}
+
+int cpu_reduce(const struct kiln_call *c) {
+  const struct kiln_tensor *a = c->in[0];
+  struct kiln_tensor *out = c->out;
+  int op = c->op;
+  int64_t mask = c->ints[0];
+  int ints = !kiln_dtype_is_float(a->dtype) &&
+             (op == KILN_OP_SUM || op == KILN_OP_PROD || op == KILN_OP_MAX || op == KILN_OP_MIN ||
+              op == KILN_OP_ARGMAX || op == KILN_OP_ARGMIN);
+  /* Rows: kept dims first, then reduced dims, in one contiguous buffer of the row dtype. */
+  int perm[KILN_MAX_DIMS], n = 0;
+  int64_t M = 1, R = 1;
+  for (int d = 0; d < a->ndim; d++) if (!(mask & (1 << d))) { perm[n++] = d; M *= a->sizes[d]; }
+  for (int d = 0; d < a->ndim; d++) if (mask & (1 << d)) { perm[n++] = d; R *= a->sizes[d]; }
+  int rdtype = ints ? KILN_I64 : a->dtype == KILN_F64 ? KILN_F64 : a->dtype == KILN_F32 ? KILN_F32 : KILN_F64;
+  struct kiln_tensor *pv = kiln_permute(a, a->ndim, perm);
+  if (!pv) return kiln_error_code();
+  struct kiln_tensor *rows = pv;
+  if (!kiln_is_contiguous(pv) || pv->dtype != rdtype) {
+    rows = kiln_tensor_empty(pv->ndim, pv->sizes, rdtype, pv->device);
+    if (!rows) { kiln_tensor_release(pv); return kiln_error_code(); }
+    kiln_cpu_copy(rows, pv);
+    kiln_tensor_release(pv);
+  }
+  int64_t nchunks = R > CHUNK ? (R + CHUNK - 1) / CHUNK : 1;
+  struct acc *accs = M * nchunks > 0 ? malloc(sizeof(struct acc) * (size_t)(M * nchunks)) : NULL;
+  if (M * nchunks > 0 && !accs) { kiln_tensor_release(rows); return kiln_fail(KILN_ERR_MEMORY, "%s: out of memory", kiln_op_name(op)); }
+  struct job j = {op, ints, rdtype, rows->numel ? kiln_tensor_data(rows) : NULL, M, R, nchunks, c->scalar[0], accs};
+  int64_t grain = R >= 4096 ? 1 : 4096 / (R ? R : 1);
+  if (R > 0) kiln_parallel_for(M * nchunks, grain, run_chunks, &j);
+  char *o = kiln_tensor_data(out);
+  int os = kiln_dtype_size(out->dtype);
+  for (int64_t m = 0; m < M; m++) {
+    struct acc total = {0};
+    if (R > 0) {
+      total = accs[m * nchunks];
+      for (int64_t k = 1; k < nchunks; k++) combine(op, ints, &total, &accs[m * nchunks + k], c->scalar[0]);
+    } else if (op == KILN_OP_PROD) {
+      total.s = 1; total.is = 1;
+    }
+    if (op == KILN_OP_ARGMAX || op == KILN_OP_ARGMIN) ((int64_t *)o)[m] = total.idx;
+    else if (ints) {
+      if (R == 0) total.is = op == KILN_OP_PROD ? 1 : 0;
+      if (out->dtype == KILN_I64) ((int64_t *)o)[m] = total.is;
+      else kiln_store_f64(o + m * os, out->dtype, (double)total.is);
+    } else {
+      if (R == 0 && op == KILN_OP_SUM) total.s = 0;
+      kiln_store_f64(o + m * os, out->dtype, finish(op, &total, c->scalar[0]));
+    }
+  }
+  free(accs);
+  kiln_tensor_release(rows);
+  return KILN_OK;
+}

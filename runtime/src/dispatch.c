@@ -1,0 +1,115 @@
+/* dispatch.c: op names, devices, and the route from an op to its device's kernel. */
+#include "internal.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const op_names[KILN_OP_COUNT] = {
+  [KILN_OP_COPY] = "copy", [KILN_OP_FILL] = "fill",
+  [KILN_OP_NEG] = "neg", [KILN_OP_ABS] = "abs", [KILN_OP_SIGN] = "sign", [KILN_OP_SQRT] = "sqrt",
+  [KILN_OP_RSQRT] = "rsqrt", [KILN_OP_EXP] = "exp", [KILN_OP_LOG] = "log", [KILN_OP_LOG1P] = "log1p",
+  [KILN_OP_EXPM1] = "expm1", [KILN_OP_SIN] = "sin", [KILN_OP_COS] = "cos", [KILN_OP_TANH] = "tanh",
+  [KILN_OP_SIGMOID] = "sigmoid", [KILN_OP_RELU] = "relu", [KILN_OP_FLOOR] = "floor", [KILN_OP_CEIL] = "ceil",
+  [KILN_OP_ROUND] = "round", [KILN_OP_TRUNC] = "trunc", [KILN_OP_RECIPROCAL] = "reciprocal",
+  [KILN_OP_SQUARE] = "square", [KILN_OP_ERF] = "erf", [KILN_OP_LOGICAL_NOT] = "logical_not",
+  [KILN_OP_ADD] = "add", [KILN_OP_SUB] = "sub", [KILN_OP_MUL] = "mul", [KILN_OP_DIV] = "div",
+  [KILN_OP_POW] = "pow", [KILN_OP_MAXIMUM] = "maximum", [KILN_OP_MINIMUM] = "minimum",
+  [KILN_OP_REMAINDER] = "remainder", [KILN_OP_EQ] = "eq", [KILN_OP_NE] = "ne", [KILN_OP_LT] = "lt",
+  [KILN_OP_LE] = "le", [KILN_OP_GT] = "gt", [KILN_OP_GE] = "ge", [KILN_OP_LOGICAL_AND] = "logical_and",
+  [KILN_OP_LOGICAL_OR] = "logical_or", [KILN_OP_WHERE] = "where", [KILN_OP_CLAMP] = "clamp",
+  [KILN_OP_SUM] = "sum", [KILN_OP_MEAN] = "mean", [KILN_OP_PROD] = "prod", [KILN_OP_MAX] = "max",
+  [KILN_OP_MIN] = "min", [KILN_OP_ARGMAX] = "argmax", [KILN_OP_ARGMIN] = "argmin", [KILN_OP_VAR] = "var",
+  [KILN_OP_STD] = "std", [KILN_OP_NORM] = "norm", [KILN_OP_LOGSUMEXP] = "logsumexp",
+  [KILN_OP_GEMM] = "gemm",
+  [KILN_OP_CAT] = "cat", [KILN_OP_INDEX_SELECT] = "index_select", [KILN_OP_GATHER] = "gather",
+  [KILN_OP_SCATTER_ADD] = "scatter_add", [KILN_OP_MASKED_FILL] = "masked_fill",
+  [KILN_OP_MASKED_SELECT] = "masked_select",
+  [KILN_OP_UNIFORM] = "uniform", [KILN_OP_NORMAL] = "normal", [KILN_OP_RANDINT] = "randint",
+};
+_Static_assert(sizeof op_names / sizeof op_names[0] == KILN_OP_COUNT, "op_names must cover every op");
+
+KILN_API const char *kiln_op_name(int op) {
+  return op >= 0 && op < KILN_OP_COUNT && op_names[op] ? op_names[op] : "?";
+}
+
+/* Backends by device type. The CUDA entry is filled when libkiln_cuda is loaded. */
+static const struct kiln_backend *backends[KILN_DEVICE_TYPE_COUNT] = {[KILN_CPU] = &kiln_cpu_backend};
+static int cuda_device_count = 0;
+
+KILN_API int kiln_op_supported(int op, int device_type) {
+  if (op < 0 || op >= KILN_OP_COUNT || device_type < 0 || device_type >= KILN_DEVICE_TYPE_COUNT) return 0;
+  return backends[device_type] && backends[device_type]->kernel[op] != NULL;
+}
+
+const struct kiln_backend *kiln_backend_for(struct kiln_device device, const char *op) {
+  if (device.type == KILN_CPU && device.index == 0) return &kiln_cpu_backend;
+  if (device.type == KILN_CUDA) {
+    if (!backends[KILN_CUDA]) {
+      kiln_fail(KILN_ERR_DEVICE, "%s: no CUDA device: %s is not available (this kiln has no CUDA backend loaded)", op,
+                kiln_device_name(device));
+      return NULL;
+    }
+    if (device.index < 0 || device.index >= cuda_device_count) {
+      kiln_fail(KILN_ERR_DEVICE, "%s: no CUDA device %s (%d devices)", op, kiln_device_name(device), cuda_device_count);
+      return NULL;
+    }
+    return backends[KILN_CUDA];
+  }
+  kiln_fail(KILN_ERR_DEVICE, "%s: unknown device %s", op, kiln_device_name(device));
+  return NULL;
+}
+
+int kiln_dispatch(struct kiln_device device, const struct kiln_call *call) {
+  const char *name = kiln_op_name(call->op);
+  const struct kiln_backend *be = kiln_backend_for(device, name);
+  if (!be) return kiln_error_code();
+  kiln_kernel k = be->kernel[call->op];
+  if (!k) return kiln_fail(KILN_ERR_UNSUPPORTED, "%s: not implemented on %s", name, kiln_device_name(device));
+  return k(call);
+}
+
+KILN_API int kiln_device_parse(const char *name, struct kiln_device *out) {
+  if (!name || !out) return kiln_fail(KILN_ERR_ARGUMENT, "device: no name given");
+  if (strcmp(name, "cpu") == 0) { *out = (struct kiln_device){KILN_CPU, 0}; return KILN_OK; }
+  if (strncmp(name, "cuda", 4) == 0) {
+    const char *rest = name + 4;
+    if (*rest == 0) { *out = (struct kiln_device){KILN_CUDA, 0}; return KILN_OK; }
+    if (*rest == ':' && rest[1]) {
+      char *end;
+      long idx = strtol(rest + 1, &end, 10);
+      if (*end == 0 && idx >= 0 && idx < 1024) { *out = (struct kiln_device){KILN_CUDA, (int32_t)idx}; return KILN_OK; }
+    }
+  }
+  return kiln_fail(KILN_ERR_ARGUMENT, "device: unknown device \"%s\" (expected \"cpu\", \"cuda\" or \"cuda:N\")", name);
+}
+
+KILN_API const char *kiln_device_name(struct kiln_device device) {
+  static _Thread_local char bufs[2][32];
+  static _Thread_local int next;
+  char *b = bufs[next++ & 1];
+  if (device.type == KILN_CPU) snprintf(b, 32, "cpu");
+  else if (device.type == KILN_CUDA) snprintf(b, 32, "cuda:%d", (int)device.index);
+  else snprintf(b, 32, "device(%d:%d)", (int)device.type, (int)device.index);
+  return b;
+}
+
+KILN_API int kiln_device_available(struct kiln_device device) {
+  if (device.type == KILN_CPU) return device.index == 0;
+  if (device.type == KILN_CUDA) return backends[KILN_CUDA] && device.index >= 0 && device.index < cuda_device_count;
+  return 0;
+}
+
+int kiln_broadcast_shapes(const char *op, int na, const int64_t *sa, int nb, const int64_t *sb, int *out_ndim, int64_t *out) {
+  int n = na > nb ? na : nb;
+  for (int i = 0; i < n; i++) {
+    int64_t x = i < n - na ? 1 : sa[i - (n - na)];
+    int64_t y = i < n - nb ? 1 : sb[i - (n - nb)];
+    if (x == y || y == 1) out[i] = x;
+    else if (x == 1) out[i] = y;
+    else
+      return kiln_fail(KILN_ERR_SHAPE, "%s: shapes %s and %s do not broadcast (dim %d: %lld vs %lld)", op,
+                       kiln_sizes_string(na, sa), kiln_sizes_string(nb, sb), i, (long long)x, (long long)y);
+  }
+  *out_ndim = n;
+  return KILN_OK;
+}

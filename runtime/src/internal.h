@@ -1,0 +1,83 @@
+/* internal.h: what the runtime's C files share and the bindings never see: the error helper,
+   the backend table, the call record a kernel receives, and the thread pool. */
+#ifndef KILN_INTERNAL_H
+#define KILN_INTERNAL_H
+#include <kiln/kiln.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define KILN_API __attribute__((visibility("default")))
+
+/* Write "fmt..." to this thread's error buffer and return code. */
+int kiln_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Prefix the current message with "op: " when it lacks one. */
+
+/* The record a kernel receives. The front end has checked shapes, dtypes and devices and
+   allocated the outputs; a kernel only computes. */
+struct kiln_call {
+  int op;
+  struct kiln_tensor *out;
+  const struct kiln_tensor *in[4];
+  int nin;
+  double scalar[4];
+  int64_t ints[KILN_MAX_DIMS + 4];
+  int nints;
+  const void *extra;               /* op-specific: e.g. the tensor list of cat */
+};
+
+typedef int (*kiln_kernel)(const struct kiln_call *call);
+
+/* A device's table of kernels and memory functions. */
+struct kiln_backend {
+  const char *name;
+  void *(*alloc)(int64_t nbytes, int device_index);
+  void (*free)(void *data, int64_t nbytes, int device_index);
+  /* Copy nbytes between host and device memory (CPU backend: memcpy). */
+  int (*memcpy_to_host)(void *dst, const void *src, int64_t nbytes, int device_index);
+  int (*memcpy_from_host)(void *dst, const void *src, int64_t nbytes, int device_index);
+  kiln_kernel kernel[KILN_OP_COUNT];
+};
+
+extern const struct kiln_backend kiln_cpu_backend;
+/* The backend of a device, or NULL with an error that names op and the device. */
+const struct kiln_backend *kiln_backend_for(struct kiln_device device, const char *op);
+/* Run call on the device of its first tensor; "op: not implemented on cuda:0" when missing. */
+int kiln_dispatch(struct kiln_device device, const struct kiln_call *call);
+
+/* Memory accounting (memory.c). */
+void kiln_memory_count_alloc(int device_type, int64_t nbytes);
+void kiln_memory_count_free(int device_type, int64_t nbytes);
+
+/* Tensors (tensor.c). */
+struct kiln_tensor *kiln_tensor_header(int ndim, const int64_t *sizes, const int64_t *strides, int64_t offset,
+                                       int dtype, struct kiln_device device, struct kiln_storage *storage);
+void kiln_contiguous_strides(int ndim, const int64_t *sizes, int64_t *strides);
+/* NULL with "op: argument k was freed" etc. when a tensor cannot be read. */
+int kiln_check_live(const char *op, const struct kiln_tensor *t);
+int kiln_check_same_device(const char *op, const struct kiln_tensor *a, const struct kiln_tensor *b);
+int kiln_normalize_dim(const char *op, int dim, int ndim, int *out);
+/* Broadcast the shapes of a and b into out (ndim in *out_ndim); error names both shapes. */
+int kiln_broadcast_shapes(const char *op, int na, const int64_t *sa, int nb, const int64_t *sb,
+                          int *out_ndim, int64_t *out);
+const char *kiln_sizes_string(int ndim, const int64_t *sizes);
+static inline void *kiln_tensor_data(const struct kiln_tensor *t) {
+  return (char *)t->storage->data + t->offset * kiln_dtype_size(t->dtype);
+}
+void kiln_tensor_bump_version(struct kiln_tensor *t);
+
+/* The thread pool (parallel.c). fn(ctx, begin, end) covers [0, n) in chunks of at least grain;
+   runs inline when n <= grain or the pool has one thread. */
+typedef void (*kiln_range_fn)(void *ctx, int64_t begin, int64_t end);
+void kiln_parallel_for(int64_t n, int64_t grain, kiln_range_fn fn, void *ctx);
+int kiln_in_parallel_region(void);
+
+/* Element conversion between a dtype and double (dtype.c). */
+double kiln_load_f64(const void *p, int dtype);
+void kiln_store_f64(void *p, int dtype, double v);
+/* Convert n contiguous elements. */
+void kiln_convert(void *dst, int dst_dtype, const void *src, int src_dtype, int64_t n);
+
+/* Strided copy with conversion and broadcasting of src to dst's shape (copy.c). */
+int kiln_cpu_copy(struct kiln_tensor *dst, const struct kiln_tensor *src);
+
+#endif

@@ -1,0 +1,138 @@
+/* linalg.c: the front end of matrix products. Every product becomes one GEMM call on
+   3-d views out[B,n,m] = alpha * a[B,n,k] @ b[B,k,m] + beta * out (batch strides may be 0). */
+#include "internal.h"
+#include <string.h>
+
+static int check_pair(const char *op, const struct kiln_tensor *a, const struct kiln_tensor *b) {
+  if (kiln_check_live(op, a) || kiln_check_live(op, b) || kiln_check_same_device(op, a, b)) return kiln_error_code();
+  if (a->dtype != b->dtype)
+    return kiln_fail(KILN_ERR_DTYPE, "%s: %s %s @ %s %s: dtypes differ (convert one with :to())", op, kiln_shape_string(a),
+                     kiln_dtype_name(a->dtype), kiln_shape_string(b), kiln_dtype_name(b->dtype));
+  if (a->dtype == KILN_BOOL) return kiln_fail(KILN_ERR_DTYPE, "%s: not defined for bool tensors", op);
+  return KILN_OK;
+}
+
+/* out (already holding beta's operand) = alpha * a @ b + beta * out, all 3-d. */
+static int gemm(struct kiln_tensor *out, const struct kiln_tensor *a, const struct kiln_tensor *b, double alpha, double beta) {
+  struct kiln_call call = {.op = KILN_OP_GEMM, .out = out, .in = {a, b}, .nin = 2, .scalar = {alpha, beta}};
+  return kiln_dispatch(out->device, &call);
+}
+
+static struct kiln_tensor *as3d(const struct kiln_tensor *t) {
+  if (t->ndim == 3) return kiln_alias(t);
+  return kiln_unsqueeze(t, 0);
+}
+
+KILN_API struct kiln_tensor *kiln_mm(const struct kiln_tensor *a, const struct kiln_tensor *b) {
+  if (check_pair("mm", a, b)) return NULL;
+  if (a->ndim != 2 || b->ndim != 2 || a->sizes[1] != b->sizes[0]) {
+    kiln_fail(KILN_ERR_SHAPE, "mm: %s @ %s: %s", kiln_shape_string(a), kiln_shape_string(b),
+              a->ndim != 2 || b->ndim != 2 ? "both must be 2-d" : "inner sizes differ");
+    if (a->ndim == 2 && b->ndim == 2)
+      kiln_fail(KILN_ERR_SHAPE, "mm: %s @ %s: inner sizes differ (%lld vs %lld)", kiln_shape_string(a), kiln_shape_string(b),
+                (long long)a->sizes[1], (long long)b->sizes[0]);
+    return NULL;
+  }
+  return kiln_matmul(a, b);
+}
+
+KILN_API struct kiln_tensor *kiln_bmm(const struct kiln_tensor *a, const struct kiln_tensor *b) {
+  if (check_pair("bmm", a, b)) return NULL;
+  if (a->ndim != 3 || b->ndim != 3 || a->sizes[0] != b->sizes[0] || a->sizes[2] != b->sizes[1]) {
+    kiln_fail(KILN_ERR_SHAPE, "bmm: %s @ %s: %s", kiln_shape_string(a), kiln_shape_string(b),
+              a->ndim != 3 || b->ndim != 3 ? "both must be 3-d" : a->sizes[0] != b->sizes[0] ? "batch sizes differ" : "inner sizes differ");
+    return NULL;
+  }
+  return kiln_matmul(a, b);
+}
+
+KILN_API struct kiln_tensor *kiln_matmul(const struct kiln_tensor *a, const struct kiln_tensor *b) {
+  if (check_pair("matmul", a, b)) return NULL;
+  if (a->ndim == 0 || b->ndim == 0) {
+    kiln_fail(KILN_ERR_SHAPE, "matmul: %s @ %s: both arguments need at least 1 dim", kiln_shape_string(a), kiln_shape_string(b));
+    return NULL;
+  }
+  /* Promote 1-d operands to matrices; their added dim is dropped from the result. */
+  struct kiln_tensor *A = a->ndim == 1 ? kiln_unsqueeze(a, 0) : kiln_alias(a);
+  struct kiln_tensor *B = b->ndim == 1 ? kiln_unsqueeze(b, 1) : kiln_alias(b);
+  struct kiln_tensor *out = NULL, *A3 = NULL, *B3 = NULL, *O3 = NULL;
+  if (!A || !B) goto done;
+  int64_t n = A->sizes[A->ndim - 2], k = A->sizes[A->ndim - 1], k2 = B->sizes[B->ndim - 2], m = B->sizes[B->ndim - 1];
+  if (k != k2) {
+    kiln_fail(KILN_ERR_SHAPE, "matmul: %s @ %s: inner sizes differ (%lld vs %lld)", kiln_shape_string(a), kiln_shape_string(b),
+              (long long)k, (long long)k2);
+    goto done;
+  }
+  int nb;
+  int64_t batch[KILN_MAX_DIMS], osz[KILN_MAX_DIMS];
+  if (kiln_broadcast_shapes("matmul", A->ndim - 2, A->sizes, B->ndim - 2, B->sizes, &nb, batch)) goto done;
+  int64_t nbatch = 1;
+  for (int i = 0; i < nb; i++) nbatch *= batch[i];
+  /* Batch dims broadcast, then flatten to one (a copy only when a view cannot do it). */
+  int64_t ea[KILN_MAX_DIMS], eb[KILN_MAX_DIMS];
+  memcpy(ea, batch, sizeof(int64_t) * (size_t)nb); ea[nb] = n; ea[nb + 1] = k;
+  memcpy(eb, batch, sizeof(int64_t) * (size_t)nb); eb[nb] = k; eb[nb + 1] = m;
+  struct kiln_tensor *Ae = kiln_expand(A, nb + 2, ea), *Be = kiln_expand(B, nb + 2, eb);
+  if (!Ae || !Be) { kiln_tensor_release(Ae); kiln_tensor_release(Be); goto done; }
+  if (nb == 0) { A3 = as3d(Ae); B3 = as3d(Be); }
+  else {
+    A3 = kiln_reshape(Ae, 3, (int64_t[]){nbatch, n, k});
+    B3 = kiln_reshape(Be, 3, (int64_t[]){nbatch, k, m});
+  }
+  kiln_tensor_release(Ae); kiln_tensor_release(Be);
+  if (!A3 || !B3) goto done;
+  O3 = kiln_tensor_empty(3, (int64_t[]){nbatch, n, m}, a->dtype, a->device);
+  if (!O3 || gemm(O3, A3, B3, 1.0, 0.0)) goto done;
+  int no = 0;
+  for (int i = 0; i < nb; i++) osz[no++] = batch[i];
+  if (a->ndim > 1) osz[no++] = n;
+  if (b->ndim > 1) osz[no++] = m;
+  out = kiln_view(O3, no, osz);
+done:
+  kiln_tensor_release(A); kiln_tensor_release(B); kiln_tensor_release(A3); kiln_tensor_release(B3); kiln_tensor_release(O3);
+  return out;
+}
+
+KILN_API int kiln_matmul_out(struct kiln_tensor *out, const struct kiln_tensor *a, const struct kiln_tensor *b) {
+  if (check_pair("matmul", a, b) || kiln_check_live("matmul", out) || kiln_check_same_device("matmul", out, a))
+    return kiln_error_code();
+  int nd = a->ndim;
+  if ((nd != 2 && nd != 3) || b->ndim != nd || a->sizes[nd - 1] != b->sizes[nd - 2] || (nd == 3 && a->sizes[0] != b->sizes[0]))
+    return kiln_fail(KILN_ERR_SHAPE, "matmul: %s @ %s: out= takes 2-d or batched 3-d operands with matching sizes",
+                     kiln_shape_string(a), kiln_shape_string(b));
+  int64_t want[3] = {a->sizes[0], a->sizes[nd - 2], b->sizes[nd - 1]};
+  const int64_t *ws = nd == 3 ? want : want + 1;
+  if (out->ndim != nd || memcmp(out->sizes, ws, sizeof(int64_t) * (size_t)nd) != 0 || out->dtype != a->dtype)
+    return kiln_fail(KILN_ERR_SHAPE, "matmul: out %s %s does not fit %s @ %s (expected %s %s)", kiln_shape_string(out),
+                     kiln_dtype_name(out->dtype), kiln_shape_string(a), kiln_shape_string(b), kiln_sizes_string(nd, ws),
+                     kiln_dtype_name(a->dtype));
+  struct kiln_tensor *O3 = as3d(out), *A3 = as3d(a), *B3 = as3d(b);
+  int rc = !O3 || !A3 || !B3 ? kiln_error_code() : gemm(O3, A3, B3, 1.0, 0.0);
+  kiln_tensor_release(O3); kiln_tensor_release(A3); kiln_tensor_release(B3);
+  if (!rc) kiln_tensor_bump_version(out);
+  return rc;
+}
+
+KILN_API struct kiln_tensor *kiln_addmm(const struct kiln_tensor *c, const struct kiln_tensor *a, const struct kiln_tensor *b,
+                                        double beta, double alpha) {
+  if (check_pair("addmm", a, b) || kiln_check_live("addmm", c) || kiln_check_same_device("addmm", c, a)) return NULL;
+  if (a->ndim != 2 || b->ndim != 2 || a->sizes[1] != b->sizes[0]) {
+    kiln_fail(KILN_ERR_SHAPE, "addmm: %s @ %s: %s", kiln_shape_string(a), kiln_shape_string(b),
+              a->ndim != 2 || b->ndim != 2 ? "both must be 2-d" : "inner sizes differ");
+    return NULL;
+  }
+  int64_t n = a->sizes[0], m = b->sizes[1];
+  struct kiln_tensor *out = kiln_tensor_empty(2, (int64_t[]){n, m}, a->dtype, a->device);
+  if (!out) return NULL;
+  if (beta != 0 && kiln_copy_(out, c)) {
+    kiln_tensor_release(out);
+    kiln_fail(KILN_ERR_SHAPE, "addmm: bias %s does not broadcast to the product's shape [%lld,%lld]", kiln_shape_string(c),
+              (long long)n, (long long)m);
+    return NULL;
+  }
+  struct kiln_tensor *O3 = kiln_unsqueeze(out, 0), *A3 = kiln_unsqueeze(a, 0), *B3 = kiln_unsqueeze(b, 0);
+  int rc = !O3 || !A3 || !B3 || gemm(O3, A3, B3, alpha, beta);
+  kiln_tensor_release(O3); kiln_tensor_release(A3); kiln_tensor_release(B3);
+  if (rc) { kiln_tensor_release(out); return NULL; }
+  return out;
+}

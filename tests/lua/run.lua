@@ -1,0 +1,11 @@
+-- Runs the busted specs of a folder under the kiln launcher (LuaJIT, with `kiln` loaded).
+-- usage: kiln tests/lua/run.lua tests/lua [busted options]
+local dir = arg[1] or "tests/lua"
+local args = {"--pattern=_spec", "--output=utfTerminal"}
+if not os.getenv("TERM") or os.getenv("CI") then args[2] = "--output=plainTerminal" end
+for i = 2, #arg do args[#args + 1] = arg[i] end
+args[#args + 1] = dir
+local script = arg[0]
+arg = {[0] = "busted"}
+for i, a in ipairs(args) do arg[i] = a end
+require("busted.runner")({standalone = false})
