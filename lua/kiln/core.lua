@@ -124,7 +124,7 @@ function M.device_name(d) return ffi.string(C.kiln_device_name(d)) end
 function M.sizes_and_options(...)
   local n = select("#", ...)
   local opts = nil
-  local last = select(n, ...)
+  local last = n > 0 and select(n, ...) or nil
   if n > 0 and type(last) == "table" and (last[1] == nil) and next(last) ~= nil then
     opts = last
     n = n - 1
@@ -159,8 +159,12 @@ end
 function M.from_table(data, dtype, device)
   local sizes, flat = {}, {}
   local is_bool = false
+  local leaf_depth = nil   -- the depth of numbers: the first one seen fixes it
   local function shape(x, d)
     if type(x) == "table" then
+      if leaf_depth and d >= leaf_depth then
+        raise(string.format("tensor: ragged nested table: a table where dim %d expects a number", leaf_depth - 1))
+      end
       local n = #x
       if sizes[d] == nil then sizes[d] = n
       elseif sizes[d] ~= n then
@@ -171,6 +175,7 @@ function M.from_table(data, dtype, device)
       if sizes[d] ~= nil and d <= #sizes then
         raise(string.format("tensor: ragged nested table: a number where dim %d expects a table", d))
       end
+      leaf_depth = leaf_depth or d
       if type(x) == "boolean" then is_bool = true; x = x and 1 or 0
       elseif type(x) ~= "number" then raise("tensor: expected numbers, got a " .. type(x)) end
       flat[#flat + 1] = x

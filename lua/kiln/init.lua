@@ -111,6 +111,13 @@ for name, fn in pairs(Tensor) do
   if kiln[name] == nil and name:sub(1, 1) ~= "_" then kiln[name] = fn end
 end
 
+-- ---- autograd ----
+
+kiln.autograd = require "kiln.autograd"
+kiln.no_grad, kiln.enable_grad = kiln.autograd.no_grad, kiln.autograd.enable_grad
+kiln.set_grad_enabled, kiln.is_grad_enabled = kiln.autograd.set_grad_enabled, kiln.autograd.is_grad_enabled
+kiln.gradcheck = kiln.autograd.gradcheck
+
 -- ---- the runtime ----
 
 function kiln.manual_seed(seed)

@@ -455,6 +455,39 @@ function Tensor.random_(t, lo, hi)
   return t
 end
 
+-- ---- autograd ----
+
+function Tensor.requires_grad_(t, on)
+  check(C.kiln_requires_grad_(t.p, on == nil and 1 or (on and 1 or 0)))
+  return t
+end
+
+-- backward(), backward(grad), backward{retain_graph = true}, backward(grad, {retain_graph = true})
+function Tensor.backward(t, grad, opts)
+  if type(grad) == "table" and not is_tensor(grad) then opts, grad = grad, nil end
+  opts = opts or {}
+  check(C.kiln_backward(t.p, grad and grad.p or nil, opts.retain_graph and 1 or 0))
+end
+
+function Tensor.detach(t) return wrap(C.kiln_detach(t.p)) end
+
+-- Fields read like PyTorch's: t.grad, t.requires_grad, t.is_leaf, t.grad_fn.
+local properties = {
+  grad = function(t)
+    local g = t.p.grad
+    if g == nil then return nil end
+    C.kiln_tensor_retain(g)
+    return wrap(g)
+  end,
+  requires_grad = function(t) return t.p.requires_grad ~= 0 end,
+  is_leaf = function(t) return t.p.grad_fn == nil end,
+  grad_fn = function(t)
+    local name = C.kiln_grad_fn_name(t.p)
+    return name ~= nil and ffi.string(name) or nil
+  end,
+  data = function(t) return wrap(C.kiln_detach(t.p)) end,
+}
+
 -- ---- t[i] and t[i] = v ----
 
 local rawget = rawget
@@ -462,6 +495,8 @@ local rawget = rawget
 mt.__index = function(t, k)
   local m = Tensor[k]
   if m ~= nil then return m end
+  local prop = properties[k]
+  if prop then return prop(t) end
   if type(k) == "number" then
     if t.p.ndim == 0 then raise("index: cannot index a 0-dim tensor (use :item())") end
     local i = c_index(t, 0, k, "index")
@@ -489,6 +524,8 @@ mt.__newindex = function(t, k, v)
     target[k[#k]] = v
     return
   end
+  if k == "grad" then check(C.kiln_set_grad(t.p, v and v.p or nil)) return end
+  if k == "requires_grad" then Tensor.requires_grad_(t, v) return end
   if type(k) ~= "number" then raise("tensor: cannot set field " .. tostring(k)) end
   if t.p.ndim == 0 then raise("index: cannot index a 0-dim tensor (use :fill_())") end
   local i = c_index(t, 0, k, "index")

@@ -65,7 +65,10 @@ int kiln_dispatch(struct kiln_device device, const struct kiln_call *call) {
   if (!be) return kiln_error_code();
   kiln_kernel k = be->kernel[call->op];
   if (!k) return kiln_fail(KILN_ERR_UNSUPPORTED, "%s: not implemented on %s", name, kiln_device_name(device));
-  return k(call);
+  kiln_kernel_enter();   /* ops that kernels run internally record no history */
+  int rc = k(call);
+  kiln_kernel_leave();
+  return rc;
 }
 
 KILN_API int kiln_device_parse(const char *name, struct kiln_device *out) {

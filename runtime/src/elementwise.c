@@ -67,14 +67,15 @@ KILN_API struct kiln_tensor *kiln_unary(int op, const struct kiln_tensor *a) {
   struct kiln_tensor *out = new_like_shape(a->ndim, a->sizes, result, a->device);
   if (!out) return NULL;
   struct kiln_call call = {.op = op, .out = out, .in = {a}, .nin = 1, .ints = {ctype}, .nints = 1};
-  if (kiln_dispatch(a->device, &call)) { kiln_tensor_release(out); return NULL; }
+  if (kiln_dispatch(a->device, &call) || kiln_autograd_record_call(&call, out)) { kiln_tensor_release(out); return NULL; }
   return out;
 }
 
 KILN_API int kiln_unary_(int op, struct kiln_tensor *a) {
   const char *name = kiln_op_name(op);
   int result, ctype;
-  if (kiln_check_live(name, a) || unary_dtypes(op, a->dtype, &result, &ctype)) return kiln_error_code();
+  if (kiln_check_live(name, a) || unary_dtypes(op, a->dtype, &result, &ctype) || kiln_autograd_check_inplace(name, a, NULL))
+    return kiln_error_code();
   if (result != a->dtype && result != KILN_BOOL)
     return kiln_fail(KILN_ERR_DTYPE, "%s_: the result (%s) cannot be stored in place in a %s tensor %s", name,
                      kiln_dtype_name(result), kiln_dtype_name(a->dtype), kiln_shape_string(a));
@@ -95,7 +96,7 @@ KILN_API struct kiln_tensor *kiln_binary(int op, const struct kiln_tensor *a, co
   struct kiln_tensor *out = new_like_shape(nd, shape, result, a->device);
   if (!out) return NULL;
   struct kiln_call call = {.op = op, .out = out, .in = {a, b}, .nin = 2, .ints = {ctype}, .nints = 1};
-  if (kiln_dispatch(a->device, &call)) { kiln_tensor_release(out); return NULL; }
+  if (kiln_dispatch(a->device, &call) || kiln_autograd_record_call(&call, out)) { kiln_tensor_release(out); return NULL; }
   return out;
 }
 
@@ -109,6 +110,7 @@ KILN_API int kiln_binary_(int op, struct kiln_tensor *a, const struct kiln_tenso
     return kiln_error_code();
   if (nd != a->ndim || memcmp(shape, a->sizes, sizeof(int64_t) * (size_t)nd) != 0)
     return kiln_fail(KILN_ERR_SHAPE, "%s_: %s does not broadcast to the in-place target %s", name, kiln_shape_string(b), kiln_shape_string(a));
+  if (kiln_autograd_check_inplace(name, a, b)) return kiln_error_code();
   if (kiln_dtype_is_float(result) && !kiln_dtype_is_float(a->dtype))
     return kiln_fail(KILN_ERR_DTYPE, "%s_: the result (%s) cannot be stored in place in a %s tensor %s", name,
                      kiln_dtype_name(result), kiln_dtype_name(a->dtype), kiln_shape_string(a));
@@ -128,7 +130,7 @@ KILN_API struct kiln_tensor *kiln_binary_scalar(int op, const struct kiln_tensor
   struct kiln_tensor *out = new_like_shape(a->ndim, a->sizes, result, a->device);
   if (!out) return NULL;
   struct kiln_call call = {.op = op, .out = out, .in = {a}, .nin = 2, .scalar = {s}, .ints = {ctype, reverse != 0}, .nints = 2};
-  if (kiln_dispatch(a->device, &call)) { kiln_tensor_release(out); return NULL; }
+  if (kiln_dispatch(a->device, &call) || kiln_autograd_record_call(&call, out)) { kiln_tensor_release(out); return NULL; }
   return out;
 }
 
@@ -137,7 +139,7 @@ KILN_API int kiln_binary_scalar_(int op, struct kiln_tensor *a, double s) {
   int result, ctype;
   if (kiln_check_live(name, a)) return kiln_error_code();
   int sd = scalar_dtype(a, s);
-  if (binary_dtypes(op, a->dtype, sd, &result, &ctype)) return kiln_error_code();
+  if (binary_dtypes(op, a->dtype, sd, &result, &ctype) || kiln_autograd_check_inplace(name, a, NULL)) return kiln_error_code();
   if (kiln_dtype_is_float(result) && !kiln_dtype_is_float(a->dtype))
     return kiln_fail(KILN_ERR_DTYPE, "%s_: the result (%s) cannot be stored in place in a %s tensor %s", name,
                      kiln_dtype_name(result), kiln_dtype_name(a->dtype), kiln_shape_string(a));
@@ -159,7 +161,7 @@ KILN_API struct kiln_tensor *kiln_where(const struct kiln_tensor *cond, const st
   struct kiln_tensor *out = new_like_shape(nd2, shape, result, a->device);
   if (!out) return NULL;
   struct kiln_call call = {.op = KILN_OP_WHERE, .out = out, .in = {cond, a, b}, .nin = 3, .ints = {compute_dtype(result)}, .nints = 1};
-  if (kiln_dispatch(a->device, &call)) { kiln_tensor_release(out); return NULL; }
+  if (kiln_dispatch(a->device, &call) || kiln_autograd_record_call(&call, out)) { kiln_tensor_release(out); return NULL; }
   return out;
 }
 
@@ -173,6 +175,6 @@ KILN_API struct kiln_tensor *kiln_clamp(const struct kiln_tensor *a, double lo, 
   if (!out) return NULL;
   struct kiln_call call = {.op = KILN_OP_CLAMP, .out = out, .in = {a}, .nin = 1,
                            .scalar = {has_lo ? lo : -INFINITY, has_hi ? hi : INFINITY}, .ints = {compute_dtype(result)}, .nints = 1};
-  if (kiln_dispatch(a->device, &call)) { kiln_tensor_release(out); return NULL; }
+  if (kiln_dispatch(a->device, &call) || kiln_autograd_record_call(&call, out)) { kiln_tensor_release(out); return NULL; }
   return out;
 }

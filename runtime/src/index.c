@@ -44,7 +44,11 @@ KILN_API struct kiln_tensor *kiln_cat(int n, struct kiln_tensor *const *ts, int 
   struct kiln_tensor *out = kiln_tensor_empty(ref->ndim, sizes, dtype, ref->device);
   if (!out) return NULL;
   struct kiln_call call = {.op = KILN_OP_CAT, .out = out, .in = {ref}, .nin = 1, .ints = {d, n}, .nints = 2, .extra = ts};
-  if (kiln_dispatch(ref->device, &call)) { kiln_tensor_release(out); return NULL; }
+  if (kiln_dispatch(ref->device, &call) ||
+      kiln_autograd_record(KILN_OP_CAT, out, n, (const struct kiln_tensor *const *)ts, NULL, (int64_t[]){d}, 1, NULL)) {
+    kiln_tensor_release(out);
+    return NULL;
+  }
   return out;
 }
 
@@ -88,7 +92,7 @@ KILN_API struct kiln_tensor *kiln_index_select(const struct kiln_tensor *a, int 
   struct kiln_tensor *out = kiln_tensor_empty(nd, sizes, a->dtype, a->device);
   if (!out) return NULL;
   struct kiln_call call = {.op = KILN_OP_INDEX_SELECT, .out = out, .in = {a, index}, .nin = 2, .ints = {d}, .nints = 1};
-  if (kiln_dispatch(a->device, &call)) { kiln_tensor_release(out); return NULL; }
+  if (kiln_dispatch(a->device, &call) || kiln_autograd_record_call(&call, out)) { kiln_tensor_release(out); return NULL; }
   return out;
 }
 
@@ -119,7 +123,7 @@ KILN_API struct kiln_tensor *kiln_gather(const struct kiln_tensor *a, int dim, c
   struct kiln_tensor *out = kiln_tensor_empty(index->ndim, index->sizes, a->dtype, a->device);
   if (!out) return NULL;
   struct kiln_call call = {.op = KILN_OP_GATHER, .out = out, .in = {a, index}, .nin = 2, .ints = {d}, .nints = 1};
-  if (kiln_dispatch(a->device, &call)) { kiln_tensor_release(out); return NULL; }
+  if (kiln_dispatch(a->device, &call) || kiln_autograd_record_call(&call, out)) { kiln_tensor_release(out); return NULL; }
   return out;
 }
 
@@ -127,7 +131,8 @@ KILN_API int kiln_scatter_add_(struct kiln_tensor *a, int dim, const struct kiln
   int d = 0;
   if (kiln_check_live("scatter_add", a) || kiln_check_live("scatter_add", src) || check_index_tensor("scatter_add", index) ||
       kiln_check_same_device("scatter_add", a, index) || kiln_check_same_device("scatter_add", a, src) ||
-      kiln_normalize_dim("scatter_add", dim, a->ndim, &d) || check_gather_shapes("scatter_add", a, d, index, src))
+      kiln_normalize_dim("scatter_add", dim, a->ndim, &d) || check_gather_shapes("scatter_add", a, d, index, src) ||
+      kiln_autograd_check_inplace("scatter_add_", a, src))
     return kiln_error_code();
   struct kiln_call call = {.op = KILN_OP_SCATTER_ADD, .out = a, .in = {a, index, src}, .nin = 3, .ints = {d}, .nints = 1};
   int rc = kiln_dispatch(a->device, &call);
@@ -137,8 +142,14 @@ KILN_API int kiln_scatter_add_(struct kiln_tensor *a, int dim, const struct kiln
 
 KILN_API struct kiln_tensor *kiln_scatter_add(const struct kiln_tensor *a, int dim, const struct kiln_tensor *index,
                                               const struct kiln_tensor *src) {
+  int prev = kiln_set_grad_enabled(0);   /* the copy and the in-place add are one recorded op */
   struct kiln_tensor *out = kiln_clone(a);
-  if (out && kiln_scatter_add_(out, dim, index, src)) { kiln_tensor_release(out); return NULL; }
+  if (out && kiln_scatter_add_(out, dim, index, src)) { kiln_tensor_release(out); out = NULL; }
+  kiln_set_grad_enabled(prev);
+  int d = 0;
+  kiln_normalize_dim("scatter_add", dim, a->ndim, &d);
+  const struct kiln_tensor *ins[3] = {a, index, src};
+  if (out && kiln_autograd_record(KILN_OP_SCATTER_ADD, out, 3, ins, NULL, (int64_t[]){d}, 1, NULL)) { kiln_tensor_release(out); return NULL; }
   return out;
 }
 
@@ -155,7 +166,7 @@ static int check_mask(const char *op, const struct kiln_tensor *a, const struct 
 }
 
 KILN_API int kiln_masked_fill_(struct kiln_tensor *a, const struct kiln_tensor *mask, double value) {
-  if (check_mask("masked_fill", a, mask, 1)) return kiln_error_code();
+  if (check_mask("masked_fill", a, mask, 1) || kiln_autograd_check_inplace("masked_fill_", a, NULL)) return kiln_error_code();
   struct kiln_call call = {.op = KILN_OP_MASKED_FILL, .out = a, .in = {a, mask}, .nin = 2, .scalar = {value}};
   int rc = kiln_dispatch(a->device, &call);
   if (!rc) kiln_tensor_bump_version(a);
@@ -164,8 +175,12 @@ KILN_API int kiln_masked_fill_(struct kiln_tensor *a, const struct kiln_tensor *
 
 KILN_API struct kiln_tensor *kiln_masked_fill(const struct kiln_tensor *a, const struct kiln_tensor *mask, double value) {
   if (check_mask("masked_fill", a, mask, 1)) return NULL;
+  int prev = kiln_set_grad_enabled(0);
   struct kiln_tensor *out = kiln_clone(a);
-  if (out && kiln_masked_fill_(out, mask, value)) { kiln_tensor_release(out); return NULL; }
+  if (out && kiln_masked_fill_(out, mask, value)) { kiln_tensor_release(out); out = NULL; }
+  kiln_set_grad_enabled(prev);
+  const struct kiln_tensor *ins[2] = {a, mask};
+  if (out && kiln_autograd_record(KILN_OP_MASKED_FILL, out, 2, ins, (double[4]){value}, NULL, 0, NULL)) { kiln_tensor_release(out); return NULL; }
   return out;
 }
 
@@ -175,6 +190,10 @@ KILN_API struct kiln_tensor *kiln_masked_select(const struct kiln_tensor *a, con
   struct kiln_call call = {.op = KILN_OP_MASKED_SELECT, .out = NULL, .in = {a, mask}, .nin = 2};
   struct kiln_tensor *result = NULL;
   call.extra = &result;
-  if (kiln_dispatch(a->device, &call)) { kiln_tensor_release(result); return NULL; }
+  const struct kiln_tensor *ins[2] = {a, mask};
+  if (kiln_dispatch(a->device, &call) || kiln_autograd_record(KILN_OP_MASKED_SELECT, result, 2, ins, NULL, NULL, 0, NULL)) {
+    kiln_tensor_release(result);
+    return NULL;
+  }
   return result;
 }

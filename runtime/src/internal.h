@@ -77,6 +77,26 @@ void kiln_store_f64(void *p, int dtype, double v);
 /* Convert n contiguous elements. */
 void kiln_convert(void *dst, int dst_dtype, const void *src, int src_dtype, int64_t n);
 
+/* Autograd (autograd.c). Front ends call kiln_autograd_record after computing a fresh output;
+   in-place front ends call kiln_autograd_check_inplace first. Nothing is recorded inside kernels. */
+enum kiln_view_kind {
+  KILN_VIEW_BASE = 1000,
+  KILN_VIEW_RESHAPE = KILN_VIEW_BASE, KILN_VIEW_TRANSPOSE, KILN_VIEW_PERMUTE, KILN_VIEW_NARROW,
+  KILN_VIEW_SELECT, KILN_VIEW_EXPAND, KILN_VIEW_ALIAS,
+  KILN_GRAD_CLONE,    /* clone, contiguous, to_dtype, to_device: the grad goes back converted */
+  KILN_GRAD_ADDMM_UNUSED
+};
+int kiln_autograd_active(void);
+int kiln_autograd_wanted(int n, const struct kiln_tensor *const *inputs);
+/* out = kind(inputs...); ints/scalars as the kernel call had them. */
+int kiln_autograd_record(int kind, struct kiln_tensor *out, int n, const struct kiln_tensor *const *inputs,
+                         const double *scalars, const int64_t *ints, int nints, const struct kiln_tensor *extra);
+int kiln_autograd_record_call(const struct kiln_call *call, struct kiln_tensor *out);
+int kiln_autograd_check_inplace(const char *op, const struct kiln_tensor *target, const struct kiln_tensor *src);
+void kiln_node_release(void *node);
+void kiln_kernel_enter(void);
+void kiln_kernel_leave(void);
+
 /* Strided copy with conversion and broadcasting of src to dst's shape (copy.c). */
 int kiln_cpu_copy(struct kiln_tensor *dst, const struct kiln_tensor *src);
 

@@ -83,6 +83,8 @@ KILN_API struct kiln_tensor *kiln_matmul(const struct kiln_tensor *a, const stru
   if (!A3 || !B3) goto done;
   O3 = kiln_tensor_empty(3, (int64_t[]){nbatch, n, m}, a->dtype, a->device);
   if (!O3 || gemm(O3, A3, B3, 1.0, 0.0)) goto done;
+  const struct kiln_tensor *ins[2] = {A3, B3};
+  if (kiln_autograd_record(KILN_OP_GEMM, O3, 2, ins, (double[4]){1.0, 0.0}, NULL, 0, NULL)) goto done;
   int no = 0;
   for (int i = 0; i < nb; i++) osz[no++] = batch[i];
   if (a->ndim > 1) osz[no++] = n;
@@ -102,6 +104,7 @@ KILN_API int kiln_matmul_out(struct kiln_tensor *out, const struct kiln_tensor *
                      kiln_shape_string(a), kiln_shape_string(b));
   int64_t want[3] = {a->sizes[0], a->sizes[nd - 2], b->sizes[nd - 1]};
   const int64_t *ws = nd == 3 ? want : want + 1;
+  if (kiln_autograd_check_inplace("matmul", out, a) || kiln_autograd_check_inplace("matmul", out, b)) return kiln_error_code();
   if (out->ndim != nd || memcmp(out->sizes, ws, sizeof(int64_t) * (size_t)nd) != 0 || out->dtype != a->dtype)
     return kiln_fail(KILN_ERR_SHAPE, "matmul: out %s %s does not fit %s @ %s (expected %s %s)", kiln_shape_string(out),
                      kiln_dtype_name(out->dtype), kiln_shape_string(a), kiln_shape_string(b), kiln_sizes_string(nd, ws),
@@ -122,6 +125,22 @@ KILN_API struct kiln_tensor *kiln_addmm(const struct kiln_tensor *c, const struc
     return NULL;
   }
   int64_t n = a->sizes[0], m = b->sizes[1];
+  const struct kiln_tensor *ins[3] = {c, a, b};
+  if (kiln_autograd_wanted(3, ins)) {
+    /* With a graph to record: beta * c + alpha * (a @ b) from differentiable ops. */
+    struct kiln_tensor *mm = kiln_matmul(a, b);
+    struct kiln_tensor *am = mm && alpha != 1 ? kiln_binary_scalar(KILN_OP_MUL, mm, alpha, 0) : (kiln_tensor_retain(mm), mm);
+    struct kiln_tensor *bc = beta != 1 ? kiln_binary_scalar(KILN_OP_MUL, c, beta, 0) : kiln_alias(c);
+    struct kiln_tensor *r = am && bc ? kiln_binary(KILN_OP_ADD, bc, am) : NULL;
+    if (r && (r->ndim != 2 || r->sizes[0] != n || r->sizes[1] != m)) {
+      kiln_fail(KILN_ERR_SHAPE, "addmm: bias %s does not broadcast to the product's shape [%lld,%lld]", kiln_shape_string(c),
+                (long long)n, (long long)m);
+      kiln_tensor_release(r);
+      r = NULL;
+    }
+    kiln_tensor_release(mm); kiln_tensor_release(am); kiln_tensor_release(bc);
+    return r;
+  }
   struct kiln_tensor *out = kiln_tensor_empty(2, (int64_t[]){n, m}, a->dtype, a->device);
   if (!out) return NULL;
   if (beta != 0 && kiln_copy_(out, c)) {

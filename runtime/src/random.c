@@ -16,7 +16,7 @@ KILN_API void kiln_random_set_state(uint64_t seed, uint64_t offset) { gen_seed =
 
 static int random_fill(int op, struct kiln_tensor *t, double p0, double p1) {
   const char *name = kiln_op_name(op);
-  if (kiln_check_live(name, t)) return kiln_error_code();
+  if (kiln_check_live(name, t) || kiln_autograd_check_inplace(name, t, NULL)) return kiln_error_code();
   if (op != KILN_OP_RANDINT && !kiln_dtype_is_float(t->dtype))
     return kiln_fail(KILN_ERR_DTYPE, "%s: tensor %s is %s (expected a float dtype)", name, kiln_shape_string(t), kiln_dtype_name(t->dtype));
   if (t->dtype == KILN_BOOL && op == KILN_OP_RANDINT && (p0 < 0 || p1 > 2))

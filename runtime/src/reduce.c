@@ -57,6 +57,6 @@ KILN_API struct kiln_tensor *kiln_reduce(int op, const struct kiln_tensor *a, in
   struct kiln_tensor *out = kiln_tensor_empty(n, sizes, reduce_dtype(op, a->dtype), a->device);
   if (!out) return NULL;
   struct kiln_call call = {.op = op, .out = out, .in = {a}, .nin = 1, .ints = {mask, keepdim}, .nints = 2, .scalar = {p}};
-  if (kiln_dispatch(a->device, &call)) { kiln_tensor_release(out); return NULL; }
+  if (kiln_dispatch(a->device, &call) || kiln_autograd_record_call(&call, out)) { kiln_tensor_release(out); return NULL; }
   return out;
 }

@@ -98,6 +98,7 @@ KILN_API void kiln_tensor_retain(struct kiln_tensor *t) {
 KILN_API void kiln_tensor_release(struct kiln_tensor *t) {
   if (t && __atomic_sub_fetch(&t->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
     kiln_tensor_release(t->grad);
+    if (t->grad_fn) kiln_node_release(t->grad_fn);
     storage_release(t->storage);
     free(t);
   }
@@ -224,7 +225,7 @@ KILN_API struct kiln_tensor *kiln_tensor_linspace(double start, double end, int6
   if (!v) { kiln_fail(KILN_ERR_MEMORY, "linspace: out of memory"); return NULL; }
   double step = steps > 1 ? (end - start) / (double)(steps - 1) : 0;
   /* Like PyTorch: the first half counts up from start, the second down from end, so both ends are exact. */
-  for (int64_t i = 0; i < steps; i++) v[i] = i < steps / 2 ? start + step * (double)i : end - step * (double)(steps - 1 - i);
+  for (int64_t i = 0; i < steps; i++) v[i] = i < steps / 2 || steps == 1 ? start + step * (double)i : end - step * (double)(steps - 1 - i);
   struct kiln_tensor *t = from_values(1, &steps, v, dtype, device);
   free(v);
   return t;
@@ -285,6 +286,7 @@ KILN_API double kiln_tensor_get(const struct kiln_tensor *t, int64_t storage_off
 KILN_API int kiln_tensor_set(struct kiln_tensor *t, int64_t storage_offset, double value) {
   if (kiln_check_live("set", t)) return kiln_error_code();
   if (t->device.type != KILN_CPU) return kiln_fail(KILN_ERR_DEVICE, "set: element access on %s (copy to cpu first)", kiln_device_name(t->device));
+  if (kiln_autograd_check_inplace("set", t, NULL)) return kiln_error_code();
   kiln_store_f64((char *)t->storage->data + storage_offset * kiln_dtype_size(t->dtype), t->dtype, value);
   t->storage->version++;
   return KILN_OK;
@@ -304,12 +306,19 @@ static struct kiln_tensor *view_of(const struct kiln_tensor *t, int ndim, const 
   return v;
 }
 
+/* A view records how its grad goes back to its base. */
+static struct kiln_tensor *recorded(struct kiln_tensor *v, int kind, const struct kiln_tensor *t, const int64_t *ints, int nints) {
+  if (v && kiln_autograd_record(kind, v, 1, &t, NULL, ints, nints, NULL)) { kiln_tensor_release(v); return NULL; }
+  return v;
+}
+
 KILN_API struct kiln_tensor *kiln_alias(const struct kiln_tensor *t) {
   if (kiln_check_live("alias", t)) return NULL;
-  return view_of(t, t->ndim, t->sizes, t->strides, t->offset);
+  return recorded(view_of(t, t->ndim, t->sizes, t->strides, t->offset), KILN_VIEW_ALIAS, t, NULL, 0);
 }
 
 KILN_API int kiln_is_contiguous(const struct kiln_tensor *t) {
+  if (t->numel == 0) return 1;   /* as in PyTorch: an empty tensor has no layout to break */
   int64_t st = 1;
   for (int d = t->ndim - 1; d >= 0; d--) {
     if (t->sizes[d] != 1 && t->strides[d] != st) return 0;
@@ -380,16 +389,16 @@ KILN_API struct kiln_tensor *kiln_view(const struct kiln_tensor *t, int ndim, co
               kiln_shape_string(t), kiln_sizes_string(t->ndim, t->strides), kiln_sizes_string(ndim, sz));
     return NULL;
   }
-  return view_of(t, ndim, sz, st, t->offset);
+  return recorded(view_of(t, ndim, sz, st, t->offset), KILN_VIEW_RESHAPE, t, NULL, 0);
 }
 
 KILN_API struct kiln_tensor *kiln_reshape(const struct kiln_tensor *t, int ndim, const int64_t *sizes) {
   int64_t sz[KILN_MAX_DIMS], st[KILN_MAX_DIMS];
   if (kiln_check_live("reshape", t) || infer_sizes("reshape", t, ndim, sizes, sz)) return NULL;
-  if (view_strides(t, ndim, sz, st)) return view_of(t, ndim, sz, st, t->offset);
+  if (view_strides(t, ndim, sz, st)) return recorded(view_of(t, ndim, sz, st, t->offset), KILN_VIEW_RESHAPE, t, NULL, 0);
   struct kiln_tensor *c = kiln_contiguous(t);
   if (!c) return NULL;
-  struct kiln_tensor *v = view_of(c, ndim, sz, NULL, c->offset);
+  struct kiln_tensor *v = recorded(view_of(c, ndim, sz, NULL, c->offset), KILN_VIEW_RESHAPE, c, NULL, 0);
   kiln_tensor_release(c);
   return v;
 }
@@ -399,11 +408,12 @@ KILN_API struct kiln_tensor *kiln_transpose(const struct kiln_tensor *t, int dim
   if (kiln_check_live("transpose", t) || kiln_normalize_dim("transpose", dim0, t->ndim, &a) ||
       kiln_normalize_dim("transpose", dim1, t->ndim, &b))
     return NULL;
-  struct kiln_tensor *v = kiln_alias(t);
-  if (!v || t->ndim == 0) return v;
-  int64_t s = v->sizes[a]; v->sizes[a] = v->sizes[b]; v->sizes[b] = s;
-  s = v->strides[a]; v->strides[a] = v->strides[b]; v->strides[b] = s;
-  return v;
+  struct kiln_tensor *v = view_of(t, t->ndim, t->sizes, t->strides, t->offset);
+  if (v && t->ndim > 0) {
+    int64_t s = v->sizes[a]; v->sizes[a] = v->sizes[b]; v->sizes[b] = s;
+    s = v->strides[a]; v->strides[a] = v->strides[b]; v->strides[b] = s;
+  }
+  return recorded(v, KILN_VIEW_TRANSPOSE, t, (int64_t[]){a, b}, 2);
 }
 
 KILN_API struct kiln_tensor *kiln_permute(const struct kiln_tensor *t, int ndim, const int *dims) {
@@ -413,15 +423,16 @@ KILN_API struct kiln_tensor *kiln_permute(const struct kiln_tensor *t, int ndim,
     return NULL;
   }
   int seen[KILN_MAX_DIMS] = {0};
-  int64_t sz[KILN_MAX_DIMS], st[KILN_MAX_DIMS];
+  int64_t sz[KILN_MAX_DIMS], st[KILN_MAX_DIMS], perm[KILN_MAX_DIMS];
   for (int i = 0; i < ndim; i++) {
     int d = 0;
     if (kiln_normalize_dim("permute", dims[i], ndim, &d)) return NULL;
     if (seen[d]++) { kiln_fail(KILN_ERR_ARGUMENT, "permute: dim %d repeated (tensor %s)", d, kiln_shape_string(t)); return NULL; }
     sz[i] = t->sizes[d];
     st[i] = t->strides[d];
+    perm[i] = d;
   }
-  return view_of(t, ndim, sz, st, t->offset);
+  return recorded(view_of(t, ndim, sz, st, t->offset), KILN_VIEW_PERMUTE, t, perm, ndim);
 }
 
 KILN_API struct kiln_tensor *kiln_narrow(const struct kiln_tensor *t, int dim, int64_t start, int64_t length) {
@@ -435,13 +446,11 @@ KILN_API struct kiln_tensor *kiln_narrow(const struct kiln_tensor *t, int dim, i
               (long long)start, (long long)length, d, (long long)t->sizes[d], kiln_shape_string(t));
     return NULL;
   }
-  struct kiln_tensor *v = kiln_alias(t);
-  if (!v) return NULL;
-  v->offset += start * t->strides[d];
-  v->sizes[d] = length;
-  v->numel = t->sizes[d] ? t->numel / t->sizes[d] * length : 0;
-  if (t->sizes[d] == 0) { v->numel = 1; for (int i = 0; i < v->ndim; i++) v->numel *= v->sizes[i]; }
-  return v;
+  int64_t sz[KILN_MAX_DIMS];
+  memcpy(sz, t->sizes, sizeof sz);
+  sz[d] = length;
+  struct kiln_tensor *v = view_of(t, t->ndim, sz, t->strides, t->offset + start * t->strides[d]);
+  return recorded(v, KILN_VIEW_NARROW, t, (int64_t[]){d, start, length}, 3);
 }
 
 KILN_API struct kiln_tensor *kiln_select(const struct kiln_tensor *t, int dim, int64_t index) {
@@ -459,7 +468,7 @@ KILN_API struct kiln_tensor *kiln_select(const struct kiln_tensor *t, int dim, i
   int n = 0;
   for (int k = 0; k < t->ndim; k++)
     if (k != d) { sz[n] = t->sizes[k]; st[n] = t->strides[k]; n++; }
-  return view_of(t, n, sz, st, t->offset + i * t->strides[d]);
+  return recorded(view_of(t, n, sz, st, t->offset + i * t->strides[d]), KILN_VIEW_SELECT, t, (int64_t[]){d, i}, 2);
 }
 
 KILN_API struct kiln_tensor *kiln_squeeze(const struct kiln_tensor *t, int dim) {
@@ -475,7 +484,7 @@ KILN_API struct kiln_tensor *kiln_squeeze_all(const struct kiln_tensor *t) {
   int n = 0;
   for (int k = 0; k < t->ndim; k++)
     if (t->sizes[k] != 1) { sz[n] = t->sizes[k]; st[n] = t->strides[k]; n++; }
-  return view_of(t, n, sz, st, t->offset);
+  return recorded(view_of(t, n, sz, st, t->offset), KILN_VIEW_RESHAPE, t, NULL, 0);
 }
 
 KILN_API struct kiln_tensor *kiln_unsqueeze(const struct kiln_tensor *t, int dim) {
@@ -493,7 +502,7 @@ KILN_API struct kiln_tensor *kiln_unsqueeze(const struct kiln_tensor *t, int dim
       j++;
     }
   }
-  return view_of(t, t->ndim + 1, sz, st, t->offset);
+  return recorded(view_of(t, t->ndim + 1, sz, st, t->offset), KILN_VIEW_RESHAPE, t, NULL, 0);
 }
 
 KILN_API struct kiln_tensor *kiln_expand(const struct kiln_tensor *t, int ndim, const int64_t *sizes) {
@@ -520,7 +529,7 @@ KILN_API struct kiln_tensor *kiln_expand(const struct kiln_tensor *t, int ndim, 
       return NULL;
     }
   }
-  return view_of(t, ndim, sz, st, t->offset);
+  return recorded(view_of(t, ndim, sz, st, t->offset), KILN_VIEW_EXPAND, t, NULL, 0);
 }
 
 KILN_API struct kiln_tensor *kiln_flatten(const struct kiln_tensor *t, int start_dim, int end_dim) {
@@ -562,6 +571,7 @@ KILN_API int kiln_copy_(struct kiln_tensor *dst, const struct kiln_tensor *src) 
     kiln_tensor_release(s);
     return rc;
   }
+  if (kiln_autograd_check_inplace("copy_", dst, src)) return kiln_error_code();
   struct kiln_call call = {.op = KILN_OP_COPY, .out = dst, .in = {src}, .nin = 1};
   int rc = kiln_dispatch(dst->device, &call);
   if (!rc) dst->storage->version++;
@@ -569,18 +579,26 @@ KILN_API int kiln_copy_(struct kiln_tensor *dst, const struct kiln_tensor *src) 
 }
 
 KILN_API int kiln_fill_(struct kiln_tensor *t, double value) {
-  if (kiln_check_live("fill", t)) return kiln_error_code();
+  if (kiln_check_live("fill", t) || kiln_autograd_check_inplace("fill_", t, NULL)) return kiln_error_code();
   struct kiln_call call = {.op = KILN_OP_FILL, .out = t, .scalar = {value}};
   int rc = kiln_dispatch(t->device, &call);
   if (!rc) t->storage->version++;
   return rc;
 }
 
+/* A copy into a fresh tensor: the caller records it as one op. */
+static int copy_untracked(struct kiln_tensor *dst, const struct kiln_tensor *src) {
+  int prev = kiln_set_grad_enabled(0);
+  int rc = kiln_copy_(dst, src);
+  kiln_set_grad_enabled(prev);
+  return rc;
+}
+
 KILN_API struct kiln_tensor *kiln_clone(const struct kiln_tensor *t) {
   if (kiln_check_live("clone", t)) return NULL;
   struct kiln_tensor *c = kiln_tensor_empty(t->ndim, t->sizes, t->dtype, t->device);
-  if (c && kiln_copy_(c, t)) { kiln_tensor_release(c); return NULL; }
-  return c;
+  if (c && copy_untracked(c, t)) { kiln_tensor_release(c); return NULL; }
+  return recorded(c, KILN_GRAD_CLONE, t, NULL, 0);
 }
 
 KILN_API struct kiln_tensor *kiln_to_dtype(const struct kiln_tensor *t, int dtype) {
@@ -588,8 +606,8 @@ KILN_API struct kiln_tensor *kiln_to_dtype(const struct kiln_tensor *t, int dtyp
   if (dtype < 0 || dtype >= KILN_DTYPE_COUNT) { kiln_fail(KILN_ERR_DTYPE, "to: unknown dtype %d", dtype); return NULL; }
   if (dtype == t->dtype) { kiln_tensor_retain((struct kiln_tensor *)t); return (struct kiln_tensor *)t; }
   struct kiln_tensor *c = kiln_tensor_empty(t->ndim, t->sizes, dtype, t->device);
-  if (c && kiln_copy_(c, t)) { kiln_tensor_release(c); return NULL; }
-  return c;
+  if (c && copy_untracked(c, t)) { kiln_tensor_release(c); return NULL; }
+  return recorded(c, KILN_GRAD_CLONE, t, NULL, 0);
 }
 
 KILN_API struct kiln_tensor *kiln_to_device(const struct kiln_tensor *t, struct kiln_device device) {
@@ -613,5 +631,5 @@ KILN_API struct kiln_tensor *kiln_to_device(const struct kiln_tensor *t, struct 
   }
   kiln_tensor_release(c);
   if (rc) { kiln_tensor_release(out); return NULL; }
-  return out;
+  return recorded(out, KILN_GRAD_CLONE, t, NULL, 0);
 }

@@ -10,6 +10,7 @@
 #include <kiln/tensor.h>
 #include <kiln/random.h>
 #include <kiln/ops.h>
+#include <kiln/autograd.h>
 
 /* The public headers above, concatenated as they are on disk (the FFI loader strips their
    preprocessor lines and feeds the rest to ffi.cdef). */
