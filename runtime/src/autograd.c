@@ -22,36 +22,6 @@ int kiln_autograd_active(void) { return !grad_off && kernel_depth == 0; }
 
 /* ---- nodes ---- */
 
-struct edge {
-  struct kiln_node *node;      /* the node that made this input, or NULL */
-  struct kiln_tensor *leaf;    /* the input itself when it is a leaf that requires grad */
-  int needs;                   /* this input requires grad */
-  int ndim, dtype;
-  int64_t sizes[KILN_MAX_DIMS];
-  struct kiln_device device;
-};
-
-enum { MAX_SAVED = 4 };
-
-struct kiln_node {
-  int32_t refcount;
-  int kind;
-  int nin;
-  struct edge *in;
-  struct kiln_tensor *saved[MAX_SAVED];   /* detached aliases: inputs, output, indices */
-  int64_t saved_version[MAX_SAVED];
-  double scalar[4];
-  int64_t ints[KILN_MAX_DIMS + 4];
-  int nints;
-  int out_ndim;
-  int64_t out_sizes[KILN_MAX_DIMS];
-  int released;
-  /* backward walk state */
-  int pending;
-  int visited;
-  struct kiln_tensor *grad;
-};
-
 static void node_release(struct kiln_node *n);
 
 static void node_free_saved(struct kiln_node *n) {
@@ -232,6 +202,24 @@ int kiln_autograd_record(int kind, struct kiln_tensor *out, int n, const struct 
     if (node->saved[k]) node->saved_version[k] = node->saved[k]->storage->version;
   out->grad_fn = node;
   out->requires_grad = 1;
+  return KILN_OK;
+}
+
+int kiln_autograd_record_saved(int kind, struct kiln_tensor *out, int n, const struct kiln_tensor *const *inputs,
+                               const double *scalars, const int64_t *ints, int nints,
+                               const struct kiln_tensor *const *saved, int nsaved) {
+  if (!kiln_autograd_wanted(n, inputs) || !kiln_dtype_is_float(out->dtype)) return KILN_OK;
+  int rc = kiln_autograd_record(kind, out, n, inputs, scalars, ints, nints, NULL);
+  struct kiln_node *node = out->grad_fn;
+  if (rc || !node || node->kind != kind) return rc;
+  node_free_saved(node);
+  for (int k = 0; k < nsaved && k < MAX_SAVED; k++) {
+    if (!saved[k]) continue;
+    /* the output itself is saved detached, like every saved tensor, so it holds no cycle */
+    node->saved[k] = kiln_detach(saved[k]);
+    if (!node->saved[k]) return kiln_error_code();
+    node->saved_version[k] = node->saved[k]->storage->version;
+  }
   return KILN_OK;
 }
 
@@ -575,6 +563,8 @@ static int derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_te
   }
   default:
     scope_end(s);
+    /* the fused ops (nn.c, optim.c) keep their derivatives beside their front ends */
+    if (n->kind >= KILN_OP_CONV2D && n->kind < KILN_OP_COUNT) return kiln_nn_derivative(n, g, gin);
     return kiln_fail(KILN_ERR_UNSUPPORTED, "backward: no derivative for %s", kind_name(n->kind));
   }
   int rc = KILN_OK;

@@ -25,6 +25,17 @@ static const char *const op_names[KILN_OP_COUNT] = {
   [KILN_OP_SCATTER_ADD] = "scatter_add", [KILN_OP_MASKED_FILL] = "masked_fill",
   [KILN_OP_MASKED_SELECT] = "masked_select",
   [KILN_OP_UNIFORM] = "uniform", [KILN_OP_NORMAL] = "normal", [KILN_OP_RANDINT] = "randint",
+  [KILN_OP_CONV2D] = "conv2d", [KILN_OP_CONV2D_BACKWARD] = "conv2d_backward", [KILN_OP_MAX_POOL2D] = "max_pool2d",
+  [KILN_OP_MAX_POOL2D_BACKWARD] = "max_pool2d_backward", [KILN_OP_AVG_POOL2D] = "avg_pool2d",
+  [KILN_OP_AVG_POOL2D_BACKWARD] = "avg_pool2d_backward", [KILN_OP_BATCH_NORM] = "batch_norm",
+  [KILN_OP_BATCH_NORM_BACKWARD] = "batch_norm_backward", [KILN_OP_LAYER_NORM] = "layer_norm",
+  [KILN_OP_LAYER_NORM_BACKWARD] = "layer_norm_backward", [KILN_OP_GROUP_NORM] = "group_norm",
+  [KILN_OP_GROUP_NORM_BACKWARD] = "group_norm_backward", [KILN_OP_SOFTMAX] = "softmax",
+  [KILN_OP_SOFTMAX_BACKWARD] = "softmax_backward", [KILN_OP_LOG_SOFTMAX] = "log_softmax",
+  [KILN_OP_LOG_SOFTMAX_BACKWARD] = "log_softmax_backward", [KILN_OP_NLL_LOSS] = "nll_loss",
+  [KILN_OP_NLL_LOSS_BACKWARD] = "nll_loss_backward", [KILN_OP_DROPOUT] = "dropout",
+  [KILN_OP_SGD_STEP] = "sgd_step", [KILN_OP_ADAM_STEP] = "adam_step", [KILN_OP_RMSPROP_STEP] = "rmsprop_step",
+  [KILN_OP_ADAGRAD_STEP] = "adagrad_step",
 };
 _Static_assert(sizeof op_names / sizeof op_names[0] == KILN_OP_COUNT, "op_names must cover every op");
 

@@ -92,6 +92,46 @@ int kiln_autograd_wanted(int n, const struct kiln_tensor *const *inputs);
 int kiln_autograd_record(int kind, struct kiln_tensor *out, int n, const struct kiln_tensor *const *inputs,
                          const double *scalars, const int64_t *ints, int nints, const struct kiln_tensor *extra);
 int kiln_autograd_record_call(const struct kiln_call *call, struct kiln_tensor *out);
+/* Like kiln_autograd_record, with the tensors the derivative reads given explicitly (up to 4;
+   they are kept detached, so the output may be among them). */
+int kiln_autograd_record_saved(int kind, struct kiln_tensor *out, int n, const struct kiln_tensor *const *inputs,
+                               const double *scalars, const int64_t *ints, int nints,
+                               const struct kiln_tensor *const *saved, int nsaved);
+
+/* A recorded op: what its derivative needs. */
+struct edge {
+  struct kiln_node *node;      /* the node that made this input, or NULL */
+  struct kiln_tensor *leaf;    /* the input itself when it is a leaf that requires grad */
+  int needs;                   /* this input requires grad */
+  int ndim, dtype;
+  int64_t sizes[KILN_MAX_DIMS];
+  struct kiln_device device;
+};
+
+enum { MAX_SAVED = 4 };
+
+struct kiln_node {
+  int32_t refcount;
+  int kind;
+  int nin;
+  struct edge *in;
+  struct kiln_tensor *saved[MAX_SAVED];   /* detached aliases: inputs, output, indices */
+  int64_t saved_version[MAX_SAVED];
+  double scalar[4];
+  int64_t ints[KILN_MAX_DIMS + 4];
+  int nints;
+  int out_ndim;
+  int64_t out_sizes[KILN_MAX_DIMS];
+  int released;
+  /* backward walk state */
+  int pending;
+  int visited;
+  struct kiln_tensor *grad;
+};
+
+
+/* The derivatives of the fused ops (nn.c): gin[k] from the output grad g, as in autograd.c. */
+int kiln_nn_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin);
 int kiln_autograd_check_inplace(const char *op, const struct kiln_tensor *target, const struct kiln_tensor *src);
 void kiln_node_release(void *node);
 void kiln_kernel_enter(void);
