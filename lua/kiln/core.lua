@@ -20,6 +20,7 @@ local raise
 local function lua_message(msg)
   msg = msg:gsub("dim (%d+)", function(d) return "dim " .. (tonumber(d) + 1) end)
   msg = msg:gsub("index (%-?%d+) out of range", function(i) return "index " .. (tonumber(i) + 1) .. " out of range" end)
+  msg = msg:gsub("start (%-?%d+), length", function(i) return "start " .. (tonumber(i) + 1) .. ", length" end)
   msg = msg:gsub("%(C counts from 0%)", "(counting from 1)")
   msg = msg:gsub("; C counts from 0%)", "; counting from 1)")
   return msg
@@ -125,7 +126,8 @@ function M.sizes_and_options(...)
   local n = select("#", ...)
   local opts = nil
   local last = n > 0 and select(n, ...) or nil
-  if n > 0 and type(last) == "table" and (last[1] == nil) and next(last) ~= nil then
+  -- a trailing table without an array part is options ({} alone is the size of a 0-dim tensor)
+  if n > 0 and type(last) == "table" and last[1] == nil and (n > 1 or next(last) ~= nil) then
     opts = last
     n = n - 1
   elseif n > 0 and last == nil then

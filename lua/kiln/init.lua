@@ -146,4 +146,13 @@ end
 
 function kiln.help(x) return require("kiln.help").help(x) end
 
+-- nn and optim need kiln itself, so they load on first use: kiln.nn, kiln.optim.
+setmetatable(kiln, {__index = function(t, k)
+  if k == "nn" or k == "F" or k == "functional" then
+    local m = require(k == "nn" and "kiln.nn" or "kiln.functional")
+    rawset(t, k, m)
+    return m
+  end
+end})
+
 return kiln

@@ -372,8 +372,7 @@ static int derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_te
     int cmp = n->kind == KILN_OP_MAXIMUM ? KILN_OP_GT : KILN_OP_LT;
     if (scalar_rhs) {
       /* ties share the grad evenly, as in PyTorch */
-      struct kiln_tensor *w = BS(s, KILN_OP_ADD, BS(s, KILN_OP_MUL, BS(s, cmp, x, sv), 0.5), 0);
-      w = B(s, KILN_OP_ADD, w, BS(s, KILN_OP_MUL, BS(s, KILN_OP_NE, x, sv), 0.5));
+      struct kiln_tensor *w = B(s, KILN_OP_ADD, BS(s, cmp, x, sv), BS(s, KILN_OP_MUL, BS(s, KILN_OP_EQ, x, sv), 0.5));
       r[0] = B(s, KILN_OP_MUL, g, w);
     } else {
       struct kiln_tensor *half_eq = BS(s, KILN_OP_MUL, B(s, KILN_OP_EQ, x, y), 0.5);

@@ -47,6 +47,15 @@ describe("gradients of elementwise ops", function()
     assert.gradcheck(function(x) return 2 ^ x end, {b})
   end)
 
+  it("maximum and minimum with a scalar, ties included", function()
+    local a = kiln.tensor({-1, 0, 2}, {dtype = "f64"}):requires_grad_()
+    a:minimum(0):sum():backward()
+    assert.are.same({1, 0.5, 0}, a.grad:totable())
+    a.grad = nil
+    a:maximum(0):sum():backward()
+    assert.are.same({0, 0.5, 1}, a.grad:totable())
+  end)
+
   it("scalar operands on either side", function()
     local a = positive(3, 2)
     assert.gradcheck(function(x) return (1 - x) * 3 + x / 2 - 4 / x + (x % 0.7) end, {a})

@@ -1,0 +1,310 @@
+-- kiln.nn layers: linear, activations, dropout, embedding, flatten, losses; the convolution,
+-- pooling and normalisation layers call the fused ops of kiln.functional.
+local kiln = require "kiln"
+
+return function(nn)
+  local init = nn.init
+  local function F() return require "kiln.functional" end
+
+  -- ---- Linear ----
+  local Linear = nn.define("Linear")
+  function Linear:init(in_features, out_features, opts)
+    opts = opts or {}
+    self.in_features, self.out_features = in_features, out_features
+    self.weight = self:parameter(kiln.empty(out_features, in_features, {dtype = opts.dtype}))
+    if opts.bias ~= false then self.bias = self:parameter(kiln.empty(out_features, {dtype = opts.dtype}))
+    else self:register_parameter("bias", nil) end
+    self:reset_parameters()
+  end
+  -- PyTorch's defaults: kaiming_uniform(a = sqrt 5) for the weight, U(-1/sqrt(fan_in), ..) for the bias.
+  function Linear:reset_parameters()
+    init.kaiming_uniform_(self.weight, {a = math.sqrt(5)})
+    if self.bias then
+      local bound = 1 / math.sqrt(self.in_features)
+      init.uniform_(self.bias, -bound, bound)
+    end
+  end
+  function Linear:forward(x)
+    if self.bias and x:dim() == 2 then return self.bias:addmm(x, self.weight:t()) end
+    local y = x:matmul(self.weight:t())
+    if self.bias then y = y + self.bias end
+    return y
+  end
+  function Linear:extra_repr()
+    return string.format("%d→%d%s", self.in_features, self.out_features, self.bias and "" or ", no bias")
+  end
+
+  local Identity = nn.define("Identity")
+  function Identity:forward(x) return x end
+
+  local Flatten = nn.define("Flatten")
+  function Flatten:init(start_dim, end_dim) self.start_dim, self.end_dim = start_dim or 2, end_dim or -1 end
+  function Flatten:forward(x) return x:flatten(self.start_dim, self.end_dim) end
+
+  -- ---- activations ----
+  local function activation(name, fn, repr)
+    local A = nn.define(name)
+    function A:init(...) self.args = {...} end
+    function A:forward(x) return fn(x, unpack(self.args)) end
+    if repr then A.extra_repr = repr end
+    return A
+  end
+  activation("ReLU", function(x) return x:relu() end)
+  activation("Sigmoid", function(x) return x:sigmoid() end)
+  activation("Tanh", function(x) return x:tanh() end)
+  activation("LeakyReLU", function(x, slope)
+    slope = slope or 0.01
+    return x:relu() - (-x):relu() * slope
+  end, function(self) return tostring(self.args[1] or 0.01) end)
+  activation("ELU", function(x, alpha)
+    alpha = alpha or 1
+    return x:relu() + ((x:minimum(0)):exp() - 1) * alpha
+  end)
+  activation("GELU", function(x) return x * ((x * (1 / math.sqrt(2))):erf() + 1) * 0.5 end)
+  activation("SiLU", function(x) return x * x:sigmoid() end)
+  activation("Softmax", function(x, dim) return F().softmax(x, dim or -1) end)
+  activation("LogSoftmax", function(x, dim) return F().log_softmax(x, dim or -1) end)
+
+  -- ---- dropout, embedding ----
+  local Dropout = nn.define("Dropout")
+  function Dropout:init(p) self.p = p or 0.5 end
+  function Dropout:forward(x) return F().dropout(x, self.p, self.training) end
+  function Dropout:extra_repr() return "p=" .. self.p end
+
+  local Embedding = nn.define("Embedding")
+  function Embedding:init(num, dim, opts)
+    opts = opts or {}
+    self.num_embeddings, self.embedding_dim = num, dim
+    self.weight = self:parameter(kiln.randn(num, dim, {dtype = opts.dtype}))
+  end
+  -- indices count from 1, like every index in kiln's Lua API
+  function Embedding:forward(idx)
+    local flat = idx:reshape(-1)
+    local rows = self.weight:index_select(1, flat)
+    local sizes = idx:size()
+    sizes[#sizes + 1] = self.embedding_dim
+    return rows:view(sizes)
+  end
+  function Embedding:extra_repr() return string.format("%d, %d", self.num_embeddings, self.embedding_dim) end
+
+  -- ---- convolution, pooling, normalisation (kiln.functional) ----
+  local function pair(v) if type(v) == "table" then return v end return {v, v} end
+
+  local Conv2d = nn.define("Conv2d")
+  function Conv2d:init(cin, cout, k, opts)
+    opts = opts or {}
+    local ks = pair(k)
+    self.in_channels, self.out_channels, self.kernel_size = cin, cout, ks
+    self.stride, self.padding, self.dilation, self.groups = pair(opts.stride or 1), pair(opts.padding or 0), pair(opts.dilation or 1), opts.groups or 1
+    if cin % self.groups ~= 0 or cout % self.groups ~= 0 then
+      error(string.format("Conv2d: %d in and %d out channels are not divisible by %d groups", cin, cout, self.groups), 3)
+    end
+    self.weight = self:parameter(kiln.empty(cout, cin / self.groups, ks[1], ks[2], {dtype = opts.dtype}))
+    if opts.bias ~= false then self.bias = self:parameter(kiln.empty(cout, {dtype = opts.dtype}))
+    else self:register_parameter("bias", nil) end
+    init.kaiming_uniform_(self.weight, {a = math.sqrt(5)})
+    if self.bias then
+      local fan_in = init.fans(self.weight)
+      local bound = 1 / math.sqrt(fan_in)
+      init.uniform_(self.bias, -bound, bound)
+    end
+  end
+  function Conv2d:forward(x)
+    return F().conv2d(x, self.weight, self.bias, {stride = self.stride, padding = self.padding,
+                                                  dilation = self.dilation, groups = self.groups})
+  end
+  function Conv2d:extra_repr()
+    local s = string.format("%d→%d, %dx%d", self.in_channels, self.out_channels, self.kernel_size[1], self.kernel_size[2])
+    if self.stride[1] ~= 1 or self.stride[2] ~= 1 then s = s .. string.format(", stride %d,%d", self.stride[1], self.stride[2]) end
+    if self.padding[1] ~= 0 or self.padding[2] ~= 0 then s = s .. string.format(", padding %d,%d", self.padding[1], self.padding[2]) end
+    if self.groups ~= 1 then s = s .. ", groups " .. self.groups end
+    return s
+  end
+
+  local Conv1d = nn.define("Conv1d")
+  function Conv1d:init(cin, cout, k, opts)
+    opts = opts or {}
+    local inner = nn.Conv2d(cin, cout, {1, k}, {stride = {1, opts.stride or 1}, padding = {0, opts.padding or 0},
+                                               dilation = {1, opts.dilation or 1}, groups = opts.groups, bias = opts.bias, dtype = opts.dtype})
+    self.in_channels, self.out_channels, self.kernel_size = cin, cout, k
+    -- the parameters keep PyTorch's Conv1d shapes: weight [out, in/groups, k]
+    self.weight = self:parameter(inner.weight:squeeze(3))
+    if inner.bias then self.bias = self:parameter(inner.bias) else self:register_parameter("bias", nil) end
+    self.opts = {stride = {1, opts.stride or 1}, padding = {0, opts.padding or 0}, dilation = {1, opts.dilation or 1}, groups = opts.groups or 1}
+  end
+  function Conv1d:forward(x)
+    local y = F().conv2d(x:unsqueeze(3), self.weight:unsqueeze(3), self.bias, self.opts)
+    return y:squeeze(3)
+  end
+  function Conv1d:extra_repr() return string.format("%d→%d, %d", self.in_channels, self.out_channels, self.kernel_size) end
+
+  local ConvTranspose2d = nn.define("ConvTranspose2d")
+  function ConvTranspose2d:init(cin, cout, k, opts)
+    opts = opts or {}
+    local ks = pair(k)
+    self.in_channels, self.out_channels, self.kernel_size = cin, cout, ks
+    self.stride, self.padding, self.output_padding = pair(opts.stride or 1), pair(opts.padding or 0), pair(opts.output_padding or 0)
+    self.dilation, self.groups = pair(opts.dilation or 1), opts.groups or 1
+    self.weight = self:parameter(kiln.empty(cin, cout / self.groups, ks[1], ks[2], {dtype = opts.dtype}))
+    if opts.bias ~= false then self.bias = self:parameter(kiln.empty(cout, {dtype = opts.dtype}))
+    else self:register_parameter("bias", nil) end
+    init.kaiming_uniform_(self.weight, {a = math.sqrt(5)})
+    if self.bias then
+      local _, fan_out = init.fans(self.weight)
+      local fan_in = self.weight:size(2) * ks[1] * ks[2]
+      local bound = 1 / math.sqrt(fan_in)
+      init.uniform_(self.bias, -bound, bound)
+    end
+  end
+  function ConvTranspose2d:forward(x)
+    return F().conv_transpose2d(x, self.weight, self.bias, {stride = self.stride, padding = self.padding,
+      output_padding = self.output_padding, dilation = self.dilation, groups = self.groups})
+  end
+  function ConvTranspose2d:extra_repr() return string.format("%d→%d, %dx%d", self.in_channels, self.out_channels, self.kernel_size[1], self.kernel_size[2]) end
+
+  local MaxPool2d = nn.define("MaxPool2d")
+  function MaxPool2d:init(k, opts)
+    opts = opts or {}
+    self.kernel_size, self.stride = pair(k), pair(opts.stride or k)
+    self.padding, self.dilation, self.ceil_mode = pair(opts.padding or 0), pair(opts.dilation or 1), opts.ceil_mode or false
+  end
+  function MaxPool2d:forward(x)
+    return F().max_pool2d(x, self.kernel_size, {stride = self.stride, padding = self.padding, dilation = self.dilation, ceil_mode = self.ceil_mode})
+  end
+  function MaxPool2d:extra_repr() return string.format("%dx%d", self.kernel_size[1], self.kernel_size[2]) end
+
+  local AvgPool2d = nn.define("AvgPool2d")
+  function AvgPool2d:init(k, opts)
+    opts = opts or {}
+    self.kernel_size, self.stride, self.padding = pair(k), pair(opts.stride or k), pair(opts.padding or 0)
+    self.ceil_mode, self.count_include_pad = opts.ceil_mode or false, opts.count_include_pad ~= false
+  end
+  function AvgPool2d:forward(x)
+    return F().avg_pool2d(x, self.kernel_size, {stride = self.stride, padding = self.padding, ceil_mode = self.ceil_mode,
+                                                count_include_pad = self.count_include_pad})
+  end
+  function AvgPool2d:extra_repr() return string.format("%dx%d", self.kernel_size[1], self.kernel_size[2]) end
+
+  local AdaptiveAvgPool2d = nn.define("AdaptiveAvgPool2d")
+  function AdaptiveAvgPool2d:init(size) self.output_size = pair(size) end
+  function AdaptiveAvgPool2d:forward(x) return F().adaptive_avg_pool2d(x, self.output_size) end
+  function AdaptiveAvgPool2d:extra_repr() return string.format("%dx%d", self.output_size[1], self.output_size[2]) end
+
+  local function batchnorm(name, dims)
+    local BN = nn.define(name)
+    function BN:init(n, opts)
+      opts = opts or {}
+      self.num_features, self.eps, self.momentum = n, opts.eps or 1e-5, opts.momentum or 0.1
+      self.affine, self.track_running_stats = opts.affine ~= false, opts.track_running_stats ~= false
+      if self.affine then
+        self.weight = self:parameter(kiln.ones(n, {dtype = opts.dtype}))
+        self.bias = self:parameter(kiln.zeros(n, {dtype = opts.dtype}))
+      end
+      if self.track_running_stats then
+        self:register_buffer("running_mean", kiln.zeros(n, {dtype = opts.dtype}))
+        self:register_buffer("running_var", kiln.ones(n, {dtype = opts.dtype}))
+        self:register_buffer("num_batches_tracked", kiln.zeros({}, {dtype = "i64"}))
+      end
+    end
+    function BN:forward(x)
+      if x:dim() ~= dims[1] and x:dim() ~= dims[2] then
+        error(string.format("%s: expected a %d-d or %d-d input, got %s", name, dims[1], dims[2], tostring(x:size())), 2)
+      end
+      local training = self.training or not self.track_running_stats
+      if self.training and self.track_running_stats then
+        kiln.no_grad(function() self.num_batches_tracked:add_(1) end)
+      end
+      return F().batch_norm(x, self.running_mean, self.running_var, {weight = self.weight, bias = self.bias,
+                            training = training, momentum = self.momentum, eps = self.eps})
+    end
+    function BN:extra_repr() return tostring(self.num_features) end
+  end
+  batchnorm("BatchNorm1d", {2, 3})
+  batchnorm("BatchNorm2d", {4, 4})
+
+  local LayerNorm = nn.define("LayerNorm")
+  function LayerNorm:init(shape, opts)
+    opts = opts or {}
+    self.normalized_shape = type(shape) == "table" and shape or {shape}
+    self.eps = opts.eps or 1e-5
+    if opts.elementwise_affine ~= false then
+      self.weight = self:parameter(kiln.ones(self.normalized_shape, {dtype = opts.dtype}))
+      self.bias = self:parameter(kiln.zeros(self.normalized_shape, {dtype = opts.dtype}))
+    end
+  end
+  function LayerNorm:forward(x)
+    return F().layer_norm(x, self.normalized_shape, {weight = self.weight, bias = self.bias, eps = self.eps})
+  end
+  function LayerNorm:extra_repr() return table.concat(self.normalized_shape, "x") end
+
+  local GroupNorm = nn.define("GroupNorm")
+  function GroupNorm:init(groups, channels, opts)
+    opts = opts or {}
+    self.num_groups, self.num_channels, self.eps = groups, channels, opts.eps or 1e-5
+    if opts.affine ~= false then
+      self.weight = self:parameter(kiln.ones(channels, {dtype = opts.dtype}))
+      self.bias = self:parameter(kiln.zeros(channels, {dtype = opts.dtype}))
+    end
+  end
+  function GroupNorm:forward(x)
+    return F().group_norm(x, self.num_groups, {weight = self.weight, bias = self.bias, eps = self.eps})
+  end
+  function GroupNorm:extra_repr() return string.format("%d groups, %d channels", self.num_groups, self.num_channels) end
+
+  -- ---- losses ----
+  local function reduce(loss, reduction)
+    if reduction == "none" then return loss end
+    if reduction == "sum" then return loss:sum() end
+    return loss:mean()
+  end
+
+  local CrossEntropyLoss = nn.define("CrossEntropyLoss")
+  function CrossEntropyLoss:init(opts) self.opts = opts or {} end
+  function CrossEntropyLoss:forward(logits, target) return F().cross_entropy(logits, target, self.opts) end
+
+  local NLLLoss = nn.define("NLLLoss")
+  function NLLLoss:init(opts) self.opts = opts or {} end
+  function NLLLoss:forward(logp, target) return F().nll_loss(logp, target, self.opts) end
+
+  local function check_same(name, a, b)
+    if tostring(a:size()) ~= tostring(b:size()) then
+      error(string.format("%s: input %s and target %s differ in shape", name, tostring(a:size()), tostring(b:size())), 3)
+    end
+  end
+
+  local MSELoss = nn.define("MSELoss")
+  function MSELoss:init(opts) self.reduction = (opts or {}).reduction or "mean" end
+  function MSELoss:forward(x, y) check_same("MSELoss", x, y) return reduce((x - y):square(), self.reduction) end
+
+  local L1Loss = nn.define("L1Loss")
+  function L1Loss:init(opts) self.reduction = (opts or {}).reduction or "mean" end
+  function L1Loss:forward(x, y) check_same("L1Loss", x, y) return reduce((x - y):abs(), self.reduction) end
+
+  local SmoothL1Loss = nn.define("SmoothL1Loss")
+  function SmoothL1Loss:init(opts) opts = opts or {} self.reduction, self.beta = opts.reduction or "mean", opts.beta or 1 end
+  function SmoothL1Loss:forward(x, y)
+    check_same("SmoothL1Loss", x, y)
+    local d = (x - y):abs()
+    local beta = self.beta
+    local quad = d:square() * (0.5 / beta)
+    local lin = d - 0.5 * beta
+    return reduce(kiln.where(d:lt(beta), quad, lin), self.reduction)
+  end
+
+  local BCELoss = nn.define("BCELoss")
+  function BCELoss:init(opts) self.reduction = (opts or {}).reduction or "mean" end
+  function BCELoss:forward(p, y)
+    check_same("BCELoss", p, y)
+    -- log clamped at -100, as PyTorch does, so that p = 0 or 1 gives a finite loss
+    local lp, l1p = p:log():clamp(-100), (1 - p):log():clamp(-100)
+    return reduce(-(y * lp + (1 - y) * l1p), self.reduction)
+  end
+
+  local BCEWithLogitsLoss = nn.define("BCEWithLogitsLoss")
+  function BCEWithLogitsLoss:init(opts) self.reduction = (opts or {}).reduction or "mean" end
+  function BCEWithLogitsLoss:forward(z, y)
+    check_same("BCEWithLogitsLoss", z, y)
+    -- max(z, 0) - z y + log(1 + exp(-|z|)): stable for large |z|
+    return reduce(z:relu() - z * y + (-z:abs()):exp():log1p(), self.reduction)
+  end
+end

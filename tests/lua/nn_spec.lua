@@ -1,0 +1,227 @@
+-- kiln.nn: the Module contract (names, state dicts, modes, errors with the module path) and the
+-- layers written in Lua, each against an independent reference and an f64 gradient check.
+local kiln = kiln or require "kiln"
+require "kiln.testing"
+local nn = kiln.nn
+
+local function close(a, b, tol)
+  local x, y = a:to("f64"):reshape(-1):totable(), b:to("f64"):reshape(-1):totable()
+  assert.are.equal(#y, #x)
+  for i = 1, #x do
+    if math.abs(x[i] - y[i]) > (tol or 1e-5) * (1 + math.abs(y[i])) then
+      error(string.format("element %d: %.9g vs %.9g", i, x[i], y[i]), 2)
+    end
+  end
+end
+
+describe("Module", function()
+  local function mlp() return nn.Sequential{nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)} end
+
+  it("names parameters like PyTorch and counts them", function()
+    local m = mlp()
+    local names = {}
+    for _, np in ipairs(m:named_parameters()) do names[#names + 1] = np[1] end
+    assert.are.same({"0.weight", "0.bias", "2.weight", "2.bias"}, names)
+    assert.are.equal(4 * 3 + 3 + 3 * 2 + 2, m:num_parameters())
+    for _, p in ipairs(m:parameters()) do assert.is_true(p.requires_grad and p.is_leaf) end
+  end)
+
+  it("registers fields of a module defined in Lua, children included", function()
+    local Net = nn.define("SpecNet")
+    function Net:init()
+      self.fc = nn.Linear(2, 2)
+      self.scale = self:parameter(kiln.ones(1))
+      self:register_buffer("steps", kiln.zeros(1))
+    end
+    function Net:forward(x) return self.fc(x) * self.scale end
+    local m = nn.SpecNet()
+    local names = {}
+    for _, np in ipairs(m:named_parameters()) do names[#names + 1] = np[1] end
+    table.sort(names)
+    assert.are.same({"fc.bias", "fc.weight", "scale"}, names)
+    local sd = m:state_dict()
+    assert.is_not_nil(sd["steps"])
+    local y = m(kiln.ones(3, 2))
+    assert.are.same({3, 2}, {y:size(1), y:size(2)})
+  end)
+
+  it("round-trips a state dict into a fresh model", function()
+    kiln.manual_seed(1)
+    local a, b = mlp(), mlp()
+    local x = kiln.randn(5, 4)
+    b:load_state_dict(a:state_dict())
+    close(b(x), a(x), 0)
+  end)
+
+  it("names missing, unexpected and mis-shaped keys", function()
+    local m = mlp()
+    local sd = m:state_dict()
+    sd["0.weight"] = kiln.zeros(2, 2)
+    sd["9.weight"] = kiln.zeros(1)
+    sd["2.bias"] = nil
+    local ok, err = pcall(function() m:load_state_dict(sd) end)
+    assert.is_false(ok)
+    assert.matches("missing keys: 2.bias", err)
+    assert.matches("unexpected keys: 9.weight", err)
+    assert.matches("0.weight: checkpoint %[2, 2%], model %[3, 4%]", err)
+    assert.matches("nn_spec", err)
+    -- non-strict ignores missing and unexpected keys but never a shape mismatch
+    sd["0.weight"] = nil
+    local r = m:load_state_dict(sd, false)
+    assert.are.same({"0.weight", "2.bias"}, r.missing)
+  end)
+
+  it("switches train and eval through the tree", function()
+    local m = nn.Sequential{nn.Linear(2, 2), nn.Sequential{nn.Dropout(0.5)}}
+    m:eval()
+    for _, sub in ipairs(m:modules()) do assert.is_false(sub.training) end
+    m:train()
+    for _, sub in ipairs(m:modules()) do assert.is_true(sub.training) end
+  end)
+
+  it("zero_grad clears the grads", function()
+    local m = mlp()
+    m(kiln.randn(2, 4)):sum():backward()
+    assert.is_not_nil(m:get(1).weight.grad)
+    m:zero_grad()
+    assert.is_nil(m:get(1).weight.grad)
+  end)
+
+  it("prints as an indented tree with parameter counts", function()
+    local s = tostring(mlp())
+    assert.matches("^Sequential  %[23 params%]\n  0: Linear%(4→3%)  %[15 params%]\n  1: ReLU\n  2: Linear%(3→2%)  %[8 params%]$", s)
+  end)
+
+  it("names the module path and the input in errors, at the caller's line", function()
+    local m = nn.Sequential{nn.Linear(4, 3), nn.ReLU(), nn.Sequential{nn.Linear(5, 2)}}
+    local ok, err = pcall(function() return m(kiln.randn(6, 4)) end)
+    assert.is_false(ok)
+    assert.matches("nn_spec%.lua:%d+: Sequential%.2%.0 %(Linear 5→2%): input %[6,3%]: ", err)
+    assert.matches("inner sizes differ", err)
+    -- the model still works
+    local ok2 = pcall(function() return nn.Linear(4, 3)(kiln.randn(6, 4)) end)
+    assert.is_true(ok2)
+  end)
+end)
+
+describe("layers", function()
+  before_each(function() kiln.manual_seed(5) end)
+
+  it("Linear computes x W^T + b", function()
+    local l = nn.Linear(3, 2)
+    local x = kiln.randn(4, 3)
+    local w, b = l.weight:totable(), l.bias:totable()
+    local xs = x:totable()
+    local want = {}
+    for i = 1, 4 do
+      want[i] = {}
+      for j = 1, 2 do
+        local s = b[j]
+        for k = 1, 3 do s = s + xs[i][k] * w[j][k] end
+        want[i][j] = s
+      end
+    end
+    close(l(x), kiln.tensor(want))
+    -- a batch of sequences goes through matmul with broadcasting
+    close(l(x:view(2, 2, 3)):view(4, 2), kiln.tensor(want))
+  end)
+
+  it("Linear initialises like PyTorch: within +-1/sqrt(fan_in)", function()
+    local l = nn.Linear(100, 50)
+    local bound = 1 / math.sqrt(100)
+    assert.is_true(l.weight:abs():max():item() <= bound + 1e-7)
+    assert.is_true(l.bias:abs():max():item() <= bound + 1e-7)
+    assert.is_true(l.weight:std():item() > bound / 3)
+  end)
+
+  it("activations match their formulas", function()
+    local x = kiln.tensor({-2, -0.5, 0, 0.5, 2}, {dtype = "f64"})
+    local xs = x:totable()
+    local function map(f) local r = {} for i, v in ipairs(xs) do r[i] = f(v) end return kiln.tensor(r, {dtype = "f64"}) end
+    close(nn.ReLU()(x), map(function(v) return math.max(v, 0) end))
+    close(nn.LeakyReLU(0.1)(x), map(function(v) return v > 0 and v or 0.1 * v end))
+    close(nn.ELU()(x), map(function(v) return v > 0 and v or math.exp(v) - 1 end))
+    close(nn.Sigmoid()(x), map(function(v) return 1 / (1 + math.exp(-v)) end))
+    close(nn.Tanh()(x), map(math.tanh))
+    close(nn.SiLU()(x), map(function(v) return v / (1 + math.exp(-v)) end))
+    -- GELU(x) = x Phi(x); Phi from the erf of kiln's own tensor op, checked at known values
+    close(nn.GELU()(kiln.tensor({0, 1, -1}, {dtype = "f64"})), kiln.tensor({0, 0.8413447460685429, -0.15865525393145707}, {dtype = "f64"}))
+  end)
+
+  it("Linear and the activations pass gradient checks in f64", function()
+    local l = nn.Linear(3, 2, {dtype = "f64"})
+    local x = kiln.randn(4, 3, {dtype = "f64"}):requires_grad_()
+    assert.gradcheck(function(a, w, b) return l(a) end, {x, l.weight, l.bias})
+    for _, act in ipairs{nn.LeakyReLU(0.2), nn.ELU(), nn.GELU(), nn.SiLU()} do
+      local z = (kiln.randn(3, 4, {dtype = "f64"}) + 0.05):requires_grad_()
+      assert.gradcheck(function(a) return act(a) end, {z})
+    end
+  end)
+
+  it("Embedding looks rows up with indices counted from 1", function()
+    local e = nn.Embedding(5, 3)
+    local idx = kiln.tensor({{1, 5}, {2, 2}}, {dtype = "i64"})
+    local y = e(idx)
+    assert.are.same({2, 2, 3}, {y:size(1), y:size(2), y:size(3)})
+    close(y[1][2], e.weight[5])
+    y:sum():backward()
+    close(e.weight.grad:sum(2), kiln.tensor{3, 6, 0, 0, 3})   -- 3 dims per lookup
+  end)
+
+  it("Flatten keeps the batch dim", function()
+    assert.are.same({2, 12}, {nn.Flatten()(kiln.ones(2, 3, 4)):size(1), nn.Flatten()(kiln.ones(2, 3, 4)):size(2)})
+  end)
+end)
+
+describe("losses", function()
+  local x = kiln.tensor({{0.2, 0.7}, {0.9, 0.1}}, {dtype = "f64"})
+  local y = kiln.tensor({{0, 1}, {1, 0}}, {dtype = "f64"})
+
+  it("MSE, L1 and SmoothL1 against hand-computed values", function()
+    assert.is_true(math.abs(nn.MSELoss()(x, y):item() - (0.04 + 0.09 + 0.01 + 0.01) / 4) < 1e-12)
+    assert.is_true(math.abs(nn.L1Loss{reduction = "sum"}(x, y):item() - (0.2 + 0.3 + 0.1 + 0.1)) < 1e-12)
+    local big = kiln.tensor({3}, {dtype = "f64"})
+    assert.is_true(math.abs(nn.SmoothL1Loss()(big, kiln.zeros(1, {dtype = "f64"})):item() - 2.5) < 1e-12)
+    assert.is_true(math.abs(nn.SmoothL1Loss()(x, y):item() - 0.5 * (0.04 + 0.09 + 0.01 + 0.01) / 4) < 1e-12)
+  end)
+
+  it("BCE and BCE with logits agree and match the formula", function()
+    local p = x
+    local want = -(math.log(0.8) + math.log(0.7) + math.log(0.9) + math.log(0.9)) / 4
+    assert.is_true(math.abs(nn.BCELoss()(p, y):item() - want) < 1e-12)
+    local z = (p / (1 - p)):log()
+    assert.is_true(math.abs(nn.BCEWithLogitsLoss()(z, y):item() - want) < 1e-12)
+    -- large logits stay finite
+    local huge = kiln.tensor({100, -100}, {dtype = "f64"})
+    assert.is_true(nn.BCEWithLogitsLoss()(huge, kiln.tensor({0, 1}, {dtype = "f64"})):item() > 99)
+  end)
+
+  it("losses name mismatched shapes", function()
+    local ok, err = pcall(function() return nn.MSELoss()(kiln.ones(2, 3), kiln.ones(3, 2)) end)
+    assert.is_false(ok)
+    assert.matches("MSELoss: input %[2, 3%] and target %[3, 2%] differ in shape", err)
+  end)
+
+  it("pass gradient checks in f64", function()
+    local a = kiln.rand(3, 2, {dtype = "f64"}):mul(0.8):add(0.1):detach():requires_grad_()
+    local t = kiln.rand(3, 2, {dtype = "f64"})
+    for _, loss in ipairs{nn.MSELoss(), nn.L1Loss(), nn.SmoothL1Loss(), nn.BCELoss(), nn.BCEWithLogitsLoss()} do
+      assert.gradcheck(function(v) return loss(v, t) end, {a})
+    end
+  end)
+end)
+
+describe("nn.init", function()
+  it("kaiming and xavier bounds follow the fans", function()
+    local w = kiln.empty(64, 32, 3, 3)
+    nn.init.kaiming_uniform_(w, {nonlinearity = "relu"})
+    local bound = math.sqrt(2) * math.sqrt(3 / (32 * 9))
+    assert.is_true(w:abs():max():item() <= bound + 1e-6)
+    assert.is_true(w:abs():max():item() > bound * 0.9)
+    nn.init.xavier_uniform_(w)
+    local xb = math.sqrt(6 / (32 * 9 + 64 * 9))
+    assert.is_true(w:abs():max():item() <= xb + 1e-6)
+    nn.init.zeros_(w)
+    assert.are.equal(0, w:abs():max():item())
+  end)
+end)
