@@ -116,7 +116,8 @@ function M.tensor(t)
       end
       for _, i in ipairs(shown(#x, cut[d])) do
         if i then
-          prefix[#prefix + 1] = i
+          -- A cut dim holds its edges only: the slices after the "..." keep their own numbers.
+          prefix[#prefix + 1] = (cut[d] and i > #x / 2) and i + tonumber(t.p.sizes[d - 1]) - #x or i
           slices(x[i], d + 1, prefix)
           prefix[#prefix] = nil
         else

@@ -67,7 +67,7 @@ function Tensor.transpose(t, d0, d1)
 end
 
 function Tensor.t(t)
-  if t.p.ndim > 2 then raise("t: expects a tensor of at most 2 dims, got " .. tostring(t:size())) end
+  if t.p.ndim > 2 then raise("t: expects a tensor of at most 2 dims, got " .. ffi.string(C.kiln_shape_string(t.p))) end
   if t.p.ndim < 2 then return wrap(C.kiln_alias(t.p)) end
   return wrap(C.kiln_transpose(t.p, 0, 1))
 end
@@ -94,7 +94,7 @@ local function c_index(t, cd, i, what)
   end
   if i == 0 or i > size or i < -size then
     raise(string.format("%s: index %d out of range for dim %d of size %d (tensor %s; counting from 1, -1 is the last)",
-                        what, i, cd + 1, size, tostring(Tensor.size(t))))
+                        what, i, cd + 1, size, ffi.string(C.kiln_shape_string(t.p))))
   end
   return i > 0 and i - 1 or size + i
 end
@@ -141,6 +141,8 @@ function Tensor.to(t, what)
   local dtype, device
   if type(what) == "table" then dtype, device = what.dtype, what.device
   elseif type(what) == "string" and C.kiln_dtype_from_name(what) >= 0 then dtype = what
+  elseif type(what) == "string" and not (what == "cpu" or what:match("^cuda")) then
+    raise(string.format("to: %q is neither a dtype (f32, f64, f16, bf16, i64, i32, u8, bool) nor a device (cpu, cuda, cuda:N)", what))
   else device = what end
   local r = t
   if device ~= nil then r = wrap(C.kiln_to_device(r.p, core.device(device))) end

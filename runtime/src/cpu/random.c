@@ -18,6 +18,18 @@ static void philox(uint64_t ctr, uint64_t key, uint32_t out[4]) {
 /* Uniform in [0, 1) with 53 bits, and in (0, 1] for logarithms. */
 static double unit53(const uint32_t r[4]) { return (double)(((uint64_t)r[0] << 21) ^ (r[1] >> 11)) * 0x1p-53; }
 
+/* The largest f16 or bf16 value below hi. */
+static uint16_t below(double hi, int dtype) {
+  uint16_t h;
+  kiln_store_f64(&h, dtype, hi);
+  while (kiln_load_f64(&h, dtype) >= hi) {
+    if (h == 0x0000) h = 0x8001;                /* just below +0: the smallest negative value */
+    else if (h & 0x8000) h++;                  /* negative: a larger magnitude is smaller */
+    else h--;
+  }
+  return h;
+}
+
 struct rjob { int op; char *data; int dtype; uint64_t seed, offset; double p0, p1; };
 
 static void fill_range(void *ctx, int64_t begin, int64_t end) {
@@ -42,7 +54,12 @@ static void fill_range(void *ctx, int64_t begin, int64_t end) {
       v = (double)((int64_t)j->p0 + (int64_t)(x % range));
       if (j->dtype == KILN_I64) { ((int64_t *)j->data)[i] = (int64_t)j->p0 + (int64_t)(x % range); continue; }
     }
-    kiln_store_f64(j->data + i * es, j->dtype, v);
+    char *dst = j->data + i * es;
+    kiln_store_f64(dst, j->dtype, v);
+    /* f16 and bf16 round after the range check above: a draw just below hi can round up to it */
+    if (j->op == KILN_OP_UNIFORM && (j->dtype == KILN_F16 || j->dtype == KILN_BF16) && j->p1 > j->p0 &&
+        kiln_load_f64(dst, j->dtype) >= j->p1)
+      *(uint16_t *)dst = below(j->p1, j->dtype);
   }
 }
 
