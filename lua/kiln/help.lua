@@ -1,0 +1,143 @@
+-- kiln.help: help(x), a one-line description of a kiln function, method or module.
+-- x is a value (found by identity in an index of the kiln table and kiln.Tensor, built
+-- when first needed and rebuilt on a miss, as modules load lazily) or a name.
+local docs = require "kiln.docs"
+
+local M = {}
+
+local index   -- value -> list of names, weak keys
+
+local function kiln_table()
+  local k = rawget(_G, "kiln") or package.loaded.kiln
+  if type(k) == "table" then return k end
+end
+
+local function add(value, name)
+  local names = index[value]
+  if not names then
+    names = {}
+    index[value] = names
+  end
+  names[#names + 1] = name
+end
+
+-- Functions and tables under kiln, by raw access (a lazy-loading __index is not
+-- triggered), to a few levels, each table once.
+local function walk(t, prefix, depth, seen)
+  if seen[t] or depth > 4 then return end
+  seen[t] = true
+  for k, v in next, t do
+    if type(k) == "string" and (type(v) == "function" or type(v) == "table") then
+      local name = prefix .. "." .. k
+      add(v, name)
+      if type(v) == "table" and k ~= "Tensor" then walk(v, name, depth + 1, seen) end
+    end
+  end
+end
+
+local function build()
+  index = setmetatable({}, {__mode = "k"})
+  local k = kiln_table()
+  if not k then return end
+  add(k, "kiln")
+  add(M.help, "kiln.help")
+  local methods = rawget(k, "Tensor")
+  local seen = {}
+  if type(methods) == "table" then
+    add(methods, "Tensor")
+    seen[methods] = true
+    for name, v in next, methods do
+      if type(name) == "string" and type(v) == "function" then add(v, "Tensor:" .. name) end
+    end
+  end
+  walk(k, "kiln", 1, seen)
+end
+
+-- The documented name of value, else its first known name, else nil.
+local function name_of(value)
+  for attempt = 1, 2 do
+    if not index or attempt == 2 then build() end
+    local names = index[value]
+    if names then
+      for _, name in ipairs(names) do
+        if M.lookup(name) then return name end
+      end
+      if attempt == 2 then return names[1] end
+    end
+  end
+end
+
+-- The value a dotted name ("kiln.exp") holds, by raw access from the globals; nil if none.
+local function value_of(name)
+  local v = _G
+  for part in name:gmatch("[^.]+") do
+    if type(v) ~= "table" then return nil end
+    v = rawget(v, part)
+  end
+  if v ~= _G then return v end
+end
+
+-- Aliases: the name of the line that documents them.
+local aliases = {
+  ["Tensor:clip"] = "Tensor:clamp", ["Tensor:shape"] = "Tensor:size", ["Tensor:ndimension"] = "Tensor:dim",
+  ["Tensor:nelement"] = "Tensor:numel", ["Tensor:greater"] = "Tensor:gt", ["Tensor:less"] = "Tensor:lt",
+  ["Tensor:index"] = "Tensor:index_select", ["Tensor:totable"] = "Tensor:tolist",
+}
+
+-- A name as filed in docs: "Tensor.view" -> "Tensor:view", "randn" -> "kiln.randn".
+local function canonical(name)
+  local method = name:match("^Tensor[.:]([%a_][%w_]*)$")
+  if method then return "Tensor:" .. method end
+  if docs[name] or name:find("^kiln%.") then return name end
+  if docs["kiln." .. name] then return "kiln." .. name end
+  return name
+end
+
+-- The line for a name, and the name it is filed under. An in-place method (t:exp_) is
+-- told by its out-of-place twin.
+function M.lookup(name)
+  if type(name) ~= "string" then return nil end
+  name = canonical(name:match("^%s*(.-)%s*$"))
+  if docs[name] then return docs[name], name end
+  if aliases[name] then return docs[aliases[name]], aliases[name] end
+  local base = name:match("^(Tensor:[%a_][%w_]*)_$")
+  if base and docs[base] then
+    return docs[base] .. "; " .. name:gsub("^Tensor:", "t:") .. " does it in place, into t", name
+  end
+end
+
+local function is_tensor(v)
+  local k = kiln_table()
+  local is = k and rawget(k, "is_tensor")
+  if type(is) == "function" then
+    local ok, yes = pcall(is, v)
+    return ok and yes
+  end
+  local ok, ffi = pcall(require, "ffi")
+  return ok and type(v) == "cdata" and tostring(ffi.typeof(v)):find("struct kiln_", 1, true) ~= nil
+end
+
+-- help(x [, name]) -> one line. name (the text the user typed) is used when x is not known.
+function M.help(x, name)
+  if x == nil and name == nil then return docs.help end
+  if type(x) == "string" and name == nil then
+    local doc = M.lookup(x)
+    if doc then return doc end
+    -- "kiln.exp" is Tensor.exp under another name: help on the value the name holds.
+    local v = x:match("^[%a_][%w_.]*$") and value_of(x)
+    if type(v) == "function" or (type(v) == "table" and v ~= kiln_table()) then return M.help(v, x) end
+    return "no help for " .. x
+  end
+  if is_tensor(x) then return docs.Tensor end
+  local known = (type(x) == "function" or type(x) == "table") and name_of(x)
+  local doc = known and M.lookup(known) or M.lookup(name)
+  if doc then return doc end
+  return "no help for " .. (known or name or tostring(x))
+end
+
+-- For tests: forget the index, so that the next help() walks kiln again.
+function M.reset()
+  index = nil
+end
+
+return M
