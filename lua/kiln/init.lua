@@ -155,4 +155,7 @@ setmetatable(kiln, {__index = function(t, k)
   end
 end})
 
+kiln.data = require "kiln.data"
+kiln.ui = require "kiln.ui"
+
 return kiln

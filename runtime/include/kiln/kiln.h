@@ -11,6 +11,7 @@
 #include <kiln/random.h>
 #include <kiln/ops.h>
 #include <kiln/autograd.h>
+#include <kiln/io.h>
 
 /* The public headers above, concatenated as they are on disk (the FFI loader strips their
    preprocessor lines and feeds the rest to ffi.cdef). */

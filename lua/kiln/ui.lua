@@ -1,0 +1,299 @@
+-- kiln.ui: what a training script shows: a progress bar (redrawn in place on a terminal, plain log
+-- lines elsewhere), metrics as JSON lines, and log lines that do not tear the bar.
+--   local bar = ui.progress{total = kiln.data.num_batches(ds, opts), desc = "epoch 1"}
+--   for i, x, y in kiln.data.batches(ds, opts) do ...; bar:update(1, {loss = loss:item()}) end
+--   bar:close()
+--   ui.json{epoch = 1, loss = 0.31, acc = 0.89}
+local ffi = require "ffi"
+
+local ui = {}
+
+-- The C calls under names of our own, so that no other ffi.cdef of isatty or clock_gettime clashes.
+pcall(ffi.cdef, [[
+int kiln_ui_isatty(int fd) __asm__("isatty");
+int kiln_ui_clock_gettime(int clock, long *ts) __asm__("clock_gettime");
+int kiln_ui_ioctl(int fd, unsigned long request, ...) __asm__("ioctl");
+]])
+local C = ffi.C
+local CLOCK_MONOTONIC, TIOCGWINSZ = 1, 0x5413
+
+local ts = ffi.new("long[2]")
+-- Seconds on a monotonic clock.
+function ui.clock()
+  C.kiln_ui_clock_gettime(CLOCK_MONOTONIC, ts)
+  return tonumber(ts[0]) + tonumber(ts[1]) * 1e-9
+end
+
+-- Whether file descriptor fd (1: standard output) is a terminal.
+function ui.isatty(fd) return C.kiln_ui_isatty(fd or 1) == 1 end
+
+local function columns(fd)
+  local ws = ffi.new("unsigned short[4]")
+  if C.kiln_ui_ioctl(fd, TIOCGWINSZ, ws) == 0 and ws[1] > 0 then return ws[1] end
+  return tonumber(os.getenv("COLUMNS")) or 80
+end
+
+-- ---- JSON ----
+
+local function is_tensor(x) return type(x) == "cdata" and ffi.istype("struct kiln_ref", x) end
+
+local escapes = {['"'] = '\\"', ["\\"] = "\\\\", ["\b"] = "\\b", ["\f"] = "\\f", ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t"}
+local function encode_string(s)
+  return '"' .. s:gsub('[%c"\\]', function(c) return escapes[c] or string.format("\\u%04x", c:byte()) end) .. '"'
+end
+
+-- The shortest of %.15g, %.16g, %.17g that reads back as the same double; integers without a point.
+local function encode_number(x)
+  if x ~= x or x == math.huge or x == -math.huge then return "null" end
+  if x == math.floor(x) and math.abs(x) < 2 ^ 53 then return string.format("%d", x) end
+  for digits = 15, 17 do
+    local s = string.format("%." .. digits .. "g", x)
+    if tonumber(s) == x then return s end
+  end
+end
+
+local encode
+
+-- A table is an array when its keys are exactly 1..#t (and it is not empty); otherwise an object
+-- with its keys sorted. An empty table is {}.
+local function encode_table(t, seen)
+  if seen[t] then error("json_encode: a table contains itself", 0) end
+  seen[t] = true
+  local n, count = #t, 0
+  for _ in pairs(t) do count = count + 1 end
+  local out = {}
+  if n > 0 and count == n then
+    for i = 1, n do out[i] = encode(t[i], seen) end
+    seen[t] = nil
+    return "[" .. table.concat(out, ",") .. "]"
+  end
+  local entries = {}
+  for k, v in pairs(t) do
+    if type(k) == "number" then k = encode_number(k)
+    elseif type(k) ~= "string" then error("json_encode: a key of type " .. type(k) .. " (keys must be strings or numbers)", 0) end
+    entries[#entries + 1] = {k, v}
+  end
+  table.sort(entries, function(a, b) return a[1] < b[1] end)
+  for i, e in ipairs(entries) do out[i] = encode_string(e[1]) .. ":" .. encode(e[2], seen) end
+  seen[t] = nil
+  return "{" .. table.concat(out, ",") .. "}"
+end
+
+function encode(v, seen)
+  local kind = type(v)
+  if v == nil then return "null" end
+  if kind == "boolean" then return v and "true" or "false" end
+  if kind == "number" then return encode_number(v) end
+  if kind == "string" then return encode_string(v) end
+  if kind == "table" then return encode_table(v, seen) end
+  if is_tensor(v) then
+    if v:dim() == 0 then return encode(v:item(), seen) end
+    return encode(v:totable(), seen)
+  end
+  if kind == "cdata" and tonumber(v) then return encode_number(tonumber(v)) end
+  error("json_encode: cannot encode a " .. kind, 0)
+end
+
+-- One line of JSON: numbers (NaN and infinities become null), strings, booleans, nested tables
+-- (arrays when keyed 1..n, else objects with sorted keys) and tensors (nested arrays).
+function ui.json_encode(v)
+  local ok, s = pcall(encode, v, {})
+  if not ok then error(s, 2) end
+  return s
+end
+
+-- ---- output that knows about the bar on the terminal ----
+
+local active = nil   -- the progress bar drawn on the terminal, if any
+
+local function write_line(out, line)
+  if active and active.out == out then
+    out:write("\r\27[K", line, "\n")
+    active:draw(true)
+  else
+    out:write(line, "\n")
+  end
+  out:flush()
+end
+
+-- ui.json(tbl [, file]): the JSON line of tbl, on standard output or file (a path to append to, or a
+-- file handle).
+function ui.json(tbl, file)
+  local line = ui.json_encode(tbl)
+  if type(file) == "string" then
+    local f = assert(io.open(file, "a"))
+    f:write(line, "\n")
+    f:close()
+  else
+    write_line(file or io.stdout, line)
+  end
+  return line
+end
+
+-- ui.log(fmt, ...): a formatted line on standard output (fmt is printed as is when alone).
+function ui.log(fmt, ...)
+  local line = select("#", ...) > 0 and string.format(fmt, ...) or tostring(fmt)
+  write_line(io.stdout, line)
+end
+
+-- ---- progress ----
+
+local function duration(s)
+  if s ~= s or s == math.huge then return "?" end
+  s = math.floor(s + 0.5)
+  if s >= 3600 then return string.format("%d:%02d:%02d", s / 3600, s % 3600 / 60, s % 60) end
+  return string.format("%02d:%02d", s / 60, s % 60)
+end
+
+local function rate_string(r)
+  if r >= 99.95 then return string.format("%.0f", r) end
+  if r >= 9.995 then return string.format("%.1f", r) end
+  return string.format("%.2f", r)
+end
+
+local function field_string(v)
+  if is_tensor(v) and v:numel() == 1 then v = v:item() end
+  if type(v) == "number" then
+    if v == math.floor(v) and math.abs(v) < 1e15 then return string.format("%d", v) end
+    return string.format("%.4g", v)
+  end
+  return tostring(v)
+end
+
+local Bar = {}
+Bar.__index = Bar
+
+-- ui.progress{total = n, desc = "train", unit = "it", out = io.stdout, tty = (auto), interval = 10,
+--             width = (the terminal's), clock = ui.clock}: on a terminal a one-line bar redrawn with \r (done/total,
+-- percentage, items/s, ETA, fields); elsewhere a plain line at most every `interval` seconds or
+-- every 10%, and a final line at close.
+function ui.progress(opts)
+  opts = opts or {}
+  local out = opts.out or io.stdout
+  local tty = opts.tty
+  if tty == nil then tty = out == io.stdout and ui.isatty(1) end
+  local clock = opts.clock or ui.clock
+  local self = setmetatable({
+    total = opts.total, desc = opts.desc, unit = opts.unit or "it", out = out, tty = tty, clock = clock,
+    interval = opts.interval or 10, done = 0, fields = {}, closed = false,
+  }, Bar)
+  self.start = clock()
+  self.last_draw = -math.huge
+  self.last_line, self.last_tenth = self.start, 0
+  if tty then
+    if active and active ~= self then active:close() end
+    active = self
+    self.width = opts.width or columns(1)
+    self:draw(true)
+  end
+  return self
+end
+
+-- Seconds since the start, items per second, and the fields as "k=v k=v" (keys sorted).
+function Bar:status(now)
+  local elapsed = now - self.start
+  local rate = elapsed > 0 and self.done / elapsed or 0
+  local fields = {}
+  local keys = {}
+  for k in pairs(self.fields) do keys[#keys + 1] = k end
+  table.sort(keys)
+  for _, k in ipairs(keys) do fields[#fields + 1] = k .. "=" .. field_string(self.fields[k]) end
+  return elapsed, rate, table.concat(fields, " ")
+end
+
+function Bar:line(now, final)
+  local elapsed, rate, fields = self:status(now)
+  local head = self.desc and (self.desc .. " ") or ""
+  local s
+  if self.total then
+    local pct = self.total > 0 and 100 * self.done / self.total or 100
+    local left = rate > 0 and (self.total - self.done) / rate or math.huge
+    if final then
+      s = string.format("%s%d/%d (%d%%) in %s, %s %s/s", head, self.done, self.total, pct, duration(elapsed),
+                        rate_string(rate), self.unit)
+    else
+      s = string.format("%s%d/%d (%d%%) %s %s/s, eta %s", head, self.done, self.total, pct, rate_string(rate),
+                        self.unit, duration(left))
+    end
+  else
+    s = string.format("%s%d %s in %s, %s %s/s", head, self.done, self.unit, duration(elapsed), rate_string(rate), self.unit)
+  end
+  if fields ~= "" then s = s .. (final and ", " or " ") .. fields end
+  return s
+end
+
+-- The terminal form: "desc  42%|########            | 420/1000 [00:03<00:04, 140 it/s] loss=0.31"
+function Bar:tty_line(now)
+  local elapsed, rate, fields = self:status(now)
+  local head = self.desc and (self.desc .. " ") or ""
+  local s
+  local max = (self.width or 80) - 1
+  local tail = fields ~= "" and (" " .. fields) or ""
+  if self.total then
+    local frac = self.total > 0 and math.min(self.done / self.total, 1) or 1
+    local left = rate > 0 and math.max(self.total - self.done, 0) / rate or math.huge
+    local pct = string.format("%s%3d%%", head, math.floor(100 * frac))
+    local counts = string.format(" %d/%d [%s<%s, %s %s/s]", self.done, self.total, duration(elapsed), duration(left),
+                                 rate_string(rate), self.unit)
+    -- The bar gives way to the numbers and fields on a narrow terminal.
+    local width = math.min(20, max - #pct - #counts - #tail - 2)
+    if width >= 5 then
+      local filled = math.floor(frac * width + 1e-9)
+      s = pct .. "|" .. string.rep("#", filled) .. string.rep(" ", width - filled) .. "|" .. counts .. tail
+    else
+      s = pct .. counts .. tail
+    end
+  else
+    s = string.format("%s%d %s [%s, %s %s/s]", head, self.done, self.unit, duration(elapsed), rate_string(rate), self.unit) .. tail
+  end
+  if #s > max then s = s:sub(1, max) end
+  return s
+end
+
+-- Redraw on the terminal (at most 10 times a second unless forced).
+function Bar:draw(force)
+  if not self.tty or self.closed then return end
+  local now = self.clock()
+  if not force and now - self.last_draw < 0.1 then return end
+  self.last_draw = now
+  self.out:write("\r", self:tty_line(now), "\27[K")
+  self.out:flush()
+end
+
+-- bar:update(n = 1, {loss = ..., ...}): n more items done; fields replace the shown values.
+function Bar:update(n, fields)
+  if type(n) == "table" then n, fields = nil, n end
+  if self.closed then return self end
+  self.done = self.done + (n or 1)
+  if fields then for k, v in pairs(fields) do self.fields[k] = v end end
+  if self.tty then
+    self:draw(self.total ~= nil and self.done >= self.total)
+    return self
+  end
+  local now = self.clock()
+  local tenth = self.total and self.total > 0 and math.floor(self.done * 10 / self.total) or 0
+  if (tenth > self.last_tenth and self.done < self.total) or now - self.last_line >= self.interval then
+    self.last_line, self.last_tenth = now, tenth
+    self.last_text = self:line(now, false)
+    self.out:write(self.last_text, "\n")
+    self.out:flush()
+  end
+  return self
+end
+
+-- The final state: the bar drawn once more and a newline on a terminal, a summary line elsewhere.
+function Bar:close()
+  if self.closed then return end
+  local now = self.clock()
+  if self.tty then
+    self.out:write("\r", self:tty_line(now), "\27[K\n")
+    if active == self then active = nil end
+  else
+    local line = self:line(now, true)
+    if line ~= self.last_text then self.out:write(line, "\n") end
+  end
+  self.out:flush()
+  self.closed = true
+end
+
+return ui
