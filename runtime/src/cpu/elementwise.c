@@ -90,16 +90,16 @@ WHERE(float, f32) WHERE(double, f64) WHERE(int64_t, i64)
 
 static void clamp_f32(int64_t n, void *o_, const void *const *in, const double *sc) {
   float *o = o_; const float *a = in[0]; float lo = (float)sc[0], hi = (float)sc[1];
-  for (int64_t i = 0; i < n; i++) { float x = a[i]; o[i] = x < lo ? lo : x > hi ? hi : x; }
+  for (int64_t i = 0; i < n; i++) { float x = a[i] < lo ? lo : a[i]; o[i] = x > hi ? hi : x; }  /* lo > hi gives hi, as in PyTorch */
 }
 static void clamp_f64(int64_t n, void *o_, const void *const *in, const double *sc) {
   double *o = o_; const double *a = in[0]; double lo = sc[0], hi = sc[1];
-  for (int64_t i = 0; i < n; i++) { double x = a[i]; o[i] = x < lo ? lo : x > hi ? hi : x; }
+  for (int64_t i = 0; i < n; i++) { double x = a[i] < lo ? lo : a[i]; o[i] = x > hi ? hi : x; }
 }
 static int64_t bound_i64(double v) { return v <= -9.2e18 ? INT64_MIN : v >= 9.2e18 ? INT64_MAX : (int64_t)v; }
 static void clamp_i64(int64_t n, void *o_, const void *const *in, const double *sc) {
   int64_t *o = o_; const int64_t *a = in[0]; int64_t lo = bound_i64(sc[0]), hi = bound_i64(sc[1]);
-  for (int64_t i = 0; i < n; i++) { int64_t x = a[i]; o[i] = x < lo ? lo : x > hi ? hi : x; }
+  for (int64_t i = 0; i < n; i++) { int64_t x = a[i] < lo ? lo : a[i]; o[i] = x > hi ? hi : x; }
 }
 
 #define ROW(name) {name##_f32, name##_f64, name##_i64}

@@ -30,7 +30,7 @@ static uint16_t below(double hi, int dtype) {
   return h;
 }
 
-struct rjob { int op; char *data; int dtype; uint64_t seed, offset; double p0, p1; };
+struct rjob { int op; char *data; int dtype; uint64_t seed, offset; double p0, p1; int64_t lo, hi; };
 
 static void fill_range(void *ctx, int64_t begin, int64_t end) {
   const struct rjob *j = ctx;
@@ -49,10 +49,11 @@ static void fill_range(void *ctx, int64_t begin, int64_t end) {
       double u2 = (double)(((uint64_t)r[2] << 21) ^ (r[3] >> 11)) * 0x1p-53;
       v = j->p0 + j->p1 * sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
     } else {
-      uint64_t range = (uint64_t)((int64_t)j->p1 - (int64_t)j->p0);
+      uint64_t range = (uint64_t)j->hi - (uint64_t)j->lo;   /* exact for any lo < hi, in unsigned arithmetic */
       uint64_t x = ((uint64_t)r[0] << 32) | r[1];
-      v = (double)((int64_t)j->p0 + (int64_t)(x % range));
-      if (j->dtype == KILN_I64) { ((int64_t *)j->data)[i] = (int64_t)j->p0 + (int64_t)(x % range); continue; }
+      int64_t k = (int64_t)((uint64_t)j->lo + x % range);
+      if (j->dtype == KILN_I64) { ((int64_t *)j->data)[i] = k; continue; }
+      v = (double)k;
     }
     char *dst = j->data + i * es;
     kiln_store_f64(dst, j->dtype, v);
@@ -64,7 +65,7 @@ static void fill_range(void *ctx, int64_t begin, int64_t end) {
 }
 
 int cpu_random(const struct kiln_call *c) {
-  struct rjob j = {c->op, kiln_tensor_data(c->out), c->out->dtype, (uint64_t)c->ints[0], (uint64_t)c->ints[1], c->scalar[0], c->scalar[1]};
+  struct rjob j = {c->op, kiln_tensor_data(c->out), c->out->dtype, (uint64_t)c->ints[0], (uint64_t)c->ints[1], c->scalar[0], c->scalar[1], c->ints[2], c->ints[3]};
   kiln_parallel_for(c->out->numel, 8192, fill_range, &j);
   return KILN_OK;
 }

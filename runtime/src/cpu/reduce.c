@@ -128,8 +128,8 @@ static double finish(int op, const struct acc *a, double p) {
   double n = (double)a->n;
   switch (op) {
   case KILN_OP_MEAN: return a->s / n;
-  case KILN_OP_VAR: return a->q / (n - p);
-  case KILN_OP_STD: return sqrt(a->q / (n - p));
+  case KILN_OP_VAR: return a->q / fmax(n - p, 0);         /* PyTorch's divisor: max(0, N - correction) */
+  case KILN_OP_STD: return sqrt(a->q / fmax(n - p, 0));
   case KILN_OP_NORM:
     if (p == 2) return sqrt(a->s);
     if (p == 1 || p == 0 || isinf(p)) return a->s;
