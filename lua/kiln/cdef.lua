@@ -16,8 +16,11 @@ local function candidates()
   if os.getenv("KILN_LIB_DIR") then list[#list + 1] = os.getenv("KILN_LIB_DIR") .. "/libkiln.so" end
   local src = debug.getinfo(1, "S").source
   if src:sub(1, 1) == "@" then
-    local root = dirname(dirname(dirname(src:sub(2))))   -- lua/kiln/cdef.lua -> the source tree
+    local kiln_dir = dirname(src:sub(2))
+    local root = dirname(dirname(kiln_dir))               -- lua/kiln/cdef.lua -> the source tree
     list[#list + 1] = root .. "/build/lib/libkiln.so"
+    -- installed: <prefix>/share/lua/5.1/kiln/cdef.lua -> <prefix>/lib/libkiln.so
+    list[#list + 1] = dirname(dirname(dirname(dirname(kiln_dir)))) .. "/lib/libkiln.so"
   end
   list[#list + 1] = "kiln"                               -- the dynamic linker's own search
   return list

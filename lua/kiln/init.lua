@@ -157,5 +157,6 @@ end})
 
 kiln.data = require "kiln.data"
 kiln.ui = require "kiln.ui"
+kiln.optim = require "kiln.optim"
 
 return kiln

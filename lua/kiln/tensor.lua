@@ -343,6 +343,11 @@ end
 Tensor.max = extreme("max", "argmax", Tensor.maximum)
 Tensor.min = extreme("min", "argmin", Tensor.minimum)
 
+-- ---- softmax (kiln.functional has the other nn ops) ----
+
+function Tensor.softmax(t, dim) return require("kiln.functional").softmax(t, dim) end
+function Tensor.log_softmax(t, dim) return require("kiln.functional").log_softmax(t, dim) end
+
 -- ---- linear algebra ----
 
 -- a:matmul(b), or a:matmul(b, {out = c}) to write into c without allocating.

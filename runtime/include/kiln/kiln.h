@@ -11,6 +11,8 @@
 #include <kiln/random.h>
 #include <kiln/ops.h>
 #include <kiln/autograd.h>
+#include <kiln/nn.h>
+#include <kiln/optim.h>
 #include <kiln/io.h>
 
 /* The public headers above, concatenated as they are on disk (the FFI loader strips their

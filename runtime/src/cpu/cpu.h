@@ -15,5 +15,22 @@ int cpu_scatter_add(const struct kiln_call *c);
 int cpu_masked_fill(const struct kiln_call *c);
 int cpu_masked_select(const struct kiln_call *c);
 int cpu_random(const struct kiln_call *c);
+/* the fused nn ops (cpu/conv.c, pool.c, norm.c, softmax.c, dropout.c) */
+int cpu_conv2d(const struct kiln_call *c);
+int cpu_conv2d_backward(const struct kiln_call *c);
+int cpu_max_pool2d(const struct kiln_call *c);
+int cpu_max_pool2d_backward(const struct kiln_call *c);
+int cpu_avg_pool2d(const struct kiln_call *c);
+int cpu_avg_pool2d_backward(const struct kiln_call *c);
+int cpu_batch_norm(const struct kiln_call *c);
+int cpu_batch_norm_backward(const struct kiln_call *c);
+int cpu_row_norm(const struct kiln_call *c);            /* layer and group norm */
+int cpu_row_norm_backward(const struct kiln_call *c);
+int cpu_softmax(const struct kiln_call *c);             /* softmax and log_softmax */
+int cpu_softmax_backward(const struct kiln_call *c);
+int cpu_nll_loss(const struct kiln_call *c);            /* also cross entropy (fused) */
+int cpu_nll_loss_backward(const struct kiln_call *c);
+int cpu_dropout(const struct kiln_call *c);
+int cpu_optim_step(const struct kiln_call *c);          /* SGD, Adam, RMSprop, Adagrad (cpu/optim.c) */
 
 #endif

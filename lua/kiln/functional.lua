@@ -1,0 +1,295 @@
+-- kiln.functional: the fused neural-network ops with PyTorch's torch.nn.functional names and
+-- arguments, options in a trailing table: F.conv2d(x, w, b, {stride = 2, padding = 1}).
+-- As everywhere in kiln's Lua API, dims count from 1 (-1 is the last) and so do class labels:
+-- F.cross_entropy(logits, labels) takes labels 1..C (and ignore_index in the same counting).
+local core = require "kiln.core"
+local C = core.C
+local wrap, cdim, raise, is_tensor = core.wrap, core.cdim, core.raise, core.is_tensor
+
+local F = {}
+
+-- ---- argument helpers ----
+
+local function integer(v, what)
+  if type(v) ~= "number" or v ~= math.floor(v) then raise(string.format("%s must be an integer, got %s", what, tostring(v))) end
+  return v
+end
+
+-- A size that is one number for both dims, or {h, w}.
+local function pair(v, what)
+  if type(v) == "number" then integer(v, what) return v, v end
+  if type(v) == "table" and #v == 2 then return integer(v[1], what), integer(v[2], what) end
+  raise(string.format("%s must be a number or a pair {h, w}, got %s", what, tostring(v)))
+end
+
+-- The trailing options table, checked against the names the op knows.
+local function options(opts, known, op)
+  if opts == nil then return {} end
+  if type(opts) ~= "table" or is_tensor(opts) then
+    raise(string.format("%s: expected an options table, got %s", op, is_tensor(opts) and "a tensor" or type(opts)))
+  end
+  for k in pairs(opts) do
+    if not known[k] then
+      local names = {}
+      for n in pairs(known) do names[#names + 1] = n end
+      table.sort(names)
+      raise(string.format("%s: unknown option %q (known: %s)", op, tostring(k), table.concat(names, ", ")))
+    end
+  end
+  return opts
+end
+
+local function set(...)
+  local s = {}
+  for _, k in ipairs{...} do s[k] = true end
+  return s
+end
+
+local function tensor(x, what, op)
+  if not is_tensor(x) then raise(string.format("%s: %s must be a tensor, got %s", op, what, type(x))) end
+  return x
+end
+
+local function optional_tensor(x, what, op)
+  if x == nil then return nil end
+  return tensor(x, what, op).p
+end
+
+-- (a, b, opts) where b may be left out: the options are the first plain table.
+local function split_optional(b, opts)
+  if opts == nil and type(b) == "table" and not is_tensor(b) then return nil, b end
+  return b, opts
+end
+
+local reductions = {none = C.KILN_REDUCTION_NONE, mean = C.KILN_REDUCTION_MEAN, sum = C.KILN_REDUCTION_SUM}
+local function reduction(r, op)
+  local v = reductions[r or "mean"]
+  if not v then raise(string.format("%s: reduction %q (expected \"none\", \"mean\" or \"sum\")", op, tostring(r))) end
+  return v
+end
+
+-- ---- convolution ----
+
+-- padding: a number, {h, w}, "valid" (none) or "same" (stride 1; the output keeps the input's size).
+local function conv_padding(p, w, dh, dw, sh, sw, op)
+  if p == "valid" then return 0, 0 end
+  if p == "same" then
+    if sh ~= 1 or sw ~= 1 then raise(op .. ": padding \"same\" needs stride 1") end
+    local eh, ew = dh * (tonumber(w.p.sizes[2]) - 1), dw * (tonumber(w.p.sizes[3]) - 1)
+    if eh % 2 ~= 0 or ew % 2 ~= 0 then
+      raise(op .. ": padding \"same\" needs an odd (dilated) kernel; pad the input by hand for an even one")
+    end
+    return eh / 2, ew / 2
+  end
+  return pair(p or 0, op .. ": padding")
+end
+
+local conv_opts = set("stride", "padding", "dilation", "groups")
+
+-- conv2d(input [N,C,H,W], weight [O,C/groups,kh,kw], bias [O] or nil, {stride, padding, dilation, groups})
+function F.conv2d(x, w, b, opts)
+  b, opts = split_optional(b, opts)
+  opts = options(opts, conv_opts, "conv2d")
+  tensor(x, "input", "conv2d") tensor(w, "weight", "conv2d")
+  local sh, sw = pair(opts.stride or 1, "conv2d: stride")
+  local dh, dw = pair(opts.dilation or 1, "conv2d: dilation")
+  local ph, pw = conv_padding(opts.padding, w, dh, dw, sh, sw, "conv2d")
+  return wrap(C.kiln_conv2d(x.p, w.p, optional_tensor(b, "bias", "conv2d"), sh, sw, ph, pw, dh, dw,
+                            integer(opts.groups or 1, "conv2d: groups")))
+end
+
+-- conv1d(input [N,C,L], weight [O,C/groups,k], bias, {stride, padding, dilation, groups}): conv2d with H = 1.
+function F.conv1d(x, w, b, opts)
+  b, opts = split_optional(b, opts)
+  opts = options(opts, conv_opts, "conv1d")
+  tensor(x, "input", "conv1d") tensor(w, "weight", "conv1d")
+  if x.p.ndim ~= 3 then raise(string.format("conv1d: input %s has %d dims (expected 3: [N,C,L])", tostring(x:size()), x.p.ndim)) end
+  if w.p.ndim ~= 3 then raise(string.format("conv1d: weight %s has %d dims (expected 3: [out,in/groups,k])", tostring(w:size()), w.p.ndim)) end
+  local padding = opts.padding or 0
+  if type(padding) == "number" then padding = {0, padding} end
+  local y = F.conv2d(x:unsqueeze(3), w:unsqueeze(3), b, {stride = {1, integer(opts.stride or 1, "conv1d: stride")},
+                     padding = padding, dilation = {1, integer(opts.dilation or 1, "conv1d: dilation")},
+                     groups = opts.groups})
+  return y:squeeze(3)
+end
+
+-- conv_transpose2d(input [N,C,H,W], weight [C,O/groups,kh,kw], bias [O] or nil,
+--                  {stride, padding, output_padding, groups, dilation})
+function F.conv_transpose2d(x, w, b, opts)
+  b, opts = split_optional(b, opts)
+  opts = options(opts, set("stride", "padding", "output_padding", "groups", "dilation"), "conv_transpose2d")
+  tensor(x, "input", "conv_transpose2d") tensor(w, "weight", "conv_transpose2d")
+  local sh, sw = pair(opts.stride or 1, "conv_transpose2d: stride")
+  local ph, pw = pair(opts.padding or 0, "conv_transpose2d: padding")
+  local oh, ow = pair(opts.output_padding or 0, "conv_transpose2d: output_padding")
+  local dh, dw = pair(opts.dilation or 1, "conv_transpose2d: dilation")
+  return wrap(C.kiln_conv_transpose2d(x.p, w.p, optional_tensor(b, "bias", "conv_transpose2d"), sh, sw, ph, pw, oh, ow,
+                                      dh, dw, integer(opts.groups or 1, "conv_transpose2d: groups")))
+end
+
+-- ---- pooling ----
+
+-- (x, kernel_size, stride, opts) or (x, kernel_size, opts): stride defaults to the kernel size.
+local function pool_args(stride, opts)
+  if type(stride) == "table" and #stride == 0 and opts == nil then return nil, stride end
+  return stride, opts
+end
+
+-- max_pool2d(input, kernel_size, [stride], {stride, padding, dilation, ceil_mode})
+function F.max_pool2d(x, k, stride, opts)
+  stride, opts = pool_args(stride, opts)
+  opts = options(opts, set("stride", "padding", "dilation", "ceil_mode"), "max_pool2d")
+  tensor(x, "input", "max_pool2d")
+  local kh, kw = pair(k, "max_pool2d: kernel_size")
+  local sh, sw = pair(stride or opts.stride or {kh, kw}, "max_pool2d: stride")
+  local ph, pw = pair(opts.padding or 0, "max_pool2d: padding")
+  local dh, dw = pair(opts.dilation or 1, "max_pool2d: dilation")
+  return wrap(C.kiln_max_pool2d(x.p, kh, kw, sh, sw, ph, pw, dh, dw, opts.ceil_mode and 1 or 0))
+end
+
+-- avg_pool2d(input, kernel_size, [stride], {stride, padding, ceil_mode, count_include_pad = true})
+function F.avg_pool2d(x, k, stride, opts)
+  stride, opts = pool_args(stride, opts)
+  opts = options(opts, set("stride", "padding", "ceil_mode", "count_include_pad"), "avg_pool2d")
+  tensor(x, "input", "avg_pool2d")
+  local kh, kw = pair(k, "avg_pool2d: kernel_size")
+  local sh, sw = pair(stride or opts.stride or {kh, kw}, "avg_pool2d: stride")
+  local ph, pw = pair(opts.padding or 0, "avg_pool2d: padding")
+  return wrap(C.kiln_avg_pool2d(x.p, kh, kw, sh, sw, ph, pw, opts.ceil_mode and 1 or 0,
+                                opts.count_include_pad == false and 0 or 1))
+end
+
+-- adaptive_avg_pool2d(input, output_size): a number, or {h, w} where either may be nil (keep that size).
+function F.adaptive_avg_pool2d(x, size)
+  tensor(x, "input", "adaptive_avg_pool2d")
+  local nd = x.p.ndim
+  local h, w
+  if type(size) == "number" then h, w = size, size
+  elseif type(size) == "table" then h, w = size[1], size[2]
+  else raise("adaptive_avg_pool2d: output_size must be a number or {h, w}, got " .. tostring(size)) end
+  if nd >= 2 then
+    h = h or tonumber(x.p.sizes[nd - 2])
+    w = w or tonumber(x.p.sizes[nd - 1])
+  end
+  return wrap(C.kiln_adaptive_avg_pool2d(x.p, integer(h, "adaptive_avg_pool2d: output height"),
+                                         integer(w, "adaptive_avg_pool2d: output width")))
+end
+
+-- ---- normalisation ----
+
+-- batch_norm(input, running_mean, running_var, [weight, bias], {weight, bias, training = false, momentum = 0.1, eps = 1e-5})
+-- In training the running stats (when given) are updated in place.
+function F.batch_norm(x, rm, rv, w, b, opts)
+  if opts == nil and type(b) == "table" and not is_tensor(b) then b, opts = nil, b end
+  if opts == nil and b == nil and type(w) == "table" and not is_tensor(w) then w, opts = nil, w end
+  opts = options(opts, set("weight", "bias", "training", "momentum", "eps"), "batch_norm")
+  tensor(x, "input", "batch_norm")
+  w, b = w or opts.weight, b or opts.bias
+  return wrap(C.kiln_batch_norm(x.p, optional_tensor(w, "weight", "batch_norm"), optional_tensor(b, "bias", "batch_norm"),
+                                optional_tensor(rm, "running_mean", "batch_norm"),
+                                optional_tensor(rv, "running_var", "batch_norm"), opts.training and 1 or 0,
+                                opts.momentum or 0.1, opts.eps or 1e-5))
+end
+
+-- layer_norm(input, normalized_shape, [weight, bias], {eps = 1e-5}): over the last #normalized_shape dims.
+function F.layer_norm(x, shape, w, b, opts)
+  if opts == nil and type(b) == "table" and not is_tensor(b) then b, opts = nil, b end
+  if opts == nil and b == nil and type(w) == "table" and not is_tensor(w) then w, opts = nil, w end
+  opts = options(opts, set("eps"), "layer_norm")
+  tensor(x, "input", "layer_norm")
+  if type(shape) == "number" then shape = {shape} end
+  if type(shape) ~= "table" or #shape == 0 then raise("layer_norm: normalized_shape must be a number or a list of sizes") end
+  local k, nd = #shape, x.p.ndim
+  local ok = k <= nd
+  for i = 1, k do ok = ok and tonumber(x.p.sizes[nd - k + i - 1]) == shape[i] end
+  if not ok then
+    raise(string.format("layer_norm: normalized_shape [%s] does not match the last dims of input %s",
+                        table.concat(shape, ", "), tostring(x:size())))
+  end
+  return wrap(C.kiln_layer_norm(x.p, k, optional_tensor(w, "weight", "layer_norm"), optional_tensor(b, "bias", "layer_norm"),
+                                opts.eps or 1e-5))
+end
+
+-- group_norm(input [N,C,...], num_groups, [weight, bias], {eps = 1e-5})
+function F.group_norm(x, groups, w, b, opts)
+  if opts == nil and type(b) == "table" and not is_tensor(b) then b, opts = nil, b end
+  if opts == nil and b == nil and type(w) == "table" and not is_tensor(w) then w, opts = nil, w end
+  opts = options(opts, set("eps"), "group_norm")
+  tensor(x, "input", "group_norm")
+  return wrap(C.kiln_group_norm(x.p, integer(groups, "group_norm: num_groups"), optional_tensor(w, "weight", "group_norm"),
+                                optional_tensor(b, "bias", "group_norm"), opts.eps or 1e-5))
+end
+
+-- ---- softmax ----
+
+function F.softmax(x, dim)
+  tensor(x, "input", "softmax")
+  if dim == nil then raise("softmax: give the dim to normalise over (dims count from 1; -1 is the last)") end
+  return wrap(C.kiln_softmax(x.p, cdim(x, dim, "softmax")))
+end
+
+function F.log_softmax(x, dim)
+  tensor(x, "input", "log_softmax")
+  if dim == nil then raise("log_softmax: give the dim to normalise over (dims count from 1; -1 is the last)") end
+  return wrap(C.kiln_log_softmax(x.p, cdim(x, dim, "log_softmax")))
+end
+
+-- ---- losses ----
+
+-- No ignore_index: a C value no label minus one can reach.
+local NO_IGNORE = -2 ^ 63
+
+-- Labels count from 1 in Lua and from 0 in C.
+local function c_target(t, op)
+  if type(t) == "table" and not is_tensor(t) then t = core.from_table(t, "i64") end
+  tensor(t, "target", op)
+  if t.p.dtype ~= C.KILN_I64 and t.p.dtype ~= C.KILN_I32 then
+    raise(string.format("%s: target %s is %s (expected i64 class labels, counting from 1)", op, tostring(t:size()),
+                        core.dtype_names[t.p.dtype]))
+  end
+  return wrap(C.kiln_binary_scalar(C.KILN_OP_SUB, t.p, 1, 0))
+end
+
+local function ignore(opts, op)
+  if opts.ignore_index == nil then return NO_IGNORE end
+  return integer(opts.ignore_index, op .. ": ignore_index") - 1
+end
+
+-- nll_loss(log_probs [N,C] or [N,C,d1,...], target [N] or [N,d1,...], [weight], {weight, ignore_index, reduction = "mean"})
+function F.nll_loss(x, target, w, opts)
+  w, opts = split_optional(w, opts)
+  opts = options(opts, set("weight", "ignore_index", "reduction"), "nll_loss")
+  tensor(x, "input", "nll_loss")
+  local t = c_target(target, "nll_loss")
+  return wrap(C.kiln_nll_loss(x.p, t.p, optional_tensor(w or opts.weight, "weight", "nll_loss"), ignore(opts, "nll_loss"),
+                              reduction(opts.reduction, "nll_loss")))
+end
+
+-- cross_entropy(logits [N,C] or [N,C,d1,...], target, [weight], {weight, ignore_index, label_smoothing = 0, reduction = "mean"})
+function F.cross_entropy(x, target, w, opts)
+  w, opts = split_optional(w, opts)
+  opts = options(opts, set("weight", "ignore_index", "label_smoothing", "reduction"), "cross_entropy")
+  tensor(x, "input", "cross_entropy")
+  local t = c_target(target, "cross_entropy")
+  return wrap(C.kiln_cross_entropy(x.p, t.p, optional_tensor(w or opts.weight, "weight", "cross_entropy"),
+                                   ignore(opts, "cross_entropy"), opts.label_smoothing or 0,
+                                   reduction(opts.reduction, "cross_entropy")))
+end
+
+-- ---- dropout ----
+
+-- dropout(input, p = 0.5, [training = true]) or dropout(input, {p = 0.5, training = true})
+function F.dropout(x, p, training)
+  if type(p) == "table" then
+    local opts = options(p, set("p", "training"), "dropout")
+    p, training = opts.p, opts.training
+  elseif type(training) == "table" then
+    training = options(training, set("training"), "dropout").training
+  end
+  tensor(x, "input", "dropout")
+  if p == nil then p = 0.5 end
+  if type(p) ~= "number" then raise("dropout: p must be a number, got " .. type(p)) end
+  return wrap(C.kiln_dropout(x.p, p, training == false and 0 or 1))
+end
+
+return F

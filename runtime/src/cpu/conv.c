@@ -1,0 +1,436 @@
+/* cpu/conv.c: 2-d convolution on the CPU. The batch is cut into a fixed number of parts (a
+   function of the shapes only, never of the thread count); kiln's pool runs the parts, and
+   each part takes its images a few at a time: im2col into the worker's own buffer, then one
+   GEMM through OpenBLAS (single-threaded) per group for small images, or one per image, reading
+   and writing the tensors in place, for large ones (DIRECT_P). Backward: grad input by GEMM + col2im,
+   grad weight by GEMM into one partial per part, the partials added in order; grad bias by a
+   sum. Every result is therefore bitwise the same at any thread count. */
+#include "cpu.h"
+#include "../nn_calls.h"
+#include <cblas.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum {
+  PARTS = 16,               /* batch parts: the most threads a conv can use, and the grad-weight partials */
+  COL_BYTES = 1024 << 10,   /* aim for an im2col buffer of about this size (in L2) */
+  DIRECT_P = 256            /* from this many output pixels per image, the forward GEMMs write y directly */
+};
+
+struct geom {
+  int64_t N, C, H, W;       /* input x (or grad input) */
+  int64_t O, OH, OW;        /* output y (or grad output) */
+  int64_t kh, kw, sh, sw, ph, pw, dh, dw;
+  int64_t G, Cg, Og;        /* groups, channels per group in and out */
+  int64_t K, P;             /* Cg*kh*kw (rows of a column buffer), OH*OW (columns per image) */
+  int64_t nb;               /* images per im2col buffer */
+  int64_t parts;
+};
+
+static void geom_init(struct geom *g, const int64_t *ints, int64_t N, int64_t C, int64_t H, int64_t W,
+                      const struct kiln_tensor *w, int64_t O, int64_t OH, int64_t OW, int es) {
+  g->N = N; g->C = C; g->H = H; g->W = W; g->O = O; g->OH = OH; g->OW = OW;
+  g->kh = w->sizes[2]; g->kw = w->sizes[3];
+  g->sh = ints[0]; g->sw = ints[1]; g->ph = ints[2]; g->pw = ints[3]; g->dh = ints[4]; g->dw = ints[5];
+  g->G = ints[6]; g->Cg = C / g->G; g->Og = O / g->G;
+  g->K = g->Cg * g->kh * g->kw;
+  g->P = OH * OW;
+  g->parts = N < PARTS ? N : PARTS;
+  int64_t per_image = g->K * g->P * es;
+  int64_t nb = per_image > 0 ? COL_BYTES / per_image : 1;
+  int64_t most = g->parts > 0 ? (N + g->parts - 1) / g->parts : 1;   /* images in the largest part */
+  g->nb = nb < 1 ? 1 : nb > most ? most : nb;
+}
+
+/* The output columns ow whose input column ow*sw + iw0 lies inside [0, W). */
+static void ow_range(const struct geom *g, int64_t iw0, int64_t *lo, int64_t *hi) {
+  int64_t a = iw0 >= 0 ? 0 : (-iw0 + g->sw - 1) / g->sw;
+  int64_t b = g->W - 1 - iw0 < 0 ? 0 : (g->W - 1 - iw0) / g->sw + 1;
+  if (b > g->OW) b = g->OW;
+  if (a > b) a = b;
+  *lo = a; *hi = b;
+}
+
+/* The rows im2col copies are short (8 floats in the benchmark's second conv): plain vector moves
+   beat a call to memcpy, which gcc would otherwise put in place of the copy loops. */
+#define NO_MEMCPY __attribute__((optimize("no-tree-loop-distribute-patterns")))
+
+/* The valid output columns [lo[kj], hi[kj]) of each kernel column kj (kw entries). */
+static void kernel_cols(const struct geom *g, int64_t *lo, int64_t *hi) {
+  for (int64_t kj = 0; kj < g->kw; kj++) ow_range(g, kj * g->dw - g->pw, &lo[kj], &hi[kj]);
+}
+
+/* col [K, nb*P] from images n0..n0+nb-1, input channels c0..c0+Cg-1 of x [N,C,H,W]. Each input
+   row is read once for all kernel columns kj; rows outside the image give zeros. */
+#define IM2COL(T, sfx)                                                                               \
+NO_MEMCPY static void im2col_##sfx(const struct geom *g, const T *restrict x, int64_t n0, int64_t nb, int64_t c0, \
+                         T *restrict col, int64_t *lo, int64_t *hi) {                                 \
+  const int64_t ld = nb * g->P, OH = g->OH, OW = g->OW, H = g->H, W = g->W, kh = g->kh, kw = g->kw;  \
+  const int64_t sh = g->sh, sw = g->sw, ph = g->ph, pw = g->pw, dh = g->dh, dw = g->dw;             \
+  for (int64_t c = 0; c < g->Cg; c++)                                                                \
+    for (int64_t ki = 0; ki < kh; ki++) {                                                            \
+      T *rows = col + (c * kh + ki) * kw * ld;                                                       \
+      for (int64_t i = 0; i < nb; i++) {                                                             \
+        const T *plane = x + ((n0 + i) * g->C + c0 + c) * H * W;                                     \
+        for (int64_t oh = 0; oh < OH; oh++) {                                                        \
+          int64_t ih = oh * sh - ph + ki * dh, at = i * g->P + oh * OW;                              \
+          if (ih < 0 || ih >= H) {                                                                   \
+            for (int64_t kj = 0; kj < kw; kj++) memset(rows + kj * ld + at, 0, sizeof(T) * (size_t)OW); \
+            continue;                                                                                \
+          }                                                                                          \
+          const T *s = plane + ih * W;                                                               \
+          for (int64_t kj = 0; kj < kw; kj++) {                                                      \
+            T *d = rows + kj * ld + at;                                                              \
+            int64_t a = lo[kj], b = hi[kj], off = kj * dw - pw;                                      \
+            if (sw == 1 && a == 0 && b == OW && (OW & 7) == 0) {   /* whole rows, in blocks of 8 */  \
+              for (int64_t ow = 0; ow < OW; ow += 8)                                                 \
+                for (int k = 0; k < 8; k++) d[ow + k] = s[ow + k + off];                             \
+              continue;                                                                              \
+            }                                                                                        \
+            for (int64_t ow = 0; ow < a; ow++) d[ow] = 0;                                            \
+            if (sw == 1) for (int64_t ow = a; ow < b; ow++) d[ow] = s[ow + off];                     \
+            else for (int64_t ow = a; ow < b; ow++) d[ow] = s[ow * sw + off];                        \
+            for (int64_t ow = b; ow < OW; ow++) d[ow] = 0;                                           \
+          }                                                                                          \
+        }                                                                                            \
+      }                                                                                              \
+    }                                                                                                \
+}
+IM2COL(float, f32)
+IM2COL(double, f64)
+
+/* The adjoint of im2col: add col [K, nb*P] into images n0.. of gx [N,C,H,W]. The kernel column kj
+   is the outer loop: neighbouring kj write overlapping stretches of a row, and a load right
+   after an overlapping store would stall on store forwarding. */
+#define COL2IM(T, sfx)                                                                               \
+static void col2im_##sfx(const struct geom *g, const T *restrict col, int64_t n0, int64_t nb, int64_t c0, \
+                         T *restrict gx, int64_t *lo, int64_t *hi) {                                  \
+  const int64_t ld = nb * g->P, OH = g->OH, OW = g->OW, H = g->H, W = g->W, kh = g->kh, kw = g->kw;  \
+  const int64_t sh = g->sh, sw = g->sw, ph = g->ph, pw = g->pw, dh = g->dh, dw = g->dw;             \
+  for (int64_t c = 0; c < g->Cg; c++)                                                                \
+    for (int64_t ki = 0; ki < kh; ki++)                                                              \
+      for (int64_t kj = 0; kj < kw; kj++) {                                                          \
+        const T *row = col + ((c * kh + ki) * kw + kj) * ld;                                         \
+        int64_t a = lo[kj], b = hi[kj], off = kj * dw - pw;                                          \
+        for (int64_t i = 0; i < nb; i++) {                                                           \
+          T *plane = gx + ((n0 + i) * g->C + c0 + c) * H * W;                                        \
+          for (int64_t oh = 0; oh < OH; oh++) {                                                      \
+            int64_t ih = oh * sh - ph + ki * dh;                                                     \
+            if (ih < 0 || ih >= H) continue;                                                         \
+            const T *d = row + i * g->P + oh * OW;                                                   \
+            T *s = plane + ih * W;                                                                   \
+            if (sw == 1) for (int64_t ow = a; ow < b; ow++) s[ow + off] += d[ow];                    \
+            else for (int64_t ow = a; ow < b; ow++) s[ow * sw + off] += d[ow];                       \
+          }                                                                                          \
+        }                                                                                            \
+      }                                                                                              \
+}
+COL2IM(float, f32)
+COL2IM(double, f64)
+
+/* y[n0+i, o0+o, :] = buf[o, i*P : (i+1)*P] + bias[o0+o] (bias may be NULL). */
+#define SCATTER(T, sfx)                                                                              \
+static void scatter_##sfx(const struct geom *g, const T *buf, int64_t n0, int64_t nb, int64_t o0, int64_t no, \
+                          int64_t O, const T *bias, T *y) {                                          \
+  int64_t P = g->P, ld = nb * P;                                                                     \
+  for (int64_t i = 0; i < nb; i++)                                                                   \
+    for (int64_t o = 0; o < no; o++) {                                                               \
+      T b = bias ? bias[o0 + o] : 0, *d = y + ((n0 + i) * O + o0 + o) * P;                           \
+      const T *s = buf + o * ld + i * P;                                                             \
+      for (int64_t p = 0; p < P; p++) d[p] = s[p] + b;                                               \
+    }                                                                                                \
+}
+SCATTER(float, f32)
+SCATTER(double, f64)
+
+/* y[o, :] += bias[o] for the rows of one image's block [no, P]. */
+#define BIAS_ROWS(T, sfx)                                                                            \
+static void bias_rows_##sfx(const T *bias, int64_t no, int64_t P, T *y) {                            \
+  for (int64_t o = 0; o < no; o++) {                                                                 \
+    T b = bias[o], *d = y + o * P;                                                                   \
+    for (int64_t p = 0; p < P; p++) d[p] += b;                                                       \
+  }                                                                                                  \
+}
+BIAS_ROWS(float, f32)
+BIAS_ROWS(double, f64)
+
+/* x[n, c, :] += bias[c] for images n0.. (the bias of conv_transpose2d). */
+#define ADD_BIAS(T, sfx)                                                                             \
+static void add_bias_##sfx(const T *bias, int64_t n0, int64_t nb, int64_t C, int64_t HW, T *x) {    \
+  for (int64_t i = 0; i < nb; i++)                                                                   \
+    for (int64_t c = 0; c < C; c++) {                                                                \
+      T b = bias[c], *d = x + ((n0 + i) * C + c) * HW;                                               \
+      for (int64_t p = 0; p < HW; p++) d[p] += b;                                                    \
+    }                                                                                                \
+}
+ADD_BIAS(float, f32)
+ADD_BIAS(double, f64)
+
+/* c = op(a) @ op(b) + beta * c, row-major. */
+static void gemm(int dt, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, const void *a,
+                 int64_t lda, const void *b, int64_t ldb, double beta, void *c, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {   /* BLAS wants k >= 1; the product is zero */
+    int es = dt == KILN_F32 ? 4 : 8;
+    if (beta == 0) for (int64_t i = 0; i < m; i++) memset((char *)c + i * ldc * es, 0, (size_t)(n * es));
+    return;
+  }
+  if (dt == KILN_F32)
+    cblas_sgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)k, 1.0f, a, (int)lda, b, (int)ldb, (float)beta, c, (int)ldc);
+  else
+    cblas_dgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)k, 1.0, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+}
+
+static int64_t part_begin(const struct geom *g, int64_t t) { return t * g->N / g->parts; }
+
+static int float_dtype(const char *op, const struct kiln_tensor *t) {
+  if (t->dtype == KILN_F32 || t->dtype == KILN_F64) return KILN_OK;
+  return kiln_fail(KILN_ERR_DTYPE, "%s: %s tensors are not supported on cpu (f32 or f64; got %s)", op,
+                   kiln_dtype_name(t->dtype), kiln_shape_string(t));
+}
+
+/* A contiguous version of t (a new reference), or NULL with an error. */
+static struct kiln_tensor *dense(const struct kiln_tensor *t) { return t ? kiln_contiguous(t) : NULL; }
+
+/* ---- forward ---- */
+
+struct fwd_job {
+  struct geom g;
+  int dt;
+  const char *x, *w, *bias;
+  char *y;
+  int failed;
+};
+
+static void conv_forward_parts(void *ctx, int64_t begin, int64_t end) {
+  struct fwd_job *j = ctx;
+  const struct geom *g = &j->g;
+  int es = j->dt == KILN_F32 ? 4 : 8;
+  char *col = malloc((size_t)(g->K * g->nb * g->P * es) + 64);
+  char *buf = malloc(g->P >= DIRECT_P ? 64 : (size_t)(g->Og * g->nb * g->P * es) + 64);
+  int64_t *lo = malloc(sizeof(int64_t) * (size_t)(2 * g->kw)), *hi = lo ? lo + g->kw : NULL;
+  if (!col || !buf || !lo) { __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED); free(col); free(buf); free(lo); return; }
+  kernel_cols(g, lo, hi);
+  for (int64_t t = begin; t < end; t++) {
+    for (int64_t n0 = part_begin(g, t), n1 = part_begin(g, t + 1); n0 < n1; n0 += g->nb) {
+      int64_t nb = n1 - n0 < g->nb ? n1 - n0 : g->nb, ld = nb * g->P;
+      for (int64_t gi = 0; gi < g->G; gi++) {
+        const char *wg = j->w + gi * g->Og * g->K * es;
+        if (g->P >= DIRECT_P) {   /* large images: one GEMM per image, straight into y */
+          if (j->dt == KILN_F32) im2col_f32(g, (const float *)j->x, n0, nb, gi * g->Cg, (float *)col, lo, hi);
+          else im2col_f64(g, (const double *)j->x, n0, nb, gi * g->Cg, (double *)col, lo, hi);
+          for (int64_t i = 0; i < nb; i++) {
+            char *yi = j->y + ((n0 + i) * g->O + gi * g->Og) * g->P * es;
+            gemm(j->dt, CblasNoTrans, CblasNoTrans, g->Og, g->P, g->K, wg, g->K, col + i * g->P * es, ld, 0, yi, g->P);
+            if (j->bias && j->dt == KILN_F32) bias_rows_f32((const float *)j->bias + gi * g->Og, g->Og, g->P, (float *)yi);
+            else if (j->bias) bias_rows_f64((const double *)j->bias + gi * g->Og, g->Og, g->P, (double *)yi);
+          }
+        } else if (j->dt == KILN_F32) {
+          im2col_f32(g, (const float *)j->x, n0, nb, gi * g->Cg, (float *)col, lo, hi);
+          gemm(j->dt, CblasNoTrans, CblasNoTrans, g->Og, ld, g->K, wg, g->K, col, ld, 0, buf, ld);
+          scatter_f32(g, (const float *)buf, n0, nb, gi * g->Og, g->Og, g->O, (const float *)j->bias, (float *)j->y);
+        } else {
+          im2col_f64(g, (const double *)j->x, n0, nb, gi * g->Cg, (double *)col, lo, hi);
+          gemm(j->dt, CblasNoTrans, CblasNoTrans, g->Og, ld, g->K, wg, g->K, col, ld, 0, buf, ld);
+          scatter_f64(g, (const double *)buf, n0, nb, gi * g->Og, g->Og, g->O, (const double *)j->bias, (double *)j->y);
+        }
+      }
+    }
+  }
+  free(col);
+  free(buf);
+  free(lo);
+}
+
+int cpu_conv2d(const struct kiln_call *c) {
+  struct kiln_tensor *y = c->out;
+  if (float_dtype("conv2d", c->in[0])) return kiln_error_code();
+  if (y->numel == 0) return KILN_OK;
+  struct kiln_tensor *x = dense(c->in[0]), *w = dense(c->in[1]), *b = c->in[2] ? dense(c->in[2]) : NULL;
+  int rc = KILN_OK;
+  if (!x || !w || (c->in[2] && !b)) { rc = kiln_error_code(); goto done; }
+  struct fwd_job j = {.dt = y->dtype};
+  geom_init(&j.g, c->ints, x->sizes[0], x->sizes[1], x->sizes[2], x->sizes[3], w, y->sizes[1], y->sizes[2], y->sizes[3],
+            kiln_dtype_size(y->dtype));
+  j.x = kiln_tensor_data(x); j.w = kiln_tensor_data(w); j.bias = b ? kiln_tensor_data(b) : NULL;
+  j.y = kiln_tensor_data(y);
+  kiln_parallel_for(j.g.parts, 1, conv_forward_parts, &j);
+  if (j.failed) rc = kiln_fail(KILN_ERR_MEMORY, "conv2d: out of memory for the im2col buffers (input %s)", kiln_shape_string(x));
+done:
+  kiln_tensor_release(x); kiln_tensor_release(w); kiln_tensor_release(b);
+  return rc;
+}
+
+/* ---- backward ---- */
+
+struct bwd_job {
+  struct geom g;
+  int dt;
+  const char *gy, *x, *w, *bias;
+  char *gx;
+  char *partials;           /* [parts, O, K]: grad weight of each part, or NULL */
+  int failed;
+};
+
+/* gy of image n, group gi: [Og, P]. */
+static const char *gy_block(const struct bwd_job *j, int64_t n, int64_t gi, int es) {
+  return j->gy + (n * j->g.O + gi * j->g.Og) * j->g.P * es;
+}
+
+static void conv_backward_parts(void *ctx, int64_t begin, int64_t end) {
+  struct bwd_job *j = ctx;
+  const struct geom *g = &j->g;
+  int es = j->dt == KILN_F32 ? 4 : 8;
+  char *col = malloc((size_t)(g->K * g->nb * g->P * es) + 64);
+  char *gyc = malloc(g->P >= DIRECT_P ? 64 : (size_t)(g->Og * g->nb * g->P * es) + 64);
+  int64_t *lo = malloc(sizeof(int64_t) * (size_t)(2 * g->kw)), *hi = lo ? lo + g->kw : NULL;
+  if (!col || !gyc || !lo) { __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED); free(col); free(gyc); free(lo); return; }
+  kernel_cols(g, lo, hi);
+  int64_t HW = g->H * g->W;
+  for (int64_t t = begin; t < end; t++) {
+    char *partial = j->partials ? j->partials + t * g->O * g->K * es : NULL;
+    int first = 1;
+    for (int64_t n0 = part_begin(g, t), n1 = part_begin(g, t + 1); n0 < n1; n0 += g->nb) {
+      int64_t nb = n1 - n0 < g->nb ? n1 - n0 : g->nb, ld = nb * g->P;
+      if (j->gx) memset(j->gx + n0 * g->C * HW * es, 0, (size_t)(nb * g->C * HW * es));
+      for (int64_t gi = 0; gi < g->G; gi++) {
+        const char *wg = j->w + gi * g->Og * g->K * es;
+        /* large images: one GEMM per image, reading gy in place; small ones: this group's grad
+           output for the images gathered into gyc [Og, nb*P], and one GEMM for them all */
+        int direct = g->P >= DIRECT_P;
+        if (!direct)
+          for (int64_t i = 0; i < nb; i++)
+            for (int64_t o = 0; o < g->Og; o++)
+              memcpy(gyc + (o * ld + i * g->P) * es, j->gy + ((n0 + i) * g->O + gi * g->Og + o) * g->P * es,
+                     (size_t)(g->P * es));
+        if (partial) {
+          char *pw = partial + gi * g->Og * g->K * es;
+          if (j->dt == KILN_F32) im2col_f32(g, (const float *)j->x, n0, nb, gi * g->Cg, (float *)col, lo, hi);
+          else im2col_f64(g, (const double *)j->x, n0, nb, gi * g->Cg, (double *)col, lo, hi);
+          if (direct)
+            for (int64_t i = 0; i < nb; i++)
+              gemm(j->dt, CblasNoTrans, CblasTrans, g->Og, g->K, g->P, gy_block(j, n0 + i, gi, es), g->P,
+                   col + i * g->P * es, ld, first && i == 0 ? 0 : 1, pw, g->K);
+          else
+            gemm(j->dt, CblasNoTrans, CblasTrans, g->Og, g->K, ld, gyc, ld, col, ld, first ? 0 : 1, pw, g->K);
+        }
+        if (j->gx) {
+          if (direct)
+            for (int64_t i = 0; i < nb; i++)
+              gemm(j->dt, CblasTrans, CblasNoTrans, g->K, g->P, g->Og, wg, g->K, gy_block(j, n0 + i, gi, es), g->P, 0,
+                   col + i * g->P * es, ld);
+          else
+            gemm(j->dt, CblasTrans, CblasNoTrans, g->K, ld, g->Og, wg, g->K, gyc, ld, 0, col, ld);
+          if (j->dt == KILN_F32) col2im_f32(g, (const float *)col, n0, nb, gi * g->Cg, (float *)j->gx, lo, hi);
+          else col2im_f64(g, (const double *)col, n0, nb, gi * g->Cg, (double *)j->gx, lo, hi);
+        }
+      }
+      if (j->gx && j->bias) {
+        if (j->dt == KILN_F32) add_bias_f32((const float *)j->bias, n0, nb, g->C, HW, (float *)j->gx);
+        else add_bias_f64((const double *)j->bias, n0, nb, g->C, HW, (double *)j->gx);
+      }
+      first = 0;
+    }
+  }
+  free(col);
+  free(gyc);
+  free(lo);
+}
+
+/* gw = the partials added in part order. */
+struct sum_job { const struct geom *g; int dt; const char *partials; char *gw; int64_t n; };
+static void sum_partials(void *ctx, int64_t begin, int64_t end) {
+  const struct sum_job *s = ctx;
+  int64_t parts = s->g->parts, n = s->n;
+  if (s->dt == KILN_F32) {
+    const float *p = (const float *)s->partials;
+    float *o = (float *)s->gw;
+    for (int64_t i = begin; i < end; i++) o[i] = p[i];
+    for (int64_t t = 1; t < parts; t++)
+      for (int64_t i = begin; i < end; i++) o[i] += p[t * n + i];
+  } else {
+    const double *p = (const double *)s->partials;
+    double *o = (double *)s->gw;
+    for (int64_t i = begin; i < end; i++) o[i] = p[i];
+    for (int64_t t = 1; t < parts; t++)
+      for (int64_t i = begin; i < end; i++) o[i] += p[t * n + i];
+  }
+}
+
+/* gb[o] = the sum of gy[:, o, :], in double, in a fixed order. */
+struct bias_job { const struct geom *g; int dt; const char *gy; char *gb; };
+static void sum_bias(void *ctx, int64_t begin, int64_t end) {
+  const struct bias_job *b = ctx;
+  const struct geom *g = b->g;
+  for (int64_t o = begin; o < end; o++) {
+    double s = 0;
+    for (int64_t n = 0; n < g->N; n++) {
+      int64_t off = (n * g->O + o) * g->P;
+      if (b->dt == KILN_F32) {   /* eight lanes, so that the loop vectorises; added in a fixed order */
+        const float *p = (const float *)b->gy + off;
+        float lane[8] = {0};
+        int64_t i = 0;
+        for (; i + 8 <= g->P; i += 8)
+          for (int l = 0; l < 8; l++) lane[l] += p[i + l];
+        for (; i < g->P; i++) lane[0] += p[i];
+        for (int l = 0; l < 8; l++) s += lane[l];
+      } else {
+        const double *p = (const double *)b->gy + off;
+        for (int64_t i = 0; i < g->P; i++) s += p[i];
+      }
+    }
+    if (b->dt == KILN_F32) ((float *)b->gb)[o] = (float)s;
+    else ((double *)b->gb)[o] = s;
+  }
+}
+
+int cpu_conv2d_backward(const struct kiln_call *c) {
+  const struct kiln_conv_grads *out = c->extra;
+  if (float_dtype("conv2d_backward", c->in[0])) return kiln_error_code();
+  struct kiln_tensor *gy = dense(c->in[0]), *x = NULL, *w = dense(c->in[2]), *bias = NULL;
+  char *partials = NULL;
+  int rc = KILN_OK;
+  if (!gy || !w) { rc = kiln_error_code(); goto done; }
+  if (out->gw && c->in[1] && !(x = dense(c->in[1]))) { rc = kiln_error_code(); goto done; }
+  if (out->gx && c->in[3] && !(bias = dense(c->in[3]))) { rc = kiln_error_code(); goto done; }
+  const struct kiln_tensor *xs = out->gx ? out->gx : x;   /* the input's sizes */
+  int es = kiln_dtype_size(gy->dtype);
+  struct bwd_job j = {.dt = gy->dtype};
+  geom_init(&j.g, c->ints, gy->sizes[0], w->sizes[1] * c->ints[6], xs ? xs->sizes[2] : 0, xs ? xs->sizes[3] : 0, w,
+            gy->sizes[1], gy->sizes[2], gy->sizes[3], es);
+  const struct geom *g = &j.g;
+  if (out->gw && (!x || g->N == 0 || g->P == 0)) {   /* no images: the grad weight is zero */
+    kiln_fill_(out->gw, 0);
+  } else if (out->gw) {
+    partials = malloc((size_t)(g->parts * g->O * g->K * es) + 64);
+    if (!partials) { rc = kiln_fail(KILN_ERR_MEMORY, "conv2d_backward: out of memory for the grad-weight partials"); goto done; }
+  }
+  j.gy = kiln_tensor_data(gy); j.w = kiln_tensor_data(w); j.x = x ? kiln_tensor_data(x) : NULL;
+  j.bias = bias ? kiln_tensor_data(bias) : NULL;
+  j.gx = out->gx && out->gx->numel ? kiln_tensor_data(out->gx) : NULL;
+  j.partials = partials;
+  if (j.gx || j.partials) {
+    if (g->P == 0 && j.gx) {   /* an empty output: grad input is zero (plus the bias) */
+      memset(j.gx, 0, (size_t)(out->gx->numel * es));
+      if (bias) {
+        if (j.dt == KILN_F32) add_bias_f32((const float *)j.bias, 0, g->N, g->C, g->H * g->W, (float *)j.gx);
+        else add_bias_f64((const double *)j.bias, 0, g->N, g->C, g->H * g->W, (double *)j.gx);
+      }
+    } else {
+      kiln_parallel_for(g->parts, 1, conv_backward_parts, &j);
+    }
+    if (j.failed) { rc = kiln_fail(KILN_ERR_MEMORY, "conv2d_backward: out of memory for the im2col buffers"); goto done; }
+  }
+  if (partials) {
+    struct sum_job s = {g, j.dt, partials, kiln_tensor_data(out->gw), g->O * g->K};
+    kiln_parallel_for(s.n, 16384, sum_partials, &s);
+  }
+  if (out->gb) {
+    struct bias_job b = {g, j.dt, j.gy, kiln_tensor_data(out->gb)};
+    kiln_parallel_for(g->O, 8, sum_bias, &b);
+  }
+done:
+  free(partials);
+  kiln_tensor_release(gy); kiln_tensor_release(x); kiln_tensor_release(w); kiln_tensor_release(bias);
+  return rc;
+}

@@ -1,0 +1,255 @@
+/* cpu/softmax.c: softmax and log_softmax along one dim, and the negative log-likelihood loss
+   (alone, or fused with log_softmax as cross entropy, with label smoothing), forward and
+   backward. A tensor is seen as [outer, D, inner]: each of the outer*inner lines along the dim is
+   independent; sums run in double in a fixed order. */
+#include "cpu.h"
+#include "../nn_calls.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int float_dtype(const char *op, const struct kiln_tensor *t) {
+  if (t->dtype == KILN_F32 || t->dtype == KILN_F64) return KILN_OK;
+  return kiln_fail(KILN_ERR_DTYPE, "%s: %s tensors are not supported on cpu (f32 or f64; got %s)", op,
+                   kiln_dtype_name(t->dtype), kiln_shape_string(t));
+}
+
+struct sm_job {
+  int log;                    /* log_softmax */
+  int64_t outer, D, inner;
+  const void *x, *gy;         /* forward: x; backward: gy and y (in x) */
+  void *y;
+};
+
+/* One line: D elements at stride st. */
+#define SOFTMAX_LINE(T, sfx, EXP, LOGFN)                                                              \
+static void softmax_line_##sfx(int want_log, const T *x, T *y, int64_t D, int64_t st) {                  \
+  T m = -INFINITY;                                                                                  \
+  for (int64_t d = 0; d < D; d++) if (x[d * st] > m || x[d * st] != x[d * st]) m = x[d * st];       \
+  double s = 0;                                                                                     \
+  if (want_log) {                                                                                   \
+    for (int64_t d = 0; d < D; d++) s += EXP(x[d * st] - m);                                        \
+    T ls = (T)LOGFN(s) + m;                                                                           \
+    for (int64_t d = 0; d < D; d++) y[d * st] = x[d * st] - ls;                                     \
+  } else {                                                                                          \
+    for (int64_t d = 0; d < D; d++) { T e = EXP(x[d * st] - m); y[d * st] = e; s += e; }            \
+    T inv = (T)(1.0 / s);                                                                           \
+    for (int64_t d = 0; d < D; d++) y[d * st] *= inv;                                               \
+  }                                                                                                 \
+}                                                                                                   \
+static void softmax_lines_##sfx(void *ctx, int64_t begin, int64_t end) {                            \
+  const struct sm_job *j = ctx;                                                                     \
+  for (int64_t l = begin; l < end; l++) {                                                           \
+    int64_t o = l / j->inner, i = l % j->inner, off = o * j->D * j->inner + i;                      \
+    softmax_line_##sfx(j->log, (const T *)j->x + off, (T *)j->y + off, j->D, j->inner);             \
+  }                                                                                                 \
+}                                                                                                   \
+/* softmax: gx = y * (gy - sum(gy * y)); log_softmax: gx = gy - exp(y) * sum(gy). */               \
+static void softmax_back_lines_##sfx(void *ctx, int64_t begin, int64_t end) {                       \
+  const struct sm_job *j = ctx;                                                                     \
+  int64_t D = j->D, st = j->inner;                                                                  \
+  for (int64_t l = begin; l < end; l++) {                                                           \
+    int64_t o = l / j->inner, i = l % j->inner, off = o * D * st + i;                               \
+    const T *y = (const T *)j->x + off, *gy = (const T *)j->gy + off;                               \
+    T *gx = (T *)j->y + off;                                                                        \
+    double s = 0;                                                                                   \
+    if (j->log) {                                                                                   \
+      for (int64_t d = 0; d < D; d++) s += gy[d * st];                                              \
+      T ts = (T)s;                                                                                  \
+      for (int64_t d = 0; d < D; d++) gx[d * st] = gy[d * st] - EXP(y[d * st]) * ts;                \
+    } else {                                                                                        \
+      for (int64_t d = 0; d < D; d++) s += (double)gy[d * st] * y[d * st];                          \
+      T ts = (T)s;                                                                                  \
+      for (int64_t d = 0; d < D; d++) gx[d * st] = y[d * st] * (gy[d * st] - ts);                   \
+    }                                                                                               \
+  }                                                                                                 \
+}
+SOFTMAX_LINE(float, f32, expf, log)
+SOFTMAX_LINE(double, f64, exp, log)
+
+static void lines_of(const struct kiln_tensor *t, int dim, struct sm_job *j) {
+  j->outer = 1; j->inner = 1;
+  j->D = t->ndim ? t->sizes[dim] : 1;
+  for (int d = 0; d < dim; d++) j->outer *= t->sizes[d];
+  for (int d = dim + 1; d < t->ndim; d++) j->inner *= t->sizes[d];
+}
+
+static int64_t line_grain(int64_t D) { return D >= 2048 ? 1 : 2048 / (D ? D : 1); }
+
+int cpu_softmax(const struct kiln_call *c) {
+  if (float_dtype(kiln_op_name(c->op), c->in[0])) return kiln_error_code();
+  if (c->out->numel == 0) return KILN_OK;
+  struct kiln_tensor *x = kiln_contiguous(c->in[0]);
+  if (!x) return kiln_error_code();
+  struct sm_job j = {.log = c->op == KILN_OP_LOG_SOFTMAX, .x = kiln_tensor_data(x), .y = kiln_tensor_data(c->out)};
+  lines_of(x, (int)c->ints[0], &j);
+  kiln_parallel_for(j.outer * j.inner, line_grain(j.D), x->dtype == KILN_F32 ? softmax_lines_f32 : softmax_lines_f64, &j);
+  kiln_tensor_release(x);
+  return KILN_OK;
+}
+
+int cpu_softmax_backward(const struct kiln_call *c) {
+  if (float_dtype(kiln_op_name(c->op), c->in[0])) return kiln_error_code();
+  if (c->out->numel == 0) return KILN_OK;
+  struct kiln_tensor *gy = kiln_contiguous(c->in[0]), *y = kiln_contiguous(c->in[1]);
+  int rc = KILN_OK;
+  if (!gy || !y) { rc = kiln_error_code(); goto done; }
+  struct sm_job j = {.log = c->op == KILN_OP_LOG_SOFTMAX_BACKWARD, .x = kiln_tensor_data(y), .gy = kiln_tensor_data(gy),
+                     .y = kiln_tensor_data(c->out)};
+  lines_of(y, (int)c->ints[0], &j);
+  kiln_parallel_for(j.outer * j.inner, line_grain(j.D), y->dtype == KILN_F32 ? softmax_back_lines_f32 : softmax_back_lines_f64, &j);
+done:
+  kiln_tensor_release(gy); kiln_tensor_release(y);
+  return rc;
+}
+
+/* ---- negative log-likelihood, and cross entropy ---- */
+
+/* input [N, C, S]; target [N, S]; one position per (n, s). */
+struct nll_job {
+  int64_t N, C, S;
+  int reduction, fused;
+  int64_t ignore;
+  double smoothing, total_weight, weight_sum;
+  const int64_t *target;
+  const void *weight;
+  const void *logp;       /* [N, C, S]: the input, or the log_softmax of the fused input */
+  const void *g;          /* backward: the loss's grad */
+  void *loss;             /* forward: [N, S] per position */
+  void *gx;
+};
+
+#define NLL(T, sfx)                                                                                 \
+static void nll_positions_##sfx(void *ctx, int64_t begin, int64_t end) {                            \
+  const struct nll_job *j = ctx;                                                                    \
+  int64_t C = j->C, S = j->S;                                                                       \
+  const T *w = j->weight;                                                                           \
+  double eps = j->smoothing;                                                                        \
+  for (int64_t q = begin; q < end; q++) {                                                           \
+    int64_t n = q / S, s = q % S, t = j->target[q];                                                 \
+    const T *lp = (const T *)j->logp + n * C * S + s;                                               \
+    double l = 0;                                                                                   \
+    if (t != j->ignore) {                                                                           \
+      l = -(w ? (double)w[t] : 1.0) * lp[t * S];                                                    \
+      if (eps != 0) {                                                                               \
+        double sm = 0;                                                                              \
+        for (int64_t c = 0; c < C; c++) sm -= (w ? (double)w[c] : 1.0) * lp[c * S];                 \
+        l = (1 - eps) * l + eps / (double)C * sm;                                                   \
+      }                                                                                             \
+    }                                                                                               \
+    ((T *)j->loss)[q] = (T)l;                                                                       \
+  }                                                                                                 \
+}                                                                                                   \
+static void nll_back_positions_##sfx(void *ctx, int64_t begin, int64_t end) {                       \
+  const struct nll_job *j = ctx;                                                                    \
+  int64_t C = j->C, S = j->S;                                                                       \
+  const T *w = j->weight;                                                                           \
+  double eps = j->smoothing;                                                                        \
+  for (int64_t q = begin; q < end; q++) {                                                           \
+    int64_t n = q / S, s = q % S, t = j->target[q];                                                 \
+    T *gx = (T *)j->gx + n * C * S + s;                                                             \
+    double g = j->reduction == KILN_REDUCTION_NONE ? (double)((const T *)j->g)[q] : (double)((const T *)j->g)[0]; \
+    if (j->reduction == KILN_REDUCTION_MEAN) g /= j->total_weight;                                  \
+    if (t == j->ignore) { for (int64_t c = 0; c < C; c++) gx[c * S] = 0; continue; }                \
+    double wt = w ? (double)w[t] : 1.0;                                                             \
+    if (!j->fused) {                                                                                \
+      for (int64_t c = 0; c < C; c++) gx[c * S] = 0;                                                \
+      gx[t * S] = (T)(-wt * g);                                                                     \
+      continue;                                                                                     \
+    }                                                                                               \
+    /* d/dz_c = (1-eps) wt (p_c - [c = t]) + eps/C (p_c W - w_c), W = sum of the weights */         \
+    const T *lp = (const T *)j->logp + n * C * S + s;                                               \
+    double a = (1 - eps) * wt + eps / (double)C * j->weight_sum, e = eps / (double)C;               \
+    for (int64_t c = 0; c < C; c++) {                                                               \
+      double p = exp((double)lp[c * S]);                                                            \
+      gx[c * S] = (T)(g * (a * p - e * (w ? (double)w[c] : 1.0)));                                  \
+    }                                                                                               \
+    gx[t * S] = (T)((double)gx[t * S] - g * (1 - eps) * wt);                                        \
+  }                                                                                                 \
+}
+NLL(float, f32)
+NLL(double, f64)
+
+static void nll_shape(const struct kiln_tensor *input, struct nll_job *j) {
+  j->N = input->sizes[0]; j->C = input->sizes[1]; j->S = 1;
+  for (int d = 2; d < input->ndim; d++) j->S *= input->sizes[d];
+}
+
+int cpu_nll_loss(const struct kiln_call *c) {
+  struct kiln_nll_extra *ex = (struct kiln_nll_extra *)c->extra;
+  if (float_dtype(kiln_op_name(c->op), c->in[0])) return kiln_error_code();
+  struct kiln_tensor *input = kiln_contiguous(c->in[0]), *target = kiln_contiguous(c->in[1]);
+  struct kiln_tensor *weight = c->in[2] ? kiln_contiguous(c->in[2]) : NULL, *losses = NULL;
+  int rc = KILN_OK;
+  if (!input || !target || (c->in[2] && !weight)) { rc = kiln_error_code(); goto done; }
+  struct nll_job j = {.reduction = (int)c->ints[0], .ignore = c->ints[1], .fused = (int)c->ints[2],
+                      .smoothing = c->scalar[0], .target = kiln_tensor_data(target),
+                      .weight = weight ? kiln_tensor_data(weight) : NULL};
+  nll_shape(input, &j);
+  int f32 = input->dtype == KILN_F32;
+  /* Check every target before computing anything. */
+  int64_t P = j.N * j.S;
+  double total = 0;
+  for (int64_t q = 0; q < P; q++) {
+    int64_t t = j.target[q];
+    if (t == j.ignore) continue;
+    if (t < 0 || t >= j.C) {
+      rc = kiln_fail(KILN_ERR_INDEX, "%s: target index %lld out of range for %lld classes (target %s; C counts from 0)",
+                     c->ints[2] ? "cross_entropy" : "nll_loss", (long long)t, (long long)j.C, kiln_shape_string(target));
+      goto done;
+    }
+    total += j.weight ? (f32 ? ((const float *)j.weight)[t] : ((const double *)j.weight)[t]) : 1.0;
+  }
+  ex->total_weight = total;
+  if (j.fused) {
+    struct sm_job sj = {.log = 1, .x = kiln_tensor_data(input), .y = kiln_tensor_data(ex->logp)};
+    lines_of(input, 1, &sj);
+    if (input->numel)
+      kiln_parallel_for(sj.outer * sj.inner, line_grain(sj.D), f32 ? softmax_lines_f32 : softmax_lines_f64, &sj);
+    j.logp = kiln_tensor_data(ex->logp);
+  } else {
+    j.logp = kiln_tensor_data(input);
+  }
+  if (j.reduction == KILN_REDUCTION_NONE) {
+    j.loss = kiln_tensor_data(c->out);
+    kiln_parallel_for(P, 1024, f32 ? nll_positions_f32 : nll_positions_f64, &j);
+  } else {
+    losses = kiln_tensor_empty(1, &P, input->dtype, input->device);
+    if (!losses) { rc = kiln_error_code(); goto done; }
+    j.loss = kiln_tensor_data(losses);
+    kiln_parallel_for(P, 1024, f32 ? nll_positions_f32 : nll_positions_f64, &j);
+    double s = 0;
+    for (int64_t q = 0; q < P; q++) s += f32 ? ((const float *)j.loss)[q] : ((const double *)j.loss)[q];
+    if (j.reduction == KILN_REDUCTION_MEAN) s /= total;   /* 0/0 = NaN when every target is ignored, as in PyTorch */
+    kiln_store_f64(kiln_tensor_data(c->out), c->out->dtype, s);
+  }
+done:
+  kiln_tensor_release(input); kiln_tensor_release(target); kiln_tensor_release(weight); kiln_tensor_release(losses);
+  return rc;
+}
+
+int cpu_nll_loss_backward(const struct kiln_call *c) {
+  if (float_dtype(kiln_op_name(c->op), c->out)) return kiln_error_code();
+  struct kiln_tensor *g = kiln_contiguous(c->in[0]), *target = kiln_contiguous(c->in[1]);
+  struct kiln_tensor *weight = c->in[2] ? kiln_contiguous(c->in[2]) : NULL;
+  struct kiln_tensor *logp = c->in[3] ? kiln_contiguous(c->in[3]) : NULL;
+  int rc = KILN_OK;
+  if (!g || !target || (c->in[2] && !weight) || (c->in[3] && !logp)) { rc = kiln_error_code(); goto done; }
+  struct nll_job j = {.reduction = (int)c->ints[0], .ignore = c->ints[1], .fused = (int)c->ints[2],
+                      .smoothing = c->scalar[0], .total_weight = c->scalar[1], .target = kiln_tensor_data(target),
+                      .weight = weight ? kiln_tensor_data(weight) : NULL, .logp = logp ? kiln_tensor_data(logp) : NULL,
+                      .g = kiln_tensor_data(g), .gx = kiln_tensor_data(c->out)};
+  nll_shape(c->out, &j);
+  int f32 = c->out->dtype == KILN_F32;
+  j.weight_sum = (double)j.C;
+  if (j.weight) {
+    j.weight_sum = 0;
+    for (int64_t k = 0; k < j.C; k++) j.weight_sum += f32 ? ((const float *)j.weight)[k] : ((const double *)j.weight)[k];
+  }
+  if (j.fused && !j.logp) { rc = kiln_fail(KILN_ERR_ARGUMENT, "cross_entropy_backward: the saved log_softmax is missing"); goto done; }
+  if (c->out->numel)
+    kiln_parallel_for(j.N * j.S, 256, f32 ? nll_back_positions_f32 : nll_back_positions_f64, &j);
+done:
+  kiln_tensor_release(g); kiln_tensor_release(target); kiln_tensor_release(weight); kiln_tensor_release(logp);
+  return rc;
+}

@@ -1,0 +1,54 @@
+/* nn_calls.h: how the front ends of nn.c hand the fused nn ops to their kernels: what each call's
+   in[], ints[], scalar[] hold, and the structs `extra` points to when a kernel writes several outputs. */
+#ifndef KILN_NN_CALLS_H
+#define KILN_NN_CALLS_H
+#include "internal.h"
+
+/* CONV2D: out y [N,O,OH,OW]; in x [N,C,H,W], w [O,C/groups,kh,kw], bias [O] or NULL.
+   ints: stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups.
+   CONV2D_BACKWARD: in gy [N,O,OH,OW], x (NULL unless gw is wanted), w, bias added to gx or NULL
+   (conv_transpose2d's forward is this kernel); same ints; extra: struct kiln_conv_grads. Sizes
+   come from the tensors, so gx may be larger than the conv of its own size would give. */
+struct kiln_conv_grads {
+  struct kiln_tensor *gx, *gw, *gb;   /* each NULL when not wanted; the kernel overwrites them */
+};
+enum { KILN_CONV_INTS = 7 };
+
+/* MAX_POOL2D: out y; in x ([N,C,H,W] or [C,H,W]); extra: the i64 indices tensor (shaped like y,
+   h * W + w into each plane). ints: kh, kw, sh, sw, ph, pw, dil_h, dil_w.
+   MAX_POOL2D_BACKWARD: out gx (shaped like x); in gy, indices.
+   AVG_POOL2D: out y; in x. ints: kh, kw, sh, sw, ph, pw, count_include_pad, adaptive (windows
+   [floor(i*H/OH), ceil((i+1)*H/OH)), the other ints unused). AVG_POOL2D_BACKWARD: out gx; in gy. */
+
+/* BATCH_NORM: out y; in x [N,C,...], w, b ([C] or NULL); extra: struct kiln_norm_stats.
+   ints: batch_stats (1: normalise with the batch's statistics, else with the running ones),
+   update (1: update the running stats). scalar: eps, momentum.
+   LAYER_NORM: rows are the leading dims, ints[0] = normalized_ndim; scalar[0] = eps.
+   GROUP_NORM: rows are (n, group), ints[0] = groups; scalar[0] = eps.
+   *_BACKWARD: in gy, x, w (or NULL); ints as the forward; extra: struct kiln_norm_grads. */
+struct kiln_norm_stats {
+  struct kiln_tensor *mean, *invstd;          /* written: per channel / row, dtype of x */
+  struct kiln_tensor *running_mean, *running_var;
+};
+struct kiln_norm_grads {
+  const struct kiln_tensor *mean, *invstd;    /* as the forward saved them */
+  struct kiln_tensor *gx, *gw, *gb;           /* each NULL when not wanted */
+};
+
+/* SOFTMAX, LOG_SOFTMAX: out y; in x; ints[0] = dim (normalised).
+   *_BACKWARD: out gx; in gy, y; ints[0] = dim. */
+
+/* NLL_LOSS: out loss ([N,d1,...] for no reduction, else 0-d); in input, target (i64), weight or NULL.
+   ints: reduction, ignore_index, fused (1: input is logits; log_softmax over dim 1 comes first).
+   scalar[0] = label smoothing (fused only). extra: struct kiln_nll_extra.
+   NLL_LOSS_BACKWARD: out gx (shaped like input); in g (shaped like loss), target, weight, logp
+   (fused only); same ints; scalar: smoothing, total weight. */
+struct kiln_nll_extra {
+  struct kiln_tensor *logp;   /* fused: written with log_softmax(input) */
+  double total_weight;        /* written: the sum of weight[target] over non-ignored targets */
+};
+
+/* DROPOUT: out y; in x; extra: the mask tensor (0 or 1/(1-p), dtype of x). scalar[0] = p.
+   ints: seed, offset: element i takes word i % 4 of Philox block offset + i / 4. */
+
+#endif

@@ -1,0 +1,827 @@
+-- The fused nn ops (kiln.functional): each against a naive loop written here in Lua, an f64
+-- gradient check w.r.t. every differentiable input (non-contiguous inputs for conv and softmax),
+-- misuse errors after which the next op works, and conv results that do not depend on the
+-- thread count.
+local kiln = kiln or require "kiln"
+require "kiln.testing"
+local F = require "kiln.functional"
+
+-- ---- flat data ----
+
+local function flat(t) return t:contiguous():reshape(-1):totable() end
+local function tensor(list, shape, dtype) return kiln.tensor(list, {dtype = dtype or "f64"}):view(shape) end
+local function randn(shape, dtype) return kiln.randn(shape, {dtype = dtype or "f64"}) end
+local function leaf(t) return t:detach():requires_grad_() end
+local function numel(shape) local n = 1 for _, s in ipairs(shape) do n = n * s end return n end
+
+local function assert_shape(t, shape)
+  local s = t:size()
+  assert(#s == #shape, string.format("shape %s, expected [%s]", tostring(s), table.concat(shape, ", ")))
+  for i = 1, #shape do
+    assert(s[i] == shape[i], string.format("shape %s, expected [%s]", tostring(s), table.concat(shape, ", ")))
+  end
+end
+
+-- t (a tensor) equals the flat list expected of the given shape, within a relative tolerance.
+local function assert_close(t, expected, shape, tol)
+  tol = tol or 1e-10
+  if shape then assert_shape(t, shape) end
+  local got = flat(t)
+  assert(#got == #expected, string.format("%d elements, expected %d", #got, #expected))
+  for i = 1, #got do
+    local a, e = got[i], expected[i]
+    local ok = (a == e) or (e ~= e and a ~= a) or math.abs(a - e) <= tol * (1 + math.abs(e))
+    assert(ok, string.format("element %d: got %.17g, expected %.17g (tolerance %g)", i, a, e, tol))
+  end
+end
+
+local function error_of(fn, ...)
+  local ok, e = pcall(fn, ...)
+  assert(not ok, "expected an error")
+  return tostring(e)
+end
+local function assert_contains(msg, ...)
+  for _, part in ipairs({...}) do
+    assert(msg:find(part, 1, true), string.format("message %q lacks %q", msg, part))
+  end
+end
+
+-- ---- naive references on flat lists (indices from 0 inside, Lua lists from 1) ----
+
+local function conv_out(n, k, s, p, d) return math.floor((n + 2 * p - d * (k - 1) - 1) / s) + 1 end
+
+-- x [N,C,H,W], w [O,C/G,kh,kw], b [O] or nil; o = {stride = {sh, sw}, padding = {ph, pw}, dilation = {dh, dw}, groups}
+local function ref_conv2d(x, xs, w, ws, b, o)
+  local N, C, H, W = xs[1], xs[2], xs[3], xs[4]
+  local O, Cg, kh, kw = ws[1], ws[2], ws[3], ws[4]
+  local sh, sw, ph, pw, dh, dw = o.stride[1], o.stride[2], o.padding[1], o.padding[2], o.dilation[1], o.dilation[2]
+  local G = o.groups or 1
+  local Og = O / G
+  local OH, OW = conv_out(H, kh, sh, ph, dh), conv_out(W, kw, sw, pw, dw)
+  local y = {}
+  for n = 0, N - 1 do
+    for oc = 0, O - 1 do
+      local g = math.floor(oc / Og)
+      for oh = 0, OH - 1 do
+        for ow = 0, OW - 1 do
+          local s = b and b[oc + 1] or 0
+          for c = 0, Cg - 1 do
+            for ki = 0, kh - 1 do
+              for kj = 0, kw - 1 do
+                local ih, iw = oh * sh - ph + ki * dh, ow * sw - pw + kj * dw
+                if ih >= 0 and ih < H and iw >= 0 and iw < W then
+                  s = s + x[((n * C + g * Cg + c) * H + ih) * W + iw + 1] * w[((oc * Cg + c) * kh + ki) * kw + kj + 1]
+                end
+              end
+            end
+          end
+          y[#y + 1] = s
+        end
+      end
+    end
+  end
+  return y, {N, O, OH, OW}
+end
+
+-- x [N,C,H,W], w [C,O/G,kh,kw]: every input pixel scatters its kernel into the output.
+local function ref_conv_transpose2d(x, xs, w, ws, b, o)
+  local N, C, H, W = xs[1], xs[2], xs[3], xs[4]
+  local Og, kh, kw = ws[2], ws[3], ws[4]
+  local sh, sw, ph, pw, dh, dw = o.stride[1], o.stride[2], o.padding[1], o.padding[2], o.dilation[1], o.dilation[2]
+  local oph, opw = o.output_padding[1], o.output_padding[2]
+  local G = o.groups or 1
+  local Cg, O = C / G, Og * G
+  local OH = (H - 1) * sh - 2 * ph + dh * (kh - 1) + oph + 1
+  local OW = (W - 1) * sw - 2 * pw + dw * (kw - 1) + opw + 1
+  local y = {}
+  for n = 0, N - 1 do
+    for oc = 0, O - 1 do
+      for i = 0, OH * OW - 1 do y[(n * O + oc) * OH * OW + i + 1] = b and b[oc + 1] or 0 end
+    end
+  end
+  for n = 0, N - 1 do
+    for c = 0, C - 1 do
+      local g = math.floor(c / Cg)
+      for ih = 0, H - 1 do
+        for iw = 0, W - 1 do
+          local v = x[((n * C + c) * H + ih) * W + iw + 1]
+          for oc = 0, Og - 1 do
+            for ki = 0, kh - 1 do
+              for kj = 0, kw - 1 do
+                local oh, ow = ih * sh - ph + ki * dh, iw * sw - pw + kj * dw
+                if oh >= 0 and oh < OH and ow >= 0 and ow < OW then
+                  local k = ((n * O + g * Og + oc) * OH + oh) * OW + ow + 1
+                  y[k] = y[k] + v * w[((c * Og + oc) * kh + ki) * kw + kj + 1]
+                end
+              end
+            end
+          end
+        end
+      end
+    end
+  end
+  return y, {N, O, OH, OW}
+end
+
+-- Output size of a pooling window, PyTorch's rule (ceil_mode drops a window that starts in the padding).
+local function pool_out(n, k, s, p, d, ceil_mode)
+  local span = n + 2 * p - d * (k - 1) - 1
+  local o = (ceil_mode and math.ceil(span / s) or math.floor(span / s)) + 1
+  if ceil_mode and (o - 1) * s >= n + p then o = o - 1 end
+  return o
+end
+
+-- planes: the product of the leading dims; o = {k = {kh, kw}, stride, padding, dilation, ceil_mode}
+local function ref_max_pool2d(x, planes, H, W, o)
+  local kh, kw, sh, sw = o.k[1], o.k[2], o.stride[1], o.stride[2]
+  local ph, pw, dh, dw = o.padding[1], o.padding[2], o.dilation[1], o.dilation[2]
+  local OH, OW = pool_out(H, kh, sh, ph, dh, o.ceil_mode), pool_out(W, kw, sw, pw, dw, o.ceil_mode)
+  local y = {}
+  for p = 0, planes - 1 do
+    for oh = 0, OH - 1 do
+      for ow = 0, OW - 1 do
+        local best = -math.huge
+        for ki = 0, kh - 1 do
+          for kj = 0, kw - 1 do
+            local ih, iw = oh * sh - ph + ki * dh, ow * sw - pw + kj * dw
+            if ih >= 0 and ih < H and iw >= 0 and iw < W then best = math.max(best, x[(p * H + ih) * W + iw + 1]) end
+          end
+        end
+        y[#y + 1] = best
+      end
+    end
+  end
+  return y, OH, OW
+end
+
+local function ref_avg_pool2d(x, planes, H, W, o)
+  local kh, kw, sh, sw, ph, pw = o.k[1], o.k[2], o.stride[1], o.stride[2], o.padding[1], o.padding[2]
+  local OH, OW = pool_out(H, kh, sh, ph, 1, o.ceil_mode), pool_out(W, kw, sw, pw, 1, o.ceil_mode)
+  local y = {}
+  for p = 0, planes - 1 do
+    for oh = 0, OH - 1 do
+      for ow = 0, OW - 1 do
+        local s, n, padded = 0, 0, 0
+        for ih = oh * sh - ph, oh * sh - ph + kh - 1 do
+          for iw = ow * sw - pw, ow * sw - pw + kw - 1 do
+            -- the padded window ends at the padding's edge, not beyond
+            if ih < H + ph and iw < W + pw then padded = padded + 1 end
+            if ih >= 0 and ih < H and iw >= 0 and iw < W then s = s + x[(p * H + ih) * W + iw + 1]; n = n + 1 end
+          end
+        end
+        y[#y + 1] = s / (o.count_include_pad and padded or n)
+      end
+    end
+  end
+  return y, OH, OW
+end
+
+local function ref_adaptive_avg_pool2d(x, planes, H, W, OH, OW)
+  local y = {}
+  for p = 0, planes - 1 do
+    for oh = 0, OH - 1 do
+      for ow = 0, OW - 1 do
+        local h0, h1 = math.floor(oh * H / OH), math.ceil((oh + 1) * H / OH)
+        local w0, w1 = math.floor(ow * W / OW), math.ceil((ow + 1) * W / OW)
+        local s = 0
+        for ih = h0, h1 - 1 do for iw = w0, w1 - 1 do s = s + x[(p * H + ih) * W + iw + 1] end end
+        y[#y + 1] = s / ((h1 - h0) * (w1 - w0))
+      end
+    end
+  end
+  return y
+end
+
+-- Normalise groups of a flat list: members(g) lists the (1-based) positions of group g.
+local function normalise(x, groups, members, eps, affine)
+  local y, means, vars = {}, {}, {}
+  for g = 1, groups do
+    local idx = members(g)
+    local s = 0
+    for _, i in ipairs(idx) do s = s + x[i] end
+    local m = s / #idx
+    local q = 0
+    for _, i in ipairs(idx) do q = q + (x[i] - m) ^ 2 end
+    means[g], vars[g] = m, q / #idx
+    for _, i in ipairs(idx) do
+      local w, b = affine(i)
+      y[i] = (x[i] - m) / math.sqrt(q / #idx + eps) * w + b
+    end
+  end
+  return y, means, vars
+end
+
+-- x [N,C,S...] as N, C, S; the positions of channel c (0-based).
+local function channel_members(N, C, S)
+  return function(g)
+    local c, idx = g - 1, {}
+    for n = 0, N - 1 do for s = 0, S - 1 do idx[#idx + 1] = (n * C + c) * S + s + 1 end end
+    return idx
+  end
+end
+
+-- Softmax of a flat list of shape along dim (1-based).
+local function ref_softmax(x, shape, dim, log)
+  local inner, outer = 1, 1
+  for d = dim + 1, #shape do inner = inner * shape[d] end
+  for d = 1, dim - 1 do outer = outer * shape[d] end
+  local D, y = shape[dim], {}
+  for o = 0, outer - 1 do
+    for i = 0, inner - 1 do
+      local m = -math.huge
+      for d = 0, D - 1 do m = math.max(m, x[(o * D + d) * inner + i + 1]) end
+      local s = 0
+      for d = 0, D - 1 do s = s + math.exp(x[(o * D + d) * inner + i + 1] - m) end
+      for d = 0, D - 1 do
+        local k = (o * D + d) * inner + i + 1
+        y[k] = log and x[k] - m - math.log(s) or math.exp(x[k] - m) / s
+      end
+    end
+  end
+  return y
+end
+
+-- Cross entropy / nll on logp [N,C,S] with Lua labels (1..C): PyTorch's definitions.
+-- Returns the per-position losses (ignored ones 0) and the weight sum the mean divides by.
+local function ref_nll(logp, N, C, S, target, o)
+  local losses, total = {}, 0
+  local eps = o.label_smoothing or 0
+  for n = 0, N - 1 do
+    for s = 0, S - 1 do
+      local t = target[n * S + s + 1]
+      local l = 0
+      if t ~= o.ignore_index then
+        local wt = o.weight and o.weight[t] or 1
+        total = total + wt
+        l = -wt * logp[(n * C + t - 1) * S + s + 1]
+        if eps > 0 then
+          local sm = 0
+          for c = 1, C do sm = sm - (o.weight and o.weight[c] or 1) * logp[(n * C + c - 1) * S + s + 1] end
+          l = (1 - eps) * l + eps / C * sm
+        end
+      end
+      losses[#losses + 1] = l
+    end
+  end
+  return losses, total
+end
+
+local function reduce(losses, total, reduction)
+  if reduction == "none" then return losses end
+  local s = 0
+  for _, l in ipairs(losses) do s = s + l end
+  if reduction == "sum" then return {s} end
+  return {s / total}
+end
+
+-- ---- convolution ----
+
+describe("conv2d", function()
+  before_each(function() kiln.manual_seed(1) end)
+
+  local cases = {
+    {name = "plain 3x3", xs = {2, 3, 7, 6}, ws = {4, 3, 3, 3}, o = {stride = {1, 1}, padding = {0, 0}, dilation = {1, 1}}},
+    {name = "stride 2, padding 1", xs = {2, 3, 7, 6}, ws = {5, 3, 3, 2}, o = {stride = {2, 2}, padding = {1, 1}, dilation = {1, 1}}},
+    {name = "uneven stride, padding and dilation", xs = {3, 2, 9, 8}, ws = {3, 2, 3, 2}, o = {stride = {2, 3}, padding = {2, 1}, dilation = {2, 3}}},
+    {name = "groups 3 with bias", xs = {2, 6, 5, 7}, ws = {9, 2, 3, 3}, o = {stride = {1, 2}, padding = {1, 0}, dilation = {1, 1}, groups = 3}, bias = true},
+    {name = "depthwise 1x1", xs = {2, 4, 5, 5}, ws = {4, 1, 1, 1}, o = {stride = {1, 1}, padding = {0, 0}, dilation = {1, 1}, groups = 4}, bias = true},
+    {name = "many images (several im2col chunks)", xs = {37, 3, 6, 5}, ws = {4, 3, 2, 2}, o = {stride = {1, 1}, padding = {1, 1}, dilation = {1, 1}}, bias = true},
+    {name = "large images (a GEMM per image), groups 2", xs = {3, 4, 18, 17}, ws = {6, 2, 3, 3}, o = {stride = {1, 1}, padding = {1, 1}, dilation = {1, 1}, groups = 2}, bias = true},
+  }
+  for _, cs in ipairs(cases) do
+    for _, dtype in ipairs{"f64", "f32"} do
+      it(cs.name .. " matches the naive loop (" .. dtype .. ")", function()
+        local x, w = randn(cs.xs, dtype), randn(cs.ws, dtype)
+        local b = cs.bias and randn({cs.ws[1]}, dtype) or nil
+        local y = F.conv2d(x, w, b, {stride = cs.o.stride, padding = cs.o.padding, dilation = cs.o.dilation, groups = cs.o.groups})
+        local ref, shape = ref_conv2d(flat(x), cs.xs, flat(w), cs.ws, b and flat(b), cs.o)
+        assert_close(y, ref, shape, dtype == "f64" and 1e-10 or 1e-4)
+        assert.are.equal(dtype, y:dtype())
+      end)
+    end
+  end
+
+  it("reads non-contiguous inputs", function()
+    local x = randn({2, 3, 6, 5}):transpose(3, 4)        -- [2,3,5,6]
+    local w = randn({4, 3, 3, 3}):transpose(3, 4)
+    local o = {stride = {1, 2}, padding = {1, 1}, dilation = {1, 1}}
+    local y = F.conv2d(x, w, nil, {stride = o.stride, padding = 1})
+    local ref, shape = ref_conv2d(flat(x), {2, 3, 5, 6}, flat(w), {4, 3, 3, 3}, nil, o)
+    assert_close(y, ref, shape)
+  end)
+
+  it("padding \"same\" and \"valid\"", function()
+    local x, w = randn({1, 2, 6, 5}), randn({3, 2, 3, 5})
+    assert_shape(F.conv2d(x, w, nil, {padding = "same"}), {1, 3, 6, 5})
+    assert_shape(F.conv2d(x, w, nil, {padding = "valid"}), {1, 3, 4, 1})
+  end)
+
+  it("conv1d is conv2d over one row", function()
+    local x, w, b = randn({2, 3, 11}), randn({4, 3, 3}), randn({4})
+    local y = F.conv1d(x, w, b, {stride = 2, padding = 1, dilation = 2})
+    local ref, shape = ref_conv2d(flat(x), {2, 3, 1, 11}, flat(w), {4, 3, 1, 3}, flat(b),
+                                  {stride = {1, 2}, padding = {0, 1}, dilation = {1, 2}})
+    assert_close(y, ref, {shape[1], shape[2], shape[4]})
+  end)
+
+  for _, cs in ipairs{
+    {name = "stride 2, padding 1, dilation 2, groups 2, non-contiguous input", xs = {2, 4, 6, 7}, ws = {4, 2, 2, 3},
+     o = {stride = {2, 1}, padding = {1, 1}, dilation = {2, 1}, groups = 2}},
+    {name = "plain, with bias", xs = {3, 2, 5, 4}, ws = {3, 2, 3, 3}, o = {stride = {1, 1}, padding = {0, 0}, dilation = {1, 1}}},
+    {name = "large images (a GEMM per image)", xs = {2, 2, 17, 16}, ws = {2, 2, 2, 3}, o = {stride = {1, 1}, padding = {1, 1}, dilation = {1, 1}}},
+  } do
+    it("gradients match finite differences: " .. cs.name, function()
+      local xs = cs.xs
+      local x = leaf(randn({xs[1], xs[2], xs[4], xs[3]}):transpose(3, 4))
+      local w, b = leaf(randn(cs.ws)), leaf(randn({cs.ws[1]}))
+      assert.gradcheck(function(a, c, d) return F.conv2d(a, c, d, cs.o) end, {x, w, b})
+    end)
+  end
+
+  it("conv1d gradients match finite differences", function()
+    local x, w, b = leaf(randn({2, 2, 7})), leaf(randn({3, 2, 3})), leaf(randn({3}))
+    assert.gradcheck(function(a, c, d) return F.conv1d(a, c, d, {stride = 2, padding = 1}) end, {x, w, b})
+  end)
+
+  it("a grad for the weight alone, or the bias alone", function()
+    local x, w, b = randn({2, 2, 5, 5}), leaf(randn({3, 2, 3, 3})), randn({3})
+    assert.gradcheck(function(c) return F.conv2d(x, c, b) end, {w})
+    local bb = leaf(randn({3}))
+    assert.gradcheck(function(d) return F.conv2d(x, w:detach(), d, {padding = 1}) end, {bb})
+  end)
+end)
+
+describe("conv_transpose2d", function()
+  before_each(function() kiln.manual_seed(2) end)
+
+  local cases = {
+    {name = "stride 1", xs = {2, 3, 4, 5}, ws = {3, 2, 3, 3}, o = {stride = {1, 1}, padding = {0, 0}, output_padding = {0, 0}, dilation = {1, 1}}, bias = true},
+    {name = "stride 2, padding 1, output padding 1", xs = {2, 3, 4, 3}, ws = {3, 4, 3, 3}, o = {stride = {2, 2}, padding = {1, 1}, output_padding = {1, 1}, dilation = {1, 1}}},
+    {name = "groups 2, dilation 2, uneven stride", xs = {1, 4, 3, 5}, ws = {4, 3, 2, 3}, o = {stride = {3, 2}, padding = {1, 0}, output_padding = {2, 0}, dilation = {2, 2}, groups = 2}, bias = true},
+    {name = "large input (a GEMM per image)", xs = {2, 2, 16, 17}, ws = {2, 3, 3, 2}, o = {stride = {1, 1}, padding = {1, 0}, output_padding = {0, 0}, dilation = {1, 1}}, bias = true},
+  }
+  for _, cs in ipairs(cases) do
+    it(cs.name .. " matches the naive scatter", function()
+      local x, w = randn(cs.xs), randn(cs.ws)
+      local b = cs.bias and randn({cs.ws[2] * (cs.o.groups or 1)}) or nil
+      local y = F.conv_transpose2d(x, w, b, cs.o)
+      local ref, shape = ref_conv_transpose2d(flat(x), cs.xs, flat(w), cs.ws, b and flat(b), cs.o)
+      assert_close(y, ref, shape)
+    end)
+    it(cs.name .. ": gradients match finite differences", function()
+      local x, w = leaf(randn(cs.xs)), leaf(randn(cs.ws))
+      local b = leaf(randn({cs.ws[2] * (cs.o.groups or 1)}))
+      assert.gradcheck(function(a, c, d) return F.conv_transpose2d(a, c, d, cs.o) end, {x, w, b})
+    end)
+  end
+
+  it("is the input-gradient of conv2d", function()
+    local x, w = leaf(randn({2, 3, 7, 6})), randn({4, 3, 3, 3})
+    local y = F.conv2d(x, w, nil, {stride = 2, padding = 1})
+    local g = randn(y:size())
+    y:backward(g)
+    local t = F.conv_transpose2d(g, w, nil, {stride = 2, padding = 1, output_padding = {0, 1}})
+    assert_close(t, flat(x.grad), {2, 3, 7, 6})
+  end)
+end)
+
+-- ---- pooling ----
+
+describe("pooling", function()
+  before_each(function() kiln.manual_seed(3) end)
+
+  local max_cases = {
+    {name = "2x2", shape = {2, 3, 6, 7}, o = {k = {2, 2}, stride = {2, 2}, padding = {0, 0}, dilation = {1, 1}}},
+    {name = "3x3 stride 2 padding 1", shape = {2, 2, 7, 6}, o = {k = {3, 3}, stride = {2, 2}, padding = {1, 1}, dilation = {1, 1}}},
+    {name = "ceil mode", shape = {1, 2, 7, 5}, o = {k = {2, 3}, stride = {2, 2}, padding = {0, 1}, dilation = {1, 1}, ceil_mode = true}},
+    {name = "dilation and a 3-d input", shape = {3, 9, 8}, o = {k = {3, 2}, stride = {1, 2}, padding = {1, 1}, dilation = {2, 3}, ceil_mode = true}},
+  }
+  for _, cs in ipairs(max_cases) do
+    it("max_pool2d " .. cs.name .. " matches the naive loop", function()
+      local x = randn(cs.shape)
+      local y = F.max_pool2d(x, cs.o.k, {stride = cs.o.stride, padding = cs.o.padding, dilation = cs.o.dilation, ceil_mode = cs.o.ceil_mode})
+      local nd = #cs.shape
+      local H, W = cs.shape[nd - 1], cs.shape[nd]
+      local ref, OH, OW = ref_max_pool2d(flat(x), numel(cs.shape) / (H * W), H, W, cs.o)
+      local shape = {unpack(cs.shape)}
+      shape[nd - 1], shape[nd] = OH, OW
+      assert_close(y, ref, shape, 0)
+    end)
+    it("max_pool2d " .. cs.name .. ": gradient matches finite differences", function()
+      local x = leaf(randn(cs.shape))
+      assert.gradcheck(function(a)
+        return F.max_pool2d(a, cs.o.k, {stride = cs.o.stride, padding = cs.o.padding, dilation = cs.o.dilation, ceil_mode = cs.o.ceil_mode})
+      end, {x})
+    end)
+  end
+
+  it("max_pool2d's stride defaults to the kernel size, and a stride may be given in place", function()
+    local x = randn({1, 1, 6, 6})
+    assert_shape(F.max_pool2d(x, 2), {1, 1, 3, 3})
+    assert_shape(F.max_pool2d(x, 3, 1), {1, 1, 4, 4})
+  end)
+
+  local avg_cases = {
+    {name = "2x2", shape = {2, 3, 6, 7}, o = {k = {2, 2}, stride = {2, 2}, padding = {0, 0}, count_include_pad = true}},
+    {name = "3x3 padding 1, counting the padding", shape = {2, 2, 7, 6}, o = {k = {3, 3}, stride = {2, 2}, padding = {1, 1}, count_include_pad = true}},
+    {name = "3x3 padding 1, not counting the padding", shape = {2, 2, 7, 6}, o = {k = {3, 3}, stride = {2, 2}, padding = {1, 1}, count_include_pad = false}},
+    {name = "ceil mode", shape = {1, 2, 7, 5}, o = {k = {3, 2}, stride = {2, 2}, padding = {1, 1}, ceil_mode = true, count_include_pad = true}},
+    {name = "ceil mode, not counting the padding", shape = {2, 8, 5}, o = {k = {3, 3}, stride = {3, 2}, padding = {1, 0}, ceil_mode = true, count_include_pad = false}},
+  }
+  for _, cs in ipairs(avg_cases) do
+    it("avg_pool2d " .. cs.name .. " matches the naive loop", function()
+      local x = randn(cs.shape)
+      local y = F.avg_pool2d(x, cs.o.k, {stride = cs.o.stride, padding = cs.o.padding, ceil_mode = cs.o.ceil_mode,
+                                         count_include_pad = cs.o.count_include_pad})
+      local nd = #cs.shape
+      local H, W = cs.shape[nd - 1], cs.shape[nd]
+      local ref, OH, OW = ref_avg_pool2d(flat(x), numel(cs.shape) / (H * W), H, W, cs.o)
+      local shape = {unpack(cs.shape)}
+      shape[nd - 1], shape[nd] = OH, OW
+      assert_close(y, ref, shape)
+    end)
+    it("avg_pool2d " .. cs.name .. ": gradient matches finite differences", function()
+      local x = leaf(randn(cs.shape))
+      assert.gradcheck(function(a)
+        return F.avg_pool2d(a, cs.o.k, {stride = cs.o.stride, padding = cs.o.padding, ceil_mode = cs.o.ceil_mode,
+                                        count_include_pad = cs.o.count_include_pad})
+      end, {x})
+    end)
+  end
+
+  for _, cs in ipairs{{shape = {2, 3, 7, 5}, out = {3, 2}}, {shape = {2, 6, 6}, out = {4, 4}}, {shape = {1, 2, 5, 9}, out = {1, 1}},
+                      {shape = {1, 1, 3, 4}, out = {5, 7}}} do
+    local name = string.format("adaptive_avg_pool2d [%s] -> %dx%d", table.concat(cs.shape, ","), cs.out[1], cs.out[2])
+    it(name .. " matches the naive loop and finite differences", function()
+      local x = leaf(randn(cs.shape))
+      local y = F.adaptive_avg_pool2d(x, cs.out)
+      local nd = #cs.shape
+      local H, W = cs.shape[nd - 1], cs.shape[nd]
+      local shape = {unpack(cs.shape)}
+      shape[nd - 1], shape[nd] = cs.out[1], cs.out[2]
+      assert_close(y, ref_adaptive_avg_pool2d(flat(x), numel(cs.shape) / (H * W), H, W, cs.out[1], cs.out[2]), shape)
+      assert.gradcheck(function(a) return F.adaptive_avg_pool2d(a, cs.out) end, {x})
+    end)
+  end
+
+  it("adaptive_avg_pool2d keeps a size given as nil", function()
+    assert_shape(F.adaptive_avg_pool2d(randn({1, 2, 5, 6}), {nil, 3}), {1, 2, 5, 3})
+  end)
+end)
+
+-- ---- normalisation ----
+
+describe("batch_norm", function()
+  before_each(function() kiln.manual_seed(4) end)
+
+  it("training normalises with the batch statistics and updates the running stats (unbiased)", function()
+    local N, C, S = 3, 4, 10
+    local x = randn({N, C, 2, 5})
+    local w, b = randn({C}), randn({C})
+    local rm, rv = kiln.zeros(C, {dtype = "f64"}), kiln.ones(C, {dtype = "f64"})
+    local y = F.batch_norm(x, rm, rv, w, b, {training = true, momentum = 0.1, eps = 1e-5})
+    local wl, bl = flat(w), flat(b)
+    local ref, means, vars = normalise(flat(x), C, channel_members(N, C, S), 1e-5, function(i)
+      local c = math.floor((i - 1) / S) % C
+      return wl[c + 1], bl[c + 1]
+    end)
+    assert_close(y, ref, {N, C, 2, 5})
+    local erm, erv = {}, {}
+    for c = 1, C do
+      erm[c] = 0.1 * means[c]
+      erv[c] = 0.9 + 0.1 * vars[c] * (N * S) / (N * S - 1)
+    end
+    assert_close(rm, erm)
+    assert_close(rv, erv)
+    -- a second step moves them on from there
+    F.batch_norm(x, rm, rv, w, b, {training = true, momentum = 0.1})
+    for c = 1, C do erm[c] = 0.9 * erm[c] + 0.1 * means[c]; erv[c] = 0.9 * erv[c] + 0.1 * vars[c] * (N * S) / (N * S - 1) end
+    assert_close(rm, erm)
+    assert_close(rv, erv)
+  end)
+
+  it("eval uses the running stats and leaves them alone", function()
+    local x = randn({5, 3})
+    local rm, rv = randn({3}), kiln.rand(3, {dtype = "f64"}) + 0.5
+    local rml, rvl = flat(rm), flat(rv)
+    local y = F.batch_norm(x, rm, rv, {training = false, eps = 1e-3})
+    local xl, ref = flat(x), {}
+    for i = 1, #xl do
+      local c = (i - 1) % 3 + 1
+      ref[i] = (xl[i] - rml[c]) / math.sqrt(rvl[c] + 1e-3)
+    end
+    assert_close(y, ref, {5, 3})
+    assert_close(rm, rml)
+    assert_close(rv, rvl)
+  end)
+
+  it("without running stats, uses the batch statistics even in eval", function()
+    local x = randn({6, 2})
+    local y = F.batch_norm(x, nil, nil)
+    local ref = normalise(flat(x), 2, channel_members(6, 2, 1), 1e-5, function() return 1, 0 end)
+    assert_close(y, ref, {6, 2})
+  end)
+
+  it("f32 matches the f64 result", function()
+    local x = randn({4, 3, 5})
+    local y64 = F.batch_norm(x, nil, nil, {training = true})
+    local y32 = F.batch_norm(x:float(), nil, nil, {training = true})
+    assert_close(y32, flat(y64), nil, 1e-5)
+  end)
+
+  it("gradients match finite differences in training (x, weight, bias)", function()
+    local x, w, b = leaf(randn({4, 3, 2, 3})), leaf(randn({3})), leaf(randn({3}))
+    local rm, rv = kiln.zeros(3, {dtype = "f64"}), kiln.ones(3, {dtype = "f64"})
+    assert.gradcheck(function(a, c, d) return F.batch_norm(a, rm, rv, c, d, {training = true}) end, {x, w, b})
+  end)
+
+  it("gradients match finite differences in eval (x, weight, bias)", function()
+    local x, w, b = leaf(randn({4, 3})), leaf(randn({3})), leaf(randn({3}))
+    local rm, rv = randn({3}), kiln.rand(3, {dtype = "f64"}) + 0.5
+    assert.gradcheck(function(a, c, d) return F.batch_norm(a, rm, rv, c, d) end, {x, w, b})
+  end)
+end)
+
+describe("layer_norm and group_norm", function()
+  before_each(function() kiln.manual_seed(5) end)
+
+  it("layer_norm over the last two dims matches the naive loop", function()
+    local x, w, b = randn({3, 4, 5}), randn({4, 5}), randn({4, 5})
+    local y = F.layer_norm(x, {4, 5}, w, b, {eps = 1e-5})
+    local wl, bl = flat(w), flat(b)
+    local ref = normalise(flat(x), 3, function(g)
+      local idx = {}
+      for i = 1, 20 do idx[i] = (g - 1) * 20 + i end
+      return idx
+    end, 1e-5, function(i) local k = (i - 1) % 20 + 1 return wl[k], bl[k] end)
+    assert_close(y, ref, {3, 4, 5})
+  end)
+
+  it("layer_norm without weights, f32", function()
+    local x = randn({2, 7})
+    local y = F.layer_norm(x:float(), 7)
+    local ref = normalise(flat(x), 2, function(g) local idx = {} for i = 1, 7 do idx[i] = (g - 1) * 7 + i end return idx end,
+                          1e-5, function() return 1, 0 end)
+    assert_close(y, ref, {2, 7}, 1e-5)
+  end)
+
+  it("layer_norm gradients match finite differences (x, weight, bias)", function()
+    local x = leaf(randn({3, 5, 4}):transpose(2, 3))   -- [3,4,5], non-contiguous
+    local w, b = leaf(randn({5})), leaf(randn({5}))
+    assert.gradcheck(function(a, c, d) return F.layer_norm(a, 5, c, d) end, {x, w, b})
+    local x2, w2 = leaf(randn({2, 3, 4})), leaf(randn({3, 4}))
+    assert.gradcheck(function(a, c) return F.layer_norm(a, {3, 4}, c) end, {x2, w2})
+  end)
+
+  it("group_norm matches the naive loop", function()
+    local N, C, G, S = 2, 6, 3, 4
+    local x, w, b = randn({N, C, 2, 2}), randn({C}), randn({C})
+    local y = F.group_norm(x, G, w, b, {eps = 1e-5})
+    local wl, bl = flat(w), flat(b)
+    local per = C / G * S
+    local ref = normalise(flat(x), N * G, function(g)
+      local idx = {}
+      for i = 1, per do idx[i] = (g - 1) * per + i end
+      return idx
+    end, 1e-5, function(i) local c = math.floor((i - 1) / S) % C + 1 return wl[c], bl[c] end)
+    assert_close(y, ref, {N, C, 2, 2})
+  end)
+
+  it("group_norm gradients match finite differences (x, weight, bias)", function()
+    local x, w, b = leaf(randn({3, 4, 3})), leaf(randn({4})), leaf(randn({4}))
+    assert.gradcheck(function(a, c, d) return F.group_norm(a, 2, c, d) end, {x, w, b})
+    local x2 = leaf(randn({2, 6}))
+    assert.gradcheck(function(a) return F.group_norm(a, 3) end, {x2})
+  end)
+end)
+
+-- ---- softmax ----
+
+describe("softmax and log_softmax", function()
+  before_each(function() kiln.manual_seed(6) end)
+
+  for _, log in ipairs{false, true} do
+    local name = log and "log_softmax" or "softmax"
+    for dim = 1, 3 do
+      it(name .. " along dim " .. dim .. " matches the naive loop", function()
+        local x = randn({3, 4, 5}) * 3
+        local y = F[name](x, dim)
+        assert_close(y, ref_softmax(flat(x), {3, 4, 5}, dim, log), {3, 4, 5})
+        local y32 = F[name](x:float(), dim - 4)   -- the same dim, counted from the end
+        assert_close(y32, ref_softmax(flat(x), {3, 4, 5}, dim, log), {3, 4, 5}, 1e-5)
+      end)
+      it(name .. " along dim " .. dim .. ": gradient matches finite differences (non-contiguous)", function()
+        local x = leaf(randn({5, 4, 3}):permute(3, 2, 1))   -- [3,4,5], non-contiguous
+        assert.gradcheck(function(a) return F[name](a, dim) end, {x})
+      end)
+    end
+  end
+
+  it("is a method too, and stays finite for large inputs", function()
+    local x = kiln.tensor({{1000, 1001, 1002}, {-1000, -1000, -1000}}, {dtype = "f64"})
+    assert_close(x:softmax(2), ref_softmax(flat(x), {2, 3}, 2, false), {2, 3})
+    assert_close(x:log_softmax(-1), ref_softmax(flat(x), {2, 3}, 2, true), {2, 3})
+  end)
+end)
+
+-- ---- losses ----
+
+describe("nll_loss and cross_entropy", function()
+  before_each(function() kiln.manual_seed(7) end)
+
+  local function labels(list, shape) return kiln.tensor(list, {dtype = "i64"}):view(shape) end
+
+  local cases = {
+    {name = "[N,C]", shape = {5, 4}, target = {1, 4, 2, 2, 3}},
+    {name = "[N,C,d] with weights", shape = {2, 3, 4}, target = {1, 3, 2, 2, 3, 1, 1, 2}, weight = {0.2, 1.5, 0.7}},
+    {name = "ignore_index", shape = {6, 3}, target = {1, 2, 3, 2, 3, 1}, ignore_index = 2, weight = {1.3, 0.4, 2.0}},
+    {name = "label smoothing", shape = {4, 5}, target = {5, 1, 3, 3}, label_smoothing = 0.2},
+    {name = "label smoothing, weights and ignore_index", shape = {2, 4, 3}, target = {4, 1, 2, 3, 4, 4},
+     weight = {0.5, 1, 2, 0.25}, ignore_index = 4, label_smoothing = 0.1},
+  }
+  for _, cs in ipairs(cases) do
+    for _, reduction in ipairs{"mean", "sum", "none"} do
+      local function opts()
+        return {weight = cs.weight and kiln.tensor(cs.weight, {dtype = "f64"}), ignore_index = cs.ignore_index,
+                reduction = reduction}
+      end
+      local N, C = cs.shape[1], cs.shape[2]
+      local S = numel(cs.shape) / (N * C)
+      local tshape = {N}
+      for d = 3, #cs.shape do tshape[#tshape + 1] = cs.shape[d] end
+      local expected_shape = reduction == "none" and tshape or {}
+
+      if not cs.label_smoothing then
+        it("nll_loss " .. cs.name .. ", reduction " .. reduction .. " matches the reference", function()
+          local logp = F.log_softmax(randn(cs.shape), 2)
+          local loss = F.nll_loss(logp, labels(cs.target, tshape), opts())
+          local l, total = ref_nll(flat(logp), N, C, S, cs.target, {weight = cs.weight, ignore_index = cs.ignore_index})
+          assert_close(loss, reduce(l, total, reduction), expected_shape)
+        end)
+        it("nll_loss " .. cs.name .. ", reduction " .. reduction .. ": gradient matches finite differences", function()
+          local logp = leaf(randn(cs.shape))
+          assert.gradcheck(function(a) return F.nll_loss(a, labels(cs.target, tshape), opts()) end, {logp})
+        end)
+      end
+
+      it("cross_entropy " .. cs.name .. ", reduction " .. reduction .. " matches the reference", function()
+        local logits = randn(cs.shape) * 2
+        local o = opts()
+        o.label_smoothing = cs.label_smoothing
+        local loss = F.cross_entropy(logits, labels(cs.target, tshape), o)
+        local logp = ref_softmax(flat(logits), cs.shape, 2, true)
+        local l, total = ref_nll(logp, N, C, S, cs.target, {weight = cs.weight, ignore_index = cs.ignore_index,
+                                                            label_smoothing = cs.label_smoothing})
+        assert_close(loss, reduce(l, total, reduction), expected_shape)
+        local loss32 = F.cross_entropy(logits:float(), labels(cs.target, tshape), {weight = o.weight and o.weight:float(),
+                                       ignore_index = o.ignore_index, label_smoothing = o.label_smoothing, reduction = reduction})
+        assert_close(loss32, reduce(l, total, reduction), expected_shape, 1e-5)
+      end)
+      it("cross_entropy " .. cs.name .. ", reduction " .. reduction .. ": gradient matches finite differences", function()
+        local logits = leaf(randn(cs.shape))
+        local o = opts()
+        o.label_smoothing = cs.label_smoothing
+        assert.gradcheck(function(a) return F.cross_entropy(a, labels(cs.target, tshape), o) end, {logits})
+      end)
+    end
+  end
+
+  it("cross_entropy equals nll_loss of log_softmax, and takes a non-contiguous input", function()
+    local logits = randn({5, 3}):t()   -- [3,5]
+    local target = labels({5, 1, 3}, {3})
+    local a = F.cross_entropy(logits, target)
+    local b = F.nll_loss(F.log_softmax(logits, 2), target)
+    assert_close(a, {b:item()}, {})
+  end)
+
+  it("mean over only ignored targets is NaN, as in PyTorch", function()
+    local loss = F.cross_entropy(randn({2, 3}), labels({2, 2}, {2}), {ignore_index = 2})
+    assert.is_true(loss:item() ~= loss:item())
+  end)
+end)
+
+-- ---- dropout ----
+
+describe("dropout", function()
+  it("zeroes about p of the elements and scales the rest by 1/(1-p)", function()
+    kiln.manual_seed(8)
+    local x = kiln.ones(100, 100, {dtype = "f64"})
+    local y = F.dropout(x, 0.3)
+    local zeros, kept = 0, 0
+    for _, v in ipairs(flat(y)) do
+      if v == 0 then zeros = zeros + 1 else kept = kept + 1; assert.is_true(math.abs(v - 1 / 0.7) < 1e-12) end
+    end
+    assert.is_true(math.abs(zeros / 10000 - 0.3) < 0.03, "dropped " .. zeros)
+  end)
+
+  it("draws from the generator: a seed repeats the mask, the next call draws another", function()
+    local x = kiln.ones(50, {dtype = "f32"})
+    kiln.manual_seed(9)
+    local a = flat(F.dropout(x, 0.5))
+    local b = flat(F.dropout(x, 0.5))
+    kiln.manual_seed(9)
+    local c = flat(F.dropout(x, 0.5))
+    assert.are.same(a, c)
+    assert.are_not.same(a, b)
+  end)
+
+  it("is the identity in eval or with p = 0 (a new tensor that keeps the graph)", function()
+    local x = leaf(randn({3, 4}))
+    for _, y in ipairs{F.dropout(x, 0.5, false), F.dropout(x, 0), F.dropout(x, {p = 0.5, training = false})} do
+      assert_close(y, flat(x), {3, 4}, 0)
+      assert.is_true(y.requires_grad)
+    end
+  end)
+
+  it("gradient matches finite differences (with the mask fixed by the seed)", function()
+    local x = leaf(randn({4, 5}))
+    assert.gradcheck(function(a) kiln.manual_seed(10) return F.dropout(a, 0.4) end, {x})
+  end)
+end)
+
+-- ---- misuse ----
+
+describe("misuse", function()
+  it("a wrong channel count names both shapes; the next op works", function()
+    local x, w = kiln.randn(2, 3, 8, 8), kiln.randn(4, 5, 3, 3)
+    local msg = error_of(F.conv2d, x, w)
+    assert_contains(msg, "conv2d", "[2,3,8,8]", "[4,5,3,3]", "3 channels")
+    assert_shape(F.conv2d(x, kiln.randn(4, 3, 3, 3)), {2, 4, 6, 6})
+  end)
+
+  it("a 3-d input to conv2d", function()
+    local msg = error_of(F.conv2d, kiln.randn(3, 8, 8), kiln.randn(4, 3, 3, 3))
+    assert_contains(msg, "conv2d", "[3,8,8]", "has 3 dims", "[N,C,H,W]")
+    assert_shape(F.conv2d(kiln.randn(1, 3, 8, 8), kiln.randn(4, 3, 3, 3)), {1, 4, 6, 6})
+  end)
+
+  it("labels out of range name the label and the class count; the next loss works", function()
+    local logits = kiln.randn(3, 5)
+    local msg = error_of(F.cross_entropy, logits, kiln.tensor({1, 6, 2}, {dtype = "i64"}))
+    assert_contains(msg, "cross_entropy", "target index 6", "5 classes")
+    msg = error_of(F.nll_loss, logits, kiln.tensor({0, 1, 2}, {dtype = "i64"}))
+    assert_contains(msg, "nll_loss", "target index 0", "5 classes", "counting from 1")
+    assert.is_true(F.cross_entropy(logits, kiln.tensor({1, 5, 2}, {dtype = "i64"})):item() > 0)
+  end)
+
+  it("other bad arguments", function()
+    assert_contains(error_of(F.conv2d, kiln.ones(1, 1, 4, 4, {dtype = "i64"}), kiln.ones(1, 1, 2, 2, {dtype = "i64"})),
+                    "conv2d", "i64", "f32 or f64")
+    assert_contains(error_of(F.conv2d, kiln.randn(1, 1, 4, 4), kiln.randn(1, 1, 2, 2, {dtype = "f64"})), "weight", "f64", "f32")
+    assert_contains(error_of(F.conv2d, kiln.randn(1, 1, 2, 2), kiln.randn(1, 1, 3, 3)), "conv2d", "smaller than the kernel")
+    assert_contains(error_of(F.conv2d, kiln.randn(1, 4, 5, 5), kiln.randn(4, 2, 3, 3), {groups = 3}), "groups")
+    assert_contains(error_of(F.conv2d, kiln.randn(1, 1, 5, 5), kiln.randn(2, 1, 3, 3), kiln.randn(3)), "bias", "[3]")
+    assert_contains(error_of(F.conv2d, kiln.randn(1, 1, 5, 5), kiln.randn(2, 1, 3, 3), nil, {strides = 2}), "unknown option")
+    assert_contains(error_of(F.max_pool2d, kiln.randn(1, 1, 5, 5), 2, {padding = 2}), "max_pool2d", "padding")
+    assert_contains(error_of(F.max_pool2d, kiln.randn(5, 5), 2), "max_pool2d", "[5,5]")
+    assert_contains(error_of(F.batch_norm, kiln.randn(4, 3), kiln.zeros(2), kiln.ones(2)), "running_mean", "[2]", "[4,3]")
+    assert_contains(error_of(F.batch_norm, kiln.randn(1, 3), nil, nil, {training = true}), "batch_norm", "one value per channel")
+    assert_contains(error_of(F.layer_norm, kiln.randn(2, 3), 4), "layer_norm", "normalized_shape")
+    assert_contains(error_of(F.group_norm, kiln.randn(2, 6), 4), "group_norm", "6 channels", "4 groups")
+    assert_contains(error_of(F.softmax, kiln.randn(2, 3), 3), "softmax", "dim 3 out of range")
+    assert_contains(error_of(F.cross_entropy, kiln.randn(3, 5), kiln.tensor({1, 2}, {dtype = "i64"})), "target [2]", "[3,5]")
+    assert_contains(error_of(F.cross_entropy, kiln.randn(3, 5), kiln.ones(3)), "target", "f32")
+    assert_contains(error_of(F.cross_entropy, kiln.randn(3, 5), kiln.ones(3, {dtype = "i64"}), {reduction = "avg"}), "reduction")
+    assert_contains(error_of(F.dropout, kiln.randn(3), 1), "dropout", "p = 1")
+    assert_contains(error_of(F.dropout, kiln.randn(3), -0.1), "dropout")
+    assert_shape(F.dropout(kiln.randn(3), 0.5), {3})
+  end)
+end)
+
+-- ---- threads ----
+
+describe("conv at 1 and 2 threads", function()
+  local saved
+  before_each(function() saved = kiln.get_num_threads() end)
+  after_each(function() kiln.set_num_threads(saved) end)
+
+  local function run(threads, x, w, b, opts)
+    kiln.set_num_threads(threads)
+    local xl, wl, bl = leaf(x), leaf(w), leaf(b)
+    local y = F.conv2d(xl, wl, bl, opts)
+    local g = y:detach() * 0.5 - 0.25
+    y:backward(g)
+    return flat(y), flat(xl.grad), flat(wl.grad), flat(bl.grad)
+  end
+
+  for _, cs in ipairs{
+    {name = "the benchmark's first conv", xs = {64, 1, 28, 28}, ws = {32, 1, 5, 5}},
+    {name = "the benchmark's second conv", xs = {64, 32, 12, 12}, ws = {64, 32, 5, 5}},
+    {name = "an odd batch with stride, padding and groups", xs = {19, 4, 9, 7}, ws = {6, 2, 3, 3}, opts = {stride = 2, padding = 1, groups = 2}},
+  } do
+    it("forward and backward are bitwise the same: " .. cs.name, function()
+      kiln.manual_seed(11)
+      local x, w, b = kiln.randn(cs.xs), kiln.randn(cs.ws), kiln.randn(cs.ws[1])
+      local r1 = {run(1, x, w, b, cs.opts)}
+      local r2 = {run(2, x, w, b, cs.opts)}
+      for k = 1, 4 do
+        assert.are.equal(#r1[k], #r2[k])
+        for i = 1, #r1[k] do
+          if r1[k][i] ~= r2[k][i] then
+            error(string.format("result %d, element %d: %.9g at 1 thread, %.9g at 2", k, i, r1[k][i], r2[k][i]))
+          end
+        end
+      end
+    end)
+  end
+end)
