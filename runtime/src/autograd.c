@@ -311,6 +311,11 @@ static int64_t reduced_count(const struct kiln_node *n) {
   return c;
 }
 
+/* A 3-d tensor whose matrices are stored transposed (column-major), like a view made by t(). */
+static int column_major(const struct kiln_tensor *t) {
+  return t && t->ndim == 3 && t->sizes[1] > 1 && t->sizes[2] > 1 && t->strides[1] == 1 && t->strides[2] == t->sizes[1];
+}
+
 /* The derivative of node n: gin[k] (new references, or NULL for zero) from the output grad g. */
 static int derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
   struct scope sc = {0}, *s = &sc;
@@ -462,8 +467,17 @@ static int derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_te
     double alpha = n->scalar[0];
     struct kiln_tensor *yt = !s->failed ? keep(s, kiln_transpose(y, 1, 2)) : NULL;
     struct kiln_tensor *xt = !s->failed ? keep(s, kiln_transpose(x, 1, 2)) : NULL;
-    if (n->in[0].needs) r[0] = !s->failed ? keep(s, kiln_matmul(g, yt)) : NULL;
-    if (n->in[1].needs) r[1] = !s->failed ? keep(s, kiln_matmul(xt, g)) : NULL;
+    /* A grad comes out in its input's layout: for a transposed operand (Linear's weight:t())
+       the product is computed transposed, so the weight's grad needs no strided copy later. */
+    struct kiln_tensor *gt = !s->failed ? keep(s, kiln_transpose(g, 1, 2)) : NULL;
+    if (n->in[0].needs && !s->failed) {
+      if (column_major(x)) r[0] = keep(s, kiln_transpose(keep(s, kiln_matmul(y, gt)), 1, 2));
+      else r[0] = keep(s, kiln_matmul(g, yt));
+    }
+    if (n->in[1].needs && !s->failed) {
+      if (column_major(y)) r[1] = keep(s, kiln_transpose(keep(s, kiln_matmul(gt, x)), 1, 2));
+      else r[1] = keep(s, kiln_matmul(xt, g));
+    }
     /* a batch stride of 0 (one matrix for every batch) sums over the batch */
     for (int k = 0; k < 2; k++)
       if (r[k] && n->in[k].sizes[0] == 1 && r[k]->sizes[0] != 1) r[k] = sum_to(s, r[k], 3, n->in[k].sizes);
@@ -597,10 +611,15 @@ static int push(struct nodelist *l, struct kiln_node *x) {
   return KILN_OK;
 }
 
-/* Add g into *acc (a fresh tensor is taken as it is when nothing else holds it). */
+/* Add g into *acc. A node's grad is only ever replaced (out-of-place sums), so it takes g as it
+   is; a leaf's grad is added to in place later, so it takes g only when nothing else holds g. */
 static int accumulate(struct kiln_tensor **acc, struct kiln_tensor *g, int in_place) {
   if (!*acc) {
-    if (g->refcount == 1 && g->storage->refcount == 1 && kiln_is_contiguous(g)) { kiln_tensor_retain(g); *acc = g; return KILN_OK; }
+    if (!in_place || (g->refcount == 1 && g->storage->refcount == 1 && kiln_is_contiguous(g))) {
+      kiln_tensor_retain(g);
+      *acc = g;
+      return KILN_OK;
+    }
     *acc = kiln_clone(g);
     return *acc ? KILN_OK : kiln_error_code();
   }

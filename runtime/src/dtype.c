@@ -184,6 +184,28 @@ void kiln_convert(void *dst, int dd, const void *src, int sd, int64_t n) {
   } else if (dd == KILN_F32 && sd == KILN_I64) {
     float *o = dst; const int64_t *s = src;
     for (int64_t i = 0; i < n; i++) o[i] = (float)s[i];
+  } else if ((dd == KILN_F32 || dd == KILN_F64 || dd == KILN_I64) && (sd == KILN_BOOL || sd == KILN_U8)) {
+    /* masks (a > 0) meet floats in every derivative of a comparison: keep this path vectorised */
+    const uint8_t *s = src;
+    if (sd == KILN_BOOL) {
+      if (dd == KILN_F32) { float *o = dst; for (int64_t i = 0; i < n; i++) o[i] = s[i] != 0; }
+      else if (dd == KILN_F64) { double *o = dst; for (int64_t i = 0; i < n; i++) o[i] = s[i] != 0; }
+      else { int64_t *o = dst; for (int64_t i = 0; i < n; i++) o[i] = s[i] != 0; }
+    } else {
+      if (dd == KILN_F32) { float *o = dst; for (int64_t i = 0; i < n; i++) o[i] = s[i]; }
+      else if (dd == KILN_F64) { double *o = dst; for (int64_t i = 0; i < n; i++) o[i] = s[i]; }
+      else { int64_t *o = dst; for (int64_t i = 0; i < n; i++) o[i] = s[i]; }
+    }
+  } else if (dd == KILN_F32 && sd == KILN_I32) {
+    float *o = dst; const int32_t *s = src;
+    for (int64_t i = 0; i < n; i++) o[i] = (float)s[i];
+  } else if (dd == KILN_F64 && sd == KILN_I64) {
+    double *o = dst; const int64_t *s = src;
+    for (int64_t i = 0; i < n; i++) o[i] = (double)s[i];
+  } else if (dd == KILN_BOOL && (sd == KILN_F32 || sd == KILN_U8)) {
+    uint8_t *o = dst;
+    if (sd == KILN_F32) { const float *s = src; for (int64_t i = 0; i < n; i++) o[i] = s[i] != 0; }
+    else { const uint8_t *s = src; for (int64_t i = 0; i < n; i++) o[i] = s[i] != 0; }
   } else if (dd == KILN_I64 && sd == KILN_I64) {
     memcpy(dst, src, (size_t)n * 8);
   } else {
