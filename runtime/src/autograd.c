@@ -337,7 +337,8 @@ static int derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_te
   case KILN_OP_COS: r[0] = B(s, KILN_OP_MUL, g, U(s, KILN_OP_NEG, U(s, KILN_OP_SIN, x))); break;
   case KILN_OP_TANH: r[0] = B(s, KILN_OP_MUL, g, SB(s, KILN_OP_SUB, 1, U(s, KILN_OP_SQUARE, out))); break;
   case KILN_OP_SIGMOID: r[0] = B(s, KILN_OP_MUL, g, B(s, KILN_OP_MUL, out, SB(s, KILN_OP_SUB, 1, out))); break;
-  case KILN_OP_RELU: r[0] = B(s, KILN_OP_MUL, g, BS(s, KILN_OP_GT, out, 0)); break;
+  /* relu's output is 0 or positive, so its sign is the mask (and stays in g's dtype: no bool pass) */
+  case KILN_OP_RELU: r[0] = B(s, KILN_OP_MUL, g, U(s, KILN_OP_SIGN, out)); break;
   case KILN_OP_RECIPROCAL: r[0] = B(s, KILN_OP_MUL, U(s, KILN_OP_NEG, g), U(s, KILN_OP_SQUARE, out)); break;
   case KILN_OP_SQUARE: r[0] = B(s, KILN_OP_MUL, g, BS(s, KILN_OP_MUL, x, 2)); break;
   case KILN_OP_ERF:

@@ -157,7 +157,53 @@ static void run_chunks(void *ctx, int64_t begin, int64_t end) {
   }
 }
 
+/* Sums over leading dims of a contiguous float tensor (a bias grad: [N, C] summed over N) add
+   whole rows, so no transposing copy is needed. Columns accumulate in double, in row order. */
+struct colsum { const char *x; char *out; int dtype, odtype; int64_t rows, cols; double scale; };
+
+static void colsum_range(void *ctx, int64_t begin, int64_t end) {
+  const struct colsum *j = ctx;
+  enum { W = 256 };
+  double acc[W];
+  for (int64_t c0 = begin; c0 < end; c0 += W) {
+    int64_t w = end - c0 < W ? end - c0 : W;
+    for (int64_t k = 0; k < w; k++) acc[k] = 0;
+    for (int64_t r = 0; r < j->rows; r++) {
+      if (j->dtype == KILN_F32) {
+        const float *row = (const float *)j->x + r * j->cols + c0;
+        for (int64_t k = 0; k < w; k++) acc[k] += row[k];
+      } else {
+        const double *row = (const double *)j->x + r * j->cols + c0;
+        for (int64_t k = 0; k < w; k++) acc[k] += row[k];
+      }
+    }
+    for (int64_t k = 0; k < w; k++) {
+      double v = acc[k] * j->scale;
+      if (j->odtype == KILN_F32) ((float *)j->out)[c0 + k] = (float)v;
+      else ((double *)j->out)[c0 + k] = v;
+    }
+  }
+}
+
+static int leading_sum(const struct kiln_call *c) {
+  const struct kiln_tensor *a = c->in[0];
+  int64_t mask = c->ints[0], rows = 1, cols = 1;
+  int nlead = 0;
+  while (nlead < a->ndim && (mask & (1 << nlead))) rows *= a->sizes[nlead++];
+  for (int d = nlead; d < a->ndim; d++) {
+    if (mask & (1 << d)) return 0;
+    cols *= a->sizes[d];
+  }
+  if (nlead == 0 || nlead == a->ndim || rows == 0 || !kiln_is_contiguous(a)) return 0;
+  if ((a->dtype != KILN_F32 && a->dtype != KILN_F64) || c->out->dtype != a->dtype) return 0;
+  struct colsum j = {kiln_tensor_data(a), kiln_tensor_data(c->out), a->dtype, c->out->dtype, rows, cols,
+                     c->op == KILN_OP_MEAN ? 1.0 / (double)rows : 1.0};
+  kiln_parallel_for(cols, 256 > 65536 / rows ? 256 : 65536 / rows, colsum_range, &j);
+  return 1;
+}
+
 int cpu_reduce(const struct kiln_call *c) {
+  if ((c->op == KILN_OP_SUM || c->op == KILN_OP_MEAN) && leading_sum(c)) return KILN_OK;
   const struct kiln_tensor *a = c->in[0];
   struct kiln_tensor *out = c->out;
   int op = c->op;
