@@ -21,7 +21,7 @@ build: deps configure
 	cmake --build $(BUILD) -j $(JOBS)
 
 demo: build
-	$(BUILD)/bin/kiln examples/demo.lua
+	$(BUILD)/bin/kiln examples/fashion_mnist.lua
 
 test: build test-asan
 	ctest --test-dir $(BUILD) --output-on-failure

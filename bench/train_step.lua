@@ -1,0 +1,77 @@
+-- bench/train_step.lua: median training-step time (forward, backward, SGD momentum update) of
+-- the MLP (784-512-256-10, batch 128) and the CNN (conv5x5 1->32, pool, conv5x5 32->64, pool,
+-- 1024-1024-10, batch 64), at 1 and 2 threads, beside PyTorch CPU in the same run when python3
+-- has torch (bench/train_step.py; PyTorch with OMP_WAIT_POLICY=passive). One JSON line per result.
+-- usage: kiln bench/train_step.lua [--quick] [--no-peer]
+local kiln = kiln or require "kiln"
+local nn, optim = kiln.nn, kiln.optim
+local ffi = require "ffi"
+
+local quick, peer = false, true
+for _, a in ipairs(arg or {}) do
+  if a == "--quick" then quick = true elseif a == "--no-peer" then peer = false end
+end
+
+pcall(ffi.cdef, "typedef struct { long tv_sec; long tv_nsec; } kiln_bench_ts; int clock_gettime(int, kiln_bench_ts *);")
+local ts = ffi.new("kiln_bench_ts")
+local function now() ffi.C.clock_gettime(1, ts) return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9 end
+local function median(xs) table.sort(xs) local n = #xs return n % 2 == 1 and xs[(n + 1) / 2] or (xs[n / 2] + xs[n / 2 + 1]) / 2 end
+
+local models = {
+  {name = "mlp", batch = 128, make = function()
+    return nn.Sequential{nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 10)}
+  end},
+  {name = "cnn", batch = 64, make = function()
+    return nn.Sequential{nn.Conv2d(1, 32, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10)}
+  end},
+}
+
+local ours = {}
+for _, threads in ipairs{1, 2} do
+  kiln.set_num_threads(threads)
+  for _, m in ipairs(models) do
+    kiln.manual_seed(0)
+    local model = m.make()
+    local opt = optim.SGD(model:parameters(), {lr = 0.01, momentum = 0.9})
+    local loss_fn = nn.CrossEntropyLoss()
+    local x = kiln.randn(m.batch, 1, 28, 28)
+    local y = kiln.randint(1, 11, {m.batch})
+    local function step()
+      opt:zero_grad()
+      local loss = loss_fn(model(x), y)
+      loss:backward()
+      opt:step()
+    end
+    for _ = 1, 5 do step() end
+    local steps, reps = quick and 10 or 40, quick and 3 or 7
+    local times = {}
+    for _ = 1, reps do
+      local t0 = now()
+      for _ = 1, steps do step() end
+      times[#times + 1] = (now() - t0) / steps * 1000
+    end
+    local ms = median(times)
+    ours[m.name .. threads] = ms
+    kiln.ui.json{bench = "train_step", impl = "kiln", model = m.name, batch = m.batch, threads = threads,
+                 ms_per_step = ms, reps = reps, steps_per_rep = steps}
+  end
+end
+
+if peer and os.execute("/usr/bin/python3 -c 'import torch' 2>/dev/null") == 0 then
+  for _, threads in ipairs{1, 2} do
+    local cmd = string.format("OMP_WAIT_POLICY=passive OMP_NUM_THREADS=%d /usr/bin/python3 bench/train_step.py %d%s", threads,
+                              threads, quick and " --quick" or "")
+    local p = io.popen(cmd)
+    for line in p:lines() do
+      io.write(line, "\n")
+      local model = line:match('"model": "(%w+)"')
+      local ms = tonumber(line:match('"ms_per_step": ([%d%.e%-]+)'))
+      if model and ms and ours[model .. threads] then
+        kiln.ui.json{bench = "train_step_ratio", model = model, threads = threads, kiln_ms = ours[model .. threads],
+                     pytorch_ms = ms, ratio = ours[model .. threads] / ms}
+      end
+    end
+    p:close()
+  end
+end
