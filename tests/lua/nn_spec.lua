@@ -225,3 +225,77 @@ describe("nn.init", function()
     assert.are.equal(0, w:abs():max():item())
   end)
 end)
+
+describe("convolution and normalisation modules", function()
+  before_each(function() kiln.manual_seed(9) end)
+
+  it("BatchNorm2d normalises with batch statistics in training and running ones in eval", function()
+    local bn = nn.BatchNorm2d(3, {dtype = "f64"})
+    local x = kiln.randn(4, 3, 5, 5, {dtype = "f64"}) * 2 + 1
+    local y = bn(x)
+    -- per channel: mean 0 and (biased) variance 1 over N, H, W
+    close(y:mean({1, 3, 4}), kiln.zeros(3, {dtype = "f64"}), 1e-9)
+    close(y:var({1, 3, 4}, false, {correction = 0}), kiln.ones(3, {dtype = "f64"}), 1e-4)
+    -- running stats moved 10% of the way to the batch's (unbiased) statistics
+    local m = x:mean({1, 3, 4})
+    local v = x:var({1, 3, 4})
+    close(bn.running_mean, m * 0.1, 1e-9)
+    close(bn.running_var, v * 0.1 + 0.9, 1e-9)
+    assert.are.equal(1, bn.num_batches_tracked:item())
+    bn:eval()
+    local z = bn(x)
+    local want = (x - bn.running_mean:view(1, 3, 1, 1)) / (bn.running_var:view(1, 3, 1, 1) + 1e-5):sqrt()
+    close(z, want, 1e-9)
+    assert.are.equal(1, bn.num_batches_tracked:item())
+    local names = {}
+    for k in pairs(bn:state_dict()) do names[#names + 1] = k end
+    table.sort(names)
+    assert.are.same({"bias", "num_batches_tracked", "running_mean", "running_var", "weight"}, names)
+  end)
+
+  it("Conv1d matches a naive loop and keeps PyTorch's weight shape", function()
+    local conv = nn.Conv1d(2, 3, 3, {padding = 1, dtype = "f64"})
+    assert.are.same({3, 2, 3}, {conv.weight:size(1), conv.weight:size(2), conv.weight:size(3)})
+    local x = kiln.randn(2, 2, 6, {dtype = "f64"})
+    local y = conv(x)
+    local w, b, xs = conv.weight:totable(), conv.bias:totable(), x:totable()
+    local want = {}
+    for n = 1, 2 do
+      want[n] = {}
+      for o = 1, 3 do
+        want[n][o] = {}
+        for t = 1, 6 do
+          local s = b[o]
+          for c = 1, 2 do
+            for k = 1, 3 do
+              local i = t + k - 2
+              if i >= 1 and i <= 6 then s = s + xs[n][c][i] * w[o][c][k] end
+            end
+          end
+          want[n][o][t] = s
+        end
+      end
+    end
+    close(y, kiln.tensor(want, {dtype = "f64"}), 1e-12)
+    y:sum():backward()
+    assert.is_not_nil(conv.weight.grad)
+  end)
+
+  it("Conv2d, pooling and LayerNorm modules keep shapes and print their settings", function()
+    local m = nn.Sequential{nn.Conv2d(1, 4, 3, {padding = 1}), nn.MaxPool2d(2), nn.AvgPool2d(2), nn.AdaptiveAvgPool2d(1),
+                            nn.Flatten(), nn.LayerNorm(4)}
+    local y = m(kiln.randn(2, 1, 8, 8))
+    assert.are.same({2, 4}, {y:size(1), y:size(2)})
+    assert.matches("Conv2d%(1→4, 3x3, padding 1,1%)", tostring(m))
+  end)
+end)
+
+describe("GroupNorm module", function()
+  it("normalises each group of channels", function()
+    local gn = nn.GroupNorm(2, 4, {dtype = "f64"})
+    local x = kiln.randn(3, 4, 5, {dtype = "f64"}) * 3 + 2
+    local y = gn(x):view(3, 2, 10)
+    close(y:mean(3), kiln.zeros(3, 2, {dtype = "f64"}), 1e-9)
+    close(y:var(3, false, {correction = 0}), kiln.ones(3, 2, {dtype = "f64"}), 1e-4)
+  end)
+end)

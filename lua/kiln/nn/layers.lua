@@ -233,7 +233,7 @@ return function(nn)
     end
   end
   function LayerNorm:forward(x)
-    return F().layer_norm(x, self.normalized_shape, {weight = self.weight, bias = self.bias, eps = self.eps})
+    return F().layer_norm(x, self.normalized_shape, self.weight, self.bias, {eps = self.eps})
   end
   function LayerNorm:extra_repr() return table.concat(self.normalized_shape, "x") end
 
@@ -247,7 +247,7 @@ return function(nn)
     end
   end
   function GroupNorm:forward(x)
-    return F().group_norm(x, self.num_groups, {weight = self.weight, bias = self.bias, eps = self.eps})
+    return F().group_norm(x, self.num_groups, self.weight, self.bias, {eps = self.eps})
   end
   function GroupNorm:extra_repr() return string.format("%d groups, %d channels", self.num_groups, self.num_channels) end
 
