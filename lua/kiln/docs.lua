@@ -8,9 +8,9 @@ return {
   Tensor = "Tensor: an n-d array (dtype, device, sizes, strides) over shared storage; dims count from 1; methods: t:size(), t:view(...), t:sum(), ...",
 
   -- modules
-  ["kiln.nn"] = "kiln.nn: layers (Linear, Conv2d, ReLU, LSTM, ...), containers (Sequential) and losses",
-  ["kiln.optim"] = "kiln.optim: optimizers (SGD, Adam, AdamW) and learning-rate schedules; opt:step(), opt:zero_grad()",
-  ["kiln.data"] = "kiln.data: datasets and loaders that decode, augment and batch on C worker threads",
+  ["kiln.nn"] = "kiln.nn: layers (Linear, Conv2d, BatchNorm2d, ReLU, ...), containers (Sequential), losses and nn.init; nn.define(name) makes a new module",
+  ["kiln.optim"] = "kiln.optim: SGD, Adam, AdamW, RMSprop, Adagrad and optim.lr_scheduler; opt:step(), opt:zero_grad()",
+  ["kiln.data"] = "kiln.data: read_idx, TensorDataset and batches(tensors, {batch_size=, shuffle=, seed=}) (seeded minibatches)",
   ["kiln.io"] = "kiln.io: reading and writing tensors, state dicts (safetensors) and checkpoints",
   ["kiln.ui"] = "kiln.ui: progress bars, JSON-lines metrics and plots",
   ["kiln.dist"] = "kiln.dist: process groups (NCCL, MPI), all-reduce and data-parallel training",
