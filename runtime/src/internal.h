@@ -137,6 +137,9 @@ void kiln_node_release(void *node);
 void kiln_kernel_enter(void);
 void kiln_kernel_leave(void);
 
+/* Philox 4x32-10 (cpu/random.c): block ctr under key; every random draw of kiln comes from it. */
+void kiln_philox(uint64_t ctr, uint64_t key, uint32_t out[4]);
+
 /* Strided copy with conversion and broadcasting of src to dst's shape (copy.c). */
 int kiln_cpu_copy(struct kiln_tensor *dst, const struct kiln_tensor *src);
 

@@ -4,19 +4,6 @@
 #include "cpu.h"
 #include "../nn_calls.h"
 
-/* Philox 4x32-10, as cpu/random.c draws it. */
-static void philox(uint64_t ctr, uint64_t key, uint32_t out[4]) {
-  uint32_t c0 = (uint32_t)ctr, c1 = (uint32_t)(ctr >> 32), c2 = 0, c3 = 0;
-  uint32_t k0 = (uint32_t)key, k1 = (uint32_t)(key >> 32);
-  for (int r = 0; r < 10; r++) {
-    uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
-    uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
-    c1 = (uint32_t)p1; c3 = (uint32_t)p0; c0 = n0; c2 = n2;
-    k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;
-  }
-  out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
-}
-
 struct drop_job {
   int dt;
   uint64_t seed, offset, threshold;   /* keep when the word >= threshold */
@@ -31,7 +18,7 @@ static void dropout_blocks(void *ctx, int64_t begin, int64_t end) {
   const struct drop_job *j = ctx;
   for (int64_t b = begin; b < end; b++) {
     uint32_t r[4];
-    philox(j->offset + (uint64_t)b, j->seed, r);
+    kiln_philox(j->offset + (uint64_t)b, j->seed, r);
     for (int k = 0; k < 4; k++) {
       int64_t i = b * 4 + k;
       if (i >= j->n) break;

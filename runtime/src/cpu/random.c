@@ -3,7 +3,7 @@
 #include "cpu.h"
 #include <math.h>
 
-static void philox(uint64_t ctr, uint64_t key, uint32_t out[4]) {
+void kiln_philox(uint64_t ctr, uint64_t key, uint32_t out[4]) {
   uint32_t c0 = (uint32_t)ctr, c1 = (uint32_t)(ctr >> 32), c2 = 0, c3 = 0;
   uint32_t k0 = (uint32_t)key, k1 = (uint32_t)(key >> 32);
   for (int r = 0; r < 10; r++) {
@@ -37,7 +37,7 @@ static void fill_range(void *ctx, int64_t begin, int64_t end) {
   int es = kiln_dtype_size(j->dtype);
   for (int64_t i = begin; i < end; i++) {
     uint32_t r[4];
-    philox(j->offset + (uint64_t)i, j->seed, r);
+    kiln_philox(j->offset + (uint64_t)i, j->seed, r);
     double v;
     if (j->op == KILN_OP_UNIFORM) {
       double u = j->dtype == KILN_F64 ? unit53(r) : (double)(r[0] >> 8) * 0x1p-24;
