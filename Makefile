@@ -1,11 +1,14 @@
 # The two commands of the README, and the steps behind them.
 #   make demo   the main job
-#   make test   every test: C tests (also under ASan/UBSan), Lua specs, the REPL driven through tmux
+#   make test   every test: C tests (also under ASan/UBSan), Lua specs, the REPL driven through tmux,
+#               and the file readers fuzzed briefly (make fuzz)
 BUILD ?= build
 BUILD_ASAN ?= build-asan
+BUILD_FUZZ ?= build-fuzz
+FUZZ_SECONDS ?= 10
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps configure build demo test test-c test-lua test-asan test-repl bench install clean
+.PHONY: all deps configure build demo test test-c test-lua test-asan test-repl fuzz bench install clean
 
 all: build
 
@@ -26,6 +29,7 @@ demo: build
 test: build test-asan
 	ctest --test-dir $(BUILD) --output-on-failure
 	sh tests/repl/tmux_check.sh $(BUILD)/bin/kiln
+	$(MAKE) fuzz
 
 test-c: build
 	ctest --test-dir $(BUILD) --output-on-failure -L c
@@ -40,6 +44,19 @@ test-asan: deps
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --test-dir $(BUILD_ASAN) --output-on-failure -L c
 
+# libFuzzer on the safetensors, IDX and image readers (clang, ASan), FUZZ_SECONDS each, from the seed
+# corpus in tests/fuzz/corpus (new inputs go to $(BUILD_FUZZ)/corpus, never into the tree).
+fuzz: deps
+	cmake -S . -B $(BUILD_FUZZ) -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_FUZZ=ON -DKILN_CUDA=OFF >/dev/null
+	cmake --build $(BUILD_FUZZ) -j $(JOBS) --target fuzz_safetensors fuzz_idx fuzz_image
+	for r in safetensors idx image; do \
+	  mkdir -p $(BUILD_FUZZ)/corpus/$$r; \
+	  if $(BUILD_FUZZ)/bin/fuzz_$$r -max_total_time=$(FUZZ_SECONDS) -artifact_prefix=$(BUILD_FUZZ)/ \
+	       $(BUILD_FUZZ)/corpus/$$r tests/fuzz/corpus/$$r > $(BUILD_FUZZ)/fuzz_$$r.log 2>&1; then \
+	    echo "fuzz_$$r: $$(grep -o 'Done [0-9]* runs in [0-9]* second(s)' $(BUILD_FUZZ)/fuzz_$$r.log), no finding"; \
+	  else tail -40 $(BUILD_FUZZ)/fuzz_$$r.log; echo "fuzz_$$r: a finding (input saved in $(BUILD_FUZZ)/)"; exit 1; fi; \
+	done
+
 test-repl: build
 	sh tests/repl/tmux_check.sh $(BUILD)/bin/kiln
 
@@ -50,4 +67,4 @@ install: build
 	cmake --install $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(BUILD_ASAN)
+	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_FUZZ)

@@ -1,7 +1,15 @@
 -- examples/fashion_mnist.lua: train a model on Fashion-MNIST (Debian's dataset-fashion-mnist),
 -- evaluate on the test set after every epoch, and end with one JSON line of results.
 -- usage: kiln examples/fashion_mnist.lua [--model mlp|lenet|resnet] [--epochs N] [--batch-size N]
---        [--lr X] [--threads N] [--seed N] [--limit N]
+--        [--lr X] [--threads N] [--seed N] [--limit N] [--workers N] [--metrics FILE]
+--        [--checkpoint DIR [--checkpoint-every STEPS] [--keep N] [--resume] [--pause-after STEPS]]
+-- --metrics appends one JSON line per step and per epoch. --checkpoint saves the whole training state
+-- to DIR/ckpt-<step>.safetensors every STEPS steps (default: each epoch), keeping the last N (3);
+-- --resume continues from the newest one at the exact batch; --pause-after stops after the
+-- checkpoint of that step and waits to be killed (for the resume test).
+-- --workers: the C loader's threads gathering batches ahead of the training loop (default 2; 0
+-- gathers them in the loop); each epoch reports data_wait_fraction, the share of its time spent
+-- waiting for them.
 local kiln = kiln or require "kiln"
 local nn, optim, data, ui = kiln.nn, kiln.optim, kiln.data, kiln.ui
 local fashion = require "datasets.fashion_mnist"
@@ -12,13 +20,16 @@ local defaults = {
   resnet = {epochs = 5, batch_size = 128, lr = 0.1, weight_decay = 5e-4},
 }
 
+local flags = {resume = true}   -- options without a value
+
 local function parse(args)
   local o = {model = "lenet"}
   local i = 1
   while i <= #args do
     local k, v = args[i]:match("^%-%-([%w%-]+)=?(.*)$")
     if not k then error("fashion_mnist: unexpected argument " .. args[i], 0) end
-    if v == "" then i = i + 1 v = args[i] end
+    if v == "" and flags[k] then v = "true"
+    elseif v == "" then i = i + 1 v = args[i] end
     if v == nil then error("fashion_mnist: --" .. k .. " needs a value", 0) end
     o[k:gsub("%-", "_")] = tonumber(v) or v
     i = i + 1
@@ -27,6 +38,7 @@ local function parse(args)
   if not d then error("fashion_mnist: unknown model " .. tostring(o.model) .. " (mlp, lenet, resnet)", 0) end
   for k, v in pairs(d) do if o[k] == nil then o[k] = v end end
   o.seed = o.seed or 1
+  o.workers = o.workers or 2
   return o
 end
 
@@ -73,11 +85,59 @@ end
 
 local train_seconds, accuracy, last_loss = 0, 0, nil
 local losses = {}
-for epoch = 1, opt.epochs do
+
+-- ---- checkpoints and metrics ----
+-- The batch order of an epoch depends only on (seed, epoch), so a run resumes at the exact batch
+-- by skipping the batches its checkpoint had done.
+local metrics = opt.metrics and ui.metrics(opt.metrics)
+local step, start_epoch, done_batches, resumed = 0, 1, 0, nil
+local config = {model = opt.model, batch_size = opt.batch_size, seed = opt.seed, limit = opt.limit or false,
+                epochs = opt.epochs, lr = opt.lr}
+if opt.resume then
+  if not opt.checkpoint then error("fashion_mnist: --resume needs --checkpoint DIR", 0) end
+  if kiln.checkpoint.latest(opt.checkpoint) then
+    resumed = kiln.checkpoint.load(opt.checkpoint, {model = model, optimizer = sgd, scheduler = schedule})
+    for k, v in pairs(config) do
+      if resumed.extra.config[k] ~= v then
+        error(string.format("fashion_mnist: %s has --%s %s; resume with the same options (got %s)", resumed.path,
+                            k:gsub("_", "-"), tostring(resumed.extra.config[k]), tostring(v)), 0)
+      end
+    end
+    step, start_epoch, done_batches = resumed.step, resumed.data.epoch, resumed.data.batch
+    train_seconds = resumed.extra.train_seconds
+    ui.log("resumed from %s: step %d, epoch %d, batch %d", resumed.path, step, start_epoch, done_batches)
+  else
+    ui.log("no checkpoint in %s: starting afresh", opt.checkpoint)
+  end
+end
+local checkpoint_every = opt.checkpoint_every or steps_per_epoch
+
+local function save_checkpoint(epoch, batch, sum, count, seconds)
+  kiln.checkpoint.save(opt.checkpoint, {model = model, optimizer = sgd, scheduler = schedule, step = step, epoch = epoch,
+                                        data = {epoch = epoch, batch = batch},
+                                        extra = {sum = sum, count = count, train_seconds = seconds, config = config}},
+                       {keep = opt.keep or 3})
+end
+
+pcall(require("ffi").cdef, "int kiln_example_pause(void) __asm__(\"pause\");")
+
+-- The batches of epoch e come in the order of (seed, e), gathered by opt.workers C threads.
+local loader = data.DataLoader{dataset = data.TensorDataset(train_x, train_y), batch_size = opt.batch_size,
+                               shuffle = true, seed = opt.seed, workers = opt.workers}
+local loop_seconds, wait_seconds = 0, 0
+
+for epoch = start_epoch, opt.epochs do
   local bar = ui.progress{total = train_x:size(1), desc = string.format("epoch %d/%d", epoch, opt.epochs)}
   local t0 = now()
   local sum, count = 0, 0
-  for _, x, y in data.batches({train_x, train_y}, {batch_size = opt.batch_size, shuffle = true, seed = opt.seed + epoch}) do
+  local skip = epoch == start_epoch and done_batches or 0
+  if skip > 0 then sum, count = resumed.extra.sum, resumed.extra.count end
+  if skip > 0 then bar:update(math.min(skip * opt.batch_size, train_x:size(1))) end
+  local wait0, b = loader.wait_seconds, skip
+  for x, y in loader:epoch(epoch, {skip = skip}) do
+    b = b + 1
+    local t_step = now()
+    local lr = sgd.param_groups[1].lr
     local loss = criterion(model(x), y)
     sgd:zero_grad()
     loss:backward()
@@ -87,15 +147,31 @@ for epoch = 1, opt.epochs do
     if l ~= l then error(string.format("fashion_mnist: the loss became NaN at epoch %d, step %d", epoch, count + 1), 0) end
     losses[#losses + 1] = l
     sum, count = sum + l, count + 1
+    step = step + 1
     bar:update(x:size(1), {loss = string.format("%.4f", sum / count)})
+    if metrics then
+      metrics:log{step = step, epoch = epoch, batch = b, loss = l, lr = lr, samples_per_s = x:size(1) / (now() - t_step)}
+    end
+    if opt.checkpoint and step % checkpoint_every == 0 then
+      save_checkpoint(epoch, b, sum, count, train_seconds + (now() - t0))
+    end
+    if opt.pause_after == step then
+      ui.log("paused after step %d; waiting to be killed", step)
+      while true do require("ffi").C.kiln_example_pause() end
+    end
   end
   bar:close()
+  local epoch_seconds, epoch_wait = now() - t0, loader.wait_seconds - wait0
+  loop_seconds, wait_seconds = loop_seconds + epoch_seconds, wait_seconds + epoch_wait
   train_seconds = train_seconds + (now() - t0)
   accuracy = evaluate()
   last_loss = sum / count
-  ui.log("epoch %d: train loss %.4f, test accuracy %.4f, %.1f s", epoch, last_loss, accuracy, now() - t0)
+  ui.log("epoch %d: train loss %.4f, test accuracy %.4f, %.1f s, data_wait_fraction %.4f", epoch, last_loss, accuracy,
+         now() - t0, epoch_wait / epoch_seconds)
+  if metrics then metrics:log{step = step, epoch = epoch, train_loss = last_loss, accuracy = accuracy} end
 end
 
 ui.json{model = opt.model, epochs = opt.epochs, batch_size = opt.batch_size, lr = opt.lr, threads = kiln.get_num_threads(),
-        seed = opt.seed, train_loss = last_loss, test_accuracy = accuracy, train_seconds = train_seconds}
+        seed = opt.seed, train_loss = last_loss, test_accuracy = accuracy, train_seconds = train_seconds,
+        workers = opt.workers, data_wait_fraction = loop_seconds > 0 and wait_seconds / loop_seconds or 0}
 return {accuracy = accuracy, losses = losses}

@@ -159,4 +159,10 @@ kiln.data = require "kiln.data"
 kiln.ui = require "kiln.ui"
 kiln.optim = require "kiln.optim"
 
+kiln.io = require "kiln.io"
+kiln.save, kiln.load = kiln.io.save, kiln.io.load
+kiln.checkpoint = require "kiln.checkpoint"
+
+kiln.cuda = require "kiln.cuda"
+
 return kiln

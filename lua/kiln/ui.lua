@@ -130,6 +130,10 @@ function ui.json(tbl, file)
   return line
 end
 
+-- ui.metrics(path [, {mode = "a"}]): a logger appending one JSON line per log{...} call, each
+-- with a time field and flushed at once (kiln.metrics).
+function ui.metrics(path, opts) return require("kiln.metrics").open(path, opts) end
+
 -- ui.log(fmt, ...): a formatted line on standard output (fmt is printed as is when alone).
 function ui.log(fmt, ...)
   local line = select("#", ...) > 0 and string.format(fmt, ...) or tostring(fmt)

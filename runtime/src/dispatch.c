@@ -47,17 +47,31 @@ KILN_API const char *kiln_op_name(int op) {
 static const struct kiln_backend *backends[KILN_DEVICE_TYPE_COUNT] = {[KILN_CPU] = &kiln_cpu_backend};
 static int cuda_device_count = 0;
 
+/* Set once by cuda_loader.c, under its pthread_once. */
+void kiln_dispatch_set_cuda(const struct kiln_backend *backend, int device_count) {
+  cuda_device_count = device_count;
+  __atomic_store_n(&backends[KILN_CUDA], backend, __ATOMIC_RELEASE);
+}
+
+/* The CUDA slot, after the one attempt per process to load the backend. */
+static const struct kiln_backend *cuda_backend(void) {
+  const struct kiln_backend *be = __atomic_load_n(&backends[KILN_CUDA], __ATOMIC_ACQUIRE);
+  if (be) return be;
+  kiln_cuda_load();
+  return __atomic_load_n(&backends[KILN_CUDA], __ATOMIC_ACQUIRE);
+}
+
 KILN_API int kiln_op_supported(int op, int device_type) {
   if (op < 0 || op >= KILN_OP_COUNT || device_type < 0 || device_type >= KILN_DEVICE_TYPE_COUNT) return 0;
-  return backends[device_type] && backends[device_type]->kernel[op] != NULL;
+  const struct kiln_backend *be = device_type == KILN_CUDA ? cuda_backend() : backends[device_type];
+  return be && be->kernel[op] != NULL;
 }
 
 const struct kiln_backend *kiln_backend_for(struct kiln_device device, const char *op) {
   if (device.type == KILN_CPU && device.index == 0) return &kiln_cpu_backend;
   if (device.type == KILN_CUDA) {
-    if (!backends[KILN_CUDA]) {
-      kiln_fail(KILN_ERR_DEVICE, "%s: no CUDA device: %s is not available (this kiln has no CUDA backend loaded)", op,
-                kiln_device_name(device));
+    if (!cuda_backend()) {
+      kiln_fail(KILN_ERR_DEVICE, "%s: %s (asked for %s)", op, kiln_cuda_unavailable_reason(), kiln_device_name(device));
       return NULL;
     }
     if (device.index < 0 || device.index >= cuda_device_count) {
@@ -109,7 +123,7 @@ KILN_API const char *kiln_device_name(struct kiln_device device) {
 
 KILN_API int kiln_device_available(struct kiln_device device) {
   if (device.type == KILN_CPU) return device.index == 0;
-  if (device.type == KILN_CUDA) return backends[KILN_CUDA] && device.index >= 0 && device.index < cuda_device_count;
+  if (device.type == KILN_CUDA) return cuda_backend() && device.index >= 0 && device.index < cuda_device_count;
   return 0;
 }
 

@@ -2,9 +2,13 @@
    the backend table, the call record a kernel receives, and the thread pool. */
 #ifndef KILN_INTERNAL_H
 #define KILN_INTERNAL_H
-#include <kiln/kiln.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#ifdef __cplusplus   /* the CUDA backend's .cu files include this header (the public headers, */
+extern "C" {         /* fed to ffi.cdef as they are, cannot carry the guard themselves) */
+#endif
+#include <kiln/kiln.h>
 
 #define KILN_API __attribute__((visibility("default")))
 
@@ -36,7 +40,31 @@ struct kiln_backend {
   int (*memcpy_to_host)(void *dst, const void *src, int64_t nbytes, int device_index);
   int (*memcpy_from_host)(void *dst, const void *src, int64_t nbytes, int device_index);
   kiln_kernel kernel[KILN_OP_COUNT];
+  /* CUDA only (NULL for the CPU): wait for a device's work (-1: every device), the caching
+     allocator's statistics, and giving its unused blocks back to the driver. */
+  int (*synchronize)(int device_index);
+  int (*memory_stats)(int device_index, struct kiln_cuda_memory *out);
+  int (*empty_cache)(void);
 };
+
+/* The CUDA backend (cuda_loader.c). libkiln_cuda.so exports one entry, kiln_cuda_backend_open
+   (type kiln_cuda_open_fn). It gets the host's API version and layout sizes (a mismatch is an
+   error, not a crash) and kiln_fail, which libkiln does not export; it returns its table even
+   when *device_count is 0 (err then says why), and non-zero with err set when it cannot serve
+   this libkiln at all. */
+struct kiln_cuda_host {
+  int api_version;
+  int op_count;                  /* KILN_OP_COUNT */
+  int call_size, backend_size;   /* sizeof(struct kiln_call), sizeof(struct kiln_backend) */
+  int (*fail)(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+};
+typedef int (*kiln_cuda_open_fn)(int api_version, const struct kiln_cuda_host *host, const struct kiln_backend **out,
+                                 int *device_count, char *err, size_t errlen);
+/* Open the backend once per process (later calls return at once); fills dispatch.c's CUDA slot
+   when a device is usable. */
+void kiln_cuda_load(void);
+/* The loader's result, for dispatch.c: the backend (NULL until a device is usable) and its devices. */
+void kiln_dispatch_set_cuda(const struct kiln_backend *backend, int device_count);
 
 extern const struct kiln_backend kiln_cpu_backend;
 /* The backend of a device, or NULL with an error that names op and the device. */
@@ -52,6 +80,10 @@ void kiln_memory_count_free(int device_type, int64_t nbytes);
 struct kiln_tensor *kiln_tensor_header(int ndim, const int64_t *sizes, const int64_t *strides, int64_t offset,
                                        int dtype, struct kiln_device device, struct kiln_storage *storage);
 void kiln_contiguous_strides(int ndim, const int64_t *sizes, int64_t *strides);
+/* A contiguous CPU tensor over memory someone else owns (a mapped file): release(ctx) runs once,
+   when the last view lets go or kiln_tensor_free() frees early. On failure (NULL) it never runs. */
+struct kiln_tensor *kiln_tensor_external(int ndim, const int64_t *sizes, int dtype, void *data,
+                                         void (*release)(void *ctx), void *ctx);
 /* NULL with "op: argument k was freed" etc. when a tensor cannot be read. */
 int kiln_check_live(const char *op, const struct kiln_tensor *t);
 int kiln_check_same_device(const char *op, const struct kiln_tensor *a, const struct kiln_tensor *b);
@@ -143,4 +175,7 @@ void kiln_philox(uint64_t ctr, uint64_t key, uint32_t out[4]);
 /* Strided copy with conversion and broadcasting of src to dst's shape (copy.c). */
 int kiln_cpu_copy(struct kiln_tensor *dst, const struct kiln_tensor *src);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

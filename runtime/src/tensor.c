@@ -40,9 +40,19 @@ static struct kiln_storage *storage_new(int64_t nbytes, struct kiln_device devic
   return s;
 }
 
+/* A storage over memory lent by an owner: the header is followed by the owner's release hook. */
+struct external_storage {
+  struct kiln_storage s;
+  void (*release)(void *ctx);
+  void *ctx;
+};
+
 static void storage_free_data(struct kiln_storage *s) {
   if (s->data && !(s->flags & (KILN_STORAGE_FREED | KILN_STORAGE_BORROWED))) {
-    if (!(s->flags & KILN_STORAGE_INLINE)) {
+    if (s->flags & KILN_STORAGE_EXTERNAL) {
+      struct external_storage *e = (struct external_storage *)s;
+      e->release(e->ctx);
+    } else if (!(s->flags & KILN_STORAGE_INLINE)) {
       const struct kiln_backend *be = kiln_backend_for(s->device, "free");
       if (be) be->free(s->data, s->nbytes, s->device.index);
     }
@@ -57,6 +67,26 @@ static void storage_release(struct kiln_storage *s) {
     storage_free_data(s);
     free(s);
   }
+}
+
+struct kiln_tensor *kiln_tensor_external(int ndim, const int64_t *sizes, int dtype, void *data,
+                                         void (*release)(void *ctx), void *ctx) {
+  struct external_storage *e = calloc(1, sizeof *e);
+  if (!e) { kiln_fail(KILN_ERR_MEMORY, "out of memory for a storage header"); return NULL; }
+  int64_t numel = 1;
+  for (int d = 0; d < ndim; d++) numel *= sizes[d];
+  e->s.data = data;
+  e->s.nbytes = numel * kiln_dtype_size(dtype);
+  e->s.device = (struct kiln_device){KILN_CPU, 0};
+  e->s.refcount = 1;
+  e->s.flags = KILN_STORAGE_EXTERNAL;
+  e->release = release;
+  e->ctx = ctx;
+  struct kiln_tensor *t = kiln_tensor_header(ndim, sizes, NULL, 0, dtype, e->s.device, &e->s);
+  if (!t) { free(e); return NULL; }   /* the caller still owns the memory */
+  kiln_memory_count_alloc(KILN_CPU, e->s.nbytes);
+  storage_release(&e->s);             /* the header holds it now */
+  return t;
 }
 
 /* ---- headers ---- */

@@ -6,6 +6,7 @@
 #include <kiln/dtype.h>
 #include <kiln/device.h>
 #include <kiln/memory.h>
+#include <kiln/cuda.h>
 #include <kiln/parallel.h>
 #include <kiln/tensor.h>
 #include <kiln/random.h>
@@ -14,6 +15,7 @@
 #include <kiln/nn.h>
 #include <kiln/optim.h>
 #include <kiln/io.h>
+#include <kiln/loader.h>
 
 /* The public headers above, concatenated as they are on disk (the FFI loader strips their
    preprocessor lines and feeds the rest to ffi.cdef). */

@@ -10,7 +10,8 @@ enum { KILN_MAX_DIMS = 8 };
 enum kiln_storage_flags {
   KILN_STORAGE_FREED = 1,     /* kiln_tensor_free() released the memory early */
   KILN_STORAGE_BORROWED = 2,  /* the memory belongs to someone else and is not freed */
-  KILN_STORAGE_INLINE = 4     /* a small CPU storage: the data follows the header in one block */
+  KILN_STORAGE_INLINE = 4,    /* a small CPU storage: the data follows the header in one block */
+  KILN_STORAGE_EXTERNAL = 8   /* the memory is lent by an owner (a mapped file) told when it is let go */
 };
 
 struct kiln_storage {

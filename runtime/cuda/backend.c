@@ -1,0 +1,279 @@
+/* cuda/backend.c: the CUDA backend table and libkiln_cuda's one entry, kiln_cuda_backend_open;
+   the per-device state (stream, caching allocator, cuBLAS), memory moves between host and device,
+   synchronisation, and turning CUDA errors into kiln errors. C, for the table's designated
+   initializers: every op has a kernel or an explicit NULL ("not implemented on cuda:0"). */
+#include "common.h"
+#include "allocator.h"
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const struct kiln_cuda_host *cuda_host;
+int cuda_sync_launches;
+static int poison_allocations;   /* KILN_CUDA_POISON=1: fresh blocks are filled with 0xff bytes (NaN, -1) */
+
+static struct cuda_device *devices;
+static int ndevices;
+static pthread_mutex_t devices_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Thread_local int current_device = -1;   /* what this thread last made current */
+
+/* ---- errors ---- */
+
+/* Errors a kernel leaves behind, reported by whichever call comes next. */
+static int from_a_kernel(cudaError_t e) {
+  return e == cudaErrorIllegalAddress || e == cudaErrorLaunchFailure || e == cudaErrorMisalignedAddress ||
+         e == cudaErrorIllegalInstruction || e == cudaErrorAssert || e == cudaErrorHardwareStackError ||
+         e == cudaErrorInvalidPc || e == cudaErrorLaunchTimeout || e == cudaErrorInvalidAddressSpace;
+}
+
+int cuda_check(cudaError_t e, const char *op, const char *call) {
+  if (e == cudaSuccess) return KILN_OK;
+  cudaGetLastError();   /* clear a non-sticky error so the next call starts clean */
+  return cuda_fail(e == cudaErrorMemoryAllocation ? KILN_ERR_MEMORY : KILN_ERR_DEVICE, "%s: %s: %s (%s)%s", op, call,
+                   cudaGetErrorString(e), cudaGetErrorName(e),
+                   !cuda_sync_launches && from_a_kernel(e)
+                     ? "; an earlier kernel may have caused it: run with KILN_SYNC=1 to find which" : "");
+}
+
+int cuda_launched(const char *op, const char *kernel) {
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return cuda_check(e, op, kernel);
+  if (cuda_sync_launches) {
+    e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+      char call[128];
+      snprintf(call, sizeof call, "%s (KILN_SYNC=1: cudaDeviceSynchronize after it)", kernel);
+      return cuda_check(e, op, call);
+    }
+  }
+  return KILN_OK;
+}
+
+/* ---- devices ---- */
+
+static int raw_alloc(void *ctx, int64_t nbytes, void **out, char *err, size_t errlen) {
+  struct cuda_device *dev = ctx;
+  cudaError_t e = cudaMalloc(out, (size_t)nbytes);
+  if (e == cudaSuccess) return 0;
+  cudaGetLastError();
+  size_t free_b = 0, total_b = 0;
+  cudaMemGetInfo(&free_b, &total_b);
+  cudaGetLastError();
+  snprintf(err, errlen, "cudaMalloc: %s; cuda:%d has %.2f GiB free of %.2f GiB", cudaGetErrorString(e), dev->index,
+           (double)free_b / (double)(1 << 30), (double)total_b / (double)(1 << 30));
+  return (int)e;
+}
+
+static void raw_free(void *ctx, void *ptr, int64_t nbytes) {
+  (void)ctx; (void)nbytes;
+  cudaFree(ptr);   /* waits for the device: the block's last users have finished */
+  cudaGetLastError();
+}
+
+struct cuda_device *cuda_device_enter(int index, const char *op) {
+  if (index < 0 || index >= ndevices) {
+    cuda_fail(KILN_ERR_DEVICE, "%s: no CUDA device cuda:%d (%d devices)", op, index, ndevices);
+    return NULL;
+  }
+  if (current_device != index) {
+    if (cuda_check(cudaSetDevice(index), op, "cudaSetDevice")) return NULL;
+    current_device = index;
+  }
+  struct cuda_device *dev = &devices[index];
+  if (__atomic_load_n(&dev->ready, __ATOMIC_ACQUIRE)) return dev;
+  /* First use of the device: its stream and allocator (its context starts here, not at load). */
+  pthread_mutex_lock(&devices_lock);
+  int rc = KILN_OK;
+  if (!dev->ready) {
+    cudaStream_t stream = NULL;
+    int sms = 0;
+    rc = cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), op, "cudaStreamCreateWithFlags");
+    if (!rc) rc = cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, index), op, "cudaDeviceGetAttribute");
+    struct kiln_caching_allocator *a = NULL;
+    if (!rc) {
+      a = kiln_caching_new(index, (struct kiln_alloc_backing){dev, raw_alloc, raw_free});
+      if (!a) rc = cuda_fail(KILN_ERR_MEMORY, "%s: out of host memory for cuda:%d's allocator", op, index);
+    }
+    if (rc) {
+      if (stream) cudaStreamDestroy(stream);
+    } else {
+      dev->stream = stream;
+      dev->sm_count = sms;
+      dev->allocator = a;
+      __atomic_store_n(&dev->ready, 1, __ATOMIC_RELEASE);
+    }
+  }
+  pthread_mutex_unlock(&devices_lock);
+  return rc ? NULL : dev;
+}
+
+/* ---- memory ---- */
+
+static void *cuda_alloc(int64_t nbytes, int device_index) {
+  struct cuda_device *dev = cuda_device_enter(device_index, "alloc");
+  if (!dev) return NULL;
+  void *p = NULL;
+  char err[512];
+  if (kiln_caching_alloc(dev->allocator, (uintptr_t)dev->stream, nbytes, &p, err, sizeof err)) {
+    cuda_fail(KILN_ERR_MEMORY, "%s", err);
+    return NULL;
+  }
+  if (poison_allocations && nbytes > 0 && cuda_check(cudaMemsetAsync(p, 0xff, (size_t)nbytes, dev->stream), "alloc", "cudaMemsetAsync (poison)")) {
+    kiln_caching_free(dev->allocator, p);
+    return NULL;
+  }
+  return p;
+}
+
+static void cuda_free(void *data, int64_t nbytes, int device_index) {
+  (void)nbytes;
+  if (device_index >= 0 && device_index < ndevices && devices[device_index].allocator)
+    kiln_caching_free(devices[device_index].allocator, data);   /* stream-ordered reuse: no sync needed */
+}
+
+static int cuda_memcpy_to_host(void *dst, const void *src, int64_t nbytes, int device_index) {
+  struct cuda_device *dev = cuda_device_enter(device_index, "to");
+  if (!dev) return kiln_error_code();
+  int rc = cuda_check(cudaMemcpyAsync(dst, src, (size_t)nbytes, cudaMemcpyDeviceToHost, dev->stream), "to",
+                      "cudaMemcpyAsync (device to host)");
+  if (!rc) rc = cuda_check(cudaStreamSynchronize(dev->stream), "to", "cudaStreamSynchronize (after a copy to the host)");
+  return rc;
+}
+
+static int cuda_memcpy_from_host(void *dst, const void *src, int64_t nbytes, int device_index) {
+  struct cuda_device *dev = cuda_device_enter(device_index, "to");
+  if (!dev) return kiln_error_code();
+  int rc = cuda_check(cudaMemcpyAsync(dst, src, (size_t)nbytes, cudaMemcpyHostToDevice, dev->stream), "to",
+                      "cudaMemcpyAsync (host to device)");
+  /* Synchronous for now: the host buffer may be freed as soon as we return. */
+  if (!rc) rc = cuda_check(cudaStreamSynchronize(dev->stream), "to", "cudaStreamSynchronize (after a copy from the host)");
+  return rc;
+}
+
+static int cuda_synchronize(int device_index) {
+  for (int d = device_index < 0 ? 0 : device_index; d < (device_index < 0 ? ndevices : device_index + 1); d++) {
+    if (!__atomic_load_n(&devices[d].ready, __ATOMIC_ACQUIRE)) continue;   /* nothing ever ran there */
+    if (!cuda_device_enter(d, "synchronize")) return kiln_error_code();
+    if (cuda_check(cudaStreamSynchronize(devices[d].stream), "synchronize", "cudaStreamSynchronize")) return kiln_error_code();
+  }
+  return KILN_OK;
+}
+
+static int cuda_memory_stats(int device_index, struct kiln_cuda_memory *out) {
+  memset(out, 0, sizeof *out);
+  if (device_index < 0 || device_index >= ndevices)
+    return cuda_fail(KILN_ERR_DEVICE, "memory_stats: no CUDA device cuda:%d (%d devices)", device_index, ndevices);
+  if (__atomic_load_n(&devices[device_index].ready, __ATOMIC_ACQUIRE)) kiln_caching_stats(devices[device_index].allocator, out);
+  return KILN_OK;
+}
+
+static int cuda_empty_cache(void) {
+  for (int d = 0; d < ndevices; d++) {
+    if (!__atomic_load_n(&devices[d].ready, __ATOMIC_ACQUIRE)) continue;
+    if (!cuda_device_enter(d, "empty_cache")) return kiln_error_code();
+    kiln_caching_empty(devices[d].allocator);
+  }
+  return KILN_OK;
+}
+
+/* ---- the table ---- */
+
+/* Adding an op: give it a CUDA kernel below or an explicit NULL, then update this count. */
+_Static_assert(KILN_OP_COUNT == 86, "a new op: give it a CUDA kernel or an explicit NULL in runtime/cuda/backend.c");
+
+#define EW(op) [op] = cuda_elementwise
+static const struct kiln_backend cuda_backend = {
+  .name = "cuda",
+  .alloc = cuda_alloc,
+  .free = cuda_free,
+  .memcpy_to_host = cuda_memcpy_to_host,
+  .memcpy_from_host = cuda_memcpy_from_host,
+  .synchronize = cuda_synchronize,
+  .memory_stats = cuda_memory_stats,
+  .empty_cache = cuda_empty_cache,
+  .kernel = {
+    [KILN_OP_COPY] = cuda_copy, [KILN_OP_FILL] = cuda_fill,
+    EW(KILN_OP_NEG), EW(KILN_OP_ABS), EW(KILN_OP_SIGN), EW(KILN_OP_SQRT), EW(KILN_OP_RSQRT), EW(KILN_OP_EXP),
+    EW(KILN_OP_LOG), EW(KILN_OP_LOG1P), EW(KILN_OP_EXPM1), EW(KILN_OP_SIN), EW(KILN_OP_COS), EW(KILN_OP_TANH),
+    EW(KILN_OP_SIGMOID), EW(KILN_OP_RELU), EW(KILN_OP_FLOOR), EW(KILN_OP_CEIL), EW(KILN_OP_ROUND),
+    EW(KILN_OP_TRUNC), EW(KILN_OP_RECIPROCAL), EW(KILN_OP_SQUARE), EW(KILN_OP_ERF), EW(KILN_OP_LOGICAL_NOT),
+    EW(KILN_OP_ADD), EW(KILN_OP_SUB), EW(KILN_OP_MUL), EW(KILN_OP_DIV), EW(KILN_OP_POW), EW(KILN_OP_MAXIMUM),
+    EW(KILN_OP_MINIMUM), EW(KILN_OP_REMAINDER), EW(KILN_OP_EQ), EW(KILN_OP_NE), EW(KILN_OP_LT), EW(KILN_OP_LE),
+    EW(KILN_OP_GT), EW(KILN_OP_GE), EW(KILN_OP_LOGICAL_AND), EW(KILN_OP_LOGICAL_OR), EW(KILN_OP_WHERE),
+    EW(KILN_OP_CLAMP),
+    /* reductions: next step */
+    [KILN_OP_SUM] = NULL, [KILN_OP_MEAN] = NULL, [KILN_OP_PROD] = NULL, [KILN_OP_MAX] = NULL, [KILN_OP_MIN] = NULL,
+    [KILN_OP_ARGMAX] = NULL, [KILN_OP_ARGMIN] = NULL, [KILN_OP_VAR] = NULL, [KILN_OP_STD] = NULL,
+    [KILN_OP_NORM] = NULL, [KILN_OP_LOGSUMEXP] = NULL,
+    [KILN_OP_GEMM] = cuda_gemm,
+    /* joining and indexing: next step */
+    [KILN_OP_CAT] = NULL, [KILN_OP_INDEX_SELECT] = NULL, [KILN_OP_GATHER] = NULL, [KILN_OP_SCATTER_ADD] = NULL,
+    [KILN_OP_MASKED_FILL] = NULL, [KILN_OP_MASKED_SELECT] = NULL,
+    [KILN_OP_UNIFORM] = cuda_random, [KILN_OP_NORMAL] = cuda_random, [KILN_OP_RANDINT] = cuda_random,
+    /* nn ops (cuDNN 9 and our own kernels): next step */
+    [KILN_OP_CONV2D] = NULL, [KILN_OP_CONV2D_BACKWARD] = NULL, [KILN_OP_MAX_POOL2D] = NULL,
+    [KILN_OP_MAX_POOL2D_BACKWARD] = NULL, [KILN_OP_AVG_POOL2D] = NULL, [KILN_OP_AVG_POOL2D_BACKWARD] = NULL,
+    [KILN_OP_BATCH_NORM] = NULL, [KILN_OP_BATCH_NORM_BACKWARD] = NULL, [KILN_OP_LAYER_NORM] = NULL,
+    [KILN_OP_LAYER_NORM_BACKWARD] = NULL, [KILN_OP_GROUP_NORM] = NULL, [KILN_OP_GROUP_NORM_BACKWARD] = NULL,
+    [KILN_OP_SOFTMAX] = NULL, [KILN_OP_SOFTMAX_BACKWARD] = NULL, [KILN_OP_LOG_SOFTMAX] = NULL,
+    [KILN_OP_LOG_SOFTMAX_BACKWARD] = NULL, [KILN_OP_NLL_LOSS] = NULL, [KILN_OP_NLL_LOSS_BACKWARD] = NULL,
+    [KILN_OP_DROPOUT] = NULL,
+    /* optimizer updates: next step */
+    [KILN_OP_SGD_STEP] = NULL, [KILN_OP_ADAM_STEP] = NULL, [KILN_OP_RMSPROP_STEP] = NULL, [KILN_OP_ADAGRAD_STEP] = NULL,
+  },
+};
+
+/* ---- the entry ---- */
+
+static int env_flag(const char *name) {
+  const char *v = getenv(name);
+  return v && *v && strcmp(v, "0") != 0;
+}
+
+KILN_API int kiln_cuda_backend_open(int api_version, const struct kiln_cuda_host *host, const struct kiln_backend **out,
+                                    int *device_count, char *err, size_t errlen) {
+  *out = NULL;
+  *device_count = 0;
+  if (api_version != KILN_API_VERSION) {
+    snprintf(err, errlen, "libkiln_cuda.so speaks kiln API %d, libkiln %d: build them from the same sources",
+             KILN_API_VERSION, api_version);
+    return KILN_ERR_UNSUPPORTED;
+  }
+  if (!host || host->op_count != KILN_OP_COUNT || host->call_size != (int)sizeof(struct kiln_call) ||
+      host->backend_size != (int)sizeof(struct kiln_backend) || !host->fail) {
+    snprintf(err, errlen,
+             "libkiln_cuda.so was built from other sources than libkiln (ops %d vs %d, call %d vs %d bytes, table %d vs "
+             "%d bytes): rebuild both",
+             KILN_OP_COUNT, host ? host->op_count : -1, (int)sizeof(struct kiln_call), host ? host->call_size : -1,
+             (int)sizeof(struct kiln_backend), host ? host->backend_size : -1);
+    return KILN_ERR_UNSUPPORTED;
+  }
+  cuda_host = host;
+  cuda_sync_launches = env_flag("KILN_SYNC");
+  poison_allocations = env_flag("KILN_CUDA_POISON");
+  *out = &cuda_backend;   /* the table, for coverage questions, even without a device */
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    int driver = 0;
+    cudaDriverGetVersion(&driver);
+    snprintf(err, errlen, "%s (cudaGetDeviceCount: %s)%s", cudaGetErrorString(e), cudaGetErrorName(e),
+             driver == 0 ? "; no NVIDIA driver is loaded on this machine" : "");
+    return KILN_OK;
+  }
+  if (n <= 0) {
+    snprintf(err, errlen, "the driver reports no CUDA device");
+    return KILN_OK;
+  }
+  devices = calloc((size_t)n, sizeof *devices);
+  if (!devices) {
+    snprintf(err, errlen, "out of host memory for %d devices' state", n);
+    return KILN_OK;
+  }
+  for (int d = 0; d < n; d++) devices[d].index = d;
+  ndevices = n;
+  *device_count = n;
+  return KILN_OK;
+}

@@ -1,0 +1,53 @@
+/* cuda/common.h: what the CUDA backend's files share: the host services libkiln passed in, the
+   per-device state (stream, allocator, cuBLAS), error helpers, and the kernels of the table.
+   Included from C (backend.c) and from CUDA C++ (the .cu files). */
+#ifndef KILN_CUDA_COMMON_H
+#define KILN_CUDA_COMMON_H
+#include "internal.h"
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* kiln_fail of the libkiln that opened us (libkiln does not export it). */
+extern const struct kiln_cuda_host *cuda_host;
+#define cuda_fail(...) (cuda_host->fail(__VA_ARGS__))
+
+/* KILN_SYNC=1: every launch is followed by cudaDeviceSynchronize and an error check, so a fault
+   is reported at the op that caused it. */
+extern int cuda_sync_launches;
+
+struct cuda_device {
+  int index;
+  int ready;
+  int sm_count;
+  cudaStream_t stream;                       /* the device's one stream: every kernel and copy */
+  struct kiln_caching_allocator *allocator;
+  void *blas;                                /* cublasHandle_t, made at the first GEMM */
+  void *blas_workspace;
+};
+
+/* Make device current on this thread and return its state (streams made on first use), or NULL
+   with an error naming op. */
+struct cuda_device *cuda_device_enter(int index, const char *op);
+
+/* A CUDA error as a kiln error: "op: call: message (cudaErrorName)"; KILN_OK for cudaSuccess. */
+int cuda_check(cudaError_t e, const char *op, const char *call);
+/* After a launch: the launch error, and with KILN_SYNC=1 the kernel's own. */
+int cuda_launched(const char *op, const char *kernel);
+
+/* The kernels (one per op family; call->op says which op). */
+int cuda_copy(const struct kiln_call *c);
+int cuda_fill(const struct kiln_call *c);
+int cuda_elementwise(const struct kiln_call *c);   /* unary, binary, where, clamp */
+int cuda_unary(const struct kiln_call *c, struct cuda_device *dev);
+int cuda_binary(const struct kiln_call *c, struct cuda_device *dev);
+int cuda_ternary(const struct kiln_call *c, struct cuda_device *dev);   /* where, clamp */
+int cuda_random(const struct kiln_call *c);
+int cuda_gemm(const struct kiln_call *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

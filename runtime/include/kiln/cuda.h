@@ -1,0 +1,44 @@
+/* kiln/cuda.h: CUDA devices as libkiln sees them: the CUDA backend (libkiln_cuda.so) is loaded on
+   first use, and on a machine without a GPU every function here answers cleanly, never crashes. */
+#ifndef KILN_CUDA_H
+#define KILN_CUDA_H
+#include <stdint.h>
+
+/* The caching device allocator of one device. Bytes are counted in the allocator's rounded
+   block sizes (multiples of 512). */
+struct kiln_cuda_memory {
+  int64_t allocated;        /* bytes in blocks that tensors hold now */
+  int64_t reserved;         /* bytes taken from the driver (cudaMalloc) and not given back */
+  int64_t peak_allocated;   /* highest allocated so far */
+  int64_t peak_reserved;    /* highest reserved so far */
+  int64_t requests;         /* allocations asked of the allocator */
+  int64_t cache_hits;       /* allocations served from cached blocks, without cudaMalloc */
+  int64_t device_allocs;    /* cudaMalloc calls */
+  int64_t device_frees;     /* cudaFree calls (empty_cache, out-of-memory retries) */
+  int64_t oom_retries;      /* failed cudaMallocs retried after giving the cache back */
+};
+
+/* Load the CUDA backend now (kiln also does it on the first use of a cuda device). Tried once
+   per process: KILN_OK when at least one device is usable, else KILN_ERR_DEVICE and a message
+   "no CUDA device: <why>". $KILN_CUDA_LIB names the library to load instead of the one next to
+   libkiln. */
+int kiln_cuda_init(void);
+/* Devices usable now; 0 (and no error) when there is no GPU, driver or backend. */
+int kiln_cuda_device_count(void);
+int kiln_cuda_is_available(void);
+/* 1 when libkiln_cuda.so was found and opened, with or without a device. */
+int kiln_cuda_backend_loaded(void);
+/* "no CUDA device: <why>" when no device is usable, NULL when one is. */
+const char *kiln_cuda_unavailable_reason(void);
+/* 1 when the CUDA backend has a kernel for op, whether or not a device is present (0 when the
+   backend is absent); kiln_op_supported(op, KILN_CUDA) answers for a usable device. */
+int kiln_cuda_op_supported(int op);
+
+/* Wait until the work queued on device (-1: every device) has finished, and report its errors. */
+int kiln_cuda_synchronize(int device);
+/* The allocator's statistics of device; all zero when no device is usable. */
+int kiln_cuda_memory_stats(int device, struct kiln_cuda_memory *out);
+/* Give the cached blocks no tensor holds back to the driver (every device). */
+int kiln_cuda_empty_cache(void);
+
+#endif

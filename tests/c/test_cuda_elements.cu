@@ -1,0 +1,306 @@
+/* test_cuda_elements.cu: the CUDA kernels' element functions (runtime/cuda/elements.cuh), which
+   are __host__ __device__, run here on the CPU (no GPU needed) against libkiln's CPU kernels:
+   every dtype conversion bit for bit, every elementwise op's semantics on edge values (NaN, inf,
+   -0, integer wrap-around and division by zero), clamp and where, and the Philox mapping of the
+   random fills. The device build of the same source may differ only where the device's math
+   library does (exp, log, sin, ... within an ulp or two); tests/gpu checks that part. */
+#include "elements.cuh"
+extern "C" {
+#include "internal.h"
+}
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+using namespace kiln_el;
+
+static int checks, failures;
+static void report(bool ok, int line, const char *what) {
+  checks++;
+  if (!ok) {
+    failures++;
+    fprintf(stderr, "test_cuda_elements.cu:%d: FAILED: %s\n", line, what);
+  }
+}
+#define CHECK(cond) report((cond), __LINE__, #cond)
+
+static const struct kiln_device CPU = {KILN_CPU, 0};
+
+/* A 1-d CPU tensor of dtype holding raw elements. */
+static struct kiln_tensor *raw_tensor(int dtype, const std::vector<unsigned char> &bytes) {
+  int64_t n = (int64_t)bytes.size() / kiln_dtype_size(dtype);
+  struct kiln_tensor *t = kiln_tensor_empty(1, &n, dtype, CPU);
+  if (t && n) memcpy(kiln_tensor_data(t), bytes.data(), bytes.size());
+  return t;
+}
+
+/* Edge values of each dtype, as raw bytes. */
+static std::vector<unsigned char> edge_values(int dtype) {
+  const double floats[] = {0.0, -0.0, 1.0, -1.0, 0.5, 1.5, 2.5, -2.5, 0.1, 1.0 / 3, 255, 256, -129, 65504, 65519, 65520,
+                           1e-8, 6e-5, 6.1e-5, 3e-45, 3.4e38, 1e39, -1e39, 1e300, INFINITY, -INFINITY, NAN, -NAN,
+                           2147483648.0, -2147483649.0, 9007199254740993.0, 9.3e18, -9.3e18, 123456789.123, -7.75, 3.0};
+  const int64_t ints[] = {0, 1, -1, 2, -2, 3, 7, -7, 127, 128, 255, 256, -128, -129, 65504, 2147483647, -2147483648LL,
+                          4294967296LL, 9007199254740993LL, (int64_t)1 << 62, INT64_MAX, INT64_MIN, INT64_MIN + 1,
+                          ((int64_t)1 << 60) + ((int64_t)1 << 36) + 1};   /* the last rounds differently through double */
+  std::vector<unsigned char> out;
+  int es = kiln_dtype_size(dtype);
+  unsigned char buf[8];
+  if (kiln_dtype_is_float(dtype)) {
+    for (double v : floats) { store_f64(buf, dtype, v); out.insert(out.end(), buf, buf + es); }
+    if (dtype == KILN_F16) {   /* subnormals, the largest, a NaN with payload */
+      for (uint16_t h : {(uint16_t)0x0001, (uint16_t)0x03ff, (uint16_t)0x7bff, (uint16_t)0x7e01, (uint16_t)0xfc00}) {
+        memcpy(buf, &h, 2); out.insert(out.end(), buf, buf + 2);
+      }
+    }
+    if (dtype == KILN_F32) {   /* NaN payloads, f16 and bf16 rounding ties (to even, both ways), subnormal edges */
+      for (uint32_t u : {0x7fc00001u, 0xffa00000u, 0x7f800001u, 0x387fe000u, 0x33000001u, 0x3f808000u, 0x3f818000u,
+                         0x3f801000u, 0x3f803000u, 0x33800000u, 0x33000000u}) {
+        memcpy(buf, &u, 4); out.insert(out.end(), buf, buf + 4);
+      }
+    }
+  } else if (dtype == KILN_BOOL) {
+    for (unsigned char b : {0, 1, 2, 255}) out.push_back(b);   /* 2 and 255: bytes some writers leave */
+  } else {
+    for (int64_t v : ints) {
+      if (dtype == KILN_I64) memcpy(buf, &v, 8);
+      else if (dtype == KILN_I32) { int32_t w = (int32_t)(uint32_t)(uint64_t)v; memcpy(buf, &w, 4); }
+      else buf[0] = (unsigned char)(uint64_t)v;
+      out.insert(out.end(), buf, buf + es);
+    }
+  }
+  return out;
+}
+
+static void test_conversions() {
+  int bad = 0;
+  for (int sd = 0; sd < KILN_DTYPE_COUNT; sd++)
+    for (int dd = 0; dd < KILN_DTYPE_COUNT; dd++) {
+      std::vector<unsigned char> src = edge_values(sd);
+      struct kiln_tensor *t = raw_tensor(sd, src);
+      struct kiln_tensor *c = kiln_to_dtype(t, dd);   /* the CPU's conversion */
+      int ss = kiln_dtype_size(sd), ds = kiln_dtype_size(dd);
+      for (int64_t i = 0; c && i < t->numel; i++) {
+        unsigned char got[8] = {0};
+        convert(got, dd, src.data() + i * ss, sd);
+        const unsigned char *want = (const unsigned char *)kiln_tensor_data(c) + i * ds;
+        if (memcmp(got, want, (size_t)ds) != 0 && bad++ < 10) {
+          double x = load_f64(src.data() + i * ss, sd);
+          fprintf(stderr, "convert %s -> %s of element %lld (%.17g): bytes differ from the CPU's\n", kiln_dtype_name(sd),
+                  kiln_dtype_name(dd), (long long)i, x);
+        }
+      }
+      CHECK(c != NULL);
+      kiln_tensor_release(t);
+      kiln_tensor_release(c);
+    }
+  CHECK(bad == 0);
+}
+
+/* The values each compute dtype is tried on. */
+template <class C> static std::vector<C> op_values() {
+  std::vector<C> v;
+  if constexpr (std::is_same<C, int64_t>::value) {
+    for (int64_t x : {0LL, 1LL, -1LL, 2LL, -3LL, 7LL, -8LL, 63LL, 64LL, 1000003LL, -1000003LL, (long long)INT64_MAX,
+                      (long long)INT64_MIN, (long long)INT64_MIN + 1, 4294967296LL})
+      v.push_back((C)x);
+  } else {
+    for (double x : {0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 1.5, 2.5, -2.5, 3.0, -7.25, 0.1, 100.0, 1e-3, 88.5, -88.5, 1e30,
+                     -1e30, (double)INFINITY, -(double)INFINITY, (double)NAN})
+      v.push_back((C)x);
+  }
+  return v;
+}
+
+template <class C> static int dtype_of() {
+  return std::is_same<C, float>::value ? KILN_F32 : std::is_same<C, double>::value ? KILN_F64 : KILN_I64;
+}
+
+static bool same_value(double a, double b, double rtol) {
+  if (a != a || b != b) return a != a && b != b;
+  if (a == b) return true;
+  return rtol > 0 && fabs(a - b) <= rtol * fabs(b);
+}
+
+/* Ops whose C library functions may differ between builds by an ulp. */
+static bool transcendental(int op) {
+  switch (op) {
+  case KILN_OP_EXP: case KILN_OP_LOG: case KILN_OP_LOG1P: case KILN_OP_EXPM1: case KILN_OP_SIN: case KILN_OP_COS:
+  case KILN_OP_TANH: case KILN_OP_SIGMOID: case KILN_OP_ERF: case KILN_OP_POW:
+    return true;
+  }
+  return false;
+}
+
+template <class C> static double rtol_for(int op) {
+  return transcendental(op) ? (std::is_same<C, float>::value ? 2e-7 : 4e-16) : 0.0;
+}
+
+template <int OP, class C> static void check_unary() {
+  std::vector<C> xs = op_values<C>();
+  std::vector<double> d(xs.begin(), xs.end());
+  int64_t n = (int64_t)xs.size();
+  struct kiln_tensor *t = kiln_tensor_empty(1, &n, dtype_of<C>(), CPU);
+  memcpy(kiln_tensor_data(t), xs.data(), sizeof(C) * xs.size());
+  struct kiln_tensor *r = kiln_unary(OP, t);
+  int bad = 0;
+  for (int64_t i = 0; r && i < n; i++) {
+    double want = kiln_tensor_get(r, i);
+    double got = (double)unary<OP, C>(xs[(size_t)i]);
+    if (!same_value(got, want, rtol_for<C>(OP)) && bad++ < 3)
+      fprintf(stderr, "%s(%s %.17g): %.17g, the CPU gives %.17g\n", kiln_op_name(OP), kiln_dtype_name(dtype_of<C>()),
+              (double)xs[(size_t)i], got, want);
+  }
+  report(r && bad == 0, __LINE__, kiln_op_name(OP));
+  kiln_tensor_release(t);
+  kiln_tensor_release(r);
+}
+
+template <int OP> static void check_unary_all() {
+  check_unary<OP, float>();
+  check_unary<OP, double>();
+  if constexpr (takes_integers<OP>()) check_unary<OP, int64_t>();
+}
+
+template <int OP, class C> static void check_binary() {
+  std::vector<C> vs = op_values<C>();
+  std::vector<C> xs, ys;
+  for (C x : vs)
+    for (C y : vs) { xs.push_back(x); ys.push_back(y); }
+  int64_t n = (int64_t)xs.size();
+  struct kiln_tensor *a = kiln_tensor_empty(1, &n, dtype_of<C>(), CPU), *b = kiln_tensor_empty(1, &n, dtype_of<C>(), CPU);
+  memcpy(kiln_tensor_data(a), xs.data(), sizeof(C) * xs.size());
+  memcpy(kiln_tensor_data(b), ys.data(), sizeof(C) * ys.size());
+  struct kiln_tensor *r = kiln_binary(OP, a, b);
+  int bad = 0;
+  for (int64_t i = 0; r && i < n; i++) {
+    double want = kiln_tensor_get(r, i);
+    double got = (double)binary<OP, C>(xs[(size_t)i], ys[(size_t)i]);
+    if (!same_value(got, want, rtol_for<C>(OP)) && bad++ < 3)
+      fprintf(stderr, "%s(%s %.17g, %.17g): %.17g, the CPU gives %.17g\n", kiln_op_name(OP), kiln_dtype_name(dtype_of<C>()),
+              (double)xs[(size_t)i], (double)ys[(size_t)i], got, want);
+  }
+  /* a scalar on either side, as kiln_binary_scalar sends it (integral scalars keep i64) */
+  for (double s : {3.0, -2.0, 0.0}) {
+    for (int reverse = 0; reverse < 2; reverse++) {
+      struct kiln_tensor *q = kiln_binary_scalar(OP, a, s, reverse);
+      C sc = scalar_as<C>(s);
+      for (int64_t i = 0; q && i < n; i++) {
+        double want = kiln_tensor_get(q, i);
+        C x = xs[(size_t)i];
+        double got = (double)(reverse ? binary<OP, C>(sc, x) : binary<OP, C>(x, sc));
+        if (!same_value(got, want, rtol_for<C>(OP)) && bad++ < 3)
+          fprintf(stderr, "%s(%s %.17g, scalar %g, reverse %d): %.17g, the CPU gives %.17g\n", kiln_op_name(OP),
+                  kiln_dtype_name(dtype_of<C>()), (double)x, s, reverse, got, want);
+      }
+      if (!q) bad++;
+      kiln_tensor_release(q);
+    }
+  }
+  report(r && bad == 0, __LINE__, kiln_op_name(OP));
+  kiln_tensor_release(a);
+  kiln_tensor_release(b);
+  kiln_tensor_release(r);
+}
+
+template <int OP> static void check_binary_all() {
+  check_binary<OP, float>();
+  check_binary<OP, double>();
+  if constexpr (takes_integers<OP>()) check_binary<OP, int64_t>();
+}
+
+template <class C> static void check_clamp_where() {
+  std::vector<C> xs = op_values<C>();
+  int64_t n = (int64_t)xs.size();
+  struct kiln_tensor *t = kiln_tensor_empty(1, &n, dtype_of<C>(), CPU);
+  memcpy(kiln_tensor_data(t), xs.data(), sizeof(C) * xs.size());
+  int bad = 0;
+  const double bounds[][2] = {{-1, 2}, {0.5, 0.25}, {-INFINITY, 3}, {-2, INFINITY}, {-1e20, 1e20}};
+  for (auto &bd : bounds) {
+    if (std::is_same<C, int64_t>::value && (bd[0] != floor(bd[0]) || bd[1] != floor(bd[1]))) continue;
+    struct kiln_tensor *r = kiln_clamp(t, bd[0], bd[1], 1, 1);
+    C lo = clamp_bound<C>(bd[0]), hi = clamp_bound<C>(bd[1]);
+    for (int64_t i = 0; r && i < n; i++) {
+      double want = kiln_tensor_get(r, i), got = (double)clamp<C>(xs[(size_t)i], lo, hi);
+      if (!same_value(got, want, 0) && bad++ < 3)
+        fprintf(stderr, "clamp(%.17g, %g, %g): %.17g, the CPU gives %.17g\n", (double)xs[(size_t)i], bd[0], bd[1], got, want);
+    }
+    if (!r) bad++;
+    kiln_tensor_release(r);
+  }
+  /* where(cond, a, b) with cond a tensor of the same values: 0 and -0 are false, NaN is true */
+  struct kiln_tensor *b = kiln_unary(KILN_OP_NEG, t);
+  struct kiln_tensor *w = kiln_where(t, t, b);
+  for (int64_t i = 0; w && b && i < n; i++) {
+    C x = xs[(size_t)i];
+    double want = kiln_tensor_get(w, i), got = (double)where(x, x, unary<KILN_OP_NEG, C>(x));
+    if (!same_value(got, want, 0) && bad++ < 3) fprintf(stderr, "where(%.17g): %.17g, the CPU gives %.17g\n", (double)x, got, want);
+  }
+  report(w && bad == 0, __LINE__, "clamp and where");
+  kiln_tensor_release(t);
+  kiln_tensor_release(b);
+  kiln_tensor_release(w);
+}
+
+static void test_ops() {
+  check_unary_all<KILN_OP_NEG>(); check_unary_all<KILN_OP_ABS>(); check_unary_all<KILN_OP_SIGN>();
+  check_unary_all<KILN_OP_SQRT>(); check_unary_all<KILN_OP_RSQRT>(); check_unary_all<KILN_OP_EXP>();
+  check_unary_all<KILN_OP_LOG>(); check_unary_all<KILN_OP_LOG1P>(); check_unary_all<KILN_OP_EXPM1>();
+  check_unary_all<KILN_OP_SIN>(); check_unary_all<KILN_OP_COS>(); check_unary_all<KILN_OP_TANH>();
+  check_unary_all<KILN_OP_SIGMOID>(); check_unary_all<KILN_OP_RELU>(); check_unary_all<KILN_OP_FLOOR>();
+  check_unary_all<KILN_OP_CEIL>(); check_unary_all<KILN_OP_ROUND>(); check_unary_all<KILN_OP_TRUNC>();
+  check_unary_all<KILN_OP_RECIPROCAL>(); check_unary_all<KILN_OP_SQUARE>(); check_unary_all<KILN_OP_ERF>();
+  check_unary_all<KILN_OP_LOGICAL_NOT>();
+  check_binary_all<KILN_OP_ADD>(); check_binary_all<KILN_OP_SUB>(); check_binary_all<KILN_OP_MUL>();
+  check_binary_all<KILN_OP_DIV>(); check_binary_all<KILN_OP_POW>(); check_binary_all<KILN_OP_MAXIMUM>();
+  check_binary_all<KILN_OP_MINIMUM>(); check_binary_all<KILN_OP_REMAINDER>(); check_binary_all<KILN_OP_EQ>();
+  check_binary_all<KILN_OP_NE>(); check_binary_all<KILN_OP_LT>(); check_binary_all<KILN_OP_LE>();
+  check_binary_all<KILN_OP_GT>(); check_binary_all<KILN_OP_GE>(); check_binary_all<KILN_OP_LOGICAL_AND>();
+  check_binary_all<KILN_OP_LOGICAL_OR>();
+  check_clamp_where<float>();
+  check_clamp_where<double>();
+  check_clamp_where<int64_t>();
+}
+
+/* The random fills: element i of random_element against the CPU's fill at the same state. */
+static void check_random(int op, int dtype, double p0, double p1, int64_t lo, int64_t hi) {
+  const uint64_t seed = 0x123456789abcdefull, offset = 977;
+  int64_t n = 20000;
+  struct kiln_tensor *t = kiln_tensor_empty(1, &n, dtype, CPU);
+  kiln_random_set_state(seed, offset);
+  int rc = op == KILN_OP_UNIFORM ? kiln_uniform_(t, p0, p1) : op == KILN_OP_NORMAL ? kiln_normal_(t, p0, p1)
+                                                                                  : kiln_randint_(t, lo, hi);
+  int es = kiln_dtype_size(dtype), bad = 0;
+  for (int64_t i = 0; rc == 0 && i < n; i++) {
+    unsigned char got[8] = {0};
+    random_element(op, got, dtype, seed, offset, i, p0, p1, lo, hi);
+    const unsigned char *want = (const unsigned char *)kiln_tensor_data(t) + i * es;
+    if (memcmp(got, want, (size_t)es) != 0 && bad++ < 3)
+      fprintf(stderr, "%s %s element %lld: %.17g, the CPU gives %.17g\n", kiln_op_name(op), kiln_dtype_name(dtype),
+              (long long)i, load_f64(got, dtype), load_f64(want, dtype));
+  }
+  char what[64];
+  snprintf(what, sizeof what, "%s %s bit for bit", kiln_op_name(op), kiln_dtype_name(dtype));
+  report(rc == 0 && bad == 0, __LINE__, what);
+  kiln_tensor_release(t);
+}
+
+static void test_random() {
+  for (int dt : {KILN_F32, KILN_F64, KILN_F16, KILN_BF16}) {
+    check_random(KILN_OP_UNIFORM, dt, 0, 1, 0, 0);
+    check_random(KILN_OP_UNIFORM, dt, -3.7, 11.1, 0, 0);
+    check_random(KILN_OP_UNIFORM, dt, 0.999, 1.0, 0, 0);   /* draws that round up to hi */
+    check_random(KILN_OP_NORMAL, dt, 0.5, 2, 0, 0);
+  }
+  for (int dt : {KILN_I64, KILN_I32, KILN_U8, KILN_F32, KILN_F64}) check_random(KILN_OP_RANDINT, dt, -5, 200, -5, 200);
+  check_random(KILN_OP_RANDINT, KILN_I64, 0, 0, INT64_MIN / 2, INT64_MAX / 2 + 12345);
+  check_random(KILN_OP_RANDINT, KILN_BOOL, 0, 2, 0, 2);
+}
+
+int main() {
+  test_conversions();
+  test_ops();
+  test_random();
+  printf("test_cuda_elements: %d checks, %d failed\n", checks, failures);
+  return failures != 0 || checks == 0;
+}

@@ -1,0 +1,506 @@
+-- tests/gpu/ops_spec.lua: every op that has a CUDA kernel, run on cuda:0 and on the CPU on the same
+-- random inputs (odd shapes, transposed, narrowed and permuted views, broadcasting, mixed dtypes,
+-- scalars on either side, 0-dim and empty tensors; in-place and out= targets poisoned with NaN
+-- first, fresh device blocks too when KILN_CUDA_POISON=1), compared element by element: the
+-- largest normalised error per op against its tolerance, in a table, and in $OUT/gpu_ops.txt and
+-- $OUT/gpu_ops.jsonl when OUT is set. Also: the caching allocator in steady state, out of memory,
+-- and an op without a CUDA kernel. Exits 1 when a case fails.
+--   build/bin/kiln tests/gpu/ops_spec.lua           (tests/gpu/run.sh runs it)
+-- Without a GPU it prints "skipped: no CUDA device" and exits 0. KILN_GPU_OPS_DEVICE=cpu runs the
+-- whole script with the CPU in the device's place (every error 0): a check of the script itself.
+local kiln = kiln or require "kiln"
+local ffi = require "ffi"
+local core = require "kiln.core"
+local C, wrap, check = kiln.C, core.wrap, core.check
+
+local DEV = os.getenv("KILN_GPU_OPS_DEVICE") or "cuda"
+if DEV ~= "cpu" and not kiln.cuda.is_available() then
+  print("skipped: no CUDA device (" .. tostring(kiln.cuda.unavailable_reason()) .. ")")
+  os.exit(0)
+end
+local ON_GPU = DEV ~= "cpu"
+
+local op_number = {}
+for i = 0, C.KILN_OP_COUNT - 1 do op_number[ffi.string(C.kiln_op_name(i))] = i end
+local function has_kernel(name) return not ON_GPU or kiln.cuda.has_kernel(name) end
+
+-- ---- tolerances ----
+
+local exact = {}
+for name in ([[copy fill neg abs sign relu floor ceil round trunc square logical_not add sub mul div sqrt rsqrt
+  reciprocal maximum minimum remainder eq ne lt le gt ge logical_and logical_or where clamp uniform randint]]):gmatch("%S+") do
+  exact[name] = true
+end
+
+-- ctype: the dtype the op computes in; out: the result's dtype.
+local function tolerance(name, ctype, out)
+  if exact[name] or ctype == "i64" then return 0 end
+  if name == "gemm" then return ({f32 = 2e-5, f64 = 1e-12, f16 = 4e-3, bf16 = 3e-2})[out] or 0 end
+  if name == "normal" then return out == "f64" and 1e-13 or 1e-6 end
+  -- the device's exp, log, sin, pow, ... are within a few ulps of the C library's
+  if out == "f16" then return 2e-3 elseif out == "bf16" then return 1.6e-2 end
+  return ctype == "f64" and 1e-14 or 4e-6
+end
+
+-- ---- comparing ----
+
+local function f64_values(t)
+  local n = t:numel()
+  local buf = ffi.new("double[?]", n > 0 and n or 1)
+  check(C.kiln_tensor_to_f64(t.p, buf))
+  return buf, n
+end
+
+-- Largest error of g against c: per element |g - c| / max(1, |c|) (global: / max |c|, for sums);
+-- NaN must meet NaN and an infinity the same infinity, else the error is infinite.
+local function max_error(g, c, global)
+  if g:dtype() ~= c:dtype() then return math.huge, "dtype " .. g:dtype() .. " vs " .. c:dtype() end
+  local gs, cs = table.concat(g:size(), ","), table.concat(c:size(), ",")
+  if gs ~= cs then return math.huge, "shape [" .. gs .. "] vs [" .. cs .. "]" end
+  local gv, n = f64_values(g)
+  local cv = f64_values(c)
+  local scale = 1
+  if global then
+    scale = 0
+    for i = 0, n - 1 do local a = math.abs(cv[i]) if a == a and a < math.huge and a > scale then scale = a end end
+    if scale == 0 then scale = 1 end
+  end
+  local worst, where = 0, nil
+  for i = 0, n - 1 do
+    local x, y = gv[i], cv[i]
+    local e
+    if y ~= y then e = (x ~= x) and 0 or math.huge
+    elseif y == math.huge or y == -math.huge then e = (x == y) and 0 or math.huge
+    else
+      e = math.abs(x - y) / (global and scale or math.max(1, math.abs(y)))
+      if e ~= e then e = math.huge end
+    end
+    if e > worst then worst, where = e, string.format("element %d: %.17g, cpu %.17g", i, x, y) end
+  end
+  return worst, where
+end
+
+-- ---- bookkeeping ----
+
+local rows, order = {}, {}
+local failures = 0
+local function record(name, err, tol, what, detail)
+  local r = rows[name]
+  if not r then
+    r = {name = name, cases = 0, failed = 0, err = 0, tol = 0, worst = ""}
+    rows[name] = r
+    order[#order + 1] = name
+  end
+  r.cases = r.cases + 1
+  if err > tol then
+    r.failed = r.failed + 1
+    failures = failures + 1
+    io.stderr:write(string.format("FAIL %s %s: error %.3g > %.3g (%s)\n", name, what, err, tol, detail or ""))
+  end
+  if err > r.err or r.cases == 1 then r.err, r.worst = err, what end
+  if tol > r.tol then r.tol = tol end
+end
+
+-- Run f; an error is recorded as a failed case rather than stopping the script.
+local function guarded(name, what, f)
+  local ok, err = pcall(f)
+  if not ok then
+    record(name, math.huge, 0, what, tostring(err))
+  end
+end
+
+-- ---- inputs ----
+
+kiln.manual_seed(20261130)
+local float = {f32 = true, f64 = true, f16 = true, bf16 = true}
+
+-- A CPU tensor of dtype with random values and, at its first elements (unless clean), edge values.
+local function gen(shape, dtype, clean)
+  local t
+  if float[dtype] then
+    t = kiln.randn(shape, {dtype = "f64"}) * 3
+    local specials = {0, -0.0, 1 / 0, -1 / 0, 0 / 0, 0.5, 2.5, -1.5, 1e-3, 100}
+    local n = clean and 0 or math.min(#specials, t:numel())
+    for i = 1, n do check(C.kiln_tensor_set(t.p, i - 1, specials[i])) end
+    t = t:to(dtype)
+  elseif dtype == "bool" then
+    t = kiln.randint(0, 2, shape, {dtype = "bool"})
+  elseif dtype == "u8" then
+    t = kiln.randint(0, 200, shape, {dtype = "u8"})
+  else
+    t = kiln.randint(-20, 20, shape, {dtype = dtype})
+  end
+  return t
+end
+
+-- Layouts: a base shape made on both devices and the same view taken of each.
+local layouts = {
+  {name = "contiguous", base = {37, 53}, view = function(t) return t end},
+  {name = "transposed", base = {53, 37}, view = function(t) return t:transpose(1, 2) end},
+  {name = "narrowed", base = {37, 60}, view = function(t) return t:narrow(2, 4, 53) end},
+  {name = "permuted 3-d", base = {3, 5, 7, 2}, view = function(t) return t:select(4, 2):permute(3, 1, 2) end},
+  {name = "0-dim", base = {}, view = function(t) return t end},
+  {name = "empty", base = {0, 5}, view = function(t) return t end},
+}
+
+-- The same input on the CPU and on the device: (cpu view, device view).
+local function pair(layout, dtype)
+  local base = gen(layout.base, dtype)
+  return layout.view(base), layout.view(base:to(DEV))
+end
+
+-- ---- elementwise ----
+
+local unary_ops = {"neg", "abs", "sign", "sqrt", "rsqrt", "exp", "log", "log1p", "expm1", "sin", "cos", "tanh", "sigmoid",
+                   "relu", "floor", "ceil", "round", "trunc", "reciprocal", "square", "erf", "logical_not"}
+local binary_ops = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "remainder", "eq", "ne", "lt", "le", "gt",
+                    "ge", "logical_and", "logical_or"}
+local comparisons = {eq = true, ne = true, lt = true, le = true, gt = true, ge = true, logical_and = true,
+                     logical_or = true, logical_not = true}
+
+local function ctype_of(d) if d == "f64" then return "f64" elseif float[d] then return "f32" else return "i64" end end
+
+for _, name in ipairs(unary_ops) do
+  if has_kernel(name) then
+    local op = op_number[name]
+    for _, dtype in ipairs({"f32", "f64", "f16", "bf16", "i64", "i32", "bool"}) do
+      for _, layout in ipairs(layouts) do
+        local what = dtype .. " " .. layout.name
+        guarded(name, what, function()
+          local a, ga = pair(layout, dtype)
+          local ok_cpu, c = pcall(function() return wrap(C.kiln_unary(op, a.p)) end)
+          if not ok_cpu then return end   -- not defined for this dtype on the CPU either (neg of bool)
+          local g = wrap(C.kiln_unary(op, ga.p))
+          local ct = comparisons[name] and ctype_of(dtype) or ctype_of(c:dtype())
+          local err, detail = max_error(g, c)
+          record(name, err, tolerance(name, ct, c:dtype()), what, detail)
+        end)
+      end
+    end
+    -- in place, into a transposed view
+    guarded(name, "f32 in place, transposed", function()
+      local a, ga = pair(layouts[2], "f32")
+      a, ga = a:clone():transpose(1, 2), ga:clone():transpose(1, 2)
+      if comparisons[name] then return end
+      check(C.kiln_unary_(op, a.p))
+      check(C.kiln_unary_(op, ga.p))
+      local err, detail = max_error(ga, a)
+      record(name, err, tolerance(name, "f32", "f32"), "f32 in place, transposed", detail)
+    end)
+  end
+end
+
+-- dtype pairs for the binary ops, and the shapes b takes against a [37,53] view
+local binary_dtypes = {{"f32", "f32"}, {"f64", "f64"}, {"i64", "i64"}, {"f16", "f16"}, {"bf16", "bf16"}, {"f32", "i64"},
+                       {"i32", "u8"}, {"f16", "bf16"}, {"bool", "bool"}}
+local b_shapes = {
+  {name = "same shape, transposed", base = {53, 37}, view = function(t) return t:transpose(1, 2) end},
+  {name = "broadcast [53]", base = {53}, view = function(t) return t end},
+  {name = "broadcast [37,1]", base = {37, 1}, view = function(t) return t end},
+  {name = "broadcast 0-dim", base = {}, view = function(t) return t end},
+}
+
+for _, name in ipairs(binary_ops) do
+  if has_kernel(name) then
+    local op = op_number[name]
+    for _, dt in ipairs(binary_dtypes) do
+      for li = 1, 3 do
+        for _, bs in ipairs(b_shapes) do
+          local what = string.format("%s %s, %s %s", dt[1], layouts[li].name, dt[2], bs.name)
+          guarded(name, what, function()
+            local a, ga = pair(layouts[li], dt[1])
+            local b, gb = pair(bs, dt[2])
+            local ok_cpu, c = pcall(function() return wrap(C.kiln_binary(op, a.p, b.p)) end)
+            if not ok_cpu then return end
+            local g = wrap(C.kiln_binary(op, ga.p, gb.p))
+            local err, detail = max_error(g, c)
+            local ct = comparisons[name] and "i64" or ctype_of(c:dtype())   -- a bool result is exact
+            record(name, err, tolerance(name, ct, c:dtype()), what, detail)
+          end)
+        end
+      end
+      -- a scalar on either side
+      for _, s in ipairs({2.5, 3, -2}) do
+        for reverse = 0, 1 do
+          local what = string.format("%s transposed, scalar %g%s", dt[1], s, reverse == 1 and " on the left" or "")
+          guarded(name, what, function()
+            local a, ga = pair(layouts[2], dt[1])
+            local ok_cpu, c = pcall(function() return wrap(C.kiln_binary_scalar(op, a.p, s, reverse)) end)
+            if not ok_cpu then return end
+            local g = wrap(C.kiln_binary_scalar(op, ga.p, s, reverse))
+            local err, detail = max_error(g, c)
+            local ct = comparisons[name] and "i64" or ctype_of(c:dtype())
+            record(name, err, tolerance(name, ct, c:dtype()), what, detail)
+          end)
+        end
+      end
+    end
+    -- in place: a (transposed, poisoned copy) op= b broadcast
+    guarded(name, "f32 in place with a broadcast [53]", function()
+      if comparisons[name] then return end
+      local a, ga = pair(layouts[2], "f32")
+      local b, gb = pair(b_shapes[2], "f32")
+      a, ga = a:clone(), ga:clone()
+      check(C.kiln_binary_(op, a.p, b.p))
+      check(C.kiln_binary_(op, ga.p, gb.p))
+      local err, detail = max_error(ga, a)
+      record(name, err, tolerance(name, "f32", "f32"), "f32 in place with a broadcast [53]", detail)
+    end)
+  end
+end
+
+if has_kernel("where") then
+  for _, dt in ipairs({{"bool", "f32", "f32"}, {"bool", "f32", "f64"}, {"f32", "i64", "i64"}, {"u8", "f16", "bf16"}}) do
+    local what = string.format("cond %s [37,1], %s transposed, %s [53]", dt[1], dt[2], dt[3])
+    guarded("where", what, function()
+      local cnd, gcnd = pair(b_shapes[3], dt[1])
+      local a, ga = pair(layouts[2], dt[2])
+      local b, gb = pair(b_shapes[2], dt[3])
+      local c = wrap(C.kiln_where(cnd.p, a.p, b.p))
+      local g = wrap(C.kiln_where(gcnd.p, ga.p, gb.p))
+      local err, detail = max_error(g, c)
+      record("where", err, 0, what, detail)
+    end)
+  end
+end
+
+if has_kernel("clamp") then
+  for _, dtype in ipairs({"f32", "f64", "i64", "f16", "i32"}) do
+    for _, bounds in ipairs({{-1, 2, 1, 1}, {0.5, 0, 1, 0}, {0, 1.5, 0, 1}, {3, -3, 1, 1}}) do
+      local what = string.format("%s narrowed, [%g, %g] (%d, %d)", dtype, bounds[1], bounds[2], bounds[3], bounds[4])
+      guarded("clamp", what, function()
+        local a, ga = pair(layouts[3], dtype)
+        local c = wrap(C.kiln_clamp(a.p, bounds[1], bounds[2], bounds[3], bounds[4]))
+        local g = wrap(C.kiln_clamp(ga.p, bounds[1], bounds[2], bounds[3], bounds[4]))
+        local err, detail = max_error(g, c)
+        record("clamp", err, 0, what, detail)
+      end)
+    end
+  end
+end
+
+-- ---- copy and fill ----
+
+local dtypes = {"f32", "f64", "f16", "bf16", "i64", "i32", "u8", "bool"}
+local function poisoned(shape, dtype, dev)
+  return kiln.full(shape, float[dtype] and 0 / 0 or 77, {dtype = dtype, device = dev})
+end
+
+if has_kernel("copy") then
+  for _, sd in ipairs(dtypes) do
+    for _, dd in ipairs(dtypes) do
+      local what = string.format("%s transposed -> %s", sd, dd)
+      guarded("copy", what, function()
+        local s, gs = pair(layouts[2], sd)
+        local d, gd = poisoned({37, 53}, dd, "cpu"), poisoned({37, 53}, dd, DEV)
+        check(C.kiln_copy_(d.p, s.p))
+        check(C.kiln_copy_(gd.p, gs.p))
+        local err, detail = max_error(gd, d)
+        record("copy", err, 0, what, detail)
+      end)
+    end
+    -- same dtype: broadcast into a transposed destination (the strided move kernel), and contiguous
+    guarded("copy", sd .. " [53] broadcast into a transposed view", function()
+      local s, gs = pair(b_shapes[2], sd)
+      local d = poisoned({53, 37}, sd, "cpu"):transpose(1, 2)
+      local gd = poisoned({53, 37}, sd, DEV):transpose(1, 2)
+      check(C.kiln_copy_(d.p, s.p))
+      check(C.kiln_copy_(gd.p, gs.p))
+      local err, detail = max_error(gd, d)
+      record("copy", err, 0, sd .. " [53] broadcast into a transposed view", detail)
+    end)
+    guarded("copy", sd .. " contiguous (device to device)", function()
+      local s, gs = pair(layouts[1], sd)
+      local c, g = s:clone(), gs:clone()
+      local err, detail = max_error(g, c)
+      record("copy", err, 0, sd .. " contiguous (device to device)", detail)
+    end)
+  end
+end
+
+if has_kernel("fill") then
+  for _, dtype in ipairs(dtypes) do
+    for _, v in ipairs({0, 1.5, -2.25, 1e10, 0 / 0, 255}) do
+      for _, li in ipairs({1, 2}) do
+        local what = string.format("%s %s, %g", dtype, layouts[li].name, v)
+        guarded("fill", what, function()
+          local c = layouts[li].view(poisoned(layouts[li].base, dtype, "cpu"))
+          local g = layouts[li].view(poisoned(layouts[li].base, dtype, DEV))
+          check(C.kiln_fill_(c.p, v))
+          check(C.kiln_fill_(g.p, v))
+          local err, detail = max_error(g, c)
+          record("fill", err, 0, what, detail)
+        end)
+      end
+    end
+  end
+end
+
+-- ---- random fills: the same generator state gives the same numbers ----
+
+local function draw(name, dtype, dev, a1, a2, shape, strided)
+  local t = strided and kiln.empty(shape[2], shape[1], {dtype = dtype, device = dev}):transpose(1, 2)
+                    or kiln.empty(shape, {dtype = dtype, device = dev})
+  kiln.manual_seed(4242)
+  if name == "uniform" then check(C.kiln_uniform_(t.p, a1, a2))
+  elseif name == "normal" then check(C.kiln_normal_(t.p, a1, a2))
+  else check(C.kiln_randint_(t.p, a1, a2)) end
+  return t
+end
+
+for _, spec in ipairs({
+  {"uniform", "f32", 0, 1}, {"uniform", "f64", 0, 1}, {"uniform", "f32", -3.7, 11.1}, {"uniform", "f64", -3.7, 11.1},
+  {"uniform", "f16", 0.999, 1}, {"uniform", "bf16", -2, 2}, {"normal", "f32", 0.5, 2}, {"normal", "f64", 0.5, 2},
+  {"randint", "i64", -5, 1000}, {"randint", "i32", 0, 7}, {"randint", "u8", 0, 256}, {"randint", "f32", -3, 3},
+}) do
+  local name, dtype = spec[1], spec[2]
+  if has_kernel(name) then
+    for _, strided in ipairs({false, true}) do
+      local what = string.format("%s [%g, %g)%s", dtype, spec[3], spec[4], strided and ", transposed target" or "")
+      guarded(name, what, function()
+        local c = draw(name, dtype, "cpu", spec[3], spec[4], {317, 331}, strided)
+        local g = draw(name, dtype, DEV, spec[3], spec[4], {317, 331}, strided)
+        local err, detail = max_error(g, c)
+        record(name, err, tolerance(name, ctype_of(dtype), dtype), what, detail)
+      end)
+    end
+  end
+end
+
+-- ---- GEMM ----
+
+local function gemm_case(what, dtype, f)
+  guarded("gemm", dtype .. " " .. what, function()
+    local c, g = f("cpu"), f(DEV)
+    local err, detail = max_error(g, c, true)
+    record("gemm", err, tolerance("gemm", ctype_of(dtype), dtype), dtype .. " " .. what, detail)
+  end)
+end
+
+if has_kernel("gemm") then
+  for _, dtype in ipairs({"f32", "f64", "f16", "bf16", "i64", "i32"}) do
+    local function inputs(sa, sb, views)
+      local a, b = gen(sa, dtype, true), gen(sb, dtype, true)
+      if not float[dtype] then a, b = kiln.randint(-9, 9, sa, {dtype = dtype}), kiln.randint(-9, 9, sb, {dtype = dtype}) end
+      return function(dev)
+        local x, y = a:to(dev), b:to(dev)
+        if views then x, y = views(x, y) end
+        return x, y
+      end
+    end
+    local odd = inputs({37, 53}, {53, 29})
+    gemm_case("[37,53] @ [53,29]", dtype, function(dev) local a, b = odd(dev) return a:matmul(b) end)
+    local tr = inputs({53, 37}, {29, 53}, function(x, y) return x:t(), y:t() end)
+    gemm_case("transposed @ transposed", dtype, function(dev) local a, b = tr(dev) return a:matmul(b) end)
+    local big = inputs({257, 263}, {263, 129})
+    gemm_case("[257,263] @ [263,129]", dtype, function(dev) local a, b = big(dev) return a:matmul(b) end)
+    local bat = inputs({5, 37, 53}, {5, 53, 29})
+    gemm_case("batched [5,37,53] @ [5,53,29]", dtype, function(dev) local a, b = bat(dev) return a:matmul(b) end)
+    local bc = inputs({5, 37, 53}, {53, 29})
+    gemm_case("[5,37,53] @ [53,29] (batch stride 0)", dtype, function(dev) local a, b = bc(dev) return a:matmul(b) end)
+    local sel = inputs({37, 53, 2}, {53, 29})   -- a with column stride 2: copied first
+    gemm_case("strided columns @ [53,29]", dtype, function(dev) local a, b = sel(dev) return a:select(3, 2):matmul(b) end)
+    local vec = inputs({53}, {53, 29})
+    gemm_case("vector @ matrix", dtype, function(dev) local a, b = vec(dev) return a:matmul(b) end)
+    local k1 = inputs({37, 1}, {1, 29})
+    gemm_case("k = 1", dtype, function(dev) local a, b = k1(dev) return a:matmul(b) end)
+    local k0 = inputs({3, 0}, {0, 4})
+    gemm_case("k = 0", dtype, function(dev) local a, b = k0(dev) return a:matmul(b) end)
+    if float[dtype] then
+      local am = inputs({37, 53}, {53, 29})
+      local bias = gen({29}, dtype, true)
+      gemm_case("addmm beta 0.5 alpha 2", dtype, function(dev)
+        local a, b = am(dev)
+        return wrap(C.kiln_addmm(bias:to(dev).p, a.p, b.p, 0.5, 2))
+      end)
+      gemm_case("out= a transposed, poisoned target", dtype, function(dev)
+        local a, b = am(dev)
+        local out = poisoned({29, 37}, dtype, dev):t()
+        check(C.kiln_matmul_out(out.p, a.p, b.p))
+        return out
+      end)
+    end
+  end
+end
+
+-- ---- the allocator and errors (the device only) ----
+
+local extras = {}
+if ON_GPU then
+  local function stats() return kiln.cuda.memory_stats(0) end
+  guarded("allocator", "steady state", function()
+    local x, y = kiln.randn(1000, 1000, {device = DEV}), kiln.randn(1000, 1000, {device = DEV})
+    local before
+    for step = 1, 30 do
+      local z = ((x * y + x):exp() - y):relu()
+      z:free()
+      collectgarbage()
+      if step == 5 then before = stats() end
+    end
+    kiln.cuda.synchronize()
+    local after = stats()
+    local grew = after.device_allocs - before.device_allocs
+    extras[#extras + 1] = string.format("allocator: %d cudaMalloc calls in 25 steady steps; %d requests, %d cache hits, " ..
+                                        "%.1f MiB reserved, peak %.1f MiB allocated", grew, after.requests,
+                                        after.cache_hits, after.reserved / 2 ^ 20, after.peak_allocated / 2 ^ 20)
+    record("allocator", grew, 0, "steady state: cudaMalloc calls after warm-up", "")
+  end)
+  guarded("allocator", "out of memory, then usable", function()
+    local ok, err = pcall(function() return kiln.empty(2 ^ 46, {device = DEV}) end)   -- 256 TiB of f32
+    local fine = not ok and tostring(err):match("out of memory") ~= nil
+    local after = kiln.ones(3, {device = DEV}):cpu()
+    extras[#extras + 1] = "out of memory: " .. tostring(err)
+    record("allocator", (fine and after:numel() == 3) and 0 or math.huge, 0, "out of memory, then usable", tostring(err))
+  end)
+  guarded("allocator", "empty_cache gives blocks back", function()
+    collectgarbage()
+    kiln.cuda.empty_cache()
+    local s = stats()
+    extras[#extras + 1] = string.format("after empty_cache: %.1f MiB reserved, %.1f MiB allocated", s.reserved / 2 ^ 20,
+                                        s.allocated / 2 ^ 20)
+    record("allocator", s.reserved <= s.allocated + 64 * 2 ^ 20 and 0 or math.huge, 0, "empty_cache", "")
+  end)
+  guarded("errors", "an op without a CUDA kernel", function()
+    if kiln.cuda.has_kernel("sum") then return end
+    local ok, err = pcall(function() return kiln.ones(3, {device = DEV}):sum() end)
+    record("errors", (not ok and tostring(err):match("sum: not implemented on cuda:0")) and 0 or math.huge, 0,
+           "sum on cuda:0", tostring(err))
+  end)
+end
+
+-- ---- the table ----
+
+local lines = {}
+local function out(s) lines[#lines + 1] = s print(s) end
+out(string.format("kiln %s, ops on %s against the cpu%s", kiln.version, DEV,
+                  os.getenv("KILN_CUDA_POISON") == "1" and " (fresh device blocks poisoned)" or ""))
+out(string.format("%-14s %6s %12s %10s  %-6s %s", "op", "cases", "max error", "tolerance", "result", "worst case"))
+for _, name in ipairs(order) do
+  local r = rows[name]
+  out(string.format("%-14s %6d %12.3g %10.3g  %-6s %s", name, r.cases, r.err, r.tol,
+                    r.failed == 0 and "pass" or ("FAIL " .. r.failed), r.worst))
+end
+local missing = {}
+for name in pairs(op_number) do
+  if ON_GPU and kiln.cuda.has_kernel(name) and not rows[name] then missing[#missing + 1] = name end
+end
+table.sort(missing)
+if #missing > 0 then out("ops with a CUDA kernel but no case here: " .. table.concat(missing, ", ")) end
+for _, e in ipairs(extras) do out(e) end
+out(string.format("%d failed cases", failures))
+
+local dir = os.getenv("OUT")
+if dir and dir ~= "" then
+  local f = io.open(dir .. "/gpu_ops.txt", "w")
+  if f then f:write(table.concat(lines, "\n"), "\n") f:close() end
+  local j = io.open(dir .. "/gpu_ops.jsonl", "w")
+  if j then
+    for _, name in ipairs(order) do
+      local r = rows[name]
+      j:write(string.format('{"op":"%s","cases":%d,"failed":%d,"max_error":%s,"tolerance":%g,"device":"%s"}\n', name,
+                            r.cases, r.failed, r.err == math.huge and '"inf"' or string.format("%.6g", r.err), r.tol, DEV))
+    end
+    j:close()
+  end
+end
+os.exit(failures == 0 and 0 or 1)

@@ -1,0 +1,147 @@
+#!/bin/bash
+# tests/gpu/run.sh: everything CUDA in one run, on a machine with a GPU (the H200): build kiln with
+# its CUDA backend, check every CUDA kernel against the CPU (ops_spec.lua), run the CUDA specs
+# (C loader test, busted kiln.cuda spec), and benchmark GEMM (bench_gemm.lua, and PyTorch on the
+# same shapes when it can be imported). Results, logs and a summary go to $OUT (default
+# build-gpu/results). Meant to finish in under 7 minutes. Without a GPU: "skipped: no CUDA device"
+# (KILN_GPU_RUN_ANYWAY=1: build and run anyway, each GPU check then skipping itself).
+# LuaJIT, OpenBLAS, busted and the rest come from shared/gpu-deps/ (made by tests/gpu/prepare.sh on
+# a build machine) unless this machine has them itself. See tests/gpu/README.md.
+set -u
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+RESULTS=${OUT:-$ROOT/build-gpu/results}
+mkdir -p "$RESULTS"
+export OUT=$RESULTS
+exec > >(tee "$RESULTS/run.log") 2>&1
+START=$(date +%s)
+elapsed() { echo $(( $(date +%s) - START ))s; }
+STATUS=0
+step() { echo; echo "== $* ($(elapsed))"; }
+fail() { echo "FAILED: $*"; STATUS=1; }
+
+# ---- a GPU? (KILN_GPU_RUN_ANYWAY=1 goes on without one: a check of this script on a build machine) ----
+if ! { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; } && [ ! -e /dev/nvidia0 ] &&
+   [ "${KILN_GPU_RUN_ANYWAY:-0}" != 1 ]; then
+  echo "skipped: no CUDA device"
+  exit 0
+fi
+step "machine"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>/dev/null || true
+NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+"$NVCC" --version | tail -n 2
+cmake --version | head -n 1
+echo "cores: $(nproc)"
+
+# ---- dependencies ----
+step "dependencies"
+DEPS=${KILN_GPU_DEPS:-$ROOT/shared/gpu-deps}
+CMAKE_DEPS=()
+RUN_ENV=()
+if command -v luajit >/dev/null && pkg-config --exists luajit 2>/dev/null && [ -z "${KILN_GPU_DEPS:-}" ] &&
+   [ ! -d "$DEPS" ]; then
+  echo "using this machine's LuaJIT, OpenBLAS and busted"
+else
+  if [ ! -d "$DEPS/usr" ]; then
+    echo "no $DEPS: run 'sh tests/gpu/prepare.sh' on a build machine first and copy the folder along"
+    exit 2
+  fi
+  echo "using $DEPS ($(wc -l < "$DEPS/PACKAGES") packages)"
+  # Links the copy may have dropped, made again from the list prepare.sh wrote.
+  if [ -f "$DEPS/LINKS" ]; then
+    while read -r link target; do
+      [ -e "$DEPS/$link" ] || [ -L "$DEPS/$link" ] || ln -s "$target" "$DEPS/$link" 2>/dev/null
+    done < "$DEPS/LINKS"
+  fi
+  ARCH=x86_64-linux-gnu
+  LIBS="$DEPS/usr/lib/$ARCH:$DEPS/lib/$ARCH:$DEPS/usr/lib/$ARCH/openblas-pthread"
+  # Tools from the folder run with its libraries; nothing else does (the machine's own cmake,
+  # compilers and Python keep theirs).
+  TOOLS=$ROOT/build-gpu/deps-bin
+  mkdir -p "$TOOLS"
+  for tool in pkgconf luajit; do
+    printf '#!/bin/sh\nLD_LIBRARY_PATH="%s${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "%s" "$@"\n' "$LIBS" \
+      "$DEPS/usr/bin/$tool" > "$TOOLS/$tool"
+    chmod +x "$TOOLS/$tool"
+  done
+  ln -sf pkgconf "$TOOLS/pkg-config"
+  export PATH=$TOOLS:$PATH
+  export PKG_CONFIG_LIBDIR="$DEPS/usr/lib/$ARCH/pkgconfig:$DEPS/usr/share/pkgconfig"
+  export PKG_CONFIG_SYSROOT_DIR=$DEPS
+  export C_INCLUDE_PATH="$DEPS/usr/include:$DEPS/usr/include/$ARCH${C_INCLUDE_PATH:+:$C_INCLUDE_PATH}"
+  CMAKE_DEPS=(-DPKG_CONFIG_EXECUTABLE="$TOOLS/pkgconf" -DLUAJIT_EXE="$TOOLS/luajit"
+              -DOPENBLAS_INCLUDE="$DEPS/usr/include/$ARCH/openblas-pthread"
+              -DOPENBLAS_LIB="$DEPS/usr/lib/$ARCH/openblas-pthread/libopenblas.so"
+              -DREADLINE_LIB="$DEPS/usr/lib/$ARCH/libreadline.so" -DZLIB_ROOT="$DEPS/usr"
+              -DZLIB_LIBRARY="$DEPS/usr/lib/$ARCH/libz.so" -DZLIB_INCLUDE_DIR="$DEPS/usr/include"
+              "-DCMAKE_EXE_LINKER_FLAGS=-Wl,-rpath-link,$LIBS" "-DCMAKE_SHARED_LINKER_FLAGS=-Wl,-rpath-link,$LIBS"
+              "-DCMAKE_MODULE_LINKER_FLAGS=-Wl,-rpath-link,$LIBS")
+  RUN_ENV=("LD_LIBRARY_PATH=$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+           "LUA_PATH=$DEPS/usr/share/lua/5.1/?.lua;$DEPS/usr/share/lua/5.1/?/init.lua;;"
+           "LUA_CPATH=$DEPS/usr/lib/$ARCH/lua/5.1/?.so;;")
+fi
+# cuBLAS from PyTorch's wheels when the toolkit lacks it.
+CUDA_LIB=$(dirname "$(dirname "$NVCC")")/lib64
+if [ ! -e "$CUDA_LIB/libcublas.so" ] && command -v python3 >/dev/null; then
+  NV=$(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__))' 2>/dev/null)
+  if [ -n "$NV" ] && [ -e "$NV/lib/libcublas.so.13" ]; then
+    echo "cuBLAS from PyTorch: $NV"
+    CMAKE_DEPS+=(-DCUDA_cublas_LIBRARY="$NV/lib/libcublas.so.13" -DCUDA_cublasLt_LIBRARY="$NV/lib/libcublasLt.so.13")
+    export CPLUS_INCLUDE_PATH="$NV/include${CPLUS_INCLUDE_PATH:+:$CPLUS_INCLUDE_PATH}"
+    RUN_ENV+=("LD_LIBRARY_PATH=$NV/lib:${LIBS:-}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+  fi
+fi
+run() { env ${RUN_ENV[@]+"${RUN_ENV[@]}"} "$@"; }
+
+# ---- build ----
+step "build (sm_90)"
+BUILD=$ROOT/build-gpu
+if ! cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON -DKILN_CUDA_ARCHS=90-real ${CMAKE_DEPS[@]+"${CMAKE_DEPS[@]}"} \
+     > "$RESULTS/configure.log" 2>&1; then
+  tail -n 30 "$RESULTS/configure.log"
+  fail "configure"
+  exit 1
+fi
+grep -E "CUDA compiler|Found CUDAToolkit|without the CUDA backend" "$RESULTS/configure.log"
+if ! cmake --build "$BUILD" -j "$(nproc)" > "$RESULTS/build.log" 2>&1; then
+  grep -E "error|Error" "$RESULTS/build.log" | head -n 40
+  fail "build"
+  exit 1
+fi
+ls -la "$BUILD/lib"
+KILN=$BUILD/bin/kiln
+
+# ---- checks ----
+step "the CUDA loader and devices"
+run "$BUILD/bin/test_cuda_loader" || fail "test_cuda_loader"
+run "$KILN" -e 'print("kiln.cuda: " .. kiln.cuda.device_count() .. " device(s); " .. tostring(kiln.cuda.unavailable_reason() or "available"))' ||
+  fail "kiln -e"
+
+step "every CUDA op against the CPU (tests/gpu/ops_spec.lua, fresh blocks poisoned)"
+run KILN_CUDA_POISON=1 timeout 240 "$KILN" tests/gpu/ops_spec.lua || fail "ops_spec.lua"
+
+step "the same with KILN_SYNC=1 (a fault reported at its op), errors only"
+run KILN_SYNC=1 timeout 120 "$KILN" tests/gpu/ops_spec.lua > "$RESULTS/ops_sync.log" 2>&1 || { tail -n 20 "$RESULTS/ops_sync.log"; fail "ops_spec.lua with KILN_SYNC=1"; }
+
+step "busted: tests/lua/cuda_spec.lua"
+run KILN_EXPECT_CUDA_BACKEND=1 timeout 60 "$KILN" tests/lua/run.lua tests/lua/cuda_spec.lua || fail "cuda_spec.lua"
+
+# ---- benchmarks ----
+step "GEMM (kiln)"
+rm -f "$RESULTS/bench_gemm.jsonl"
+run timeout 120 "$KILN" tests/gpu/bench_gemm.lua 4096 8192 || fail "bench_gemm.lua"
+if command -v python3 >/dev/null && python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+  step "GEMM (PyTorch, the same shapes)"
+  timeout 120 python3 tests/gpu/torch_gemm.py 4096 8192 || echo "(torch_gemm.py failed; no ratio)"
+fi
+
+# ---- summary ----
+step "summary"
+{
+  echo "kiln GPU run, $(date -u +%Y-%m-%dT%H:%M:%SZ), $(elapsed)"
+  nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1
+  [ -f "$RESULTS/gpu_ops.txt" ] && tail -n 1 "$RESULTS/gpu_ops.txt"
+  [ -f "$RESULTS/bench_gemm.jsonl" ] && cat "$RESULTS/bench_gemm.jsonl"
+  [ "$STATUS" = 0 ] && echo "status: all checks passed" || echo "status: FAILURES (see run.log)"
+} | tee "$RESULTS/summary.txt"
+exit $STATUS

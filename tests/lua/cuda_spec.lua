@@ -1,0 +1,122 @@
+-- kiln.cuda on the machine the tests run on. Without a GPU (CI): is_available() is false, moving a
+-- tensor to "cuda" raises "no CUDA device: ..." and the process carries on. With or without one:
+-- the op x backend coverage table (every op has a CPU kernel; which have CUDA kernels), printed.
+-- tests/gpu/ checks the CUDA kernels themselves against the CPU.
+local kiln = kiln or require "kiln"
+local ffi = require "ffi"
+local C = kiln.C
+
+local expect_backend = os.getenv("KILN_EXPECT_CUDA_BACKEND")   -- "1"/"0" from ctest; nil when run by hand
+
+describe("kiln.cuda", function()
+  it("answers whether a device is there, and why not", function()
+    local n = kiln.cuda.device_count()
+    assert.is_number(n)
+    assert.equal(n > 0, kiln.cuda.is_available())
+    if n == 0 then
+      assert.matches("^no CUDA device: ", kiln.cuda.unavailable_reason())
+    else
+      assert.is_nil(kiln.cuda.unavailable_reason())
+    end
+    if expect_backend == "1" then
+      assert.is_true(kiln.cuda.backend_loaded(), "built with CUDA, yet libkiln_cuda.so did not load: " ..
+                     tostring(kiln.cuda.unavailable_reason()))
+    elseif expect_backend == "0" then
+      assert.is_false(kiln.cuda.backend_loaded())
+      assert.matches("built without its CUDA backend", kiln.cuda.unavailable_reason())
+    end
+  end)
+
+  it("memory_stats, empty_cache and manual_seed work on any machine", function()
+    local s = kiln.cuda.memory_stats()
+    for _, f in ipairs({"allocated", "reserved", "peak_allocated", "peak_reserved", "requests", "cache_hits",
+                        "device_allocs", "device_frees", "oom_retries"}) do
+      assert.is_number(s[f], f)
+    end
+    kiln.cuda.empty_cache()
+    kiln.cuda.manual_seed(7)
+    assert.equal(7, kiln.initial_seed())
+  end)
+end)
+
+describe("without a CUDA device", function()
+  if kiln.cuda.is_available() then
+    it("(skipped: this machine has a CUDA device)", function() end)
+    return
+  end
+
+  it("t:cuda(), t:to('cuda') and {device = 'cuda'} raise 'no CUDA device', and the process carries on", function()
+    local t = kiln.tensor{{1, 2}, {3, 4}}
+    local ok, err = pcall(function() return t:cuda() end)
+    assert.is_false(ok)
+    assert.matches("no CUDA device", err)
+    assert.matches("cuda:0", err)
+    ok, err = pcall(function() return t:to("cuda:1") end)
+    assert.is_false(ok)
+    assert.matches("no CUDA device", err)
+    ok, err = pcall(function() return kiln.zeros(3, {device = "cuda"}) end)
+    assert.is_false(ok)
+    assert.matches("no CUDA device", err)
+    ok, err = pcall(function() return kiln.randn(3, 4, {device = "cuda"}) end)
+    assert.is_false(ok)
+    assert.matches("no CUDA device", err)
+    ok, err = pcall(kiln.cuda.synchronize)
+    assert.is_false(ok)
+    assert.matches("no CUDA device", err)
+    ok, err = pcall(kiln.cuda.init)
+    assert.is_false(ok)
+    assert.matches("no CUDA device", err)
+    -- still working
+    assert.equal(10, (t + 0):sum():item())
+    assert.equal(10, t:cpu():sum():item())
+    assert.equal(4, kiln.ones(2, 2):to("cpu"):sum():item())
+  end)
+
+  it("model:cuda() raises the same clear error", function()
+    local nn = kiln.nn
+    local m = nn.Linear(3, 2)
+    local ok, err = pcall(function() return m:cuda() end)
+    assert.is_false(ok)
+    assert.matches("no CUDA device", err)
+    assert.equal(2, m(kiln.ones(4, 3)):size(2))
+  end)
+end)
+
+describe("the op x backend coverage table", function()
+  it("gives every op a CPU kernel, and prints which have CUDA kernels", function()
+    local rows, missing_cpu, ncuda = {}, {}, 0
+    local loaded = kiln.cuda.backend_loaded()
+    for op = 0, C.KILN_OP_COUNT - 1 do
+      local name = ffi.string(C.kiln_op_name(op))
+      local cpu = C.kiln_op_supported(op, C.KILN_CPU) ~= 0
+      local cuda = C.kiln_cuda_op_supported(op) ~= 0
+      if not cpu then missing_cpu[#missing_cpu + 1] = name end
+      if cuda then ncuda = ncuda + 1 end
+      rows[#rows + 1] = string.format("  %3d  %-22s %-4s %s", op, name, cpu and "yes" or "NO",
+                                      loaded and (cuda and "yes" or "not implemented") or "-")
+    end
+    print(string.format("\nop x backend coverage (%d ops; cuda: %s)", C.KILN_OP_COUNT,
+                        loaded and string.format("%d kernels, the rest report \"not implemented on cuda:N\"", ncuda)
+                        or "libkiln_cuda.so absent: " .. tostring(kiln.cuda.unavailable_reason())))
+    print("   op  name                   cpu  cuda")
+    print(table.concat(rows, "\n"))
+    assert.same({}, missing_cpu)
+    if loaded then
+      -- the kernels of this step must stay in the table
+      for _, name in ipairs({"copy", "fill", "neg", "exp", "relu", "erf", "logical_not", "add", "div", "pow", "remainder",
+                             "eq", "logical_or", "where", "clamp", "gemm", "uniform", "normal", "randint"}) do
+        assert.is_true(kiln.cuda.has_kernel(name), name)
+      end
+      assert.is_false(kiln.cuda.has_kernel("sum"))
+    end
+  end)
+
+  it("an op without a CUDA kernel is refused by name on a device", function()
+    if not kiln.cuda.is_available() then return end   -- needs a device to reach dispatch
+    local ok, err = pcall(function() return kiln.ones(3, {device = "cuda"}):sum() end)
+    if not kiln.cuda.has_kernel("sum") then
+      assert.is_false(ok)
+      assert.matches("sum: not implemented on cuda:0", err)
+    end
+  end)
+end)
