@@ -25,11 +25,14 @@ static struct kiln_storage *storage_new(int64_t nbytes, struct kiln_device devic
   } else {
     s = calloc(1, sizeof *s);
     if (!s) { kiln_fail(KILN_ERR_MEMORY, "%s: out of memory for a storage header", op); return NULL; }
+    kiln_error_clear();
     s->data = be->alloc(nbytes, device.index);
     if (!s->data) {
       free(s);
-      kiln_fail(KILN_ERR_MEMORY, "%s: out of memory allocating %lld bytes on %s (%lld bytes in use)", op,
-                (long long)nbytes, kiln_device_name(device), (long long)kiln_memory_stats(device.type)->live_bytes);
+      /* a device allocator explains itself (request, memory in use and reserved, the retry); keep it */
+      if (kiln_error_message()[0]) kiln_fail(KILN_ERR_MEMORY, "%s: %s", op, kiln_error_message());
+      else kiln_fail(KILN_ERR_MEMORY, "%s: out of memory allocating %lld bytes on %s (%lld bytes in use)", op,
+                     (long long)nbytes, kiln_device_name(device), (long long)kiln_memory_stats(device.type)->live_bytes);
       return NULL;
     }
   }

@@ -41,7 +41,7 @@ static void fill_range(void *ctx, int64_t begin, int64_t end) {
     double v;
     if (j->op == KILN_OP_UNIFORM) {
       double u = j->dtype == KILN_F64 ? unit53(r) : (double)(r[0] >> 8) * 0x1p-24;
-      v = j->p0 + (j->p1 - j->p0) * u;
+      v = fma(j->p1 - j->p0, u, j->p0);   /* one rounding, as the CUDA kernel does, whatever -march says */
       if (v >= j->p1 && j->p1 > j->p0) v = nextafter(j->p1, j->p0);  /* rounding must not reach hi */
       if (j->dtype != KILN_F64 && (float)v >= (float)j->p1 && j->p1 > j->p0) v = nextafterf((float)j->p1, (float)j->p0);
     } else if (j->op == KILN_OP_NORMAL) {
