@@ -2,6 +2,7 @@
 -- arguments, options in a trailing table: F.conv2d(x, w, b, {stride = 2, padding = 1}).
 -- As everywhere in kiln's Lua API, dims count from 1 (-1 is the last) and so do class labels:
 -- F.cross_entropy(logits, labels) takes labels 1..C (and ignore_index in the same counting).
+local ffi = require "ffi"
 local core = require "kiln.core"
 local C = core.C
 local wrap, cdim, raise, is_tensor = core.wrap, core.cdim, core.raise, core.is_tensor
@@ -290,6 +291,54 @@ function F.dropout(x, p, training)
   if p == nil then p = 0.5 end
   if type(p) ~= "number" then raise("dropout: p must be a number, got " .. type(p)) end
   return wrap(C.kiln_dropout(x.p, p, training == false and 0 or 1))
+end
+
+-- ---- recurrent layers ----
+
+local rnn_modes = {rnn_tanh = C.KILN_RNN_TANH, rnn_relu = C.KILN_RNN_RELU, gru = C.KILN_RNN_GRU, lstm = C.KILN_RNN_LSTM}
+local rnn_algos = {auto = C.KILN_RNN_AUTO, gemm = C.KILN_RNN_GEMM, persistent = C.KILN_RNN_PERSISTENT}
+local rnn_algo_names = {[tonumber(C.KILN_RNN_GEMM)] = "gemm", [tonumber(C.KILN_RNN_PERSISTENT)] = "persistent"}
+
+local function rnn_mode(m, op)
+  local v = rnn_modes[m]
+  if v == nil then raise(string.format("%s: mode %s (expected rnn_tanh, rnn_relu, gru or lstm)", op, tostring(m))) end
+  return v
+end
+
+local function rnn_algo(a, op)
+  local v = rnn_algos[a or "auto"]
+  if v == nil then raise(string.format("%s: algorithm %s (expected auto, gemm or persistent)", op, tostring(a))) end
+  return v
+end
+
+-- Sequence lengths as an i64 CPU tensor: a Lua list of numbers or a tensor.
+function F.rnn_lengths(lengths, op)
+  if lengths == nil then return nil end
+  if is_tensor(lengths) then return lengths:to{dtype = "i64", device = "cpu"} end
+  if type(lengths) ~= "table" then raise(string.format("%s: lengths must be a list of numbers or a tensor, got %s", op, type(lengths))) end
+  return require("kiln").tensor(lengths, {dtype = "i64"})
+end
+
+-- rnn_layer(mode, input [T,B,I], h0 [B,H] or nil, c0 or nil, w_ih, w_hh, b_ih, b_hh,
+--           {lengths =, reverse =, algorithm =}) -> Z [T+S,B,H]: the outputs Z[1..T], the final
+-- hidden state Z[T+1] and, for an LSTM, the final cell state Z[T+2] (kiln/rnn.h).
+function F.rnn_layer(mode, x, h0, c0, w_ih, w_hh, b_ih, b_hh, opts)
+  opts = options(opts, set("lengths", "reverse", "algorithm"), "rnn_layer")
+  local m = rnn_mode(mode, "rnn_layer")
+  tensor(x, "input", mode) tensor(w_ih, "weight_ih", mode) tensor(w_hh, "weight_hh", mode)
+  local lengths = F.rnn_lengths(opts.lengths, mode)
+  return wrap(C.kiln_rnn_layer(m, x.p, optional_tensor(h0, "h0", mode), optional_tensor(c0, "c0", mode), w_ih.p, w_hh.p,
+                               optional_tensor(b_ih, "bias_ih", mode), optional_tensor(b_hh, "bias_hh", mode),
+                               lengths and lengths.p or nil, opts.reverse and 1 or 0, rnn_algo(opts.algorithm, mode)))
+end
+
+-- rnn_algorithm(mode, batch, hidden, {dtype =, device =, algorithm =}) -> "gemm" or "persistent", why
+function F.rnn_algorithm(mode, batch, hidden, opts)
+  opts = opts or {}
+  local why = ffi.new("char[256]")
+  local a = C.kiln_rnn_choose_algo(rnn_mode(mode, "rnn_algorithm"), batch, hidden, core.dtype(opts.dtype, "rnn_algorithm"),
+                                   core.device(opts.device), rnn_algo(opts.algorithm, "rnn_algorithm"), why, 256)
+  return rnn_algo_names[tonumber(a)], ffi.string(why)
 end
 
 return F

@@ -102,6 +102,13 @@ void kiln_tensor_bump_version(struct kiln_tensor *t);
 typedef void (*kiln_range_fn)(void *ctx, int64_t begin, int64_t end);
 void kiln_parallel_for(int64_t n, int64_t grain, kiln_range_fn fn, void *ctx);
 int kiln_in_parallel_region(void);
+/* Run fn(ctx, id, nteam) for id in [0, nteam) with every part on its own thread at the same time
+   (the caller runs id 0), so that the parts may wait for each other at spinning barriers. nteam is
+   the pool's thread count, or 1 (fn runs inline) inside a parallel region or when the pool is busy.
+   kiln_parallel_team_size says which, as far as it can be known before the call. */
+typedef void (*kiln_team_fn)(void *ctx, int id, int nteam);
+void kiln_parallel_team(kiln_team_fn fn, void *ctx);
+int kiln_parallel_team_size(void);
 
 /* Element conversion between a dtype and double (dtype.c). */
 double kiln_load_f64(const void *p, int dtype);
@@ -140,7 +147,7 @@ struct edge {
   struct kiln_device device;
 };
 
-enum { MAX_SAVED = 4 };
+enum { MAX_SAVED = 8 };
 
 struct kiln_node {
   int32_t refcount;
@@ -164,6 +171,7 @@ struct kiln_node {
 
 /* The derivatives of the fused ops (nn.c): gin[k] from the output grad g, as in autograd.c. */
 int kiln_nn_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin);
+int kiln_rnn_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin);   /* rnn.c */
 int kiln_autograd_check_inplace(const char *op, const struct kiln_tensor *target, const struct kiln_tensor *src);
 void kiln_node_release(void *node);
 void kiln_kernel_enter(void);

@@ -575,6 +575,7 @@ int kiln_nn_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_t
   case KILN_OP_BATCH_NORM: case KILN_OP_LAYER_NORM: case KILN_OP_GROUP_NORM: rc = norm_derivative(n, g, gin); break;
   case KILN_OP_SOFTMAX: case KILN_OP_LOG_SOFTMAX: rc = softmax_derivative(n, g, gin); break;
   case KILN_OP_NLL_LOSS: rc = nll_derivative(n, g, gin); break;
+  case KILN_OP_RNN: rc = kiln_rnn_derivative(n, g, gin); break;
   case KILN_OP_DROPOUT:
     rc = KILN_OK;
     if (n->in[0].needs && !(gin[0] = kiln_binary(KILN_OP_MUL, g, n->saved[0]))) rc = kiln_error_code();
@@ -583,7 +584,7 @@ int kiln_nn_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_t
     return kiln_fail(KILN_ERR_UNSUPPORTED, "backward: no derivative for %s", kiln_op_name(n->kind));
   }
   if (rc) {
-    for (int k = 0; k < n->nin && k < 4; k++) { kiln_tensor_release(gin[k]); gin[k] = NULL; }
+    for (int k = 0; k < n->nin; k++) { kiln_tensor_release(gin[k]); gin[k] = NULL; }
     if (!kiln_error_code()) rc = kiln_fail(rc, "backward of %s failed", kiln_op_name(n->kind));
   }
   return rc;

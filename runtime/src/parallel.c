@@ -126,14 +126,8 @@ static void start_workers(void) {
   }
 }
 
-void kiln_parallel_for(int64_t n, int64_t grain, kiln_range_fn fn, void *ctx) {
-  if (n <= 0) return;
-  if (grain < 1) grain = 1;
-  ensure_init();
-  if (n <= grain || pool.nthreads == 1 || in_region || pthread_mutex_trylock(&pool.lock) != 0) {
-    fn(ctx, 0, n);
-    return;
-  }
+/* Run fn over [0, n) on the pool (pool.lock held by the caller; released here). */
+static void launch(int64_t n, int64_t grain, kiln_range_fn fn, void *ctx) {
   if (pool.started != pool.nthreads - 1) { stop_workers(); start_workers(); }
   int nt = pool.started + 1;
   int64_t parts = (n + grain - 1) / grain;
@@ -160,4 +154,39 @@ void kiln_parallel_for(int64_t n, int64_t grain, kiln_range_fn fn, void *ctx) {
     pthread_mutex_unlock(&pool.sleep_lock);
   }
   pthread_mutex_unlock(&pool.lock);
+}
+
+void kiln_parallel_for(int64_t n, int64_t grain, kiln_range_fn fn, void *ctx) {
+  if (n <= 0) return;
+  if (grain < 1) grain = 1;
+  ensure_init();
+  if (n <= grain || pool.nthreads == 1 || in_region || pthread_mutex_trylock(&pool.lock) != 0) {
+    fn(ctx, 0, n);
+    return;
+  }
+  launch(n, grain, fn, ctx);
+}
+
+/* The team: part k of [0, nteam) runs on its own thread, all at the same time. */
+struct team { kiln_team_fn fn; void *ctx; int nteam; };
+static void team_part(void *ctx, int64_t begin, int64_t end) {
+  const struct team *t = ctx;
+  for (int64_t k = begin; k < end; k++) t->fn(t->ctx, (int)k, t->nteam);
+}
+
+int kiln_parallel_team_size(void) {
+  ensure_init();
+  return in_region ? 1 : pool.nthreads;
+}
+
+void kiln_parallel_team(kiln_team_fn fn, void *ctx) {
+  ensure_init();
+  if (pool.nthreads == 1 || in_region || pthread_mutex_trylock(&pool.lock) != 0) {
+    fn(ctx, 0, 1);
+    return;
+  }
+  if (pool.started != pool.nthreads - 1) { stop_workers(); start_workers(); }
+  struct team t = {fn, ctx, pool.started + 1};
+  if (t.nteam == 1) { pthread_mutex_unlock(&pool.lock); fn(ctx, 0, 1); return; }
+  launch(t.nteam, 1, team_part, &t);
 }

@@ -330,5 +330,6 @@ function ModuleList:forward() error("ModuleList: has no forward; call its module
 
 nn.init = require "kiln.nn.initializers"
 require "kiln.nn.layers"(nn)
+require "kiln.nn.rnn"(nn)
 
 return nn

@@ -13,6 +13,7 @@
 #include <kiln/ops.h>
 #include <kiln/autograd.h>
 #include <kiln/nn.h>
+#include <kiln/rnn.h>
 #include <kiln/optim.h>
 #include <kiln/io.h>
 #include <kiln/loader.h>

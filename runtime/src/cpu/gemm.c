@@ -48,6 +48,45 @@ static void gemm_range(void *ctx, int64_t begin, int64_t end) {
   }
 }
 
+/* Run job j (a, b, c, strides and layouts set) in the pool: split by batch, or into row or column
+   panels of c when the batch is smaller than the pool. */
+static void gemm_run(struct gemm_job *j) {
+  int nt = kiln_get_num_threads();
+  double flops = 2.0 * (double)j->n * (double)j->m * (double)j->k;
+  int64_t tasks;
+  if (nt == 1 || flops * (double)j->nbatch < 2e5) { j->split = 0; tasks = j->nbatch; nt = 1; }
+  else if (j->nbatch >= nt) { j->split = 0; tasks = j->nbatch; }
+  else {
+    /* Split the larger side into nt panels, aligned to 16 for the micro-kernels. */
+    j->split = j->n >= j->m ? 1 : 2;
+    int64_t total = j->split == 1 ? j->n : j->m;
+    j->panel = ((total + nt - 1) / nt + 15) / 16 * 16;
+    tasks = j->nbatch * ((total + j->panel - 1) / j->panel);
+  }
+  if (nt == 1) gemm_range(j, 0, tasks);
+  else kiln_parallel_for(tasks, 1, gemm_range, j);
+}
+
+void kiln_cpu_gemm_raw(int dtype, int trans_a, int trans_b, int64_t n, int64_t m, int64_t k, double alpha,
+                       const void *a, int64_t lda, const void *b, int64_t ldb, double beta, void *c, int64_t ldc) {
+  if (n <= 0 || m <= 0) return;
+  struct gemm_job j = {.dtype = dtype == KILN_F64 ? KILN_F64 : KILN_F32, .nbatch = 1, .n = n, .m = m, .k = k,
+                       .a = a, .b = b, .c = c, .ta = trans_a ? CblasTrans : CblasNoTrans,
+                       .tb = trans_b ? CblasTrans : CblasNoTrans, .lda = lda, .ldb = ldb, .ldc = ldc,
+                       .alpha = alpha, .beta = beta};
+  if (k <= 0) {   /* BLAS wants k >= 1: only beta * C remains */
+    int es = j.dtype == KILN_F32 ? 4 : 8;
+    for (int64_t r = 0; r < n; r++)
+      for (int64_t q = 0; q < m; q++) {
+        char *p = (char *)c + (r * ldc + q) * es;
+        if (es == 4) *(float *)p = beta != 0 ? (float)(beta * *(float *)p) : 0.0f;
+        else *(double *)p = beta != 0 ? beta * *(double *)p : 0.0;
+      }
+    return;
+  }
+  gemm_run(&j);
+}
+
 /* A BLAS view of matrix t (dims 1, 2 of a 3-d tensor): transposed or not, and its leading dim. */
 static int blas_layout(const struct kiln_tensor *t, CBLAS_TRANSPOSE *tr, int64_t *ld) {
   int64_t rows = t->sizes[1], cols = t->sizes[2], s0 = t->strides[1], s1 = t->strides[2];
@@ -116,20 +155,7 @@ int cpu_gemm(const struct kiln_call *c) {
     if (scaled) { kiln_cpu_copy(C, scaled); kiln_tensor_release(scaled); }
     else kiln_fill_(C, 0);
   } else {
-    int nt = kiln_get_num_threads();
-    double flops = 2.0 * (double)j.n * (double)j.m * (double)j.k;
-    int64_t tasks;
-    if (nt == 1 || flops * (double)j.nbatch < 2e5) { j.split = 0; tasks = j.nbatch; nt = 1; }
-    else if (j.nbatch >= nt) { j.split = 0; tasks = j.nbatch; }
-    else {
-      /* Split the larger side into nt panels, aligned to 16 for the micro-kernels. */
-      j.split = j.n >= j.m ? 1 : 2;
-      int64_t total = j.split == 1 ? j.n : j.m;
-      j.panel = ((total + nt - 1) / nt + 15) / 16 * 16;
-      tasks = j.nbatch * ((total + j.panel - 1) / j.panel);
-    }
-    if (nt == 1) gemm_range(&j, 0, tasks);
-    else kiln_parallel_for(tasks, 1, gemm_range, &j);
+    gemm_run(&j);
   }
   if (!direct_out) kiln_cpu_copy(out, C);
 done:

@@ -1,0 +1,387 @@
+/* cpu/rnn_impl.h: one recurrent layer for one element type, included by cpu/rnn.c with
+   R (float or double), FN(name) (a suffixed name) and DT (the kiln dtype) defined.
+
+   Layout: rows of the time-major buffers are (t, b) = t * B + b. A step s of sequence b works on
+   time t = s (forward) or lengths[b] - 1 - s (reverse), and only while s < lengths[b]; the state
+   of a sequence past its length is carried unchanged and its outputs there stay zero. */
+
+static inline R FN(sigmoid)(R x) { return (R)1 / ((R)1 + EXP(-x)); }
+
+/* A dot product with eight partial sums, which the compiler keeps in vector registers. */
+static inline R FN(dot)(const R *a, const R *b, int64_t n) {
+  R s[8] = {0};
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8)
+    for (int u = 0; u < 8; u++) s[u] += a[k + u] * b[k + u];
+  R tail = 0;
+  for (; k < n; k++) tail += a[k] * b[k];
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + tail;
+}
+
+struct FN(layer) {
+  int mode, reverse, G, RS;
+  int64_t T, B, I, H, GH;
+  const int64_t *len;            /* [B] */
+  const R *x, *h0, *c0;          /* h0, c0: [B,H], zeros when the layer has none */
+  const R *w_ih, *w_hh, *b_hh;   /* b_hh: zeros when the layer has none */
+  R *z, *res;                    /* Z [T+S,B,H]; reserve [T,B,RS*H] */
+  R *xp;                         /* forward: [T,B,GH] input projection plus b_ih */
+  R *hh;                         /* [B,GH]: the recurrent products of the current step */
+  R *h, *hnext, *c;              /* [B,H] state; hnext: the persistent path's second buffer */
+  /* backward */
+  const R *gz;
+  R *dgx, *dgh;                  /* [T,B,GH] pre-activation grads (dgh: as seen by w_hh; = dgx but for GRU) */
+  R *dgs;                        /* [B,GH]: this step's dgh rows */
+  R *dh, *dc, *tmp;              /* [B,H] */
+  struct barrier bar;
+};
+
+static inline int64_t FN(time)(const struct FN(layer) *L, int64_t s, int64_t b) {
+  return L->reverse ? L->len[b] - 1 - s : s;
+}
+/* The time of the step before s (s > 0). */
+static inline int64_t FN(prev_time)(const struct FN(layer) *L, int64_t t) { return L->reverse ? t + 1 : t - 1; }
+
+/* The state before step s of sequence b: h0/c0 at s = 0, else the previous step's output/cell. */
+static inline const R *FN(h_before)(const struct FN(layer) *L, int64_t s, int64_t b, int64_t t) {
+  return s == 0 ? L->h0 + b * L->H : L->z + (FN(prev_time)(L, t) * L->B + b) * L->H;
+}
+
+/* Gates of units [j0, j1) of sequence b at step s: reads hh[b] (w_hh h) and the state in hin[b]
+   (and c[b]), writes the new state to hout[b] (and c[b]; hout may be hin), the output to Z and
+   the reserve. */
+static void FN(cell_forward)(struct FN(layer) *L, int64_t s, int64_t b, int64_t j0, int64_t j1, const R *hin, R *hout) {
+  int64_t H = L->H, t = FN(time)(L, s, b), row = t * L->B + b;
+  const R *xp = L->xp + row * L->GH, *hh = L->hh + b * L->GH, *bh = L->b_hh, *hp = hin + b * H;
+  R *y = L->z + row * H, *ho = hout + b * H, *res = L->res ? L->res + row * L->RS * H : NULL;
+  switch (L->mode) {
+  case KILN_RNN_LSTM: {
+    R *c = L->c + b * H;
+    for (int64_t j = j0; j < j1; j++) {
+      R i = FN(sigmoid)(xp[j] + hh[j] + bh[j]);
+      R f = FN(sigmoid)(xp[H + j] + hh[H + j] + bh[H + j]);
+      R g = TANH(xp[2 * H + j] + hh[2 * H + j] + bh[2 * H + j]);
+      R o = FN(sigmoid)(xp[3 * H + j] + hh[3 * H + j] + bh[3 * H + j]);
+      R cn = f * c[j] + i * g;
+      R hn = o * TANH(cn);
+      res[j] = i; res[H + j] = f; res[2 * H + j] = g; res[3 * H + j] = o; res[4 * H + j] = cn;
+      c[j] = cn; ho[j] = hn; y[j] = hn;
+    }
+    break;
+  }
+  case KILN_RNN_GRU:
+    for (int64_t j = j0; j < j1; j++) {
+      R r = FN(sigmoid)(xp[j] + hh[j] + bh[j]);
+      R zg = FN(sigmoid)(xp[H + j] + hh[H + j] + bh[H + j]);
+      R hn = hh[2 * H + j] + bh[2 * H + j];
+      R n = TANH(xp[2 * H + j] + r * hn);
+      R h = ((R)1 - zg) * n + zg * hp[j];
+      res[j] = r; res[H + j] = zg; res[2 * H + j] = n; res[3 * H + j] = hn;
+      ho[j] = h; y[j] = h;
+    }
+    break;
+  default:
+    for (int64_t j = j0; j < j1; j++) {
+      R p = xp[j] + hh[j] + bh[j];
+      R h = L->mode == KILN_RNN_TANH ? TANH(p) : (p > 0 ? p : 0);
+      ho[j] = h; y[j] = h;
+    }
+  }
+}
+
+/* The grads of units [j0, j1) of sequence b at step s: dh[b] holds the grad of the step's output
+   state (the output's grad added here), dc[b] that of its cell. Writes the pre-activation grads
+   to dgx, dgh (time rows) and dgs (this step's row b), and dc[b] for the step before. */
+static void FN(cell_backward)(struct FN(layer) *L, int64_t s, int64_t b, int64_t j0, int64_t j1) {
+  int64_t H = L->H, t = FN(time)(L, s, b), row = t * L->B + b, GH = L->GH;
+  const R *gy = L->gz + row * H, *res = L->res ? L->res + row * L->RS * H : NULL;
+  R *dh = L->dh + b * H, *dgx = L->dgx + row * GH, *dgh = L->dgh + row * GH, *dgs = L->dgs + b * GH;
+  switch (L->mode) {
+  case KILN_RNN_LSTM: {
+    R *dc = L->dc + b * H;
+    const R *cp = s == 0 ? L->c0 + b * H : L->res + (FN(prev_time)(L, t) * L->B + b) * L->RS * H + 4 * H;
+    for (int64_t j = j0; j < j1; j++) {
+      R d = dh[j] += gy[j];
+      R i = res[j], f = res[H + j], g = res[2 * H + j], o = res[3 * H + j], tc = TANH(res[4 * H + j]);
+      R dct = dc[j] + d * o * ((R)1 - tc * tc);
+      R di = dct * g * i * ((R)1 - i), df = dct * cp[j] * f * ((R)1 - f);
+      R dg = dct * i * ((R)1 - g * g), dout = d * tc * o * ((R)1 - o);
+      dc[j] = dct * f;
+      dgx[j] = dgh[j] = dgs[j] = di;
+      dgx[H + j] = dgh[H + j] = dgs[H + j] = df;
+      dgx[2 * H + j] = dgh[2 * H + j] = dgs[2 * H + j] = dg;
+      dgx[3 * H + j] = dgh[3 * H + j] = dgs[3 * H + j] = dout;
+    }
+    break;
+  }
+  case KILN_RNN_GRU: {
+    const R *hp = FN(h_before)(L, s, b, t);
+    for (int64_t j = j0; j < j1; j++) {
+      R d = dh[j] += gy[j];
+      R r = res[j], zg = res[H + j], n = res[2 * H + j], hn = res[3 * H + j];
+      R dn = d * ((R)1 - zg) * ((R)1 - n * n);
+      R dr = dn * hn * r * ((R)1 - r), dz = d * (hp[j] - n) * zg * ((R)1 - zg);
+      dgx[j] = dgh[j] = dgs[j] = dr;
+      dgx[H + j] = dgh[H + j] = dgs[H + j] = dz;
+      dgx[2 * H + j] = dn;
+      dgh[2 * H + j] = dgs[2 * H + j] = dn * r;
+    }
+    break;
+  }
+  default: {
+    const R *y = L->z + row * H;
+    for (int64_t j = j0; j < j1; j++) {
+      R d = dh[j] += gy[j];
+      R p = L->mode == KILN_RNN_TANH ? d * ((R)1 - y[j] * y[j]) : (y[j] > 0 ? d : 0);
+      dgx[j] = dgh[j] = dgs[j] = p;
+    }
+  }
+  }
+}
+
+/* The grad of the state before step s for units [k0, k1) of sequence b: tmp[b] holds dgs[b] w_hh;
+   GRU adds the direct path h = ... + z h_prev. */
+static void FN(carry_back)(struct FN(layer) *L, int64_t s, int64_t b, int64_t k0, int64_t k1, const R *prod) {
+  R *dh = L->dh + b * L->H;
+  if (L->mode == KILN_RNN_GRU) {
+    const R *zg = L->res + (FN(time)(L, s, b) * L->B + b) * L->RS * L->H + L->H;
+    for (int64_t k = k0; k < k1; k++) dh[k] = prod[k] + dh[k] * zg[k];
+  } else {
+    for (int64_t k = k0; k < k1; k++) dh[k] = prod[k];
+  }
+}
+
+/* ---- the GEMM path: one product per step over the batch, then the fused gates ---- */
+
+struct FN(rows) { struct FN(layer) *L; int64_t s; };
+
+static void FN(forward_rows)(void *ctx, int64_t b0, int64_t b1) {
+  const struct FN(rows) *r = ctx;
+  for (int64_t b = b0; b < b1; b++)
+    if (r->s < r->L->len[b]) FN(cell_forward)(r->L, r->s, b, 0, r->L->H, r->L->h, r->L->h);
+}
+
+static void FN(backward_rows)(void *ctx, int64_t b0, int64_t b1) {
+  const struct FN(rows) *r = ctx;
+  struct FN(layer) *L = r->L;
+  for (int64_t b = b0; b < b1; b++) {
+    if (r->s < L->len[b]) FN(cell_backward)(L, r->s, b, 0, L->H);
+    else memset(L->dgs + b * L->GH, 0, sizeof(R) * (size_t)L->GH);
+  }
+}
+
+static int64_t FN(row_grain)(const struct FN(layer) *L) {
+  int64_t per_row = L->GH * 8;   /* rough work of a row of gates */
+  return per_row >= 16384 ? 1 : 16384 / per_row + 1;
+}
+
+static void FN(forward_gemm)(struct FN(layer) *L) {
+  for (int64_t s = 0; s < L->T; s++) {
+    kiln_cpu_gemm_raw(DT, 0, 1, L->B, L->GH, L->H, 1.0, L->h, L->H, L->w_hh, L->H, 0.0, L->hh, L->GH);
+    struct FN(rows) r = {L, s};
+    kiln_parallel_for(L->B, FN(row_grain)(L), FN(forward_rows), &r);
+  }
+}
+
+static void FN(backward_gemm)(struct FN(layer) *L) {
+  for (int64_t s = L->T - 1; s >= 0; s--) {
+    struct FN(rows) r = {L, s};
+    kiln_parallel_for(L->B, FN(row_grain)(L), FN(backward_rows), &r);
+    kiln_cpu_gemm_raw(DT, 0, 0, L->B, L->H, L->GH, 1.0, L->dgs, L->GH, L->w_hh, L->H, 0.0, L->tmp, L->H);
+    for (int64_t b = 0; b < L->B; b++)
+      if (s < L->len[b]) FN(carry_back)(L, s, b, 0, L->H, L->tmp + b * L->H);
+  }
+}
+
+/* ---- the persistent path: each thread of a team owns hidden units [j0, j1) for the whole
+   sequence, with its rows of w_hh (forward) or its columns (backward) packed in its own memory ---- */
+
+static void FN(slice)(int64_t H, int id, int nteam, int64_t *j0, int64_t *j1) {
+  *j0 = H * id / nteam;
+  *j1 = H * (id + 1) / nteam;
+}
+
+static void FN(forward_team)(void *ctx, int id, int nteam) {
+  struct FN(layer) *L = ctx;
+  int64_t j0, j1, H = L->H, G = L->G;
+  FN(slice)(H, id, nteam, &j0, &j1);
+  int64_t nj = j1 - j0;
+  int sense = 0;
+  /* rows g*H + j of w_hh for the own units, packed [G][nj][H] */
+  R *w = nj > 0 ? malloc(sizeof(R) * (size_t)(G * nj * H)) : NULL;
+  if (nj > 0 && !w) __atomic_store_n(&L->bar.failed, 1, __ATOMIC_RELAXED);
+  barrier_wait(&L->bar, &sense);
+  if (__atomic_load_n(&L->bar.failed, __ATOMIC_RELAXED)) { free(w); return; }
+  for (int64_t g = 0; g < G; g++) memcpy(w + g * nj * H, L->w_hh + (g * H + j0) * H, sizeof(R) * (size_t)(nj * H));
+  R *hcur = L->h, *hnext = L->hnext;
+  for (int64_t s = 0; s < L->T; s++) {
+    for (int64_t b = 0; b < L->B; b++) {
+      R *hh = L->hh + b * L->GH;
+      if (s >= L->len[b]) {   /* past its end: carry the state */
+        memcpy(hnext + b * H + j0, hcur + b * H + j0, sizeof(R) * (size_t)nj);
+        continue;
+      }
+      const R *hp = hcur + b * H;
+      for (int64_t g = 0; g < G; g++)
+        for (int64_t j = 0; j < nj; j++) hh[g * H + j0 + j] = FN(dot)(w + (g * nj + j) * H, hp, H);
+      FN(cell_forward)(L, s, b, j0, j1, hcur, hnext);
+    }
+    R *swap = hcur; hcur = hnext; hnext = swap;
+    barrier_wait(&L->bar, &sense);
+  }
+  free(w);
+}
+
+static void FN(backward_team)(void *ctx, int id, int nteam) {
+  struct FN(layer) *L = ctx;
+  int64_t j0, j1, H = L->H, GH = L->GH;
+  FN(slice)(H, id, nteam, &j0, &j1);
+  int64_t nj = j1 - j0;
+  int sense = 0;
+  /* columns j0..j1 of w_hh, transposed: [nj][GH] */
+  R *wt = nj > 0 ? malloc(sizeof(R) * (size_t)(nj * GH)) : NULL;
+  R *prod = malloc(sizeof(R) * (size_t)H);
+  if ((nj > 0 && !wt) || !prod) __atomic_store_n(&L->bar.failed, 1, __ATOMIC_RELAXED);
+  barrier_wait(&L->bar, &sense);
+  if (__atomic_load_n(&L->bar.failed, __ATOMIC_RELAXED)) { free(wt); free(prod); return; }
+  for (int64_t r = 0; r < GH; r++)
+    for (int64_t k = 0; k < nj; k++) wt[k * GH + r] = L->w_hh[r * H + j0 + k];
+  for (int64_t s = L->T - 1; s >= 0; s--) {
+    for (int64_t b = 0; b < L->B; b++)
+      if (s < L->len[b]) FN(cell_backward)(L, s, b, j0, j1);
+    barrier_wait(&L->bar, &sense);
+    /* the rows of this step are read from dgh, by time, so that the next step may write its own
+       rows while other threads still read these: one barrier per step */
+    for (int64_t b = 0; b < L->B; b++) {
+      if (s >= L->len[b]) continue;
+      const R *dg = L->dgh + (FN(time)(L, s, b) * L->B + b) * GH;
+      for (int64_t k = 0; k < nj; k++) prod[j0 + k] = FN(dot)(wt + k * GH, dg, GH);
+      FN(carry_back)(L, s, b, j0, j1, prod);
+    }
+  }
+  free(wt);
+  free(prod);
+}
+
+/* ---- the layer ---- */
+
+static int FN(setup)(struct FN(layer) *L, int mode, int reverse, const struct kiln_rnn_tensors *t, R **zeros) {
+  L->mode = mode; L->reverse = reverse;
+  L->G = kiln_rnn_gates(mode); L->RS = kiln_rnn_reserve(mode);
+  L->T = t->x->sizes[0]; L->B = t->x->sizes[1]; L->I = t->x->sizes[2];
+  L->H = t->w_hh->sizes[1]; L->GH = L->G * L->H;
+  L->x = kiln_tensor_data(t->x);
+  L->w_ih = kiln_tensor_data(t->w_ih); L->w_hh = kiln_tensor_data(t->w_hh);
+  int64_t nz = L->GH > L->B * L->H ? L->GH : L->B * L->H;
+  *zeros = calloc((size_t)nz, sizeof(R));
+  int64_t *len = malloc(sizeof(int64_t) * (size_t)(L->B > 0 ? L->B : 1));
+  if (!*zeros || !len) { free(len); return kiln_fail(KILN_ERR_MEMORY, "rnn: out of memory"); }
+  for (int64_t b = 0; b < L->B; b++) len[b] = t->lengths ? ((const int64_t *)kiln_tensor_data(t->lengths))[b] : L->T;
+  L->len = len;
+  L->h0 = t->h0 ? kiln_tensor_data(t->h0) : *zeros;
+  L->c0 = t->c0 ? kiln_tensor_data(t->c0) : *zeros;
+  L->b_hh = t->b_hh ? kiln_tensor_data(t->b_hh) : *zeros;
+  return KILN_OK;
+}
+
+static int FN(forward)(const struct kiln_call *c) {
+  const struct kiln_rnn_forward *f = c->extra;
+  struct FN(layer) L = {0};
+  R *zeros = NULL;
+  if (FN(setup)(&L, (int)c->ints[0], (int)c->ints[1], &f->t, &zeros)) return kiln_error_code();
+  int64_t T = L.T, B = L.B, H = L.H, GH = L.GH;
+  L.z = kiln_tensor_data(c->out);
+  L.res = f->reserve ? kiln_tensor_data(f->reserve) : NULL;
+  L.xp = malloc(sizeof(R) * (size_t)(T * B * GH > 0 ? T * B * GH : 1));
+  L.hh = calloc((size_t)(B * GH > 0 ? B * GH : 1), sizeof(R));
+  L.h = malloc(sizeof(R) * (size_t)(B * H > 0 ? B * H : 1));
+  L.hnext = malloc(sizeof(R) * (size_t)(B * H > 0 ? B * H : 1));
+  L.c = malloc(sizeof(R) * (size_t)(B * H > 0 ? B * H : 1));
+  int rc = KILN_OK;
+  if (!L.xp || !L.hh || !L.h || !L.hnext || !L.c) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn: out of memory for the layer's buffers"); goto done; }
+  memset(L.z, 0, sizeof(R) * (size_t)c->out->numel);
+  /* the input projection of every step: one GEMM, b_ih added */
+  const R *bi = f->t.b_ih ? kiln_tensor_data(f->t.b_ih) : NULL;
+  for (int64_t r = 0; r < T * B; r++)
+    if (bi) memcpy(L.xp + r * GH, bi, sizeof(R) * (size_t)GH);
+    else memset(L.xp + r * GH, 0, sizeof(R) * (size_t)GH);
+  kiln_cpu_gemm_raw(DT, 0, 1, T * B, GH, L.I, 1.0, L.x, L.I, L.w_ih, L.I, 1.0, L.xp, GH);
+  memcpy(L.h, L.h0, sizeof(R) * (size_t)(B * H));
+  memcpy(L.c, L.c0, sizeof(R) * (size_t)(B * H));
+  if (c->ints[2] == KILN_RNN_PERSISTENT) {
+    barrier_init(&L.bar, kiln_parallel_team_size());
+    kiln_parallel_team(FN(forward_team), &L);
+    if (L.bar.failed) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn: out of memory for the persistent threads' weights"); goto done; }
+    /* the team swapped the buffers T times: after an odd count the final state is in hnext */
+    if (T % 2) { R *swap = L.h; L.h = L.hnext; L.hnext = swap; }
+  } else {
+    FN(forward_gemm)(&L);
+  }
+  memcpy(L.z + T * B * H, L.h, sizeof(R) * (size_t)(B * H));
+  if (L.mode == KILN_RNN_LSTM) memcpy(L.z + (T + 1) * B * H, L.c, sizeof(R) * (size_t)(B * H));
+done:
+  free(L.xp); free(L.hh);
+  free(L.h); free(L.hnext); free(L.c);
+  free((void *)L.len); free(zeros);
+  return rc;
+}
+
+static int FN(backward)(const struct kiln_call *c) {
+  const struct kiln_rnn_backward *bw = c->extra;
+  struct FN(layer) L = {0};
+  R *zeros = NULL;
+  if (FN(setup)(&L, (int)c->ints[0], (int)c->ints[1], &bw->t, &zeros)) return kiln_error_code();
+  int64_t T = L.T, B = L.B, H = L.H, GH = L.GH, I = L.I;
+  L.z = kiln_tensor_data(bw->z);
+  L.res = bw->reserve ? kiln_tensor_data(bw->reserve) : NULL;
+  L.gz = kiln_tensor_data(bw->gz);
+  size_t nbig = (size_t)(T * B * GH > 0 ? T * B * GH : 1), nbh = (size_t)(B * H > 0 ? B * H : 1);
+  L.dgx = calloc(nbig, sizeof(R));
+  L.dgh = L.mode == KILN_RNN_GRU ? calloc(nbig, sizeof(R)) : L.dgx;
+  L.dgs = calloc((size_t)(B * GH > 0 ? B * GH : 1), sizeof(R));
+  L.dh = malloc(sizeof(R) * nbh);
+  L.dc = malloc(sizeof(R) * nbh);
+  L.tmp = malloc(sizeof(R) * nbh);
+  R *hprev = bw->gw_hh ? calloc((size_t)(T * B * H > 0 ? T * B * H : 1), sizeof(R)) : NULL;
+  int rc = KILN_OK;
+  if (!L.dgx || !L.dgh || !L.dgs || !L.dh || !L.dc || !L.tmp || (bw->gw_hh && !hprev)) {
+    rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory for the layer's buffers");
+    goto done;
+  }
+  memcpy(L.dh, L.gz + T * B * H, sizeof(R) * (size_t)(B * H));
+  if (L.mode == KILN_RNN_LSTM) memcpy(L.dc, L.gz + (T + 1) * B * H, sizeof(R) * (size_t)(B * H));
+  else memset(L.dc, 0, sizeof(R) * (size_t)(B * H));
+  if (c->ints[2] == KILN_RNN_PERSISTENT) {
+    barrier_init(&L.bar, kiln_parallel_team_size());
+    kiln_parallel_team(FN(backward_team), &L);
+    if (L.bar.failed) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory for the persistent threads' weights"); goto done; }
+  } else {
+    FN(backward_gemm)(&L);
+  }
+  if (bw->gh0) memcpy(kiln_tensor_data(bw->gh0), L.dh, sizeof(R) * (size_t)(B * H));
+  if (bw->gc0) memcpy(kiln_tensor_data(bw->gc0), L.dc, sizeof(R) * (size_t)(B * H));
+  if (bw->gx) kiln_cpu_gemm_raw(DT, 0, 0, T * B, I, GH, 1.0, L.dgx, GH, L.w_ih, I, 0.0, kiln_tensor_data(bw->gx), I);
+  if (bw->gw_ih) kiln_cpu_gemm_raw(DT, 1, 0, GH, I, T * B, 1.0, L.dgx, GH, L.x, I, 0.0, kiln_tensor_data(bw->gw_ih), I);
+  if (bw->gw_hh) {
+    for (int64_t b = 0; b < B; b++)
+      for (int64_t s = 0; s < L.len[b]; s++) {
+        int64_t t = FN(time)(&L, s, b);
+        memcpy(hprev + (t * B + b) * H, FN(h_before)(&L, s, b, t), sizeof(R) * (size_t)H);
+      }
+    kiln_cpu_gemm_raw(DT, 1, 0, GH, H, T * B, 1.0, L.dgh, GH, hprev, H, 0.0, kiln_tensor_data(bw->gw_hh), H);
+  }
+  for (int k = 0; k < 2; k++) {
+    struct kiln_tensor *gb = k ? bw->gb_hh : bw->gb_ih;
+    if (!gb) continue;
+    const R *src = k ? L.dgh : L.dgx;
+    R *dst = kiln_tensor_data(gb);
+    memset(dst, 0, sizeof(R) * (size_t)GH);
+    for (int64_t r = 0; r < T * B; r++)
+      for (int64_t q = 0; q < GH; q++) dst[q] += src[r * GH + q];
+  }
+done:
+  if (L.dgh != L.dgx) free(L.dgh);
+  free(L.dgx); free(L.dgs); free(L.dh); free(L.dc); free(L.tmp); free(hprev);
+  free((void *)L.len); free(zeros);
+  return rc;
+}

@@ -1,0 +1,190 @@
+/* rnn.c: the front end of one recurrent layer (kiln/rnn.h): checks, the choice of algorithm, the
+   forward kernel and its node, and the derivative that runs the backward kernel. */
+#include "internal.h"
+#include "rnn_calls.h"
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char *const mode_names[] = {"rnn_tanh", "rnn_relu", "gru", "lstm"};
+
+/* The inputs of a layer node, in order; lengths is saved but takes no grad. */
+enum { IN_X, IN_H0, IN_C0, IN_W_IH, IN_W_HH, IN_B_IH, IN_B_HH, NIN };
+enum { SAVED_Z = NIN, SAVED_RESERVE, SAVED_LENGTHS };   /* saved[] holds the NIN inputs' contiguous copies first */
+
+static int64_t cache_bytes(void) {
+#ifdef _SC_LEVEL2_CACHE_SIZE
+  long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  if (l2 > 0) return l2;
+#endif
+  return 1 << 20;
+}
+
+KILN_API int kiln_rnn_choose_algo(int mode, int64_t batch, int64_t hidden, int dtype, struct kiln_device device, int algo,
+                                  char *why, size_t whylen) {
+  char buf[256];
+  int chosen;
+  if (device.type != KILN_CPU) {
+    chosen = KILN_RNN_GEMM;
+    snprintf(buf, sizeof buf, "the persistent path runs on the CPU; this layer is on %s", kiln_device_name(device));
+  } else if (dtype != KILN_F32 && dtype != KILN_F64) {
+    chosen = KILN_RNN_GEMM;
+    snprintf(buf, sizeof buf, "the persistent path runs f32 and f64; this layer is %s", kiln_dtype_name(dtype));
+  } else {
+    int G = mode == KILN_RNN_LSTM ? 4 : mode == KILN_RNN_GRU ? 3 : 1;
+    int threads = kiln_parallel_team_size();
+    double bytes = (double)G * (double)hidden * (double)hidden * (double)kiln_dtype_size(dtype);
+    double budget = (double)threads * (double)cache_bytes() * 0.75;
+    int fits = bytes <= budget;
+    if (algo == KILN_RNN_GEMM) {
+      chosen = KILN_RNN_GEMM;
+      snprintf(buf, sizeof buf, "GEMM per step, as asked");
+    } else if (algo == KILN_RNN_PERSISTENT) {
+      chosen = KILN_RNN_PERSISTENT;
+      if (fits) snprintf(buf, sizeof buf, "persistent, as asked: %d threads, %.2f MB of recurrent weights", threads, bytes / 1e6);
+      else snprintf(buf, sizeof buf, "persistent, as asked, though the recurrent weights (%.2f MB) exceed the caches of %d threads (%.2f MB)",
+                    bytes / 1e6, threads, budget / 1e6);
+    } else if (!fits) {
+      chosen = KILN_RNN_GEMM;
+      snprintf(buf, sizeof buf, "GEMM per step: the recurrent weights (%.2f MB) do not fit in the caches of %d threads (%.2f MB)",
+               bytes / 1e6, threads, budget / 1e6);
+    } else if (batch > KILN_RNN_PERSISTENT_MAX_BATCH) {
+      chosen = KILN_RNN_GEMM;
+      snprintf(buf, sizeof buf, "GEMM per step: batch %lld is above %d, where one product per step is faster",
+               (long long)batch, KILN_RNN_PERSISTENT_MAX_BATCH);
+    } else {
+      chosen = KILN_RNN_PERSISTENT;
+      snprintf(buf, sizeof buf, "persistent: batch %lld, %d threads, %.2f MB of recurrent weights in their caches",
+               (long long)batch, threads, bytes / 1e6);
+    }
+  }
+  if (why && whylen) snprintf(why, whylen, "%s", buf);
+  return chosen;
+}
+
+static int check_tensor(const char *op, const char *what, const struct kiln_tensor *t, const struct kiln_tensor *x,
+                        int ndim, const int64_t *sizes) {
+  if (!t) return KILN_OK;
+  if (kiln_check_live(op, t) || kiln_check_same_device(op, x, t)) return kiln_error_code();
+  if (t->dtype != x->dtype)
+    return kiln_fail(KILN_ERR_DTYPE, "%s: %s %s is %s but the input %s is %s", op, what, kiln_shape_string(t),
+                     kiln_dtype_name(t->dtype), kiln_shape_string(x), kiln_dtype_name(x->dtype));
+  int ok = t->ndim == ndim;
+  for (int d = 0; ok && d < ndim; d++) ok = t->sizes[d] == sizes[d];
+  if (!ok)
+    return kiln_fail(KILN_ERR_SHAPE, "%s: %s is %s, expected %s", op, what, kiln_shape_string(t), kiln_sizes_string(ndim, sizes));
+  return KILN_OK;
+}
+
+static int check_lengths(const char *op, const struct kiln_tensor *lengths, int64_t T, int64_t B) {
+  if (kiln_check_live(op, lengths)) return kiln_error_code();
+  if (lengths->dtype != KILN_I64 || lengths->ndim != 1 || lengths->sizes[0] != B || lengths->device.type != KILN_CPU)
+    return kiln_fail(KILN_ERR_SHAPE, "%s: lengths %s %s on %s: expected i64 [%lld] on the CPU, one length per sequence", op,
+                     kiln_shape_string(lengths), kiln_dtype_name(lengths->dtype), kiln_device_name(lengths->device),
+                     (long long)B);
+  for (int64_t b = 0; b < B; b++) {
+    int64_t n = (int64_t)kiln_tensor_get(lengths, lengths->offset + b * lengths->strides[0]);
+    if (n < 1 || n > T)
+      return kiln_fail(KILN_ERR_ARGUMENT, "%s: sequence %lld has length %lld, outside 1..%lld (the input has %lld steps)", op,
+                       (long long)b + 1, (long long)n, (long long)T, (long long)T);
+  }
+  return KILN_OK;
+}
+
+KILN_API struct kiln_tensor *kiln_rnn_layer(int mode, const struct kiln_tensor *x, const struct kiln_tensor *h0,
+                                            const struct kiln_tensor *c0, const struct kiln_tensor *w_ih,
+                                            const struct kiln_tensor *w_hh, const struct kiln_tensor *b_ih,
+                                            const struct kiln_tensor *b_hh, const struct kiln_tensor *lengths, int reverse,
+                                            int algo) {
+  if (mode < KILN_RNN_TANH || mode > KILN_RNN_LSTM) {
+    kiln_fail(KILN_ERR_ARGUMENT, "rnn: mode %d (expected 0 tanh, 1 relu, 2 GRU, 3 LSTM)", mode);
+    return NULL;
+  }
+  const char *op = mode_names[mode];
+  if (algo < KILN_RNN_AUTO || algo > KILN_RNN_PERSISTENT) {
+    kiln_fail(KILN_ERR_ARGUMENT, "%s: algorithm %d (expected 0 auto, 1 GEMM, 2 persistent)", op, algo);
+    return NULL;
+  }
+  if (kiln_check_live(op, x) || kiln_check_live(op, w_ih) || kiln_check_live(op, w_hh)) return NULL;
+  if (x->ndim != 3) {
+    kiln_fail(KILN_ERR_SHAPE, "%s: input %s has %d dims (expected 3: [T,B,input_size])", op, kiln_shape_string(x), x->ndim);
+    return NULL;
+  }
+  if (x->dtype != KILN_F32 && x->dtype != KILN_F64) {
+    kiln_fail(KILN_ERR_DTYPE, "%s: input %s is %s (expected f32 or f64)", op, kiln_shape_string(x), kiln_dtype_name(x->dtype));
+    return NULL;
+  }
+  int64_t T = x->sizes[0], B = x->sizes[1], I = x->sizes[2], G = kiln_rnn_gates(mode);
+  if (T < 1 || B < 1) {
+    kiln_fail(KILN_ERR_SHAPE, "%s: input %s has no steps or no sequences", op, kiln_shape_string(x));
+    return NULL;
+  }
+  if (w_hh->ndim != 2 || w_hh->sizes[1] < 1 || w_hh->sizes[0] != G * w_hh->sizes[1]) {
+    kiln_fail(KILN_ERR_SHAPE, "%s: weight_hh %s is not [%lld*hidden, hidden]", op, kiln_shape_string(w_hh), (long long)G);
+    return NULL;
+  }
+  int64_t H = w_hh->sizes[1], GH = G * H;
+  int64_t s_ih[2] = {GH, I}, s_hh[2] = {GH, H}, s_b[1] = {GH}, s_h[2] = {B, H};
+  if (w_ih->ndim == 2 && w_ih->sizes[0] == GH && w_ih->sizes[1] != I) {
+    kiln_fail(KILN_ERR_SHAPE, "%s: input %s has %lld features but weight_ih %s expects %lld", op, kiln_shape_string(x),
+              (long long)I, kiln_shape_string(w_ih), (long long)w_ih->sizes[1]);
+    return NULL;
+  }
+  if (check_tensor(op, "weight_ih", w_ih, x, 2, s_ih) || check_tensor(op, "weight_hh", w_hh, x, 2, s_hh) ||
+      check_tensor(op, "bias_ih", b_ih, x, 1, s_b) || check_tensor(op, "bias_hh", b_hh, x, 1, s_b) ||
+      check_tensor(op, "initial hidden state", h0, x, 2, s_h) || check_tensor(op, "initial cell state", c0, x, 2, s_h))
+    return NULL;
+  if (c0 && mode != KILN_RNN_LSTM) {
+    kiln_fail(KILN_ERR_ARGUMENT, "%s: an initial cell state is given, but only an LSTM has one", op);
+    return NULL;
+  }
+  if (lengths && check_lengths(op, lengths, T, B)) return NULL;
+
+  const struct kiln_tensor *orig[NIN] = {x, h0, c0, w_ih, w_hh, b_ih, b_hh};
+  struct kiln_tensor *in[NIN] = {0}, *len = NULL, *z = NULL, *reserve = NULL;
+  for (int k = 0; k < NIN; k++)
+    if (orig[k] && !(in[k] = kiln_contiguous(orig[k]))) goto fail;
+  if (lengths && !(len = kiln_contiguous(lengths))) goto fail;
+  int64_t zs[3] = {T + kiln_rnn_states(mode), B, H};
+  if (!(z = kiln_tensor_empty(3, zs, x->dtype, x->device))) goto fail;
+  if (kiln_rnn_reserve(mode)) {
+    int64_t rs[3] = {T, B, kiln_rnn_reserve(mode) * H};
+    if (!(reserve = kiln_tensor_empty(3, rs, x->dtype, x->device))) goto fail;
+  }
+  int chosen = kiln_rnn_choose_algo(mode, B, H, x->dtype, x->device, algo, NULL, 0);
+  struct kiln_rnn_forward f = {{in[IN_X], in[IN_H0], in[IN_C0], in[IN_W_IH], in[IN_W_HH], in[IN_B_IH], in[IN_B_HH], len}, reserve};
+  struct kiln_call call = {.op = KILN_OP_RNN, .out = z, .nints = 3, .ints = {mode, reverse ? 1 : 0, chosen}, .extra = &f};
+  if (kiln_dispatch(x->device, &call)) goto fail;
+  const struct kiln_tensor *saved[MAX_SAVED] = {in[IN_X], in[IN_H0], in[IN_C0], in[IN_W_IH], in[IN_W_HH], z, reserve, len};
+  if (kiln_autograd_record_saved(KILN_OP_RNN, z, NIN, orig, NULL, call.ints, 3, saved, MAX_SAVED)) goto fail;
+  for (int k = 0; k < NIN; k++) kiln_tensor_release(in[k]);
+  kiln_tensor_release(len);
+  kiln_tensor_release(reserve);
+  return z;
+fail:
+  for (int k = 0; k < NIN; k++) kiln_tensor_release(in[k]);
+  kiln_tensor_release(len); kiln_tensor_release(z); kiln_tensor_release(reserve);
+  return NULL;
+}
+
+/* saved: x, h0, c0, w_ih, w_hh (contiguous), Z, reserve, lengths; b_ih, b_hh only shape the grads. */
+int kiln_rnn_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
+  struct kiln_tensor *gz = kiln_contiguous(g);
+  if (!gz) return kiln_error_code();
+  for (int k = 0; k < NIN; k++) {
+    const struct edge *e = &n->in[k];
+    if (e->needs && !(gin[k] = kiln_tensor_empty(e->ndim, e->sizes, e->dtype, e->device))) {
+      kiln_tensor_release(gz);
+      return kiln_error_code();
+    }
+  }
+  struct kiln_rnn_backward bw = {
+    .t = {n->saved[0], n->saved[1], n->saved[2], n->saved[3], n->saved[4], NULL, NULL, n->saved[7]},
+    .z = n->saved[5], .reserve = n->saved[6], .gz = gz,
+    .gx = gin[IN_X], .gh0 = gin[IN_H0], .gc0 = gin[IN_C0], .gw_ih = gin[IN_W_IH], .gw_hh = gin[IN_W_HH],
+    .gb_ih = gin[IN_B_IH], .gb_hh = gin[IN_B_HH]};
+  struct kiln_call call = {.op = KILN_OP_RNN_BACKWARD, .nints = 3, .ints = {n->ints[0], n->ints[1], n->ints[2]}, .extra = &bw};
+  int rc = kiln_dispatch(gz->device, &call);
+  kiln_tensor_release(gz);
+  return rc;
+}

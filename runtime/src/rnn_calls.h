@@ -1,0 +1,39 @@
+/* rnn_calls.h: how rnn.c hands one recurrent layer to its kernels (kiln/rnn.h says what the
+   layer computes). Every tensor here is contiguous and of one float dtype; lengths is i64 [B]. */
+#ifndef KILN_RNN_CALLS_H
+#define KILN_RNN_CALLS_H
+#include "internal.h"
+
+struct kiln_rnn_tensors {
+  const struct kiln_tensor *x;                 /* [T,B,I] */
+  const struct kiln_tensor *h0, *c0;           /* [B,H] or NULL */
+  const struct kiln_tensor *w_ih, *w_hh;       /* [G*H,I], [G*H,H] */
+  const struct kiln_tensor *b_ih, *b_hh;       /* [G*H] or NULL */
+  const struct kiln_tensor *lengths;           /* [B] or NULL */
+};
+
+/* What a step keeps for the backward, per (t, b), in units of H: LSTM i,f,g,o (activated) and c;
+   GRU r,z,n and hn = w_hn h + b_hn; the plain RNN reads its outputs and keeps nothing. */
+static inline int kiln_rnn_gates(int mode) { return mode == KILN_RNN_LSTM ? 4 : mode == KILN_RNN_GRU ? 3 : 1; }
+static inline int kiln_rnn_reserve(int mode) { return mode == KILN_RNN_LSTM ? 5 : mode == KILN_RNN_GRU ? 4 : 0; }
+static inline int kiln_rnn_states(int mode) { return mode == KILN_RNN_LSTM ? 2 : 1; }
+
+/* AUTO runs the persistent path up to this batch size (bench/rnn.lua measures where it pays). */
+enum { KILN_RNN_PERSISTENT_MAX_BATCH = 8 };
+
+/* RNN: out Z [T+S,B,H]; extra: struct kiln_rnn_forward. ints: mode, reverse, algo (GEMM or
+   PERSISTENT, already chosen). */
+struct kiln_rnn_forward {
+  struct kiln_rnn_tensors t;
+  struct kiln_tensor *reserve;                 /* [T,B,R*H] written, or NULL when R = 0 */
+};
+
+/* RNN_BACKWARD: extra: struct kiln_rnn_backward; ints as the forward. The kernel overwrites the
+   grads that are not NULL. */
+struct kiln_rnn_backward {
+  struct kiln_rnn_tensors t;
+  const struct kiln_tensor *z, *reserve, *gz;  /* the forward's output and reserve; gz like z */
+  struct kiln_tensor *gx, *gh0, *gc0, *gw_ih, *gw_hh, *gb_ih, *gb_hh;
+};
+
+#endif

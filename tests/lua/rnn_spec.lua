@@ -1,0 +1,352 @@
+-- Recurrent layers: every mode against a step-by-step reference written here with Lua numbers
+-- (lengths, reverse, initial states, layers, directions, batch_first), f64 gradient checks of
+-- every mode on both algorithms, the persistent path equal to the GEMM path (f32, forward and
+-- backward), the cells, PyTorch's parameter names, and misuse errors.
+local kiln = kiln or require "kiln"
+require "kiln.testing"
+local F = require "kiln.functional"
+local nn = kiln.nn
+
+local function sigmoid(v) return 1 / (1 + math.exp(-v)) end
+local gates = {rnn_tanh = 1, rnn_relu = 1, gru = 3, lstm = 4}
+
+-- One layer, one direction, in plain Lua: x[t][b][i], w_ih[r][i], w_hh[r][k], b[r] (or nil),
+-- h0[b][j] / c0 (or nil). Returns y[t][b][j] (zeros past each length), h_n[b][j], c_n[b][j].
+local function reference(mode, x, h0, c0, w_ih, w_hh, b_ih, b_hh, lengths, reverse)
+  local T, B, I, H = #x, #x[1], #x[1][1], #w_hh[1]
+  local G = gates[mode]
+  local y, h, c = {}, {}, {}
+  for t = 1, T do y[t] = {} for b = 1, B do y[t][b] = {} for j = 1, H do y[t][b][j] = 0 end end end
+  for b = 1, B do
+    h[b], c[b] = {}, {}
+    for j = 1, H do h[b][j] = h0 and h0[b][j] or 0; c[b][j] = c0 and c0[b][j] or 0 end
+  end
+  for b = 1, B do
+    local L = lengths and lengths[b] or T
+    for s = 1, L do
+      local t = reverse and L - s + 1 or s
+      local xi, hh = {}, {}
+      for r = 1, G * H do
+        local a = b_ih and b_ih[r] or 0
+        for i = 1, I do a = a + w_ih[r][i] * x[t][b][i] end
+        local q = b_hh and b_hh[r] or 0
+        for k = 1, H do q = q + w_hh[r][k] * h[b][k] end
+        xi[r], hh[r] = a, q
+      end
+      local hn = {}
+      for j = 1, H do
+        if mode == "lstm" then
+          local i_, f_ = sigmoid(xi[j] + hh[j]), sigmoid(xi[H + j] + hh[H + j])
+          local g_, o_ = math.tanh(xi[2 * H + j] + hh[2 * H + j]), sigmoid(xi[3 * H + j] + hh[3 * H + j])
+          c[b][j] = f_ * c[b][j] + i_ * g_
+          hn[j] = o_ * math.tanh(c[b][j])
+        elseif mode == "gru" then
+          local r_, z_ = sigmoid(xi[j] + hh[j]), sigmoid(xi[H + j] + hh[H + j])
+          local n_ = math.tanh(xi[2 * H + j] + r_ * hh[2 * H + j])
+          hn[j] = (1 - z_) * n_ + z_ * h[b][j]
+        else
+          local p = xi[j] + hh[j]
+          hn[j] = mode == "rnn_tanh" and math.tanh(p) or math.max(p, 0)
+        end
+      end
+      h[b] = hn
+      for j = 1, H do y[t][b][j] = hn[j] end
+    end
+  end
+  return y, h, c
+end
+
+local function randn(...) return kiln.randn(...) end
+local function f64(...) local s = {...} return kiln.randn(s, {dtype = "f64"}) end
+
+local function assert_error(fn, pattern)
+  local ok, err = pcall(fn)
+  assert(not ok, "expected an error matching " .. pattern)
+  assert(tostring(err):find(pattern), string.format("error %q does not match %q", tostring(err), pattern))
+end
+
+local function leaves(list)
+  local out = {}
+  for i = 1, table.maxn(list) do out[i] = list[i] and list[i]:detach():requires_grad_() end
+  return out
+end
+
+local function assert_near(got, want, tol, what)
+  local function walk(g, w, path)
+    if type(w) == "table" then
+      assert(type(g) == "table" and #g == #w, what .. ": shape differs at " .. path)
+      for i = 1, #w do walk(g[i], w[i], path .. "[" .. i .. "]") end
+    else
+      assert(math.abs(g - w) <= tol * (1 + math.abs(w)),
+             string.format("%s%s = %.12g, expected %.12g", what, path, g, w))
+    end
+  end
+  walk(got, want, "")
+end
+
+describe("rnn_layer", function()
+  local T, B, I, H = 5, 3, 4, 6
+  for _, mode in ipairs{"rnn_tanh", "rnn_relu", "gru", "lstm"} do
+    for _, algo in ipairs{"gemm", "persistent"} do
+      it(mode .. " (" .. algo .. ") matches the step-by-step reference with lengths, reverse and initial states", function()
+        kiln.manual_seed(3)
+        local G = gates[mode]
+        local x, h0 = f64(T, B, I), f64(B, H)
+        local c0 = mode == "lstm" and f64(B, H) or nil
+        local w_ih, w_hh = f64(G * H, I) * 0.5, f64(G * H, H) * 0.5
+        local b_ih, b_hh = f64(G * H), f64(G * H)
+        local lengths = {5, 2, 4}
+        for _, reverse in ipairs{false, true} do
+          local z = F.rnn_layer(mode, x, h0, c0, w_ih, w_hh, b_ih, b_hh,
+                                {lengths = lengths, reverse = reverse, algorithm = algo})
+          local y, hn, cn = reference(mode, x:totable(), h0:totable(), c0 and c0:totable(), w_ih:totable(),
+                                      w_hh:totable(), b_ih:totable(), b_hh:totable(), lengths, reverse)
+          assert.same({T + (mode == "lstm" and 2 or 1), B, H}, z:size())
+          assert_near(z:narrow(1, 1, T):totable(), y, 1e-12, "output")
+          assert_near(z:select(1, T + 1):totable(), hn, 1e-12, "h_n")
+          if mode == "lstm" then assert_near(z:select(1, T + 2):totable(), cn, 1e-12, "c_n") end
+        end
+      end)
+
+      it(mode .. " (" .. algo .. ") passes an f64 gradient check w.r.t. every input", function()
+        kiln.manual_seed(4)
+        local G = gates[mode]
+        local x, h0 = f64(4, 2, 3), f64(2, 3)
+        local c0 = mode == "lstm" and f64(2, 3) or nil
+        local w_ih, w_hh, b_ih, b_hh = f64(G * 3, 3) * 0.5, f64(G * 3, 3) * 0.5, f64(G * 3), f64(G * 3)
+        for _, reverse in ipairs{false, true} do
+          local inputs = leaves{x, h0, w_ih, w_hh, b_ih, b_hh, c0}
+          assert.gradcheck(function(a, h, wi, wh, bi, bh, c)
+            return F.rnn_layer(mode, a, h, c, wi, wh, bi, bh, {lengths = {4, 3}, reverse = reverse, algorithm = algo})
+          end, inputs)
+        end
+      end)
+    end
+  end
+
+  it("runs without initial states or biases, as zeros", function()
+    kiln.manual_seed(5)
+    local x, w_ih, w_hh = f64(3, 2, 2), f64(8, 2), f64(8, 2)
+    local z = F.rnn_layer("lstm", x, nil, nil, w_ih, w_hh, nil, nil)
+    local y, hn = reference("lstm", x:totable(), nil, nil, w_ih:totable(), w_hh:totable(), nil, nil, nil, false)
+    assert_near(z:narrow(1, 1, 3):totable(), y, 1e-12, "output")
+    assert_near(z:select(1, 4):totable(), hn, 1e-12, "h_n")
+    assert.gradcheck(function(a, wi, wh) return F.rnn_layer("lstm", a, nil, nil, wi, wh, nil, nil) end, leaves{x, w_ih, w_hh})
+  end)
+
+  it("leaves padded steps out of the outputs and the gradients", function()
+    kiln.manual_seed(6)
+    local x = randn(6, 2, 3):requires_grad_()
+    local w_ih, w_hh = randn(12, 3):requires_grad_(), randn(12, 4):requires_grad_()
+    local z = F.rnn_layer("gru", x, nil, nil, w_ih, w_hh, nil, nil, {lengths = {6, 2}})
+    local y = z:narrow(1, 1, 6)
+    assert.equal(0, y:narrow(1, 3, 4):select(2, 2):abs():sum():item())
+    z:sum():backward()
+    assert.equal(0, x.grad:narrow(1, 3, 4):select(2, 2):abs():sum():item())
+    assert.is_true(x.grad:narrow(1, 1, 2):select(2, 2):abs():sum():item() > 0)
+  end)
+
+  it("gives the same result on the persistent path as on the GEMM path (f32, within 1e-6)", function()
+    local threads = kiln.get_num_threads()
+    for _, n in ipairs{1, 2, 3} do
+      kiln.set_num_threads(n)
+      for _, mode in ipairs{"rnn_tanh", "gru", "lstm"} do
+        kiln.manual_seed(7)
+        local G, Hs = gates[mode], 37
+        local x = randn(12, 3, 16)
+        local w_ih, w_hh = randn(G * Hs, 16) * 0.2, randn(G * Hs, Hs) * 0.2
+        local b_ih, b_hh = randn(G * Hs) * 0.1, randn(G * Hs) * 0.1
+        local grads = {}
+        for k, algo in ipairs{"gemm", "persistent"} do
+          local ps = {x:clone():requires_grad_(), w_ih:clone():requires_grad_(), w_hh:clone():requires_grad_(),
+                      b_ih:clone():requires_grad_(), b_hh:clone():requires_grad_()}
+          local z = F.rnn_layer(mode, ps[1], nil, nil, ps[2], ps[3], ps[4], ps[5],
+                                {lengths = {12, 7, 9}, reverse = true, algorithm = algo})
+          kiln.manual_seed(8)
+          local w = kiln.randn(z:size())
+          local loss = (z * w):sum()
+          loss:backward()
+          grads[k] = {z:detach()}
+          for i = 1, 5 do grads[k][i + 1] = ps[i].grad end
+        end
+        for i = 1, 6 do
+          local d = (grads[1][i] - grads[2][i]):abs():max():item()
+          local scale = math.max(1, grads[1][i]:abs():max():item())
+          assert(d <= 1e-6 * scale, string.format("%s, %d threads, tensor %d: persistent differs by %g", mode, n, i, d))
+        end
+      end
+    end
+    kiln.set_num_threads(threads)
+  end)
+
+  it("says which algorithm it runs and why", function()
+    local a, why = F.rnn_algorithm("lstm", 2, 64)
+    assert.equal("persistent", a)
+    assert.matches("batch 2", why)
+    a, why = F.rnn_algorithm("lstm", 64, 64)
+    assert.equal("gemm", a)
+    assert.matches("batch 64", why)
+    a, why = F.rnn_algorithm("lstm", 1, 8192)
+    assert.equal("gemm", a)
+    assert.matches("do not fit", why)
+    a = F.rnn_algorithm("gru", 64, 64, {algorithm = "persistent"})
+    assert.equal("persistent", a)
+  end)
+
+  it("names what is wrong", function()
+    local x, w_ih, w_hh = randn(4, 2, 3), randn(8, 3), randn(8, 2)
+    assert_error(function() F.rnn_layer("lstm", randn(4, 2, 5), nil, nil, w_ih, w_hh) end,
+                           "lstm: input %[4,2,5%] has 5 features but weight_ih %[8,3%] expects 3")
+    assert_error(function() F.rnn_layer("lstm", x, randn(3, 2), nil, w_ih, w_hh) end,
+                           "initial hidden state is %[3,2%], expected %[2,2%]")
+    assert_error(function() F.rnn_layer("lstm", x, nil, nil, w_ih, w_hh, nil, nil, {lengths = {4, 5}}) end,
+                           "sequence 2 has length 5, outside 1..4")
+    assert_error(function() F.rnn_layer("lstm", x, nil, nil, w_ih, w_hh, nil, nil, {lengths = {4}}) end,
+                           "lengths .* expected i64 %[2%]")
+    assert_error(function() F.rnn_layer("gru", x, nil, randn(2, 2), randn(6, 3), w_hh:narrow(1, 1, 6)) end,
+                           "only an LSTM has one")
+    assert_error(function() F.rnn_layer("lstm", x, nil, nil, w_ih, randn(8, 3)) end,
+                           "weight_hh %[8,3%] is not %[4%*hidden, hidden%]")
+    assert_error(function() F.rnn_layer("lstm", x:to{dtype = "f64"}, nil, nil, w_ih, w_hh) end,
+                           "weight_ih %[8,3%] is f32 but the input %[4,2,3%] is f64")
+    assert_error(function() F.rnn_layer("lstm", x, nil, nil, w_ih, w_hh, nil, nil, {algorithm = "fast"}) end,
+                           "algorithm fast")
+    -- the runtime is fine afterwards
+    assert.same({6, 2, 2}, F.rnn_layer("lstm", x, nil, nil, w_ih, w_hh):size())
+  end)
+end)
+
+describe("nn.RNN, nn.GRU, nn.LSTM", function()
+  -- The module's layers and directions put together from the reference, reading its parameters.
+  local function module_reference(m, mode, x, lengths)
+    local T, B = #x, #x[1]
+    local D = m.bidirectional and 2 or 1
+    local input, hn, cn = x, {}, {}
+    local function p(name) local t = m[name] return t and t:totable() or nil end
+    for l = 0, m.num_layers - 1 do
+      local outs = {}
+      for d = 0, D - 1 do
+        local sfx = "_l" .. l .. (d == 1 and "_reverse" or "")
+        local y, h, c = reference(mode, input, nil, nil, p("weight_ih" .. sfx), p("weight_hh" .. sfx), p("bias_ih" .. sfx),
+                                  p("bias_hh" .. sfx), lengths, d == 1)
+        outs[d + 1] = y
+        hn[#hn + 1], cn[#cn + 1] = h, c
+      end
+      local nxt = {}
+      for t = 1, T do
+        nxt[t] = {}
+        for b = 1, B do
+          nxt[t][b] = {}
+          for _, y in ipairs(outs) do for _, v in ipairs(y[t][b]) do nxt[t][b][#nxt[t][b] + 1] = v end end
+        end
+      end
+      input = nxt
+    end
+    return input, hn, cn
+  end
+
+  for _, name in ipairs{"RNN", "GRU", "LSTM"} do
+    it(name .. ": 2 layers, bidirectional, batch_first, lengths: the reference, and f64 gradients", function()
+      kiln.manual_seed(9)
+      local mode = name == "RNN" and "rnn_tanh" or name:lower()
+      local m = nn[name](3, 4, {num_layers = 2, bidirectional = true, batch_first = true, dtype = "f64"})
+      local x = f64(2, 5, 3)   -- [B,T,I]
+      local lengths = {5, 3}
+      local out, h = m(x, nil, lengths)
+      assert.same({2, 5, 8}, out:size())
+      local want, hn, cn = module_reference(m, mode, x:transpose(1, 2):totable(), lengths)
+      assert_near(out:transpose(1, 2):totable(), want, 1e-12, "output")
+      local h_n = name == "LSTM" and h[1] or h
+      assert.same({4, 2, 4}, h_n:size())
+      assert_near(h_n:totable(), hn, 1e-12, "h_n")
+      if name == "LSTM" then assert_near(h[2]:totable(), cn, 1e-12, "c_n") end
+      local h0 = f64(4, 2, 4)
+      local c0 = f64(4, 2, 4)
+      assert.gradcheck(function(a, hh, cc)
+        local o, s = m(a, name == "LSTM" and {hh, cc} or hh, lengths)
+        local hs = name == "LSTM" and kiln.cat({s[1], s[2]}, 1) or s
+        return kiln.cat({o:reshape(-1), hs:reshape(-1)}, 1)
+      end, leaves{x, h0, c0})
+    end)
+  end
+
+  it("carries PyTorch's parameter names and shapes", function()
+    local m = nn.LSTM(10, 20, {num_layers = 2, bidirectional = true})
+    local names = {}
+    for _, np in ipairs(m:named_parameters()) do names[#names + 1] = np[1] .. "=" .. table.concat(np[2]:size(), "x") end
+    assert.same({"weight_ih_l0=80x10", "weight_hh_l0=80x20", "bias_ih_l0=80", "bias_hh_l0=80",
+                 "weight_ih_l0_reverse=80x10", "weight_hh_l0_reverse=80x20", "bias_ih_l0_reverse=80", "bias_hh_l0_reverse=80",
+                 "weight_ih_l1=80x40", "weight_hh_l1=80x20", "bias_ih_l1=80", "bias_hh_l1=80",
+                 "weight_ih_l1_reverse=80x40", "weight_hh_l1_reverse=80x20", "bias_ih_l1_reverse=80", "bias_hh_l1_reverse=80"},
+                names)
+    local g = nn.GRU{input_size = 5, hidden_size = 7, bias = false}
+    assert.equal(2, #g:parameters())
+    assert.same({21, 5}, g.weight_ih_l0:size())
+    for _, p in ipairs(m:parameters()) do assert(p:abs():max():item() <= 1 / math.sqrt(20)) end
+  end)
+
+  it("applies dropout between layers only in training", function()
+    kiln.manual_seed(10)
+    local m = nn.GRU(3, 5, {num_layers = 2, dropout = 0.5})
+    local x = randn(4, 2, 3)
+    local a = m(x)
+    local b = m(x)
+    assert.is_true((a - b):abs():max():item() > 0)
+    m:eval()
+    local c, d = m(x), m(x)
+    assert.equal(0, (c - d):abs():max():item())
+  end)
+
+  it("takes one unbatched sequence", function()
+    kiln.manual_seed(11)
+    local m = nn.LSTM(3, 4)
+    local x = randn(5, 3)
+    local out, h = m(x)
+    assert.same({5, 4}, out:size())
+    assert.same({1, 4}, h[1]:size())
+    local out2 = m(x:unsqueeze(2))
+    assert.equal(0, (out2:squeeze(2) - out):abs():max():item())
+  end)
+
+  it("names the module and what is wrong", function()
+    local m = nn.LSTM(3, 4, {num_layers = 2})
+    assert_error(function() m(randn(5, 2, 6)) end, "input %[5,2,6%] has 6 features, expected input_size 3")
+    assert_error(function() m(randn(5, 2, 3), {randn(1, 2, 4), randn(2, 2, 4)}) end,
+                           "h0 is %[1,2,4%], expected %[2,2,4%]")
+    assert_error(function() m(randn(5, 2, 3), randn(2, 2, 4)) end, "hx must be {h0, c0}")
+    assert_error(function() m(randn(5, 2, 3), nil, {3, 9}) end, "sequence 2 has length 9")
+    assert_error(function() nn.GRU(3, 0) end, "hidden_size must be a positive integer")
+    assert.same({5, 2, 4}, (m(randn(5, 2, 3))):size())
+  end)
+end)
+
+describe("nn.RNNCell, nn.GRUCell, nn.LSTMCell", function()
+  for _, name in ipairs{"RNNCell", "GRUCell", "LSTMCell"} do
+    it(name .. " is one step of the reference, with f64 gradients", function()
+      kiln.manual_seed(12)
+      local mode = name == "RNNCell" and "rnn_tanh" or name:sub(1, -5):lower()
+      local cell = nn[name](3, 4, {dtype = "f64"})
+      local x, h, c = f64(2, 3), f64(2, 4), f64(2, 4)
+      local hx = mode == "lstm" and {h, c} or h
+      local got = cell(x, hx)
+      local y, hn, cn = reference(mode, {x:totable()}, h:totable(), c:totable(), cell.weight_ih:totable(),
+                                  cell.weight_hh:totable(), cell.bias_ih:totable(), cell.bias_hh:totable(), nil, false)
+      if mode == "lstm" then
+        assert_near(got[1]:totable(), hn, 1e-12, "h'")
+        assert_near(got[2]:totable(), cn, 1e-12, "c'")
+      else
+        assert_near(got:totable(), hn, 1e-12, "h'")
+      end
+      assert.gradcheck(function(a, hh, cc)
+        local r = cell(a, mode == "lstm" and {hh, cc} or hh)
+        return mode == "lstm" and kiln.cat({r[1], r[2]}, 1) or r
+      end, leaves{x, h, c})
+    end)
+  end
+
+  it("names what is wrong", function()
+    local cell = nn.GRUCell(3, 4)
+    assert_error(function() cell(randn(2, 5)) end, "input %[2,5%], expected %[batch,3%]")
+    assert_error(function() cell(randn(2, 3), randn(3, 4)) end, "h is %[3,4%], expected %[2,4%]")
+  end)
+end)
