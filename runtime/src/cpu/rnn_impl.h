@@ -7,15 +7,88 @@
 
 static inline R FN(sigmoid)(R x) { return (R)1 / ((R)1 + EXP(-x)); }
 
-/* A dot product with eight partial sums, which the compiler keeps in vector registers. */
-static inline R FN(dot)(const R *a, const R *b, int64_t n) {
-  R s[8] = {0};
-  int64_t k = 0;
-  for (; k + 8 <= n; k += 8)
-    for (int u = 0; u < 8; u++) s[u] += a[k + u] * b[k + u];
-  R tail = 0;
-  for (; k < n; k++) tail += a[k] * b[k];
-  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + tail;
+/* The persistent path's products: y[b][0:n] = sum_k x[b][k] a[k][c] for a matrix a [K][n] that
+   stays in the thread's cache, packed once per call in panels of PW columns (panel p holds
+   columns p*PW.. for every k, contiguous, zeros past n), so that a step streams it in order;
+   NB sequences at a time against one panel (NB x 4 vector accumulators). */
+typedef R FN(vec) __attribute__((vector_size(32)));
+#define LANES ((int64_t)(32 / sizeof(R)))
+#define PW (4 * LANES)
+
+static inline FN(vec) FN(load)(const R *p) { FN(vec) v; memcpy(&v, p, sizeof v); return v; }
+
+static inline int64_t FN(panels)(int64_t n) { return (n + PW - 1) / PW; }
+
+/* Pack a [K][n] matrix whose column c is cols[c][k] (forward: rows of w_hh, read along), or
+   whose row k is rows + k * ld (backward: a column slice of w_hh, read row by row). */
+static void FN(pack_cols)(R *packed, int64_t K, int64_t n, const R *const *cols) {
+  for (int64_t p = 0; p < FN(panels)(n); p++)
+    for (int64_t v = 0; v < PW; v++) {
+      int64_t c = p * PW + v;
+      R *dst = packed + p * K * PW + v;
+      if (c >= n) { for (int64_t k = 0; k < K; k++) dst[k * PW] = 0; continue; }
+      for (int64_t k = 0; k < K; k++) dst[k * PW] = cols[c][k];
+    }
+}
+
+static void FN(pack_rows)(R *packed, int64_t K, int64_t n, const R *rows, int64_t ld) {
+  for (int64_t k = 0; k < K; k++)
+    for (int64_t p = 0; p < FN(panels)(n); p++) {
+      R *dst = packed + (p * K + k) * PW;
+      int64_t c0 = p * PW, m = n - c0 < PW ? n - c0 : PW;
+      memcpy(dst, rows + k * ld + c0, sizeof(R) * (size_t)m);
+      for (int64_t v = m; v < PW; v++) dst[v] = 0;
+    }
+}
+
+static inline __attribute__((always_inline)) void FN(times_block)(const int NB, const R *packed, int64_t K, int64_t n,
+                                                                  const R *const *x, R *const *y) {
+  for (int64_t p = 0; p < FN(panels)(n); p++) {
+    const R *ap = packed + p * K * PW;
+    FN(vec) acc[4][4] = {{{0}}};
+    int64_t k = 0;
+    if (NB == 1) {   /* one sequence: a second set of accumulators for odd k hides the FMA latency */
+      FN(vec) odd[4] = {{0}};
+      for (; k + 2 <= K; k += 2) {
+        const R *ak = ap + k * PW;
+        R x0 = x[0][k], x1 = x[0][k + 1];
+        for (int v = 0; v < 4; v++) {
+          acc[0][v] += x0 * FN(load)(ak + v * LANES);
+          odd[v] += x1 * FN(load)(ak + PW + v * LANES);
+        }
+      }
+      for (int v = 0; v < 4; v++) acc[0][v] += odd[v];
+    }
+    for (; k < K; k++) {
+      const R *ak = ap + k * PW;
+      FN(vec) w0 = FN(load)(ak), w1 = FN(load)(ak + LANES), w2 = FN(load)(ak + 2 * LANES), w3 = FN(load)(ak + 3 * LANES);
+      for (int q = 0; q < NB; q++) {
+        R xv = x[q][k];
+        acc[q][0] += xv * w0; acc[q][1] += xv * w1; acc[q][2] += xv * w2; acc[q][3] += xv * w3;
+      }
+    }
+    int64_t c0 = p * PW, m = n - c0 < PW ? n - c0 : PW;
+    for (int q = 0; q < NB; q++) {
+      R out[4 * 32 / sizeof(R)];
+      memcpy(out, acc[q], sizeof out);
+      memcpy(y[q] + c0, out, sizeof(R) * (size_t)m);
+    }
+  }
+}
+
+static void FN(times)(const R *packed, int64_t K, int64_t n, const R *x, int64_t ldx, int64_t B,
+                      const unsigned char *active, R *y, int64_t ldy) {
+  const R *xs[4];
+  R *ys[4];
+  int nb = 0;
+  for (int64_t b = 0; b < B; b++) {
+    if (!active[b]) continue;
+    xs[nb] = x + b * ldx; ys[nb] = y + b * ldy; nb++;
+    if (nb == 4) { FN(times_block)(4, packed, K, n, xs, ys); nb = 0; }
+  }
+  if (nb == 3) FN(times_block)(3, packed, K, n, xs, ys);
+  else if (nb == 2) FN(times_block)(2, packed, K, n, xs, ys);
+  else if (nb == 1) FN(times_block)(1, packed, K, n, xs, ys);
 }
 
 struct FN(layer) {
@@ -47,107 +120,128 @@ static inline const R *FN(h_before)(const struct FN(layer) *L, int64_t s, int64_
   return s == 0 ? L->h0 + b * L->H : L->z + (FN(prev_time)(L, t) * L->B + b) * L->H;
 }
 
+/* The gate loops over n units, one function each with restrict pointers (at the first unit;
+   gates are H apart) so that they vectorise. */
+static void FN(lstm_forward)(int64_t H, int64_t n, const R *restrict xp, const R *restrict hh, const R *restrict bh,
+                             R *restrict c, R *restrict res, R *restrict ho, R *restrict y) {
+#pragma GCC ivdep   /* gate rows are H >= n apart: no overlap */
+  for (int64_t j = 0; j < n; j++) {
+    R i = FN(sigmoid)(xp[j] + hh[j] + bh[j]);
+    R f = FN(sigmoid)(xp[H + j] + hh[H + j] + bh[H + j]);
+    R g = TANH(xp[2 * H + j] + hh[2 * H + j] + bh[2 * H + j]);
+    R o = FN(sigmoid)(xp[3 * H + j] + hh[3 * H + j] + bh[3 * H + j]);
+    R cn = f * c[j] + i * g;
+    R hn = o * TANH(cn);
+    res[j] = i; res[H + j] = f; res[2 * H + j] = g; res[3 * H + j] = o; res[4 * H + j] = cn;
+    c[j] = cn; ho[j] = hn; y[j] = hn;
+  }
+}
+
+static void FN(gru_forward)(int64_t H, int64_t n, const R *restrict xp, const R *restrict hh, const R *restrict bh,
+                            const R *restrict hp, R *restrict res, R *restrict ho, R *restrict y) {
+#pragma GCC ivdep   /* gate rows are H >= n apart: no overlap */
+  for (int64_t j = 0; j < n; j++) {
+    R r = FN(sigmoid)(xp[j] + hh[j] + bh[j]);
+    R zg = FN(sigmoid)(xp[H + j] + hh[H + j] + bh[H + j]);
+    R hn = hh[2 * H + j] + bh[2 * H + j];
+    R nn = TANH(xp[2 * H + j] + r * hn);
+    R h = ((R)1 - zg) * nn + zg * hp[j];
+    res[j] = r; res[H + j] = zg; res[2 * H + j] = nn; res[3 * H + j] = hn;
+    ho[j] = h; y[j] = h;
+  }
+}
+
+static void FN(plain_forward)(int relu, int64_t n, const R *restrict xp, const R *restrict hh, const R *restrict bh,
+                              R *restrict ho, R *restrict y) {
+#pragma GCC ivdep   /* gate rows are H >= n apart: no overlap */
+  for (int64_t j = 0; j < n; j++) {
+    R p = xp[j] + hh[j] + bh[j];
+    R h = relu ? (p > 0 ? p : 0) : TANH(p);
+    ho[j] = h; y[j] = h;
+  }
+}
+
+static void FN(lstm_backward)(int64_t H, int64_t n, const R *restrict gy, const R *restrict res, const R *restrict cp,
+                              R *restrict dh, R *restrict dc, R *restrict dgx, R *restrict dgs) {
+#pragma GCC ivdep   /* gate rows are H >= n apart: no overlap */
+  for (int64_t j = 0; j < n; j++) {
+    R d = dh[j] += gy[j];
+    R i = res[j], f = res[H + j], g = res[2 * H + j], o = res[3 * H + j], tc = TANH(res[4 * H + j]);
+    R dct = dc[j] + d * o * ((R)1 - tc * tc);
+    R di = dct * g * i * ((R)1 - i), df = dct * cp[j] * f * ((R)1 - f);
+    R dg = dct * i * ((R)1 - g * g), dout = d * tc * o * ((R)1 - o);
+    dc[j] = dct * f;
+    dgx[j] = dgs[j] = di;
+    dgx[H + j] = dgs[H + j] = df;
+    dgx[2 * H + j] = dgs[2 * H + j] = dg;
+    dgx[3 * H + j] = dgs[3 * H + j] = dout;
+  }
+}
+
+static void FN(gru_backward)(int64_t H, int64_t n, const R *restrict gy, const R *restrict res, const R *restrict hp,
+                             R *restrict dh, R *restrict dgx, R *restrict dgh, R *restrict dgs) {
+#pragma GCC ivdep   /* gate rows are H >= n apart: no overlap */
+  for (int64_t j = 0; j < n; j++) {
+    R d = dh[j] += gy[j];
+    R r = res[j], zg = res[H + j], nn = res[2 * H + j], hn = res[3 * H + j];
+    R dn = d * ((R)1 - zg) * ((R)1 - nn * nn);
+    R dr = dn * hn * r * ((R)1 - r), dz = d * (hp[j] - nn) * zg * ((R)1 - zg);
+    dgx[j] = dgh[j] = dgs[j] = dr;
+    dgx[H + j] = dgh[H + j] = dgs[H + j] = dz;
+    dgx[2 * H + j] = dn;
+    dgh[2 * H + j] = dgs[2 * H + j] = dn * r;
+  }
+}
+
+static void FN(plain_backward)(int relu, int64_t n, const R *restrict gy, const R *restrict y, R *restrict dh,
+                               R *restrict dgx, R *restrict dgs) {
+#pragma GCC ivdep   /* gate rows are H >= n apart: no overlap */
+  for (int64_t j = 0; j < n; j++) {
+    R d = dh[j] += gy[j];
+    R p = relu ? (y[j] > 0 ? d : 0) : d * ((R)1 - y[j] * y[j]);
+    dgx[j] = dgs[j] = p;
+  }
+}
+
 /* Gates of units [j0, j1) of sequence b at step s: reads hh[b] (w_hh h) and the state in hin[b]
-   (and c[b]), writes the new state to hout[b] (and c[b]; hout may be hin), the output to Z and
-   the reserve. */
+   (and c[b]), writes the new state to hout[b] (another buffer) and c[b], the output to Z and the
+   reserve. */
 static void FN(cell_forward)(struct FN(layer) *L, int64_t s, int64_t b, int64_t j0, int64_t j1, const R *hin, R *hout) {
-  int64_t H = L->H, t = FN(time)(L, s, b), row = t * L->B + b;
-  const R *xp = L->xp + row * L->GH, *hh = L->hh + b * L->GH, *bh = L->b_hh, *hp = hin + b * H;
-  R *y = L->z + row * H, *ho = hout + b * H, *res = L->res ? L->res + row * L->RS * H : NULL;
-  switch (L->mode) {
-  case KILN_RNN_LSTM: {
-    R *c = L->c + b * H;
-    for (int64_t j = j0; j < j1; j++) {
-      R i = FN(sigmoid)(xp[j] + hh[j] + bh[j]);
-      R f = FN(sigmoid)(xp[H + j] + hh[H + j] + bh[H + j]);
-      R g = TANH(xp[2 * H + j] + hh[2 * H + j] + bh[2 * H + j]);
-      R o = FN(sigmoid)(xp[3 * H + j] + hh[3 * H + j] + bh[3 * H + j]);
-      R cn = f * c[j] + i * g;
-      R hn = o * TANH(cn);
-      res[j] = i; res[H + j] = f; res[2 * H + j] = g; res[3 * H + j] = o; res[4 * H + j] = cn;
-      c[j] = cn; ho[j] = hn; y[j] = hn;
-    }
-    break;
-  }
-  case KILN_RNN_GRU:
-    for (int64_t j = j0; j < j1; j++) {
-      R r = FN(sigmoid)(xp[j] + hh[j] + bh[j]);
-      R zg = FN(sigmoid)(xp[H + j] + hh[H + j] + bh[H + j]);
-      R hn = hh[2 * H + j] + bh[2 * H + j];
-      R n = TANH(xp[2 * H + j] + r * hn);
-      R h = ((R)1 - zg) * n + zg * hp[j];
-      res[j] = r; res[H + j] = zg; res[2 * H + j] = n; res[3 * H + j] = hn;
-      ho[j] = h; y[j] = h;
-    }
-    break;
-  default:
-    for (int64_t j = j0; j < j1; j++) {
-      R p = xp[j] + hh[j] + bh[j];
-      R h = L->mode == KILN_RNN_TANH ? TANH(p) : (p > 0 ? p : 0);
-      ho[j] = h; y[j] = h;
-    }
-  }
+  int64_t H = L->H, t = FN(time)(L, s, b), row = t * L->B + b, n = j1 - j0;
+  const R *xp = L->xp + row * L->GH + j0, *hh = L->hh + b * L->GH + j0, *bh = L->b_hh + j0;
+  R *y = L->z + row * H + j0, *ho = hout + b * H + j0, *res = L->res ? L->res + row * L->RS * H + j0 : NULL;
+  if (L->mode == KILN_RNN_LSTM) FN(lstm_forward)(H, n, xp, hh, bh, L->c + b * H + j0, res, ho, y);
+  else if (L->mode == KILN_RNN_GRU) FN(gru_forward)(H, n, xp, hh, bh, hin + b * H + j0, res, ho, y);
+  else FN(plain_forward)(L->mode == KILN_RNN_RELU, n, xp, hh, bh, ho, y);
 }
 
 /* The grads of units [j0, j1) of sequence b at step s: dh[b] holds the grad of the step's output
    state (the output's grad added here), dc[b] that of its cell. Writes the pre-activation grads
-   to dgx, dgh (time rows) and dgs (this step's row b), and dc[b] for the step before. */
+   to dgx, dgh (time rows; dgh is dgx but for the GRU) and dgs (this step's row b), and dc[b] for
+   the step before. */
 static void FN(cell_backward)(struct FN(layer) *L, int64_t s, int64_t b, int64_t j0, int64_t j1) {
-  int64_t H = L->H, t = FN(time)(L, s, b), row = t * L->B + b, GH = L->GH;
-  const R *gy = L->gz + row * H, *res = L->res ? L->res + row * L->RS * H : NULL;
-  R *dh = L->dh + b * H, *dgx = L->dgx + row * GH, *dgh = L->dgh + row * GH, *dgs = L->dgs + b * GH;
-  switch (L->mode) {
-  case KILN_RNN_LSTM: {
-    R *dc = L->dc + b * H;
+  int64_t H = L->H, t = FN(time)(L, s, b), row = t * L->B + b, GH = L->GH, n = j1 - j0;
+  const R *gy = L->gz + row * H + j0, *res = L->res ? L->res + row * L->RS * H + j0 : NULL;
+  R *dh = L->dh + b * H + j0, *dgx = L->dgx + row * GH + j0, *dgs = L->dgs + b * GH + j0;
+  if (L->mode == KILN_RNN_LSTM) {
     const R *cp = s == 0 ? L->c0 + b * H : L->res + (FN(prev_time)(L, t) * L->B + b) * L->RS * H + 4 * H;
-    for (int64_t j = j0; j < j1; j++) {
-      R d = dh[j] += gy[j];
-      R i = res[j], f = res[H + j], g = res[2 * H + j], o = res[3 * H + j], tc = TANH(res[4 * H + j]);
-      R dct = dc[j] + d * o * ((R)1 - tc * tc);
-      R di = dct * g * i * ((R)1 - i), df = dct * cp[j] * f * ((R)1 - f);
-      R dg = dct * i * ((R)1 - g * g), dout = d * tc * o * ((R)1 - o);
-      dc[j] = dct * f;
-      dgx[j] = dgh[j] = dgs[j] = di;
-      dgx[H + j] = dgh[H + j] = dgs[H + j] = df;
-      dgx[2 * H + j] = dgh[2 * H + j] = dgs[2 * H + j] = dg;
-      dgx[3 * H + j] = dgh[3 * H + j] = dgs[3 * H + j] = dout;
-    }
-    break;
-  }
-  case KILN_RNN_GRU: {
-    const R *hp = FN(h_before)(L, s, b, t);
-    for (int64_t j = j0; j < j1; j++) {
-      R d = dh[j] += gy[j];
-      R r = res[j], zg = res[H + j], n = res[2 * H + j], hn = res[3 * H + j];
-      R dn = d * ((R)1 - zg) * ((R)1 - n * n);
-      R dr = dn * hn * r * ((R)1 - r), dz = d * (hp[j] - n) * zg * ((R)1 - zg);
-      dgx[j] = dgh[j] = dgs[j] = dr;
-      dgx[H + j] = dgh[H + j] = dgs[H + j] = dz;
-      dgx[2 * H + j] = dn;
-      dgh[2 * H + j] = dgs[2 * H + j] = dn * r;
-    }
-    break;
-  }
-  default: {
-    const R *y = L->z + row * H;
-    for (int64_t j = j0; j < j1; j++) {
-      R d = dh[j] += gy[j];
-      R p = L->mode == KILN_RNN_TANH ? d * ((R)1 - y[j] * y[j]) : (y[j] > 0 ? d : 0);
-      dgx[j] = dgh[j] = dgs[j] = p;
-    }
-  }
+    FN(lstm_backward)(H, n, gy, res, cp + j0, dh, L->dc + b * H + j0, dgx, dgs);
+  } else if (L->mode == KILN_RNN_GRU) {
+    FN(gru_backward)(H, n, gy, res, FN(h_before)(L, s, b, t) + j0, dh, dgx, L->dgh + row * GH + j0, dgs);
+  } else {
+    FN(plain_backward)(L->mode == KILN_RNN_RELU, n, gy, L->z + row * H + j0, dh, dgx, dgs);
   }
 }
 
-/* The grad of the state before step s for units [k0, k1) of sequence b: tmp[b] holds dgs[b] w_hh;
-   GRU adds the direct path h = ... + z h_prev. */
+/* The grad of the state before step s for units [k0, k1) of sequence b, from prod[k - k0] (its
+   dgh row times w_hh); GRU adds the direct path h = ... + z h_prev. */
 static void FN(carry_back)(struct FN(layer) *L, int64_t s, int64_t b, int64_t k0, int64_t k1, const R *prod) {
   R *dh = L->dh + b * L->H;
   if (L->mode == KILN_RNN_GRU) {
     const R *zg = L->res + (FN(time)(L, s, b) * L->B + b) * L->RS * L->H + L->H;
-    for (int64_t k = k0; k < k1; k++) dh[k] = prod[k] + dh[k] * zg[k];
+    for (int64_t k = k0; k < k1; k++) dh[k] = prod[k - k0] + dh[k] * zg[k];
   } else {
-    for (int64_t k = k0; k < k1; k++) dh[k] = prod[k];
+    for (int64_t k = k0; k < k1; k++) dh[k] = prod[k - k0];
   }
 }
 
@@ -157,8 +251,10 @@ struct FN(rows) { struct FN(layer) *L; int64_t s; };
 
 static void FN(forward_rows)(void *ctx, int64_t b0, int64_t b1) {
   const struct FN(rows) *r = ctx;
+  struct FN(layer) *L = r->L;
   for (int64_t b = b0; b < b1; b++)
-    if (r->s < r->L->len[b]) FN(cell_forward)(r->L, r->s, b, 0, r->L->H, r->L->h, r->L->h);
+    if (r->s < L->len[b]) FN(cell_forward)(L, r->s, b, 0, L->H, L->h, L->hnext);
+    else memcpy(L->hnext + b * L->H, L->h + b * L->H, sizeof(R) * (size_t)L->H);   /* past its end: carry */
 }
 
 static void FN(backward_rows)(void *ctx, int64_t b0, int64_t b1) {
@@ -180,6 +276,7 @@ static void FN(forward_gemm)(struct FN(layer) *L) {
     kiln_cpu_gemm_raw(DT, 0, 1, L->B, L->GH, L->H, 1.0, L->h, L->H, L->w_hh, L->H, 0.0, L->hh, L->GH);
     struct FN(rows) r = {L, s};
     kiln_parallel_for(L->B, FN(row_grain)(L), FN(forward_rows), &r);
+    R *swap = L->h; L->h = L->hnext; L->hnext = swap;
   }
 }
 
@@ -203,64 +300,71 @@ static void FN(slice)(int64_t H, int id, int nteam, int64_t *j0, int64_t *j1) {
 
 static void FN(forward_team)(void *ctx, int id, int nteam) {
   struct FN(layer) *L = ctx;
-  int64_t j0, j1, H = L->H, G = L->G;
+  int64_t j0, j1, H = L->H, G = L->G, B = L->B;
   FN(slice)(H, id, nteam, &j0, &j1);
   int64_t nj = j1 - j0;
   int sense = 0;
-  /* rows g*H + j of w_hh for the own units, packed [G][nj][H] */
-  R *w = nj > 0 ? malloc(sizeof(R) * (size_t)(G * nj * H)) : NULL;
-  if (nj > 0 && !w) __atomic_store_n(&L->bar.failed, 1, __ATOMIC_RELAXED);
+  /* rows g*H + j of w_hh for the own units as the columns of a packed [H][G*nj]; their products [B][G*nj] */
+  int64_t nq = G * nj;
+  R *w = malloc(sizeof(R) * (size_t)(FN(panels)(nq) * PW * H + 1));
+  const R **cols = malloc(sizeof(R *) * (size_t)(nq + 1));
+  R *prod = malloc(sizeof(R) * (size_t)(B * nq + 1));
+  unsigned char *active = malloc((size_t)B);
+  if (!w || !cols || !prod || !active) __atomic_store_n(&L->bar.failed, 1, __ATOMIC_RELAXED);
   barrier_wait(&L->bar, &sense);
-  if (__atomic_load_n(&L->bar.failed, __ATOMIC_RELAXED)) { free(w); return; }
-  for (int64_t g = 0; g < G; g++) memcpy(w + g * nj * H, L->w_hh + (g * H + j0) * H, sizeof(R) * (size_t)(nj * H));
+  if (__atomic_load_n(&L->bar.failed, __ATOMIC_RELAXED)) { free(w); free(cols); free(prod); free(active); return; }
+  for (int64_t q = 0; q < nq; q++) cols[q] = L->w_hh + ((q / nj) * H + j0 + q % nj) * H;
+  FN(pack_cols)(w, H, nq, cols);
+  free(cols);
   R *hcur = L->h, *hnext = L->hnext;
   for (int64_t s = 0; s < L->T; s++) {
-    for (int64_t b = 0; b < L->B; b++) {
-      R *hh = L->hh + b * L->GH;
-      if (s >= L->len[b]) {   /* past its end: carry the state */
+    for (int64_t b = 0; b < B; b++) active[b] = s < L->len[b];
+    FN(times)(w, H, nq, hcur, H, B, active, prod, nq);
+    for (int64_t b = 0; b < B; b++) {
+      if (!active[b]) {   /* past its end: carry the state */
         memcpy(hnext + b * H + j0, hcur + b * H + j0, sizeof(R) * (size_t)nj);
         continue;
       }
-      const R *hp = hcur + b * H;
-      for (int64_t g = 0; g < G; g++)
-        for (int64_t j = 0; j < nj; j++) hh[g * H + j0 + j] = FN(dot)(w + (g * nj + j) * H, hp, H);
+      R *hh = L->hh + b * L->GH;
+      for (int64_t g = 0; g < G; g++) memcpy(hh + g * H + j0, prod + b * nq + g * nj, sizeof(R) * (size_t)nj);
       FN(cell_forward)(L, s, b, j0, j1, hcur, hnext);
     }
     R *swap = hcur; hcur = hnext; hnext = swap;
     barrier_wait(&L->bar, &sense);
   }
-  free(w);
+  free(w); free(prod); free(active);
 }
 
 static void FN(backward_team)(void *ctx, int id, int nteam) {
   struct FN(layer) *L = ctx;
-  int64_t j0, j1, H = L->H, GH = L->GH;
+  int64_t j0, j1, H = L->H, GH = L->GH, B = L->B;
   FN(slice)(H, id, nteam, &j0, &j1);
   int64_t nj = j1 - j0;
   int sense = 0;
-  /* columns j0..j1 of w_hh, transposed: [nj][GH] */
-  R *wt = nj > 0 ? malloc(sizeof(R) * (size_t)(nj * GH)) : NULL;
-  R *prod = malloc(sizeof(R) * (size_t)H);
-  if ((nj > 0 && !wt) || !prod) __atomic_store_n(&L->bar.failed, 1, __ATOMIC_RELAXED);
+  /* columns j0..j1 of w_hh, packed [GH][nj]; the products [B][nj]; this step's grad rows */
+  R *wc = malloc(sizeof(R) * (size_t)(FN(panels)(nj) * PW * GH + 1));
+  R *prod = malloc(sizeof(R) * (size_t)(B * nj + 1));
+  R *rows = calloc((size_t)(B * GH + 1), sizeof(R));
+  unsigned char *active = malloc((size_t)B);
+  if (!wc || !prod || !rows || !active) __atomic_store_n(&L->bar.failed, 1, __ATOMIC_RELAXED);
   barrier_wait(&L->bar, &sense);
-  if (__atomic_load_n(&L->bar.failed, __ATOMIC_RELAXED)) { free(wt); free(prod); return; }
-  for (int64_t r = 0; r < GH; r++)
-    for (int64_t k = 0; k < nj; k++) wt[k * GH + r] = L->w_hh[r * H + j0 + k];
+  if (__atomic_load_n(&L->bar.failed, __ATOMIC_RELAXED)) { free(wc); free(prod); free(rows); free(active); return; }
+  FN(pack_rows)(wc, GH, nj, L->w_hh + j0, H);
   for (int64_t s = L->T - 1; s >= 0; s--) {
-    for (int64_t b = 0; b < L->B; b++)
-      if (s < L->len[b]) FN(cell_backward)(L, s, b, j0, j1);
-    barrier_wait(&L->bar, &sense);
-    /* the rows of this step are read from dgh, by time, so that the next step may write its own
-       rows while other threads still read these: one barrier per step */
-    for (int64_t b = 0; b < L->B; b++) {
-      if (s >= L->len[b]) continue;
-      const R *dg = L->dgh + (FN(time)(L, s, b) * L->B + b) * GH;
-      for (int64_t k = 0; k < nj; k++) prod[j0 + k] = FN(dot)(wt + k * GH, dg, GH);
-      FN(carry_back)(L, s, b, j0, j1, prod);
+    for (int64_t b = 0; b < B; b++) {
+      active[b] = s < L->len[b];
+      if (active[b]) FN(cell_backward)(L, s, b, j0, j1);
     }
+    barrier_wait(&L->bar, &sense);
+    /* this step's rows are read from dgh, by time, so that the next step may write its own rows
+       while other threads still read these: one barrier per step */
+    for (int64_t b = 0; b < B; b++)
+      if (active[b]) memcpy(rows + b * GH, L->dgh + (FN(time)(L, s, b) * B + b) * GH, sizeof(R) * (size_t)GH);
+    FN(times)(wc, GH, nj, rows, GH, B, active, prod, nj);
+    for (int64_t b = 0; b < B; b++)
+      if (active[b]) FN(carry_back)(L, s, b, j0, j1, prod + b * nj);
   }
-  free(wt);
-  free(prod);
+  free(wc); free(prod); free(rows); free(active);
 }
 
 /* ---- the layer ---- */

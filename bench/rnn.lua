@@ -1,0 +1,109 @@
+-- bench/rnn.lua: LSTM forward + backward step time (input 256, hidden 256/512/1024, batch
+-- 1/4/16/64, sequence 64) on the GEMM path and the persistent path at 1 and 2 threads, and the
+-- char-LM training step (embedding 64, LSTM 256, sequence 64, batch 32, vocabulary 96, Adam),
+-- beside PyTorch's nn.LSTM in the same run when python3 has torch (bench/rnn.py, with
+-- OMP_WAIT_POLICY=passive). Medians; one JSON line per result.
+-- usage: kiln bench/rnn.lua [--quick] [--no-peer]
+local kiln = kiln or require "kiln"
+local nn, optim = kiln.nn, kiln.optim
+local ffi = require "ffi"
+
+local quick, peer = false, true
+for _, a in ipairs(arg or {}) do
+  if a == "--quick" then quick = true elseif a == "--no-peer" then peer = false end
+end
+
+pcall(ffi.cdef, "typedef struct { long tv_sec; long tv_nsec; } kiln_bench_ts; int clock_gettime(int, kiln_bench_ts *);")
+local ts = ffi.new("kiln_bench_ts")
+local function now() ffi.C.clock_gettime(1, ts) return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9 end
+local function median(xs) table.sort(xs) local n = #xs return n % 2 == 1 and xs[(n + 1) / 2] or (xs[n / 2] + xs[n / 2 + 1]) / 2 end
+
+-- Median ms per call of fn: reps of enough calls to last about `target` seconds each.
+local function measure(fn)
+  fn()
+  local t0 = now()
+  fn()
+  local one = now() - t0
+  local target = quick and 0.05 or 0.25
+  local n = math.max(1, math.floor(target / math.max(one, 1e-6)))
+  local times = {}
+  for _ = 1, quick and 3 or 5 do
+    t0 = now()
+    for _ = 1, n do fn() end
+    times[#times + 1] = (now() - t0) / n * 1000
+  end
+  return median(times)
+end
+
+local hiddens = quick and {256} or {256, 512, 1024}
+local batches = quick and {1, 16} or {1, 4, 16, 64}
+local T, I = 64, 256
+local ours = {}
+for _, threads in ipairs{1, 2} do
+  kiln.set_num_threads(threads)
+  for _, H in ipairs(hiddens) do
+    for _, B in ipairs(batches) do
+      for _, algo in ipairs{"gemm", "persistent"} do
+        kiln.manual_seed(0)
+        local lstm = nn.LSTM(I, H, {algorithm = algo})
+        local x = kiln.randn(T, B, I)
+        local ms = measure(function()
+          lstm:zero_grad()
+          local out = lstm(x)
+          out:sum():backward()
+        end)
+        ours[table.concat({"lstm", H, B, threads, algo}, ":")] = ms
+        kiln.ui.json{bench = "lstm_step", impl = "kiln", algorithm = algo, input = I, hidden = H, batch = B, seq = T,
+                     threads = threads, ms = ms}
+      end
+      local g, p = ours[table.concat({"lstm", H, B, threads, "gemm"}, ":")], ours[table.concat({"lstm", H, B, threads, "persistent"}, ":")]
+      kiln.ui.json{bench = "lstm_persistent_speedup", hidden = H, batch = B, threads = threads, gemm_ms = g,
+                   persistent_ms = p, speedup = g / p}
+    end
+  end
+  -- the char-LM training step
+  kiln.manual_seed(0)
+  local V, E, H, B = 96, 64, 256, 32
+  local emb, lstm, head = nn.Embedding(V, E), nn.LSTM(E, H), nn.Linear(H, V)
+  local params = {}
+  for _, m in ipairs{emb, lstm, head} do for _, q in ipairs(m:parameters()) do params[#params + 1] = q end end
+  local opt = optim.Adam(params, {lr = 2e-3})
+  local x, y = kiln.randint(1, V + 1, {T, B}), kiln.randint(1, V + 1, {T * B})
+  local ms = measure(function()
+    opt:zero_grad()
+    local out = lstm(emb(x))
+    local loss = require("kiln.functional").cross_entropy(head(out:reshape(T * B, H)), y)
+    loss:backward()
+    opt:step()
+  end)
+  ours["charlm:" .. threads] = ms
+  kiln.ui.json{bench = "char_lm_step", impl = "kiln", algorithm = lstm:algorithm_for(B), vocab = V, embedding = E,
+               hidden = H, batch = B, seq = T, threads = threads, ms = ms}
+end
+
+if peer and os.execute("/usr/bin/python3 -c 'import torch' 2>/dev/null") == 0 then
+  for _, threads in ipairs{1, 2} do
+    local cmd = string.format("OMP_WAIT_POLICY=passive OMP_NUM_THREADS=%d /usr/bin/python3 bench/rnn.py %d%s", threads,
+                              threads, quick and " --quick" or "")
+    local p = io.popen(cmd)
+    for line in p:lines() do
+      io.write(line, "\n")
+      local bench = line:match('"bench": "([%w_]+)"')
+      local ms = tonumber(line:match('"ms": ([%d%.e%-]+)'))
+      if bench == "lstm_step" then
+        local H, B = tonumber(line:match('"hidden": (%d+)')), tonumber(line:match('"batch": (%d+)'))
+        for _, algo in ipairs{"gemm", "persistent"} do
+          local k = ours[table.concat({"lstm", H, B, threads, algo}, ":")]
+          if k then
+            kiln.ui.json{bench = "lstm_step_ratio", algorithm = algo, hidden = H, batch = B, threads = threads, kiln_ms = k,
+                         pytorch_ms = ms, ratio = k / ms}
+          end
+        end
+      elseif bench == "char_lm_step" and ours["charlm:" .. threads] then
+        kiln.ui.json{bench = "char_lm_step_ratio", threads = threads, kiln_ms = ours["charlm:" .. threads], pytorch_ms = ms,
+                     ratio = ours["charlm:" .. threads] / ms}
+      end
+    end
+    p:close()
+  end
+end

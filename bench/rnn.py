@@ -1,0 +1,49 @@
+"""PyTorch peer of bench/rnn.lua: the same LSTM shapes and char-LM step, at one thread count.
+usage: OMP_WAIT_POLICY=passive python3 bench/rnn.py THREADS [--quick]"""
+import json, statistics, sys, time
+import torch
+import torch.nn as nn
+
+threads = int(sys.argv[1])
+quick = "--quick" in sys.argv
+torch.set_num_threads(threads)
+
+def measure(fn):
+    fn()
+    t0 = time.perf_counter(); fn(); one = time.perf_counter() - t0
+    n = max(1, int((0.05 if quick else 0.25) / max(one, 1e-6)))
+    times = []
+    for _ in range(3 if quick else 5):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        times.append((time.perf_counter() - t0) / n * 1000)
+    return statistics.median(times)
+
+T, I = 64, 256
+for H in ([256] if quick else [256, 512, 1024]):
+    for B in ([1, 16] if quick else [1, 4, 16, 64]):
+        torch.manual_seed(0)
+        lstm = nn.LSTM(I, H)
+        x = torch.randn(T, B, I)
+        def step():
+            lstm.zero_grad()
+            out, _ = lstm(x)
+            out.sum().backward()
+        print(json.dumps({"bench": "lstm_step", "impl": "pytorch", "version": torch.__version__, "input": I, "hidden": H,
+                          "batch": B, "seq": T, "threads": threads, "ms": measure(step)}), flush=True)
+
+torch.manual_seed(0)
+V, E, H, B = 96, 64, 256, 32
+emb, lstm, head = nn.Embedding(V, E), nn.LSTM(E, H), nn.Linear(H, V)
+params = list(emb.parameters()) + list(lstm.parameters()) + list(head.parameters())
+opt = torch.optim.Adam(params, lr=2e-3)
+x, y = torch.randint(0, V, (T, B)), torch.randint(0, V, (T * B,))
+def step():
+    opt.zero_grad()
+    out, _ = lstm(emb(x))
+    loss = nn.functional.cross_entropy(head(out.reshape(T * B, H)), y)
+    loss.backward()
+    opt.step()
+print(json.dumps({"bench": "char_lm_step", "impl": "pytorch", "version": torch.__version__, "vocab": V, "embedding": E,
+                  "hidden": H, "batch": B, "seq": T, "threads": threads, "ms": measure(step)}), flush=True)
