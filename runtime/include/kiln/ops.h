@@ -37,6 +37,8 @@ enum kiln_op {
   KILN_OP_NLL_LOSS, KILN_OP_NLL_LOSS_BACKWARD, KILN_OP_DROPOUT,
   /* optimizer updates over a list of parameters (kiln/optim.h) */
   KILN_OP_SGD_STEP, KILN_OP_ADAM_STEP, KILN_OP_RMSPROP_STEP, KILN_OP_ADAGRAD_STEP,
+  /* connectionist temporal classification (kiln/nn.h) */
+  KILN_OP_CTC_LOSS, KILN_OP_CTC_LOSS_BACKWARD,
   KILN_OP_COUNT
 };
 

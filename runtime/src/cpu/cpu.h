@@ -31,6 +31,8 @@ int cpu_softmax_backward(const struct kiln_call *c);
 int cpu_nll_loss(const struct kiln_call *c);            /* also cross entropy (fused) */
 int cpu_nll_loss_backward(const struct kiln_call *c);
 int cpu_dropout(const struct kiln_call *c);
+int cpu_ctc_loss(const struct kiln_call *c);            /* cpu/ctc.c */
+int cpu_ctc_loss_backward(const struct kiln_call *c);
 int cpu_optim_step(const struct kiln_call *c);          /* SGD, Adam, RMSprop, Adagrad (cpu/optim.c) */
 
 #endif
