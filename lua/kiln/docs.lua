@@ -18,6 +18,11 @@ return {
   ["kiln.nb"] = "kiln.nb: cell-structured notebook scripts run headless into a report",
   ["kiln.repl"] = "kiln.repl: the read-eval-print loop of the kiln command",
   ["kiln.help"] = "kiln.help(x): one line of help on a kiln function, tensor method or module",
+  ["kiln.audio"] = "kiln.audio: speech features: load_wav(path) -> wave, rate; spectrogram(wave, {n_fft=, hop=}); log_mel(wave, {sample_rate=, n_mels=})",
+  ["kiln.audio.load_wav"] = "kiln.audio.load_wav(path): the samples of a WAV file (f32 [samples], mono, in [-1, 1)) and its sample rate",
+  ["kiln.audio.spectrogram"] = "kiln.audio.spectrogram(wave[, {n_fft = 400, hop = 160, win = n_fft, log = false, eps = 1e-6}]): the power of each Hann-windowed frame, [frames, n_fft/2 + 1]",
+  ["kiln.audio.mel_filterbank"] = "kiln.audio.mel_filterbank([{n_mels = 40, n_fft = 400, sample_rate = 16000, f_min = 0, f_max = sample_rate/2}]): HTK triangular filters, [n_mels, n_fft/2 + 1]",
+  ["kiln.audio.log_mel"] = "kiln.audio.log_mel(wave[, {sample_rate = 16000, n_fft = 400, hop = 160, n_mels = 40, eps = 1e-6}]): log mel energies, [frames, n_mels]",
   ["kiln.cuda"] = "kiln.cuda: CUDA devices: kiln.cuda.is_available(), kiln.cuda.device_count()",
 
   -- creating tensors

@@ -277,6 +277,170 @@ function F.cross_entropy(x, target, w, opts)
                                    reduction(opts.reduction, "cross_entropy")))
 end
 
+-- ---- connectionist temporal classification ----
+
+-- Lengths: a Lua list of integers, or an integer tensor.
+local function lengths(v, what, op)
+  if type(v) == "table" and not is_tensor(v) then
+    for i = 1, #v do integer(v[i], string.format("%s: %s[%d]", op, what, i)) end
+    v = #v == 0 and core.from_table({}, "i64") or core.from_table(v, "i64")
+  end
+  return tensor(v, what, op)
+end
+
+-- The C op names samples, positions and labels counting from 0 ("sample 2 (from 0)"); say them from 1.
+local function from_one(msg)
+  return (msg:gsub("(%-?%d+) %(from 0%)", function(d) return tostring(tonumber(d) + 1) end))
+end
+
+-- ctc_loss(log_probs [T,N,C], targets, input_lengths, target_lengths, {blank = 1, reduction = "mean", zero_infinity = false})
+-- log_probs: log_softmax over the classes. targets: labels counting from 1 (the blank is a class
+-- too, 1 by default), as an [N,S] tensor padded past each target's length, a 1-d tensor or list
+-- of the targets concatenated, or a list of lists (then target_lengths may be left out).
+-- Lengths: lists or integer tensors [N].
+function F.ctc_loss(lp, targets, input_lengths, target_lengths, opts)
+  if opts == nil and type(target_lengths) == "table" and not is_tensor(target_lengths) and target_lengths[1] == nil
+     and next(target_lengths) ~= nil then
+    target_lengths, opts = nil, target_lengths
+  end
+  opts = options(opts, set("blank", "reduction", "zero_infinity"), "ctc_loss")
+  tensor(lp, "log_probs", "ctc_loss")
+  if type(targets) == "table" and not is_tensor(targets) and type(targets[1]) == "table" then
+    local flat, lens = {}, {}
+    for i, seq in ipairs(targets) do
+      lens[i] = #seq
+      for _, l in ipairs(seq) do flat[#flat + 1] = integer(l, "ctc_loss: a target label") end
+    end
+    targets, target_lengths = flat, target_lengths or lens
+  end
+  if type(targets) == "table" and not is_tensor(targets) and #targets == 0 then targets = core.from_table({}, "i64") end
+  if target_lengths == nil then raise("ctc_loss: give target_lengths (or the targets as a list of lists)") end
+  local t = c_target(targets, "ctc_loss")
+  local il = lengths(input_lengths, "input_lengths", "ctc_loss")
+  local tl = lengths(target_lengths, "target_lengths", "ctc_loss")
+  local blank = integer(opts.blank or 1, "ctc_loss: blank") - 1
+  local p = C.kiln_ctc_loss(lp.p, t.p, il.p, tl.p, blank, reduction(opts.reduction, "ctc_loss"), opts.zero_infinity and 1 or 0)
+  if p == nil then raise(core.lua_message(from_one(core.ffi.string(C.kiln_error_message())))) end
+  return wrap(p)
+end
+
+-- The log-probabilities of a [T,N,C] tensor as nested Lua tables [T][N][C], and the input lengths.
+local function decode_input(lp, input_lengths, op)
+  tensor(lp, "log_probs", op)
+  if lp.p.ndim ~= 3 then raise(string.format("%s: log_probs %s has %d dims (expected 3: [T,N,C])", op, tostring(lp:size()), lp.p.ndim)) end
+  local T, N = tonumber(lp.p.sizes[0]), tonumber(lp.p.sizes[1])
+  local lens = {}
+  if input_lengths == nil then
+    for n = 1, N do lens[n] = T end
+  else
+    local l = is_tensor(input_lengths) and input_lengths:totable() or input_lengths
+    if type(l) ~= "table" or #l ~= N then raise(string.format("%s: input_lengths must hold %d lengths, one per sample", op, N)) end
+    for n = 1, N do
+      lens[n] = integer(l[n], op .. ": an input length")
+      if lens[n] < 0 or lens[n] > T then raise(string.format("%s: input length %d of sample %d is out of range 0..%d", op, lens[n], n, T)) end
+    end
+  end
+  return lens, T, N
+end
+
+-- ctc_greedy_decode(log_probs [T,N,C], [input_lengths], [blank = 1]) -> a list of N label lists:
+-- the most likely class at each step, repeats merged, blanks removed; labels count from 1.
+function F.ctc_greedy_decode(lp, input_lengths, blank)
+  if type(input_lengths) == "number" and blank == nil then input_lengths, blank = nil, input_lengths end
+  local lens, _, N = decode_input(lp, input_lengths, "ctc_greedy_decode")
+  blank = integer(blank or 1, "ctc_greedy_decode: blank")
+  local best = lp:detach():argmax(3):totable()   -- [T][N], classes from 1
+  local out = {}
+  for n = 1, N do
+    local seq, prev = {}, nil
+    for t = 1, lens[n] do
+      local c = best[t][n]
+      if c ~= prev and c ~= blank then seq[#seq + 1] = c end
+      prev = c
+    end
+    out[n] = seq
+  end
+  return out
+end
+
+local NEG_INF = -math.huge
+local function log_add(a, b)
+  if a < b then a, b = b, a end
+  if a == NEG_INF then return a end
+  return a + math.log(1 + math.exp(b - a))
+end
+
+-- ctc_beam_decode(log_probs [T,N,C], [input_lengths], {beam = 8, blank = 1}) -> sequences, log_probs:
+-- prefix beam search in log space (Hannun et al. 2014): each prefix carries the probability of
+-- its alignments ending in a blank and in a label; the beam keeps the most likely prefixes at each
+-- step. Gives, per sample, the best label list (from 1) and its log-probability (exact when the
+-- beam holds every prefix).
+function F.ctc_beam_decode(lp, input_lengths, opts)
+  if opts == nil and type(input_lengths) == "table" and not is_tensor(input_lengths) and input_lengths[1] == nil then
+    input_lengths, opts = nil, input_lengths
+  end
+  opts = options(opts, set("beam", "blank"), "ctc_beam_decode")
+  local lens, _, N = decode_input(lp, input_lengths, "ctc_beam_decode")
+  local width = integer(opts.beam or 8, "ctc_beam_decode: beam")
+  if width < 1 then raise("ctc_beam_decode: beam must be >= 1, got " .. width) end
+  local C = tonumber(lp.p.sizes[2])
+  local blank = integer(opts.blank or 1, "ctc_beam_decode: blank")
+  if blank < 1 or blank > C then raise(string.format("ctc_beam_decode: blank %d is out of range 1..%d", blank, C)) end
+  local x = lp:detach():to("f64"):totable()
+  local seqs, scores = {}, {}
+  for n = 1, N do
+    local beams = {{key = "", seq = {}, pb = 0, pnb = NEG_INF}}
+    for t = 1, lens[n] do
+      local p = x[t][n]
+      local nxt, order = {}, {}
+      local function entry(key, seq, c)
+        local e = nxt[key]
+        if not e then
+          local s = seq
+          if c then s = {unpack(seq)} s[#s + 1] = c end
+          e = {key = key, seq = s, pb = NEG_INF, pnb = NEG_INF}
+          nxt[key] = e
+          order[#order + 1] = e
+        end
+        return e
+      end
+      for _, b in ipairs(beams) do
+        local total = log_add(b.pb, b.pnb)
+        local e = entry(b.key, b.seq)
+        e.pb = log_add(e.pb, total + p[blank])
+        local last = b.seq[#b.seq]
+        for c = 1, C do
+          if c ~= blank then
+            local ext = entry(b.key .. "," .. c, b.seq, c)
+            if c == last then
+              -- a repeat needs a blank in between; without one the alignment stays on the prefix
+              ext.pnb = log_add(ext.pnb, b.pb + p[c])
+              local same = entry(b.key, b.seq)
+              same.pnb = log_add(same.pnb, b.pnb + p[c])
+            else
+              ext.pnb = log_add(ext.pnb, total + p[c])
+            end
+          end
+        end
+      end
+      for _, e in ipairs(order) do e.score = log_add(e.pb, e.pnb) end
+      table.sort(order, function(a, b)
+        if a.score ~= b.score then return a.score > b.score end
+        return a.key < b.key
+      end)
+      beams = {}
+      for i = 1, math.min(width, #order) do beams[i] = order[i] end
+    end
+    local best = beams[1]
+    for _, b in ipairs(beams) do
+      local s = log_add(b.pb, b.pnb)
+      if s > log_add(best.pb, best.pnb) then best = b end
+    end
+    seqs[n], scores[n] = best.seq, log_add(best.pb, best.pnb)
+  end
+  return seqs, scores
+end
+
 -- ---- dropout ----
 
 -- dropout(input, p = 0.5, [training = true]) or dropout(input, {p = 0.5, training = true})

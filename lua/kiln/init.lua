@@ -164,5 +164,6 @@ kiln.save, kiln.load = kiln.io.save, kiln.io.load
 kiln.checkpoint = require "kiln.checkpoint"
 
 kiln.cuda = require "kiln.cuda"
+kiln.audio = require "kiln.audio"
 
 return kiln

@@ -180,7 +180,7 @@ static int cuda_empty_cache(void) {
 /* ---- the table ---- */
 
 /* Adding an op: give it a CUDA kernel below or an explicit NULL, then update this count. */
-_Static_assert(KILN_OP_COUNT == 88, "a new op: give it a CUDA kernel or an explicit NULL in runtime/cuda/backend.c");
+_Static_assert(KILN_OP_COUNT == 90, "a new op: give it a CUDA kernel or an explicit NULL in runtime/cuda/backend.c");
 
 #define EW(op) [op] = cuda_elementwise
 static const struct kiln_backend cuda_backend = {
@@ -222,6 +222,8 @@ static const struct kiln_backend cuda_backend = {
     /* optimizer updates: next step */
     [KILN_OP_SGD_STEP] = NULL, [KILN_OP_ADAM_STEP] = NULL, [KILN_OP_RMSPROP_STEP] = NULL, [KILN_OP_ADAGRAD_STEP] = NULL,
     [KILN_OP_RNN] = NULL, [KILN_OP_RNN_BACKWARD] = NULL,
+    /* CTC: not implemented on cuda */
+    [KILN_OP_CTC_LOSS] = NULL, [KILN_OP_CTC_LOSS_BACKWARD] = NULL,
   },
 };
 

@@ -37,6 +37,7 @@ static const char *const op_names[KILN_OP_COUNT] = {
   [KILN_OP_SGD_STEP] = "sgd_step", [KILN_OP_ADAM_STEP] = "adam_step", [KILN_OP_RMSPROP_STEP] = "rmsprop_step",
   [KILN_OP_ADAGRAD_STEP] = "adagrad_step",
   [KILN_OP_RNN] = "rnn", [KILN_OP_RNN_BACKWARD] = "rnn_backward",
+  [KILN_OP_CTC_LOSS] = "ctc_loss", [KILN_OP_CTC_LOSS_BACKWARD] = "ctc_loss_backward",
 };
 _Static_assert(sizeof op_names / sizeof op_names[0] == KILN_OP_COUNT, "op_names must cover every op");
 

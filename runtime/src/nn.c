@@ -565,6 +565,156 @@ KILN_API struct kiln_tensor *kiln_dropout(const struct kiln_tensor *x, double p,
   return out;
 }
 
+/* ---- connectionist temporal classification ---- */
+
+/* A contiguous CPU i64 copy of an integer tensor (i64 or i32); NULL with an error. */
+static struct kiln_tensor *host_i64(const char *op, const char *what, const struct kiln_tensor *t) {
+  if (kiln_check_live(op, t)) return NULL;
+  if (t->dtype != KILN_I64 && t->dtype != KILN_I32) {
+    kiln_fail(KILN_ERR_DTYPE, "%s: %s %s is %s (expected i64)", op, what, kiln_shape_string(t), kiln_dtype_name(t->dtype));
+    return NULL;
+  }
+  struct kiln_tensor *cpu = kiln_to_device(t, (struct kiln_device){KILN_CPU, 0});
+  struct kiln_tensor *i64 = cpu ? kiln_to_dtype(cpu, KILN_I64) : NULL;
+  struct kiln_tensor *c = i64 ? kiln_contiguous(i64) : NULL;
+  kiln_tensor_release(cpu); kiln_tensor_release(i64);
+  return c;
+}
+
+/* Check the lengths and labels and pack them as the kernels read them (nn_calls.h): a CPU i64
+   [N, 2 + S] tensor, S the longest target. NULL with an error naming the sample. */
+static struct kiln_tensor *ctc_labels(const char *op, const struct kiln_tensor *lp, const struct kiln_tensor *tg,
+                                      const struct kiln_tensor *il, const struct kiln_tensor *tl, int64_t blank,
+                                      int zero_infinity) {
+  int64_t T = lp->sizes[0], N = lp->sizes[1], C = lp->sizes[2];
+  const char *names[3] = {"targets", "input_lengths", "target_lengths"};
+  const struct kiln_tensor *given[3] = {tg, il, tl};
+  struct kiln_tensor *h[3] = {0}, *packed = NULL;
+  for (int k = 0; k < 3; k++)
+    if (!(h[k] = host_i64(op, names[k], given[k]))) goto done;
+  for (int k = 1; k < 3; k++)
+    if (h[k]->ndim != 1 || h[k]->sizes[0] != N) {
+      kiln_fail(KILN_ERR_SHAPE, "%s: %s %s does not fit log_probs %s (expected [%lld], one per sample)", op, names[k],
+                kiln_shape_string(h[k]), kiln_shape_string(lp), (long long)N);
+      goto done;
+    }
+  int padded = h[0]->ndim == 2;
+  if (!(padded && h[0]->sizes[0] == N) && h[0]->ndim != 1) {
+    kiln_fail(KILN_ERR_SHAPE, "%s: targets %s do not fit log_probs %s (expected [%lld,S], padded, or 1-d, concatenated)",
+              op, kiln_shape_string(h[0]), kiln_shape_string(lp), (long long)N);
+    goto done;
+  }
+  const int64_t *labels = kiln_tensor_data(h[0]), *ilen = kiln_tensor_data(h[1]), *tlen = kiln_tensor_data(h[2]);
+  int64_t S = 0, total = 0, avail = padded ? h[0]->sizes[1] : h[0]->numel;
+  for (int64_t n = 0; n < N; n++) {
+    if (ilen[n] < 0 || ilen[n] > T) {
+      kiln_fail(KILN_ERR_ARGUMENT, "%s: input length %lld of sample %lld (from 0) is out of range 0..%lld (log_probs %s)", op,
+                (long long)ilen[n], (long long)n, (long long)T, kiln_shape_string(lp));
+      goto done;
+    }
+    if (tlen[n] < 0 || (padded && tlen[n] > avail)) {
+      kiln_fail(KILN_ERR_ARGUMENT, "%s: target length %lld of sample %lld (from 0) is out of range 0..%lld (targets %s)", op,
+                (long long)tlen[n], (long long)n, (long long)(padded ? avail : INT64_MAX), kiln_shape_string(h[0]));
+      goto done;
+    }
+    if (!padded && tlen[n] > avail - total) {
+      kiln_fail(KILN_ERR_SHAPE, "%s: target_lengths add up to more than the %lld labels of targets %s (at sample %lld (from 0))",
+                op, (long long)avail, kiln_shape_string(h[0]), (long long)n);
+      goto done;
+    }
+    total += tlen[n];
+    if (tlen[n] > S) S = tlen[n];
+  }
+  int64_t sizes[2] = {N, 2 + S};
+  if (!(packed = kiln_tensor_full(2, sizes, 0, KILN_I64, (struct kiln_device){KILN_CPU, 0}))) goto done;
+  int64_t *row = kiln_tensor_data(packed);
+  total = 0;
+  for (int64_t n = 0; n < N; n++, row += 2 + S) {
+    const int64_t *l = labels + (padded ? n * avail : total);
+    int64_t L = tlen[n], repeats = 0;
+    row[0] = ilen[n]; row[1] = L;
+    for (int64_t i = 0; i < L; i++) {
+      if (l[i] < 0 || l[i] >= C || l[i] == blank) {
+        if (l[i] == blank)
+          kiln_fail(KILN_ERR_INDEX, "%s: label %lld (from 0) at position %lld (from 0) of the target of sample %lld (from 0) "
+                    "is the blank", op, (long long)l[i], (long long)i, (long long)n);
+        else
+          kiln_fail(KILN_ERR_INDEX, "%s: label %lld (from 0) at position %lld (from 0) of the target of sample %lld (from 0) "
+                    "is out of range for %lld classes (log_probs %s)", op, (long long)l[i], (long long)i, (long long)n,
+                    (long long)C, kiln_shape_string(lp));
+        kiln_tensor_release(packed); packed = NULL;
+        goto done;
+      }
+      repeats += i > 0 && l[i] == l[i - 1];
+      row[2 + i] = l[i];
+    }
+    if (ilen[n] < L + repeats && !zero_infinity) {
+      kiln_fail(KILN_ERR_ARGUMENT, "%s: sample %lld (from 0) has input length %lld, too short for its target of length %lld "
+                "with %lld repeated neighbours (it needs %lld steps); set zero_infinity to give such samples zero loss",
+                op, (long long)n, (long long)ilen[n], (long long)L, (long long)repeats, (long long)(L + repeats));
+      kiln_tensor_release(packed); packed = NULL;
+      goto done;
+    }
+    total += L;
+  }
+done:
+  for (int k = 0; k < 3; k++) kiln_tensor_release(h[k]);
+  return packed;
+}
+
+KILN_API struct kiln_tensor *kiln_ctc_loss(const struct kiln_tensor *lp, const struct kiln_tensor *targets,
+                                           const struct kiln_tensor *input_lengths, const struct kiln_tensor *target_lengths,
+                                           int64_t blank, int reduction, int zero_infinity) {
+  const char *op = "ctc_loss";
+  if (kiln_check_live(op, lp) || kiln_check_live(op, targets) || kiln_check_live(op, input_lengths) ||
+      kiln_check_live(op, target_lengths))
+    return NULL;
+  if (lp->ndim != 3) {
+    kiln_fail(KILN_ERR_SHAPE, "%s: log_probs %s has %d dims (expected 3: [T,N,C])", op, kiln_shape_string(lp), lp->ndim);
+    return NULL;
+  }
+  if (check_float(op, "log_probs", lp)) return NULL;
+  int64_t T = lp->sizes[0], N = lp->sizes[1], C = lp->sizes[2];
+  if (blank < 0 || blank >= C) {
+    kiln_fail(KILN_ERR_ARGUMENT, "%s: blank %lld (from 0) is out of range for the %lld classes of log_probs %s", op,
+              (long long)blank, (long long)C, kiln_shape_string(lp));
+    return NULL;
+  }
+  if (reduction < KILN_REDUCTION_NONE || reduction > KILN_REDUCTION_SUM) {
+    kiln_fail(KILN_ERR_ARGUMENT, "%s: reduction %d (expected 0: none, 1: mean, 2: sum)", op, reduction);
+    return NULL;
+  }
+  struct kiln_tensor *host = ctc_labels(op, lp, targets, input_lengths, target_lengths, blank, zero_infinity);
+  struct kiln_tensor *labels = host ? kiln_to_device(host, lp->device) : NULL;
+  kiln_tensor_release(host);
+  if (!labels) return NULL;
+  int64_t W = 2 * (labels->sizes[1] - 2) + 1, asizes[3] = {N, T, W};
+  struct kiln_ctc_extra ex = {kiln_tensor_empty(1, &N, lp->dtype, lp->device), kiln_tensor_empty(3, asizes, lp->dtype, lp->device)};
+  struct kiln_tensor *out = reduction == KILN_REDUCTION_NONE ? kiln_tensor_empty(1, &N, lp->dtype, lp->device)
+                                                             : kiln_tensor_empty(0, NULL, lp->dtype, lp->device);
+  int64_t ints[3] = {blank, reduction, zero_infinity != 0};
+  struct kiln_call call = {.op = KILN_OP_CTC_LOSS, .out = out, .in = {lp, labels}, .nin = 2, .nints = 3, .extra = &ex};
+  memcpy(call.ints, ints, sizeof ints);
+  if (!out || !ex.nll || !ex.log_alpha) { kiln_tensor_release(out); out = NULL; }
+  else out = run(lp->device, &call, out);
+  if (out) {
+    const struct kiln_tensor *saved[4] = {lp, labels, ex.nll, ex.log_alpha};
+    out = record(KILN_OP_CTC_LOSS, out, 1, &lp, NULL, ints, 3, saved, 4);
+  }
+  kiln_tensor_release(labels); kiln_tensor_release(ex.nll); kiln_tensor_release(ex.log_alpha);
+  return out;
+}
+
+static int ctc_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
+  const struct edge *e = &n->in[0];
+  if (!e->needs) return KILN_OK;
+  if (!(gin[0] = kiln_tensor_empty(e->ndim, e->sizes, e->dtype, e->device))) return kiln_error_code();
+  struct kiln_call call = {.op = KILN_OP_CTC_LOSS_BACKWARD, .out = gin[0], .in = {g, n->saved[0], n->saved[1], n->saved[2]},
+                           .nin = 4, .nints = 3, .extra = n->saved[3]};
+  memcpy(call.ints, n->ints, sizeof(int64_t) * 3);
+  return kiln_dispatch(g->device, &call);
+}
+
 /* ---- derivatives ---- */
 
 int kiln_nn_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
@@ -576,6 +726,7 @@ int kiln_nn_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_t
   case KILN_OP_SOFTMAX: case KILN_OP_LOG_SOFTMAX: rc = softmax_derivative(n, g, gin); break;
   case KILN_OP_NLL_LOSS: rc = nll_derivative(n, g, gin); break;
   case KILN_OP_RNN: rc = kiln_rnn_derivative(n, g, gin); break;
+  case KILN_OP_CTC_LOSS: rc = ctc_derivative(n, g, gin); break;
   case KILN_OP_DROPOUT:
     rc = KILN_OK;
     if (n->in[0].needs && !(gin[0] = kiln_binary(KILN_OP_MUL, g, n->saved[0]))) rc = kiln_error_code();

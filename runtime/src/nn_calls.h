@@ -48,6 +48,18 @@ struct kiln_nll_extra {
   double total_weight;        /* written: the sum of weight[target] over non-ignored targets */
 };
 
+/* CTC_LOSS: out loss ([N] for no reduction, else 0-d); in log_probs [T,N,C], labels: a contiguous
+   i64 [N, 2 + S] on the device of log_probs, row n = input length, target length, then the target
+   (classes from 0, blank excluded) padded to S, the longest target. ints: blank, reduction,
+   zero_infinity. extra: struct kiln_ctc_extra, written. A sample with no alignment gets an
+   infinite nll (the front end has refused it unless zero_infinity is set).
+   CTC_LOSS_BACKWARD: out grad [T,N,C] (of log_probs); in g (shaped like loss), log_probs, labels,
+   nll; extra: the forward's log_alpha; same ints. */
+struct kiln_ctc_extra {
+  struct kiln_tensor *nll;         /* [N]: -log p(target | input) of every sample, dtype of log_probs */
+  struct kiln_tensor *log_alpha;   /* [N, T, 2S+1]: the forward variables (read for t < input length only) */
+};
+
 /* DROPOUT: out y; in x; extra: the mask tensor (0 or 1/(1-p), dtype of x). scalar[0] = p.
    ints: seed, offset: element i takes word i % 4 of Philox block offset + i / 4. */
 

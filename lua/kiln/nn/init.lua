@@ -329,6 +329,7 @@ function ModuleList:get(i) return self._children[tostring(i - 1)] end
 function ModuleList:forward() error("ModuleList: has no forward; call its modules", 2) end
 
 nn.init = require "kiln.nn.initializers"
+nn.functional = require "kiln.functional"   -- also kiln.functional, kiln.F
 require "kiln.nn.layers"(nn)
 require "kiln.nn.rnn"(nn)
 

@@ -266,6 +266,14 @@ return function(nn)
   function NLLLoss:init(opts) self.opts = opts or {} end
   function NLLLoss:forward(logp, target) return F().nll_loss(logp, target, self.opts) end
 
+  -- CTCLoss{blank = 1, reduction = "mean", zero_infinity = false}:
+  -- loss = criterion(log_probs [T,N,C], targets, input_lengths, target_lengths); see F.ctc_loss.
+  local CTCLoss = nn.define("CTCLoss")
+  function CTCLoss:init(opts) self.opts = opts or {} end
+  function CTCLoss:forward(lp, targets, input_lengths, target_lengths)
+    return F().ctc_loss(lp, targets, input_lengths, target_lengths, self.opts)
+  end
+
   local function check_same(name, a, b)
     if tostring(a:size()) ~= tostring(b:size()) then
       error(string.format("%s: input %s and target %s differ in shape", name, tostring(a:size()), tostring(b:size())), 3)

@@ -17,6 +17,7 @@
 #include <kiln/optim.h>
 #include <kiln/io.h>
 #include <kiln/loader.h>
+#include <kiln/audio.h>
 
 /* The public headers above, concatenated as they are on disk (the FFI loader strips their
    preprocessor lines and feeds the rest to ffi.cdef). */

@@ -1,5 +1,5 @@
 /* kiln/nn.h: the fused neural-network ops (convolution, pooling, normalisation, softmax, losses,
-   dropout), each a forward kernel with its own backward. Dims and class indices count from 0. */
+   dropout, CTC), each a forward kernel with its own backward. Dims and class indices count from 0. */
 #ifndef KILN_NN_H
 #define KILN_NN_H
 #include <stdint.h>
@@ -51,6 +51,20 @@ struct kiln_tensor *kiln_nll_loss(const struct kiln_tensor *logp, const struct k
 struct kiln_tensor *kiln_cross_entropy(const struct kiln_tensor *logits, const struct kiln_tensor *target,
                                        const struct kiln_tensor *weight, int64_t ignore_index,
                                        double label_smoothing, int reduction);
+
+/* Connectionist temporal classification (Graves et al. 2006) with PyTorch's semantics.
+   log_probs [T,N,C] f32 or f64 (log-softmaxed over C; the gradient is taken w.r.t. log_probs as
+   free values); targets i64 (or i32) labels, [N,S] padded (S >= every target length; entries past
+   a sample's length are ignored) or 1-d, the targets of the batch concatenated; input_lengths,
+   target_lengths i64 (or i32) [N], CPU tensors. Labels lie in [0,C) and differ from blank. Returns
+   the loss: [N] for KILN_REDUCTION_NONE, else 0-d (mean: each loss divided by its target length
+   (at least 1), then averaged over the batch). A sample whose input is shorter than its target
+   needs (target length plus the number of repeated neighbours) is an error unless zero_infinity
+   is set; zero_infinity gives infinite losses (and their gradients) the value 0. Time steps past
+   a sample's input length get zero gradient. */
+struct kiln_tensor *kiln_ctc_loss(const struct kiln_tensor *log_probs, const struct kiln_tensor *targets,
+                                  const struct kiln_tensor *input_lengths, const struct kiln_tensor *target_lengths,
+                                  int64_t blank, int reduction, int zero_infinity);
 
 /* Zero each element with probability p (from the generator of kiln/random.h) and scale the rest
    by 1/(1-p); p = 0 or training = 0 gives the input unchanged (a new reference). */

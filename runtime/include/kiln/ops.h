@@ -39,6 +39,8 @@ enum kiln_op {
   KILN_OP_SGD_STEP, KILN_OP_ADAM_STEP, KILN_OP_RMSPROP_STEP, KILN_OP_ADAGRAD_STEP,
   /* recurrent layers (kiln/rnn.h) */
   KILN_OP_RNN, KILN_OP_RNN_BACKWARD,
+  /* connectionist temporal classification (kiln/nn.h) */
+  KILN_OP_CTC_LOSS, KILN_OP_CTC_LOSS_BACKWARD,
   KILN_OP_COUNT
 };
 

@@ -69,5 +69,6 @@ const struct kiln_backend kiln_cpu_backend = {
     [KILN_OP_SGD_STEP] = cpu_optim_step, [KILN_OP_ADAM_STEP] = cpu_optim_step, [KILN_OP_RMSPROP_STEP] = cpu_optim_step,
     [KILN_OP_ADAGRAD_STEP] = cpu_optim_step,
     [KILN_OP_RNN] = cpu_rnn, [KILN_OP_RNN_BACKWARD] = cpu_rnn_backward,
+    [KILN_OP_CTC_LOSS] = cpu_ctc_loss, [KILN_OP_CTC_LOSS_BACKWARD] = cpu_ctc_loss_backward,
   },
 };

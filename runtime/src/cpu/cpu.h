@@ -31,12 +31,14 @@ int cpu_softmax_backward(const struct kiln_call *c);
 int cpu_nll_loss(const struct kiln_call *c);            /* also cross entropy (fused) */
 int cpu_nll_loss_backward(const struct kiln_call *c);
 int cpu_dropout(const struct kiln_call *c);
-int cpu_optim_step(const struct kiln_call *c);
+int cpu_optim_step(const struct kiln_call *c);          /* SGD, Adam, RMSprop, Adagrad (cpu/optim.c) */
 int cpu_rnn(const struct kiln_call *c);                 /* one RNN layer, forward and backward (cpu/rnn.c) */
 int cpu_rnn_backward(const struct kiln_call *c);
+int cpu_ctc_loss(const struct kiln_call *c);            /* cpu/ctc.c */
+int cpu_ctc_loss_backward(const struct kiln_call *c);
 
 /* C[n,m] = alpha * op(A) op(B) + beta * C for row-major f32 or f64 matrices, in kiln's pool (cpu/gemm.c). */
 void kiln_cpu_gemm_raw(int dtype, int trans_a, int trans_b, int64_t n, int64_t m, int64_t k, double alpha,
-                       const void *a, int64_t lda, const void *b, int64_t ldb, double beta, void *c, int64_t ldc);          /* SGD, Adam, RMSprop, Adagrad (cpu/optim.c) */
+                       const void *a, int64_t lda, const void *b, int64_t ldb, double beta, void *c, int64_t ldc);
 
 #endif
