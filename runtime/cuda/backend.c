@@ -202,10 +202,10 @@ static const struct kiln_backend cuda_backend = {
     EW(KILN_OP_MINIMUM), EW(KILN_OP_REMAINDER), EW(KILN_OP_EQ), EW(KILN_OP_NE), EW(KILN_OP_LT), EW(KILN_OP_LE),
     EW(KILN_OP_GT), EW(KILN_OP_GE), EW(KILN_OP_LOGICAL_AND), EW(KILN_OP_LOGICAL_OR), EW(KILN_OP_WHERE),
     EW(KILN_OP_CLAMP),
-    /* reductions: next step */
-    [KILN_OP_SUM] = NULL, [KILN_OP_MEAN] = NULL, [KILN_OP_PROD] = NULL, [KILN_OP_MAX] = NULL, [KILN_OP_MIN] = NULL,
-    [KILN_OP_ARGMAX] = NULL, [KILN_OP_ARGMIN] = NULL, [KILN_OP_VAR] = NULL, [KILN_OP_STD] = NULL,
-    [KILN_OP_NORM] = NULL, [KILN_OP_LOGSUMEXP] = NULL,
+    [KILN_OP_SUM] = cuda_reduce, [KILN_OP_MEAN] = cuda_reduce, [KILN_OP_PROD] = cuda_reduce,
+    [KILN_OP_MAX] = cuda_reduce, [KILN_OP_MIN] = cuda_reduce, [KILN_OP_ARGMAX] = cuda_reduce,
+    [KILN_OP_ARGMIN] = cuda_reduce, [KILN_OP_VAR] = cuda_reduce, [KILN_OP_STD] = cuda_reduce,
+    [KILN_OP_NORM] = cuda_reduce, [KILN_OP_LOGSUMEXP] = cuda_reduce,
     [KILN_OP_GEMM] = cuda_gemm,
     /* joining and indexing: next step */
     [KILN_OP_CAT] = NULL, [KILN_OP_INDEX_SELECT] = NULL, [KILN_OP_GATHER] = NULL, [KILN_OP_SCATTER_ADD] = NULL,

@@ -88,6 +88,25 @@ int kiln_cuda_gemm_layout(int64_t rows, int64_t cols, int64_t s0, int64_t s1, in
 int kiln_cuda_gemm_plan(const struct kiln_tensor *out, const struct kiln_tensor *a, const struct kiln_tensor *b,
                         struct kiln_cuda_gemm_plan *plan);
 
+/* A reduction (reduce.cu): the input permuted to [kept dims..., reduced dims...] (each group in
+   its original order) and copied into rows [M, R]; each row cut into nchunks chunks of `chunk`
+   elements (the last may be shorter), one block of `threads` (a power of two, 32 to 256) per
+   chunk; a second kernel folds each row's chunks in order. R = 0: no chunks. */
+struct kiln_cuda_reduce_plan {
+  int perm[KILN_MAX_DIMS];
+  int64_t M, R, chunk, nchunks;
+  int threads;
+};
+/* mask: the reduced dims (bit d for dim d); max_blocks: what keeps the device busy. */
+void kiln_cuda_reduce_plan(int ndim, const int64_t *sizes, int64_t mask, int64_t max_blocks,
+                           struct kiln_cuda_reduce_plan *p);
+
+/* A tensor seen as [outer, D, inner] around dim (softmax, log_softmax, nll_loss over dim 1). */
+void kiln_cuda_lines(int ndim, const int64_t *sizes, int dim, int64_t *outer, int64_t *D, int64_t *inner);
+
+/* The smallest power of two >= n, clamped to [lo, hi] (block sizes for tree reductions). */
+int kiln_cuda_pow2_threads(int64_t n, int lo, int hi);
+
 #ifdef __cplusplus
 }
 #endif

@@ -423,6 +423,60 @@ if has_kernel("gemm") then
   end
 end
 
+-- ---- reductions ----
+
+local reduce_ops = {"sum", "mean", "prod", "max", "min", "argmax", "argmin", "var", "std", "norm", "logsumexp"}
+local int_path = {sum = true, prod = true, max = true, min = true, argmax = true, argmin = true}
+
+-- Both devices accumulate floats in double (in another order), then round to the result's dtype.
+local function reduce_tolerance(name, in_dtype, out)
+  if name == "argmax" or name == "argmin" or (int_path[name] and not float[in_dtype]) then return 0 end
+  return ({f64 = 1e-12, f32 = 1e-5, f16 = 2e-3, bf16 = 1.6e-2})[out] or 0
+end
+
+local function reduce_case(name, layout, dtype, dims, keepdim, p)
+  local what = string.format("%s %s, dims {%s}%s%s", dtype, layout.name, table.concat(dims, ","),
+                             keepdim == 1 and " keepdim" or "", p and string.format(" p %g", p) or "")
+  guarded(name, what, function()
+    local a, ga = pair(layout, dtype)
+    local nd = #dims
+    local cdims = ffi.new("int[?]", nd > 0 and nd or 1, dims)
+    local ok_cpu, c = pcall(function() return wrap(C.kiln_reduce(op_number[name], a.p, nd, cdims, keepdim, p or 0)) end)
+    if not ok_cpu then return end   -- refused on the CPU too (max over an empty dim, two dims to argmax)
+    local g = wrap(C.kiln_reduce(op_number[name], ga.p, nd, cdims, keepdim, p or 0))
+    local err, detail = max_error(g, c)
+    record(name, err, reduce_tolerance(name, dtype, c:dtype()), what, detail)
+  end)
+end
+
+for _, name in ipairs(reduce_ops) do
+  if has_kernel(name) then
+    local ps = {false}
+    if name == "norm" then ps = {2, 1, 0, 1 / 0, 3} elseif name == "var" or name == "std" then ps = {1, 0} end
+    for _, dtype in ipairs({"f32", "f64", "f16", "bf16", "i64", "i32", "bool"}) do
+      for _, p in ipairs(ps) do
+        for li, layout in ipairs(layouts) do
+          local nd = #layout.base
+          if li == 4 then nd = 3 end   -- the permuted view is 3-d
+          reduce_case(name, layout, dtype, {}, 0, p or nil)
+          if nd >= 1 then reduce_case(name, layout, dtype, {1}, 1, p or nil) end
+          if nd >= 2 then reduce_case(name, layout, dtype, {-1}, 0, p or nil) end
+          if nd >= 3 then reduce_case(name, layout, dtype, {1, 3}, 1, p or nil) end
+        end
+      end
+    end
+    -- long rows: several blocks per row, folded in order
+    for _, dtype in ipairs({"f32", "f64", "i64"}) do
+      for _, shape in ipairs({{3, 70001}, {200003}}) do
+        local layout = {name = "[" .. table.concat(shape, ",") .. "]", base = shape, view = function(t) return t end}
+        reduce_case(name, layout, dtype, {-1}, 0, ps[1] or nil)
+      end
+      local tall = {name = "[70001,3] over dim 1", base = {70001, 3}, view = function(t) return t end}
+      reduce_case(name, tall, dtype, {1}, 0, ps[1] or nil)
+    end
+  end
+end
+
 -- ---- the allocator and errors (the device only) ----
 
 local extras = {}
@@ -461,10 +515,12 @@ if ON_GPU then
     record("allocator", s.reserved <= s.allocated + 64 * 2 ^ 20 and 0 or math.huge, 0, "empty_cache", "")
   end)
   guarded("errors", "an op without a CUDA kernel", function()
-    if kiln.cuda.has_kernel("sum") then return end
-    local ok, err = pcall(function() return kiln.ones(3, {device = DEV}):sum() end)
-    record("errors", (not ok and tostring(err):match("sum: not implemented on cuda:0")) and 0 or math.huge, 0,
-           "sum on cuda:0", tostring(err))
+    if kiln.cuda.has_kernel("conv2d") then return end
+    local ok, err = pcall(function()
+      return kiln.functional.conv2d(kiln.ones(1, 1, 3, 3, {device = DEV}), kiln.ones(1, 1, 2, 2, {device = DEV}))
+    end)
+    record("errors", (not ok and tostring(err):match("conv2d: not implemented on cuda:0")) and 0 or math.huge, 0,
+           "conv2d on cuda:0", tostring(err))
   end)
 end
 
