@@ -207,9 +207,9 @@ static const struct kiln_backend cuda_backend = {
     [KILN_OP_ARGMIN] = cuda_reduce, [KILN_OP_VAR] = cuda_reduce, [KILN_OP_STD] = cuda_reduce,
     [KILN_OP_NORM] = cuda_reduce, [KILN_OP_LOGSUMEXP] = cuda_reduce,
     [KILN_OP_GEMM] = cuda_gemm,
-    /* joining and indexing: next step */
-    [KILN_OP_CAT] = NULL, [KILN_OP_INDEX_SELECT] = NULL, [KILN_OP_GATHER] = NULL, [KILN_OP_SCATTER_ADD] = NULL,
-    [KILN_OP_MASKED_FILL] = NULL, [KILN_OP_MASKED_SELECT] = NULL,
+    [KILN_OP_CAT] = cuda_cat, [KILN_OP_INDEX_SELECT] = cuda_index_select, [KILN_OP_GATHER] = cuda_gather,
+    [KILN_OP_SCATTER_ADD] = cuda_scatter_add, [KILN_OP_MASKED_FILL] = cuda_masked_fill,
+    [KILN_OP_MASKED_SELECT] = cuda_masked_select,
     [KILN_OP_UNIFORM] = cuda_random, [KILN_OP_NORMAL] = cuda_random, [KILN_OP_RANDINT] = cuda_random,
     /* nn ops (cuDNN 9 and our own kernels): next step */
     [KILN_OP_CONV2D] = NULL, [KILN_OP_CONV2D_BACKWARD] = NULL, [KILN_OP_MAX_POOL2D] = NULL,

@@ -54,6 +54,12 @@ int cuda_ternary(const struct kiln_call *c, struct cuda_device *dev);   /* where
 int cuda_random(const struct kiln_call *c);
 int cuda_gemm(const struct kiln_call *c);
 int cuda_reduce(const struct kiln_call *c);        /* sum ... logsumexp */
+int cuda_cat(const struct kiln_call *c);
+int cuda_index_select(const struct kiln_call *c);
+int cuda_gather(const struct kiln_call *c);
+int cuda_scatter_add(const struct kiln_call *c);
+int cuda_masked_fill(const struct kiln_call *c);
+int cuda_masked_select(const struct kiln_call *c);
 
 #ifdef __cplusplus
 }

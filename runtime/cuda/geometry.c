@@ -160,3 +160,22 @@ void kiln_cuda_lines(int ndim, const int64_t *sizes, int dim, int64_t *outer, in
   for (int d = 0; d < dim; d++) *outer *= sizes[d];
   for (int d = dim + 1; d < ndim; d++) *inner *= sizes[d];
 }
+
+void kiln_cuda_index_geom_build(struct kiln_cuda_index_geom *g, int op, const struct kiln_tensor *written,
+                                const struct kiln_tensor *index, const struct kiln_tensor *read, int dim) {
+  memset(g, 0, sizeof *g);
+  const struct kiln_tensor *walk = op == KILN_OP_INDEX_SELECT ? written : index;
+  const struct kiln_tensor *indexed = op == KILN_OP_SCATTER_ADD ? written : read;
+  g->ndim = walk->ndim;
+  g->numel = walk->numel;
+  g->indexed = op == KILN_OP_SCATTER_ADD ? 0 : 2;
+  g->jump = indexed->ndim ? indexed->strides[dim] : 0;
+  for (int d = 0; d < walk->ndim; d++) {
+    g->sizes[d] = walk->sizes[d];
+    g->strides[0][d] = written->strides[d];
+    g->strides[2][d] = read->strides[d];
+    if (op == KILN_OP_INDEX_SELECT) g->strides[1][d] = d == dim && index->ndim ? index->strides[0] : 0;
+    else g->strides[1][d] = index->strides[d];
+  }
+  if (walk->ndim) g->strides[g->indexed][dim] = 0;
+}

@@ -458,10 +458,11 @@ for _, name in ipairs(reduce_ops) do
         for li, layout in ipairs(layouts) do
           local nd = #layout.base
           if li == 4 then nd = 3 end   -- the permuted view is 3-d
+          -- the C API counts dims from 0
           reduce_case(name, layout, dtype, {}, 0, p or nil)
-          if nd >= 1 then reduce_case(name, layout, dtype, {1}, 1, p or nil) end
+          if nd >= 1 then reduce_case(name, layout, dtype, {0}, 1, p or nil) end
           if nd >= 2 then reduce_case(name, layout, dtype, {-1}, 0, p or nil) end
-          if nd >= 3 then reduce_case(name, layout, dtype, {1, 3}, 1, p or nil) end
+          if nd >= 3 then reduce_case(name, layout, dtype, {0, 2}, 1, p or nil) end
         end
       end
     end
@@ -471,8 +472,141 @@ for _, name in ipairs(reduce_ops) do
         local layout = {name = "[" .. table.concat(shape, ",") .. "]", base = shape, view = function(t) return t end}
         reduce_case(name, layout, dtype, {-1}, 0, ps[1] or nil)
       end
-      local tall = {name = "[70001,3] over dim 1", base = {70001, 3}, view = function(t) return t end}
-      reduce_case(name, tall, dtype, {1}, 0, ps[1] or nil)
+      local tall = {name = "[70001,3] over dim 0", base = {70001, 3}, view = function(t) return t end}
+      reduce_case(name, tall, dtype, {0}, 0, ps[1] or nil)
+    end
+  end
+end
+
+-- ---- joining and indexing (the C API counts dims and indices from 0) ----
+
+-- Indices in [0, n) (i64 or i32), of shape, made on the CPU.
+local function indices(shape, n, dtype)
+  return kiln.randint(0, n, shape, {dtype = dtype or "i64"})
+end
+
+-- Run f on the CPU and on the device with the same inputs (f(dev) moves them); compare.
+local function both(name, what, tol, f)
+  guarded(name, what, function()
+    local ok_cpu, c = pcall(f, "cpu")
+    if not ok_cpu then error("the CPU refused: " .. tostring(c)) end
+    local g = f(DEV)
+    local err, detail = max_error(g, c)
+    record(name, err, tol, what, detail)
+  end)
+end
+
+-- The same error on both devices (the message names the bad index and the shapes).
+local function same_error(name, what, f)
+  guarded(name, what, function()
+    local ok1, e1 = pcall(f, "cpu")
+    local ok2, e2 = pcall(f, DEV)
+    local m1, m2 = tostring(e1):match(name .. ": .*"), tostring(e2):match(name .. ": .*")
+    record(name, (not ok1 and not ok2 and m1 == m2) and 0 or math.huge, 0, what, tostring(e2) .. " vs " .. tostring(e1))
+  end)
+end
+
+if has_kernel("cat") then
+  for _, dtype in ipairs({"f32", "f64", "i64", "f16", "bool"}) do
+    local a = layouts[2].view(gen(layouts[2].base, dtype))
+    local b = layouts[3].view(gen(layouts[3].base, dtype))
+    local c5 = gen({37, 5}, dtype == "f32" and "i64" or "f32")   -- another dtype: the result promotes
+    local e = gen({0}, dtype)
+    for _, case in ipairs({{"dim 0, two views", 0, {a, b}}, {"dim 1, views, another dtype, an empty 1-d", 1, {a, c5, e, b}},
+                           {"dim -1, one tensor", -1, {b}}}) do
+      both("cat", dtype .. " " .. case[1], 0, function(dev)
+        local ts, keep = ffi.new("struct kiln_tensor *[?]", #case[3]), {}
+        for i, t in ipairs(case[3]) do keep[i] = t:to(dev) ts[i - 1] = keep[i].p end
+        return wrap(C.kiln_cat(#case[3], ts, case[2]))
+      end)
+    end
+  end
+end
+
+if has_kernel("index_select") then
+  for _, dtype in ipairs({"f32", "f64", "i64", "f16", "bool", "u8"}) do
+    for li = 1, 4 do
+      local layout = layouts[li]
+      local base = gen(layout.base, dtype)
+      local a = layout.view(base)
+      for d = 0, a:dim() - 1 do
+        for _, idt in ipairs({"i64", "i32"}) do
+          local ib = indices({23, 2}, a:size(d + 1), idt)
+          both("index_select", string.format("%s %s, dim %d, %s index with stride 2", dtype, layout.name, d, idt), 0,
+               function(dev)
+                 local ix = ib:to(dev):select(2, 1)
+                 return wrap(C.kiln_index_select(layout.view(base:to(dev)).p, d, ix.p))
+               end)
+        end
+      end
+    end
+  end
+  same_error("index_select", "an index out of range", function(dev)
+    local ix = kiln.tensor({1, 2, 37, 0}, {dtype = "i64"}):to(dev)
+    return wrap(C.kiln_index_select(gen({37, 5}, "f32"):to(dev).p, 0, ix.p))
+  end)
+end
+
+if has_kernel("gather") or has_kernel("scatter_add") then
+  for _, dtype in ipairs({"f32", "f64", "i64", "i32", "f16"}) do
+    local a = gen({53, 37}, dtype, true)                 -- viewed transposed: [37,53]
+    for d = 0, 1 do
+      local ishape = d == 0 and {29, 53} or {37, 41}
+      local ib = indices({ishape[2], ishape[1]}, d == 0 and 37 or 53)   -- viewed transposed
+      local src = gen({ishape[2], ishape[1]}, dtype, true)
+      if has_kernel("gather") then
+        both("gather", string.format("%s transposed, dim %d, transposed index", dtype, d), 0, function(dev)
+          return wrap(C.kiln_gather(a:to(dev):t().p, d, ib:to(dev):t().p))
+        end)
+      end
+      if has_kernel("scatter_add") then
+        -- atomic adds land in any order: floats within rounding, integers exact
+        local tol = ({f32 = 1e-5, f64 = 1e-12, f16 = 2e-3})[dtype] or 0
+        both("scatter_add", string.format("%s transposed, dim %d, transposed index and src", dtype, d), tol, function(dev)
+          return wrap(C.kiln_scatter_add(a:to(dev):t().p, d, ib:to(dev):t().p, src:to(dev):t().p))
+        end)
+        if dtype == "f32" then
+          both("scatter_add", "f32 into f64, dim " .. d, 1e-12, function(dev)
+            return wrap(C.kiln_scatter_add(a:to("f64"):to(dev):t().p, d, ib:to(dev):t().p, src:to(dev):t().p))
+          end)
+        end
+      end
+    end
+  end
+  if has_kernel("gather") then
+    same_error("gather", "an index out of range", function(dev)
+      local ix = kiln.tensor({{0, 1}, {-1, 2}}, {dtype = "i64"}):to(dev)
+      return wrap(C.kiln_gather(gen({3, 3}, "f32"):to(dev).p, 1, ix.p))
+    end)
+  end
+end
+
+if has_kernel("masked_fill") then
+  for _, dtype in ipairs({"f32", "f64", "i64", "f16", "bool"}) do
+    for _, ms in ipairs({{37, 1}, {53}, {37, 53}}) do
+      for _, v in ipairs({2.5, 0 / 0, -7}) do
+        local mask = gen(ms, ms[1] == 53 and "u8" or "bool")
+        local base = gen(layouts[2].base, dtype)
+        both("masked_fill", string.format("%s transposed, mask [%s], %g", dtype, table.concat(ms, ","), v), 0, function(dev)
+          return wrap(C.kiln_masked_fill(layouts[2].view(base:to(dev)).p, mask:to(dev).p, v))
+        end)
+      end
+    end
+  end
+end
+
+if has_kernel("masked_select") then
+  for _, dtype in ipairs({"f32", "f64", "i64", "f16", "bool"}) do
+    local a = gen({53, 37}, dtype)
+    local row = gen({53}, dtype)
+    for _, case in ipairs({{"transposed, mask [37,53]", {37, 53}}, {"transposed, mask [53]", {53}},
+                           {"transposed, mask [37,1]", {37, 1}}, {"[53] broadcast by a mask [37,53]", {37, 53}, true},
+                           {"transposed, all false", {37, 53}, false, true}}) do
+      local mask = case[4] and kiln.zeros(case[2], {dtype = "bool"}) or gen(case[2], "bool")
+      both("masked_select", dtype .. " " .. case[1], 0, function(dev)
+        local x = case[3] and row:to(dev) or a:to(dev):t()
+        return wrap(C.kiln_masked_select(x.p, mask:to(dev).p))
+      end)
     end
   end
 end

@@ -89,6 +89,7 @@ local cuda_kernels = {
   "pow", "maximum", "minimum", "remainder", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "where",
   "clamp", "gemm", "uniform", "normal", "randint",
   "sum", "mean", "prod", "max", "min", "argmax", "argmin", "var", "std", "norm", "logsumexp",
+  "cat", "index_select", "gather", "scatter_add", "masked_fill", "masked_select",
 }
 local CUDA_KERNEL_COUNT = #cuda_kernels
 
