@@ -60,6 +60,11 @@ int cuda_gather(const struct kiln_call *c);
 int cuda_scatter_add(const struct kiln_call *c);
 int cuda_masked_fill(const struct kiln_call *c);
 int cuda_masked_select(const struct kiln_call *c);
+int cuda_softmax(const struct kiln_call *c);            /* softmax, log_softmax */
+int cuda_softmax_backward(const struct kiln_call *c);
+int cuda_nll_loss(const struct kiln_call *c);
+int cuda_nll_loss_backward(const struct kiln_call *c);
+int cuda_dropout(const struct kiln_call *c);
 
 #ifdef __cplusplus
 }

@@ -2,9 +2,11 @@
    __device__, played here on the CPU (no GPU needed) in the order the kernels run it (a block's
    threads striding over a chunk, then the tree over the block, then the chunks in order), with
    the launch plans of geometry.c, against libkiln's CPU kernels on the same inputs: reductions
-   with NaN, infinities and ties. The device build may differ only where the device's math library
+   with NaN, infinities and ties; the loss and grad of each position of nll_loss and cross entropy;
+   dropout's mask bit for bit. The device build may differ only where the device's math library
    does (exp, log, pow within an ulp or two); tests/gpu checks that part. */
 #include "reduce.cuh"
+#include "nn.cuh"
 extern "C" {
 #include "internal.h"
 #include "geometry.h"
@@ -195,8 +197,62 @@ static void test_reductions() {
          kiln_cuda_pow2_threads(100000, 32, 256) == 256, __LINE__, "pow2 threads");
 }
 
+/* ---- nll_loss and cross entropy per position; dropout's mask ---- */
+
+template <class T> static void check_nll(int dtype) {
+  const int64_t shape[] = {6, 7, 5}, tshape[] = {6, 5};
+  struct kiln_tensor *x = make_input(3, shape, dtype, false, false, 11);
+  std::vector<double> tv(30), wv(7);
+  for (int i = 0; i < 30; i++) tv[(size_t)i] = (double)((i * 5 + 1) % 7);
+  for (int c = 0; c < 7; c++) wv[(size_t)c] = 0.5 + 0.25 * c;
+  struct kiln_tensor *t = kiln_tensor_from_f64(2, tshape, tv.data(), KILN_I64, CPU);
+  struct kiln_tensor *w = kiln_tensor_from_f64(1, shape + 1, wv.data(), dtype, CPU);
+  struct kiln_tensor *lp = kiln_log_softmax(x, 1);
+  for (double eps : {0.0, 0.2})
+    for (int64_t ignore : {(int64_t)-100, (int64_t)3})
+      for (bool weighted : {false, true}) {
+        struct kiln_tensor *want = kiln_cross_entropy(x, t, weighted ? w : NULL, ignore, eps, KILN_REDUCTION_NONE);
+        struct kiln_tensor *got = kiln_tensor_empty(2, tshape, dtype, CPU);
+        for (int64_t q = 0; q < 30; q++)
+          ((T *)kiln_tensor_data(got))[q] = kiln_nn::nll_position<T>((const T *)kiln_tensor_data(lp), (const int64_t *)kiln_tensor_data(t),
+                                                                     weighted ? (const T *)kiln_tensor_data(w) : NULL, q, 7, 5,
+                                                                     ignore, eps);
+        char what[96];
+        snprintf(what, sizeof what, "cross_entropy %s positions, eps %g, ignore %lld%s", kiln_dtype_name(dtype), eps,
+                 (long long)ignore, weighted ? ", weights" : "");
+        report(want && same_values(got, want, dtype == KILN_F32 ? 1e-6 : 1e-14, what), __LINE__, what);
+        kiln_tensor_release(want);
+        kiln_tensor_release(got);
+      }
+  kiln_tensor_release(x); kiln_tensor_release(t); kiln_tensor_release(w); kiln_tensor_release(lp);
+}
+
+template <class T> static void check_dropout(int dtype, double p) {
+  const int64_t n = 4099;
+  struct kiln_tensor *x = kiln_tensor_full(1, &n, 1.0, dtype, CPU);
+  const uint64_t seed = 0xfeedbeefull, offset = 12345;
+  kiln_random_set_state(seed, offset);
+  struct kiln_tensor *y = kiln_dropout(x, p, 1);   /* y = mask */
+  int bad = 0;
+  for (int64_t i = 0; y && i < n; i++) {
+    T m = kiln_nn::dropout_mask<T>(seed, offset, i, (uint64_t)(p * 4294967296.0), 1.0 / (1.0 - p));
+    if (memcmp(&m, (const T *)kiln_tensor_data(y) + i, sizeof m) != 0) bad++;
+  }
+  char what[64];
+  snprintf(what, sizeof what, "dropout %s p %g mask bit for bit", kiln_dtype_name(dtype), p);
+  report(y && bad == 0, __LINE__, what);
+  kiln_tensor_release(x);
+  kiln_tensor_release(y);
+}
+
 int main() {
   test_reductions();
+  check_nll<float>(KILN_F32);
+  check_nll<double>(KILN_F64);
+  for (double p : {0.1, 0.5, 0.75}) {
+    check_dropout<float>(KILN_F32, p);
+    check_dropout<double>(KILN_F64, p);
+  }
   printf("test_cuda_kernels: %d checks, %d failed\n", checks, failures);
   return failures != 0 || checks == 0;
 }

@@ -611,6 +611,117 @@ if has_kernel("masked_select") then
   end
 end
 
+-- ---- softmax, losses, dropout: forward, and backward through autograd ----
+
+-- f(dev) returns (leaf, out, gout or nil): out is compared as `name`, then out:backward(gout)
+-- and the leaf's grad as `back` (the backward op's name). Inputs are made outside f.
+local function with_grad(name, back, what, tol, f)
+  guarded(name, what, function()
+    local lc, c, gc = f("cpu")
+    local lg, g, gg = f(DEV)
+    local err, detail = max_error(g, c)
+    record(name, err, tol, what, detail)
+    if back and has_kernel(back) then
+      c:backward(gc)
+      g:backward(gg)
+      err, detail = max_error(lg.grad, lc.grad)
+      record(back, err, tol, what, detail)
+    end
+  end)
+end
+
+local function leaf(t, dev) return t:to(dev):requires_grad_() end
+local function float_tol(dtype) return dtype == "f64" and 1e-12 or 1e-5 end
+
+for _, name in ipairs({"softmax", "log_softmax"}) do
+  if has_kernel(name) then
+    local fn = name == "softmax" and C.kiln_softmax or C.kiln_log_softmax
+    for _, dtype in ipairs({"f32", "f64"}) do
+      for li = 1, 4 do
+        local layout = layouts[li]
+        local base = gen(layout.base, dtype, true)
+        local nd = li == 4 and 3 or 2
+        for d = 0, nd - 1 do
+          local gout = gen(li == 4 and {7, 3, 5} or {37, 53}, dtype, true)
+          with_grad(name, name .. "_backward", string.format("%s %s, dim %d", dtype, layout.name, d), float_tol(dtype),
+                    function(dev)
+                      local x = leaf(base, dev)
+                      return x, wrap(fn(layout.view(x).p, d)), gout:to(dev)
+                    end)
+        end
+      end
+      -- a long line, a line of one, NaN and infinities in a line
+      for _, case in ipairs({{{3, 5000}, true}, {{40, 1}, true}, {{6, 9}, false}}) do
+        local base = gen(case[1], dtype, case[2])
+        with_grad(name, nil, string.format("%s [%s]%s", dtype, table.concat(case[1], ","), case[2] and "" or " with NaN, inf"),
+                  float_tol(dtype), function(dev) return nil, wrap(fn(base:to(dev).p, 1)) end)
+      end
+    end
+  end
+end
+
+if has_kernel("nll_loss") then
+  local NO_IGNORE = -2 ^ 63
+  for _, dtype in ipairs({"f32", "f64"}) do
+    for _, shape in ipairs({{37, 11}, {5, 7, 3, 4}, {1, 300}}) do
+      local C_ = shape[2]
+      local tshape = {shape[1]}
+      for k = 3, #shape do tshape[#tshape + 1] = shape[k] end
+      local logits = gen(shape, dtype, true)
+      local target = kiln.randint(0, C_, tshape, {dtype = "i64"})
+      local weight = kiln.rand(C_, {dtype = dtype}) + 0.5
+      for _, fused in ipairs({true, false}) do
+        for _, reduction in ipairs({0, 1, 2}) do
+          for _, opt in ipairs({{w = false, ignore = NO_IGNORE, eps = 0}, {w = true, ignore = 2, eps = 0},
+                                {w = true, ignore = NO_IGNORE, eps = 0.1}, {w = false, ignore = 0, eps = 0.25}}) do
+            if fused or opt.eps == 0 then
+              local what = string.format("%s %s [%s], %s, reduction %d%s%s%s", fused and "cross_entropy" or "nll_loss",
+                                         dtype, table.concat(shape, ","), shape[3] and "spatial" or "rows", reduction,
+                                         opt.w and ", weights" or "", opt.ignore ~= NO_IGNORE and ", ignore " .. opt.ignore or "",
+                                         opt.eps > 0 and ", smoothing " .. opt.eps or "")
+              local gout = reduction == 0 and gen(tshape, dtype, true) or nil
+              with_grad("nll_loss", "nll_loss_backward", what, float_tol(dtype), function(dev)
+                local x = leaf(logits, dev)
+                local input = fused and x or wrap(C.kiln_log_softmax(x.p, 1))
+                local w = opt.w and weight:to(dev).p or nil
+                local t = target:to(dev).p
+                local out = fused and wrap(C.kiln_cross_entropy(input.p, t, w, opt.ignore, opt.eps, reduction))
+                                  or wrap(C.kiln_nll_loss(input.p, t, w, opt.ignore, reduction))
+                return x, out, gout and gout:to(dev) or nil
+              end)
+            end
+          end
+        end
+      end
+    end
+  end
+  -- a target out of range: the same error on both
+  same_error("cross_entropy", "a target out of range", function(dev)
+    local t = kiln.tensor({0, 3, 11}, {dtype = "i64"}):to(dev)
+    return wrap(C.kiln_cross_entropy(gen({3, 11}, "f32"):to(dev).p, t.p, nil, NO_IGNORE, 0, 1))
+  end)
+end
+
+if has_kernel("dropout") then
+  for _, dtype in ipairs({"f32", "f64"}) do
+    for _, p in ipairs({0.1, 0.5, 0.9}) do
+      for li = 1, 3 do
+        local layout = layouts[li]
+        local base = gen(layout.base, dtype, true)
+        local gout = gen({37, 53}, dtype, true)
+        -- the same generator state gives the same mask, bit for bit
+        with_grad("dropout", nil, string.format("%s %s, p %g (and its backward)", dtype, layout.name, p), 0, function(dev)
+          local x = leaf(base, dev)
+          kiln.manual_seed(99)
+          local y = wrap(C.kiln_dropout(layout.view(x).p, p, 1))
+          y:backward(gout:to(dev))
+          return x, wrap(C.kiln_alias(x.grad.p))
+        end)
+      end
+    end
+  end
+end
+
 -- ---- the allocator and errors (the device only) ----
 
 local extras = {}

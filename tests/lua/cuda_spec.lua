@@ -90,6 +90,7 @@ local cuda_kernels = {
   "clamp", "gemm", "uniform", "normal", "randint",
   "sum", "mean", "prod", "max", "min", "argmax", "argmin", "var", "std", "norm", "logsumexp",
   "cat", "index_select", "gather", "scatter_add", "masked_fill", "masked_select",
+  "softmax", "softmax_backward", "log_softmax", "log_softmax_backward", "nll_loss", "nll_loss_backward", "dropout",
 }
 local CUDA_KERNEL_COUNT = #cuda_kernels
 
