@@ -220,8 +220,8 @@ static const struct kiln_backend cuda_backend = {
     [KILN_OP_LOG_SOFTMAX] = cuda_softmax, [KILN_OP_LOG_SOFTMAX_BACKWARD] = cuda_softmax_backward,
     [KILN_OP_NLL_LOSS] = cuda_nll_loss, [KILN_OP_NLL_LOSS_BACKWARD] = cuda_nll_loss_backward,
     [KILN_OP_DROPOUT] = cuda_dropout,
-    /* optimizer updates: next step */
-    [KILN_OP_SGD_STEP] = NULL, [KILN_OP_ADAM_STEP] = NULL, [KILN_OP_RMSPROP_STEP] = NULL, [KILN_OP_ADAGRAD_STEP] = NULL,
+    [KILN_OP_SGD_STEP] = cuda_optim_step, [KILN_OP_ADAM_STEP] = cuda_optim_step,
+    [KILN_OP_RMSPROP_STEP] = cuda_optim_step, [KILN_OP_ADAGRAD_STEP] = cuda_optim_step,
   },
 };
 

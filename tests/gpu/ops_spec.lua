@@ -722,6 +722,61 @@ if has_kernel("dropout") then
   end
 end
 
+-- ---- optimizer steps: three steps on several parameters (a transposed one among them) ----
+
+local optim_cases = {
+  {"sgd_step", "SGD", {lr = 0.1}}, {"sgd_step", "SGD", {lr = 0.1, momentum = 0.9, weight_decay = 0.01}},
+  {"sgd_step", "SGD", {lr = 0.1, momentum = 0.9, dampening = 0.1, nesterov = false}},
+  {"sgd_step", "SGD", {lr = 0.05, momentum = 0.8, nesterov = true}},
+  {"adam_step", "Adam", {lr = 1e-2}}, {"adam_step", "Adam", {lr = 1e-2, weight_decay = 0.1, amsgrad = true}},
+  {"adam_step", "AdamW", {lr = 1e-2, weight_decay = 0.1}}, {"adam_step", "Adam", {lr = 1e-2, betas = {0.3, 0.5}}},
+  {"rmsprop_step", "RMSprop", {lr = 1e-2}}, {"rmsprop_step", "RMSprop", {lr = 1e-2, momentum = 0.9, centered = true}},
+  {"rmsprop_step", "RMSprop", {lr = 1e-2, alpha = 0.3, weight_decay = 0.1, centered = true}},
+  {"adagrad_step", "Adagrad", {lr = 0.1}}, {"adagrad_step", "Adagrad", {lr = 0.1, lr_decay = 0.01, weight_decay = 0.1}},
+}
+for _, case in ipairs(optim_cases) do
+  local name, cls, opts = case[1], case[2], case[3]
+  if has_kernel(name) then
+    for _, dtype in ipairs({"f32", "f64"}) do
+      local shapes = {{37, 53}, {53}, {1}, {7, 3, 5}}
+      local inits, grads = {}, {}
+      for i, sh in ipairs(shapes) do
+        inits[i] = gen(sh, dtype, true)
+        grads[i] = {gen(sh, dtype, true), gen(sh, dtype, true), gen(sh, dtype, true)}
+      end
+      local keys = {}
+      for k, v in pairs(opts) do keys[#keys + 1] = k .. "=" .. tostring(type(v) == "table" and table.concat(v, "/") or v) end
+      table.sort(keys)
+      local what = string.format("%s %s {%s}", cls, dtype, table.concat(keys, ", "))
+      guarded(name, what, function()
+        local function run_on(dev)
+          local params = {}
+          for i = 1, #shapes do
+            params[i] = inits[i]:to(dev):clone()
+            if i == 1 then params[i] = params[i]:t():contiguous():t() end   -- a transposed parameter
+          end
+          local o = kiln.optim[cls](params, opts)
+          for step = 1, 3 do
+            for i = 1, #shapes do
+              local g = grads[i][step]:to(dev)
+              params[i].grad = i == 1 and g:t():contiguous():t() or g
+            end
+            o:step()
+          end
+          return params
+        end
+        local pc, pg = run_on("cpu"), run_on(DEV)
+        local worst, wd = 0, nil
+        for i = 1, #shapes do
+          local err, detail = max_error(pg[i], pc[i])
+          if err > worst then worst, wd = err, detail end
+        end
+        record(name, worst, dtype == "f64" and 1e-12 or 1e-5, what, wd)
+      end)
+    end
+  end
+end
+
 -- ---- the allocator and errors (the device only) ----
 
 local extras = {}
