@@ -202,27 +202,28 @@ static const struct kiln_backend cuda_backend = {
     EW(KILN_OP_MINIMUM), EW(KILN_OP_REMAINDER), EW(KILN_OP_EQ), EW(KILN_OP_NE), EW(KILN_OP_LT), EW(KILN_OP_LE),
     EW(KILN_OP_GT), EW(KILN_OP_GE), EW(KILN_OP_LOGICAL_AND), EW(KILN_OP_LOGICAL_OR), EW(KILN_OP_WHERE),
     EW(KILN_OP_CLAMP),
-    /* reductions: next step */
-    [KILN_OP_SUM] = NULL, [KILN_OP_MEAN] = NULL, [KILN_OP_PROD] = NULL, [KILN_OP_MAX] = NULL, [KILN_OP_MIN] = NULL,
-    [KILN_OP_ARGMAX] = NULL, [KILN_OP_ARGMIN] = NULL, [KILN_OP_VAR] = NULL, [KILN_OP_STD] = NULL,
-    [KILN_OP_NORM] = NULL, [KILN_OP_LOGSUMEXP] = NULL,
+    [KILN_OP_SUM] = cuda_reduce, [KILN_OP_MEAN] = cuda_reduce, [KILN_OP_PROD] = cuda_reduce,
+    [KILN_OP_MAX] = cuda_reduce, [KILN_OP_MIN] = cuda_reduce, [KILN_OP_ARGMAX] = cuda_reduce,
+    [KILN_OP_ARGMIN] = cuda_reduce, [KILN_OP_VAR] = cuda_reduce, [KILN_OP_STD] = cuda_reduce,
+    [KILN_OP_NORM] = cuda_reduce, [KILN_OP_LOGSUMEXP] = cuda_reduce,
     [KILN_OP_GEMM] = cuda_gemm,
-    /* joining and indexing: next step */
-    [KILN_OP_CAT] = NULL, [KILN_OP_INDEX_SELECT] = NULL, [KILN_OP_GATHER] = NULL, [KILN_OP_SCATTER_ADD] = NULL,
-    [KILN_OP_MASKED_FILL] = NULL, [KILN_OP_MASKED_SELECT] = NULL,
+    [KILN_OP_CAT] = cuda_cat, [KILN_OP_INDEX_SELECT] = cuda_index_select, [KILN_OP_GATHER] = cuda_gather,
+    [KILN_OP_SCATTER_ADD] = cuda_scatter_add, [KILN_OP_MASKED_FILL] = cuda_masked_fill,
+    [KILN_OP_MASKED_SELECT] = cuda_masked_select,
     [KILN_OP_UNIFORM] = cuda_random, [KILN_OP_NORMAL] = cuda_random, [KILN_OP_RANDINT] = cuda_random,
     /* nn ops (cuDNN 9 and our own kernels): next step */
     [KILN_OP_CONV2D] = NULL, [KILN_OP_CONV2D_BACKWARD] = NULL, [KILN_OP_MAX_POOL2D] = NULL,
     [KILN_OP_MAX_POOL2D_BACKWARD] = NULL, [KILN_OP_AVG_POOL2D] = NULL, [KILN_OP_AVG_POOL2D_BACKWARD] = NULL,
     [KILN_OP_BATCH_NORM] = NULL, [KILN_OP_BATCH_NORM_BACKWARD] = NULL, [KILN_OP_LAYER_NORM] = NULL,
     [KILN_OP_LAYER_NORM_BACKWARD] = NULL, [KILN_OP_GROUP_NORM] = NULL, [KILN_OP_GROUP_NORM_BACKWARD] = NULL,
-    [KILN_OP_SOFTMAX] = NULL, [KILN_OP_SOFTMAX_BACKWARD] = NULL, [KILN_OP_LOG_SOFTMAX] = NULL,
-    [KILN_OP_LOG_SOFTMAX_BACKWARD] = NULL, [KILN_OP_NLL_LOSS] = NULL, [KILN_OP_NLL_LOSS_BACKWARD] = NULL,
-    [KILN_OP_DROPOUT] = NULL,
-    /* optimizer updates: next step */
-    [KILN_OP_SGD_STEP] = NULL, [KILN_OP_ADAM_STEP] = NULL, [KILN_OP_RMSPROP_STEP] = NULL, [KILN_OP_ADAGRAD_STEP] = NULL,
+    [KILN_OP_SOFTMAX] = cuda_softmax, [KILN_OP_SOFTMAX_BACKWARD] = cuda_softmax_backward,
+    [KILN_OP_LOG_SOFTMAX] = cuda_softmax, [KILN_OP_LOG_SOFTMAX_BACKWARD] = cuda_softmax_backward,
+    [KILN_OP_NLL_LOSS] = cuda_nll_loss, [KILN_OP_NLL_LOSS_BACKWARD] = cuda_nll_loss_backward,
+    [KILN_OP_DROPOUT] = cuda_dropout,
+    [KILN_OP_SGD_STEP] = cuda_optim_step, [KILN_OP_ADAM_STEP] = cuda_optim_step,
+    [KILN_OP_RMSPROP_STEP] = cuda_optim_step, [KILN_OP_ADAGRAD_STEP] = cuda_optim_step,
+    /* recurrent layers and CTC: not implemented on cuda */
     [KILN_OP_RNN] = NULL, [KILN_OP_RNN_BACKWARD] = NULL,
-    /* CTC: not implemented on cuda */
     [KILN_OP_CTC_LOSS] = NULL, [KILN_OP_CTC_LOSS_BACKWARD] = NULL,
   },
 };

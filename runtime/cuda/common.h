@@ -37,6 +37,13 @@ int cuda_check(cudaError_t e, const char *op, const char *call);
 /* After a launch: the launch error, and with KILN_SYNC=1 the kernel's own. */
 int cuda_launched(const char *op, const char *kernel);
 
+/* Device tensors the kernels work on (copy.cu). A contiguous tensor holding t converted to dtype
+   (t itself, retained, when it is one already), or NULL with an error naming op. */
+struct kiln_tensor *cuda_contiguous_as(const struct kiln_tensor *t, int dtype, const char *op);
+/* Scratch memory: a u8 tensor of nbytes on device. Release it once the kernels that use it are
+   queued: the caching allocator reuses blocks in stream order. */
+struct kiln_tensor *cuda_scratch(int64_t nbytes, struct kiln_device device);
+
 /* The kernels (one per op family; call->op says which op). */
 int cuda_copy(const struct kiln_call *c);
 int cuda_fill(const struct kiln_call *c);
@@ -46,6 +53,19 @@ int cuda_binary(const struct kiln_call *c, struct cuda_device *dev);
 int cuda_ternary(const struct kiln_call *c, struct cuda_device *dev);   /* where, clamp */
 int cuda_random(const struct kiln_call *c);
 int cuda_gemm(const struct kiln_call *c);
+int cuda_reduce(const struct kiln_call *c);        /* sum ... logsumexp */
+int cuda_cat(const struct kiln_call *c);
+int cuda_index_select(const struct kiln_call *c);
+int cuda_gather(const struct kiln_call *c);
+int cuda_scatter_add(const struct kiln_call *c);
+int cuda_masked_fill(const struct kiln_call *c);
+int cuda_masked_select(const struct kiln_call *c);
+int cuda_softmax(const struct kiln_call *c);            /* softmax, log_softmax */
+int cuda_softmax_backward(const struct kiln_call *c);
+int cuda_nll_loss(const struct kiln_call *c);
+int cuda_nll_loss_backward(const struct kiln_call *c);
+int cuda_dropout(const struct kiln_call *c);
+int cuda_optim_step(const struct kiln_call *c);         /* sgd, adam, rmsprop, adagrad */
 
 #ifdef __cplusplus
 }

@@ -130,3 +130,28 @@ extern "C" int cuda_fill(const struct kiln_call *c) {
   default: return launch_fill<uint64_t>(dev, t, &bits);
   }
 }
+
+extern "C" struct kiln_tensor *cuda_contiguous_as(const struct kiln_tensor *t, int dtype, const char *op) {
+  if (t->dtype == dtype && kiln_is_contiguous(t)) {
+    kiln_tensor_retain((struct kiln_tensor *)t);
+    return (struct kiln_tensor *)t;
+  }
+  struct kiln_tensor *r = kiln_tensor_empty(t->ndim, t->sizes, dtype, t->device);
+  if (!r) return NULL;
+  struct kiln_call call;
+  memset(&call, 0, sizeof call);
+  call.op = KILN_OP_COPY;
+  call.out = r;
+  call.in[0] = t;
+  call.nin = 1;
+  if (cuda_copy(&call)) {
+    kiln_tensor_release(r);
+    return NULL;
+  }
+  return r;
+}
+
+extern "C" struct kiln_tensor *cuda_scratch(int64_t nbytes, struct kiln_device device) {
+  int64_t n = nbytes > 0 ? nbytes : 1;
+  return kiln_tensor_empty(1, &n, KILN_U8, device);
+}

@@ -123,3 +123,59 @@ int kiln_cuda_gemm_plan(const struct kiln_tensor *out, const struct kiln_tensor 
   if (!fits(m) || !fits(n) || !fits(k) || !fits(B) || !fits(p->lda) || !fits(p->ldb) || !fits(p->ldc)) return -1;
   return 0;
 }
+
+int kiln_cuda_pow2_threads(int64_t n, int lo, int hi) {
+  int t = lo > 0 ? lo : 1;
+  while (t < hi && t < n) t *= 2;
+  return t < hi ? t : hi;
+}
+
+void kiln_cuda_reduce_plan(int ndim, const int64_t *sizes, int64_t mask, int64_t max_blocks,
+                           struct kiln_cuda_reduce_plan *p) {
+  memset(p, 0, sizeof *p);
+  int n = 0;
+  p->M = 1;
+  p->R = 1;
+  for (int d = 0; d < ndim; d++)
+    if (!(mask & ((int64_t)1 << d))) { p->perm[n++] = d; p->M *= sizes[d]; }
+  for (int d = 0; d < ndim; d++)
+    if (mask & ((int64_t)1 << d)) { p->perm[n++] = d; p->R *= sizes[d]; }
+  p->threads = kiln_cuda_pow2_threads(p->R, 32, 256);
+  if (p->R == 0 || p->M == 0) return;   /* no chunks: rows of nothing, or no rows */
+  /* Enough elements per thread to pay for the block's tree; more chunks only while the rows
+     alone leave the device idle. */
+  int64_t per_block = (int64_t)p->threads * 16;
+  int64_t most = (p->R + per_block - 1) / per_block;
+  int64_t want = max_blocks > p->M ? (max_blocks + p->M - 1) / p->M : 1;
+  int64_t nchunks = want < most ? want : most;
+  if (nchunks < 1) nchunks = 1;
+  p->chunk = (p->R + nchunks - 1) / nchunks;
+  p->nchunks = (p->R + p->chunk - 1) / p->chunk;
+}
+
+void kiln_cuda_lines(int ndim, const int64_t *sizes, int dim, int64_t *outer, int64_t *D, int64_t *inner) {
+  *outer = 1;
+  *inner = 1;
+  *D = ndim ? sizes[dim] : 1;
+  for (int d = 0; d < dim; d++) *outer *= sizes[d];
+  for (int d = dim + 1; d < ndim; d++) *inner *= sizes[d];
+}
+
+void kiln_cuda_index_geom_build(struct kiln_cuda_index_geom *g, int op, const struct kiln_tensor *written,
+                                const struct kiln_tensor *index, const struct kiln_tensor *read, int dim) {
+  memset(g, 0, sizeof *g);
+  const struct kiln_tensor *walk = op == KILN_OP_INDEX_SELECT ? written : index;
+  const struct kiln_tensor *indexed = op == KILN_OP_SCATTER_ADD ? written : read;
+  g->ndim = walk->ndim;
+  g->numel = walk->numel;
+  g->indexed = op == KILN_OP_SCATTER_ADD ? 0 : 2;
+  g->jump = indexed->ndim ? indexed->strides[dim] : 0;
+  for (int d = 0; d < walk->ndim; d++) {
+    g->sizes[d] = walk->sizes[d];
+    g->strides[0][d] = written->strides[d];
+    g->strides[2][d] = read->strides[d];
+    if (op == KILN_OP_INDEX_SELECT) g->strides[1][d] = d == dim && index->ndim ? index->strides[0] : 0;
+    else g->strides[1][d] = index->strides[d];
+  }
+  if (walk->ndim) g->strides[g->indexed][dim] = 0;
+}

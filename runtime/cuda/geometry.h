@@ -88,6 +88,50 @@ int kiln_cuda_gemm_layout(int64_t rows, int64_t cols, int64_t s0, int64_t s1, in
 int kiln_cuda_gemm_plan(const struct kiln_tensor *out, const struct kiln_tensor *a, const struct kiln_tensor *b,
                         struct kiln_cuda_gemm_plan *plan);
 
+/* A reduction (reduce.cu): the input permuted to [kept dims..., reduced dims...] (each group in
+   its original order) and copied into rows [M, R]; each row cut into nchunks chunks of `chunk`
+   elements (the last may be shorter), one block of `threads` (a power of two, 32 to 256) per
+   chunk; a second kernel folds each row's chunks in order. R = 0: no chunks. */
+struct kiln_cuda_reduce_plan {
+  int perm[KILN_MAX_DIMS];
+  int64_t M, R, chunk, nchunks;
+  int threads;
+};
+/* mask: the reduced dims (bit d for dim d); max_blocks: what keeps the device busy. */
+void kiln_cuda_reduce_plan(int ndim, const int64_t *sizes, int64_t mask, int64_t max_blocks,
+                           struct kiln_cuda_reduce_plan *p);
+
+/* A tensor seen as [outer, D, inner] around dim (softmax, log_softmax, nll_loss over dim 1). */
+void kiln_cuda_lines(int ndim, const int64_t *sizes, int dim, int64_t *outer, int64_t *D, int64_t *inner);
+
+/* The smallest power of two >= n, clamped to [lo, hi] (block sizes for tree reductions). */
+int kiln_cuda_pow2_threads(int64_t n, int lo, int hi);
+
+/* index_select, gather and scatter_add (index.cu): a walk over a shape (index_select: the output;
+   gather, scatter_add: the index) with three operands: 0 the written tensor, 1 the index, 2 the
+   read tensor. The indexed operand (index_select, gather: 2; scatter_add: 0) has stride 0 along
+   dim; its element is at offset + index * jump. */
+struct kiln_cuda_index_geom {
+  int32_t ndim, indexed;
+  int64_t numel, jump;
+  int64_t sizes[KILN_MAX_DIMS];
+  int64_t strides[3][KILN_MAX_DIMS];
+};
+/* op: KILN_OP_INDEX_SELECT (out, a, index), KILN_OP_GATHER (out, a, index) or
+   KILN_OP_SCATTER_ADD (target a, index, src); dim as the call carries it. */
+void kiln_cuda_index_geom_build(struct kiln_cuda_index_geom *g, int op, const struct kiln_tensor *written,
+                                const struct kiln_tensor *index, const struct kiln_tensor *read, int dim);
+KILN_HD void kiln_cuda_index_offsets(const struct kiln_cuda_index_geom *g, int64_t i, int64_t *off) {
+  off[0] = off[1] = off[2] = 0;
+  for (int d = g->ndim - 1; d >= 0; d--) {
+    int64_t q = i / g->sizes[d], r = i - q * g->sizes[d];
+    off[0] += r * g->strides[0][d];
+    off[1] += r * g->strides[1][d];
+    off[2] += r * g->strides[2][d];
+    i = q;
+  }
+}
+
 #ifdef __cplusplus
 }
 #endif

@@ -249,9 +249,102 @@ static void test_gemm_plans(void) {
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) kiln_tensor_release(all[i]);
 }
 
+/* index.cu's walk, played on the CPU: index_select, gather and scatter_add through the geometry
+   (element moves at the offsets it gives) against libkiln's kernels, on views. */
+static int64_t index_at(const struct kiln_tensor *idx, int64_t off) {
+  const char *p = kiln_tensor_data(idx);
+  return idx->dtype == KILN_I64 ? ((const int64_t *)p)[off] : ((const int32_t *)p)[off];
+}
+
+static int play_index(int op, struct kiln_tensor *written, const struct kiln_tensor *idx, const struct kiln_tensor *read, int d) {
+  struct kiln_cuda_index_geom g;
+  kiln_cuda_index_geom_build(&g, op, written, idx, read, d);
+  char *w = kiln_tensor_data(written);
+  const char *r = kiln_tensor_data(read);
+  int we = kiln_dtype_size(written->dtype), re = kiln_dtype_size(read->dtype);
+  for (int64_t i = 0; i < g.numel; i++) {
+    int64_t off[3];
+    kiln_cuda_index_offsets(&g, i, off);
+    int64_t j = index_at(idx, off[1]);
+    if (op == KILN_OP_SCATTER_ADD) {
+      char *dst = w + (off[0] + j * g.jump) * we;
+      *(float *)dst += *(const float *)(r + off[2] * re);   /* f32 here: index.cu's atomic add */
+    } else {
+      memcpy(w + off[0] * we, r + (off[2] + j * g.jump) * re, (size_t)we);
+    }
+  }
+  return (int)g.numel;
+}
+
+static int same(const struct kiln_tensor *a, const struct kiln_tensor *b) {
+  if (!a || !b || a->numel != b->numel) return 0;
+  double *x = V(a), *y = V(b);
+  int ok = 1;
+  for (int64_t i = 0; i < a->numel; i++) ok &= x[i] == y[i] || (x[i] != x[i] && y[i] != y[i]);
+  free(x); free(y);
+  return ok;
+}
+
+static void test_index_geometry(void) {
+  struct kiln_tensor *base = seq(3, (int64_t[]){4, 9, 6}, KILN_F32);
+  struct kiln_tensor *a = kiln_transpose(base, 0, 2);   /* [6,9,4], non-contiguous */
+  double iv[] = {8, 0, 3, 3, 7, 1, 2, 5, 0, 4};
+  struct kiln_tensor *ibase = T(1, (int64_t[]){10}, iv, KILN_I64);
+  struct kiln_tensor *idx = kiln_narrow(ibase, 0, 1, 9);            /* offset 1 */
+  struct kiln_tensor *i32 = kiln_to_dtype(ibase, KILN_I32);
+  for (int d = 0; d < 3; d++) {
+    struct kiln_tensor *ix = d == 1 ? idx : kiln_narrow(i32, 0, 0, a->sizes[d] < 4 ? a->sizes[d] : 4);
+    if (d != 1) {   /* values must fit dims of size 6 and 4 */
+      double small[] = {3, 0, 2, 2};
+      kiln_tensor_release(ix);
+      ix = T(1, (int64_t[]){4}, small, d == 0 ? KILN_I32 : KILN_I64);
+    }
+    struct kiln_tensor *want = kiln_index_select(a, d, ix);
+    struct kiln_tensor *got = want ? kiln_tensor_full(want->ndim, want->sizes, NAN, KILN_F32, CPU) : NULL;
+    if (got) play_index(KILN_OP_INDEX_SELECT, got, ix, a, d);
+    CHECK(same(got, want));
+    kiln_tensor_release(got); kiln_tensor_release(want);
+    if (ix != idx) kiln_tensor_release(ix);
+  }
+  /* gather along each dim with a transposed index, and scatter_add back */
+  for (int d = 0; d < 3; d++) {
+    int64_t isz[3] = {5, 7, 3};
+    isz[d] = 8;
+    int64_t n = isz[0] * isz[1] * isz[2];
+    double *v = malloc(sizeof(double) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) v[i] = (double)((i * 7 + 3) % a->sizes[d]);
+    struct kiln_tensor *ib = T(3, (int64_t[]){isz[2], isz[1], isz[0]}, v, KILN_I64);
+    struct kiln_tensor *ix = kiln_permute(ib, 3, (int[]){2, 1, 0});
+    free(v);
+    /* index sizes must not exceed the input's in the other dims */
+    struct kiln_tensor *ixn = kiln_narrow(ix, d == 0 ? 1 : 0, 0, d == 0 ? 7 : 5);
+    struct kiln_tensor *want = kiln_gather(a, d, ixn);
+    struct kiln_tensor *got = want ? kiln_tensor_full(want->ndim, want->sizes, NAN, KILN_F32, CPU) : NULL;
+    if (got) play_index(KILN_OP_GATHER, got, ixn, a, d);
+    CHECK(same(got, want));
+    struct kiln_tensor *wt = want ? kiln_transpose(want, 0, 2) : NULL, *wc = wt ? kiln_contiguous(wt) : NULL;
+    struct kiln_tensor *src = wc ? kiln_transpose(wc, 0, 2) : NULL;   /* a transposed source */
+    kiln_tensor_release(wt); kiln_tensor_release(wc);
+    struct kiln_tensor *target = kiln_clone(a);
+    struct kiln_tensor *want2 = src ? kiln_scatter_add(a, d, ixn, src) : NULL;
+    if (want2) play_index(KILN_OP_SCATTER_ADD, target, ixn, src, d);
+    CHECK(want2 && same(target, want2));
+    kiln_tensor_release(got); kiln_tensor_release(want); kiln_tensor_release(want2); kiln_tensor_release(target);
+    kiln_tensor_release(src); kiln_tensor_release(ixn); kiln_tensor_release(ix); kiln_tensor_release(ib);
+  }
+  /* 0-dim gather */
+  struct kiln_tensor *s0 = T(0, NULL, (double[]){2.5}, KILN_F64), *i0 = T(0, NULL, (double[]){0}, KILN_I64);
+  struct kiln_tensor *w0 = kiln_gather(s0, 0, i0), *g0 = kiln_tensor_full(0, NULL, NAN, KILN_F64, CPU);
+  CHECK(play_index(KILN_OP_GATHER, g0, i0, s0, 0) == 1 && same(g0, w0));
+  kiln_tensor_release(s0); kiln_tensor_release(i0); kiln_tensor_release(w0); kiln_tensor_release(g0);
+  kiln_tensor_release(a); kiln_tensor_release(base); kiln_tensor_release(idx); kiln_tensor_release(ibase);
+  kiln_tensor_release(i32);
+}
+
 int main(void) {
   test_iteration();
   test_launch();
   test_gemm_plans();
+  test_index_geometry();
   return check_done("test_cuda_geometry");
 }

@@ -423,6 +423,360 @@ if has_kernel("gemm") then
   end
 end
 
+-- ---- reductions ----
+
+local reduce_ops = {"sum", "mean", "prod", "max", "min", "argmax", "argmin", "var", "std", "norm", "logsumexp"}
+local int_path = {sum = true, prod = true, max = true, min = true, argmax = true, argmin = true}
+
+-- Both devices accumulate floats in double (in another order), then round to the result's dtype.
+local function reduce_tolerance(name, in_dtype, out)
+  if name == "argmax" or name == "argmin" or (int_path[name] and not float[in_dtype]) then return 0 end
+  return ({f64 = 1e-12, f32 = 1e-5, f16 = 2e-3, bf16 = 1.6e-2})[out] or 0
+end
+
+local function reduce_case(name, layout, dtype, dims, keepdim, p)
+  local what = string.format("%s %s, dims {%s}%s%s", dtype, layout.name, table.concat(dims, ","),
+                             keepdim == 1 and " keepdim" or "", p and string.format(" p %g", p) or "")
+  guarded(name, what, function()
+    local a, ga = pair(layout, dtype)
+    local nd = #dims
+    local cdims = ffi.new("int[?]", nd > 0 and nd or 1, dims)
+    local ok_cpu, c = pcall(function() return wrap(C.kiln_reduce(op_number[name], a.p, nd, cdims, keepdim, p or 0)) end)
+    if not ok_cpu then return end   -- refused on the CPU too (max over an empty dim, two dims to argmax)
+    local g = wrap(C.kiln_reduce(op_number[name], ga.p, nd, cdims, keepdim, p or 0))
+    local err, detail = max_error(g, c)
+    record(name, err, reduce_tolerance(name, dtype, c:dtype()), what, detail)
+  end)
+end
+
+for _, name in ipairs(reduce_ops) do
+  if has_kernel(name) then
+    local ps = {false}
+    if name == "norm" then ps = {2, 1, 0, 1 / 0, 3} elseif name == "var" or name == "std" then ps = {1, 0} end
+    for _, dtype in ipairs({"f32", "f64", "f16", "bf16", "i64", "i32", "bool"}) do
+      for _, p in ipairs(ps) do
+        for li, layout in ipairs(layouts) do
+          local nd = #layout.base
+          if li == 4 then nd = 3 end   -- the permuted view is 3-d
+          -- the C API counts dims from 0
+          reduce_case(name, layout, dtype, {}, 0, p or nil)
+          if nd >= 1 then reduce_case(name, layout, dtype, {0}, 1, p or nil) end
+          if nd >= 2 then reduce_case(name, layout, dtype, {-1}, 0, p or nil) end
+          if nd >= 3 then reduce_case(name, layout, dtype, {0, 2}, 1, p or nil) end
+        end
+      end
+    end
+    -- long rows: several blocks per row, folded in order
+    for _, dtype in ipairs({"f32", "f64", "i64"}) do
+      for _, shape in ipairs({{3, 70001}, {200003}}) do
+        local layout = {name = "[" .. table.concat(shape, ",") .. "]", base = shape, view = function(t) return t end}
+        reduce_case(name, layout, dtype, {-1}, 0, ps[1] or nil)
+      end
+      local tall = {name = "[70001,3] over dim 0", base = {70001, 3}, view = function(t) return t end}
+      reduce_case(name, tall, dtype, {0}, 0, ps[1] or nil)
+    end
+  end
+end
+
+-- ---- joining and indexing (the C API counts dims and indices from 0) ----
+
+-- Indices in [0, n) (i64 or i32), of shape, made on the CPU.
+local function indices(shape, n, dtype)
+  return kiln.randint(0, n, shape, {dtype = dtype or "i64"})
+end
+
+-- Run f on the CPU and on the device with the same inputs (f(dev) moves them); compare.
+local function both(name, what, tol, f)
+  guarded(name, what, function()
+    local ok_cpu, c = pcall(f, "cpu")
+    if not ok_cpu then error("the CPU refused: " .. tostring(c)) end
+    local g = f(DEV)
+    local err, detail = max_error(g, c)
+    record(name, err, tol, what, detail)
+  end)
+end
+
+-- The same error on both devices (the message names the bad index and the shapes).
+local function same_error(name, what, f)
+  guarded(name, what, function()
+    local ok1, e1 = pcall(f, "cpu")
+    local ok2, e2 = pcall(f, DEV)
+    local m1, m2 = tostring(e1):match(name .. ": .*"), tostring(e2):match(name .. ": .*")
+    record(name, (not ok1 and not ok2 and m1 == m2) and 0 or math.huge, 0, what, tostring(e2) .. " vs " .. tostring(e1))
+  end)
+end
+
+if has_kernel("cat") then
+  for _, dtype in ipairs({"f32", "f64", "i64", "f16", "bool"}) do
+    local a = layouts[2].view(gen(layouts[2].base, dtype))
+    local b = layouts[3].view(gen(layouts[3].base, dtype))
+    local c5 = gen({37, 5}, dtype == "f32" and "i64" or "f32")   -- another dtype: the result promotes
+    local e = gen({0}, dtype)
+    for _, case in ipairs({{"dim 0, two views", 0, {a, b}}, {"dim 1, views, another dtype, an empty 1-d", 1, {a, c5, e, b}},
+                           {"dim -1, one tensor", -1, {b}}}) do
+      both("cat", dtype .. " " .. case[1], 0, function(dev)
+        local ts, keep = ffi.new("struct kiln_tensor *[?]", #case[3]), {}
+        for i, t in ipairs(case[3]) do keep[i] = t:to(dev) ts[i - 1] = keep[i].p end
+        return wrap(C.kiln_cat(#case[3], ts, case[2]))
+      end)
+    end
+  end
+end
+
+if has_kernel("index_select") then
+  for _, dtype in ipairs({"f32", "f64", "i64", "f16", "bool", "u8"}) do
+    for li = 1, 4 do
+      local layout = layouts[li]
+      local base = gen(layout.base, dtype)
+      local a = layout.view(base)
+      for d = 0, a:dim() - 1 do
+        for _, idt in ipairs({"i64", "i32"}) do
+          local ib = indices({23, 2}, a:size(d + 1), idt)
+          both("index_select", string.format("%s %s, dim %d, %s index with stride 2", dtype, layout.name, d, idt), 0,
+               function(dev)
+                 local ix = ib:to(dev):select(2, 1)
+                 return wrap(C.kiln_index_select(layout.view(base:to(dev)).p, d, ix.p))
+               end)
+        end
+      end
+    end
+  end
+  same_error("index_select", "an index out of range", function(dev)
+    local ix = kiln.tensor({1, 2, 37, 0}, {dtype = "i64"}):to(dev)
+    return wrap(C.kiln_index_select(gen({37, 5}, "f32"):to(dev).p, 0, ix.p))
+  end)
+end
+
+if has_kernel("gather") or has_kernel("scatter_add") then
+  for _, dtype in ipairs({"f32", "f64", "i64", "i32", "f16"}) do
+    local a = gen({53, 37}, dtype, true)                 -- viewed transposed: [37,53]
+    for d = 0, 1 do
+      local ishape = d == 0 and {29, 53} or {37, 41}
+      local ib = indices({ishape[2], ishape[1]}, d == 0 and 37 or 53)   -- viewed transposed
+      local src = gen({ishape[2], ishape[1]}, dtype, true)
+      if has_kernel("gather") then
+        both("gather", string.format("%s transposed, dim %d, transposed index", dtype, d), 0, function(dev)
+          return wrap(C.kiln_gather(a:to(dev):t().p, d, ib:to(dev):t().p))
+        end)
+      end
+      if has_kernel("scatter_add") then
+        -- atomic adds land in any order: floats within rounding, integers exact
+        local tol = ({f32 = 1e-5, f64 = 1e-12, f16 = 2e-3})[dtype] or 0
+        both("scatter_add", string.format("%s transposed, dim %d, transposed index and src", dtype, d), tol, function(dev)
+          return wrap(C.kiln_scatter_add(a:to(dev):t().p, d, ib:to(dev):t().p, src:to(dev):t().p))
+        end)
+        if dtype == "f32" then
+          both("scatter_add", "f32 into f64, dim " .. d, 1e-12, function(dev)
+            return wrap(C.kiln_scatter_add(a:to("f64"):to(dev):t().p, d, ib:to(dev):t().p, src:to(dev):t().p))
+          end)
+        end
+      end
+    end
+  end
+  if has_kernel("gather") then
+    same_error("gather", "an index out of range", function(dev)
+      local ix = kiln.tensor({{0, 1}, {-1, 2}}, {dtype = "i64"}):to(dev)
+      return wrap(C.kiln_gather(gen({3, 3}, "f32"):to(dev).p, 1, ix.p))
+    end)
+  end
+end
+
+if has_kernel("masked_fill") then
+  for _, dtype in ipairs({"f32", "f64", "i64", "f16", "bool"}) do
+    for _, ms in ipairs({{37, 1}, {53}, {37, 53}}) do
+      for _, v in ipairs({2.5, 0 / 0, -7}) do
+        local mask = gen(ms, ms[1] == 53 and "u8" or "bool")
+        local base = gen(layouts[2].base, dtype)
+        both("masked_fill", string.format("%s transposed, mask [%s], %g", dtype, table.concat(ms, ","), v), 0, function(dev)
+          return wrap(C.kiln_masked_fill(layouts[2].view(base:to(dev)).p, mask:to(dev).p, v))
+        end)
+      end
+    end
+  end
+end
+
+if has_kernel("masked_select") then
+  for _, dtype in ipairs({"f32", "f64", "i64", "f16", "bool"}) do
+    local a = gen({53, 37}, dtype)
+    local row = gen({53}, dtype)
+    for _, case in ipairs({{"transposed, mask [37,53]", {37, 53}}, {"transposed, mask [53]", {53}},
+                           {"transposed, mask [37,1]", {37, 1}}, {"[53] broadcast by a mask [37,53]", {37, 53}, true},
+                           {"transposed, all false", {37, 53}, false, true}}) do
+      local mask = case[4] and kiln.zeros(case[2], {dtype = "bool"}) or gen(case[2], "bool")
+      both("masked_select", dtype .. " " .. case[1], 0, function(dev)
+        local x = case[3] and row:to(dev) or a:to(dev):t()
+        return wrap(C.kiln_masked_select(x.p, mask:to(dev).p))
+      end)
+    end
+  end
+end
+
+-- ---- softmax, losses, dropout: forward, and backward through autograd ----
+
+-- f(dev) returns (leaf, out, gout or nil): out is compared as `name`, then out:backward(gout)
+-- and the leaf's grad as `back` (the backward op's name). Inputs are made outside f.
+local function with_grad(name, back, what, tol, f)
+  guarded(name, what, function()
+    local lc, c, gc = f("cpu")
+    local lg, g, gg = f(DEV)
+    local err, detail = max_error(g, c)
+    record(name, err, tol, what, detail)
+    if back and has_kernel(back) then
+      c:backward(gc)
+      g:backward(gg)
+      err, detail = max_error(lg.grad, lc.grad)
+      record(back, err, tol, what, detail)
+    end
+  end)
+end
+
+local function leaf(t, dev) return t:to(dev):requires_grad_() end
+local function float_tol(dtype) return dtype == "f64" and 1e-12 or 1e-5 end
+
+for _, name in ipairs({"softmax", "log_softmax"}) do
+  if has_kernel(name) then
+    local fn = name == "softmax" and C.kiln_softmax or C.kiln_log_softmax
+    for _, dtype in ipairs({"f32", "f64"}) do
+      for li = 1, 4 do
+        local layout = layouts[li]
+        local base = gen(layout.base, dtype, true)
+        local nd = li == 4 and 3 or 2
+        for d = 0, nd - 1 do
+          local gout = gen(li == 4 and {7, 3, 5} or {37, 53}, dtype, true)
+          with_grad(name, name .. "_backward", string.format("%s %s, dim %d", dtype, layout.name, d), float_tol(dtype),
+                    function(dev)
+                      local x = leaf(base, dev)
+                      return x, wrap(fn(layout.view(x).p, d)), gout:to(dev)
+                    end)
+        end
+      end
+      -- a long line, a line of one, NaN and infinities in a line
+      for _, case in ipairs({{{3, 5000}, true}, {{40, 1}, true}, {{6, 9}, false}}) do
+        local base = gen(case[1], dtype, case[2])
+        with_grad(name, nil, string.format("%s [%s]%s", dtype, table.concat(case[1], ","), case[2] and "" or " with NaN, inf"),
+                  float_tol(dtype), function(dev) return nil, wrap(fn(base:to(dev).p, 1)) end)
+      end
+    end
+  end
+end
+
+if has_kernel("nll_loss") then
+  local NO_IGNORE = -2 ^ 63
+  for _, dtype in ipairs({"f32", "f64"}) do
+    for _, shape in ipairs({{37, 11}, {5, 7, 3, 4}, {1, 300}}) do
+      local C_ = shape[2]
+      local tshape = {shape[1]}
+      for k = 3, #shape do tshape[#tshape + 1] = shape[k] end
+      local logits = gen(shape, dtype, true)
+      local target = kiln.randint(0, C_, tshape, {dtype = "i64"})
+      local weight = kiln.rand(C_, {dtype = dtype}) + 0.5
+      for _, fused in ipairs({true, false}) do
+        for _, reduction in ipairs({0, 1, 2}) do
+          for _, opt in ipairs({{w = false, ignore = NO_IGNORE, eps = 0}, {w = true, ignore = 2, eps = 0},
+                                {w = true, ignore = NO_IGNORE, eps = 0.1}, {w = false, ignore = 0, eps = 0.25}}) do
+            if fused or opt.eps == 0 then
+              local what = string.format("%s %s [%s], %s, reduction %d%s%s%s", fused and "cross_entropy" or "nll_loss",
+                                         dtype, table.concat(shape, ","), shape[3] and "spatial" or "rows", reduction,
+                                         opt.w and ", weights" or "", opt.ignore ~= NO_IGNORE and ", ignore " .. opt.ignore or "",
+                                         opt.eps > 0 and ", smoothing " .. opt.eps or "")
+              local gout = reduction == 0 and gen(tshape, dtype, true) or nil
+              with_grad("nll_loss", "nll_loss_backward", what, float_tol(dtype), function(dev)
+                local x = leaf(logits, dev)
+                local input = fused and x or wrap(C.kiln_log_softmax(x.p, 1))
+                local w = opt.w and weight:to(dev).p or nil
+                local t = target:to(dev).p
+                local out = fused and wrap(C.kiln_cross_entropy(input.p, t, w, opt.ignore, opt.eps, reduction))
+                                  or wrap(C.kiln_nll_loss(input.p, t, w, opt.ignore, reduction))
+                return x, out, gout and gout:to(dev) or nil
+              end)
+            end
+          end
+        end
+      end
+    end
+  end
+  -- a target out of range: the same error on both
+  same_error("cross_entropy", "a target out of range", function(dev)
+    local t = kiln.tensor({0, 3, 11}, {dtype = "i64"}):to(dev)
+    return wrap(C.kiln_cross_entropy(gen({3, 11}, "f32"):to(dev).p, t.p, nil, NO_IGNORE, 0, 1))
+  end)
+end
+
+if has_kernel("dropout") then
+  for _, dtype in ipairs({"f32", "f64"}) do
+    for _, p in ipairs({0.1, 0.5, 0.9}) do
+      for li = 1, 3 do
+        local layout = layouts[li]
+        local base = gen(layout.base, dtype, true)
+        local gout = gen({37, 53}, dtype, true)
+        -- the same generator state gives the same mask, bit for bit
+        with_grad("dropout", nil, string.format("%s %s, p %g (and its backward)", dtype, layout.name, p), 0, function(dev)
+          local x = leaf(base, dev)
+          kiln.manual_seed(99)
+          local y = wrap(C.kiln_dropout(layout.view(x).p, p, 1))
+          y:backward(gout:to(dev))
+          return x, wrap(C.kiln_alias(x.grad.p))
+        end)
+      end
+    end
+  end
+end
+
+-- ---- optimizer steps: three steps on several parameters (a transposed one among them) ----
+
+local optim_cases = {
+  {"sgd_step", "SGD", {lr = 0.1}}, {"sgd_step", "SGD", {lr = 0.1, momentum = 0.9, weight_decay = 0.01}},
+  {"sgd_step", "SGD", {lr = 0.1, momentum = 0.9, dampening = 0.1, nesterov = false}},
+  {"sgd_step", "SGD", {lr = 0.05, momentum = 0.8, nesterov = true}},
+  {"adam_step", "Adam", {lr = 1e-2}}, {"adam_step", "Adam", {lr = 1e-2, weight_decay = 0.1, amsgrad = true}},
+  {"adam_step", "AdamW", {lr = 1e-2, weight_decay = 0.1}}, {"adam_step", "Adam", {lr = 1e-2, betas = {0.3, 0.5}}},
+  {"rmsprop_step", "RMSprop", {lr = 1e-2}}, {"rmsprop_step", "RMSprop", {lr = 1e-2, momentum = 0.9, centered = true}},
+  {"rmsprop_step", "RMSprop", {lr = 1e-2, alpha = 0.3, weight_decay = 0.1, centered = true}},
+  {"adagrad_step", "Adagrad", {lr = 0.1}}, {"adagrad_step", "Adagrad", {lr = 0.1, lr_decay = 0.01, weight_decay = 0.1}},
+}
+for _, case in ipairs(optim_cases) do
+  local name, cls, opts = case[1], case[2], case[3]
+  if has_kernel(name) then
+    for _, dtype in ipairs({"f32", "f64"}) do
+      local shapes = {{37, 53}, {53}, {1}, {7, 3, 5}}
+      local inits, grads = {}, {}
+      for i, sh in ipairs(shapes) do
+        inits[i] = gen(sh, dtype, true)
+        grads[i] = {gen(sh, dtype, true), gen(sh, dtype, true), gen(sh, dtype, true)}
+      end
+      local keys = {}
+      for k, v in pairs(opts) do keys[#keys + 1] = k .. "=" .. tostring(type(v) == "table" and table.concat(v, "/") or v) end
+      table.sort(keys)
+      local what = string.format("%s %s {%s}", cls, dtype, table.concat(keys, ", "))
+      guarded(name, what, function()
+        local function run_on(dev)
+          local params = {}
+          for i = 1, #shapes do
+            params[i] = inits[i]:to(dev):clone()
+            if i == 1 then params[i] = params[i]:t():contiguous():t() end   -- a transposed parameter
+          end
+          local o = kiln.optim[cls](params, opts)
+          for step = 1, 3 do
+            for i = 1, #shapes do
+              local g = grads[i][step]:to(dev)
+              params[i].grad = i == 1 and g:t():contiguous():t() or g
+            end
+            o:step()
+          end
+          return params
+        end
+        local pc, pg = run_on("cpu"), run_on(DEV)
+        local worst, wd = 0, nil
+        for i = 1, #shapes do
+          local err, detail = max_error(pg[i], pc[i])
+          if err > worst then worst, wd = err, detail end
+        end
+        record(name, worst, dtype == "f64" and 1e-12 or 1e-5, what, wd)
+      end)
+    end
+  end
+end
+
 -- ---- the allocator and errors (the device only) ----
 
 local extras = {}
@@ -461,10 +815,12 @@ if ON_GPU then
     record("allocator", s.reserved <= s.allocated + 64 * 2 ^ 20 and 0 or math.huge, 0, "empty_cache", "")
   end)
   guarded("errors", "an op without a CUDA kernel", function()
-    if kiln.cuda.has_kernel("sum") then return end
-    local ok, err = pcall(function() return kiln.ones(3, {device = DEV}):sum() end)
-    record("errors", (not ok and tostring(err):match("sum: not implemented on cuda:0")) and 0 or math.huge, 0,
-           "sum on cuda:0", tostring(err))
+    if kiln.cuda.has_kernel("conv2d") then return end
+    local ok, err = pcall(function()
+      return kiln.functional.conv2d(kiln.ones(1, 1, 3, 3, {device = DEV}), kiln.ones(1, 1, 2, 2, {device = DEV}))
+    end)
+    record("errors", (not ok and tostring(err):match("conv2d: not implemented on cuda:0")) and 0 or math.huge, 0,
+           "conv2d on cuda:0", tostring(err))
   end)
 end
 

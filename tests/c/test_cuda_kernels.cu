@@ -1,0 +1,258 @@
+/* test_cuda_kernels.cu: the CUDA kernels' per-element and per-row code, which is __host__
+   __device__, played here on the CPU (no GPU needed) in the order the kernels run it (a block's
+   threads striding over a chunk, then the tree over the block, then the chunks in order), with
+   the launch plans of geometry.c, against libkiln's CPU kernels on the same inputs: reductions
+   with NaN, infinities and ties; the loss and grad of each position of nll_loss and cross entropy;
+   dropout's mask bit for bit. The device build may differ only where the device's math library
+   does (exp, log, pow within an ulp or two); tests/gpu checks that part. */
+#include "reduce.cuh"
+#include "nn.cuh"
+extern "C" {
+#include "internal.h"
+#include "geometry.h"
+}
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+static int checks, failures;
+static void report(bool ok, int line, const char *what) {
+  checks++;
+  if (!ok) {
+    failures++;
+    fprintf(stderr, "test_cuda_kernels.cu:%d: FAILED: %s\n", line, what);
+  }
+}
+
+static const struct kiln_device CPU = {KILN_CPU, 0};
+
+static std::vector<double> values_of(const struct kiln_tensor *t) {
+  std::vector<double> v((size_t)(t->numel > 0 ? t->numel : 1));
+  if (kiln_tensor_to_f64(t, v.data())) v.assign(v.size(), NAN);
+  v.resize((size_t)t->numel);
+  return v;
+}
+
+/* got against want: NaN meets NaN, an infinity the same infinity, the rest within
+   tol * max(1, |want|). Prints the first difference under what. */
+static bool same_values(const struct kiln_tensor *got, const struct kiln_tensor *want, double tol, const char *what) {
+  if (!got || !want || got->numel != want->numel || got->dtype != want->dtype) {
+    fprintf(stderr, "%s: results differ in shape or dtype\n", what);
+    return false;
+  }
+  std::vector<double> g = values_of(got), w = values_of(want);
+  for (size_t i = 0; i < g.size(); i++) {
+    bool ok;
+    if (w[i] != w[i]) ok = g[i] != g[i];
+    else if (isinf(w[i])) ok = g[i] == w[i];
+    else ok = fabs(g[i] - w[i]) <= tol * fmax(1.0, fabs(w[i]));
+    if (!ok) {
+      fprintf(stderr, "%s: element %zu is %.17g, the CPU gives %.17g\n", what, i, g[i], w[i]);
+      return false;
+    }
+  }
+  return true;
+}
+
+/* A CPU tensor of dtype: deterministic pseudo-random values; `ties` rounds them to few distinct
+   values, `specials` puts NaN, infinities and zeros of both signs at a few places. */
+static struct kiln_tensor *make_input(int ndim, const int64_t *sizes, int dtype, bool ties, bool specials, uint64_t seed) {
+  int64_t n = 1;
+  for (int d = 0; d < ndim; d++) n *= sizes[d];
+  std::vector<double> v((size_t)(n > 0 ? n : 1));
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (int64_t i = 0; i < n; i++) {
+    s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+    double u = (double)(s >> 11) * 0x1p-53;
+    double x = (u - 0.5) * 6;
+    if (ties || !kiln_dtype_is_float(dtype)) x = floor(x * 1.5);
+    if (dtype == KILN_BOOL || dtype == KILN_U8) x = fabs(x) > 2 ? 0 : fabs(x);
+    v[(size_t)i] = x;
+  }
+  if (specials && kiln_dtype_is_float(dtype)) {
+    const double sp[] = {NAN, INFINITY, -INFINITY, -0.0, 0.0, NAN};
+    for (int k = 0; k < 6 && n > 0; k++) v[(size_t)((int64_t)(k * 7919 + 3) % n)] = sp[k];
+  }
+  return kiln_tensor_from_f64(ndim, sizes, v.data(), dtype, CPU);
+}
+
+/* ---- reductions ---- */
+
+using namespace kiln_red;
+
+/* reduce.cu's two kernels, played on the CPU, into out (a fresh contiguous tensor). */
+static bool play_reduce(int op, const struct kiln_tensor *a, int64_t mask, double p, int64_t max_blocks,
+                        struct kiln_tensor *out, int64_t *nchunks_out) {
+  struct kiln_cuda_reduce_plan pl;
+  kiln_cuda_reduce_plan(a->ndim, a->sizes, mask, max_blocks, &pl);
+  *nchunks_out = pl.nchunks;
+  bool ints = takes_ints(op, a->dtype);
+  int rd = row_dtype(op, a->dtype);
+  struct kiln_tensor *pv = kiln_permute(a, a->ndim, pl.perm);
+  struct kiln_tensor *cont = pv ? kiln_contiguous(pv) : NULL;
+  struct kiln_tensor *rows = cont ? kiln_to_dtype(cont, rd) : NULL;
+  kiln_tensor_release(pv);
+  kiln_tensor_release(cont);
+  if (!rows) return false;
+  if (pl.M * (pl.R > 0 ? 1 : 0) > 0 && (pl.nchunks < 1 || (pl.nchunks - 1) * pl.chunk >= pl.R || pl.nchunks * pl.chunk < pl.R))
+    return false;   /* the chunks must tile each row */
+  std::vector<acc> partial((size_t)(pl.M * pl.nchunks + 1));
+  std::vector<acc> part((size_t)pl.threads);
+  const char *x0 = (const char *)kiln_tensor_data(rows);
+  for (int64_t b = 0; b < pl.M * pl.nchunks; b++) {
+    int64_t row = b / pl.nchunks, r0 = (b % pl.nchunks) * pl.chunk, r1 = r0 + pl.chunk < pl.R ? r0 + pl.chunk : pl.R;
+    for (int t = 0; t < pl.threads; t++) {
+      acc s = acc_init(op);
+      for (int64_t i = r0 + t; i < r1; i += pl.threads) {
+        int64_t at = row * pl.R + i;
+        if (rd == KILN_I64) acc_push_int(op, &s, ((const int64_t *)x0)[at], i);
+        else acc_push(op, &s, rd == KILN_F32 ? (double)((const float *)x0)[at] : ((const double *)x0)[at], i, p);
+      }
+      part[(size_t)t] = s;
+    }
+    for (int s = pl.threads / 2; s > 0; s >>= 1)
+      for (int t = 0; t < s; t++) acc_combine(op, ints, &part[(size_t)t], &part[(size_t)(t + s)], p);
+    partial[(size_t)b] = part[0];
+  }
+  for (int64_t m = 0; m < pl.M; m++) {
+    acc total = acc_init(op);
+    for (int64_t k = 0; k < pl.nchunks; k++) acc_combine(op, ints, &total, &partial[(size_t)(m * pl.nchunks + k)], p);
+    acc_store(op, ints, &total, p, (char *)kiln_tensor_data(out), out->dtype, m);
+  }
+  kiln_tensor_release(rows);
+  return true;
+}
+
+static void check_reduce(int op, int ndim, const int64_t *sizes, int dtype, int64_t mask, double p, bool ties,
+                         bool specials, int64_t max_blocks, bool want_chunks) {
+  int dims[KILN_MAX_DIMS], nd = 0;
+  for (int d = 0; d < ndim; d++)
+    if (mask & ((int64_t)1 << d)) dims[nd++] = d;
+  if (nd == ndim) nd = 0;   /* all dims: as the front end gives them */
+  bool arg = op == KILN_OP_ARGMAX || op == KILN_OP_ARGMIN;
+  if (arg && nd > 1) return;
+  struct kiln_tensor *a = make_input(ndim, sizes, dtype, ties, specials, (uint64_t)(op * 131 + mask * 7 + dtype));
+  struct kiln_tensor *want = kiln_reduce(op, a, nd, dims, 0, p);
+  char what[160];
+  snprintf(what, sizeof what, "%s %s %s mask %lld p %g%s%s", kiln_op_name(op), kiln_dtype_name(dtype),
+           kiln_shape_string(a), (long long)mask, p, ties ? " ties" : "", specials ? " specials" : "");
+  if (!want) {   /* refused on the CPU (max over an empty dim): nothing to compare */
+    kiln_error_clear();
+    kiln_tensor_release(a);
+    return;
+  }
+  struct kiln_tensor *got = kiln_tensor_empty(want->ndim, want->sizes, want->dtype, CPU);
+  int64_t nchunks = 0;
+  bool ok = play_reduce(op, a, mask, p, max_blocks, got, &nchunks);
+  double tol = 0;
+  if (!arg && !takes_ints(op, dtype)) tol = want->dtype == KILN_F64 ? 1e-13 : want->dtype == KILN_F32 ? 1e-6 : 1e-2;
+  ok = ok && same_values(got, want, tol, what);
+  if (want_chunks && nchunks < 2) {
+    fprintf(stderr, "%s: one chunk only (%lld)\n", what, (long long)nchunks);
+    ok = false;
+  }
+  report(ok, __LINE__, what);
+  kiln_tensor_release(got);
+  kiln_tensor_release(want);
+  kiln_tensor_release(a);
+}
+
+static void test_reductions() {
+  const int ops[] = {KILN_OP_SUM, KILN_OP_MEAN, KILN_OP_PROD, KILN_OP_MAX, KILN_OP_MIN, KILN_OP_ARGMAX, KILN_OP_ARGMIN,
+                     KILN_OP_VAR, KILN_OP_STD, KILN_OP_NORM, KILN_OP_LOGSUMEXP};
+  const int dtypes[] = {KILN_F32, KILN_F64, KILN_F16, KILN_I64, KILN_I32, KILN_BOOL};
+  const int64_t s3[] = {7, 11, 13}, big[] = {3, 5000}, flat[] = {9001}, empty_r[] = {5, 0}, one[] = {1};
+  for (int op : ops) {
+    double ps[] = {op == KILN_OP_VAR || op == KILN_OP_STD ? 1.0 : 2.0, 0, 1, 3, INFINITY};
+    int np = op == KILN_OP_NORM ? 5 : (op == KILN_OP_VAR || op == KILN_OP_STD) ? 3 : 1;
+    if (op == KILN_OP_VAR || op == KILN_OP_STD) { ps[1] = 0; ps[2] = 2; }
+    for (int dt : dtypes)
+      for (int k = 0; k < np; k++) {
+        double p = ps[k];
+        for (int64_t mask : {1, 2, 4, 5, 7}) {
+          check_reduce(op, 3, s3, dt, mask, p, false, false, 1000, false);
+          check_reduce(op, 3, s3, dt, mask, p, true, true, 1000, false);
+        }
+        check_reduce(op, 2, big, dt, 2, p, true, dt == KILN_F32, 1000, true);   /* several chunks per row */
+        check_reduce(op, 2, big, dt, 1, p, false, false, 1000, false);
+        check_reduce(op, 1, flat, dt, 1, p, false, dt == KILN_F64, 1 << 20, true);
+        check_reduce(op, 1, flat, dt, 1, p, true, false, 1, false);              /* few blocks: one chunk */
+        check_reduce(op, 2, empty_r, dt, 2, p, false, false, 1000, false);       /* rows of nothing */
+        check_reduce(op, 1, one, dt, 1, p, false, false, 1000, false);
+        check_reduce(op, 0, NULL, dt, 0, p, false, false, 1000, false);          /* 0-dim */
+      }
+  }
+  /* The plan tiles each row and picks a power-of-two block. */
+  struct kiln_cuda_reduce_plan pl;
+  const int64_t sz[] = {2, 3, 4};
+  kiln_cuda_reduce_plan(3, sz, 5, 100, &pl);
+  report(pl.M == 3 && pl.R == 8 && pl.perm[0] == 1 && pl.perm[1] == 0 && pl.perm[2] == 2 && pl.threads == 32 &&
+         pl.nchunks == 1 && pl.chunk == 8, __LINE__, "reduce plan of [2,3,4] over dims 0 and 2");
+  const int64_t huge[] = {1, (int64_t)1 << 30};
+  kiln_cuda_reduce_plan(2, huge, 2, 1056, &pl);
+  report(pl.threads == 256 && pl.nchunks == 1056 && pl.chunk * pl.nchunks >= pl.R && (pl.nchunks - 1) * pl.chunk < pl.R,
+         __LINE__, "reduce plan of one long row: a chunk per block");
+  report(kiln_cuda_pow2_threads(0, 32, 256) == 32 && kiln_cuda_pow2_threads(33, 32, 256) == 64 &&
+         kiln_cuda_pow2_threads(100000, 32, 256) == 256, __LINE__, "pow2 threads");
+}
+
+/* ---- nll_loss and cross entropy per position; dropout's mask ---- */
+
+template <class T> static void check_nll(int dtype) {
+  const int64_t shape[] = {6, 7, 5}, tshape[] = {6, 5};
+  struct kiln_tensor *x = make_input(3, shape, dtype, false, false, 11);
+  std::vector<double> tv(30), wv(7);
+  for (int i = 0; i < 30; i++) tv[(size_t)i] = (double)((i * 5 + 1) % 7);
+  for (int c = 0; c < 7; c++) wv[(size_t)c] = 0.5 + 0.25 * c;
+  struct kiln_tensor *t = kiln_tensor_from_f64(2, tshape, tv.data(), KILN_I64, CPU);
+  struct kiln_tensor *w = kiln_tensor_from_f64(1, shape + 1, wv.data(), dtype, CPU);
+  struct kiln_tensor *lp = kiln_log_softmax(x, 1);
+  for (double eps : {0.0, 0.2})
+    for (int64_t ignore : {(int64_t)-100, (int64_t)3})
+      for (bool weighted : {false, true}) {
+        struct kiln_tensor *want = kiln_cross_entropy(x, t, weighted ? w : NULL, ignore, eps, KILN_REDUCTION_NONE);
+        struct kiln_tensor *got = kiln_tensor_empty(2, tshape, dtype, CPU);
+        for (int64_t q = 0; q < 30; q++)
+          ((T *)kiln_tensor_data(got))[q] = kiln_nn::nll_position<T>((const T *)kiln_tensor_data(lp), (const int64_t *)kiln_tensor_data(t),
+                                                                     weighted ? (const T *)kiln_tensor_data(w) : NULL, q, 7, 5,
+                                                                     ignore, eps);
+        char what[96];
+        snprintf(what, sizeof what, "cross_entropy %s positions, eps %g, ignore %lld%s", kiln_dtype_name(dtype), eps,
+                 (long long)ignore, weighted ? ", weights" : "");
+        report(want && same_values(got, want, dtype == KILN_F32 ? 1e-6 : 1e-14, what), __LINE__, what);
+        kiln_tensor_release(want);
+        kiln_tensor_release(got);
+      }
+  kiln_tensor_release(x); kiln_tensor_release(t); kiln_tensor_release(w); kiln_tensor_release(lp);
+}
+
+template <class T> static void check_dropout(int dtype, double p) {
+  const int64_t n = 4099;
+  struct kiln_tensor *x = kiln_tensor_full(1, &n, 1.0, dtype, CPU);
+  const uint64_t seed = 0xfeedbeefull, offset = 12345;
+  kiln_random_set_state(seed, offset);
+  struct kiln_tensor *y = kiln_dropout(x, p, 1);   /* y = mask */
+  int bad = 0;
+  for (int64_t i = 0; y && i < n; i++) {
+    T m = kiln_nn::dropout_mask<T>(seed, offset, i, (uint64_t)(p * 4294967296.0), 1.0 / (1.0 - p));
+    if (memcmp(&m, (const T *)kiln_tensor_data(y) + i, sizeof m) != 0) bad++;
+  }
+  char what[64];
+  snprintf(what, sizeof what, "dropout %s p %g mask bit for bit", kiln_dtype_name(dtype), p);
+  report(y && bad == 0, __LINE__, what);
+  kiln_tensor_release(x);
+  kiln_tensor_release(y);
+}
+
+int main() {
+  test_reductions();
+  check_nll<float>(KILN_F32);
+  check_nll<double>(KILN_F64);
+  for (double p : {0.1, 0.5, 0.75}) {
+    check_dropout<float>(KILN_F32, p);
+    check_dropout<double>(KILN_F64, p);
+  }
+  printf("test_cuda_kernels: %d checks, %d failed\n", checks, failures);
+  return failures != 0 || checks == 0;
+}
