@@ -52,6 +52,10 @@ KILN_API int kiln_rnn_choose_algo(int mode, int64_t batch, int64_t hidden, int d
       chosen = KILN_RNN_GEMM;
       snprintf(buf, sizeof buf, "GEMM per step: batch %lld is above %d, where one product per step is faster",
                (long long)batch, KILN_RNN_PERSISTENT_MAX_BATCH);
+    } else if (batch == 1 && hidden < KILN_RNN_PERSISTENT_MIN_HIDDEN_AT_BATCH_1) {
+      chosen = KILN_RNN_GEMM;
+      snprintf(buf, sizeof buf, "GEMM per step: at batch 1 and hidden size %lld (below %d) one product per step is as fast",
+               (long long)hidden, KILN_RNN_PERSISTENT_MIN_HIDDEN_AT_BATCH_1);
     } else {
       chosen = KILN_RNN_PERSISTENT;
       snprintf(buf, sizeof buf, "persistent: batch %lld, %d threads, %.2f MB of recurrent weights in their caches",

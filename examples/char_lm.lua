@@ -1,0 +1,239 @@
+-- examples/char_lm.lua: a character-level LSTM language model on the English text of Debian's
+-- `fortunes` package: train with truncated backpropagation through time on B parallel streams of
+-- the text, report bits per character on a held-out validation split, save the model, and
+-- sample text from a saved model at a chosen temperature.
+-- usage:
+--   kiln examples/char_lm.lua [--minutes M] [--steps N] [--hidden 256] [--embedding 64] [--layers 1]
+--        [--seq 64] [--batch-size 32] [--lr 0.002] [--threads N] [--seed N] [--corpus DIR]
+--        [--save FILE] [--eval-every STEPS] [--metrics FILE]
+--   kiln examples/char_lm.lua --sample FILE [--length 400] [--temperature 0.8] [--prime "The "] [--seed N]
+-- Training stops after --minutes of training (default 10) or --steps, whichever comes first; every
+-- 20th block of 16 KiB of the corpus (5%) is the validation split. The model is saved with its
+-- vocabulary to --save (default char_lm.safetensors) whenever the validation bits per character
+-- improve.
+local kiln = kiln or require "kiln"
+local nn, optim, ui = kiln.nn, kiln.optim, kiln.ui
+local F = require "kiln.functional"
+local ffi = require "ffi"
+
+local flags = {}
+local function parse(args)
+  local o = {}
+  local i = 1
+  while i <= #args do
+    local k, v = args[i]:match("^%-%-([%w%-]+)=?(.*)$")
+    if not k then error("char_lm: unexpected argument " .. args[i], 0) end
+    if v == "" and flags[k] then v = "true"
+    elseif v == "" then i = i + 1 v = args[i] end
+    if v == nil then error("char_lm: --" .. k .. " needs a value", 0) end
+    o[k:gsub("%-", "_")] = tonumber(v) or v
+    i = i + 1
+  end
+  local defaults = {minutes = 10, hidden = 256, embedding = 64, layers = 1, seq = 64, batch_size = 32, lr = 2e-3,
+                    seed = 1, corpus = "/usr/share/games/fortunes", save = "char_lm.safetensors", eval_every = 250,
+                    length = 400, temperature = 0.8, prime = "The "}
+  for k, v in pairs(defaults) do if o[k] == nil then o[k] = v end end
+  return o
+end
+
+local opt = parse(arg or {})
+if opt.threads then kiln.set_num_threads(opt.threads) end
+kiln.manual_seed(opt.seed)
+
+pcall(ffi.cdef, "typedef struct { long tv_sec; long tv_nsec; } kiln_example_ts; int clock_gettime(int, kiln_example_ts *);")
+local ts = ffi.new("kiln_example_ts")
+local function now() ffi.C.clock_gettime(1, ts) return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9 end
+
+-- ---- the model ----
+
+local function make_model(vocab, o)
+  return nn.Sequential{
+    nn.Embedding(vocab, o.embedding),
+    nn.LSTM(o.embedding, o.hidden, {num_layers = o.layers}),
+    nn.Linear(o.hidden, vocab),
+  }
+end
+
+-- logits [T*B, V] and the final states for inputs [T,B] (class indices) and states (or nil)
+local function run(model, x, state)
+  local emb, lstm, head = model:get(1), model:get(2), model:get(3)
+  local out, s = lstm(emb(x), state)
+  local T, B = x:size(1), x:size(2)
+  return head(out:reshape(T * B, lstm.hidden_size)), s
+end
+
+-- ---- sampling from a saved model ----
+
+if opt.sample then
+  local tensors, meta = kiln.load(opt.sample)
+  if not meta.vocab then error("char_lm: " .. opt.sample .. " has no vocabulary in its metadata; was it saved by char_lm?", 0) end
+  local bytes = {}
+  for b in meta.vocab:gmatch("%d+") do bytes[#bytes + 1] = tonumber(b) end
+  local index = {}
+  for i, b in ipairs(bytes) do index[b] = i end
+  local o = {embedding = tonumber(meta.embedding), hidden = tonumber(meta.hidden), layers = tonumber(meta.layers)}
+  local model = make_model(#bytes, o)
+  model:load_state_dict(tensors)
+  model:eval()
+  local out, state = {}, nil
+  kiln.no_grad(function()
+    local function feed(b)
+      local i = index[b]
+      if not i then error(string.format("char_lm: the prime has a character (byte %d) the model never saw", b), 0) end
+      local logits
+      logits, state = run(model, kiln.tensor({{i}}, {dtype = "i64"}), state)
+      return logits
+    end
+    local logits
+    for k = 1, #opt.prime do logits = feed(opt.prime:byte(k)) out[#out + 1] = opt.prime:sub(k, k) end
+    for _ = 1, opt.length do
+      local p = F.softmax(logits:reshape(-1) / opt.temperature, 1):totable()
+      local u, acc, pick = kiln.rand(1):item(), 0, #p
+      for i = 1, #p do acc = acc + p[i] if u <= acc then pick = i break end end
+      out[#out + 1] = string.char(bytes[pick])
+      logits = feed(bytes[pick])
+    end
+  end)
+  io.write(table.concat(out), "\n")
+  return
+end
+
+-- ---- the corpus ----
+
+local function read_corpus(dir)
+  local lfs = require "lfs"
+  if not lfs.attributes(dir) then
+    error("char_lm: no corpus at " .. dir .. " (install Debian's fortunes package: sudo apt-get install fortunes)", 0)
+  end
+  local names = {}
+  for name in lfs.dir(dir) do
+    local path = dir .. "/" .. name
+    -- the plain text files: not the .dat indexes, not the .u8 links, not the ASCII-art collections
+    if not name:match("%.") and not name:match("art") and lfs.attributes(path, "mode") == "file" then names[#names + 1] = name end
+  end
+  table.sort(names)
+  if #names == 0 then error("char_lm: no text files in " .. dir, 0) end
+  local parts = {}
+  for _, name in ipairs(names) do
+    local f = assert(io.open(dir .. "/" .. name, "rb"))
+    parts[#parts + 1] = f:read("*a")
+    f:close()
+  end
+  return table.concat(parts), names
+end
+
+local text, files = read_corpus(opt.corpus)
+local seen, bytes, index = {}, {}, {}
+for i = 1, #text do seen[text:byte(i)] = true end
+for b = 0, 255 do if seen[b] then bytes[#bytes + 1] = b index[b] = #bytes end end
+local V = #bytes
+
+-- the text as class indices 1..V, split into training and validation: every 20th block of 16 KiB
+-- (smaller for a small corpus)
+-- (5% of the text, spread over every file) is validation
+local function encode(parts, n)
+  local t = kiln.empty(n, {dtype = "i64"})
+  local p = ffi.cast("int64_t *", t.p.storage.data) + t.p.offset
+  local k = 0
+  for _, s in ipairs(parts) do
+    for i = 1, #s do p[k] = index[s:byte(i)] k = k + 1 end
+  end
+  return t
+end
+local BLOCK = math.max(256, math.min(16384, math.floor(#text / 40)))   -- at least two validation blocks
+local train_parts, valid_parts, n_train, n_valid = {}, {}, 0, 0
+for b = 0, math.ceil(#text / BLOCK) - 1 do
+  local piece = text:sub(b * BLOCK + 1, (b + 1) * BLOCK)
+  if b % 20 == 10 then valid_parts[#valid_parts + 1] = piece n_valid = n_valid + #piece
+  else train_parts[#train_parts + 1] = piece n_train = n_train + #piece end
+end
+local train_ids = encode(train_parts, n_train)
+local valid_ids = encode(valid_parts, n_valid)
+
+-- B streams: the split cut into B rows; step s reads columns s*T+1 .. s*T+T (inputs) and one
+-- further (targets), so that each row's state carries on from its previous window.
+local function streams(ids, B)
+  local L = math.floor((ids:size(1) - 1) / B)
+  return ids:narrow(1, 1, B * L):view(B, L), ids:narrow(1, 2, B * L):view(B, L), L
+end
+
+local T, B = opt.seq, opt.batch_size
+local train_x, train_y, train_len = streams(train_ids, B)
+local windows = math.floor(train_len / T)
+
+local model = make_model(V, opt)
+local adam = optim.Adam(model:parameters(), {lr = opt.lr})
+local lstm = model:get(2)
+
+ui.log("kiln %s: char-LM on %d files of %s: %d training and %d validation characters, vocabulary %d",
+       kiln.version, #files, opt.corpus, train_ids:size(1), valid_ids:size(1), V)
+ui.log("model: embedding %d, LSTM %d x %d layer(s) (%s), %d parameters; seq %d, batch %d, Adam %.g, %d threads",
+       opt.embedding, opt.hidden, opt.layers, (lstm:algorithm_for(B)), model:num_parameters(), T, B, opt.lr,
+       kiln.get_num_threads())
+
+local function detach(s) return {s[1]:detach(), s[2]:detach()} end
+
+-- bits per character over the validation split, in B streams of windows of T
+local function validate()
+  model:eval()
+  local vx, vy, vlen = streams(valid_ids, B)
+  local total, count, state = 0, 0, nil
+  kiln.no_grad(function()
+    for s = 0, math.floor(vlen / T) - 1 do
+      local x = vx:narrow(2, s * T + 1, T):t():contiguous()
+      local y = vy:narrow(2, s * T + 1, T):t():contiguous():reshape(-1)
+      local logits
+      logits, state = run(model, x, state)
+      total = total + F.cross_entropy(logits, y, {reduction = "sum"}):item()
+      count = count + T * B
+    end
+  end)
+  model:train()
+  return total / count / math.log(2)
+end
+
+local metrics = opt.metrics and ui.metrics(opt.metrics)
+local start, step, best = now(), 0, math.huge
+local state, window, epoch = nil, 0, 1
+local smooth
+local deadline = start + opt.minutes * 60
+local function save(bpc)
+  local tensors = {}
+  for k, v in pairs(model:state_dict()) do tensors[k] = v end
+  kiln.save(opt.save, tensors, {vocab = table.concat(bytes, ","), embedding = opt.embedding, hidden = opt.hidden,
+                                layers = opt.layers, valid_bpc = bpc, step = step})
+end
+
+while now() < deadline and (not opt.steps or step < opt.steps) do
+  if window >= windows then window, state, epoch = 0, nil, epoch + 1 end
+  local x = train_x:narrow(2, window * T + 1, T):t():contiguous()
+  local y = train_y:narrow(2, window * T + 1, T):t():contiguous():reshape(-1)
+  window = window + 1
+  adam:zero_grad()
+  local logits
+  logits, state = run(model, x, state)
+  state = detach(state)
+  local loss = F.cross_entropy(logits, y)
+  loss:backward()
+  optim.clip_grad_norm(model:parameters(), 5)
+  adam:step()
+  step = step + 1
+  local l = loss:item()
+  if l ~= l then error(string.format("char_lm: the loss is NaN at step %d; try a smaller --lr", step), 0) end
+  smooth = smooth and 0.98 * smooth + 0.02 * l or l
+  if step % opt.eval_every == 0 then
+    local bpc = validate()
+    local elapsed = now() - start
+    ui.log("step %d (epoch %d, %.0f s): train %.3f bpc, validation %.3f bpc, %.0f chars/s", step, epoch, elapsed,
+           smooth / math.log(2), bpc, step * T * B / elapsed)
+    if metrics then metrics:log{step = step, epoch = epoch, loss = smooth, valid_bpc = bpc, time = elapsed} end
+    if bpc < best then best = bpc save(bpc) end
+  end
+end
+
+local bpc = validate()
+local elapsed = now() - start
+if bpc < best then best = bpc save(bpc) end
+if metrics then metrics:log{step = step, epoch = epoch, valid_bpc = bpc, time = elapsed} metrics:close() end
+ui.json{example = "char_lm", steps = step, epochs = epoch, seconds = elapsed, threads = kiln.get_num_threads(),
+        valid_bpc = bpc, best_valid_bpc = best, chars_per_second = step * T * B / elapsed, saved = opt.save}
