@@ -135,17 +135,25 @@ end
 function Tensor.fill_(t, v) check(C.kiln_fill_(t.p, v)) return t end
 function Tensor.zero_(t) check(C.kiln_fill_(t.p, 0)) return t end
 
--- to("f64"), to("cuda"), to{dtype=..., device=...}, to(other_tensor)
-function Tensor.to(t, what)
-  if is_tensor(what) then return t:to{dtype = what.p.dtype, device = what.p.device} end
+-- to("f64"), to("cuda"), to{dtype=..., device=..., non_blocking=...}, to(other_tensor), to("cuda", {non_blocking = true}).
+-- non_blocking: an upload from a pinned tensor (t:pin_memory()) is queued on the device's stream and
+-- to returns at once, as in PyTorch; any other move waits.
+function Tensor.to(t, what, opts)
+  if is_tensor(what) then return t:to({dtype = what.p.dtype, device = what.p.device}, opts) end
   local dtype, device
-  if type(what) == "table" then dtype, device = what.dtype, what.device
+  local non_blocking = type(opts) == "table" and opts.non_blocking
+  if type(what) == "table" then
+    dtype, device = what.dtype, what.device
+    if what.non_blocking ~= nil then non_blocking = what.non_blocking end
   elseif type(what) == "string" and C.kiln_dtype_from_name(what) >= 0 then dtype = what
   elseif type(what) == "string" and not (what == "cpu" or what:match("^cuda")) then
     raise(string.format("to: %q is neither a dtype (f32, f64, f16, bf16, i64, i32, u8, bool) nor a device (cpu, cuda, cuda:N)", what))
   else device = what end
   local r = t
-  if device ~= nil then r = wrap(C.kiln_to_device(r.p, core.device(device))) end
+  if device ~= nil then
+    local d = core.device(device)
+    r = wrap(non_blocking and C.kiln_to_device_non_blocking(r.p, d) or C.kiln_to_device(r.p, d))
+  end
   if dtype ~= nil then r = wrap(C.kiln_to_dtype(r.p, core.dtype(dtype, "to"))) end
   return r
 end
@@ -159,7 +167,20 @@ function Tensor.int(t) return t:to("i32") end
 function Tensor.byte(t) return t:to("u8") end
 function Tensor.bool(t) return t:to("bool") end
 function Tensor.cpu(t) return t:to("cpu") end
-function Tensor.cuda(t, i) return t:to(i and ("cuda:" .. i) or "cuda") end
+-- t:cuda(), t:cuda(1) (cuda:1), t:cuda{device = 1, non_blocking = true}
+function Tensor.cuda(t, i)
+  if type(i) == "table" then
+    local d = i.device
+    if type(d) == "number" then d = "cuda:" .. d end
+    return t:to(d or "cuda", {non_blocking = i.non_blocking})
+  end
+  return t:to(i and ("cuda:" .. i) or "cuda")
+end
+
+-- A copy in page-locked host memory (t itself when pinned already), for uploads that do not wait:
+-- x:pin_memory():cuda{non_blocking = true}. Needs a CUDA device ("pin_memory: no CUDA device: ...").
+function Tensor.pin_memory(t) return wrap(C.kiln_tensor_pin_memory(t.p)) end
+function Tensor.is_pinned(t) return C.kiln_tensor_is_pinned(t.p) ~= 0 end
 
 function Tensor.free(t) C.kiln_tensor_free(t.p) end
 
