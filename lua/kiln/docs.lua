@@ -10,7 +10,7 @@ return {
   -- modules
   ["kiln.nn"] = "kiln.nn: layers (Linear, Conv2d, BatchNorm2d, ReLU, ...), containers (Sequential), losses and nn.init; nn.define(name) makes a new module",
   ["kiln.optim"] = "kiln.optim: SGD, Adam, AdamW, RMSprop, Adagrad and optim.lr_scheduler; opt:step(), opt:zero_grad()",
-  ["kiln.data"] = "kiln.data: read_idx, TensorDataset, batches(tensors, {batch_size=, shuffle=, seed=}), DataLoader{dataset=, workers=, ...} (C worker threads), ImageFolder, transforms",
+  ["kiln.data"] = "kiln.data: read_idx, TensorDataset, batches(tensors, {batch_size=, shuffle=, seed=}), DataLoader{dataset=, workers=, device=, pin_memory=, ...} (C worker threads; pinned batches uploaded without waiting), ImageFolder, transforms",
   ["kiln.io"] = "kiln.io: reading and writing tensors, state dicts (safetensors) and checkpoints",
   ["kiln.ui"] = "kiln.ui: progress bars, JSON-lines metrics (ui.metrics(path):log{step=, loss=, ...}) and plots",
   ["kiln.dist"] = "kiln.dist: process groups (NCCL, MPI), all-reduce and data-parallel training",

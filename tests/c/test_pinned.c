@@ -1,8 +1,11 @@
-/* test_pinned.c: pinned (page-locked) CPU tensors and uploads that do not wait. Three ways, by what the CUDA backend offers:
-   - `test_pinned` without a usable device (CI): pin_memory and uploads that do not wait fail with "pin_memory: no CUDA device: <why>", and the CPU carries on;
+/* test_pinned.c: pinned (page-locked) CPU tensors, uploads that do not wait, and the loader's pinned
+   batches. Three ways, by what the CUDA backend offers:
+   - `test_pinned` without a usable device (CI): pin_memory, uploads and the loader's pin_memory
+     fail with "pin_memory: no CUDA device: <why>", and the CPU carries on;
    - `test_pinned fake` with $KILN_CUDA_LIB naming fake_kiln_cuda_device (tests/c/fake_cuda_backend.c:
      a pretend device over host memory, the real pinned cache behind it, counters of its calls):
-     which backend entries the runtime used, and that pinned blocks are tracked and reused;
+     which backend entries the runtime used, that pinned batches are allocated through the backend
+     with the pinned flag and hold the same bytes as unpinned ones, for 0 and 2 workers;
    - `test_pinned` with a GPU (tests/gpu/run.sh): the same round trips on the device. */
 #include "check.h"
 #include "fake_cuda_backend.h"
@@ -44,6 +47,18 @@ static void no_device(void) {
   CHECK_ERR(kiln_tensor_pin_memory(t), "pin_memory: no CUDA device: ");
   if (reason) CHECK_ERR(kiln_tensor_pin_memory(t), reason);   /* the loader's own words */
   CHECK_ERR(kiln_to_device_non_blocking(t, CUDA0), "no CUDA device");
+  struct kiln_tensor *x = ramp(2, (int64_t[]){10, 3}, KILN_F32);
+  struct kiln_dataset *d = kiln_dataset_tensors(1, &x);
+  struct kiln_loader *l = kiln_loader_new(d, 4, 0, 0, 1, 2, 1);
+  CHECK_ERR(kiln_loader_set_pin_memory(l, 1), "loader: pin_memory: no CUDA device: ");
+  CHECK(kiln_loader_set_pin_memory(l, 0) == KILN_OK);
+  /* still working, unpinned */
+  struct kiln_tensor *b = NULL;
+  CHECK(kiln_loader_start_epoch(l, 0, NULL, 0) == 0 && kiln_loader_next(l, &b, NULL) == 0 && b && !kiln_tensor_is_pinned(b));
+  kiln_tensor_release(b);
+  kiln_loader_free(l);
+  kiln_dataset_release(d);
+  kiln_tensor_release(x);
   kiln_tensor_release(t);
 }
 
@@ -108,6 +123,60 @@ static void tensors(void) {
   if (fake) CHECK(C_(host_frees) == C_(host_allocs) && C_(bad_host_frees) == 0);
 }
 
+/* Batches of a loader with pin_memory against the same loader without: the same bytes, in the same
+   order, every tensor pinned and allocated through the backend's host_alloc. */
+static void loader(int workers, int with_transforms) {
+  int64_t N = 37;
+  struct kiln_tensor *x = ramp(4, (int64_t[]){N, 2, 4, 6}, KILN_F32), *y = ramp(1, (int64_t[]){N}, KILN_I64);
+  struct kiln_tensor *xy[2] = {x, y};
+  struct kiln_dataset *d = kiln_dataset_tensors(2, xy);
+  struct kiln_transforms *tf = kiln_transforms_new();
+  CHECK(kiln_transforms_hflip(tf, 0.5) == 0 && kiln_transforms_normalize(tf, 1, (double[]){0.5}, (double[]){2.0}) == 0);
+  struct kiln_loader *plain = kiln_loader_new(d, 8, 1, 0, workers, 3, 42), *pinned = kiln_loader_new(d, 8, 1, 0, workers, 3, 42);
+  if (with_transforms) CHECK(kiln_loader_set_transforms(plain, tf) == 0 && kiln_loader_set_transforms(pinned, tf) == 0);
+  CHECK(kiln_loader_set_pin_memory(pinned, 1) == KILN_OK);
+  int64_t allocs = C_(host_allocs);
+  int batches = 0, same = 1, all_pinned = 1, none_pinned = 1;
+  for (int epoch = 0; epoch < 2; epoch++) {
+    CHECK(kiln_loader_start_epoch(plain, epoch, NULL, 0) == 0 && kiln_loader_start_epoch(pinned, epoch, NULL, 0) == 0);
+    for (;;) {
+      struct kiln_tensor *a[2] = {0}, *b[2] = {0};
+      CHECK(kiln_loader_next(plain, &a[0], &a[1]) == 0 && kiln_loader_next(pinned, &b[0], &b[1]) == 0);
+      if (!a[0] || !b[0]) {
+        CHECK(!a[0] && !b[0]);
+        break;
+      }
+      batches++;
+      for (int k = 0; k < 2; k++) {
+        same &= equal_values(a[k], b[k]);
+        all_pinned &= kiln_tensor_is_pinned(b[k]);
+        none_pinned &= !kiln_tensor_is_pinned(a[k]);
+        /* the upload a training loop makes, not waiting, then checked */
+        struct kiln_tensor *g = kiln_to_device_non_blocking(b[k], CUDA0);
+        kiln_tensor_release(b[k]);   /* the pinned block may go while the copy is in flight */
+        struct kiln_tensor *h = g && kiln_cuda_synchronize(0) == 0 ? kiln_to_device(g, CPU) : NULL;
+        same &= equal_values(h, a[k]);
+        kiln_tensor_release(a[k]);
+        kiln_tensor_release(g);
+        kiln_tensor_release(h);
+      }
+    }
+  }
+  CHECK(batches == 2 * 5);
+  CHECK(same);
+  CHECK(all_pinned && none_pinned);
+  if (fake) CHECK(C_(host_allocs) == allocs + 2 * batches && C_(bad_host_frees) == 0 && C_(async_copies_untracked) == 0);
+  printf("test_pinned: loader with %d workers%s: %d batches, pinned and plain identical\n", workers,
+         with_transforms ? " and transforms" : "", batches);
+  CHECK_ERR(kiln_loader_set_pin_memory(NULL, 1), "the loader is missing");
+  kiln_loader_free(plain);
+  kiln_loader_free(pinned);
+  kiln_transforms_free(tf);
+  kiln_dataset_release(d);
+  kiln_tensor_release(x);
+  kiln_tensor_release(y);
+}
+
 int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "default";
   if (!kiln_cuda_is_available()) {
@@ -126,5 +195,8 @@ int main(int argc, char **argv) {
     fake = fn();
   }
   tensors();
+  loader(0, 0);
+  loader(2, 1);
+  loader(3, 0);
   return check_done("test_pinned");
 }
