@@ -533,7 +533,7 @@ end
 local function place(self, t)
   local dev = rawget(self, "dev")
   if dev == nil then return t end
-  local g = wrap(C.kiln_to_device_non_blocking(t.p, dev))
+  local g = core.wrap_retry(C.kiln_to_device_non_blocking, t.p, dev)
   -- Nobody else sees the host batch: its (pinned) block goes back to the cache now rather than at
   -- the next collection, and is reused once the upload has finished.
   C.kiln_tensor_free(t.p)

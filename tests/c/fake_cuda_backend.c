@@ -40,16 +40,27 @@ static struct kiln_pinned_cache *pinned;
 
 __attribute__((visibility("default"))) struct fake_cuda_counters *fake_cuda_counters(void) { return &counters; }
 
+/* $FAKE_CUDA_CAPACITY: device bytes the fake holds at most (0: no limit), to play out of memory */
+static int64_t capacity, live;
+
 static void *fake_alloc(int64_t nbytes, int device_index) {
   COUNT(device_allocs);
+  if (capacity && __atomic_load_n(&live, __ATOMIC_RELAXED) + nbytes > capacity) {
+    COUNT(device_ooms);
+    host->fail(KILN_ERR_MEMORY, "out of memory: cannot allocate %lld bytes on cuda:%d: the fake device holds %lld of "
+               "%lld bytes", (long long)nbytes, device_index, (long long)live, (long long)capacity);
+    return NULL;
+  }
+  __atomic_add_fetch(&live, nbytes, __ATOMIC_RELAXED);
   void *p = malloc((size_t)(nbytes > 0 ? nbytes : 1));
   if (!p) host->fail(KILN_ERR_MEMORY, "out of memory: fake cuda:%d cannot allocate %lld bytes", device_index, (long long)nbytes);
   return p;
 }
 
 static void fake_free(void *data, int64_t nbytes, int device_index) {
-  (void)nbytes; (void)device_index;
+  (void)device_index;
   COUNT(device_frees);
+  __atomic_sub_fetch(&live, nbytes, __ATOMIC_RELAXED);
   free(data);
 }
 
@@ -85,6 +96,7 @@ static int fake_synchronize(int device_index) {
 static int fake_memory_stats(int device_index, struct kiln_cuda_memory *out) {
   (void)device_index;
   memset(out, 0, sizeof *out);
+  out->allocated = out->reserved = __atomic_load_n(&live, __ATOMIC_RELAXED);
   struct kiln_pinned_stats ps;
   kiln_pinned_stats(pinned, &ps);
   out->pinned_allocated = ps.allocated;
@@ -159,6 +171,8 @@ __attribute__((visibility("default"))) int kiln_cuda_backend_open(int api_versio
     return KILN_ERR_UNSUPPORTED;
   }
   host = h;
+  const char *cap = getenv("FAKE_CUDA_CAPACITY");
+  capacity = cap ? atoll(cap) : 0;
   pinned = kiln_pinned_new((struct kiln_pinned_backing){NULL, raw_alloc, raw_free, event_record, event_query, event_wait,
                                                         event_release});
   if (!pinned) {

@@ -12,6 +12,7 @@ struct fake_cuda_counters {
   int64_t raw_host_allocs;                             /* the pinned cache asking for new blocks */
   int64_t events_recorded;
   int64_t synchronizes, empty_caches;
+  int64_t device_ooms;                                 /* allocations refused ($FAKE_CUDA_CAPACITY) */
 };
 typedef struct fake_cuda_counters *(*fake_cuda_counters_fn)(void);
 
