@@ -44,19 +44,46 @@ end
 
 raise = M.raise
 
--- Raise the runtime's last error, its dims and indices counted from 1.
+local collectgarbage = collectgarbage
+local collect
+
+-- The CUDA device whose allocator ran out of memory in the last error ("... on cuda:N ..."), or nil.
+local function cuda_oom_device()
+  if C.kiln_error_code() ~= C.KILN_ERR_MEMORY then return nil end
+  local m = ffi.string(C.kiln_error_message())
+  if not m:find("out of memory", 1, true) then return nil end
+  return tonumber(m:match("on cuda:(%d+)"))
+end
+
+local function mib(bytes) return string.format("%.1f MiB", tonumber(bytes) / 2 ^ 20) end
+
+-- Out of device memory: free what Lua no longer holds (a full collection runs the finalizers of
+-- unreachable tensors) and give the allocator's unused blocks back to the driver.
+local oom_stats = ffi.new("struct kiln_cuda_memory")
+local function relieve(device)
+  collect()
+  C.kiln_cuda_empty_cache()
+  if C.kiln_cuda_memory_stats(device, oom_stats) ~= 0 then return "" end
+  return string.format("; after collecting garbage and emptying the cache: %s in use, %s cached on cuda:%d",
+                       mib(oom_stats.allocated), mib(oom_stats.reserved - oom_stats.allocated), device)
+end
+
+-- Raise the runtime's last error, its dims and indices counted from 1. Out of CUDA memory, the
+-- garbage is collected and the cache emptied first, so that the process (the REPL) can go on.
 function M.fail()
-  M.raise(lua_message(ffi.string(C.kiln_error_message())))
+  local msg = ffi.string(C.kiln_error_message())
+  local device = cuda_oom_device()
+  if device then msg = msg .. relieve(device) end
+  M.raise(lua_message(msg))
 end
 
 local fail = M.fail
-local collectgarbage = collectgarbage
 
 -- The GC cannot see the memory behind a tensor's small cdata, so the runtime counts bytes and a
 -- collection runs when enough were allocated since the last one. The CPU threshold follows the
 -- Lua heap (a collection costs about its size): 8x the heap, at least 16 MB, unless set by hand.
 M.gc_threshold_fixed = false
-local function collect()
+function collect()
   C.kiln_memory_collected()
   collectgarbage("collect")
   if not M.gc_threshold_fixed then
@@ -72,6 +99,22 @@ function M.wrap(p)
   local r = ffi.gc(Ref(p), finalize)
   if cpu_stats.since_collect > cpu_stats.threshold or cuda_stats.since_collect > cuda_stats.threshold then collect() end
   return r
+end
+
+-- wrap(f(...)) for a call that may allocate device memory: when the CUDA caching allocator cannot
+-- serve it even after giving its own cache back, Lua's garbage is collected (tensors nobody holds
+-- any more), the cache emptied and the call made once more; then the error names the op, the
+-- request and the memory in use and cached.
+function M.wrap_retry(f, ...)
+  local p = f(...)
+  if p == nil then
+    local device = cuda_oom_device()
+    if device then
+      relieve(device)
+      p = f(...)
+    end
+  end
+  return M.wrap(p)
 end
 
 -- A status: 0 is fine, anything else raises.

@@ -28,9 +28,10 @@ function M.synchronize(device)
 end
 
 local fields = {"allocated", "reserved", "peak_allocated", "peak_reserved", "requests", "cache_hits", "device_allocs",
-                "device_frees", "oom_retries"}
+                "device_frees", "oom_retries", "pinned_allocated", "pinned_reserved"}
 
 -- The caching allocator's statistics of a device (default 0), in bytes and counts; zeros without a GPU.
+-- pinned_allocated and pinned_reserved count the page-locked host memory all devices share.
 function M.memory_stats(device)
   if type(device) == "string" then device = tonumber(device:match("^cuda:(%d+)$")) or 0 end
   local s = ffi.new("struct kiln_cuda_memory")

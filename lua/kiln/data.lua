@@ -454,14 +454,39 @@ local function c_dataset(src)
   return ffi.gc(c, C.kiln_dataset_release), #tensors, nil
 end
 
+-- The device batches go to (nil: they stay on the cpu) and whether they are pinned, checked now:
+-- pin_memory without a usable CUDA device is an error here, not a warning at the first batch.
+local function placement(opts)
+  local dev
+  if opts.device ~= nil then dev = core.device(opts.device, "DataLoader") end
+  local cuda = dev ~= nil and dev.type == C.KILN_CUDA
+  local pin = opts.pin_memory
+  if pin == nil then pin = cuda end
+  if type(pin) ~= "boolean" then raise("DataLoader: pin_memory must be true or false, got " .. tostring(pin)) end
+  if pin and C.kiln_cuda_is_available() == 0 then
+    raise("DataLoader: pin_memory: " .. ffi.string(C.kiln_cuda_unavailable_reason()) ..
+          " (pinned batches are for uploads to a CUDA device: leave pin_memory off on the cpu)")
+  end
+  if dev ~= nil and C.kiln_device_available(dev) == 0 then
+    local why = cuda and C.kiln_cuda_unavailable_reason() or nil
+    raise(string.format("DataLoader: device %s: %s", core.device_name(dev),
+                        why ~= nil and ffi.string(why) or "no such device"))
+  end
+  if dev ~= nil and dev.type == C.KILN_CPU then dev = nil end
+  return dev, pin
+end
+
 -- DataLoader{dataset =, batch_size = 1, shuffle = false, drop_last = false, workers = 0,
---            prefetch = max(2, 2 * workers), seed =, transform =, sampler =}
+--            prefetch = max(2, 2 * workers), seed =, transform =, sampler =, device =, pin_memory =}
 -- dataset: a TensorDataset (or tensors), an ImageFolder, or any table with len and get (collated
 -- on the calling thread). Iterate with `for x, y in loader:epoch(e) do ... end` (or loader:iter(e)).
 -- The order of epoch e depends only on (seed, e): data.batches' order for the same seed and epoch,
 -- on every worker count. sampler(epoch, n) may return the order instead (indices from 1, a table or
 -- an i64 tensor). transform (default: the dataset's) runs on each sample's image (the first tensor).
 -- loader.wait_seconds: the time spent waiting in the iterator for batches, since the loader was made.
+-- device = "cuda" (or "cuda:N"): each batch is uploaded there, in order, without waiting when it is
+-- pinned. pin_memory (default: true when device is a CUDA device): the workers collate batches into
+-- page-locked memory; it needs a CUDA device (an error at construction without one).
 function data.DataLoader(opts)
   if type(opts) ~= "table" then raise("DataLoader: expected a table of options") end
   local src = opts.dataset
@@ -482,9 +507,11 @@ function data.DataLoader(opts)
   local transform = opts.transform
   if transform == nil and type(src) == "table" and getmetatable(src) ~= TensorDataset then transform = rawget(src, "transform") end
   local tf = pipeline(transform, "DataLoader")
+  local dev, pin = placement(opts)
   local self = setmetatable({dataset = src, batch_size = bs, shuffle = opts.shuffle == true, drop_last = opts.drop_last == true,
                              workers = workers, prefetch = prefetch, seed = seed, sampler = opts.sampler, transform = transform,
-                             lua_wait = 0, nbatches = nil}, DataLoader)
+                             lua_wait = 0, nbatches = nil, pin_memory = pin, device = dev and core.device_name(dev) or "cpu",
+                             dev = dev}, DataLoader)
   local cd, ntensors, label_offset = c_dataset(src)
   if cd == nil then
     self.n = src:len()
@@ -498,7 +525,19 @@ function data.DataLoader(opts)
   self.n = tonumber(C.kiln_dataset_len(cd))
   self.out = ffi.new("struct kiln_tensor *[?]", C.KILN_LOADER_MAX_TENSORS)
   if tf ~= nil then core.check(C.kiln_loader_set_transforms(c, tf)) end
+  if pin then core.check(C.kiln_loader_set_pin_memory(c, 1)) end
   return self
+end
+
+-- A batch tensor where the loop wants it: uploaded to the loader's device (not waiting when pinned).
+local function place(self, t)
+  local dev = rawget(self, "dev")
+  if dev == nil then return t end
+  local g = core.wrap_retry(C.kiln_to_device_non_blocking, t.p, dev)
+  -- Nobody else sees the host batch: its (pinned) block goes back to the cache now rather than at
+  -- the next collection, and is reused once the upload has finished.
+  C.kiln_tensor_free(t.p)
+  return g
 end
 
 -- The sampler's order of epoch as 0-based int64s (and their count).
@@ -572,7 +611,11 @@ local function lua_epoch(self, epoch, order, n, skip)
       end
     end
     local out = {}
-    for c = 1, #columns do out[c] = Tensor.stack(columns[c], 1) end
+    for c = 1, #columns do
+      out[c] = Tensor.stack(columns[c], 1)
+      if self.pin_memory then out[c] = wrap(C.kiln_tensor_pin_memory(out[c].p)) end
+      out[c] = place(self, out[c])
+    end
     self.lua_wait = self.lua_wait + (clock() - t0)
     local _ = keep
     return unpack(out, 1, #columns)
@@ -600,13 +643,14 @@ function DataLoader_methods:epoch(epoch, opts)
     local rc = C.kiln_loader_next_all(c, max, out)
     if rc ~= 0 then core.fail() end
     if out[0] == nil then return nil end
-    local x = wrap(out[0])
+    local x = place(self, wrap(out[0]))
     if nt == 1 then return x end
     local y = wrap(out[1])
-    if offset then y:add_(offset) end
+    if offset then y:add_(offset) end   -- on the cpu, before the upload
+    y = place(self, y)
     if nt == 2 then return x, y end
     local rest = {}
-    for k = 3, nt do rest[k - 2] = wrap(out[k - 1]) end
+    for k = 3, nt do rest[k - 2] = place(self, wrap(out[k - 1])) end
     return x, y, unpack(rest, 1, nt - 2)
   end
 end

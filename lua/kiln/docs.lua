@@ -10,7 +10,7 @@ return {
   -- modules
   ["kiln.nn"] = "kiln.nn: layers (Linear, Conv2d, BatchNorm2d, ReLU, ...), containers (Sequential), losses and nn.init; nn.define(name) makes a new module",
   ["kiln.optim"] = "kiln.optim: SGD, Adam, AdamW, RMSprop, Adagrad and optim.lr_scheduler; opt:step(), opt:zero_grad()",
-  ["kiln.data"] = "kiln.data: read_idx, TensorDataset, batches(tensors, {batch_size=, shuffle=, seed=}), DataLoader{dataset=, workers=, ...} (C worker threads), ImageFolder, transforms",
+  ["kiln.data"] = "kiln.data: read_idx, TensorDataset, batches(tensors, {batch_size=, shuffle=, seed=}), DataLoader{dataset=, workers=, device=, pin_memory=, ...} (C worker threads; pinned batches uploaded without waiting), ImageFolder, transforms",
   ["kiln.io"] = "kiln.io: reading and writing tensors, state dicts (safetensors) and checkpoints",
   ["kiln.ui"] = "kiln.ui: progress bars, JSON-lines metrics (ui.metrics(path):log{step=, loss=, ...}) and plots",
   ["kiln.dist"] = "kiln.dist: process groups (NCCL, MPI), all-reduce and data-parallel training",
@@ -112,7 +112,7 @@ return {
   ["Tensor:item"] = "t:item(): the value of a one-element tensor as a Lua number",
   ["Tensor:totable"] = "t:totable(): the elements of t as nested Lua tables",
   ["Tensor:tolist"] = "t:tolist(): the elements of t as nested Lua tables",
-  ["Tensor:to"] = "t:to(dtype_or_device): t converted to a dtype or moved to a device",
+  ["Tensor:to"] = "t:to(dtype_or_device[, {non_blocking=}]): t converted to a dtype or moved to a device (non_blocking: uploads from pinned memory do not wait)",
   ["Tensor:type"] = "t:type([dtype]): the dtype of t, or t converted to dtype",
   ["Tensor:float"] = "t:float(): t as f32",
   ["Tensor:double"] = "t:double(): t as f64",
@@ -129,7 +129,9 @@ return {
   ["Tensor:random_"] = "t:random_(lo, hi): fills t with random integers in [lo, hi)",
   ["Tensor:bool"] = "t:bool(): t as bool",
   ["Tensor:cpu"] = "t:cpu(): t on the CPU (t itself when already there)",
-  ["Tensor:cuda"] = "t:cuda([n]): t on cuda:n (default cuda:0)",
+  ["Tensor:cuda"] = "t:cuda([n]) or t:cuda{device=n, non_blocking=true}: t on cuda:n (default cuda:0)",
+  ["Tensor:pin_memory"] = "t:pin_memory(): a copy of a cpu tensor in page-locked memory (t itself when pinned), for uploads that do not wait",
+  ["Tensor:is_pinned"] = "t:is_pinned(): whether t's memory is page-locked (t:pin_memory())",
   ["Tensor:free"] = "t:free(): releases the storage of t now instead of at garbage collection",
 
   -- tensor methods: math

@@ -4,6 +4,7 @@ local core = require "kiln.core"
 local Tensor = require "kiln.tensor"
 local ffi, C = core.ffi, core.C
 local wrap, check, raise = core.wrap, core.check, core.raise
+local wrap_retry = core.wrap_retry
 
 local kiln = {}
 kiln.version = ffi.string(C.kiln_version())
@@ -36,9 +37,9 @@ local function creator(fill)
   end
 end
 
-kiln.empty = creator(function(n, a, o) return wrap(C.kiln_tensor_empty(n, a, core.dtype(o.dtype, "empty"), core.device(o.device))) end)
-kiln.zeros = creator(function(n, a, o) return wrap(C.kiln_tensor_full(n, a, 0, core.dtype(o.dtype, "zeros"), core.device(o.device))) end)
-kiln.ones = creator(function(n, a, o) return wrap(C.kiln_tensor_full(n, a, 1, core.dtype(o.dtype, "ones"), core.device(o.device))) end)
+kiln.empty = creator(function(n, a, o) return wrap_retry(C.kiln_tensor_empty, n, a, core.dtype(o.dtype, "empty"), core.device(o.device)) end)
+kiln.zeros = creator(function(n, a, o) return wrap_retry(C.kiln_tensor_full, n, a, 0, core.dtype(o.dtype, "zeros"), core.device(o.device)) end)
+kiln.ones = creator(function(n, a, o) return wrap_retry(C.kiln_tensor_full, n, a, 1, core.dtype(o.dtype, "ones"), core.device(o.device)) end)
 
 -- kiln.full({2, 3}, 7) or kiln.full(2, 3, 7, {dtype=...}): the value is the last number.
 function kiln.full(...)
@@ -49,7 +50,7 @@ function kiln.full(...)
   if type(value) ~= "number" then raise("full: the last argument (before options) must be the fill value") end
   local sizes = type(args[1]) == "table" and args[1] or args
   local a, n = core.int64_array(sizes)
-  return wrap(C.kiln_tensor_full(n, a, value, core.dtype(opts.dtype, "full"), core.device(opts.device)))
+  return wrap_retry(C.kiln_tensor_full, n, a, value, core.dtype(opts.dtype, "full"), core.device(opts.device))
 end
 
 -- arange(end), arange(start, end), arange(start, end, step): end is excluded, as in PyTorch.
@@ -76,13 +77,13 @@ function kiln.eye(n, m, opts)
 end
 
 kiln.rand = creator(function(n, a, o)
-  local t = wrap(C.kiln_tensor_empty(n, a, core.dtype(o.dtype, "rand"), core.device(o.device)))
+  local t = wrap_retry(C.kiln_tensor_empty, n, a, core.dtype(o.dtype, "rand"), core.device(o.device))
   check(C.kiln_uniform_(t.p, 0, 1))
   return t
 end)
 
 kiln.randn = creator(function(n, a, o)
-  local t = wrap(C.kiln_tensor_empty(n, a, core.dtype(o.dtype, "randn"), core.device(o.device)))
+  local t = wrap_retry(C.kiln_tensor_empty, n, a, core.dtype(o.dtype, "randn"), core.device(o.device))
   check(C.kiln_normal_(t.p, 0, 1))
   return t
 end)
@@ -92,7 +93,7 @@ function kiln.randint(low, high, sizes, opts)
   if type(high) == "table" then low, high, sizes, opts = 0, low, high, sizes end
   opts = opts or {}
   local a, n = core.int64_array(sizes or {})
-  local t = wrap(C.kiln_tensor_empty(n, a, core.dtype(opts.dtype or "i64", "randint"), core.device(opts.device)))
+  local t = wrap_retry(C.kiln_tensor_empty, n, a, core.dtype(opts.dtype or "i64", "randint"), core.device(opts.device))
   check(C.kiln_randint_(t.p, low, high))
   return t
 end

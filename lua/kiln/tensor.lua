@@ -3,6 +3,7 @@
 local core = require "kiln.core"
 local ffi, C = core.ffi, core.C
 local wrap, check, cdim, fail, is_tensor, raise = core.wrap, core.check, core.cdim, core.fail, core.is_tensor, core.raise
+local wrap_retry = core.wrap_retry
 
 local Tensor = {}     -- the methods
 local mt = {}
@@ -123,7 +124,7 @@ function Tensor.flatten(t, s, e)
 end
 
 function Tensor.contiguous(t) return wrap(C.kiln_contiguous(t.p)) end
-function Tensor.clone(t) return wrap(C.kiln_clone(t.p)) end
+function Tensor.clone(t) return wrap_retry(C.kiln_clone, t.p) end
 
 -- ---- copies, dtypes, devices ----
 
@@ -135,18 +136,26 @@ end
 function Tensor.fill_(t, v) check(C.kiln_fill_(t.p, v)) return t end
 function Tensor.zero_(t) check(C.kiln_fill_(t.p, 0)) return t end
 
--- to("f64"), to("cuda"), to{dtype=..., device=...}, to(other_tensor)
-function Tensor.to(t, what)
-  if is_tensor(what) then return t:to{dtype = what.p.dtype, device = what.p.device} end
+-- to("f64"), to("cuda"), to{dtype=..., device=..., non_blocking=...}, to(other_tensor), to("cuda", {non_blocking = true}).
+-- non_blocking: an upload from a pinned tensor (t:pin_memory()) is queued on the device's stream and
+-- to returns at once, as in PyTorch; any other move waits.
+function Tensor.to(t, what, opts)
+  if is_tensor(what) then return t:to({dtype = what.p.dtype, device = what.p.device}, opts) end
   local dtype, device
-  if type(what) == "table" then dtype, device = what.dtype, what.device
+  local non_blocking = type(opts) == "table" and opts.non_blocking
+  if type(what) == "table" then
+    dtype, device = what.dtype, what.device
+    if what.non_blocking ~= nil then non_blocking = what.non_blocking end
   elseif type(what) == "string" and C.kiln_dtype_from_name(what) >= 0 then dtype = what
   elseif type(what) == "string" and not (what == "cpu" or what:match("^cuda")) then
     raise(string.format("to: %q is neither a dtype (f32, f64, f16, bf16, i64, i32, u8, bool) nor a device (cpu, cuda, cuda:N)", what))
   else device = what end
   local r = t
-  if device ~= nil then r = wrap(C.kiln_to_device(r.p, core.device(device))) end
-  if dtype ~= nil then r = wrap(C.kiln_to_dtype(r.p, core.dtype(dtype, "to"))) end
+  if device ~= nil then
+    local d = core.device(device)
+    r = wrap_retry(non_blocking and C.kiln_to_device_non_blocking or C.kiln_to_device, r.p, d)
+  end
+  if dtype ~= nil then r = wrap_retry(C.kiln_to_dtype, r.p, core.dtype(dtype, "to")) end
   return r
 end
 function Tensor.type(t, dtype) if dtype == nil then return Tensor.dtype(t) end return t:to(dtype) end
@@ -159,7 +168,20 @@ function Tensor.int(t) return t:to("i32") end
 function Tensor.byte(t) return t:to("u8") end
 function Tensor.bool(t) return t:to("bool") end
 function Tensor.cpu(t) return t:to("cpu") end
-function Tensor.cuda(t, i) return t:to(i and ("cuda:" .. i) or "cuda") end
+-- t:cuda(), t:cuda(1) (cuda:1), t:cuda{device = 1, non_blocking = true}
+function Tensor.cuda(t, i)
+  if type(i) == "table" then
+    local d = i.device
+    if type(d) == "number" then d = "cuda:" .. d end
+    return t:to(d or "cuda", {non_blocking = i.non_blocking})
+  end
+  return t:to(i and ("cuda:" .. i) or "cuda")
+end
+
+-- A copy in page-locked host memory (t itself when pinned already), for uploads that do not wait:
+-- x:pin_memory():cuda{non_blocking = true}. Needs a CUDA device ("pin_memory: no CUDA device: ...").
+function Tensor.pin_memory(t) return wrap(C.kiln_tensor_pin_memory(t.p)) end
+function Tensor.is_pinned(t) return C.kiln_tensor_is_pinned(t.p) ~= 0 end
 
 function Tensor.free(t) C.kiln_tensor_free(t.p) end
 
@@ -202,7 +224,7 @@ local unary = {"neg", "abs", "sign", "sqrt", "rsqrt", "exp", "log", "log1p", "ex
                "sigmoid", "relu", "floor", "ceil", "round", "trunc", "reciprocal", "square", "erf", "logical_not"}
 for _, name in ipairs(unary) do
   local op = C["KILN_OP_" .. name:upper()]
-  Tensor[name] = function(t) return wrap(C.kiln_unary(op, t.p)) end
+  Tensor[name] = function(t) return wrap_retry(C.kiln_unary, op, t.p) end
   Tensor[name .. "_"] = function(t) check(C.kiln_unary_(op, t.p)) return t end
 end
 
@@ -212,8 +234,8 @@ for _, name in ipairs(binary) do
   local op = C["KILN_OP_" .. name:upper()]
   Tensor[name] = function(a, b)
     b = scalar_or_tensor(b, name)
-    if type(b) == "number" then return wrap(C.kiln_binary_scalar(op, a.p, b, 0)) end
-    return wrap(C.kiln_binary(op, a.p, b.p))
+    if type(b) == "number" then return wrap_retry(C.kiln_binary_scalar, op, a.p, b, 0) end
+    return wrap_retry(C.kiln_binary, op, a.p, b.p)
   end
   Tensor[name .. "_"] = function(a, b)
     b = scalar_or_tensor(b, name .. "_")
@@ -227,12 +249,12 @@ Tensor.greater, Tensor.less = Tensor.gt, Tensor.lt
 local OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_POW, OP_REM = C.KILN_OP_ADD, C.KILN_OP_SUB, C.KILN_OP_MUL, C.KILN_OP_DIV, C.KILN_OP_POW, C.KILN_OP_REMAINDER
 local function operator(op)
   return function(a, b)
-    if type(a) == "number" then return wrap(C.kiln_binary_scalar(op, b.p, a, 1)) end
-    if type(b) == "number" then return wrap(C.kiln_binary_scalar(op, a.p, b, 0)) end
+    if type(a) == "number" then return wrap_retry(C.kiln_binary_scalar, op, b.p, a, 1) end
+    if type(b) == "number" then return wrap_retry(C.kiln_binary_scalar, op, a.p, b, 0) end
     if not is_tensor(b) or not is_tensor(a) then
       raise(string.format("%s: expected tensors or numbers, got %s and %s", C.kiln_op_name(op) ~= nil and ffi.string(C.kiln_op_name(op)) or "?", type(a), type(b)))
     end
-    return wrap(C.kiln_binary(op, a.p, b.p))
+    return wrap_retry(C.kiln_binary, op, a.p, b.p)
   end
 end
 mt.__add = operator(OP_ADD)
@@ -241,7 +263,7 @@ mt.__mul = operator(OP_MUL)
 mt.__div = operator(OP_DIV)
 mt.__pow = operator(OP_POW)
 mt.__mod = operator(OP_REM)
-mt.__unm = function(a) return wrap(C.kiln_unary(C.KILN_OP_NEG, a.p)) end
+mt.__unm = function(a) return wrap_retry(C.kiln_unary, C.KILN_OP_NEG, a.p) end
 
 function Tensor.where(cond, a, b)
   -- t:where(cond, other) reads like PyTorch's x.where(cond, y); kiln.where(cond, a, b) is below.
@@ -251,7 +273,7 @@ function Tensor._where(cond, a, b)
   local like = is_tensor(a) and a or b
   if type(a) == "number" then a = Tensor.full_like(like, a) end
   if type(b) == "number" then b = Tensor.full_like(like, b) end
-  return wrap(C.kiln_where(cond.p, a.p, b.p))
+  return wrap_retry(C.kiln_where, cond.p, a.p, b.p)
 end
 
 function Tensor.full_like(t, v, opts)
@@ -259,14 +281,14 @@ function Tensor.full_like(t, v, opts)
   local dtype = opts.dtype and core.dtype(opts.dtype) or t.p.dtype
   local dev = opts.device and core.device(opts.device) or t.p.device
   local a, n = core.int64_array(Tensor.size(t))
-  return wrap(C.kiln_tensor_full(n, a, v, dtype, dev))
+  return wrap_retry(C.kiln_tensor_full, n, a, v, dtype, dev)
 end
 function Tensor.zeros_like(t, opts) return Tensor.full_like(t, 0, opts) end
 function Tensor.ones_like(t, opts) return Tensor.full_like(t, 1, opts) end
 
 function Tensor.clamp(t, lo, hi)
   if type(lo) == "table" then lo, hi = lo.min, lo.max end
-  return wrap(C.kiln_clamp(t.p, lo or 0, hi or 0, lo ~= nil and 1 or 0, hi ~= nil and 1 or 0))
+  return wrap_retry(C.kiln_clamp, t.p, lo or 0, hi or 0, lo ~= nil and 1 or 0, hi ~= nil and 1 or 0)
 end
 Tensor.clip = Tensor.clamp
 
@@ -284,7 +306,7 @@ local function reducer(opname, p_default)
   local op = C["KILN_OP_" .. opname:upper()]
   return function(t, dim, keepdim)
     local n = dims_arg(t, dim, opname)
-    return wrap(C.kiln_reduce(op, t.p, n, dims_buf, keepdim and 1 or 0, p_default or 0))
+    return wrap_retry(C.kiln_reduce, op, t.p, n, dims_buf, keepdim and 1 or 0, p_default or 0)
   end
 end
 Tensor.sum = reducer("sum")
@@ -303,7 +325,7 @@ local function spread(opname)
     opts = opts or {}
     local correction = opts.correction or (opts.unbiased == false and 0) or 1
     local n = dims_arg(t, dim, opname)
-    return wrap(C.kiln_reduce(op, t.p, n, dims_buf, keepdim and 1 or 0, correction))
+    return wrap_retry(C.kiln_reduce, op, t.p, n, dims_buf, keepdim and 1 or 0, correction)
   end
 end
 Tensor.var = spread("var")
@@ -312,7 +334,7 @@ Tensor.std = spread("std")
 -- norm(p=2, dim, keepdim); p may be math.huge.
 function Tensor.norm(t, p, dim, keepdim)
   local n = dims_arg(t, dim, "norm")
-  return wrap(C.kiln_reduce(C.KILN_OP_NORM, t.p, n, dims_buf, keepdim and 1 or 0, p or 2))
+  return wrap_retry(C.kiln_reduce, C.KILN_OP_NORM, t.p, n, dims_buf, keepdim and 1 or 0, p or 2)
 end
 
 -- Indices that Lua sees count from 1.
@@ -353,15 +375,15 @@ function Tensor.log_softmax(t, dim) return require("kiln.functional").log_softma
 -- a:matmul(b), or a:matmul(b, {out = c}) to write into c without allocating.
 function Tensor.matmul(a, b, opts)
   if opts and opts.out then check(C.kiln_matmul_out(opts.out.p, a.p, b.p)) return opts.out end
-  return wrap(C.kiln_matmul(a.p, b.p))
+  return wrap_retry(C.kiln_matmul, a.p, b.p)
 end
-function Tensor.mm(a, b) return wrap(C.kiln_mm(a.p, b.p)) end
-function Tensor.bmm(a, b) return wrap(C.kiln_bmm(a.p, b.p)) end
-function Tensor.dot(a, b) return wrap(C.kiln_matmul(a.p, b.p)) end
+function Tensor.mm(a, b) return wrap_retry(C.kiln_mm, a.p, b.p) end
+function Tensor.bmm(a, b) return wrap_retry(C.kiln_bmm, a.p, b.p) end
+function Tensor.dot(a, b) return wrap_retry(C.kiln_matmul, a.p, b.p) end
 -- c:addmm(a, b, {beta=1, alpha=1}) = beta * c + alpha * a @ b
 function Tensor.addmm(c, a, b, opts)
   opts = opts or {}
-  return wrap(C.kiln_addmm(c.p, a.p, b.p, opts.beta or 1, opts.alpha or 1))
+  return wrap_retry(C.kiln_addmm, c.p, a.p, b.p, opts.beta or 1, opts.alpha or 1)
 end
 
 -- ---- joining and splitting ----
@@ -381,13 +403,13 @@ function Tensor.cat(list, dim)
   local arr, n = tensor_list(list, "cat")
   local ref = list[1]
   for i = 1, n do if not (list[i].p.ndim == 1 and list[i].p.numel == 0) then ref = list[i] break end end
-  local r = wrap(C.kiln_cat(n, arr, cdim(ref, dim or 1, "cat")))
+  local r = wrap_retry(C.kiln_cat, n, arr, cdim(ref, dim or 1, "cat"))
   return r
 end
 
 function Tensor.stack(list, dim)
   local arr, n = tensor_list(list, "stack")
-  return wrap(C.kiln_stack(n, arr, cdim(list[1], dim or 1, "stack", 1)))
+  return wrap_retry(C.kiln_stack, n, arr, cdim(list[1], dim or 1, "stack", 1))
 end
 
 -- split(size, dim): views of `size` along dim (the last may be smaller); a table of sizes splits exactly.
@@ -432,25 +454,25 @@ local function c_indices(idx, what)
 end
 
 function Tensor.index_select(t, dim, idx)
-  return wrap(C.kiln_index_select(t.p, cdim(t, dim, "index_select"), c_indices(idx, "index_select").p))
+  return wrap_retry(C.kiln_index_select, t.p, cdim(t, dim, "index_select"), c_indices(idx, "index_select").p)
 end
 Tensor.index = Tensor.index_select
 
 function Tensor.gather(t, dim, idx)
-  return wrap(C.kiln_gather(t.p, cdim(t, dim, "gather"), c_indices(idx, "gather").p))
+  return wrap_retry(C.kiln_gather, t.p, cdim(t, dim, "gather"), c_indices(idx, "gather").p)
 end
 
 function Tensor.scatter_add(t, dim, idx, src)
-  return wrap(C.kiln_scatter_add(t.p, cdim(t, dim, "scatter_add"), c_indices(idx, "scatter_add").p, src.p))
+  return wrap_retry(C.kiln_scatter_add, t.p, cdim(t, dim, "scatter_add"), c_indices(idx, "scatter_add").p, src.p)
 end
 function Tensor.scatter_add_(t, dim, idx, src)
   check(C.kiln_scatter_add_(t.p, cdim(t, dim, "scatter_add_"), c_indices(idx, "scatter_add_").p, src.p))
   return t
 end
 
-function Tensor.masked_fill(t, mask, v) return wrap(C.kiln_masked_fill(t.p, mask.p, v)) end
+function Tensor.masked_fill(t, mask, v) return wrap_retry(C.kiln_masked_fill, t.p, mask.p, v) end
 function Tensor.masked_fill_(t, mask, v) check(C.kiln_masked_fill_(t.p, mask.p, v)) return t end
-function Tensor.masked_select(t, mask) return wrap(C.kiln_masked_select(t.p, mask.p)) end
+function Tensor.masked_select(t, mask) return wrap_retry(C.kiln_masked_select, t.p, mask.p) end
 
 -- ---- random fills ----
 

@@ -1,9 +1,10 @@
 /* cuda/backend.c: the CUDA backend table and libkiln_cuda's one entry, kiln_cuda_backend_open;
-   the per-device state (stream, caching allocator, cuBLAS), memory moves between host and device,
-   synchronisation, and turning CUDA errors into kiln errors. C, for the table's designated
+   the per-device state (stream, caching allocator, cuBLAS), page-locked host memory, memory moves
+   between host and device, synchronisation, and turning CUDA errors into kiln errors. C, for the table's designated
    initializers: every op has a kernel or an explicit NULL ("not implemented on cuda:0"). */
 #include "common.h"
 #include "allocator.h"
+#include "pinned.h"
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -151,6 +152,106 @@ static int cuda_memcpy_from_host(void *dst, const void *src, int64_t nbytes, int
   return rc;
 }
 
+/* ---- pinned host memory ---- */
+
+/* One cache for the process: cudaHostAllocPortable blocks serve every device. Each upload from a
+   block records an event on the stream that reads it (see pinned.h). */
+static struct kiln_pinned_cache *pinned;
+static pthread_once_t pinned_once = PTHREAD_ONCE_INIT;
+
+static int pinned_raw_alloc(void *ctx, int64_t nbytes, void **out, char *err, size_t errlen) {
+  (void)ctx;
+  /* cudaHostAlloc needs a context: the one of this thread's device, or cuda:0's */
+  if (!cuda_device_enter(current_device >= 0 ? current_device : 0, "pin_memory")) {
+    snprintf(err, errlen, "%s", kiln_error_message());
+    return 1;
+  }
+  cudaError_t e = cudaHostAlloc(out, (size_t)nbytes, cudaHostAllocPortable);
+  if (e == cudaSuccess) return 0;
+  cudaGetLastError();
+  snprintf(err, errlen, "cudaHostAlloc: %s (%s)", cudaGetErrorString(e), cudaGetErrorName(e));
+  return (int)e;
+}
+
+static void pinned_raw_free(void *ctx, void *ptr, int64_t nbytes) {
+  (void)ctx; (void)nbytes;
+  cudaFreeHost(ptr);
+  cudaGetLastError();
+}
+
+static int pinned_event_record(void *ctx, uintptr_t stream, void **event, char *err, size_t errlen) {
+  (void)ctx;
+  cudaEvent_t e = NULL;
+  cudaError_t r = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+  if (r == cudaSuccess) {
+    r = cudaEventRecord(e, (cudaStream_t)stream);
+    if (r != cudaSuccess) cudaEventDestroy(e);
+  }
+  if (r != cudaSuccess) {
+    cudaGetLastError();
+    snprintf(err, errlen, "cudaEventRecord: %s (%s)", cudaGetErrorString(r), cudaGetErrorName(r));
+    return KILN_ERR_DEVICE;
+  }
+  *event = e;
+  return 0;
+}
+
+static int pinned_event_query(void *ctx, void *event) {
+  (void)ctx;
+  cudaError_t r = cudaEventQuery((cudaEvent_t)event);
+  if (r == cudaSuccess) return 1;
+  if (r == cudaErrorNotReady) return 0;
+  cudaGetLastError();
+  return -1;
+}
+
+static void pinned_event_wait(void *ctx, void *event) {
+  (void)ctx;
+  if (cudaEventSynchronize((cudaEvent_t)event) != cudaSuccess) cudaGetLastError();
+}
+
+static void pinned_event_release(void *ctx, void *event) {
+  (void)ctx;
+  cudaEventDestroy((cudaEvent_t)event);
+}
+
+static void pinned_init(void) {
+  pinned = kiln_pinned_new((struct kiln_pinned_backing){NULL, pinned_raw_alloc, pinned_raw_free, pinned_event_record,
+                                                        pinned_event_query, pinned_event_wait, pinned_event_release});
+}
+
+static void *cuda_host_alloc(int64_t nbytes) {
+  pthread_once(&pinned_once, pinned_init);
+  if (!pinned) {
+    cuda_fail(KILN_ERR_MEMORY, "out of host memory for the pinned memory cache");
+    return NULL;
+  }
+  void *p = NULL;
+  char err[512];
+  if (kiln_pinned_alloc(pinned, nbytes, &p, err, sizeof err)) {
+    cuda_fail(KILN_ERR_MEMORY, "%s", err);
+    return NULL;
+  }
+  return p;
+}
+
+static void cuda_host_free(void *data, int64_t nbytes) {
+  (void)nbytes;
+  if (pinned) kiln_pinned_free(pinned, data);   /* reused once the copies reading it have finished */
+}
+
+static int cuda_memcpy_from_host_async(void *dst, const void *src, int64_t nbytes, int device_index) {
+  struct cuda_device *dev = cuda_device_enter(device_index, "to");
+  if (!dev) return kiln_error_code();
+  int rc = cuda_check(cudaMemcpyAsync(dst, src, (size_t)nbytes, cudaMemcpyHostToDevice, dev->stream), "to",
+                      "cudaMemcpyAsync (pinned host to device)");
+  if (rc) return rc;
+  char err[256] = "";
+  if (pinned && kiln_pinned_record(pinned, src, (uintptr_t)dev->stream, err, sizeof err) == 0) return KILN_OK;
+  /* not a block of the cache, or no event: wait for the copy here instead */
+  return cuda_check(cudaStreamSynchronize(dev->stream), "to", "cudaStreamSynchronize (after a copy from the host)");
+}
+
 static int cuda_synchronize(int device_index) {
   for (int d = device_index < 0 ? 0 : device_index; d < (device_index < 0 ? ndevices : device_index + 1); d++) {
     if (!__atomic_load_n(&devices[d].ready, __ATOMIC_ACQUIRE)) continue;   /* nothing ever ran there */
@@ -165,6 +266,12 @@ static int cuda_memory_stats(int device_index, struct kiln_cuda_memory *out) {
   if (device_index < 0 || device_index >= ndevices)
     return cuda_fail(KILN_ERR_DEVICE, "memory_stats: no CUDA device cuda:%d (%d devices)", device_index, ndevices);
   if (__atomic_load_n(&devices[device_index].ready, __ATOMIC_ACQUIRE)) kiln_caching_stats(devices[device_index].allocator, out);
+  if (pinned) {
+    struct kiln_pinned_stats ps;
+    kiln_pinned_stats(pinned, &ps);
+    out->pinned_allocated = ps.allocated;
+    out->pinned_reserved = ps.reserved;
+  }
   return KILN_OK;
 }
 
@@ -174,6 +281,7 @@ static int cuda_empty_cache(void) {
     if (!cuda_device_enter(d, "empty_cache")) return kiln_error_code();
     kiln_caching_empty(devices[d].allocator);
   }
+  if (pinned) kiln_pinned_empty(pinned);   /* waits for the copies still reading the blocks it frees */
   return KILN_OK;
 }
 
@@ -192,6 +300,9 @@ static const struct kiln_backend cuda_backend = {
   .synchronize = cuda_synchronize,
   .memory_stats = cuda_memory_stats,
   .empty_cache = cuda_empty_cache,
+  .host_alloc = cuda_host_alloc,
+  .host_free = cuda_host_free,
+  .memcpy_from_host_async = cuda_memcpy_from_host_async,
   .kernel = {
     [KILN_OP_COPY] = cuda_copy, [KILN_OP_FILL] = cuda_fill,
     EW(KILN_OP_NEG), EW(KILN_OP_ABS), EW(KILN_OP_SIGN), EW(KILN_OP_SQRT), EW(KILN_OP_RSQRT), EW(KILN_OP_EXP),

@@ -86,6 +86,19 @@ const struct kiln_backend *kiln_backend_for(struct kiln_device device, const cha
   return NULL;
 }
 
+const struct kiln_backend *kiln_pinned_backend(const char *op) {
+  const struct kiln_backend *be = cuda_backend();
+  if (!be) {
+    kiln_fail(KILN_ERR_DEVICE, "%s: %s", op, kiln_cuda_unavailable_reason());
+    return NULL;
+  }
+  if (!be->host_alloc || !be->host_free) {
+    kiln_fail(KILN_ERR_UNSUPPORTED, "%s: the CUDA backend has no pinned host memory", op);
+    return NULL;
+  }
+  return be;
+}
+
 int kiln_dispatch(struct kiln_device device, const struct kiln_call *call) {
   const char *name = kiln_op_name(call->op);
   const struct kiln_backend *be = kiln_backend_for(device, name);

@@ -45,6 +45,12 @@ struct kiln_backend {
   int (*synchronize)(int device_index);
   int (*memory_stats)(int device_index, struct kiln_cuda_memory *out);
   int (*empty_cache)(void);
+  /* CUDA only: page-locked host memory for CPU storages flagged KILN_STORAGE_PINNED (NULL with an
+     error when refused), and the upload from it that does not wait: queued on the device's stream,
+     the block is tracked until the copy has finished, so host_free may come at any time after. */
+  void *(*host_alloc)(int64_t nbytes);
+  void (*host_free)(void *data, int64_t nbytes);
+  int (*memcpy_from_host_async)(void *dst, const void *src, int64_t nbytes, int device_index);
 };
 
 /* The CUDA backend (cuda_loader.c). libkiln_cuda.so exports one entry, kiln_cuda_backend_open
@@ -69,6 +75,8 @@ void kiln_dispatch_set_cuda(const struct kiln_backend *backend, int device_count
 extern const struct kiln_backend kiln_cpu_backend;
 /* The backend of a device, or NULL with an error that names op and the device. */
 const struct kiln_backend *kiln_backend_for(struct kiln_device device, const char *op);
+/* The CUDA backend for page-locked host memory, or NULL with "op: no CUDA device: <why>". */
+const struct kiln_backend *kiln_pinned_backend(const char *op);
 /* Run call on the device of its first tensor; "op: not implemented on cuda:0" when missing. */
 int kiln_dispatch(struct kiln_device device, const struct kiln_call *call);
 
@@ -80,6 +88,8 @@ void kiln_memory_count_free(int device_type, int64_t nbytes);
 struct kiln_tensor *kiln_tensor_header(int ndim, const int64_t *sizes, const int64_t *strides, int64_t offset,
                                        int dtype, struct kiln_device device, struct kiln_storage *storage);
 void kiln_contiguous_strides(int ndim, const int64_t *sizes, int64_t *strides);
+/* A contiguous CPU tensor in page-locked memory (kiln_tensor_is_pinned); op names the caller in errors. */
+struct kiln_tensor *kiln_tensor_empty_pinned(int ndim, const int64_t *sizes, int dtype, const char *op);
 /* A contiguous CPU tensor over memory someone else owns (a mapped file): release(ctx) runs once,
    when the last view lets go or kiln_tensor_free() frees early. On failure (NULL) it never runs. */
 struct kiln_tensor *kiln_tensor_external(int ndim, const int64_t *sizes, int dtype, void *data,

@@ -332,7 +332,14 @@ struct batch_ctx {
   int64_t epoch, batch;               /* for messages; batch < 0: a single sample (dataset_get) */
   const uint64_t *gen;                /* cancelled when *gen moves away from want (NULL: never) */
   uint64_t want;
+  int pinned;                         /* collate into page-locked memory */
 };
+
+/* A batch tensor: in pinned memory when the loader pins its batches. */
+static struct kiln_tensor *batch_empty(const struct batch_ctx *c, int ndim, const int64_t *sizes, int dtype) {
+  if (c->pinned) return kiln_tensor_empty_pinned(ndim, sizes, dtype, "loader: pin_memory");
+  return kiln_tensor_empty(ndim, sizes, dtype, CPU_DEVICE);
+}
 
 static int cancelled(const struct batch_ctx *c) {
   return c->gen && __atomic_load_n(c->gen, __ATOMIC_ACQUIRE) != c->want;
@@ -413,7 +420,7 @@ static int make_batch(const struct batch_ctx *c, const int64_t *idx, int64_t B, 
       int64_t sizes[KILN_MAX_DIMS];
       memcpy(sizes, t->sizes, sizeof(int64_t) * (size_t)t->ndim);
       sizes[0] = B;
-      out[k] = kiln_tensor_empty(t->ndim, sizes, t->dtype, CPU_DEVICE);
+      out[k] = batch_empty(c, t->ndim, sizes, t->dtype);
       if (!out[k]) { rc = kiln_error_code(); break; }
       char *dst = kiln_tensor_data(out[k]);
       const char *src = kiln_tensor_data(t);
@@ -422,7 +429,7 @@ static int make_batch(const struct batch_ctx *c, const int64_t *idx, int64_t B, 
     }
   } else {
     int64_t sizes[1] = {B};
-    out[1] = kiln_tensor_empty(1, sizes, KILN_I64, CPU_DEVICE);
+    out[1] = batch_empty(c, 1, sizes, KILN_I64);
     if (!out[1]) rc = kiln_error_code();
     else {
       int64_t *labels = kiln_tensor_data(out[1]);
@@ -441,7 +448,7 @@ static int make_batch(const struct batch_ctx *c, const int64_t *idx, int64_t B, 
     if (b == 0) {
       first = img;
       int64_t sizes[4] = {B, img.c, img.h, img.w};
-      out[0] = kiln_tensor_empty(4, sizes, KILN_F32, CPU_DEVICE);
+      out[0] = batch_empty(c, 4, sizes, KILN_F32);
       if (!out[0]) { rc = kiln_error_code(); break; }
     } else if (img.c != first.c || img.h != first.h || img.w != first.w) {
       rc = kiln_fail(KILN_ERR_SHAPE, "loader: %s is %s after the transforms, but %s, the first of its batch, is %s: the "
@@ -481,7 +488,7 @@ KILN_API int kiln_dataset_get(const struct kiln_dataset *d, int64_t index, const
     return kiln_fail(KILN_ERR_INDEX, "dataset_get: index %lld out of range for a dataset of %lld samples (C counts from 0)",
                      (long long)index, (long long)d->n);
   if (check_transforms("dataset_get", d, t)) return kiln_error_code();
-  struct batch_ctx c = {d, t, kiln_sample_key(seed, epoch), epoch, -1, NULL, 0};
+  struct batch_ctx c = {d, t, kiln_sample_key(seed, epoch), epoch, -1, NULL, 0, 0};
   struct kiln_scratch s = {0};
   struct kiln_tensor *batch[KILN_LOADER_MAX_TENSORS];
   int rc = make_batch(&c, &index, 1, &s, batch);
@@ -529,6 +536,7 @@ struct kiln_loader {
   struct kiln_transforms *tf;                      /* NULL: none */
   int64_t batch_size, seed;
   int shuffle, drop_last, nworkers, prefetch, ntensors;
+  int pinned;                                      /* batches in page-locked memory */
   pthread_mutex_t lock;
   pthread_cond_t work;                             /* workers wait here for a batch to claim */
   pthread_cond_t ready;                            /* next and stop wait here for a batch or for idle workers */
@@ -571,7 +579,7 @@ static void clear_slot(struct slot *s) {
 }
 
 static struct batch_ctx batch_context(const struct kiln_loader *l, int64_t b, uint64_t gen) {
-  return (struct batch_ctx){l->d, l->tf, l->key, l->epoch, b, &l->gen, gen};
+  return (struct batch_ctx){l->d, l->tf, l->key, l->epoch, b, &l->gen, gen, l->pinned};
 }
 
 static int64_t batch_length(const struct kiln_loader *l, int64_t b) {
@@ -739,6 +747,16 @@ KILN_API int kiln_loader_set_transforms(struct kiln_loader *l, const struct kiln
   return KILN_OK;
 }
 
+KILN_API int kiln_loader_set_pin_memory(struct kiln_loader *l, int pin) {
+  if (!l) return kiln_fail(KILN_ERR_ARGUMENT, "loader: set_pin_memory: the loader is missing (NULL)");
+  if (pin && !kiln_pinned_backend("loader: pin_memory")) return kiln_error_code();
+  pthread_mutex_lock(&l->lock);
+  quiesce(l);
+  l->pinned = pin != 0;
+  pthread_mutex_unlock(&l->lock);
+  return KILN_OK;
+}
+
 KILN_API int kiln_loader_start_epoch_at(struct kiln_loader *l, int64_t epoch, const int64_t *order, int64_t n,
                                         int64_t first_batch) {
   if (!l) return kiln_fail(KILN_ERR_ARGUMENT, "loader: start_epoch: the loader is missing (NULL)");
@@ -797,7 +815,7 @@ KILN_API double kiln_loader_wait_seconds(const struct kiln_loader *l) { return l
 static int next_inline(struct kiln_loader *l, int n, struct kiln_tensor **out) {
   if (l->failed_message) return kiln_fail(l->failed_code, "%s", l->failed_message);
   int64_t b = l->consumed;
-  struct batch_ctx c = {l->d, l->tf, l->key, l->epoch, b, NULL, 0};
+  struct batch_ctx c = {l->d, l->tf, l->key, l->epoch, b, NULL, 0, l->pinned};
   struct kiln_tensor *got[KILN_LOADER_MAX_TENSORS];
   double t0 = now_seconds();
   int rc = make_batch(&c, l->order + b * l->batch_size, batch_length(l, b), &l->own, got);

@@ -43,6 +43,28 @@ static struct kiln_storage *storage_new(int64_t nbytes, struct kiln_device devic
   return s;
 }
 
+/* A CPU storage in page-locked memory of the CUDA backend (never inline: the block is the backend's). */
+static struct kiln_storage *storage_new_pinned(int64_t nbytes, const char *op) {
+  const struct kiln_backend *be = kiln_pinned_backend(op);
+  if (!be) return NULL;
+  struct kiln_storage *s = calloc(1, sizeof *s);
+  if (!s) { kiln_fail(KILN_ERR_MEMORY, "%s: out of memory for a storage header", op); return NULL; }
+  kiln_error_clear();
+  s->data = be->host_alloc(nbytes);
+  if (!s->data) {
+    free(s);
+    if (kiln_error_message()[0]) kiln_fail(KILN_ERR_MEMORY, "%s: %s", op, kiln_error_message());
+    else kiln_fail(KILN_ERR_MEMORY, "%s: out of pinned memory allocating %lld bytes", op, (long long)nbytes);
+    return NULL;
+  }
+  s->nbytes = nbytes;
+  s->device = (struct kiln_device){KILN_CPU, 0};
+  s->refcount = 1;
+  s->flags = KILN_STORAGE_PINNED;
+  kiln_memory_count_alloc(KILN_CPU, nbytes);
+  return s;
+}
+
 /* A storage over memory lent by an owner: the header is followed by the owner's release hook. */
 struct external_storage {
   struct kiln_storage s;
@@ -55,6 +77,10 @@ static void storage_free_data(struct kiln_storage *s) {
     if (s->flags & KILN_STORAGE_EXTERNAL) {
       struct external_storage *e = (struct external_storage *)s;
       e->release(e->ctx);
+    } else if (s->flags & KILN_STORAGE_PINNED) {
+      /* only a loaded CUDA backend makes pinned storages; it tracks the copies still reading them */
+      const struct kiln_backend *be = kiln_pinned_backend("free");
+      if (be) be->host_free(s->data, s->nbytes);
     } else if (!(s->flags & KILN_STORAGE_INLINE)) {
       const struct kiln_backend *be = kiln_backend_for(s->device, "free");
       if (be) be->free(s->data, s->nbytes, s->device.index);
@@ -219,6 +245,23 @@ KILN_API struct kiln_tensor *kiln_tensor_empty(int ndim, const int64_t *sizes, i
   struct kiln_storage *s = storage_new(numel * kiln_dtype_size(dtype), device, "empty");
   if (!s) return NULL;
   struct kiln_tensor *t = kiln_tensor_header(ndim, sizes, NULL, 0, dtype, device, s);
+  storage_release(s);   /* the header holds it now */
+  return t;
+}
+
+struct kiln_tensor *kiln_tensor_empty_pinned(int ndim, const int64_t *sizes, int dtype, const char *op) {
+  if (check_sizes(op, ndim, sizes)) return NULL;
+  int64_t numel = 1;
+  for (int d = 0; d < ndim; d++) {
+    if (sizes[d] && numel > INT64_MAX / 16 / sizes[d]) {
+      kiln_fail(KILN_ERR_MEMORY, "%s: %s elements of %s do not fit in memory", op, kiln_sizes_string(ndim, sizes), kiln_dtype_name(dtype));
+      return NULL;
+    }
+    numel *= sizes[d];
+  }
+  struct kiln_storage *s = storage_new_pinned(numel * kiln_dtype_size(dtype), op);
+  if (!s) return NULL;
+  struct kiln_tensor *t = kiln_tensor_header(ndim, sizes, NULL, 0, dtype, s->device, s);
   storage_release(s);   /* the header holds it now */
   return t;
 }
@@ -643,7 +686,24 @@ KILN_API struct kiln_tensor *kiln_to_dtype(const struct kiln_tensor *t, int dtyp
   return recorded(c, KILN_GRAD_CLONE, t, NULL, 0);
 }
 
-KILN_API struct kiln_tensor *kiln_to_device(const struct kiln_tensor *t, struct kiln_device device) {
+KILN_API int kiln_tensor_is_pinned(const struct kiln_tensor *t) {
+  return t && t->storage && (t->storage->flags & KILN_STORAGE_PINNED) && !(t->storage->flags & KILN_STORAGE_FREED);
+}
+
+KILN_API struct kiln_tensor *kiln_tensor_pin_memory(const struct kiln_tensor *t) {
+  if (kiln_check_live("pin_memory", t)) return NULL;
+  if (t->device.type != KILN_CPU) {
+    kiln_fail(KILN_ERR_DEVICE, "pin_memory: tensor %s %s is on %s (only cpu tensors can be pinned)", kiln_shape_string(t),
+              kiln_dtype_name(t->dtype), kiln_device_name(t->device));
+    return NULL;
+  }
+  if (kiln_tensor_is_pinned(t)) { kiln_tensor_retain((struct kiln_tensor *)t); return (struct kiln_tensor *)t; }
+  struct kiln_tensor *c = kiln_tensor_empty_pinned(t->ndim, t->sizes, t->dtype, "pin_memory");
+  if (c && copy_untracked(c, t)) { kiln_tensor_release(c); return NULL; }
+  return recorded(c, KILN_GRAD_CLONE, t, NULL, 0);
+}
+
+static struct kiln_tensor *to_device(const struct kiln_tensor *t, struct kiln_device device, int non_blocking) {
   if (kiln_check_live("to", t)) return NULL;
   if (t->device.type == device.type && t->device.index == device.index) {
     kiln_tensor_retain((struct kiln_tensor *)t);
@@ -659,10 +719,20 @@ KILN_API struct kiln_tensor *kiln_to_device(const struct kiln_tensor *t, struct 
   int rc = out ? KILN_OK : kiln_error_code();
   if (!rc && nbytes) {
     if (device.type == KILN_CPU) rc = src_be->memcpy_to_host(kiln_tensor_data(out), kiln_tensor_data(c), nbytes, c->device.index);
+    else if (c->device.type == KILN_CPU && non_blocking && kiln_tensor_is_pinned(c) && dst_be->memcpy_from_host_async)
+      rc = dst_be->memcpy_from_host_async(kiln_tensor_data(out), kiln_tensor_data(c), nbytes, device.index);
     else if (c->device.type == KILN_CPU) rc = dst_be->memcpy_from_host(kiln_tensor_data(out), kiln_tensor_data(c), nbytes, device.index);
     else rc = kiln_fail(KILN_ERR_UNSUPPORTED, "to: copies between %s and another GPU go through the cpu for now", kiln_device_name(c->device));
   }
   kiln_tensor_release(c);
   if (rc) { kiln_tensor_release(out); return NULL; }
   return recorded(out, KILN_GRAD_CLONE, t, NULL, 0);
+}
+
+KILN_API struct kiln_tensor *kiln_to_device(const struct kiln_tensor *t, struct kiln_device device) {
+  return to_device(t, device, 0);
+}
+
+KILN_API struct kiln_tensor *kiln_to_device_non_blocking(const struct kiln_tensor *t, struct kiln_device device) {
+  return to_device(t, device, 1);
 }

@@ -1,7 +1,14 @@
-/* fake_cuda_backend.c: a stand-in for libkiln_cuda.so that speaks another API version, so that
-   test_cuda_loader can check the loader refuses it with a clear message instead of crashing. */
+/* fake_cuda_backend.c: stand-ins for libkiln_cuda.so, loaded through $KILN_CUDA_LIB.
+   Built as is (fake_kiln_cuda): a backend that speaks another API version, so that test_cuda_loader
+   can check the loader refuses it with a clear message instead of crashing.
+   Built with FAKE_CUDA_DEVICE (fake_kiln_cuda_device): one pretend device whose "device memory" is
+   host memory (no kernels: only allocation and copies), with the pinned host memory entries served
+   by the real pinned cache (runtime/cuda/pinned.c) over malloc, and counters of every call, so that
+   test_pinned can check which paths the runtime took (fake_cuda_counters). */
 #include <stdio.h>
 #include <stddef.h>
+
+#ifndef FAKE_CUDA_DEVICE
 
 struct kiln_backend;
 struct kiln_cuda_host;
@@ -15,3 +22,166 @@ __attribute__((visibility("default"))) int kiln_cuda_backend_open(int api_versio
   snprintf(err, errlen, "libkiln_cuda.so speaks kiln API 999, libkiln %d: build them from the same sources", api_version);
   return 9;
 }
+
+#else
+
+#include "internal.h"
+#include "fake_cuda_backend.h"
+#include "pinned.h"
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+static struct fake_cuda_counters counters;
+static const struct kiln_cuda_host *host;
+static struct kiln_pinned_cache *pinned;
+
+#define COUNT(field) __atomic_add_fetch(&counters.field, 1, __ATOMIC_RELAXED)
+
+__attribute__((visibility("default"))) struct fake_cuda_counters *fake_cuda_counters(void) { return &counters; }
+
+/* $FAKE_CUDA_CAPACITY: device bytes the fake holds at most (0: no limit), to play out of memory */
+static int64_t capacity, live;
+
+static void *fake_alloc(int64_t nbytes, int device_index) {
+  COUNT(device_allocs);
+  if (capacity && __atomic_load_n(&live, __ATOMIC_RELAXED) + nbytes > capacity) {
+    COUNT(device_ooms);
+    host->fail(KILN_ERR_MEMORY, "out of memory: cannot allocate %lld bytes on cuda:%d: the fake device holds %lld of "
+               "%lld bytes", (long long)nbytes, device_index, (long long)live, (long long)capacity);
+    return NULL;
+  }
+  __atomic_add_fetch(&live, nbytes, __ATOMIC_RELAXED);
+  void *p = malloc((size_t)(nbytes > 0 ? nbytes : 1));
+  if (!p) host->fail(KILN_ERR_MEMORY, "out of memory: fake cuda:%d cannot allocate %lld bytes", device_index, (long long)nbytes);
+  return p;
+}
+
+static void fake_free(void *data, int64_t nbytes, int device_index) {
+  (void)device_index;
+  COUNT(device_frees);
+  __atomic_sub_fetch(&live, nbytes, __ATOMIC_RELAXED);
+  free(data);
+}
+
+static int fake_to_host(void *dst, const void *src, int64_t nbytes, int device_index) {
+  (void)device_index;
+  COUNT(copies_to_host);
+  memcpy(dst, src, (size_t)nbytes);
+  return KILN_OK;
+}
+
+static int fake_from_host(void *dst, const void *src, int64_t nbytes, int device_index) {
+  (void)device_index;
+  COUNT(copies_from_host);
+  memcpy(dst, src, (size_t)nbytes);
+  return KILN_OK;
+}
+
+static int fake_from_host_async(void *dst, const void *src, int64_t nbytes, int device_index) {
+  (void)device_index;
+  COUNT(async_copies_from_host);
+  memcpy(dst, src, (size_t)nbytes);
+  char err[256];
+  if (kiln_pinned_record(pinned, src, 1, err, sizeof err) != 0) COUNT(async_copies_untracked);
+  return KILN_OK;
+}
+
+static int fake_synchronize(int device_index) {
+  (void)device_index;
+  COUNT(synchronizes);
+  return KILN_OK;
+}
+
+static int fake_memory_stats(int device_index, struct kiln_cuda_memory *out) {
+  (void)device_index;
+  memset(out, 0, sizeof *out);
+  out->allocated = out->reserved = __atomic_load_n(&live, __ATOMIC_RELAXED);
+  struct kiln_pinned_stats ps;
+  kiln_pinned_stats(pinned, &ps);
+  out->pinned_allocated = ps.allocated;
+  out->pinned_reserved = ps.reserved;
+  return KILN_OK;
+}
+
+static int fake_empty_cache(void) {
+  COUNT(empty_caches);
+  kiln_pinned_empty(pinned);
+  return KILN_OK;
+}
+
+/* the pinned cache over malloc; an event completes when it is first asked about (the copies are memcpy) */
+static int raw_alloc(void *ctx, int64_t nbytes, void **out, char *err, size_t errlen) {
+  (void)ctx;
+  COUNT(raw_host_allocs);
+  *out = malloc((size_t)nbytes);
+  if (!*out) snprintf(err, errlen, "malloc refused %lld bytes", (long long)nbytes);
+  return *out ? 0 : 2;
+}
+static void raw_free(void *ctx, void *p, int64_t nbytes) { (void)ctx; (void)nbytes; free(p); }
+static int event_record(void *ctx, uintptr_t stream, void **event, char *err, size_t errlen) {
+  (void)ctx; (void)stream; (void)err; (void)errlen;
+  COUNT(events_recorded);
+  *event = (void *)1;
+  return 0;
+}
+static int event_query(void *ctx, void *e) { (void)ctx; (void)e; return 1; }
+static void event_wait(void *ctx, void *e) { (void)ctx; (void)e; }
+static void event_release(void *ctx, void *e) { (void)ctx; (void)e; }
+
+static void *fake_host_alloc(int64_t nbytes) {
+  COUNT(host_allocs);
+  void *p = NULL;
+  char err[512];
+  if (kiln_pinned_alloc(pinned, nbytes, &p, err, sizeof err)) {
+    host->fail(KILN_ERR_MEMORY, "%s", err);
+    return NULL;
+  }
+  return p;
+}
+
+static void fake_host_free(void *data, int64_t nbytes) {
+  (void)nbytes;
+  COUNT(host_frees);
+  if (kiln_pinned_free(pinned, data)) COUNT(bad_host_frees);
+}
+
+static struct kiln_backend table = {
+  .name = "cuda",
+  .alloc = fake_alloc,
+  .free = fake_free,
+  .memcpy_to_host = fake_to_host,
+  .memcpy_from_host = fake_from_host,
+  .synchronize = fake_synchronize,
+  .memory_stats = fake_memory_stats,
+  .empty_cache = fake_empty_cache,
+  .host_alloc = fake_host_alloc,
+  .host_free = fake_host_free,
+  .memcpy_from_host_async = fake_from_host_async,
+};
+
+__attribute__((visibility("default"))) int kiln_cuda_backend_open(int api_version, const struct kiln_cuda_host *h,
+                                                                  const struct kiln_backend **out, int *device_count,
+                                                                  char *err, size_t errlen) {
+  *out = NULL;
+  *device_count = 0;
+  if (api_version != KILN_API_VERSION || !h || h->op_count != KILN_OP_COUNT || h->backend_size != (int)sizeof table ||
+      h->call_size != (int)sizeof(struct kiln_call)) {
+    snprintf(err, errlen, "the fake CUDA backend was built from other sources than libkiln");
+    return KILN_ERR_UNSUPPORTED;
+  }
+  host = h;
+  const char *cap = getenv("FAKE_CUDA_CAPACITY");
+  capacity = cap ? atoll(cap) : 0;
+  pinned = kiln_pinned_new((struct kiln_pinned_backing){NULL, raw_alloc, raw_free, event_record, event_query, event_wait,
+                                                        event_release});
+  if (!pinned) {
+    snprintf(err, errlen, "out of memory");
+    return KILN_ERR_MEMORY;
+  }
+  *out = &table;
+  *device_count = 1;
+  return KILN_OK;
+}
+
+#endif

@@ -1,7 +1,7 @@
 #!/bin/bash
 # tests/gpu/run.sh: everything CUDA in one run, on a machine with a GPU (the H200): build kiln with
 # its CUDA backend, check every CUDA kernel against the CPU (ops_spec.lua), run the CUDA specs
-# (C loader test, busted kiln.cuda spec), and benchmark GEMM (bench_gemm.lua, and PyTorch on the
+# (C loader test, pinned memory and the DataLoader on cuda, busted kiln.cuda spec), and benchmark GEMM (bench_gemm.lua, and PyTorch on the
 # same shapes when it can be imported). Results, logs and a summary go to $OUT (default
 # build-gpu/results). Meant to finish in under 7 minutes. Without a GPU: "skipped: no CUDA device"
 # (KILN_GPU_RUN_ANYWAY=1: build and run anyway, each GPU check then skipping itself).
@@ -122,6 +122,10 @@ run KILN_CUDA_POISON=1 timeout 240 "$KILN" tests/gpu/ops_spec.lua || fail "ops_s
 
 step "the same with KILN_SYNC=1 (a fault reported at its op), errors only"
 run KILN_SYNC=1 timeout 120 "$KILN" tests/gpu/ops_spec.lua > "$RESULTS/ops_sync.log" 2>&1 || { tail -n 20 "$RESULTS/ops_sync.log"; fail "ops_spec.lua with KILN_SYNC=1"; }
+
+step "pinned memory, uploads that do not wait, the DataLoader on cuda (tests/gpu/pinned_spec.lua, test_pinned)"
+run timeout 60 "$BUILD/bin/test_pinned" || fail "test_pinned"
+run timeout 90 "$KILN" tests/gpu/pinned_spec.lua || fail "pinned_spec.lua"
 
 step "busted: tests/lua/cuda_spec.lua"
 run KILN_EXPECT_CUDA_BACKEND=1 timeout 60 "$KILN" tests/lua/run.lua tests/lua/cuda_spec.lua || fail "cuda_spec.lua"

@@ -72,6 +72,23 @@ describe("without a CUDA device", function()
     assert.equal(4, kiln.ones(2, 2):to("cpu"):sum():item())
   end)
 
+  it("t:pin_memory() and non_blocking uploads raise 'pin_memory: no CUDA device' with the loader's reason", function()
+    local t = kiln.tensor{{1, 2}, {3, 4}}
+    assert.is_false(t:is_pinned())
+    local ok, err = pcall(function() return t:pin_memory() end)
+    assert.is_false(ok)
+    assert.matches("pin_memory: no CUDA device: ", err, 1, true)
+    assert.matches(kiln.cuda.unavailable_reason(), err, 1, true)
+    ok, err = pcall(function() return t:cuda{non_blocking = true} end)
+    assert.is_false(ok)
+    assert.matches("no CUDA device", err)
+    ok, err = pcall(function() return t:to("cuda", {non_blocking = true}) end)
+    assert.is_false(ok)
+    assert.matches("no CUDA device", err)
+    assert.equal(0, kiln.cuda.memory_stats().pinned_reserved)
+    assert.equal(10, t:sum():item())
+  end)
+
   it("model:cuda() raises the same clear error", function()
     local nn = kiln.nn
     local m = nn.Linear(3, 2)

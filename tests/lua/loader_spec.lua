@@ -282,6 +282,41 @@ end)
 
 -- ---- the same batches on every worker count ----
 
+describe("data.DataLoader pin_memory and device", function()
+  local ds = data.TensorDataset(kiln.arange(0, 20):view(10, 2), kiln.arange(1, 11):to("i64"))
+
+  it("refuses pin_memory and a CUDA device at construction when no device is usable", function()
+    if kiln.cuda.is_available() then return end   -- tests/gpu and the fake device cover the other case
+    for _, opts in ipairs({{pin_memory = true}, {pin_memory = true, device = "cuda"}, {device = "cuda"},
+                           {pin_memory = true, workers = 2}}) do
+      opts.dataset, opts.batch_size = ds, 4
+      local ok, err = pcall(data.DataLoader, opts)
+      assert.is_false(ok)
+      assert.matches("DataLoader: pin_memory: no CUDA device: ", err, 1, true)
+      assert.matches(kiln.cuda.unavailable_reason(), err, 1, true)
+    end
+    local ok, err = pcall(data.DataLoader, {dataset = ds, device = "cuda:1", pin_memory = false})
+    assert.is_false(ok)
+    assert.matches("DataLoader: device cuda:1: no CUDA device", err, 1, true)
+    ok, err = pcall(data.DataLoader, {dataset = {len = function() return 3 end, get = function(_, i) return kiln.ones(2) end},
+                                      pin_memory = true})
+    assert.is_false(ok)
+    assert.matches("pin_memory: no CUDA device", err, 1, true)
+  end)
+
+  it("keeps batches on the cpu, unpinned, with device = 'cpu' and pin_memory off", function()
+    local loader = data.DataLoader{dataset = ds, batch_size = 4, device = "cpu", pin_memory = false, workers = 1}
+    assert.is_false(loader.pin_memory)
+    for xb, yb in loader:epoch(0) do
+      assert.is_false(xb:is_pinned())
+      assert.equal("cpu", xb:device())
+    end
+    local ok, err = pcall(data.DataLoader, {dataset = ds, pin_memory = "yes"})
+    assert.is_false(ok)
+    assert.matches("pin_memory must be true or false", err)
+  end)
+end)
+
 describe("data.DataLoader with workers", function()
   local aug = T.Compose{T.RandomCrop{8, padding = 2}, T.RandomHorizontalFlip(), T.RandomVerticalFlip(0.3),
                         T.RandomAffine{15, translate = {0.1, 0.1}}, T.Normalize{mean = {0.5, 0.4}, std = {0.2, 0.3}}}

@@ -16,6 +16,8 @@ struct kiln_cuda_memory {
   int64_t device_allocs;    /* cudaMalloc calls */
   int64_t device_frees;     /* cudaFree calls (empty_cache, out-of-memory retries) */
   int64_t oom_retries;      /* failed cudaMallocs retried after giving the cache back */
+  int64_t pinned_allocated; /* page-locked host bytes that pinned tensors hold (all devices share them) */
+  int64_t pinned_reserved;  /* page-locked host bytes, held and cached */
 };
 
 /* Load the CUDA backend now (kiln also does it on the first use of a cuda device). Tried once
@@ -38,7 +40,7 @@ int kiln_cuda_op_supported(int op);
 int kiln_cuda_synchronize(int device);
 /* The allocator's statistics of device; all zero when no device is usable. */
 int kiln_cuda_memory_stats(int device, struct kiln_cuda_memory *out);
-/* Give the cached blocks no tensor holds back to the driver (every device). */
+/* Give the cached blocks no tensor holds back to the driver (every device), pinned host blocks too. */
 int kiln_cuda_empty_cache(void);
 
 #endif

@@ -104,6 +104,11 @@ struct kiln_loader *kiln_loader_new(struct kiln_dataset *dataset, int64_t batch_
    the first tensor of a tensor dataset (its rows [C,H,W] or [H,W]; the batch becomes f32). Any
    epoch in progress is stopped. */
 int kiln_loader_set_transforms(struct kiln_loader *l, const struct kiln_transforms *t);
+/* pin != 0: the workers collate every batch into page-locked memory (kiln_tensor_is_pinned), ready
+   for uploads that do not wait (kiln_to_device_non_blocking); the batches hold the same values as
+   without. Without a usable CUDA device: "loader: pin_memory: no CUDA device: <why>". Any epoch in
+   progress is stopped. */
+int kiln_loader_set_pin_memory(struct kiln_loader *l, int pin);
 /* Starts epoch (stopping one in progress): order holds n sample indices from 0 (a sampler's
    choice; copied), or is NULL for the loader's own order of the whole dataset. */
 int kiln_loader_start_epoch(struct kiln_loader *l, int64_t epoch, const int64_t *order, int64_t n);

@@ -11,7 +11,8 @@ enum kiln_storage_flags {
   KILN_STORAGE_FREED = 1,     /* kiln_tensor_free() released the memory early */
   KILN_STORAGE_BORROWED = 2,  /* the memory belongs to someone else and is not freed */
   KILN_STORAGE_INLINE = 4,    /* a small CPU storage: the data follows the header in one block */
-  KILN_STORAGE_EXTERNAL = 8   /* the memory is lent by an owner (a mapped file) told when it is let go */
+  KILN_STORAGE_EXTERNAL = 8,  /* the memory is lent by an owner (a mapped file) told when it is let go */
+  KILN_STORAGE_PINNED = 16    /* a CPU storage in page-locked memory of the CUDA backend */
 };
 
 struct kiln_storage {
@@ -91,6 +92,18 @@ int kiln_fill_(struct kiln_tensor *t, double value);
 struct kiln_tensor *kiln_clone(const struct kiln_tensor *t);
 struct kiln_tensor *kiln_to_dtype(const struct kiln_tensor *t, int dtype);  /* t itself when dtype matches */
 struct kiln_tensor *kiln_to_device(const struct kiln_tensor *t, struct kiln_device device);
+/* The same, not waiting when it can: an upload from a contiguous pinned CPU tensor to a CUDA device
+   is queued on the device's stream and the call returns at once (later work on that device sees
+   the data; the host must not write the source before kiln_cuda_synchronize). Any other move waits,
+   as kiln_to_device does. */
+struct kiln_tensor *kiln_to_device_non_blocking(const struct kiln_tensor *t, struct kiln_device device);
+
+/* Page-locked ("pinned") host memory, for uploads that do not wait. A contiguous copy of a CPU
+   tensor in pinned memory (t itself, a new reference, when it is pinned already); without a usable
+   CUDA device: "pin_memory: no CUDA device: <why>". */
+struct kiln_tensor *kiln_tensor_pin_memory(const struct kiln_tensor *t);
+/* 1 when t's storage is pinned. */
+int kiln_tensor_is_pinned(const struct kiln_tensor *t);
 
 /* "[2,3]" for error messages (a per-thread rotating buffer, valid for a few calls). */
 const char *kiln_shape_string(const struct kiln_tensor *t);
