@@ -62,6 +62,9 @@ test-repl: build
 
 bench: build
 	$(BUILD)/bin/kiln bench/ops.lua
+	$(BUILD)/bin/kiln bench/train_step.lua
+	$(BUILD)/bin/kiln bench/loader.lua
+	$(BUILD)/bin/kiln bench/rnn.lua
 
 install: build
 	cmake --install $(BUILD)

@@ -4,13 +4,14 @@
 -- sample text from a saved model at a chosen temperature.
 -- usage:
 --   kiln examples/char_lm.lua [--minutes M] [--steps N] [--hidden 256] [--embedding 64] [--layers 1]
---        [--seq 64] [--batch-size 32] [--lr 0.002] [--threads N] [--seed N] [--corpus DIR]
+--        [--seq 64] [--batch-size 32] [--lr 0.003] [--dropout 0] [--threads N] [--seed N] [--corpus DIR]
 --        [--save FILE] [--eval-every STEPS] [--metrics FILE]
 --   kiln examples/char_lm.lua --sample FILE [--length 400] [--temperature 0.8] [--prime "The "] [--seed N]
 -- Training stops after --minutes of training (default 10) or --steps, whichever comes first; every
 -- 20th block of 16 KiB of the corpus (5%) is the validation split. The model is saved with its
 -- vocabulary to --save (default char_lm.safetensors) whenever the validation bits per character
--- improve.
+-- improve. Adam's learning rate follows a cosine from --lr down to 0 over the budget; dropout
+-- acts on the embeddings and on the LSTM's outputs (and between its layers).
 local kiln = kiln or require "kiln"
 local nn, optim, ui = kiln.nn, kiln.optim, kiln.ui
 local F = require "kiln.functional"
@@ -29,8 +30,8 @@ local function parse(args)
     o[k:gsub("%-", "_")] = tonumber(v) or v
     i = i + 1
   end
-  local defaults = {minutes = 10, hidden = 256, embedding = 64, layers = 1, seq = 64, batch_size = 32, lr = 2e-3,
-                    seed = 1, corpus = "/usr/share/games/fortunes", save = "char_lm.safetensors", eval_every = 250,
+  local defaults = {minutes = 10, hidden = 256, embedding = 64, layers = 1, seq = 64, batch_size = 32, lr = 3e-3,
+                    dropout = 0, seed = 1, corpus = "/usr/share/games/fortunes", save = "char_lm.safetensors", eval_every = 250,
                     length = 400, temperature = 0.8, prime = "The "}
   for k, v in pairs(defaults) do if o[k] == nil then o[k] = v end end
   return o
@@ -46,20 +47,23 @@ local function now() ffi.C.clock_gettime(1, ts) return tonumber(ts.tv_sec) + ton
 
 -- ---- the model ----
 
+-- embedding, dropout, LSTM, dropout, linear (the dropouts act in training mode only)
 local function make_model(vocab, o)
   return nn.Sequential{
     nn.Embedding(vocab, o.embedding),
-    nn.LSTM(o.embedding, o.hidden, {num_layers = o.layers}),
+    nn.Dropout(o.dropout or 0),
+    nn.LSTM(o.embedding, o.hidden, {num_layers = o.layers, dropout = o.layers > 1 and o.dropout or 0}),
+    nn.Dropout(o.dropout or 0),
     nn.Linear(o.hidden, vocab),
   }
 end
 
 -- logits [T*B, V] and the final states for inputs [T,B] (class indices) and states (or nil)
 local function run(model, x, state)
-  local emb, lstm, head = model:get(1), model:get(2), model:get(3)
-  local out, s = lstm(emb(x), state)
+  local emb, drop_in, lstm, drop_out, head = model:get(1), model:get(2), model:get(3), model:get(4), model:get(5)
+  local out, s = lstm(drop_in(emb(x)), state)
   local T, B = x:size(1), x:size(2)
-  return head(out:reshape(T * B, lstm.hidden_size)), s
+  return head(drop_out(out):reshape(T * B, lstm.hidden_size)), s
 end
 
 -- ---- sampling from a saved model ----
@@ -163,7 +167,7 @@ local windows = math.floor(train_len / T)
 
 local model = make_model(V, opt)
 local adam = optim.Adam(model:parameters(), {lr = opt.lr})
-local lstm = model:get(2)
+local lstm = model:get(3)
 
 ui.log("kiln %s: char-LM on %d files of %s: %d training and %d validation characters, vocabulary %d",
        kiln.version, #files, opt.corpus, train_ids:size(1), valid_ids:size(1), V)
@@ -204,7 +208,15 @@ local function save(bpc)
                                 layers = opt.layers, valid_bpc = bpc, step = step})
 end
 
+-- the learning rate falls along a cosine over the time budget (or the step budget when it is shorter)
+local function progress()
+  local p = (now() - start) / (deadline - start)
+  if opt.steps then p = math.max(p, step / opt.steps) end
+  return math.min(p, 1)
+end
+
 while now() < deadline and (not opt.steps or step < opt.steps) do
+  adam.param_groups[1].lr = opt.lr * 0.5 * (1 + math.cos(math.pi * progress()))
   if window >= windows then window, state, epoch = 0, nil, epoch + 1 end
   local x = train_x:narrow(2, window * T + 1, T):t():contiguous()
   local y = train_y:narrow(2, window * T + 1, T):t():contiguous():reshape(-1)
