@@ -5,11 +5,12 @@
 #include "cpu.h"
 #include "../rnn_calls.h"
 #include <math.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
 /* A sense-reversing barrier that spins: the team's threads are all running (kiln_parallel_team),
-   and a step is far shorter than a sleep and wake-up. */
+   and a step is far shorter than a sleep and wake-up; a long wait yields the core. */
 struct barrier {
   int n;
   int count;
@@ -35,7 +36,12 @@ static void barrier_wait(struct barrier *b, int *local_sense) {
     __atomic_store_n(&b->count, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&b->sense, s, __ATOMIC_RELEASE);
   } else {
-    while (__atomic_load_n(&b->sense, __ATOMIC_ACQUIRE) != s) cpu_relax();
+    /* spin; after a while give the core away, in case a teammate was descheduled (more threads
+       than free cores) */
+    for (unsigned spins = 0; __atomic_load_n(&b->sense, __ATOMIC_ACQUIRE) != s; spins++) {
+      if (spins < 20000) cpu_relax();
+      else sched_yield();
+    }
   }
 }
 
