@@ -17,27 +17,11 @@ local nn, optim, ui = kiln.nn, kiln.optim, kiln.ui
 local F = require "kiln.functional"
 local ffi = require "ffi"
 
-local flags = {}
-local function parse(args)
-  local o = {}
-  local i = 1
-  while i <= #args do
-    local k, v = args[i]:match("^%-%-([%w%-]+)=?(.*)$")
-    if not k then error("char_lm: unexpected argument " .. args[i], 0) end
-    if v == "" and flags[k] then v = "true"
-    elseif v == "" then i = i + 1 v = args[i] end
-    if v == nil then error("char_lm: --" .. k .. " needs a value", 0) end
-    o[k:gsub("%-", "_")] = tonumber(v) or v
-    i = i + 1
-  end
-  local defaults = {minutes = 10, hidden = 256, embedding = 64, layers = 1, seq = 64, batch_size = 32, lr = 3e-3,
-                    dropout = 0, seed = 1, corpus = "/usr/share/games/fortunes", save = "char_lm.safetensors", eval_every = 250,
-                    length = 400, temperature = 0.8, prime = "The "}
-  for k, v in pairs(defaults) do if o[k] == nil then o[k] = v end end
-  return o
-end
-
-local opt = parse(arg or {})
+local defaults = {minutes = 10, hidden = 256, embedding = 64, layers = 1, seq = 64, batch_size = 32, lr = 3e-3,
+                  dropout = 0, seed = 1, corpus = "/usr/share/games/fortunes", save = "char_lm.safetensors", eval_every = 250,
+                  length = 400, temperature = 0.8, prime = "The "}
+local opt = ui.parse_args(arg, {name = "char_lm", defaults = defaults,
+                                strict = {"threads", "steps", "metrics", "sample"}})
 if opt.threads then kiln.set_num_threads(opt.threads) end
 kiln.manual_seed(opt.seed)
 

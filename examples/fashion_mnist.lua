@@ -23,22 +23,10 @@ local defaults = {
 local flags = {resume = true}   -- options without a value
 
 local function parse(args)
-  local o = {model = "lenet"}
-  local i = 1
-  while i <= #args do
-    local k, v = args[i]:match("^%-%-([%w%-]+)=?(.*)$")
-    if not k then error("fashion_mnist: unexpected argument " .. args[i], 0) end
-    if v == "" and flags[k] then v = "true"
-    elseif v == "" then i = i + 1 v = args[i] end
-    if v == nil then error("fashion_mnist: --" .. k .. " needs a value", 0) end
-    o[k:gsub("%-", "_")] = tonumber(v) or v
-    i = i + 1
-  end
+  local o = ui.parse_args(args, {name = "fashion_mnist", flags = flags, defaults = {model = "lenet", seed = 1, workers = 2}})
   local d = defaults[o.model]
   if not d then error("fashion_mnist: unknown model " .. tostring(o.model) .. " (mlp, lenet, resnet)", 0) end
   for k, v in pairs(d) do if o[k] == nil then o[k] = v end end
-  o.seed = o.seed or 1
-  o.workers = o.workers or 2
   return o
 end
 

@@ -20,27 +20,8 @@ local defaults = {epochs = 12, batch_size = 32, lr = 2e-3, seed = 1, data_seed =
                   test_utterances = 400, data = "build/data/speech_digits", hidden = 128, layers = 2, channels = 128,
                   beam = 0}
 
-local function parse(args)
-  local o = {}
-  local i = 1
-  while i <= #args do
-    local k, v = args[i]:match("^%-%-([%w%-]+)=?(.*)$")
-    if not k then error("speech_digits: unexpected argument " .. args[i], 0) end
-    if v == "" and flags[k] then v = "true"
-    elseif v == "" then i = i + 1 v = args[i] end
-    if v == nil then error("speech_digits: --" .. k .. " needs a value", 0) end
-    k = k:gsub("%-", "_")
-    if defaults[k] == nil and k ~= "threads" and k ~= "metrics" and k ~= "save" then
-      error("speech_digits: unknown option --" .. k:gsub("_", "-"), 0)
-    end
-    o[k] = tonumber(v) or v
-    i = i + 1
-  end
-  for k, v in pairs(defaults) do if o[k] == nil then o[k] = v end end
-  return o
-end
-
-local opt = parse(arg or {})
+local opt = ui.parse_args(arg, {name = "speech_digits", flags = flags, defaults = defaults,
+                                strict = {"threads", "metrics", "save"}})
 if opt.threads then kiln.set_num_threads(opt.threads) end
 kiln.manual_seed(opt.seed)
 

@@ -140,6 +140,39 @@ function ui.log(fmt, ...)
   write_line(io.stdout, line)
 end
 
+-- ---- command-line options ----
+
+-- ui.parse_args(arg, {name =, defaults =, flags =, strict =}) -> options: "--key value" and
+-- "--key=value" (dashes in keys become underscores, numbers become numbers), and for the keys in
+-- flags "--key" alone (true). defaults fill what is not given; with strict, a key that is neither
+-- in defaults nor in flags nor in strict (a list of further keys) is an error naming it.
+function ui.parse_args(args, spec)
+  spec = spec or {}
+  local name, flags, defaults = spec.name or "kiln", spec.flags or {}, spec.defaults or {}
+  local known
+  if spec.strict then
+    known = {}
+    for k in pairs(defaults) do known[k] = true end
+    for k in pairs(flags) do known[(k:gsub("%-", "_"))] = true end
+    if type(spec.strict) == "table" then for _, k in ipairs(spec.strict) do known[k] = true end end
+  end
+  local o, i = {}, 1
+  args = args or {}
+  while i <= #args do
+    local k, v = args[i]:match("^%-%-([%w%-]+)=?(.*)$")
+    if not k then error(name .. ": unexpected argument " .. args[i], 0) end
+    if v == "" and flags[k] then v = "true"
+    elseif v == "" then i = i + 1 v = args[i] end
+    if v == nil then error(name .. ": --" .. k .. " needs a value", 0) end
+    local key = k:gsub("%-", "_")
+    if known and not known[key] then error(name .. ": unknown option --" .. k, 0) end
+    o[key] = tonumber(v) or v
+    i = i + 1
+  end
+  for k, v in pairs(defaults) do if o[k] == nil then o[k] = v end end
+  return o
+end
+
 -- ---- progress ----
 
 local function duration(s)

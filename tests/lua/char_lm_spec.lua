@@ -2,25 +2,8 @@
 -- bits per character well below the uniform code, the saved model samples text of the asked
 -- length from its vocabulary, the same seed samples the same text, and a missing corpus is a
 -- clear error.
-local ffi = require "ffi"
-
-local function kiln_exe()
-  pcall(ffi.cdef, "long kiln_spec_readlink(const char *path, char *buf, unsigned long size) __asm__(\"readlink\");")
-  local buf = ffi.new("char[4096]")
-  local n = ffi.C.kiln_spec_readlink("/proc/self/exe", buf, 4096)
-  if n <= 0 then return nil end
-  local exe = ffi.string(buf, n)
-  return exe:match("/kiln$") and exe or nil
-end
-
--- The output of cmd and whether it exited with 0 (LuaJIT's popen close does not tell).
-local function capture(cmd)
-  local p = assert(io.popen(cmd .. " 2>&1; echo \"exit status $?\""))
-  local out = p:read("*a")
-  p:close()
-  local body, status = out:match("^(.*)exit status (%d+)\n$")
-  return body or out, status == "0"
-end
+local H = require "helpers"
+local kiln_exe, capture = H.kiln_exe, H.capture
 
 describe("examples/char_lm.lua", function()
   local dir, exe

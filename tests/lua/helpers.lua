@@ -445,4 +445,27 @@ function M.lcg(seed)
   end
 end
 
+-- ---- child processes ----
+
+-- The running kiln launcher (to start child processes with), or nil when the specs run elsewhere.
+function M.kiln_exe()
+  local ffi = require "ffi"
+  pcall(ffi.cdef, "long kiln_spec_readlink(const char *path, char *buf, unsigned long size) __asm__(\"readlink\");")
+  local buf = ffi.new("char[4096]")
+  local n = ffi.C.kiln_spec_readlink("/proc/self/exe", buf, 4096)
+  if n <= 0 then return nil end
+  local exe = ffi.string(buf, n)
+  return exe:match("/kiln$") and exe or nil
+end
+
+-- The output (stdout and stderr) of a shell command and whether it exited with 0 (LuaJIT's popen
+-- close does not tell).
+function M.capture(cmd)
+  local p = assert(io.popen(cmd .. " 2>&1; echo \"exit status $?\""))
+  local out = p:read("*a")
+  p:close()
+  local body, status = out:match("^(.*)exit status (%d+)\n$")
+  return body or out, status == "0"
+end
+
 return M

@@ -94,16 +94,7 @@ local function load_error(path, ...)
   return err
 end
 
--- The running kiln launcher (for child processes), or nil.
-local function kiln_exe()
-  pcall(ffi.cdef, "long kiln_spec_readlink(const char *path, char *buf, unsigned long size) __asm__(\"readlink\");")
-  local buf = ffi.new("char[4096]")
-  local n = ffi.C.kiln_spec_readlink("/proc/self/exe", buf, 4096)
-  if n <= 0 then return nil end
-  local exe = ffi.string(buf, n)
-  if not exe:match("/kiln$") then return nil end
-  return exe
-end
+local kiln_exe = require("helpers").kiln_exe
 
 local function execute(cmd)
   local r = os.execute(cmd)

@@ -1,6 +1,9 @@
 -- Runs the busted specs of a folder under the kiln launcher (LuaJIT, with `kiln` loaded).
 -- usage: kiln tests/lua/run.lua tests/lua [busted options]
 local dir = arg[1] or "tests/lua"
+-- the specs' shared helpers (helpers.lua) are found next to them
+local folder = dir:match("%.lua$") and (dir:match("^(.*)/[^/]*$") or ".") or dir
+package.path = folder .. "/?.lua;" .. package.path
 local args = {"--pattern=_spec", "--output=utfTerminal"}
 if not os.getenv("TERM") or os.getenv("CI") then args[2] = "--output=plainTerminal" end
 for i = 2, #arg do args[#args + 1] = arg[i] end

@@ -7,24 +7,10 @@ local digits = require "datasets.speech_digits"
 
 pcall(ffi.cdef, [[
 int kiln_spec_setenv(const char *name, const char *value, int overwrite) __asm__("setenv");
-long kiln_spec_readlink(const char *path, char *buf, unsigned long size) __asm__("readlink");
 ]])
 
-local function capture(cmd)
-  local p = assert(io.popen(cmd .. " 2>&1; echo \"exit status $?\""))
-  local out = p:read("*a")
-  p:close()
-  local body, status = out:match("^(.*)exit status (%d+)\n$")
-  return body or out, status == "0"
-end
-
-local function kiln_exe()
-  local buf = ffi.new("char[4096]")
-  local n = ffi.C.kiln_spec_readlink("/proc/self/exe", buf, 4096)
-  if n <= 0 then return nil end
-  local exe = ffi.string(buf, n)
-  return exe:match("/kiln$") and exe or nil
-end
+local H = require "helpers"
+local kiln_exe, capture = H.kiln_exe, H.capture
 
 describe("speech_digits: labels and the character error rate", function()
   it("computes edit distances worked out by hand", function()
