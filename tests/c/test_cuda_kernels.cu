@@ -7,6 +7,7 @@
    does (exp, log, pow within an ulp or two); tests/gpu checks that part. */
 #include "reduce.cuh"
 #include "nn.cuh"
+#include "norm.cuh"
 extern "C" {
 #include "internal.h"
 #include "geometry.h"
@@ -245,8 +246,131 @@ template <class T> static void check_dropout(int dtype, double p) {
   kiln_tensor_release(y);
 }
 
+/* ---- layer, group and batch norm: the kernels' block order, against the CPU's forward and
+   autograd backward ---- */
+
+/* block_sum's tree over one partial sum per thread. */
+static double tree_sum(std::vector<double> v) {
+  for (size_t s = v.size() / 2; s > 0; s >>= 1)
+    for (size_t t = 0; t < s; t++) v[t] += v[t + s];
+  return v[0];
+}
+
+/* The sum over k in [0, n) of term(k) as a block of `threads` threads takes it: thread t strides
+   from t, then the tree. */
+template <class F> static double block_order_sum(int64_t n, int threads, F term) {
+  std::vector<double> part((size_t)threads, 0.0);
+  for (int t = 0; t < threads; t++)
+    for (int64_t k = t; k < n; k += threads) part[(size_t)t] += term(k);
+  return tree_sum(part);
+}
+
+template <class T> static T *data_of(const struct kiln_tensor *t) { return t ? (T *)kiln_tensor_data(t) : NULL; }
+
+static bool grads_match(const struct kiln_tensor *got, const struct kiln_tensor *leaf, double tol, const char *what,
+                        const char *which) {
+  char w2[200];
+  snprintf(w2, sizeof w2, "%s: %s", what, which);
+  if (!leaf) return true;
+  return leaf->grad && same_values(got, leaf->grad, tol, w2);
+}
+
+template <class T>
+static void check_row_norm(int op, int ndim, const int64_t *sizes, int64_t param, bool affine, int dtype, uint64_t seed) {
+  using namespace kiln_norm;
+  struct kiln_tensor *x = make_input(ndim, sizes, dtype, false, false, seed);
+  bool group = op == KILN_OP_GROUP_NORM;
+  int pn = group ? 1 : (int)param;
+  const int64_t *psizes = group ? sizes + 1 : sizes + (ndim - param);
+  struct kiln_tensor *w = affine ? make_input(pn, psizes, dtype, false, false, seed + 1) : NULL;
+  struct kiln_tensor *b = affine ? make_input(pn, psizes, dtype, false, false, seed + 2) : NULL;
+  struct kiln_tensor *gy = make_input(ndim, sizes, dtype, false, false, seed + 3);
+  kiln_requires_grad_(x, 1);
+  if (w) { kiln_requires_grad_(w, 1); kiln_requires_grad_(b, 1); }
+  const double eps = 1e-5;
+  struct kiln_tensor *want = group ? kiln_group_norm(x, param, w, b, eps) : kiln_layer_norm(x, (int)param, w, b, eps);
+  bool ok = want && kiln_backward(want, gy, 0) == KILN_OK;
+  struct rn_geom g = rn_geom_of(op, param, ndim, sizes, x->numel);
+  const T *xv = data_of<T>(x), *wv = data_of<T>(w), *bv = data_of<T>(b), *gv = data_of<T>(gy);
+  std::vector<T> mean((size_t)g.rows + 1), invstd((size_t)g.rows + 1);
+  struct kiln_tensor *y = kiln_tensor_empty(ndim, sizes, dtype, CPU), *gx = kiln_tensor_empty(ndim, sizes, dtype, CPU);
+  struct kiln_tensor *gw = w ? kiln_tensor_empty(pn, psizes, dtype, CPU) : NULL, *gb = w ? kiln_tensor_empty(pn, psizes, dtype, CPU) : NULL;
+  int threads = kiln_cuda_pow2_threads(g.L, 32, 256);
+  for (int64_t r = 0; r < g.rows; r++) {   /* row_norm_kernel */
+    const T *xr = xv + r * g.L;
+    double m = rn_mean(block_order_sum(g.L, threads, [&](int64_t i) { return (double)xr[i]; }), g.L);
+    double is = rn_invstd(block_order_sum(g.L, threads, [&](int64_t i) { double d = (double)xr[i] - m; return d * d; }), g.L, eps);
+    mean[(size_t)r] = (T)m;
+    invstd[(size_t)r] = (T)is;
+    for (int64_t i = 0; i < g.L; i++) data_of<T>(y)[r * g.L + i] = rn_forward_element<T>(xr[i], g, r, i, m, is, wv, bv);
+  }
+  for (int64_t r = 0; r < g.rows && g.L > 0; r++) {   /* row_norm_backward_kernel */
+    const T *xr = xv + r * g.L, *gr = gv + r * g.L;
+    double m = (double)mean[(size_t)r], is = (double)invstd[(size_t)r];
+    auto gw_of = [&](int64_t i) { return (double)gr[i] * (wv ? (double)wv[rn_channel(g, r, i)] : 1.0); };
+    double a = block_order_sum(g.L, threads, gw_of);
+    double bs = block_order_sum(g.L, threads, [&](int64_t i) { return gw_of(i) * ((double)xr[i] - m); });
+    double k2, k3;
+    rn_backward_coefs(m, is, a, bs, g.L, &k2, &k3);
+    for (int64_t i = 0; i < g.L; i++)
+      data_of<T>(gx)[r * g.L + i] = rn_backward_element<T>(gr[i], xr[i], g, r, i, is, wv, (T)k2, (T)k3);
+  }
+  if (w && group) {   /* gn_param_grads_kernel */
+    int64_t per = g.rows / g.G * g.S;
+    int pt = kiln_cuda_pow2_threads(per, 32, 256);
+    for (int64_t c = 0; c < g.C; c++) {
+      data_of<T>(gw)[c] = (T)block_order_sum(per, pt, [&](int64_t k) {
+        int64_t at;
+        return gn_weight_term<T>(xv, gv, mean.data(), invstd.data(), g, c, k, &at);
+      });
+      data_of<T>(gb)[c] = (T)block_order_sum(per, pt, [&](int64_t k) {
+        int64_t at;
+        gn_weight_term<T>(xv, gv, mean.data(), invstd.data(), g, c, k, &at);
+        return (double)gv[at];
+      });
+    }
+  } else if (w) {   /* ln_param_grads_kernel */
+    for (int64_t j = 0; j < g.L; j++) {
+      double sw, sb;
+      ln_param_grads<T>(xv, gv, mean.data(), invstd.data(), g.rows, g.L, j, &sw, &sb);
+      data_of<T>(gw)[j] = (T)sw;
+      data_of<T>(gb)[j] = (T)sb;
+    }
+  }
+  char what[160];
+  snprintf(what, sizeof what, "%s %s %s, param %lld%s", kiln_op_name(op), kiln_dtype_name(dtype), kiln_shape_string(x),
+           (long long)param, affine ? ", weight and bias" : "");
+  double tol = dtype == KILN_F32 ? 2e-5 : 1e-12;
+  ok = ok && same_values(y, want, tol, what) && grads_match(gx, x, tol, what, "gx");
+  if (w) ok = ok && grads_match(gw, w, tol, what, "gw") && grads_match(gb, b, tol, what, "gb");
+  report(ok, __LINE__, what);
+  if (!ok && !want) fprintf(stderr, "  %s\n", kiln_error_message());
+  kiln_error_clear();
+  struct kiln_tensor *all[] = {x, w, b, gy, want, y, gx, gw, gb};
+  for (struct kiln_tensor *t : all) kiln_tensor_release(t);
+}
+
+static void test_row_norms() {
+  const int64_t s3[] = {5, 7, 9}, wide[] = {3, 1000}, one[] = {4, 1}, img[] = {4, 6, 5, 3}, plane[] = {3, 12}, big[] = {2, 4, 40, 30};
+  for (int dt : {KILN_F32, KILN_F64})
+    for (bool affine : {false, true}) {
+      uint64_t seed = (uint64_t)(dt * 10 + affine);
+      auto ln = [&](int nd, const int64_t *sz, int64_t k) {
+        if (dt == KILN_F32) check_row_norm<float>(KILN_OP_LAYER_NORM, nd, sz, k, affine, dt, seed);
+        else check_row_norm<double>(KILN_OP_LAYER_NORM, nd, sz, k, affine, dt, seed);
+      };
+      auto gn = [&](int nd, const int64_t *sz, int64_t groups) {
+        if (dt == KILN_F32) check_row_norm<float>(KILN_OP_GROUP_NORM, nd, sz, groups, affine, dt, seed);
+        else check_row_norm<double>(KILN_OP_GROUP_NORM, nd, sz, groups, affine, dt, seed);
+      };
+      ln(3, s3, 1); ln(3, s3, 2); ln(3, s3, 3); ln(2, wide, 1); ln(2, one, 1);
+      gn(4, img, 1); gn(4, img, 2); gn(4, img, 3); gn(4, img, 6); gn(2, plane, 4); gn(4, big, 2);
+    }
+}
+
 int main() {
   test_reductions();
+  test_row_norms();
   check_nll<float>(KILN_F32);
   check_nll<double>(KILN_F64);
   for (double p : {0.1, 0.5, 0.75}) {
