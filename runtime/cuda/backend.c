@@ -325,7 +325,7 @@ static const struct kiln_backend cuda_backend = {
     /* nn ops (cuDNN 9 and our own kernels): next step */
     [KILN_OP_CONV2D] = NULL, [KILN_OP_CONV2D_BACKWARD] = NULL, [KILN_OP_MAX_POOL2D] = NULL,
     [KILN_OP_MAX_POOL2D_BACKWARD] = NULL, [KILN_OP_AVG_POOL2D] = NULL, [KILN_OP_AVG_POOL2D_BACKWARD] = NULL,
-    [KILN_OP_BATCH_NORM] = NULL, [KILN_OP_BATCH_NORM_BACKWARD] = NULL,
+    [KILN_OP_BATCH_NORM] = cuda_batch_norm, [KILN_OP_BATCH_NORM_BACKWARD] = cuda_batch_norm_backward,
     [KILN_OP_LAYER_NORM] = cuda_row_norm, [KILN_OP_LAYER_NORM_BACKWARD] = cuda_row_norm_backward,
     [KILN_OP_GROUP_NORM] = cuda_row_norm, [KILN_OP_GROUP_NORM_BACKWARD] = cuda_row_norm_backward,
     [KILN_OP_SOFTMAX] = cuda_softmax, [KILN_OP_SOFTMAX_BACKWARD] = cuda_softmax_backward,

@@ -105,6 +105,47 @@ KILN_EL double gn_weight_term(const T *x, const T *gy, const T *mean, const T *i
   return (double)invstd[r] * ((double)gy[*at] * ((double)x[*at] - (double)mean[r]));
 }
 
+/* ---- batch norm: x [N, C, S], statistics per channel over its M = N * S elements ---- */
+
+/* Element k of channel c (k over the channel's N * S elements, image by image). */
+KILN_EL int64_t bn_at(int64_t k, int64_t c, int64_t C, int64_t S) { return ((k / S) * C + c) * S + k % S; }
+
+/* The batch statistics of a channel: mean from the sum, invstd from the sum q of squared
+   deviations from that mean (biased variance q / M); with update, the running stats move by
+   momentum toward the mean and the unbiased variance q / (M - 1) (the biased one when M <= 1),
+   in place, as cpu/norm.c does. */
+KILN_EL double bn_mean(double sum, double M) { return sum / M; }
+template <class T>
+KILN_EL double bn_batch_invstd(double mean, double q, double M, double eps, int update, double momentum, T *rm, T *rv) {
+  double var = q / M;
+  if (update) {
+    double unbiased = M > 1 ? q / (M - 1) : var;
+    *rm = (T)((1 - momentum) * (double)*rm + momentum * mean);
+    *rv = (T)((1 - momentum) * (double)*rv + momentum * unbiased);
+  }
+  return 1.0 / sqrt(var + eps);
+}
+/* Evaluation: the running stats. */
+template <class T> KILN_EL double bn_running_invstd(const T *rv, double eps) { return 1.0 / sqrt((double)*rv + eps); }
+
+/* y = x * scale + shift over channel c. */
+template <class T>
+KILN_EL void bn_affine(double mean, double invstd, const T *w, const T *b, int64_t c, T *scale, T *shift) {
+  double a = invstd * (w ? (double)w[c] : 1.0);
+  *scale = (T)a;
+  *shift = (T)((b ? (double)b[c] : 0.0) - mean * a);
+}
+
+/* The channel's grad gx = k[0] * gy + k[1] * x + k[2] from sg = sum gy and sgx = sum gy * (x - mean)
+   (with the running stats the statistics are constants: only k[0]). */
+KILN_EL void bn_backward_coefs(int batch_stats, double mean, double invstd, double wc, double sg, double sgx, double M,
+                               double *k) {
+  double a = invstd * wc;
+  k[0] = a;
+  k[1] = batch_stats ? -a * invstd * invstd * sgx / M : 0;
+  k[2] = batch_stats ? -a * sg / M - k[1] * mean : 0;
+}
+
 }  // namespace kiln_norm
 
 #endif

@@ -368,9 +368,129 @@ static void test_row_norms() {
     }
 }
 
+/* Batch norm on x [N, C, ...]: training with running stats (updated in place, through a strided
+   view when `strided`), training without, or evaluation with them. */
+template <class T>
+static void check_batch_norm(int ndim, const int64_t *sizes, bool affine, int mode, bool strided, int dtype, uint64_t seed) {
+  using namespace kiln_norm;
+  const int64_t C = sizes[1], two[] = {C, 2};
+  struct kiln_tensor *x = make_input(ndim, sizes, dtype, false, false, seed);
+  struct kiln_tensor *w = affine ? make_input(1, &C, dtype, false, false, seed + 1) : NULL;
+  struct kiln_tensor *b = affine ? make_input(1, &C, dtype, false, false, seed + 2) : NULL;
+  struct kiln_tensor *gy = make_input(ndim, sizes, dtype, false, false, seed + 3);
+  bool training = mode != 2, running = mode != 1;
+  /* running stats: the CPU's (updated by the op) and the replay's, the same values */
+  struct kiln_tensor *base[2] = {make_input(2, two, dtype, false, false, seed + 4), make_input(2, two, dtype, false, false, seed + 5)};
+  for (int k = 0; k < 2; k++) {   /* variances must be positive */
+    struct kiln_tensor *a = kiln_unary(KILN_OP_ABS, base[k]);
+    kiln_tensor_release(base[k]);
+    base[k] = a;
+  }
+  struct kiln_tensor *rm = NULL, *rv = NULL;
+  if (running) {
+    rm = kiln_select(base[0], 1, 1);
+    rv = kiln_select(base[1], 1, 0);
+    if (!strided) {
+      struct kiln_tensor *a = kiln_clone(rm), *v = kiln_clone(rv);
+      kiln_tensor_release(rm);
+      kiln_tensor_release(rv);
+      rm = a;
+      rv = v;
+    }
+  }
+  std::vector<T> rmv((size_t)C), rvv((size_t)C);
+  for (int64_t c = 0; c < C && running; c++) {
+    rmv[(size_t)c] = data_of<T>(rm)[c * rm->strides[0]];
+    rvv[(size_t)c] = data_of<T>(rv)[c * rv->strides[0]];
+  }
+  kiln_requires_grad_(x, 1);
+  if (w) { kiln_requires_grad_(w, 1); kiln_requires_grad_(b, 1); }
+  const double eps = 1e-5, momentum = 0.1;
+  struct kiln_tensor *want = kiln_batch_norm(x, w, b, rm, rv, training, momentum, eps);
+  bool ok = want && kiln_backward(want, gy, 0) == KILN_OK;
+  int64_t S = 1;
+  for (int d = 2; d < ndim; d++) S *= sizes[d];
+  int64_t per = sizes[0] * S;
+  int batch_stats = training || !running, update = training && running;
+  int threads = kiln_cuda_pow2_threads(per, 32, 256);
+  const T *xv = data_of<T>(x), *wv = data_of<T>(w), *bv = data_of<T>(b), *gv = data_of<T>(gy);
+  struct kiln_tensor *y = kiln_tensor_empty(ndim, sizes, dtype, CPU), *gx = kiln_tensor_empty(ndim, sizes, dtype, CPU);
+  struct kiln_tensor *gw = kiln_tensor_empty(1, &C, dtype, CPU), *gb = kiln_tensor_empty(1, &C, dtype, CPU);
+  bool stats_ok = true;
+  for (int64_t c = 0; c < C; c++) {
+    double m, is, M = (double)per;   /* batch_norm_kernel */
+    if (batch_stats) {
+      m = bn_mean(block_order_sum(per, threads, [&](int64_t k) { return (double)xv[bn_at(k, c, C, S)]; }), M);
+      double q = block_order_sum(per, threads, [&](int64_t k) { double d = (double)xv[bn_at(k, c, C, S)] - m; return d * d; });
+      is = bn_batch_invstd<T>(m, q, M, eps, update, momentum, &rmv[(size_t)c], &rvv[(size_t)c]);
+    } else {
+      m = (double)rmv[(size_t)c];
+      is = bn_running_invstd<T>(&rvv[(size_t)c], eps);
+    }
+    T scale, shift;
+    bn_affine<T>(m, is, wv, bv, c, &scale, &shift);
+    for (int64_t k = 0; k < per; k++) data_of<T>(y)[bn_at(k, c, C, S)] = xv[bn_at(k, c, C, S)] * scale + shift;
+    if (running) {
+      T a = data_of<T>(rm)[c * rm->strides[0]], v = data_of<T>(rv)[c * rv->strides[0]];
+      double tol = dtype == KILN_F32 ? 1e-6 : 1e-14;
+      stats_ok = stats_ok && fabs((double)a - (double)rmv[(size_t)c]) <= tol * fmax(1.0, fabs((double)a)) &&
+                 fabs((double)v - (double)rvv[(size_t)c]) <= tol * fmax(1.0, fabs((double)v));
+    }
+    T mt = (T)m, it = (T)is;   /* batch_norm_backward_kernel, from the saved mean and invstd */
+    double md = (double)mt, id = (double)it;
+    double sg = block_order_sum(per, threads, [&](int64_t k) { return (double)gv[bn_at(k, c, C, S)]; });
+    double sgx = block_order_sum(per, threads, [&](int64_t k) {
+      int64_t at = bn_at(k, c, C, S);
+      return (double)gv[at] * ((double)xv[at] - md);
+    });
+    data_of<T>(gw)[c] = (T)(sgx * id);
+    data_of<T>(gb)[c] = (T)sg;
+    double kk[3];
+    bn_backward_coefs(batch_stats, md, id, wv ? (double)wv[c] : 1.0, sg, sgx, M, kk);
+    T t1 = (T)kk[0], t2 = (T)kk[1], t3 = (T)kk[2];
+    for (int64_t k = 0; k < per; k++) {
+      int64_t at = bn_at(k, c, C, S);
+      data_of<T>(gx)[at] = t1 * gv[at] + t2 * xv[at] + t3;
+    }
+  }
+  char what[160];
+  snprintf(what, sizeof what, "batch_norm %s %s, %s%s%s", kiln_dtype_name(dtype), kiln_shape_string(x),
+           mode == 0 ? "training, running stats" : mode == 1 ? "training, no running stats" : "evaluation",
+           strided && running ? " (strided)" : "", affine ? ", weight and bias" : "");
+  double tol = dtype == KILN_F32 ? 2e-5 : 1e-12;
+  if (!stats_ok) fprintf(stderr, "%s: the running stats differ\n", what);
+  ok = ok && stats_ok && same_values(y, want, tol, what) && grads_match(gx, x, tol, what, "gx");
+  if (w) ok = ok && grads_match(gw, w, tol, what, "gw") && grads_match(gb, b, tol, what, "gb");
+  report(ok, __LINE__, what);
+  if (!want) fprintf(stderr, "  %s\n", kiln_error_message());
+  kiln_error_clear();
+  struct kiln_tensor *all[] = {x, w, b, gy, base[0], base[1], rm, rv, want, y, gx, gw, gb};
+  for (struct kiln_tensor *t : all) kiln_tensor_release(t);
+}
+
+static void test_batch_norm() {
+  const int64_t img[] = {4, 6, 5, 3}, rows[] = {37, 11}, big[] = {3, 2, 40, 30}, two[] = {2, 3};
+  for (int dt : {KILN_F32, KILN_F64})
+    for (bool affine : {false, true})
+      for (int mode : {0, 1, 2})
+        for (bool strided : {false, true}) {
+          if (strided && mode == 1) continue;
+          uint64_t seed = (uint64_t)(dt * 100 + affine * 10 + mode * 2 + strided);
+          for (const int64_t *sz : {img, big}) {
+            if (dt == KILN_F32) check_batch_norm<float>(4, sz, affine, mode, strided, dt, seed);
+            else check_batch_norm<double>(4, sz, affine, mode, strided, dt, seed);
+          }
+          for (const int64_t *sz : {rows, two}) {
+            if (dt == KILN_F32) check_batch_norm<float>(2, sz, affine, mode, strided, dt, seed);
+            else check_batch_norm<double>(2, sz, affine, mode, strided, dt, seed);
+          }
+        }
+}
+
 int main() {
   test_reductions();
   test_row_norms();
+  test_batch_norm();
   check_nll<float>(KILN_F32);
   check_nll<double>(KILN_F64);
   for (double p : {0.1, 0.5, 0.75}) {

@@ -759,7 +759,7 @@ local function norm_case(name, what, dtype, base, view, pshape, call)
         local leaves = {}
         if set[2] then x:requires_grad_() leaves[#leaves + 1] = x end
         if w and set[3] then w:requires_grad_() b:requires_grad_() leaves[#leaves + 1] = w leaves[#leaves + 1] = b end
-        local y = call(view(x), w, b)
+        local y = call(view(x), w, b, dev)
         gout = gout or gen(y:size(), dtype, true)
         return leaves, y, gout:to(dev)
       end)
@@ -814,6 +814,44 @@ if has_kernel("group_norm") then
       for _, affine in ipairs({false, true}) do
         norm_case("group_norm", case[1] .. (affine and ", affine" or ""), dtype, base, case[3], affine and {Cn} or nil,
                   function(x, w, b) return wrap(C.kiln_group_norm(x.p, G, w and w.p, b and b.p, 1e-5)) end)
+      end
+    end
+  end
+end
+
+if has_kernel("batch_norm") then
+  for _, dtype in ipairs({"f32", "f64"}) do
+    for _, case in ipairs({
+      {"[8,5,7,9]", {8, 5, 7, 9}, same},
+      {"permuted [8,5,7,9]", {8, 7, 5, 9}, function(t) return t:permute(1, 3, 2, 4) end},
+      {"[37,11]", {37, 11}, same},
+      {"[2,3], two per channel", {2, 3}, same},
+      {"[64,3,33,33], long channels", {64, 3, 33, 33}, same},
+      {"[0,4,3], empty batch", {0, 4, 3}, same},
+    }) do
+      local base = gen(case[2], dtype, true)
+      local Cn = case[3](base):size()[2]
+      local rbase = kiln.rand(Cn, 2, {dtype = dtype}) + 0.5   -- running stats: its columns, strided views
+      for _, mode in ipairs({{"training, running stats", 1, true}, {"training, no running stats", 1, false},
+                             {"evaluation", 0, true}}) do
+        if not (mode[2] == 1 and case[2][1] * (case[2][3] or 1) <= 1 and case[2][1] > 0) then
+          for _, affine in ipairs({false, true}) do
+            local stats = {}
+            local what = case[1] .. ", " .. mode[1] .. (affine and ", affine" or "")
+            norm_case("batch_norm", what, dtype, base, case[3], affine and {Cn} or nil, function(x, w, b, dev)
+              local r = mode[3] and rbase:to(dev) or nil
+              local rm, rv = r and r:select(2, 1), r and r:select(2, 2)
+              stats[dev] = {rm, rv}
+              return wrap(C.kiln_batch_norm(x.p, w and w.p, b and b.p, rm and rm.p, rv and rv.p, mode[2], 0.1, 1e-5))
+            end)
+            if mode[3] and stats[DEV] then   -- the running stats after the update (in place, strided)
+              for k, name in ipairs({"running_mean", "running_var"}) do
+                local err, detail = max_error(stats[DEV][k], stats.cpu[k])
+                record("batch_norm", err, float_tol(dtype), string.format("%s %s, %s", dtype, what, name), detail)
+              end
+            end
+          end
+        end
       end
     end
   end
