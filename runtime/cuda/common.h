@@ -65,6 +65,8 @@ int cuda_softmax_backward(const struct kiln_call *c);
 int cuda_nll_loss(const struct kiln_call *c);
 int cuda_nll_loss_backward(const struct kiln_call *c);
 int cuda_dropout(const struct kiln_call *c);
+int cuda_pool2d(const struct kiln_call *c);             /* max_pool2d, avg_pool2d */
+int cuda_pool2d_backward(const struct kiln_call *c);
 int cuda_batch_norm(const struct kiln_call *c);
 int cuda_batch_norm_backward(const struct kiln_call *c);
 int cuda_row_norm(const struct kiln_call *c);            /* layer_norm, group_norm */

@@ -8,6 +8,7 @@
 #include "reduce.cuh"
 #include "nn.cuh"
 #include "norm.cuh"
+#include "pool.cuh"
 extern "C" {
 #include "internal.h"
 #include "geometry.h"
@@ -269,7 +270,7 @@ template <class T> static T *data_of(const struct kiln_tensor *t) { return t ? (
 
 static bool grads_match(const struct kiln_tensor *got, const struct kiln_tensor *leaf, double tol, const char *what,
                         const char *which) {
-  char w2[200];
+  char w2[240];
   snprintf(w2, sizeof w2, "%s: %s", what, which);
   if (!leaf) return true;
   return leaf->grad && same_values(got, leaf->grad, tol, w2);
@@ -487,10 +488,116 @@ static void test_batch_norm() {
         }
 }
 
+/* ---- pooling: every output element forward, every input element's gathered grad backward,
+   against the CPU's forward and autograd backward, bit for bit ---- */
+
+/* ints: kh, kw, sh, sw, ph, pw, then max: dil_h, dil_w, ceil_mode; avg: ceil_mode,
+   count_include_pad; adaptive: out_h, out_w. nan_pairs: NaN at many places, several per window. */
+template <class T>
+static void check_pool(int op, bool adaptive, int ndim, const int64_t *sizes, const int64_t *p, bool specials, bool nan_pairs,
+                       int dtype, uint64_t seed) {
+  using namespace kiln_pool;
+  struct kiln_tensor *x = make_input(ndim, sizes, dtype, true, specials, seed);
+  if (nan_pairs)
+    for (int64_t i = 0; i < x->numel; i++)
+      if (i % 5 == 0 || i % 7 == 0) data_of<T>(x)[i] = (T)NAN;
+  kiln_requires_grad_(x, 1);
+  bool max = op == KILN_OP_MAX_POOL2D;
+  struct kiln_tensor *want = max ? kiln_max_pool2d(x, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], (int)p[8])
+                             : adaptive ? kiln_adaptive_avg_pool2d(x, p[0], p[1])
+                                        : kiln_avg_pool2d(x, p[0], p[1], p[2], p[3], p[4], p[5], (int)p[6], (int)p[7]);
+  char what[200];
+  snprintf(what, sizeof what, "%s %s %s, params %lld %lld %lld %lld %lld %lld %lld %lld %lld%s%s", adaptive ? "adaptive_avg_pool2d" : kiln_op_name(op),
+           kiln_dtype_name(dtype), kiln_shape_string(x), (long long)p[0], (long long)p[1], (long long)p[2], (long long)p[3],
+           (long long)p[4], (long long)p[5], (long long)p[6], (long long)p[7], (long long)p[8], specials ? ", specials" : "",
+           nan_pairs ? ", NaN pairs" : "");
+  if (!want) {
+    fprintf(stderr, "%s: refused: %s\n", what, kiln_error_message());
+    report(false, __LINE__, what);
+    kiln_error_clear();
+    kiln_tensor_release(x);
+    return;
+  }
+  struct kiln_tensor *gy = make_input(want->ndim, want->sizes, dtype, false, false, seed + 1);
+  bool ok = kiln_backward(want, gy, 0) == KILN_OK;
+  /* the call's ints, as nn.c makes them */
+  int64_t ints[8];
+  if (max) for (int k = 0; k < 8; k++) ints[k] = p[k];
+  else if (adaptive) { for (int k = 0; k < 7; k++) ints[k] = 0; ints[7] = 1; }
+  else { for (int k = 0; k < 6; k++) ints[k] = p[k]; ints[6] = p[7] != 0; ints[7] = 0; }
+  int nd = ndim;
+  struct geom g = geom_of(op, ints, sizes[nd - 2], sizes[nd - 1], want->sizes[nd - 2], want->sizes[nd - 1]);
+  int64_t planes = x->numel / (g.H * g.W), ohw = g.OH * g.OW, hw = g.H * g.W;
+  struct kiln_tensor *y = kiln_tensor_empty(want->ndim, want->sizes, dtype, CPU), *gx = kiln_tensor_empty(ndim, sizes, dtype, CPU);
+  std::vector<int64_t> idx((size_t)(planes * ohw + 1));
+  for (int64_t i = 0; i < planes * ohw; i++) {   /* the forward kernel */
+    int64_t pl = i / ohw, o = i % ohw;
+    const T *xp = data_of<T>(x) + pl * hw;
+    if (max) max_pool_at<T>(xp, g, o / g.OW, o % g.OW, &data_of<T>(y)[i], &idx[(size_t)i]);
+    else data_of<T>(y)[i] = avg_pool_at<T>(xp, g, o / g.OW, o % g.OW);
+  }
+  for (int64_t i = 0; i < planes * hw; i++) {    /* the backward kernel */
+    int64_t pl = i / hw, q = i % hw;
+    const T *gp = data_of<T>(gy) + pl * ohw;
+    data_of<T>(gx)[i] = max ? max_pool_grad_at<T>(gp, idx.data() + pl * ohw, g, q / g.W, q % g.W)
+                            : avg_pool_grad_at<T>(gp, g, q / g.W, q % g.W);
+  }
+  ok = ok && same_values(y, want, 0, what) && grads_match(gx, x, 0, what, "gx");
+  report(ok, __LINE__, what);
+  kiln_error_clear();
+  struct kiln_tensor *all[] = {x, want, gy, y, gx};
+  for (struct kiln_tensor *t : all) kiln_tensor_release(t);
+}
+
+static void test_pooling() {
+  const int64_t even[] = {2, 3, 8, 10}, odd[] = {2, 3, 9, 11}, tall[] = {1, 4, 13, 10}, chw[] = {3, 7, 8}, tiny[] = {1, 2, 3, 4},
+                one[] = {2, 2, 1, 1};
+  struct pcase { const int64_t *sizes; int ndim; int64_t p[9]; };
+  const pcase maxes[] = {
+    {even, 4, {2, 2, 2, 2, 0, 0, 1, 1, 0}},   /* the CPU's fast path */
+    {odd, 4, {2, 2, 2, 2, 0, 0, 1, 1, 1}},    /* ceil_mode: the last window hangs over */
+    {odd, 4, {3, 3, 2, 2, 1, 1, 1, 1, 0}},
+    {odd, 4, {3, 3, 2, 2, 1, 1, 1, 1, 1}},
+    {tall, 4, {3, 2, 2, 1, 1, 1, 2, 1, 1}},   /* dilation */
+    {chw, 3, {5, 3, 3, 2, 2, 1, 1, 2, 1}},
+    {tall, 4, {4, 4, 3, 3, 2, 2, 2, 2, 0}},
+    {tiny, 4, {1, 1, 1, 1, 0, 0, 1, 1, 0}},
+    {one, 4, {1, 1, 2, 2, 0, 0, 1, 1, 1}},
+    {tiny, 4, {3, 4, 1, 1, 1, 2, 1, 1, 0}},   /* windows bigger than the plane, padded */
+  };
+  const pcase avgs[] = {
+    {odd, 4, {3, 3, 2, 2, 1, 1, 0, 1, 0}}, {odd, 4, {3, 3, 2, 2, 1, 1, 0, 0, 0}},
+    {odd, 4, {3, 3, 2, 2, 1, 1, 1, 1, 0}}, {odd, 4, {3, 3, 2, 2, 1, 1, 1, 0, 0}},
+    {even, 4, {2, 2, 2, 2, 0, 0, 0, 1, 0}}, {tall, 4, {3, 2, 3, 1, 1, 1, 1, 0, 0}},
+    {chw, 3, {4, 2, 3, 2, 2, 1, 1, 1, 0}}, {chw, 3, {4, 2, 3, 2, 2, 1, 1, 0, 0}},
+    {one, 4, {1, 1, 1, 1, 0, 0, 0, 1, 0}},
+  };
+  const pcase adaptives[] = {
+    {odd, 4, {3, 4}}, {odd, 4, {9, 11}}, {tiny, 4, {5, 7}}, {odd, 4, {1, 1}}, {chw, 3, {3, 5}}, {one, 4, {2, 3}},
+  };
+  for (int dt : {KILN_F32, KILN_F64}) {
+    uint64_t seed = (uint64_t)dt * 1000;
+    for (const pcase &c : maxes)
+      for (int sp = 0; sp < 3; sp++) {
+        if (dt == KILN_F32) check_pool<float>(KILN_OP_MAX_POOL2D, false, c.ndim, c.sizes, c.p, sp == 1, sp == 2, dt, ++seed);
+        else check_pool<double>(KILN_OP_MAX_POOL2D, false, c.ndim, c.sizes, c.p, sp == 1, sp == 2, dt, ++seed);
+      }
+    for (const pcase &c : avgs) {
+      if (dt == KILN_F32) check_pool<float>(KILN_OP_AVG_POOL2D, false, c.ndim, c.sizes, c.p, false, false, dt, ++seed);
+      else check_pool<double>(KILN_OP_AVG_POOL2D, false, c.ndim, c.sizes, c.p, false, false, dt, ++seed);
+    }
+    for (const pcase &c : adaptives) {
+      if (dt == KILN_F32) check_pool<float>(KILN_OP_AVG_POOL2D, true, c.ndim, c.sizes, c.p, false, false, dt, ++seed);
+      else check_pool<double>(KILN_OP_AVG_POOL2D, true, c.ndim, c.sizes, c.p, false, false, dt, ++seed);
+    }
+  }
+}
+
 int main() {
   test_reductions();
   test_row_norms();
   test_batch_norm();
+  test_pooling();
   check_nll<float>(KILN_F32);
   check_nll<double>(KILN_F64);
   for (double p : {0.1, 0.5, 0.75}) {

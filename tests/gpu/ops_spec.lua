@@ -857,6 +857,62 @@ if has_kernel("batch_norm") then
   end
 end
 
+-- Pooling: the same windows and the same order of additions on both: 0 (bit for bit), forward
+-- and (gathered on the device, scattered on the CPU) backward; NaN and infinities in the inputs.
+local pool_layouts = {
+  {"[2,3,9,11]", {2, 3, 9, 11}, same},
+  {"transposed [2,3,9,11]", {2, 3, 11, 9}, function(t) return t:transpose(3, 4) end},
+  {"permuted [2,3,9,11]", {9, 2, 11, 3}, function(t) return t:permute(2, 4, 1, 3) end},
+  {"[5,13,10] (3-d)", {5, 13, 10}, same},
+  {"[0,3,6,6], empty batch", {0, 3, 6, 6}, same},
+}
+local function pool_case(name, what, dtype, layout, call)
+  local base = gen(layout[2], dtype)   -- NaN, infinities and signed zeros at its first elements
+  local gout
+  with_grads(name, name .. "_backward", string.format("%s %s, %s", dtype, layout[1], what), 0, function(dev)
+    local x = base:to(dev):requires_grad_()
+    local y = call(layout[3](x))
+    gout = gout or gen(y:size(), dtype, true)
+    return {x}, y, gout:to(dev)
+  end)
+end
+
+if has_kernel("max_pool2d") then
+  for _, dtype in ipairs({"f32", "f64"}) do
+    for _, layout in ipairs(pool_layouts) do
+      for _, p in ipairs({{2, 2, 2, 2, 0, 0, 1, 1, 0}, {2, 2, 2, 2, 0, 0, 1, 1, 1}, {3, 3, 2, 2, 1, 1, 1, 1, 0},
+                          {3, 3, 2, 2, 1, 1, 1, 1, 1}, {3, 2, 2, 1, 1, 1, 2, 1, 1}, {4, 4, 3, 3, 2, 2, 2, 2, 0},
+                          {1, 1, 1, 1, 0, 0, 1, 1, 0}}) do
+        pool_case("max_pool2d", "kernel " .. table.concat(p, " ", 1, 2) .. ", stride " .. table.concat(p, " ", 3, 4) ..
+                  ", padding " .. table.concat(p, " ", 5, 6) .. ", dilation " .. table.concat(p, " ", 7, 8) ..
+                  (p[9] == 1 and ", ceil_mode" or ""), dtype, layout, function(x)
+          return wrap(C.kiln_max_pool2d(x.p, p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9]))
+        end)
+      end
+    end
+  end
+end
+
+if has_kernel("avg_pool2d") then
+  for _, dtype in ipairs({"f32", "f64"}) do
+    for _, layout in ipairs(pool_layouts) do
+      for _, p in ipairs({{2, 2, 2, 2, 0, 0, 0, 1}, {3, 3, 2, 2, 1, 1, 0, 1}, {3, 3, 2, 2, 1, 1, 0, 0},
+                          {3, 3, 2, 2, 1, 1, 1, 1}, {3, 3, 2, 2, 1, 1, 1, 0}, {3, 2, 3, 1, 1, 1, 1, 0}}) do
+        pool_case("avg_pool2d", "kernel " .. table.concat(p, " ", 1, 2) .. ", stride " .. table.concat(p, " ", 3, 4) ..
+                  ", padding " .. table.concat(p, " ", 5, 6) .. (p[7] == 1 and ", ceil_mode" or "") ..
+                  (p[8] == 1 and ", count_include_pad" or ""), dtype, layout, function(x)
+          return wrap(C.kiln_avg_pool2d(x.p, p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8]))
+        end)
+      end
+      for _, o in ipairs({{1, 1}, {3, 4}, {9, 11}, {13, 17}}) do   -- adaptive: shrinking, the same, growing
+        pool_case("avg_pool2d", string.format("adaptive to %dx%d", o[1], o[2]), dtype, layout, function(x)
+          return wrap(C.kiln_adaptive_avg_pool2d(x.p, o[1], o[2]))
+        end)
+      end
+    end
+  end
+end
+
 -- ---- optimizer steps: three steps on several parameters (a transposed one among them) ----
 
 local optim_cases = {
