@@ -322,11 +322,13 @@ static const struct kiln_backend cuda_backend = {
     [KILN_OP_SCATTER_ADD] = cuda_scatter_add, [KILN_OP_MASKED_FILL] = cuda_masked_fill,
     [KILN_OP_MASKED_SELECT] = cuda_masked_select,
     [KILN_OP_UNIFORM] = cuda_random, [KILN_OP_NORMAL] = cuda_random, [KILN_OP_RANDINT] = cuda_random,
-    /* nn ops (cuDNN 9 and our own kernels): next step */
-    [KILN_OP_CONV2D] = NULL, [KILN_OP_CONV2D_BACKWARD] = NULL, [KILN_OP_MAX_POOL2D] = NULL,
-    [KILN_OP_MAX_POOL2D_BACKWARD] = NULL, [KILN_OP_AVG_POOL2D] = NULL, [KILN_OP_AVG_POOL2D_BACKWARD] = NULL,
-    [KILN_OP_BATCH_NORM] = NULL, [KILN_OP_BATCH_NORM_BACKWARD] = NULL, [KILN_OP_LAYER_NORM] = NULL,
-    [KILN_OP_LAYER_NORM_BACKWARD] = NULL, [KILN_OP_GROUP_NORM] = NULL, [KILN_OP_GROUP_NORM_BACKWARD] = NULL,
+    /* nn ops: convolution (cuDNN 9) next; pooling and normalisation are our own kernels */
+    [KILN_OP_CONV2D] = NULL, [KILN_OP_CONV2D_BACKWARD] = NULL,
+    [KILN_OP_MAX_POOL2D] = cuda_pool2d, [KILN_OP_MAX_POOL2D_BACKWARD] = cuda_pool2d_backward,
+    [KILN_OP_AVG_POOL2D] = cuda_pool2d, [KILN_OP_AVG_POOL2D_BACKWARD] = cuda_pool2d_backward,
+    [KILN_OP_BATCH_NORM] = cuda_batch_norm, [KILN_OP_BATCH_NORM_BACKWARD] = cuda_batch_norm_backward,
+    [KILN_OP_LAYER_NORM] = cuda_row_norm, [KILN_OP_LAYER_NORM_BACKWARD] = cuda_row_norm_backward,
+    [KILN_OP_GROUP_NORM] = cuda_row_norm, [KILN_OP_GROUP_NORM_BACKWARD] = cuda_row_norm_backward,
     [KILN_OP_SOFTMAX] = cuda_softmax, [KILN_OP_SOFTMAX_BACKWARD] = cuda_softmax_backward,
     [KILN_OP_LOG_SOFTMAX] = cuda_softmax, [KILN_OP_LOG_SOFTMAX_BACKWARD] = cuda_softmax_backward,
     [KILN_OP_NLL_LOSS] = cuda_nll_loss, [KILN_OP_NLL_LOSS_BACKWARD] = cuda_nll_loss_backward,

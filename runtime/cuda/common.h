@@ -65,6 +65,12 @@ int cuda_softmax_backward(const struct kiln_call *c);
 int cuda_nll_loss(const struct kiln_call *c);
 int cuda_nll_loss_backward(const struct kiln_call *c);
 int cuda_dropout(const struct kiln_call *c);
+int cuda_pool2d(const struct kiln_call *c);             /* max_pool2d, avg_pool2d */
+int cuda_pool2d_backward(const struct kiln_call *c);
+int cuda_batch_norm(const struct kiln_call *c);
+int cuda_batch_norm_backward(const struct kiln_call *c);
+int cuda_row_norm(const struct kiln_call *c);            /* layer_norm, group_norm */
+int cuda_row_norm_backward(const struct kiln_call *c);
 int cuda_optim_step(const struct kiln_call *c);         /* sgd, adam, rmsprop, adagrad */
 
 #ifdef __cplusplus

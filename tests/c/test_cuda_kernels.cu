@@ -7,6 +7,8 @@
    does (exp, log, pow within an ulp or two); tests/gpu checks that part. */
 #include "reduce.cuh"
 #include "nn.cuh"
+#include "norm.cuh"
+#include "pool.cuh"
 extern "C" {
 #include "internal.h"
 #include "geometry.h"
@@ -245,8 +247,357 @@ template <class T> static void check_dropout(int dtype, double p) {
   kiln_tensor_release(y);
 }
 
+/* ---- layer, group and batch norm: the kernels' block order, against the CPU's forward and
+   autograd backward ---- */
+
+/* block_sum's tree over one partial sum per thread. */
+static double tree_sum(std::vector<double> v) {
+  for (size_t s = v.size() / 2; s > 0; s >>= 1)
+    for (size_t t = 0; t < s; t++) v[t] += v[t + s];
+  return v[0];
+}
+
+/* The sum over k in [0, n) of term(k) as a block of `threads` threads takes it: thread t strides
+   from t, then the tree. */
+template <class F> static double block_order_sum(int64_t n, int threads, F term) {
+  std::vector<double> part((size_t)threads, 0.0);
+  for (int t = 0; t < threads; t++)
+    for (int64_t k = t; k < n; k += threads) part[(size_t)t] += term(k);
+  return tree_sum(part);
+}
+
+template <class T> static T *data_of(const struct kiln_tensor *t) { return t ? (T *)kiln_tensor_data(t) : NULL; }
+
+static bool grads_match(const struct kiln_tensor *got, const struct kiln_tensor *leaf, double tol, const char *what,
+                        const char *which) {
+  char w2[240];
+  snprintf(w2, sizeof w2, "%s: %s", what, which);
+  if (!leaf) return true;
+  return leaf->grad && same_values(got, leaf->grad, tol, w2);
+}
+
+template <class T>
+static void check_row_norm(int op, int ndim, const int64_t *sizes, int64_t param, bool affine, int dtype, uint64_t seed) {
+  using namespace kiln_norm;
+  struct kiln_tensor *x = make_input(ndim, sizes, dtype, false, false, seed);
+  bool group = op == KILN_OP_GROUP_NORM;
+  int pn = group ? 1 : (int)param;
+  const int64_t *psizes = group ? sizes + 1 : sizes + (ndim - param);
+  struct kiln_tensor *w = affine ? make_input(pn, psizes, dtype, false, false, seed + 1) : NULL;
+  struct kiln_tensor *b = affine ? make_input(pn, psizes, dtype, false, false, seed + 2) : NULL;
+  struct kiln_tensor *gy = make_input(ndim, sizes, dtype, false, false, seed + 3);
+  kiln_requires_grad_(x, 1);
+  if (w) { kiln_requires_grad_(w, 1); kiln_requires_grad_(b, 1); }
+  const double eps = 1e-5;
+  struct kiln_tensor *want = group ? kiln_group_norm(x, param, w, b, eps) : kiln_layer_norm(x, (int)param, w, b, eps);
+  bool ok = want && kiln_backward(want, gy, 0) == KILN_OK;
+  struct rn_geom g = rn_geom_of(op, param, ndim, sizes, x->numel);
+  const T *xv = data_of<T>(x), *wv = data_of<T>(w), *bv = data_of<T>(b), *gv = data_of<T>(gy);
+  std::vector<T> mean((size_t)g.rows + 1), invstd((size_t)g.rows + 1);
+  struct kiln_tensor *y = kiln_tensor_empty(ndim, sizes, dtype, CPU), *gx = kiln_tensor_empty(ndim, sizes, dtype, CPU);
+  struct kiln_tensor *gw = w ? kiln_tensor_empty(pn, psizes, dtype, CPU) : NULL, *gb = w ? kiln_tensor_empty(pn, psizes, dtype, CPU) : NULL;
+  int threads = kiln_cuda_pow2_threads(g.L, 32, 256);
+  for (int64_t r = 0; r < g.rows; r++) {   /* row_norm_kernel */
+    const T *xr = xv + r * g.L;
+    double m = rn_mean(block_order_sum(g.L, threads, [&](int64_t i) { return (double)xr[i]; }), g.L);
+    double is = rn_invstd(block_order_sum(g.L, threads, [&](int64_t i) { double d = (double)xr[i] - m; return d * d; }), g.L, eps);
+    mean[(size_t)r] = (T)m;
+    invstd[(size_t)r] = (T)is;
+    for (int64_t i = 0; i < g.L; i++) data_of<T>(y)[r * g.L + i] = rn_forward_element<T>(xr[i], g, r, i, m, is, wv, bv);
+  }
+  for (int64_t r = 0; r < g.rows && g.L > 0; r++) {   /* row_norm_backward_kernel */
+    const T *xr = xv + r * g.L, *gr = gv + r * g.L;
+    double m = (double)mean[(size_t)r], is = (double)invstd[(size_t)r];
+    auto gw_of = [&](int64_t i) { return (double)gr[i] * (wv ? (double)wv[rn_channel(g, r, i)] : 1.0); };
+    double a = block_order_sum(g.L, threads, gw_of);
+    double bs = block_order_sum(g.L, threads, [&](int64_t i) { return gw_of(i) * ((double)xr[i] - m); });
+    double k2, k3;
+    rn_backward_coefs(m, is, a, bs, g.L, &k2, &k3);
+    for (int64_t i = 0; i < g.L; i++)
+      data_of<T>(gx)[r * g.L + i] = rn_backward_element<T>(gr[i], xr[i], g, r, i, is, wv, (T)k2, (T)k3);
+  }
+  if (w && group) {   /* gn_param_grads_kernel */
+    int64_t per = g.rows / g.G * g.S;
+    int pt = kiln_cuda_pow2_threads(per, 32, 256);
+    for (int64_t c = 0; c < g.C; c++) {
+      data_of<T>(gw)[c] = (T)block_order_sum(per, pt, [&](int64_t k) {
+        int64_t at;
+        return gn_weight_term<T>(xv, gv, mean.data(), invstd.data(), g, c, k, &at);
+      });
+      data_of<T>(gb)[c] = (T)block_order_sum(per, pt, [&](int64_t k) {
+        int64_t at;
+        gn_weight_term<T>(xv, gv, mean.data(), invstd.data(), g, c, k, &at);
+        return (double)gv[at];
+      });
+    }
+  } else if (w) {   /* ln_param_grads_kernel */
+    for (int64_t j = 0; j < g.L; j++) {
+      double sw, sb;
+      ln_param_grads<T>(xv, gv, mean.data(), invstd.data(), g.rows, g.L, j, &sw, &sb);
+      data_of<T>(gw)[j] = (T)sw;
+      data_of<T>(gb)[j] = (T)sb;
+    }
+  }
+  char what[160];
+  snprintf(what, sizeof what, "%s %s %s, param %lld%s", kiln_op_name(op), kiln_dtype_name(dtype), kiln_shape_string(x),
+           (long long)param, affine ? ", weight and bias" : "");
+  double tol = dtype == KILN_F32 ? 2e-5 : 1e-12;
+  ok = ok && same_values(y, want, tol, what) && grads_match(gx, x, tol, what, "gx");
+  if (w) ok = ok && grads_match(gw, w, tol, what, "gw") && grads_match(gb, b, tol, what, "gb");
+  report(ok, __LINE__, what);
+  if (!ok && !want) fprintf(stderr, "  %s\n", kiln_error_message());
+  kiln_error_clear();
+  struct kiln_tensor *all[] = {x, w, b, gy, want, y, gx, gw, gb};
+  for (struct kiln_tensor *t : all) kiln_tensor_release(t);
+}
+
+static void test_row_norms() {
+  const int64_t s3[] = {5, 7, 9}, wide[] = {3, 1000}, one[] = {4, 1}, img[] = {4, 6, 5, 3}, plane[] = {3, 12}, big[] = {2, 4, 40, 30};
+  for (int dt : {KILN_F32, KILN_F64})
+    for (bool affine : {false, true}) {
+      uint64_t seed = (uint64_t)(dt * 10 + affine);
+      auto ln = [&](int nd, const int64_t *sz, int64_t k) {
+        if (dt == KILN_F32) check_row_norm<float>(KILN_OP_LAYER_NORM, nd, sz, k, affine, dt, seed);
+        else check_row_norm<double>(KILN_OP_LAYER_NORM, nd, sz, k, affine, dt, seed);
+      };
+      auto gn = [&](int nd, const int64_t *sz, int64_t groups) {
+        if (dt == KILN_F32) check_row_norm<float>(KILN_OP_GROUP_NORM, nd, sz, groups, affine, dt, seed);
+        else check_row_norm<double>(KILN_OP_GROUP_NORM, nd, sz, groups, affine, dt, seed);
+      };
+      ln(3, s3, 1); ln(3, s3, 2); ln(3, s3, 3); ln(2, wide, 1); ln(2, one, 1);
+      gn(4, img, 1); gn(4, img, 2); gn(4, img, 3); gn(4, img, 6); gn(2, plane, 4); gn(4, big, 2);
+    }
+}
+
+/* Batch norm on x [N, C, ...]: training with running stats (updated in place, through a strided
+   view when `strided`), training without, or evaluation with them. */
+template <class T>
+static void check_batch_norm(int ndim, const int64_t *sizes, bool affine, int mode, bool strided, int dtype, uint64_t seed) {
+  using namespace kiln_norm;
+  const int64_t C = sizes[1], two[] = {C, 2};
+  struct kiln_tensor *x = make_input(ndim, sizes, dtype, false, false, seed);
+  struct kiln_tensor *w = affine ? make_input(1, &C, dtype, false, false, seed + 1) : NULL;
+  struct kiln_tensor *b = affine ? make_input(1, &C, dtype, false, false, seed + 2) : NULL;
+  struct kiln_tensor *gy = make_input(ndim, sizes, dtype, false, false, seed + 3);
+  bool training = mode != 2, running = mode != 1;
+  /* running stats: the CPU's (updated by the op) and the replay's, the same values */
+  struct kiln_tensor *base[2] = {make_input(2, two, dtype, false, false, seed + 4), make_input(2, two, dtype, false, false, seed + 5)};
+  for (int k = 0; k < 2; k++) {   /* variances must be positive */
+    struct kiln_tensor *a = kiln_unary(KILN_OP_ABS, base[k]);
+    kiln_tensor_release(base[k]);
+    base[k] = a;
+  }
+  struct kiln_tensor *rm = NULL, *rv = NULL;
+  if (running) {
+    rm = kiln_select(base[0], 1, 1);
+    rv = kiln_select(base[1], 1, 0);
+    if (!strided) {
+      struct kiln_tensor *a = kiln_clone(rm), *v = kiln_clone(rv);
+      kiln_tensor_release(rm);
+      kiln_tensor_release(rv);
+      rm = a;
+      rv = v;
+    }
+  }
+  std::vector<T> rmv((size_t)C), rvv((size_t)C);
+  for (int64_t c = 0; c < C && running; c++) {
+    rmv[(size_t)c] = data_of<T>(rm)[c * rm->strides[0]];
+    rvv[(size_t)c] = data_of<T>(rv)[c * rv->strides[0]];
+  }
+  kiln_requires_grad_(x, 1);
+  if (w) { kiln_requires_grad_(w, 1); kiln_requires_grad_(b, 1); }
+  const double eps = 1e-5, momentum = 0.1;
+  struct kiln_tensor *want = kiln_batch_norm(x, w, b, rm, rv, training, momentum, eps);
+  bool ok = want && kiln_backward(want, gy, 0) == KILN_OK;
+  int64_t S = 1;
+  for (int d = 2; d < ndim; d++) S *= sizes[d];
+  int64_t per = sizes[0] * S;
+  int batch_stats = training || !running, update = training && running;
+  int threads = kiln_cuda_pow2_threads(per, 32, 256);
+  const T *xv = data_of<T>(x), *wv = data_of<T>(w), *bv = data_of<T>(b), *gv = data_of<T>(gy);
+  struct kiln_tensor *y = kiln_tensor_empty(ndim, sizes, dtype, CPU), *gx = kiln_tensor_empty(ndim, sizes, dtype, CPU);
+  struct kiln_tensor *gw = kiln_tensor_empty(1, &C, dtype, CPU), *gb = kiln_tensor_empty(1, &C, dtype, CPU);
+  bool stats_ok = true;
+  for (int64_t c = 0; c < C; c++) {
+    double m, is, M = (double)per;   /* batch_norm_kernel */
+    if (batch_stats) {
+      m = bn_mean(block_order_sum(per, threads, [&](int64_t k) { return (double)xv[bn_at(k, c, C, S)]; }), M);
+      double q = block_order_sum(per, threads, [&](int64_t k) { double d = (double)xv[bn_at(k, c, C, S)] - m; return d * d; });
+      is = bn_batch_invstd<T>(m, q, M, eps, update, momentum, &rmv[(size_t)c], &rvv[(size_t)c]);
+    } else {
+      m = (double)rmv[(size_t)c];
+      is = bn_running_invstd<T>(&rvv[(size_t)c], eps);
+    }
+    T scale, shift;
+    bn_affine<T>(m, is, wv, bv, c, &scale, &shift);
+    for (int64_t k = 0; k < per; k++) data_of<T>(y)[bn_at(k, c, C, S)] = xv[bn_at(k, c, C, S)] * scale + shift;
+    if (running) {
+      T a = data_of<T>(rm)[c * rm->strides[0]], v = data_of<T>(rv)[c * rv->strides[0]];
+      double tol = dtype == KILN_F32 ? 1e-6 : 1e-14;
+      stats_ok = stats_ok && fabs((double)a - (double)rmv[(size_t)c]) <= tol * fmax(1.0, fabs((double)a)) &&
+                 fabs((double)v - (double)rvv[(size_t)c]) <= tol * fmax(1.0, fabs((double)v));
+    }
+    T mt = (T)m, it = (T)is;   /* batch_norm_backward_kernel, from the saved mean and invstd */
+    double md = (double)mt, id = (double)it;
+    double sg = block_order_sum(per, threads, [&](int64_t k) { return (double)gv[bn_at(k, c, C, S)]; });
+    double sgx = block_order_sum(per, threads, [&](int64_t k) {
+      int64_t at = bn_at(k, c, C, S);
+      return (double)gv[at] * ((double)xv[at] - md);
+    });
+    data_of<T>(gw)[c] = (T)(sgx * id);
+    data_of<T>(gb)[c] = (T)sg;
+    double kk[3];
+    bn_backward_coefs(batch_stats, md, id, wv ? (double)wv[c] : 1.0, sg, sgx, M, kk);
+    T t1 = (T)kk[0], t2 = (T)kk[1], t3 = (T)kk[2];
+    for (int64_t k = 0; k < per; k++) {
+      int64_t at = bn_at(k, c, C, S);
+      data_of<T>(gx)[at] = t1 * gv[at] + t2 * xv[at] + t3;
+    }
+  }
+  char what[160];
+  snprintf(what, sizeof what, "batch_norm %s %s, %s%s%s", kiln_dtype_name(dtype), kiln_shape_string(x),
+           mode == 0 ? "training, running stats" : mode == 1 ? "training, no running stats" : "evaluation",
+           strided && running ? " (strided)" : "", affine ? ", weight and bias" : "");
+  double tol = dtype == KILN_F32 ? 2e-5 : 1e-12;
+  if (!stats_ok) fprintf(stderr, "%s: the running stats differ\n", what);
+  ok = ok && stats_ok && same_values(y, want, tol, what) && grads_match(gx, x, tol, what, "gx");
+  if (w) ok = ok && grads_match(gw, w, tol, what, "gw") && grads_match(gb, b, tol, what, "gb");
+  report(ok, __LINE__, what);
+  if (!want) fprintf(stderr, "  %s\n", kiln_error_message());
+  kiln_error_clear();
+  struct kiln_tensor *all[] = {x, w, b, gy, base[0], base[1], rm, rv, want, y, gx, gw, gb};
+  for (struct kiln_tensor *t : all) kiln_tensor_release(t);
+}
+
+static void test_batch_norm() {
+  const int64_t img[] = {4, 6, 5, 3}, rows[] = {37, 11}, big[] = {3, 2, 40, 30}, two[] = {2, 3};
+  for (int dt : {KILN_F32, KILN_F64})
+    for (bool affine : {false, true})
+      for (int mode : {0, 1, 2})
+        for (bool strided : {false, true}) {
+          if (strided && mode == 1) continue;
+          uint64_t seed = (uint64_t)(dt * 100 + affine * 10 + mode * 2 + strided);
+          for (const int64_t *sz : {img, big}) {
+            if (dt == KILN_F32) check_batch_norm<float>(4, sz, affine, mode, strided, dt, seed);
+            else check_batch_norm<double>(4, sz, affine, mode, strided, dt, seed);
+          }
+          for (const int64_t *sz : {rows, two}) {
+            if (dt == KILN_F32) check_batch_norm<float>(2, sz, affine, mode, strided, dt, seed);
+            else check_batch_norm<double>(2, sz, affine, mode, strided, dt, seed);
+          }
+        }
+}
+
+/* ---- pooling: every output element forward, every input element's gathered grad backward,
+   against the CPU's forward and autograd backward, bit for bit ---- */
+
+/* ints: kh, kw, sh, sw, ph, pw, then max: dil_h, dil_w, ceil_mode; avg: ceil_mode,
+   count_include_pad; adaptive: out_h, out_w. nan_pairs: NaN at many places, several per window. */
+template <class T>
+static void check_pool(int op, bool adaptive, int ndim, const int64_t *sizes, const int64_t *p, bool specials, bool nan_pairs,
+                       int dtype, uint64_t seed) {
+  using namespace kiln_pool;
+  struct kiln_tensor *x = make_input(ndim, sizes, dtype, true, specials, seed);
+  if (nan_pairs)
+    for (int64_t i = 0; i < x->numel; i++)
+      if (i % 5 == 0 || i % 7 == 0) data_of<T>(x)[i] = (T)NAN;
+  kiln_requires_grad_(x, 1);
+  bool max = op == KILN_OP_MAX_POOL2D;
+  struct kiln_tensor *want = max ? kiln_max_pool2d(x, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], (int)p[8])
+                             : adaptive ? kiln_adaptive_avg_pool2d(x, p[0], p[1])
+                                        : kiln_avg_pool2d(x, p[0], p[1], p[2], p[3], p[4], p[5], (int)p[6], (int)p[7]);
+  char what[200];
+  snprintf(what, sizeof what, "%s %s %s, params %lld %lld %lld %lld %lld %lld %lld %lld %lld%s%s", adaptive ? "adaptive_avg_pool2d" : kiln_op_name(op),
+           kiln_dtype_name(dtype), kiln_shape_string(x), (long long)p[0], (long long)p[1], (long long)p[2], (long long)p[3],
+           (long long)p[4], (long long)p[5], (long long)p[6], (long long)p[7], (long long)p[8], specials ? ", specials" : "",
+           nan_pairs ? ", NaN pairs" : "");
+  if (!want) {
+    fprintf(stderr, "%s: refused: %s\n", what, kiln_error_message());
+    report(false, __LINE__, what);
+    kiln_error_clear();
+    kiln_tensor_release(x);
+    return;
+  }
+  struct kiln_tensor *gy = make_input(want->ndim, want->sizes, dtype, false, false, seed + 1);
+  bool ok = kiln_backward(want, gy, 0) == KILN_OK;
+  /* the call's ints, as nn.c makes them */
+  int64_t ints[8];
+  if (max) for (int k = 0; k < 8; k++) ints[k] = p[k];
+  else if (adaptive) { for (int k = 0; k < 7; k++) ints[k] = 0; ints[7] = 1; }
+  else { for (int k = 0; k < 6; k++) ints[k] = p[k]; ints[6] = p[7] != 0; ints[7] = 0; }
+  int nd = ndim;
+  struct geom g = geom_of(op, ints, sizes[nd - 2], sizes[nd - 1], want->sizes[nd - 2], want->sizes[nd - 1]);
+  int64_t planes = x->numel / (g.H * g.W), ohw = g.OH * g.OW, hw = g.H * g.W;
+  struct kiln_tensor *y = kiln_tensor_empty(want->ndim, want->sizes, dtype, CPU), *gx = kiln_tensor_empty(ndim, sizes, dtype, CPU);
+  std::vector<int64_t> idx((size_t)(planes * ohw + 1));
+  for (int64_t i = 0; i < planes * ohw; i++) {   /* the forward kernel */
+    int64_t pl = i / ohw, o = i % ohw;
+    const T *xp = data_of<T>(x) + pl * hw;
+    if (max) max_pool_at<T>(xp, g, o / g.OW, o % g.OW, &data_of<T>(y)[i], &idx[(size_t)i]);
+    else data_of<T>(y)[i] = avg_pool_at<T>(xp, g, o / g.OW, o % g.OW);
+  }
+  for (int64_t i = 0; i < planes * hw; i++) {    /* the backward kernel */
+    int64_t pl = i / hw, q = i % hw;
+    const T *gp = data_of<T>(gy) + pl * ohw;
+    data_of<T>(gx)[i] = max ? max_pool_grad_at<T>(gp, idx.data() + pl * ohw, g, q / g.W, q % g.W)
+                            : avg_pool_grad_at<T>(gp, g, q / g.W, q % g.W);
+  }
+  ok = ok && same_values(y, want, 0, what) && grads_match(gx, x, 0, what, "gx");
+  report(ok, __LINE__, what);
+  kiln_error_clear();
+  struct kiln_tensor *all[] = {x, want, gy, y, gx};
+  for (struct kiln_tensor *t : all) kiln_tensor_release(t);
+}
+
+static void test_pooling() {
+  const int64_t even[] = {2, 3, 8, 10}, odd[] = {2, 3, 9, 11}, tall[] = {1, 4, 13, 10}, chw[] = {3, 7, 8}, tiny[] = {1, 2, 3, 4},
+                one[] = {2, 2, 1, 1};
+  struct pcase { const int64_t *sizes; int ndim; int64_t p[9]; };
+  const pcase maxes[] = {
+    {even, 4, {2, 2, 2, 2, 0, 0, 1, 1, 0}},   /* the CPU's fast path */
+    {odd, 4, {2, 2, 2, 2, 0, 0, 1, 1, 1}},    /* ceil_mode: the last window hangs over */
+    {odd, 4, {3, 3, 2, 2, 1, 1, 1, 1, 0}},
+    {odd, 4, {3, 3, 2, 2, 1, 1, 1, 1, 1}},
+    {tall, 4, {3, 2, 2, 1, 1, 1, 2, 1, 1}},   /* dilation */
+    {chw, 3, {5, 3, 3, 2, 2, 1, 1, 2, 1}},
+    {tall, 4, {4, 4, 3, 3, 2, 2, 2, 2, 0}},
+    {tiny, 4, {1, 1, 1, 1, 0, 0, 1, 1, 0}},
+    {one, 4, {1, 1, 2, 2, 0, 0, 1, 1, 1}},
+    {tiny, 4, {3, 4, 1, 1, 1, 2, 1, 1, 0}},   /* windows bigger than the plane, padded */
+  };
+  const pcase avgs[] = {
+    {odd, 4, {3, 3, 2, 2, 1, 1, 0, 1, 0}}, {odd, 4, {3, 3, 2, 2, 1, 1, 0, 0, 0}},
+    {odd, 4, {3, 3, 2, 2, 1, 1, 1, 1, 0}}, {odd, 4, {3, 3, 2, 2, 1, 1, 1, 0, 0}},
+    {even, 4, {2, 2, 2, 2, 0, 0, 0, 1, 0}}, {tall, 4, {3, 2, 3, 1, 1, 1, 1, 0, 0}},
+    {chw, 3, {4, 2, 3, 2, 2, 1, 1, 1, 0}}, {chw, 3, {4, 2, 3, 2, 2, 1, 1, 0, 0}},
+    {one, 4, {1, 1, 1, 1, 0, 0, 0, 1, 0}},
+  };
+  const pcase adaptives[] = {
+    {odd, 4, {3, 4}}, {odd, 4, {9, 11}}, {tiny, 4, {5, 7}}, {odd, 4, {1, 1}}, {chw, 3, {3, 5}}, {one, 4, {2, 3}},
+  };
+  for (int dt : {KILN_F32, KILN_F64}) {
+    uint64_t seed = (uint64_t)dt * 1000;
+    for (const pcase &c : maxes)
+      for (int sp = 0; sp < 3; sp++) {
+        if (dt == KILN_F32) check_pool<float>(KILN_OP_MAX_POOL2D, false, c.ndim, c.sizes, c.p, sp == 1, sp == 2, dt, ++seed);
+        else check_pool<double>(KILN_OP_MAX_POOL2D, false, c.ndim, c.sizes, c.p, sp == 1, sp == 2, dt, ++seed);
+      }
+    for (const pcase &c : avgs) {
+      if (dt == KILN_F32) check_pool<float>(KILN_OP_AVG_POOL2D, false, c.ndim, c.sizes, c.p, false, false, dt, ++seed);
+      else check_pool<double>(KILN_OP_AVG_POOL2D, false, c.ndim, c.sizes, c.p, false, false, dt, ++seed);
+    }
+    for (const pcase &c : adaptives) {
+      if (dt == KILN_F32) check_pool<float>(KILN_OP_AVG_POOL2D, true, c.ndim, c.sizes, c.p, false, false, dt, ++seed);
+      else check_pool<double>(KILN_OP_AVG_POOL2D, true, c.ndim, c.sizes, c.p, false, false, dt, ++seed);
+    }
+  }
+}
+
 int main() {
   test_reductions();
+  test_row_norms();
+  test_batch_norm();
+  test_pooling();
   check_nll<float>(KILN_F32);
   check_nll<double>(KILN_F64);
   for (double p : {0.1, 0.5, 0.75}) {

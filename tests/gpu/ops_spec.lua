@@ -722,6 +722,197 @@ if has_kernel("dropout") then
   end
 end
 
+-- ---- normalisation and pooling: forward, and backward through autograd, every leaf's grad ----
+
+-- f(dev) returns (leaves, out, gout): out is compared as `name`, then out:backward(gout) and each
+-- leaf's grad as `back`. Inputs are made outside f.
+local function with_grads(name, back, what, tol, f)
+  guarded(name, what, function()
+    local lc, c, gc = f("cpu")
+    local lg, g, gg = f(DEV)
+    local err, detail = max_error(g, c)
+    record(name, err, tol, what, detail)
+    if back and has_kernel(back) and #lc > 0 then
+      c:backward(gc)
+      g:backward(gg)
+      for k, l in ipairs(lc) do
+        err, detail = max_error(lg[k].grad, l.grad)
+        record(back, err, tol, what .. ", grad of leaf " .. k, detail)
+      end
+    end
+  end)
+end
+
+-- Which of (x, weight, bias) need grad: all, the params only (no gx), x only.
+local grad_sets = {{"x, w, b", true, true}, {"w, b only", false, true}, {"x only", true, false}}
+
+-- A norm case: base (made once, on the CPU) viewed by view; params of pshape (or none);
+-- call(x, w, b) runs the op on tensors of the device.
+local function norm_case(name, what, dtype, base, view, pshape, call)
+  local wb, bb = pshape and gen(pshape, dtype, true), pshape and gen(pshape, dtype, true)
+  local gout
+  for _, set in ipairs(grad_sets) do
+    if pshape or set == grad_sets[1] then
+      with_grads(name, name .. "_backward", string.format("%s %s, grads of %s", dtype, what, pshape and set[1] or "x"),
+                 float_tol(dtype), function(dev)
+        local x, w, b = base:to(dev), wb and wb:to(dev), bb and bb:to(dev)
+        local leaves = {}
+        if set[2] then x:requires_grad_() leaves[#leaves + 1] = x end
+        if w and set[3] then w:requires_grad_() b:requires_grad_() leaves[#leaves + 1] = w leaves[#leaves + 1] = b end
+        local y = call(view(x), w, b, dev)
+        gout = gout or gen(y:size(), dtype, true)
+        return leaves, y, gout:to(dev)
+      end)
+    end
+  end
+end
+
+local function same(t) return t end
+if has_kernel("layer_norm") then
+  for _, dtype in ipairs({"f32", "f64"}) do
+    for _, case in ipairs({
+      {"[37,53], last dim", {37, 53}, same, 1},
+      {"transposed [53,37], last dim", {37, 53}, function(t) return t:t() end, 1},
+      {"permuted [7,3,5], last 2 dims", {3, 5, 7, 2}, function(t) return t:select(4, 2):permute(3, 1, 2) end, 2},
+      {"[2,3,1000], last dim (long rows)", {2, 3, 1000}, same, 1},
+      {"[6,1], rows of one", {6, 1}, same, 1},
+      {"[0,5], empty", {0, 5}, same, 1},
+      {"[4,9], all dims", {4, 9}, same, 2},
+    }) do
+      local base = gen(case[2], dtype, true)
+      local k = case[4]
+      local shape = case[3](base):size()
+      local pshape = {}
+      for d = #shape - k + 1, #shape do pshape[#pshape + 1] = shape[d] end
+      for _, affine in ipairs({false, true}) do
+        norm_case("layer_norm", case[1] .. (affine and ", affine" or ""), dtype, base, case[3], affine and pshape or nil,
+                  function(x, w, b) return wrap(C.kiln_layer_norm(x.p, k, w and w.p, b and b.p, 1e-5)) end)
+      end
+    end
+    -- NaN and infinities in some rows stay in those rows
+    local base = gen({6, 9}, dtype)
+    both("layer_norm", dtype .. " [6,9] with NaN, inf", float_tol(dtype), function(dev)
+      return wrap(C.kiln_layer_norm(base:to(dev).p, 1, nil, nil, 1e-5))
+    end)
+  end
+end
+
+if has_kernel("group_norm") then
+  for _, dtype in ipairs({"f32", "f64"}) do
+    for _, case in ipairs({
+      {"[6,12,5,7], 3 groups", {6, 12, 5, 7}, same, 3},
+      {"[6,12,5,7], 1 group", {6, 12, 5, 7}, same, 1},
+      {"[6,12,5,7], 12 groups", {6, 12, 5, 7}, same, 12},
+      {"permuted [6,12,5,7], 4 groups", {6, 5, 12, 7}, function(t) return t:permute(1, 3, 2, 4) end, 4},
+      {"[37,12], 4 groups", {37, 12}, same, 4},
+      {"[3,8,33,65], 2 groups (long rows)", {3, 8, 33, 65}, same, 2},
+      {"[0,6,3], empty batch", {0, 6, 3}, same, 3},
+    }) do
+      local base = gen(case[2], dtype, true)
+      local G = case[4]
+      local Cn = case[3](base):size()[2]
+      for _, affine in ipairs({false, true}) do
+        norm_case("group_norm", case[1] .. (affine and ", affine" or ""), dtype, base, case[3], affine and {Cn} or nil,
+                  function(x, w, b) return wrap(C.kiln_group_norm(x.p, G, w and w.p, b and b.p, 1e-5)) end)
+      end
+    end
+  end
+end
+
+if has_kernel("batch_norm") then
+  for _, dtype in ipairs({"f32", "f64"}) do
+    for _, case in ipairs({
+      {"[8,5,7,9]", {8, 5, 7, 9}, same},
+      {"permuted [8,5,7,9]", {8, 7, 5, 9}, function(t) return t:permute(1, 3, 2, 4) end},
+      {"[37,11]", {37, 11}, same},
+      {"[2,3], two per channel", {2, 3}, same},
+      {"[64,3,33,33], long channels", {64, 3, 33, 33}, same},
+      {"[0,4,3], empty batch", {0, 4, 3}, same},
+    }) do
+      local base = gen(case[2], dtype, true)
+      local Cn = case[3](base):size()[2]
+      local rbase = kiln.rand(Cn, 2, {dtype = dtype}) + 0.5   -- running stats: its columns, strided views
+      for _, mode in ipairs({{"training, running stats", 1, true}, {"training, no running stats", 1, false},
+                             {"evaluation", 0, true}}) do
+        if not (mode[2] == 1 and case[2][1] * (case[2][3] or 1) <= 1 and case[2][1] > 0) then
+          for _, affine in ipairs({false, true}) do
+            local stats = {}
+            local what = case[1] .. ", " .. mode[1] .. (affine and ", affine" or "")
+            norm_case("batch_norm", what, dtype, base, case[3], affine and {Cn} or nil, function(x, w, b, dev)
+              local r = mode[3] and rbase:to(dev) or nil
+              local rm, rv = r and r:select(2, 1), r and r:select(2, 2)
+              stats[dev] = {rm, rv}
+              return wrap(C.kiln_batch_norm(x.p, w and w.p, b and b.p, rm and rm.p, rv and rv.p, mode[2], 0.1, 1e-5))
+            end)
+            if mode[3] and stats[DEV] then   -- the running stats after the update (in place, strided)
+              for k, name in ipairs({"running_mean", "running_var"}) do
+                local err, detail = max_error(stats[DEV][k], stats.cpu[k])
+                record("batch_norm", err, float_tol(dtype), string.format("%s %s, %s", dtype, what, name), detail)
+              end
+            end
+          end
+        end
+      end
+    end
+  end
+end
+
+-- Pooling: the same windows and the same order of additions on both: 0 (bit for bit), forward
+-- and (gathered on the device, scattered on the CPU) backward; NaN and infinities in the inputs.
+local pool_layouts = {
+  {"[2,3,9,11]", {2, 3, 9, 11}, same},
+  {"transposed [2,3,9,11]", {2, 3, 11, 9}, function(t) return t:transpose(3, 4) end},
+  {"permuted [2,3,9,11]", {9, 2, 11, 3}, function(t) return t:permute(2, 4, 1, 3) end},
+  {"[5,13,10] (3-d)", {5, 13, 10}, same},
+  {"[0,3,6,6], empty batch", {0, 3, 6, 6}, same},
+}
+local function pool_case(name, what, dtype, layout, call)
+  local base = gen(layout[2], dtype)   -- NaN, infinities and signed zeros at its first elements
+  local gout
+  with_grads(name, name .. "_backward", string.format("%s %s, %s", dtype, layout[1], what), 0, function(dev)
+    local x = base:to(dev):requires_grad_()
+    local y = call(layout[3](x))
+    gout = gout or gen(y:size(), dtype, true)
+    return {x}, y, gout:to(dev)
+  end)
+end
+
+if has_kernel("max_pool2d") then
+  for _, dtype in ipairs({"f32", "f64"}) do
+    for _, layout in ipairs(pool_layouts) do
+      for _, p in ipairs({{2, 2, 2, 2, 0, 0, 1, 1, 0}, {2, 2, 2, 2, 0, 0, 1, 1, 1}, {3, 3, 2, 2, 1, 1, 1, 1, 0},
+                          {3, 3, 2, 2, 1, 1, 1, 1, 1}, {3, 2, 2, 1, 1, 1, 2, 1, 1}, {4, 4, 3, 3, 2, 2, 2, 2, 0},
+                          {1, 1, 1, 1, 0, 0, 1, 1, 0}}) do
+        pool_case("max_pool2d", "kernel " .. table.concat(p, " ", 1, 2) .. ", stride " .. table.concat(p, " ", 3, 4) ..
+                  ", padding " .. table.concat(p, " ", 5, 6) .. ", dilation " .. table.concat(p, " ", 7, 8) ..
+                  (p[9] == 1 and ", ceil_mode" or ""), dtype, layout, function(x)
+          return wrap(C.kiln_max_pool2d(x.p, p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9]))
+        end)
+      end
+    end
+  end
+end
+
+if has_kernel("avg_pool2d") then
+  for _, dtype in ipairs({"f32", "f64"}) do
+    for _, layout in ipairs(pool_layouts) do
+      for _, p in ipairs({{2, 2, 2, 2, 0, 0, 0, 1}, {3, 3, 2, 2, 1, 1, 0, 1}, {3, 3, 2, 2, 1, 1, 0, 0},
+                          {3, 3, 2, 2, 1, 1, 1, 1}, {3, 3, 2, 2, 1, 1, 1, 0}, {3, 2, 3, 1, 1, 1, 1, 0}}) do
+        pool_case("avg_pool2d", "kernel " .. table.concat(p, " ", 1, 2) .. ", stride " .. table.concat(p, " ", 3, 4) ..
+                  ", padding " .. table.concat(p, " ", 5, 6) .. (p[7] == 1 and ", ceil_mode" or "") ..
+                  (p[8] == 1 and ", count_include_pad" or ""), dtype, layout, function(x)
+          return wrap(C.kiln_avg_pool2d(x.p, p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8]))
+        end)
+      end
+      for _, o in ipairs({{1, 1}, {3, 4}, {9, 11}, {13, 17}}) do   -- adaptive: shrinking, the same, growing
+        pool_case("avg_pool2d", string.format("adaptive to %dx%d", o[1], o[2]), dtype, layout, function(x)
+          return wrap(C.kiln_adaptive_avg_pool2d(x.p, o[1], o[2]))
+        end)
+      end
+    end
+  end
+end
+
 -- ---- optimizer steps: three steps on several parameters (a transposed one among them) ----
 
 local optim_cases = {
@@ -830,10 +1021,10 @@ local lines = {}
 local function out(s) lines[#lines + 1] = s print(s) end
 out(string.format("kiln %s, ops on %s against the cpu%s", kiln.version, DEV,
                   os.getenv("KILN_CUDA_POISON") == "1" and " (fresh device blocks poisoned)" or ""))
-out(string.format("%-14s %6s %12s %10s  %-6s %s", "op", "cases", "max error", "tolerance", "result", "worst case"))
+out(string.format("%-20s %6s %12s %10s  %-6s %s", "op", "cases", "max error", "tolerance", "result", "worst case"))
 for _, name in ipairs(order) do
   local r = rows[name]
-  out(string.format("%-14s %6d %12.3g %10.3g  %-6s %s", name, r.cases, r.err, r.tol,
+  out(string.format("%-20s %6d %12.3g %10.3g  %-6s %s", name, r.cases, r.err, r.tol,
                     r.failed == 0 and "pass" or ("FAIL " .. r.failed), r.worst))
 end
 local missing = {}

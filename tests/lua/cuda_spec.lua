@@ -108,6 +108,8 @@ local cuda_kernels = {
   "sum", "mean", "prod", "max", "min", "argmax", "argmin", "var", "std", "norm", "logsumexp",
   "cat", "index_select", "gather", "scatter_add", "masked_fill", "masked_select",
   "softmax", "softmax_backward", "log_softmax", "log_softmax_backward", "nll_loss", "nll_loss_backward", "dropout",
+  "max_pool2d", "max_pool2d_backward", "avg_pool2d", "avg_pool2d_backward",
+  "batch_norm", "batch_norm_backward", "layer_norm", "layer_norm_backward", "group_norm", "group_norm_backward",
   "sgd_step", "adam_step", "rmsprop_step", "adagrad_step",
 }
 local CUDA_KERNEL_COUNT = #cuda_kernels

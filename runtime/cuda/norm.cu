@@ -1,0 +1,321 @@
+/* cuda/norm.cu: batch, layer and group norm on CUDA, forward and backward, with cpu/norm.c's
+   semantics (norm.cuh). One block per row (layer, group norm) or per channel (batch norm): its
+   threads stride over the elements, the sums (in double) go through the block's fixed tree, the
+   mean first and then the squared deviations from it. Batch norm's block also updates the
+   channel's running stats in place. Layer norm's weight and bias grads take one thread per
+   column, the rows in order (the CPU's order); group norm's one block per channel. Everything is
+   deterministic: no atomics. */
+#include "kernels.cuh"
+#include "norm.cuh"
+#include "nn_calls.h"
+
+using namespace kiln_norm;
+using namespace kiln_k;
+
+enum { NORM_THREADS = 256 };
+
+/* ---- batch norm ---- */
+
+struct bn_geom {
+  int64_t N, C, S;
+};
+
+template <class T>
+__global__ void batch_norm_kernel(const T *x, const T *w, const T *b, T *y, T *mean, T *invstd, T *rm, int64_t rms, T *rv,
+                                  int64_t rvs, struct bn_geom g, int batch_stats, int update, double eps, double momentum) {
+  extern __shared__ double red[];
+  int64_t per = g.N * g.S;
+  double M = (double)per;
+  for (int64_t c = blockIdx.x; c < g.C; c += gridDim.x) {
+    double m, is;
+    if (batch_stats) {
+      double s = 0;
+      for (int64_t k = threadIdx.x; k < per; k += blockDim.x) s += (double)x[bn_at(k, c, g.C, g.S)];
+      m = bn_mean(block_sum(s, red), M);
+      double q = 0;
+      for (int64_t k = threadIdx.x; k < per; k += blockDim.x) {
+        double d = (double)x[bn_at(k, c, g.C, g.S)] - m;
+        q += d * d;
+      }
+      q = block_sum(q, red);
+      /* thread 0 moves the channel's running stats (no thread reads them in this mode) */
+      is = bn_batch_invstd<T>(m, q, M, eps, update && threadIdx.x == 0, momentum, rm + c * rms, rv + c * rvs);
+    } else {
+      m = (double)rm[c * rms];
+      is = bn_running_invstd<T>(rv + c * rvs, eps);
+    }
+    if (threadIdx.x == 0) {
+      mean[c] = (T)m;
+      invstd[c] = (T)is;
+    }
+    T scale, shift;
+    bn_affine<T>(m, is, w, b, c, &scale, &shift);
+    for (int64_t k = threadIdx.x; k < per; k += blockDim.x) {
+      int64_t at = bn_at(k, c, g.C, g.S);
+      y[at] = x[at] * scale + shift;
+    }
+  }
+}
+
+template <class T>
+__global__ void batch_norm_backward_kernel(const T *gy, const T *x, const T *w, const T *mean, const T *invstd, T *gx, T *gw,
+                                           T *gb, struct bn_geom g, int batch_stats) {
+  extern __shared__ double red[];
+  int64_t per = g.N * g.S;
+  for (int64_t c = blockIdx.x; c < g.C; c += gridDim.x) {
+    double m = (double)mean[c], is = (double)invstd[c];
+    double sg = 0, sgx = 0;
+    for (int64_t k = threadIdx.x; k < per; k += blockDim.x) {
+      int64_t at = bn_at(k, c, g.C, g.S);
+      sg += (double)gy[at];
+      sgx += (double)gy[at] * ((double)x[at] - m);
+    }
+    sg = block_sum(sg, red);
+    sgx = block_sum(sgx, red);
+    if (threadIdx.x == 0) {
+      if (gw) gw[c] = (T)(sgx * is);
+      if (gb) gb[c] = (T)sg;
+    }
+    if (!gx) continue;
+    double k[3];
+    bn_backward_coefs(batch_stats, m, is, w ? (double)w[c] : 1.0, sg, sgx, (double)per, k);
+    T t1 = (T)k[0], t2 = (T)k[1], t3 = (T)k[2];
+    for (int64_t q = threadIdx.x; q < per; q += blockDim.x) {
+      int64_t at = bn_at(q, c, g.C, g.S);
+      gx[at] = t1 * gy[at] + t2 * x[at] + t3;
+    }
+  }
+}
+
+static struct bn_geom bn_geom_of(const struct kiln_tensor *x) {
+  struct bn_geom g = {x->sizes[0], x->ndim > 1 ? x->sizes[1] : 1, 1};
+  for (int d = 2; d < x->ndim; d++) g.S *= x->sizes[d];
+  return g;
+}
+
+/* ---- layer and group norm ---- */
+
+template <class T>
+__global__ void row_norm_kernel(const T *x, const T *w, const T *b, T *y, T *mean, T *invstd, struct rn_geom g, double eps) {
+  extern __shared__ double red[];   /* blockDim.x */
+  for (int64_t r = blockIdx.x; r < g.rows; r += gridDim.x) {
+    const T *xr = x + r * g.L;
+    double s = 0;
+    for (int64_t i = threadIdx.x; i < g.L; i += blockDim.x) s += (double)xr[i];
+    double m = rn_mean(block_sum(s, red), g.L);
+    double q = 0;
+    for (int64_t i = threadIdx.x; i < g.L; i += blockDim.x) {
+      double d = (double)xr[i] - m;
+      q += d * d;
+    }
+    double is = rn_invstd(block_sum(q, red), g.L, eps);
+    if (threadIdx.x == 0) {
+      mean[r] = (T)m;
+      invstd[r] = (T)is;
+    }
+    for (int64_t i = threadIdx.x; i < g.L; i += blockDim.x) y[r * g.L + i] = rn_forward_element<T>(xr[i], g, r, i, m, is, w, b);
+  }
+}
+
+template <class T>
+__global__ void row_norm_backward_kernel(const T *gy, const T *x, const T *w, const T *mean, const T *invstd, T *gx,
+                                         struct rn_geom g) {
+  extern __shared__ double red[];
+  for (int64_t r = blockIdx.x; r < g.rows; r += gridDim.x) {
+    const T *xr = x + r * g.L, *gr = gy + r * g.L;
+    double m = (double)mean[r], is = (double)invstd[r];
+    double a = 0, bs = 0;
+    for (int64_t i = threadIdx.x; i < g.L; i += blockDim.x) {
+      double gw = (double)gr[i] * (w ? (double)w[rn_channel(g, r, i)] : 1.0);
+      a += gw;
+      bs += gw * ((double)xr[i] - m);
+    }
+    a = block_sum(a, red);
+    bs = block_sum(bs, red);
+    double k2, k3;
+    rn_backward_coefs(m, is, a, bs, g.L, &k2, &k3);
+    T t2 = (T)k2, t3 = (T)k3;
+    for (int64_t i = threadIdx.x; i < g.L; i += blockDim.x)
+      gx[r * g.L + i] = rn_backward_element<T>(gr[i], xr[i], g, r, i, is, w, t2, t3);
+  }
+}
+
+template <class T>
+__global__ void ln_param_grads_kernel(const T *x, const T *gy, const T *mean, const T *invstd, int64_t rows, int64_t L, T *gw,
+                                      T *gb) {
+  KILN_GRID_LOOP(j, L) {
+    double sw, sb;
+    ln_param_grads<T>(x, gy, mean, invstd, rows, L, j, &sw, &sb);
+    if (gw) gw[j] = (T)sw;
+    if (gb) gb[j] = (T)sb;
+  }
+}
+
+template <class T>
+__global__ void gn_param_grads_kernel(const T *x, const T *gy, const T *mean, const T *invstd, struct rn_geom g, T *gw, T *gb) {
+  extern __shared__ double red[];
+  int64_t per = g.rows / g.G * g.S;   /* the channel's elements in the batch */
+  for (int64_t c = blockIdx.x; c < g.C; c += gridDim.x) {
+    double sw = 0, sb = 0;
+    for (int64_t k = threadIdx.x; k < per; k += blockDim.x) {
+      int64_t at;
+      sw += gn_weight_term<T>(x, gy, mean, invstd, g, c, k, &at);
+      sb += (double)gy[at];
+    }
+    sw = block_sum(sw, red);
+    sb = block_sum(sb, red);
+    if (threadIdx.x == 0) {
+      if (gw) gw[c] = (T)sw;
+      if (gb) gb[c] = (T)sb;
+    }
+  }
+}
+
+static int float_only(const char *op, const struct kiln_tensor *t) {
+  if (t->dtype == KILN_F32 || t->dtype == KILN_F64) return KILN_OK;
+  return cuda_fail(KILN_ERR_DTYPE, "%s: %s tensors are not supported on cuda (f32 or f64; got %s)", op,
+                   kiln_dtype_name(t->dtype), kiln_shape_string(t));
+}
+
+/* Contiguous copies (or retained references) of the tensors a kernel reads; NULL stays NULL. */
+static int contiguous_inputs(int n, const struct kiln_tensor *const *in, int dtype, struct kiln_tensor **out, const char *op) {
+  for (int k = 0; k < n; k++) out[k] = NULL;
+  for (int k = 0; k < n; k++)
+    if (in[k] && !(out[k] = cuda_contiguous_as(in[k], dtype, op))) return kiln_error_code();
+  return KILN_OK;
+}
+static void release_all(int n, struct kiln_tensor **t) {
+  for (int k = 0; k < n; k++) kiln_tensor_release(t[k]);
+}
+
+template <class T> static const T *ptr(const struct kiln_tensor *t) { return t ? (const T *)kiln_tensor_data(t) : NULL; }
+template <class T> static T *mptr(struct kiln_tensor *t) { return t ? (T *)kiln_tensor_data(t) : NULL; }
+
+template <class T>
+static int row_norm_launch(struct cuda_device *dev, const struct kiln_call *c, struct kiln_tensor *const *in,
+                           const struct rn_geom &g, const char *op) {
+  const struct kiln_norm_stats *st = (const struct kiln_norm_stats *)c->extra;
+  int threads = kiln_cuda_pow2_threads(g.L, 32, NORM_THREADS);
+  row_norm_kernel<T><<<blocks_for(dev, g.rows, threads), threads, sizeof(double) * threads, dev->stream>>>(
+      ptr<T>(in[0]), ptr<T>(in[1]), ptr<T>(in[2]), mptr<T>(c->out), mptr<T>(st->mean), mptr<T>(st->invstd), g, c->scalar[0]);
+  return cuda_launched(op, "row_norm_kernel");
+}
+
+extern "C" int cuda_row_norm(const struct kiln_call *c) {
+  const char *op = kiln_op_name(c->op);
+  const struct kiln_tensor *x = c->in[0];
+  struct cuda_device *dev = cuda_device_enter(x->device.index, op);
+  if (!dev) return kiln_error_code();
+  if (float_only(op, x)) return kiln_error_code();
+  struct rn_geom g = rn_geom_of(c->op, c->ints[0], x->ndim, x->sizes, x->numel);
+  if (g.rows == 0) return KILN_OK;
+  struct kiln_tensor *in[3];
+  int rc = contiguous_inputs(3, c->in, x->dtype, in, op);
+  if (!rc) rc = x->dtype == KILN_F32 ? row_norm_launch<float>(dev, c, in, g, op) : row_norm_launch<double>(dev, c, in, g, op);
+  release_all(3, in);
+  return rc;
+}
+
+template <class T>
+static int row_norm_backward_launch(struct cuda_device *dev, const struct kiln_norm_grads *gr, struct kiln_tensor *const *in,
+                                    const struct rn_geom &g, const char *op) {
+  const T *gy = ptr<T>(in[0]), *x = ptr<T>(in[1]), *w = ptr<T>(in[2]), *mean = ptr<T>(in[3]), *invstd = ptr<T>(in[4]);
+  int rc = KILN_OK;
+  if (gr->gx && g.rows > 0 && g.L > 0) {
+    int threads = kiln_cuda_pow2_threads(g.L, 32, NORM_THREADS);
+    row_norm_backward_kernel<T><<<blocks_for(dev, g.rows, threads), threads, sizeof(double) * threads, dev->stream>>>(
+        gy, x, w, mean, invstd, mptr<T>(gr->gx), g);
+    rc = cuda_launched(op, "row_norm_backward_kernel");
+  }
+  if (rc || !(gr->gw || gr->gb)) return rc;
+  if (g.group) {
+    if (g.C == 0) return KILN_OK;
+    int threads = kiln_cuda_pow2_threads(g.rows / g.G * g.S, 32, NORM_THREADS);
+    gn_param_grads_kernel<T><<<blocks_for(dev, g.C, threads), threads, sizeof(double) * threads, dev->stream>>>(
+        x, gy, mean, invstd, g, mptr<T>(gr->gw), mptr<T>(gr->gb));
+    return cuda_launched(op, "gn_param_grads_kernel");
+  }
+  if (g.L == 0) return KILN_OK;
+  struct kiln_cuda_launch l = grid_for(dev, g.L);
+  ln_param_grads_kernel<T><<<(unsigned)l.blocks, l.threads, 0, dev->stream>>>(x, gy, mean, invstd, g.rows, g.L,
+                                                                              mptr<T>(gr->gw), mptr<T>(gr->gb));
+  return cuda_launched(op, "ln_param_grads_kernel");
+}
+
+extern "C" int cuda_row_norm_backward(const struct kiln_call *c) {
+  const char *op = kiln_op_name(c->op);
+  const struct kiln_norm_grads *gr = (const struct kiln_norm_grads *)c->extra;
+  const struct kiln_tensor *x = c->in[1];
+  struct cuda_device *dev = cuda_device_enter(x->device.index, op);
+  if (!dev) return kiln_error_code();
+  if (float_only(op, x)) return kiln_error_code();
+  struct rn_geom g = rn_geom_of(c->op, c->ints[0], x->ndim, x->sizes, x->numel);
+  const struct kiln_tensor *src[5] = {c->in[0], c->in[1], c->in[2], gr->mean, gr->invstd};
+  struct kiln_tensor *in[5];
+  int rc = contiguous_inputs(5, src, x->dtype, in, op);
+  if (!rc)
+    rc = x->dtype == KILN_F32 ? row_norm_backward_launch<float>(dev, gr, in, g, op)
+                              : row_norm_backward_launch<double>(dev, gr, in, g, op);
+  release_all(5, in);
+  return rc;
+}
+
+template <class T>
+static int batch_norm_launch(struct cuda_device *dev, const struct kiln_call *c, struct kiln_tensor *const *in,
+                             const struct bn_geom &g, const char *op) {
+  const struct kiln_norm_stats *st = (const struct kiln_norm_stats *)c->extra;
+  int threads = kiln_cuda_pow2_threads(g.N * g.S, 32, NORM_THREADS);
+  batch_norm_kernel<T><<<blocks_for(dev, g.C, threads), threads, sizeof(double) * threads, dev->stream>>>(
+      ptr<T>(in[0]), ptr<T>(in[1]), ptr<T>(in[2]), mptr<T>(c->out), mptr<T>(st->mean), mptr<T>(st->invstd),
+      mptr<T>(st->running_mean), st->running_mean ? st->running_mean->strides[0] : 0, mptr<T>(st->running_var),
+      st->running_var ? st->running_var->strides[0] : 0, g, (int)c->ints[0], (int)c->ints[1], c->scalar[0], c->scalar[1]);
+  return cuda_launched(op, "batch_norm_kernel");
+}
+
+extern "C" int cuda_batch_norm(const struct kiln_call *c) {
+  const char *op = "batch_norm";
+  const struct kiln_tensor *x = c->in[0];
+  const struct kiln_norm_stats *st = (const struct kiln_norm_stats *)c->extra;
+  struct cuda_device *dev = cuda_device_enter(x->device.index, op);
+  if (!dev) return kiln_error_code();
+  if (float_only(op, x)) return kiln_error_code();
+  if (!c->ints[0] && !(st->running_mean && st->running_var))
+    return cuda_fail(KILN_ERR_ARGUMENT, "%s: normalising with the running stats needs them", op);
+  struct bn_geom g = bn_geom_of(x);
+  if (g.C == 0) return KILN_OK;
+  struct kiln_tensor *in[3];
+  int rc = contiguous_inputs(3, c->in, x->dtype, in, op);
+  if (!rc) rc = x->dtype == KILN_F32 ? batch_norm_launch<float>(dev, c, in, g, op) : batch_norm_launch<double>(dev, c, in, g, op);
+  release_all(3, in);
+  return rc;
+}
+
+template <class T>
+static int batch_norm_backward_launch(struct cuda_device *dev, const struct kiln_call *c, struct kiln_tensor *const *in,
+                                      const struct bn_geom &g, const char *op) {
+  const struct kiln_norm_grads *gr = (const struct kiln_norm_grads *)c->extra;
+  int threads = kiln_cuda_pow2_threads(g.N * g.S, 32, NORM_THREADS);
+  batch_norm_backward_kernel<T><<<blocks_for(dev, g.C, threads), threads, sizeof(double) * threads, dev->stream>>>(
+      ptr<T>(in[0]), ptr<T>(in[1]), ptr<T>(in[2]), ptr<T>(in[3]), ptr<T>(in[4]), mptr<T>(gr->gx), mptr<T>(gr->gw),
+      mptr<T>(gr->gb), g, (int)c->ints[0]);
+  return cuda_launched(op, "batch_norm_backward_kernel");
+}
+
+extern "C" int cuda_batch_norm_backward(const struct kiln_call *c) {
+  const char *op = "batch_norm_backward";
+  const struct kiln_norm_grads *gr = (const struct kiln_norm_grads *)c->extra;
+  const struct kiln_tensor *x = c->in[1];
+  struct cuda_device *dev = cuda_device_enter(x->device.index, op);
+  if (!dev) return kiln_error_code();
+  if (float_only(op, x)) return kiln_error_code();
+  struct bn_geom g = bn_geom_of(x);
+  if (g.C == 0 || !(gr->gx || gr->gw || gr->gb)) return KILN_OK;
+  const struct kiln_tensor *src[5] = {c->in[0], c->in[1], c->in[2], gr->mean, gr->invstd};
+  struct kiln_tensor *in[5];
+  int rc = contiguous_inputs(5, src, x->dtype, in, op);
+  if (!rc)
+    rc = x->dtype == KILN_F32 ? batch_norm_backward_launch<float>(dev, c, in, g, op)
+                              : batch_norm_backward_launch<double>(dev, c, in, g, op);
+  release_all(5, in);
+  return rc;
+}
