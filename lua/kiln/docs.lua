@@ -8,7 +8,15 @@ return {
   Tensor = "Tensor: an n-d array (dtype, device, sizes, strides) over shared storage; dims count from 1; methods: t:size(), t:view(...), t:sum(), ...",
 
   -- modules
-  ["kiln.nn"] = "kiln.nn: layers (Linear, Conv2d, BatchNorm2d, ReLU, ...), containers (Sequential), losses and nn.init; nn.define(name) makes a new module",
+  ["kiln.nn"] = "kiln.nn: layers (Linear, Conv2d, BatchNorm2d, ReLU, RNN, GRU, LSTM, ...), containers (Sequential), losses (CrossEntropyLoss, CTCLoss, ...) and nn.init; nn.define(name) makes a new module",
+  ["kiln.nn.RNN"] = "kiln.nn.RNN(input_size, hidden_size[, {num_layers, nonlinearity = \"tanh\", bias, batch_first, dropout, bidirectional, algorithm}]): out, h_n = rnn(x[, h0][, lengths])",
+  ["kiln.nn.GRU"] = "kiln.nn.GRU(input_size, hidden_size[, opts as nn.RNN]): out, h_n = gru(x[, h0][, lengths]); gates r, z, n as PyTorch's",
+  ["kiln.nn.LSTM"] = "kiln.nn.LSTM(input_size, hidden_size[, opts as nn.RNN]): out, {h_n, c_n} = lstm(x[, {h0, c0}][, lengths]); gates i, f, g, o as PyTorch's",
+  ["kiln.nn.RNNCell"] = "kiln.nn.RNNCell(input_size, hidden_size[, {bias, nonlinearity}]): h' = cell(x[, h]), one step",
+  ["kiln.nn.GRUCell"] = "kiln.nn.GRUCell(input_size, hidden_size[, {bias}]): h' = cell(x[, h]), one step",
+  ["kiln.nn.LSTMCell"] = "kiln.nn.LSTMCell(input_size, hidden_size[, {bias}]): {h', c'} = cell(x[, {h, c}]), one step",
+  ["kiln.nn.functional.rnn_layer"] = "F.rnn_layer(mode, x [T,B,I], h0, c0, w_ih, w_hh, b_ih, b_hh[, {lengths, reverse, algorithm}]): one layer and direction -> [T+S,B,H] (outputs, h_n, c_n)",
+  ["kiln.nn.functional.rnn_algorithm"] = "F.rnn_algorithm(mode, batch, hidden[, {dtype, device, algorithm}]): \"gemm\" or \"persistent\", and why",
   ["kiln.optim"] = "kiln.optim: SGD, Adam, AdamW, RMSprop, Adagrad and optim.lr_scheduler; opt:step(), opt:zero_grad()",
   ["kiln.data"] = "kiln.data: read_idx, TensorDataset, batches(tensors, {batch_size=, shuffle=, seed=}), DataLoader{dataset=, workers=, device=, pin_memory=, ...} (C worker threads; pinned batches uploaded without waiting), ImageFolder, transforms",
   ["kiln.io"] = "kiln.io: reading and writing tensors, state dicts (safetensors) and checkpoints",
