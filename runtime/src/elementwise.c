@@ -85,13 +85,37 @@ KILN_API int kiln_unary_(int op, struct kiln_tensor *a) {
   return rc;
 }
 
+/* Integer remainder by zero has no value (PyTorch raises too): find a zero divisor before the
+   kernel runs. divisor is the tensor operand, or NULL with the scalar s. */
+static int check_integer_divisor(int op, int ctype, const struct kiln_tensor *divisor, double s) {
+  if (op != KILN_OP_REMAINDER || ctype != KILN_I64) return KILN_OK;
+  if (!divisor) {
+    if (s == 0) return kiln_fail(KILN_ERR_ARGUMENT, "remainder: integer division by zero (the divisor is 0)");
+    return KILN_OK;
+  }
+  int prev = kiln_set_grad_enabled(0);
+  struct kiln_tensor *zero = kiln_binary_scalar(KILN_OP_EQ, divisor, 0, 0);
+  struct kiln_tensor *count = zero ? kiln_reduce(KILN_OP_SUM, zero, 0, NULL, 0, 0) : NULL;
+  double n = 0;
+  int rc = count ? kiln_tensor_item(count, &n) : kiln_error_code();
+  kiln_tensor_release(zero);
+  kiln_tensor_release(count);
+  kiln_set_grad_enabled(prev);
+  if (rc) return rc;
+  if (n > 0)
+    return kiln_fail(KILN_ERR_ARGUMENT, "remainder: integer division by zero (%.0f of the %lld divisors in %s are 0)", n,
+                     (long long)divisor->numel, kiln_shape_string(divisor));
+  return KILN_OK;
+}
+
 KILN_API struct kiln_tensor *kiln_binary(int op, const struct kiln_tensor *a, const struct kiln_tensor *b) {
   const char *name = kiln_op_name(op);
   int result, ctype, nd;
   int64_t shape[KILN_MAX_DIMS];
   if (kiln_check_live(name, a) || kiln_check_live(name, b) || kiln_check_same_device(name, a, b) ||
       binary_dtypes(op, a->dtype, b->dtype, &result, &ctype) ||
-      kiln_broadcast_shapes(name, a->ndim, a->sizes, b->ndim, b->sizes, &nd, shape))
+      kiln_broadcast_shapes(name, a->ndim, a->sizes, b->ndim, b->sizes, &nd, shape) ||
+      check_integer_divisor(op, ctype, b, 0))
     return NULL;
   struct kiln_tensor *out = new_like_shape(nd, shape, result, a->device);
   if (!out) return NULL;
@@ -106,7 +130,8 @@ KILN_API int kiln_binary_(int op, struct kiln_tensor *a, const struct kiln_tenso
   int64_t shape[KILN_MAX_DIMS];
   if (kiln_check_live(name, a) || kiln_check_live(name, b) || kiln_check_same_device(name, a, b) ||
       binary_dtypes(op, a->dtype, b->dtype, &result, &ctype) ||
-      kiln_broadcast_shapes(name, a->ndim, a->sizes, b->ndim, b->sizes, &nd, shape))
+      kiln_broadcast_shapes(name, a->ndim, a->sizes, b->ndim, b->sizes, &nd, shape) ||
+      check_integer_divisor(op, ctype, b, 0))
     return kiln_error_code();
   if (nd != a->ndim || memcmp(shape, a->sizes, sizeof(int64_t) * (size_t)nd) != 0)
     return kiln_fail(KILN_ERR_SHAPE, "%s_: %s does not broadcast to the in-place target %s", name, kiln_shape_string(b), kiln_shape_string(a));
@@ -126,7 +151,8 @@ KILN_API struct kiln_tensor *kiln_binary_scalar(int op, const struct kiln_tensor
   int result, ctype;
   if (kiln_check_live(name, a)) return NULL;
   int sd = scalar_dtype(a, s);
-  if (binary_dtypes(op, a->dtype, sd, &result, &ctype)) return NULL;
+  if (binary_dtypes(op, a->dtype, sd, &result, &ctype) || check_integer_divisor(op, ctype, reverse ? a : NULL, s))
+    return NULL;
   struct kiln_tensor *out = new_like_shape(a->ndim, a->sizes, result, a->device);
   if (!out) return NULL;
   struct kiln_call call = {.op = op, .out = out, .in = {a}, .nin = 2, .scalar = {s}, .ints = {ctype, reverse != 0}, .nints = 2};
@@ -139,7 +165,9 @@ KILN_API int kiln_binary_scalar_(int op, struct kiln_tensor *a, double s) {
   int result, ctype;
   if (kiln_check_live(name, a)) return kiln_error_code();
   int sd = scalar_dtype(a, s);
-  if (binary_dtypes(op, a->dtype, sd, &result, &ctype) || kiln_autograd_check_inplace(name, a, NULL)) return kiln_error_code();
+  if (binary_dtypes(op, a->dtype, sd, &result, &ctype) || check_integer_divisor(op, ctype, NULL, s) ||
+      kiln_autograd_check_inplace(name, a, NULL))
+    return kiln_error_code();
   if (kiln_dtype_is_float(result) && !kiln_dtype_is_float(a->dtype))
     return kiln_fail(KILN_ERR_DTYPE, "%s_: the result (%s) cannot be stored in place in a %s tensor %s", name,
                      kiln_dtype_name(result), kiln_dtype_name(a->dtype), kiln_shape_string(a));

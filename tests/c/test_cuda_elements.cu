@@ -165,8 +165,15 @@ template <int OP> static void check_unary_all() {
 template <int OP, class C> static void check_binary() {
   std::vector<C> vs = op_values<C>();
   std::vector<C> xs, ys;
+  /* integer x % 0 is refused by the front end on every device, before any kernel runs */
+  const bool int_rem = OP == KILN_OP_REMAINDER && !kiln_dtype_is_float(dtype_of<C>());
+  bool zero_x = false;
   for (C x : vs)
-    for (C y : vs) { xs.push_back(x); ys.push_back(y); }
+    for (C y : vs) {
+      if (int_rem && y == C(0)) continue;
+      xs.push_back(x); ys.push_back(y);
+      zero_x = zero_x || x == C(0);
+    }
   int64_t n = (int64_t)xs.size();
   struct kiln_tensor *a = kiln_tensor_empty(1, &n, dtype_of<C>(), CPU), *b = kiln_tensor_empty(1, &n, dtype_of<C>(), CPU);
   memcpy(kiln_tensor_data(a), xs.data(), sizeof(C) * xs.size());
@@ -184,6 +191,11 @@ template <int OP, class C> static void check_binary() {
   for (double s : {3.0, -2.0, 0.0}) {
     for (int reverse = 0; reverse < 2; reverse++) {
       struct kiln_tensor *q = kiln_binary_scalar(OP, a, s, reverse);
+      if (int_rem && (reverse ? zero_x : s == 0)) {   /* a zero divisor: the clear error */
+        if (q || !strstr(kiln_error_message(), "integer division by zero")) bad++;
+        kiln_tensor_release(q);
+        continue;
+      }
       C sc = scalar_as<C>(s);
       for (int64_t i = 0; q && i < n; i++) {
         double want = kiln_tensor_get(q, i);
