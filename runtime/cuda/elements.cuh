@@ -8,6 +8,7 @@
 extern "C" {
 #include <kiln/kiln.h>
 }
+#include "../src/philox.h"
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -242,21 +243,11 @@ template <class C> KILN_EL C clamp_bound(double v) {
   else return (C)v;
 }
 
-/* ---- Philox 4x32-10, as cpu/random.c: counter (ctr, 0), key = seed ---- */
+/* ---- Philox 4x32-10 (runtime/src/philox.h, shared with cpu/random.c): counter (ctr, 0), key = seed ---- */
 
-KILN_EL void philox(uint64_t ctr, uint64_t key, uint32_t out[4]) {
-  uint32_t c0 = (uint32_t)ctr, c1 = (uint32_t)(ctr >> 32), c2 = 0, c3 = 0;
-  uint32_t k0 = (uint32_t)key, k1 = (uint32_t)(key >> 32);
-  for (int r = 0; r < 10; r++) {
-    uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
-    uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
-    c1 = (uint32_t)p1; c3 = (uint32_t)p0; c0 = n0; c2 = n2;
-    k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;
-  }
-  out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
-}
+KILN_EL void philox(uint64_t ctr, uint64_t key, uint32_t out[4]) { kiln_philox4x32(ctr, key, out); }
 
-KILN_EL double unit53(const uint32_t r[4]) { return (double)(((uint64_t)r[0] << 21) ^ (r[1] >> 11)) * 0x1p-53; }
+KILN_EL double unit53(const uint32_t r[4]) { return kiln_philox_unit53(r); }
 
 /* The largest f16 or bf16 value below hi (cpu/random.c's `below`). */
 KILN_EL uint16_t below(double hi, int dtype) {

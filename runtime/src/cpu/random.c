@@ -1,22 +1,13 @@
 /* cpu/random.c: Philox 4x32-10 (Salmon et al., SC'11) filling contiguous tensors.
    Element i takes block counter = offset + i under key = seed, so threads can split freely. */
 #include "cpu.h"
+#include "../philox.h"
 #include <math.h>
 
-void kiln_philox(uint64_t ctr, uint64_t key, uint32_t out[4]) {
-  uint32_t c0 = (uint32_t)ctr, c1 = (uint32_t)(ctr >> 32), c2 = 0, c3 = 0;
-  uint32_t k0 = (uint32_t)key, k1 = (uint32_t)(key >> 32);
-  for (int r = 0; r < 10; r++) {
-    uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
-    uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
-    c1 = (uint32_t)p1; c3 = (uint32_t)p0; c0 = n0; c2 = n2;
-    k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;
-  }
-  out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
-}
+void kiln_philox(uint64_t ctr, uint64_t key, uint32_t out[4]) { kiln_philox4x32(ctr, key, out); }
 
 /* Uniform in [0, 1) with 53 bits, and in (0, 1] for logarithms. */
-static double unit53(const uint32_t r[4]) { return (double)(((uint64_t)r[0] << 21) ^ (r[1] >> 11)) * 0x1p-53; }
+static double unit53(const uint32_t r[4]) { return kiln_philox_unit53(r); }
 
 /* The largest f16 or bf16 value below hi. */
 static uint16_t below(double hi, int dtype) {
