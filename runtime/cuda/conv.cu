@@ -138,6 +138,34 @@ static int descs_make(struct descs *d, const char *op, int dtype, const int64_t 
   return rc;
 }
 
+/* The part of an input x [N,C,H,W] (contiguous) that cuDNN is told about, for an output of y's
+   extent: all of it when its conv gives that extent, else the [H', W'] corner that does. Sizes come
+   from the tensors (nn_calls.h), so the input may be taller than the conv of y's size needs: a
+   conv_transpose2d whose output padding exceeds its stride (possible under dilation) hands its
+   backward such pairs, and the rows past H' never meet the kernel. *sub gets the sizes, *strides
+   x's own (NULL when all of x is used). KILN_OK, or an error when not even the corner fits. */
+struct corner {
+  int64_t sub[4], strides[4];
+  int partial;
+};
+static int fit_input(const char *op, const int64_t *x, const int64_t *w, const int64_t *y, const int64_t *ints, struct corner *c) {
+  c->sub[0] = x[0]; c->sub[1] = x[1];
+  for (int i = 0; i < 2; i++) {
+    int64_t span = ints[4 + i] * (w[2 + i] - 1) + 1, in = x[2 + i] + 2 * ints[2 + i];
+    int64_t out = in >= span ? (in - span) / ints[i] + 1 : 0;
+    int64_t least = (y[2 + i] - 1) * ints[i] + span - 2 * ints[2 + i];
+    c->sub[2 + i] = out == y[2 + i] ? x[2 + i] : least;
+  }
+  c->strides[0] = x[1] * x[2] * x[3]; c->strides[1] = x[2] * x[3]; c->strides[2] = x[3]; c->strides[3] = 1;
+  c->partial = c->sub[2] != x[2] || c->sub[3] != x[3];
+  if (c->partial && (c->sub[2] < 1 || c->sub[3] < 1 || c->sub[2] > x[2] || c->sub[3] > x[3]))
+    return cuda_fail(KILN_ERR_UNSUPPORTED, "%s: input [%lld,%lld,%lld,%lld] for output [%lld,%lld,%lld,%lld]: sizes a "
+                     "convolution of these parameters cannot join; not implemented on cuda", op, (long long)x[0],
+                     (long long)x[1], (long long)x[2], (long long)x[3], (long long)y[0], (long long)y[1], (long long)y[2],
+                     (long long)y[3]);
+  return KILN_OK;
+}
+
 /* ---- choosing an algorithm ---- */
 
 static int exact_math(cudnnMathType_t m) { return m == CUDNN_DEFAULT_MATH || m == CUDNN_FMA_MATH; }
@@ -325,7 +353,9 @@ extern "C" int cuda_conv2d(const struct kiln_call *c) {
     kiln_tensor_release(x); kiln_tensor_release(w); kiln_tensor_release(b);
     return settle(y, yo, rc);
   }
-  if (!rc) rc = descs_make(&d, op, dt, x->sizes, NULL, w->sizes, y->sizes, c->ints);
+  struct corner cx;
+  if (!rc) rc = fit_input(op, x->sizes, w->sizes, y->sizes, c->ints, &cx);
+  if (!rc) rc = descs_make(&d, op, dt, cx.sub, cx.partial ? cx.strides : NULL, w->sizes, y->sizes, c->ints);
   struct kiln_conv_key k;
   struct kiln_conv_choice ch;
   void *ws = NULL;
@@ -360,27 +390,16 @@ static int backward_data(cudnnHandle_t h, struct cuda_device *dev, const struct 
   const char *op = "conv2d_backward";
   const int64_t *ints = c->ints;
   int dt = gx->dtype;
-  int64_t xs[4] = {gx->sizes[0], gx->sizes[1], gx->sizes[2], gx->sizes[3]};
-  int64_t hw[2];
-  for (int i = 0; i < 2; i++) {   /* gx's extent when its conv gives gy's, else the least one that does */
-    int64_t span = ints[4 + i] * (w->sizes[2 + i] - 1) + 1, in = xs[2 + i] + 2 * ints[2 + i];
-    int64_t out = in >= span ? (in - span) / ints[i] + 1 : 0;
-    int64_t least = (gy->sizes[2 + i] - 1) * ints[i] + span - 2 * ints[2 + i];
-    hw[i] = out == gy->sizes[2 + i] ? xs[2 + i] : least > xs[2 + i] ? xs[2 + i] : least;
-  }
-  int partial = hw[0] != xs[2] || hw[1] != xs[3];
-  if (partial && (hw[0] < 1 || hw[1] < 1))
-    return cuda_fail(KILN_ERR_UNSUPPORTED, "%s: grad input %s from grad output %s: padding larger than the image is not "
-                     "implemented on cuda", op, kiln_shape_string(gx), kiln_shape_string(gy));
+  const int64_t *xs = gx->sizes;
+  struct corner cx;
+  if (fit_input(op, xs, w->sizes, gy->sizes, ints, &cx)) return kiln_error_code();
   struct kiln_tensor *o = target(gx);
   if (!o) return kiln_error_code();
   int rc = KILN_OK;
-  if (partial) rc = cuda_check(cudaMemsetAsync(kiln_tensor_data(o), 0, (size_t)(o->numel * kiln_dtype_size(dt)), dev->stream), op, "cudaMemsetAsync");
-  int64_t sub[4] = {xs[0], xs[1], hw[0], hw[1]};
-  int64_t strides[4] = {xs[1] * xs[2] * xs[3], xs[2] * xs[3], xs[3], 1};
+  if (cx.partial) rc = cuda_check(cudaMemsetAsync(kiln_tensor_data(o), 0, (size_t)(o->numel * kiln_dtype_size(dt)), dev->stream), op, "cudaMemsetAsync");
   struct descs d;
   memset(&d, 0, sizeof d);
-  if (!rc) rc = descs_make(&d, op, dt, sub, partial ? strides : NULL, w->sizes, gy->sizes, ints);
+  if (!rc) rc = descs_make(&d, op, dt, cx.sub, cx.partial ? cx.strides : NULL, w->sizes, gy->sizes, ints);
   struct kiln_conv_key k;
   struct kiln_conv_choice ch;
   void *ws = NULL;
@@ -413,7 +432,10 @@ static int backward_filter(cudnnHandle_t h, struct cuda_device *dev, const struc
   struct kiln_tensor *o = target(gw);
   if (!o) return kiln_error_code();
   struct descs d;
-  int rc = descs_make(&d, op, dt, x->sizes, NULL, gw->sizes, gy->sizes, c->ints);
+  struct corner cx;
+  memset(&d, 0, sizeof d);
+  int rc = fit_input(op, x->sizes, gw->sizes, gy->sizes, c->ints, &cx);
+  if (!rc) rc = descs_make(&d, op, dt, cx.sub, cx.partial ? cx.strides : NULL, gw->sizes, gy->sizes, c->ints);
   struct kiln_conv_key k;
   struct kiln_conv_choice ch;
   void *ws = NULL;
