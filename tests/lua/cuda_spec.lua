@@ -151,7 +151,7 @@ describe("the op x backend coverage table", function()
 
   it("an op without a CUDA kernel is refused by name on a device", function()
     if not kiln.cuda.is_available() then return end   -- needs a device to reach dispatch
-    local lp = kiln.randn(6, 2, 4, {device = "cuda"}):log_softmax(3)
+    local lp = kiln.randn(6, 2, 4):log_softmax(3):to("cuda")
     local ok, err = pcall(function()
       return kiln.F.ctc_loss(lp, {{2, 3}, {2, 2}}, {6, 6})
     end)
