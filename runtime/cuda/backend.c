@@ -1,5 +1,5 @@
 /* cuda/backend.c: the CUDA backend table and libkiln_cuda's one entry, kiln_cuda_backend_open;
-   the per-device state (stream, caching allocator, cuBLAS), page-locked host memory, memory moves
+   the per-device state (stream, caching allocator, cuBLAS, cuDNN), page-locked host memory, memory moves
    between host and device, synchronisation, and turning CUDA errors into kiln errors. C, for the table's designated
    initializers: every op has a kernel or an explicit NULL ("not implemented on cuda:0"). */
 #include "common.h"
@@ -322,8 +322,13 @@ static const struct kiln_backend cuda_backend = {
     [KILN_OP_SCATTER_ADD] = cuda_scatter_add, [KILN_OP_MASKED_FILL] = cuda_masked_fill,
     [KILN_OP_MASKED_SELECT] = cuda_masked_select,
     [KILN_OP_UNIFORM] = cuda_random, [KILN_OP_NORMAL] = cuda_random, [KILN_OP_RANDINT] = cuda_random,
-    /* nn ops: convolution (cuDNN 9) next; pooling and normalisation are our own kernels */
+    /* nn ops: convolution through cuDNN 9 (NULL when the build found no cuDNN); pooling and
+       normalisation are our own kernels */
+#ifdef KILN_HAVE_CUDNN
+    [KILN_OP_CONV2D] = cuda_conv2d, [KILN_OP_CONV2D_BACKWARD] = cuda_conv2d_backward,
+#else
     [KILN_OP_CONV2D] = NULL, [KILN_OP_CONV2D_BACKWARD] = NULL,
+#endif
     [KILN_OP_MAX_POOL2D] = cuda_pool2d, [KILN_OP_MAX_POOL2D_BACKWARD] = cuda_pool2d_backward,
     [KILN_OP_AVG_POOL2D] = cuda_pool2d, [KILN_OP_AVG_POOL2D_BACKWARD] = cuda_pool2d_backward,
     [KILN_OP_BATCH_NORM] = cuda_batch_norm, [KILN_OP_BATCH_NORM_BACKWARD] = cuda_batch_norm_backward,

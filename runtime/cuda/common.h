@@ -1,5 +1,5 @@
 /* cuda/common.h: what the CUDA backend's files share: the host services libkiln passed in, the
-   per-device state (stream, allocator, cuBLAS), error helpers, and the kernels of the table.
+   per-device state (stream, allocator, cuBLAS, cuDNN), error helpers, and the kernels of the table.
    Included from C (backend.c) and from CUDA C++ (the .cu files). */
 #ifndef KILN_CUDA_COMMON_H
 #define KILN_CUDA_COMMON_H
@@ -26,6 +26,9 @@ struct cuda_device {
   struct kiln_caching_allocator *allocator;
   void *blas;                                /* cublasHandle_t, made at the first GEMM */
   void *blas_workspace;
+  void *dnn;                                 /* cudnnHandle_t, made at the first convolution */
+  void *dnn_workspace;                       /* cuDNN's workspace, grown to the largest request */
+  size_t dnn_workspace_bytes;
 };
 
 /* Make device current on this thread and return its state (streams made on first use), or NULL
@@ -72,6 +75,8 @@ int cuda_batch_norm_backward(const struct kiln_call *c);
 int cuda_row_norm(const struct kiln_call *c);            /* layer_norm, group_norm */
 int cuda_row_norm_backward(const struct kiln_call *c);
 int cuda_optim_step(const struct kiln_call *c);         /* sgd, adam, rmsprop, adagrad */
+int cuda_conv2d(const struct kiln_call *c);             /* cuDNN; built when CMake finds it (KILN_HAVE_CUDNN) */
+int cuda_conv2d_backward(const struct kiln_call *c);
 
 #ifdef __cplusplus
 }

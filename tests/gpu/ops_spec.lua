@@ -913,6 +913,96 @@ if has_kernel("avg_pool2d") then
   end
 end
 
+-- ---- convolution (cuDNN): forward, and backward through autograd (grads of x, w and b) ----
+
+-- cuDNN's algorithms add in other orders than the CPU's GEMMs (some go through FFT or Winograd
+-- transforms), so errors are measured against the largest |value| of the result, not per element.
+local function conv_tol(dtype) return dtype == "f64" and 1e-11 or 1e-4 end
+
+-- f(dev) returns (leaves, out, gout) as in with_grads.
+local function conv_case(name, back, what, dtype, f)
+  guarded(name, what, function()
+    local lc, c, gc = f("cpu")
+    local lg, g, gg = f(DEV)
+    local err, detail = max_error(g, c, true)
+    record(name, err, conv_tol(dtype), what, detail)
+    if has_kernel(back) then
+      c:backward(gc)
+      g:backward(gg)
+      for k, l in ipairs(lc) do
+        err, detail = max_error(lg[k].grad, l.grad, true)
+        record(back, err, conv_tol(dtype), what .. ", grad of " .. ({"x", "w", "b"})[k], detail)
+      end
+    end
+  end)
+end
+
+if has_kernel("conv2d") then
+  local F = kiln.functional
+  local function perm(t) return t:permute(1, 4, 2, 3) end   -- base [N,H,W,C] viewed as [N,C,H,W]
+  local function tr(t) return t:transpose(3, 4) end          -- base [N,C,W,H] viewed as [N,C,H,W]
+  -- {what, x base, view of it, w [O,C/g,kh,kw], options, bias}
+  local cases = {
+    {"[2,3,9,11] * [4,3,3,3], padding 1", {2, 3, 9, 11}, same, {4, 3, 3, 3}, {padding = 1}, true},
+    {"[2,3,9,11] * [5,3,3,2], stride 2, padding (1,2)", {2, 3, 9, 11}, same, {5, 3, 3, 2}, {stride = 2, padding = {1, 2}}, true},
+    {"[3,4,13,10] * [6,4,3,3], dilation 2", {3, 4, 13, 10}, same, {6, 4, 3, 3}, {dilation = 2}, true},
+    {"[2,6,8,9] * [4,3,3,3], groups 2, stride (2,1)", {2, 6, 8, 9}, same, {4, 3, 3, 3}, {groups = 2, stride = {2, 1}, padding = 1}, true},
+    {"[2,8,7,7] * [8,1,3,3], depthwise", {2, 8, 7, 7}, same, {8, 1, 3, 3}, {groups = 8, padding = 1}, false},
+    {"[2,6,9,9] * [9,2,2,3], groups 3, dilation (2,1), stride 3", {2, 6, 9, 9}, same, {9, 2, 2, 3},
+     {groups = 3, dilation = {2, 1}, stride = 3, padding = {0, 1}}, true},
+    {"[1,5,7,13] * [3,5,5,2], odd", {1, 5, 7, 13}, same, {3, 5, 5, 2}, {padding = {2, 0}}, true},
+    {"[4,7,5,6] * [2,7,1,1], 1x1", {4, 7, 5, 6}, same, {2, 7, 1, 1}, {}, true},
+    {"permuted [2,3,9,11] * [4,3,3,3]", {2, 9, 11, 3}, perm, {4, 3, 3, 3}, {padding = 1}, true},
+    {"transposed [2,3,9,11] * [4,3,3,3], stride 2", {2, 3, 11, 9}, tr, {4, 3, 3, 3}, {stride = 2}, true},
+    {"[8,16,32,32] * [32,16,3,3], padding 1", {8, 16, 32, 32}, same, {32, 16, 3, 3}, {padding = 1}, true},
+    {"[0,3,6,6] * [4,3,3,3], empty batch", {0, 3, 6, 6}, same, {4, 3, 3, 3}, {}, true},
+  }
+  for _, dtype in ipairs({"f32", "f64"}) do
+    for _, case in ipairs(cases) do
+      local xb, wb = gen(case[2], dtype, true), gen(case[4], dtype, true)
+      local bb = case[6] and gen({case[4][1]}, dtype, true) or nil
+      local gout
+      conv_case("conv2d", "conv2d_backward", dtype .. " " .. case[1] .. (bb and ", bias" or ""), dtype, function(dev)
+        local x, w, b = xb:to(dev):requires_grad_(), wb:to(dev):requires_grad_(), bb and bb:to(dev):requires_grad_()
+        local y = F.conv2d(case[3](x), w, b, case[5])
+        gout = gout or gen(y:size(), dtype, true)
+        return {x, w, b}, y, gout:to(dev)
+      end)
+    end
+    -- conv_transpose2d: its forward is the conv's grad-input kernel (bias added there), its
+    -- backward the conv forward and grad-weight kernels. {what, x, w [C,O/g,kh,kw], options}
+    for _, case in ipairs({
+      {"[2,4,5,6] * [4,3,3,3], stride 2, output padding 1", {2, 4, 5, 6}, {4, 3, 3, 3}, {stride = 2, output_padding = 1, padding = 1}},
+      {"[2,6,5,5] * [6,2,3,2], groups 3, stride (1,2)", {2, 6, 5, 5}, {6, 2, 3, 2}, {groups = 3, stride = {1, 2}}},
+      {"[1,3,7,4] * [3,5,3,3], dilation 2, output padding 1 (an edge the conv does not reach)", {1, 3, 7, 4}, {3, 5, 3, 3},
+       {dilation = 2, output_padding = 1}},
+      {"[3,2,4,4] * [2,4,4,4], stride 3, padding 2", {3, 2, 4, 4}, {2, 4, 4, 4}, {stride = 3, padding = 2}},
+    }) do
+      local xb, wb = gen(case[2], dtype, true), gen(case[3], dtype, true)
+      local bb = gen({case[3][2] * (case[4].groups or 1)}, dtype, true)
+      local gout
+      conv_case("conv2d_backward", "conv2d", dtype .. " conv_transpose2d " .. case[1] .. ", bias", dtype, function(dev)
+        local x, w, b = xb:to(dev):requires_grad_(), wb:to(dev):requires_grad_(), bb:to(dev):requires_grad_()
+        local y = F.conv_transpose2d(x, w, b, case[4])
+        gout = gout or gen(y:size(), dtype, true)
+        return {x, w, b}, y, gout:to(dev)
+      end)
+    end
+  end
+  -- a shape seen before reuses its algorithm: ten more runs of one shape give the same answer
+  guarded("conv2d", "cached algorithm, repeated", function()
+    local x, w = gen({4, 8, 16, 16}, "f32", true), gen({8, 8, 3, 3}, "f32", true)
+    local c = F.conv2d(x, w, nil, {padding = 1})
+    local xd, wd = x:to(DEV), w:to(DEV)
+    local worst = 0
+    for _ = 1, 10 do
+      local err = max_error(F.conv2d(xd, wd, nil, {padding = 1}):cpu(), c, true)
+      if err > worst then worst = err end
+    end
+    record("conv2d", worst, conv_tol("f32"), "f32 [4,8,16,16] * [8,8,3,3], the same shape 10 times", "")
+  end)
+end
+
 -- ---- optimizer steps: three steps on several parameters (a transposed one among them) ----
 
 local optim_cases = {
@@ -1006,12 +1096,22 @@ if ON_GPU then
     record("allocator", s.reserved <= s.allocated + 64 * 2 ^ 20 and 0 or math.huge, 0, "empty_cache", "")
   end)
   guarded("errors", "an op without a CUDA kernel", function()
-    if kiln.cuda.has_kernel("conv2d") then return end
+    if kiln.cuda.has_kernel("conv2d") then return end   -- a build without cuDNN
     local ok, err = pcall(function()
       return kiln.functional.conv2d(kiln.ones(1, 1, 3, 3, {device = DEV}), kiln.ones(1, 1, 2, 2, {device = DEV}))
     end)
     record("errors", (not ok and tostring(err):match("conv2d: not implemented on cuda:0")) and 0 or math.huge, 0,
            "conv2d on cuda:0", tostring(err))
+  end)
+  guarded("errors", "a conv of another dtype", function()
+    if not kiln.cuda.has_kernel("conv2d") then return end
+    local ok, err = pcall(function()
+      return kiln.functional.conv2d(kiln.ones(1, 1, 3, 3, {device = DEV, dtype = "f16"}),
+                                    kiln.ones(1, 1, 2, 2, {device = DEV, dtype = "f16"}))
+    end)
+    local after = kiln.functional.conv2d(kiln.ones(1, 1, 3, 3, {device = DEV}), kiln.ones(1, 1, 2, 2, {device = DEV})):cpu()
+    local fine = not ok and tostring(err):match("conv2d") ~= nil and after:sum():item() == 16
+    record("errors", fine and 0 or math.huge, 0, "conv2d in f16 on cuda:0 (an error, then usable)", tostring(err))
   end)
 end
 

@@ -1,8 +1,8 @@
 #!/bin/bash
 # tests/gpu/run.sh: everything CUDA in one run, on a machine with a GPU (the H200): build kiln with
 # its CUDA backend, check every CUDA kernel against the CPU (ops_spec.lua), run the CUDA specs
-# (C loader test, pinned memory and the DataLoader on cuda, busted kiln.cuda spec), and benchmark GEMM (bench_gemm.lua, and PyTorch on the
-# same shapes when it can be imported). Results, logs and a summary go to $OUT (default
+# (C loader test, pinned memory and the DataLoader on cuda, busted kiln.cuda spec), and benchmark GEMM (bench_gemm.lua) and
+# conv2d (bench_conv.lua), each with PyTorch on the same shapes when it can be imported. Results, logs and a summary go to $OUT (default
 # build-gpu/results). Meant to finish in under 7 minutes. Without a GPU: "skipped: no CUDA device"
 # (KILN_GPU_RUN_ANYWAY=1: build and run anyway, each GPU check then skipping itself).
 # LuaJIT, OpenBLAS, busted and the rest come from shared/gpu-deps/ (made by tests/gpu/prepare.sh on
@@ -91,6 +91,17 @@ if [ ! -e "$CUDA_LIB/libcublas.so" ] && command -v python3 >/dev/null; then
     RUN_ENV+=("LD_LIBRARY_PATH=$NV/lib:${LIBS:-}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
   fi
 fi
+# cuDNN (conv2d) from PyTorch's wheels when the toolkit lacks it; its libcudnn.so.9 finds the
+# engine libraries beside itself. Without either, the build says so and conv2d stays CPU-only.
+CUDA_ROOT=$(dirname "$CUDA_LIB")
+if [ ! -e "$CUDA_LIB/libcudnn.so.9" ] && [ ! -e "$CUDA_ROOT/lib/libcudnn.so.9" ] && command -v python3 >/dev/null; then
+  DNN=$(python3 -c 'import nvidia.cudnn as m; print(list(m.__path__)[0])' 2>/dev/null)
+  if [ -n "$DNN" ] && [ -e "$DNN/lib/libcudnn.so.9" ]; then
+    echo "cuDNN from PyTorch: $DNN"
+    CMAKE_DEPS+=(-DCUDNN_INCLUDE_DIR="$DNN/include" -DCUDNN_LIBRARY="$DNN/lib/libcudnn.so.9")
+    RUN_ENV+=("LD_LIBRARY_PATH=$DNN/lib:${NV:+$NV/lib:}${LIBS:-}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+  fi
+fi
 run() { env ${RUN_ENV[@]+"${RUN_ENV[@]}"} "$@"; }
 
 # ---- build ----
@@ -102,7 +113,7 @@ if ! cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON -DKILN_CUD
   fail "configure"
   exit 1
 fi
-grep -E "CUDA compiler|Found CUDAToolkit|without the CUDA backend" "$RESULTS/configure.log"
+grep -E "CUDA compiler|Found CUDAToolkit|without the CUDA backend|kiln: cuDNN" "$RESULTS/configure.log"
 if ! cmake --build "$BUILD" -j "$(nproc)" > "$RESULTS/build.log" 2>&1; then
   grep -E "error|Error" "$RESULTS/build.log" | head -n 40
   fail "build"
@@ -139,6 +150,14 @@ if command -v python3 >/dev/null && python3 -c "import torch; assert torch.cuda.
   timeout 120 python3 tests/gpu/torch_gemm.py 4096 8192 || echo "(torch_gemm.py failed; no ratio)"
 fi
 
+step "conv2d (kiln, cuDNN benchmark mode)"
+rm -f "$RESULTS/bench_conv.jsonl"
+run KILN_CUDNN_BENCHMARK=1 timeout 90 "$KILN" tests/gpu/bench_conv.lua || fail "bench_conv.lua"
+if command -v python3 >/dev/null && python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+  step "conv2d (PyTorch, the same shapes)"
+  KILN_CUDNN_BENCHMARK=1 timeout 90 python3 tests/gpu/torch_conv.py || echo "(torch_conv.py failed; no ratio)"
+fi
+
 # ---- summary ----
 step "summary"
 {
@@ -146,6 +165,7 @@ step "summary"
   nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1
   [ -f "$RESULTS/gpu_ops.txt" ] && tail -n 1 "$RESULTS/gpu_ops.txt"
   [ -f "$RESULTS/bench_gemm.jsonl" ] && cat "$RESULTS/bench_gemm.jsonl"
+  [ -f "$RESULTS/bench_conv.jsonl" ] && cat "$RESULTS/bench_conv.jsonl"
   [ "$STATUS" = 0 ] && echo "status: all checks passed" || echo "status: FAILURES (see run.log)"
 } | tee "$RESULTS/summary.txt"
 exit $STATUS

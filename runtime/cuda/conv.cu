@@ -1,0 +1,520 @@
+/* cuda/conv.cu: KILN_OP_CONV2D and KILN_OP_CONV2D_BACKWARD on CUDA through cuDNN 9's convolution
+   API (cudnnConvolutionForward / BackwardData / BackwardFilter / BackwardBias, cudnnAddTensor for
+   the bias). f32 and f64; f32 is exact: every convolution descriptor asks for CUDNN_FMA_MATH, and
+   algorithms reported with tensor-op (TF32) math are skipped. Groups, stride, padding and dilation
+   go to the descriptor. The algorithm of each shape key is chosen once per process (conv_cache.h):
+   by cuDNN's heuristics (cudnnGet*Algorithm_v7), or, with KILN_CUDNN_BENCHMARK=1, by timing the
+   candidates (cudnnFind*AlgorithmEx) and keeping the fastest. One cuDNN handle and one workspace
+   per device, on the device's stream; the workspace grows to the largest request.
+   Built only when CMake found cuDNN (KILN_HAVE_CUDNN); the table's entries stay NULL otherwise. */
+#include "common.h"
+#include "conv_cache.h"
+#include "nn_calls.h"
+#include <cudnn.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { MAX_ALGOS = 16 };
+static const size_t BENCHMARK_WORKSPACE_CAP = (size_t)1 << 30;   /* the most a timed candidate may ask for */
+
+static int dnn_check(cudnnStatus_t s, const char *op, const char *call) {
+  if (s == CUDNN_STATUS_SUCCESS) return KILN_OK;
+  int code = s == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED || s == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED
+               ? KILN_ERR_MEMORY
+               : s == CUDNN_STATUS_NOT_SUPPORTED ? KILN_ERR_UNSUPPORTED : KILN_ERR_DEVICE;
+  return cuda_fail(code, "%s: %s: %s (cuDNN status %d)", op, call, cudnnGetErrorString(s), (int)s);
+}
+
+static pthread_mutex_t dnn_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct kiln_conv_cache *choices;   /* the process's algorithm table, made at the first conv */
+static int benchmark_mode;
+
+static int raw_alloc(void *ctx, size_t bytes, void **out) {
+  cudaError_t e = cudaMalloc(out, bytes);
+  if (e == cudaSuccess) return KILN_OK;
+  return cuda_check(e, (const char *)ctx, "cudaMalloc (cuDNN workspace)");
+}
+static void raw_free(void *ctx, void *ptr) {
+  (void)ctx;
+  cudaFree(ptr);   /* waits for the convolutions still using it */
+  cudaGetLastError();
+}
+
+/* The device's cuDNN handle (made on its first conv) and the process's table. */
+static int dnn_handle(struct cuda_device *dev, const char *op, cudnnHandle_t *out) {
+  int rc = KILN_OK;
+  pthread_mutex_lock(&dnn_lock);
+  if (!choices) {
+    const char *v = getenv("KILN_CUDNN_BENCHMARK");
+    benchmark_mode = v && *v && strcmp(v, "0") != 0;
+    choices = kiln_conv_cache_new();
+    if (!choices) rc = cuda_fail(KILN_ERR_MEMORY, "%s: out of host memory for the cuDNN algorithm table", op);
+  }
+  if (!rc && !dev->dnn) {
+    cudnnHandle_t h = NULL;
+    rc = dnn_check(cudnnCreate(&h), op, "cudnnCreate");
+    if (!rc) rc = dnn_check(cudnnSetStream(h, dev->stream), op, "cudnnSetStream");
+    if (rc && h) cudnnDestroy(h);
+    if (!rc) dev->dnn = h;
+  }
+  pthread_mutex_unlock(&dnn_lock);
+  *out = (cudnnHandle_t)dev->dnn;
+  return rc;
+}
+
+/* The device's workspace with at least need bytes, or NULL (need 0) with KILN_OK. */
+static int workspace(struct cuda_device *dev, const char *op, size_t need, void **ptr, size_t *bytes) {
+  pthread_mutex_lock(&dnn_lock);
+  struct kiln_conv_workspace ws = {dev->dnn_workspace, dev->dnn_workspace_bytes, raw_alloc, raw_free, (void *)op};
+  int rc = kiln_conv_workspace_reserve(&ws, need) ? kiln_error_code() : KILN_OK;
+  dev->dnn_workspace = ws.ptr;
+  dev->dnn_workspace_bytes = ws.bytes;
+  *ptr = ws.ptr;
+  *bytes = ws.bytes;
+  pthread_mutex_unlock(&dnn_lock);
+  return rc;
+}
+
+/* ---- descriptors ---- */
+
+struct descs {
+  cudnnTensorDescriptor_t x, y;
+  cudnnFilterDescriptor_t w;
+  cudnnConvolutionDescriptor_t conv;
+  cudnnDataType_t type;
+};
+
+static void descs_destroy(struct descs *d) {
+  if (d->x) cudnnDestroyTensorDescriptor(d->x);
+  if (d->y) cudnnDestroyTensorDescriptor(d->y);
+  if (d->w) cudnnDestroyFilterDescriptor(d->w);
+  if (d->conv) cudnnDestroyConvolutionDescriptor(d->conv);
+}
+
+static int fits_int(const int64_t *v, int n) {
+  for (int i = 0; i < n; i++)
+    if (v[i] < 0 || v[i] > INT_MAX) return 0;
+  return 1;
+}
+
+/* x [N,C,H,W] with strides xs (contiguous when NULL), w [O,C/g,kh,kw], y [N,O,OH,OW]. */
+static int descs_make(struct descs *d, const char *op, int dtype, const int64_t *x, const int64_t *xs, const int64_t *w,
+                      const int64_t *y, const int64_t *ints) {
+  memset(d, 0, sizeof *d);
+  d->type = dtype == KILN_F64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+  int64_t xn = x[0] * x[1] * x[2] * x[3], yn = y[0] * y[1] * y[2] * y[3];
+  if (!fits_int(x, 4) || !fits_int(w, 4) || !fits_int(y, 4) || !fits_int(ints, 7) || xn > INT_MAX || yn > INT_MAX ||
+      (xs && !fits_int(xs, 4)))
+    return cuda_fail(KILN_ERR_UNSUPPORTED, "%s: sizes beyond cuDNN's 32-bit descriptors (input [%lld,%lld,%lld,%lld], output "
+                     "[%lld,%lld,%lld,%lld])", op, (long long)x[0], (long long)x[1], (long long)x[2], (long long)x[3],
+                     (long long)y[0], (long long)y[1], (long long)y[2], (long long)y[3]);
+  int rc = dnn_check(cudnnCreateTensorDescriptor(&d->x), op, "cudnnCreateTensorDescriptor");
+  if (!rc) rc = dnn_check(cudnnCreateTensorDescriptor(&d->y), op, "cudnnCreateTensorDescriptor");
+  if (!rc) rc = dnn_check(cudnnCreateFilterDescriptor(&d->w), op, "cudnnCreateFilterDescriptor");
+  if (!rc) rc = dnn_check(cudnnCreateConvolutionDescriptor(&d->conv), op, "cudnnCreateConvolutionDescriptor");
+  if (rc) return rc;
+  if (xs)
+    rc = dnn_check(cudnnSetTensor4dDescriptorEx(d->x, d->type, (int)x[0], (int)x[1], (int)x[2], (int)x[3], (int)xs[0],
+                                                (int)xs[1], (int)xs[2], (int)xs[3]),
+                   op, "cudnnSetTensor4dDescriptorEx (input)");
+  else
+    rc = dnn_check(cudnnSetTensor4dDescriptor(d->x, CUDNN_TENSOR_NCHW, d->type, (int)x[0], (int)x[1], (int)x[2], (int)x[3]),
+                   op, "cudnnSetTensor4dDescriptor (input)");
+  if (!rc)
+    rc = dnn_check(cudnnSetTensor4dDescriptor(d->y, CUDNN_TENSOR_NCHW, d->type, (int)y[0], (int)y[1], (int)y[2], (int)y[3]),
+                   op, "cudnnSetTensor4dDescriptor (output)");
+  if (!rc)
+    rc = dnn_check(cudnnSetFilter4dDescriptor(d->w, d->type, CUDNN_TENSOR_NCHW, (int)w[0], (int)w[1], (int)w[2], (int)w[3]),
+                   op, "cudnnSetFilter4dDescriptor");
+  if (!rc)
+    rc = dnn_check(cudnnSetConvolution2dDescriptor(d->conv, (int)ints[2], (int)ints[3], (int)ints[0], (int)ints[1],
+                                                   (int)ints[4], (int)ints[5], CUDNN_CROSS_CORRELATION, d->type),
+                   op, "cudnnSetConvolution2dDescriptor");
+  if (!rc) rc = dnn_check(cudnnSetConvolutionGroupCount(d->conv, (int)ints[6]), op, "cudnnSetConvolutionGroupCount");
+  /* exact f32: plain FMA kernels, never TF32 tensor cores */
+  if (!rc) rc = dnn_check(cudnnSetConvolutionMathType(d->conv, CUDNN_FMA_MATH), op, "cudnnSetConvolutionMathType");
+  return rc;
+}
+
+/* The part of an input x [N,C,H,W] (contiguous) that cuDNN is told about, for an output of y's
+   extent: all of it when its conv gives that extent, else the [H', W'] corner that does. Sizes come
+   from the tensors (nn_calls.h), so the input may be taller than the conv of y's size needs: a
+   conv_transpose2d whose output padding exceeds its stride (possible under dilation) hands its
+   backward such pairs, and the rows past H' never meet the kernel. *sub gets the sizes, *strides
+   x's own (NULL when all of x is used). KILN_OK, or an error when not even the corner fits. */
+struct corner {
+  int64_t sub[4], strides[4];
+  int partial;
+};
+static int fit_input(const char *op, const int64_t *x, const int64_t *w, const int64_t *y, const int64_t *ints, struct corner *c) {
+  c->sub[0] = x[0]; c->sub[1] = x[1];
+  for (int i = 0; i < 2; i++) {
+    int64_t span = ints[4 + i] * (w[2 + i] - 1) + 1, in = x[2 + i] + 2 * ints[2 + i];
+    int64_t out = in >= span ? (in - span) / ints[i] + 1 : 0;
+    int64_t least = (y[2 + i] - 1) * ints[i] + span - 2 * ints[2 + i];
+    c->sub[2 + i] = out == y[2 + i] ? x[2 + i] : least;
+  }
+  c->strides[0] = x[1] * x[2] * x[3]; c->strides[1] = x[2] * x[3]; c->strides[2] = x[3]; c->strides[3] = 1;
+  c->partial = c->sub[2] != x[2] || c->sub[3] != x[3];
+  if (c->partial && (c->sub[2] < 1 || c->sub[3] < 1 || c->sub[2] > x[2] || c->sub[3] > x[3]))
+    return cuda_fail(KILN_ERR_UNSUPPORTED, "%s: input [%lld,%lld,%lld,%lld] for output [%lld,%lld,%lld,%lld]: sizes a "
+                     "convolution of these parameters cannot join; not implemented on cuda", op, (long long)x[0],
+                     (long long)x[1], (long long)x[2], (long long)x[3], (long long)y[0], (long long)y[1], (long long)y[2],
+                     (long long)y[3]);
+  return KILN_OK;
+}
+
+/* ---- choosing an algorithm ---- */
+
+static int exact_math(cudnnMathType_t m) { return m == CUDNN_DEFAULT_MATH || m == CUDNN_FMA_MATH; }
+
+/* The buffers FindEx runs the candidates on (it writes the pass's output). */
+struct bufs {
+  const void *x, *w, *y;   /* inputs of the pass */
+  void *out;               /* y, gx or gw */
+};
+
+/* The first usable entry of cuDNN's ranked list, as a choice. */
+#define PICK(perf, n)                                                     \
+  do {                                                                    \
+    for (int i_ = 0; i_ < (n); i_++)                                      \
+      if ((perf)[i_].status == CUDNN_STATUS_SUCCESS && exact_math((perf)[i_].mathType)) { \
+        ch->algo = (int)(perf)[i_].algo;                                  \
+        ch->workspace = (perf)[i_].memory;                                \
+        found = 1;                                                        \
+        break;                                                            \
+      }                                                                   \
+  } while (0)
+
+static int search(cudnnHandle_t h, struct cuda_device *dev, const struct descs *d, int pass, const struct bufs *b,
+                  const char *op, struct kiln_conv_choice *ch) {
+  int n = 0, found = 0, rc = KILN_OK;
+  void *ws = NULL;
+  size_t wsb = 0;
+  if (pass == KILN_CONV_FORWARD) {
+    cudnnConvolutionFwdAlgoPerf_t perf[MAX_ALGOS];
+    rc = dnn_check(cudnnGetConvolutionForwardAlgorithm_v7(h, d->x, d->w, d->conv, d->y, MAX_ALGOS, &n, perf), op,
+                   "cudnnGetConvolutionForwardAlgorithm_v7");
+    if (!rc && benchmark_mode) {
+      size_t most = 0;
+      for (int i = 0; i < n; i++)
+        if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= BENCHMARK_WORKSPACE_CAP && perf[i].memory > most) most = perf[i].memory;
+      rc = workspace(dev, op, most, &ws, &wsb);
+      if (!rc) rc = dnn_check(cudnnFindConvolutionForwardAlgorithmEx(h, d->x, b->x, d->w, b->w, d->conv, d->y, b->out, MAX_ALGOS,
+                                                                      &n, perf, ws, wsb),
+                              op, "cudnnFindConvolutionForwardAlgorithmEx");
+    }
+    if (!rc) PICK(perf, n);
+  } else if (pass == KILN_CONV_BACKWARD_DATA) {
+    cudnnConvolutionBwdDataAlgoPerf_t perf[MAX_ALGOS];
+    rc = dnn_check(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d->w, d->y, d->conv, d->x, MAX_ALGOS, &n, perf), op,
+                   "cudnnGetConvolutionBackwardDataAlgorithm_v7");
+    if (!rc && benchmark_mode) {
+      size_t most = 0;
+      for (int i = 0; i < n; i++)
+        if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= BENCHMARK_WORKSPACE_CAP && perf[i].memory > most) most = perf[i].memory;
+      rc = workspace(dev, op, most, &ws, &wsb);
+      if (!rc) rc = dnn_check(cudnnFindConvolutionBackwardDataAlgorithmEx(h, d->w, b->w, d->y, b->y, d->conv, d->x, b->out,
+                                                                           MAX_ALGOS, &n, perf, ws, wsb),
+                              op, "cudnnFindConvolutionBackwardDataAlgorithmEx");
+    }
+    if (!rc) PICK(perf, n);
+  } else {
+    cudnnConvolutionBwdFilterAlgoPerf_t perf[MAX_ALGOS];
+    rc = dnn_check(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d->x, d->y, d->conv, d->w, MAX_ALGOS, &n, perf), op,
+                   "cudnnGetConvolutionBackwardFilterAlgorithm_v7");
+    if (!rc && benchmark_mode) {
+      size_t most = 0;
+      for (int i = 0; i < n; i++)
+        if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= BENCHMARK_WORKSPACE_CAP && perf[i].memory > most) most = perf[i].memory;
+      rc = workspace(dev, op, most, &ws, &wsb);
+      if (!rc) rc = dnn_check(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, d->x, b->x, d->y, b->y, d->conv, d->w, b->out,
+                                                                             MAX_ALGOS, &n, perf, ws, wsb),
+                              op, "cudnnFindConvolutionBackwardFilterAlgorithmEx");
+    }
+    if (!rc) PICK(perf, n);
+  }
+  if (rc) return rc;
+  if (found) {   /* what the chosen algorithm needs, asked directly (the ranked list's figure is an estimate) */
+    size_t need = 0;
+    if (pass == KILN_CONV_FORWARD)
+      rc = dnn_check(cudnnGetConvolutionForwardWorkspaceSize(h, d->x, d->w, d->conv, d->y, (cudnnConvolutionFwdAlgo_t)ch->algo, &need),
+                     op, "cudnnGetConvolutionForwardWorkspaceSize");
+    else if (pass == KILN_CONV_BACKWARD_DATA)
+      rc = dnn_check(cudnnGetConvolutionBackwardDataWorkspaceSize(h, d->w, d->y, d->conv, d->x, (cudnnConvolutionBwdDataAlgo_t)ch->algo,
+                                                                  &need),
+                     op, "cudnnGetConvolutionBackwardDataWorkspaceSize");
+    else
+      rc = dnn_check(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d->x, d->y, d->conv, d->w,
+                                                                    (cudnnConvolutionBwdFilterAlgo_t)ch->algo, &need),
+                     op, "cudnnGetConvolutionBackwardFilterWorkspaceSize");
+    if (rc) return rc;
+    if (need > ch->workspace) ch->workspace = need;
+  }
+  if (!found)
+    return cuda_fail(KILN_ERR_UNSUPPORTED, "%s: cuDNN offers no exact (non-TF32) %s algorithm for this shape in %s: not implemented "
+                     "for %s on cuda", op, pass == KILN_CONV_FORWARD ? "forward" : pass == KILN_CONV_BACKWARD_DATA ? "backward-data" : "backward-filter",
+                     d->type == CUDNN_DATA_DOUBLE ? "f64" : "f32", d->type == CUDNN_DATA_DOUBLE ? "f64" : "f32");
+  return KILN_OK;
+}
+
+/* The algorithm for key k (searched on a miss) and a workspace large enough for it. */
+static int choose(cudnnHandle_t h, struct cuda_device *dev, const struct descs *d, const struct kiln_conv_key *k,
+                  const struct bufs *b, const char *op, struct kiln_conv_choice *ch, void **ws, size_t *wsb) {
+  if (!kiln_conv_cache_get(choices, k, ch)) {
+    if (search(h, dev, d, k->pass, b, op, ch)) return kiln_error_code();
+    kiln_conv_cache_put(choices, k, ch);   /* out of host memory: searched again next time */
+  }
+  return workspace(dev, op, ch->workspace, ws, wsb);
+}
+
+/* ---- helpers ---- */
+
+/* A contiguous tensor shaped like t to write into: t (retained) when it is contiguous. */
+static struct kiln_tensor *target(struct kiln_tensor *t) {
+  if (kiln_is_contiguous(t)) {
+    kiln_tensor_retain(t);
+    return t;
+  }
+  return kiln_tensor_empty(t->ndim, t->sizes, t->dtype, t->device);
+}
+
+/* Copy tmp back into t when target made a new tensor; releases tmp. */
+static int settle(struct kiln_tensor *t, struct kiln_tensor *tmp, int rc) {
+  if (!rc && tmp != t) {
+    struct kiln_call call;
+    memset(&call, 0, sizeof call);
+    call.op = KILN_OP_COPY;
+    call.out = t;
+    call.in[0] = tmp;
+    call.nin = 1;
+    rc = cuda_copy(&call);
+  }
+  kiln_tensor_release(tmp);
+  return rc;
+}
+
+static int zero(struct cuda_device *dev, const char *op, struct kiln_tensor *t) {
+  if (t->numel == 0) return KILN_OK;
+  struct kiln_tensor *d = target(t);
+  if (!d) return kiln_error_code();
+  int rc = cuda_check(cudaMemsetAsync(kiln_tensor_data(d), 0, (size_t)(d->numel * kiln_dtype_size(d->dtype)), dev->stream), op,
+                      "cudaMemsetAsync");
+  return settle(t, d, rc);
+}
+
+static int float_only(const char *op, const struct kiln_tensor *t) {
+  if (t->dtype == KILN_F32 || t->dtype == KILN_F64) return KILN_OK;
+  return cuda_fail(KILN_ERR_DTYPE, "%s: %s is not implemented on cuda (cuDNN convolutions take f32 or f64; got %s)", op,
+                   kiln_dtype_name(t->dtype), kiln_shape_string(t));
+}
+
+/* t [N,C,H,W] (contiguous) += b [C], broadcast. */
+static int add_bias(cudnnHandle_t h, const char *op, struct kiln_tensor *t, const struct kiln_tensor *b) {
+  cudnnDataType_t type = t->dtype == KILN_F64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+  double one64 = 1;
+  float one32 = 1;
+  const void *one = t->dtype == KILN_F64 ? (const void *)&one64 : (const void *)&one32;
+  cudnnTensorDescriptor_t td = NULL, bd = NULL;
+  int rc = dnn_check(cudnnCreateTensorDescriptor(&td), op, "cudnnCreateTensorDescriptor");
+  if (!rc) rc = dnn_check(cudnnCreateTensorDescriptor(&bd), op, "cudnnCreateTensorDescriptor");
+  if (!rc) rc = dnn_check(cudnnSetTensor4dDescriptor(td, CUDNN_TENSOR_NCHW, type, (int)t->sizes[0], (int)t->sizes[1],
+                                                     (int)t->sizes[2], (int)t->sizes[3]), op, "cudnnSetTensor4dDescriptor");
+  if (!rc) rc = dnn_check(cudnnSetTensor4dDescriptor(bd, CUDNN_TENSOR_NCHW, type, 1, (int)t->sizes[1], 1, 1), op,
+                          "cudnnSetTensor4dDescriptor (bias)");
+  if (!rc) rc = dnn_check(cudnnAddTensor(h, one, bd, kiln_tensor_data(b), one, td, kiln_tensor_data(t)), op, "cudnnAddTensor (bias)");
+  if (td) cudnnDestroyTensorDescriptor(td);
+  if (bd) cudnnDestroyTensorDescriptor(bd);
+  return rc;
+}
+
+/* ---- CONV2D: y = conv(x, w) + bias ---- */
+
+extern "C" int cuda_conv2d(const struct kiln_call *c) {
+  const char *op = "conv2d";
+  struct kiln_tensor *y = c->out;
+  struct cuda_device *dev = cuda_device_enter(y->device.index, op);
+  if (!dev) return kiln_error_code();
+  if (float_only(op, c->in[0])) return kiln_error_code();
+  if (y->numel == 0) return KILN_OK;
+  cudnnHandle_t h;
+  if (dnn_handle(dev, op, &h)) return kiln_error_code();
+  int dt = y->dtype;
+  struct kiln_tensor *x = cuda_contiguous_as(c->in[0], dt, op), *w = cuda_contiguous_as(c->in[1], dt, op);
+  struct kiln_tensor *b = c->in[2] ? cuda_contiguous_as(c->in[2], dt, op) : NULL, *yo = target(y);
+  struct descs d;
+  memset(&d, 0, sizeof d);
+  int rc = !x || !w || (c->in[2] && !b) || !yo ? kiln_error_code() : KILN_OK;
+  if (!rc && x->numel == 0) {   /* no input channels: y is the bias alone */
+    rc = cuda_check(cudaMemsetAsync(kiln_tensor_data(yo), 0, (size_t)(yo->numel * kiln_dtype_size(dt)), dev->stream), op, "cudaMemsetAsync");
+    if (!rc && b) rc = add_bias(h, op, yo, b);
+    kiln_tensor_release(x); kiln_tensor_release(w); kiln_tensor_release(b);
+    return settle(y, yo, rc);
+  }
+  struct corner cx;
+  if (!rc) rc = fit_input(op, x->sizes, w->sizes, y->sizes, c->ints, &cx);
+  if (!rc) rc = descs_make(&d, op, dt, cx.sub, cx.partial ? cx.strides : NULL, w->sizes, y->sizes, c->ints);
+  struct kiln_conv_key k;
+  struct kiln_conv_choice ch;
+  void *ws = NULL;
+  size_t wsb = 0;
+  if (!rc) {
+    kiln_conv_key_make(&k, KILN_CONV_FORWARD, dt, dev->index, benchmark_mode, x->sizes, w->sizes, y->sizes, c->ints);
+    struct bufs bf = {kiln_tensor_data(x), kiln_tensor_data(w), NULL, kiln_tensor_data(yo)};
+    rc = choose(h, dev, &d, &k, &bf, op, &ch, &ws, &wsb);
+  }
+  double one64 = 1, zero64 = 0;
+  float one32 = 1, zero32 = 0;
+  const void *one = dt == KILN_F64 ? (const void *)&one64 : (const void *)&one32;
+  const void *zr = dt == KILN_F64 ? (const void *)&zero64 : (const void *)&zero32;
+  if (!rc)
+    rc = dnn_check(cudnnConvolutionForward(h, one, d.x, kiln_tensor_data(x), d.w, kiln_tensor_data(w), d.conv,
+                                           (cudnnConvolutionFwdAlgo_t)ch.algo, ws, wsb, zr, d.y, kiln_tensor_data(yo)),
+                   op, "cudnnConvolutionForward");
+  if (!rc && b) rc = add_bias(h, op, yo, b);
+  if (!rc) rc = cuda_launched(op, "cudnnConvolutionForward");
+  descs_destroy(&d);
+  kiln_tensor_release(x); kiln_tensor_release(w); kiln_tensor_release(b);
+  return yo ? settle(y, yo, rc) : rc;
+}
+
+/* ---- CONV2D_BACKWARD: gx (+ bias, for conv_transpose2d), gw, gb ---- */
+
+/* gx = conv's input-gradient. gx may be taller or wider than the conv of gy's size needs
+   (conv_transpose2d's output padding): cuDNN then writes the [H', W'] corner it reaches, through
+   gx's strides, and the rest stays zero. */
+static int backward_data(cudnnHandle_t h, struct cuda_device *dev, const struct kiln_call *c, struct kiln_tensor *gx,
+                         const struct kiln_tensor *gy, const struct kiln_tensor *w, const struct kiln_tensor *b) {
+  const char *op = "conv2d_backward";
+  const int64_t *ints = c->ints;
+  int dt = gx->dtype;
+  const int64_t *xs = gx->sizes;
+  struct corner cx;
+  if (fit_input(op, xs, w->sizes, gy->sizes, ints, &cx)) return kiln_error_code();
+  struct kiln_tensor *o = target(gx);
+  if (!o) return kiln_error_code();
+  int rc = KILN_OK;
+  if (cx.partial) rc = cuda_check(cudaMemsetAsync(kiln_tensor_data(o), 0, (size_t)(o->numel * kiln_dtype_size(dt)), dev->stream), op, "cudaMemsetAsync");
+  struct descs d;
+  memset(&d, 0, sizeof d);
+  if (!rc) rc = descs_make(&d, op, dt, cx.sub, cx.partial ? cx.strides : NULL, w->sizes, gy->sizes, ints);
+  struct kiln_conv_key k;
+  struct kiln_conv_choice ch;
+  void *ws = NULL;
+  size_t wsb = 0;
+  if (!rc) {
+    /* keyed by gx's full sizes: with gy, w and ints they fix the corner and its strides */
+    kiln_conv_key_make(&k, KILN_CONV_BACKWARD_DATA, dt, dev->index, benchmark_mode, xs, w->sizes, gy->sizes, ints);
+    struct bufs bf = {NULL, kiln_tensor_data(w), kiln_tensor_data(gy), kiln_tensor_data(o)};
+    rc = choose(h, dev, &d, &k, &bf, op, &ch, &ws, &wsb);
+  }
+  double one64 = 1, zero64 = 0;
+  float one32 = 1, zero32 = 0;
+  const void *one = dt == KILN_F64 ? (const void *)&one64 : (const void *)&one32;
+  const void *zr = dt == KILN_F64 ? (const void *)&zero64 : (const void *)&zero32;
+  if (!rc)
+    rc = dnn_check(cudnnConvolutionBackwardData(h, one, d.w, kiln_tensor_data(w), d.y, kiln_tensor_data(gy), d.conv,
+                                                (cudnnConvolutionBwdDataAlgo_t)ch.algo, ws, wsb, zr, d.x, kiln_tensor_data(o)),
+                   op, "cudnnConvolutionBackwardData");
+  if (!rc && b) rc = add_bias(h, op, o, b);   /* conv_transpose2d's bias, over the whole of gx */
+  if (!rc) rc = cuda_launched(op, "cudnnConvolutionBackwardData");
+  descs_destroy(&d);
+  return settle(gx, o, rc);
+}
+
+/* gw = conv's weight-gradient from x and gy. */
+static int backward_filter(cudnnHandle_t h, struct cuda_device *dev, const struct kiln_call *c, struct kiln_tensor *gw,
+                           const struct kiln_tensor *x, const struct kiln_tensor *gy) {
+  const char *op = "conv2d_backward";
+  int dt = gw->dtype;
+  struct kiln_tensor *o = target(gw);
+  if (!o) return kiln_error_code();
+  struct descs d;
+  struct corner cx;
+  memset(&d, 0, sizeof d);
+  int rc = fit_input(op, x->sizes, gw->sizes, gy->sizes, c->ints, &cx);
+  if (!rc) rc = descs_make(&d, op, dt, cx.sub, cx.partial ? cx.strides : NULL, gw->sizes, gy->sizes, c->ints);
+  struct kiln_conv_key k;
+  struct kiln_conv_choice ch;
+  void *ws = NULL;
+  size_t wsb = 0;
+  if (!rc) {
+    kiln_conv_key_make(&k, KILN_CONV_BACKWARD_FILTER, dt, dev->index, benchmark_mode, x->sizes, gw->sizes, gy->sizes, c->ints);
+    struct bufs bf = {kiln_tensor_data(x), NULL, kiln_tensor_data(gy), kiln_tensor_data(o)};
+    rc = choose(h, dev, &d, &k, &bf, op, &ch, &ws, &wsb);
+  }
+  double one64 = 1, zero64 = 0;
+  float one32 = 1, zero32 = 0;
+  const void *one = dt == KILN_F64 ? (const void *)&one64 : (const void *)&one32;
+  const void *zr = dt == KILN_F64 ? (const void *)&zero64 : (const void *)&zero32;
+  if (!rc)
+    rc = dnn_check(cudnnConvolutionBackwardFilter(h, one, d.x, kiln_tensor_data(x), d.y, kiln_tensor_data(gy), d.conv,
+                                                  (cudnnConvolutionBwdFilterAlgo_t)ch.algo, ws, wsb, zr, d.w, kiln_tensor_data(o)),
+                   op, "cudnnConvolutionBackwardFilter");
+  if (!rc) rc = cuda_launched(op, "cudnnConvolutionBackwardFilter");
+  descs_destroy(&d);
+  return settle(gw, o, rc);
+}
+
+/* gb = gy summed over all but the channels. */
+static int backward_bias(cudnnHandle_t h, struct kiln_tensor *gb, const struct kiln_tensor *gy) {
+  const char *op = "conv2d_backward";
+  int dt = gb->dtype;
+  struct kiln_tensor *o = target(gb);
+  if (!o) return kiln_error_code();
+  cudnnTensorDescriptor_t dy = NULL, db = NULL;
+  cudnnDataType_t type = dt == KILN_F64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+  int rc = dnn_check(cudnnCreateTensorDescriptor(&dy), op, "cudnnCreateTensorDescriptor");
+  if (!rc) rc = dnn_check(cudnnCreateTensorDescriptor(&db), op, "cudnnCreateTensorDescriptor");
+  if (!rc) rc = dnn_check(cudnnSetTensor4dDescriptor(dy, CUDNN_TENSOR_NCHW, type, (int)gy->sizes[0], (int)gy->sizes[1],
+                                                     (int)gy->sizes[2], (int)gy->sizes[3]), op, "cudnnSetTensor4dDescriptor (grad output)");
+  if (!rc) rc = dnn_check(cudnnSetTensor4dDescriptor(db, CUDNN_TENSOR_NCHW, type, 1, (int)gb->numel, 1, 1), op,
+                          "cudnnSetTensor4dDescriptor (grad bias)");
+  double one64 = 1, zero64 = 0;
+  float one32 = 1, zero32 = 0;
+  const void *one = dt == KILN_F64 ? (const void *)&one64 : (const void *)&one32;
+  const void *zr = dt == KILN_F64 ? (const void *)&zero64 : (const void *)&zero32;
+  if (!rc) rc = dnn_check(cudnnConvolutionBackwardBias(h, one, dy, kiln_tensor_data(gy), zr, db, kiln_tensor_data(o)), op,
+                          "cudnnConvolutionBackwardBias");
+  if (!rc) rc = cuda_launched(op, "cudnnConvolutionBackwardBias");
+  if (dy) cudnnDestroyTensorDescriptor(dy);
+  if (db) cudnnDestroyTensorDescriptor(db);
+  return settle(gb, o, rc);
+}
+
+extern "C" int cuda_conv2d_backward(const struct kiln_call *c) {
+  const char *op = "conv2d_backward";
+  const struct kiln_conv_grads *g = (const struct kiln_conv_grads *)c->extra;
+  const struct kiln_tensor *gy0 = c->in[0];
+  struct cuda_device *dev = cuda_device_enter(gy0->device.index, op);
+  if (!dev) return kiln_error_code();
+  if (float_only(op, gy0)) return kiln_error_code();
+  int dt = gy0->dtype;
+  cudnnHandle_t h;
+  if (dnn_handle(dev, op, &h)) return kiln_error_code();
+  if (gy0->numel == 0) {   /* no images, or no output channels: zero gradients (gx holds only the bias) */
+    int rc = KILN_OK;
+    if (g->gx && g->gx->numel) {
+      struct kiln_tensor *o = target(g->gx), *b = c->in[3] ? cuda_contiguous_as(c->in[3], dt, op) : NULL;
+      rc = !o || (c->in[3] && !b) ? kiln_error_code() : KILN_OK;
+      if (!rc) rc = cuda_check(cudaMemsetAsync(kiln_tensor_data(o), 0, (size_t)(o->numel * kiln_dtype_size(dt)), dev->stream), op, "cudaMemsetAsync");
+      if (!rc && b) rc = add_bias(h, op, o, b);
+      kiln_tensor_release(b);
+      rc = o ? settle(g->gx, o, rc) : rc;
+    }
+    if (!rc && g->gw) rc = zero(dev, op, g->gw);
+    if (!rc && g->gb) rc = zero(dev, op, g->gb);
+    return rc;
+  }
+  struct kiln_tensor *gy = cuda_contiguous_as(gy0, dt, op), *w = cuda_contiguous_as(c->in[2], dt, op);
+  struct kiln_tensor *x = g->gw && c->in[1] ? cuda_contiguous_as(c->in[1], dt, op) : NULL;
+  struct kiln_tensor *b = g->gx && c->in[3] ? cuda_contiguous_as(c->in[3], dt, op) : NULL;
+  int rc = !gy || !w || (g->gw && c->in[1] && !x) || (g->gx && c->in[3] && !b) ? kiln_error_code() : KILN_OK;
+  if (!rc && g->gx && g->gx->numel) rc = backward_data(h, dev, c, g->gx, gy, w, b);
+  if (!rc && g->gw) rc = x && x->numel ? backward_filter(h, dev, c, g->gw, x, gy) : zero(dev, op, g->gw);
+  if (!rc && g->gb) rc = backward_bias(h, g->gb, gy);
+  kiln_tensor_release(gy); kiln_tensor_release(w); kiln_tensor_release(x); kiln_tensor_release(b);
+  return rc;
+}
