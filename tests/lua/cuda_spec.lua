@@ -111,6 +111,7 @@ local cuda_kernels = {
   "max_pool2d", "max_pool2d_backward", "avg_pool2d", "avg_pool2d_backward",
   "batch_norm", "batch_norm_backward", "layer_norm", "layer_norm_backward", "group_norm", "group_norm_backward",
   "sgd_step", "adam_step", "rmsprop_step", "adagrad_step",
+  "rnn", "rnn_backward",
 }
 local CUDA_KERNEL_COUNT = #cuda_kernels
 
