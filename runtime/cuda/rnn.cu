@@ -64,7 +64,7 @@ static int blas_failed(const struct ctx *x, cublasStatus_t s, const char *call) 
 }
 
 /* Row-major C[M,N] = alpha op(A) op(B) + beta C, op(A) [M,K], op(B) [K,N], as kiln_cpu_gemm_raw
-   takes it: the column-major product C^T = op(B)^T op(A)^T. */
+   takes it (rnn.cuh's blas_call_of turns it into cuBLAS's column-major call). */
 template <class T>
 static int gemm(const struct ctx *x, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const T *A, int64_t lda,
                 const T *B, int64_t ldb, double beta, T *C, int64_t ldc) {
@@ -76,10 +76,11 @@ static int gemm(const struct ctx *x, int ta, int tb, int64_t M, int64_t N, int64
   double a64 = alpha, b64 = beta;
   float a32 = (float)alpha, b32 = (float)beta;
   cudaDataType_t type = f64 ? CUDA_R_64F : CUDA_R_32F;
-  cublasStatus_t s = cublasGemmEx(x->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)N, (int)M,
-                                  (int)K, f64 ? (const void *)&a64 : (const void *)&a32, B, type, (int)ldb, A, type,
-                                  (int)lda, f64 ? (const void *)&b64 : (const void *)&b32, C, type, (int)ldc,
-                                  f64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  struct kiln_rnn::blas_call b = kiln_rnn::blas_call_of(ta, tb, M, N, K, lda, ldb, ldc);
+  cublasStatus_t s = cublasGemmEx(x->blas, b.trans_first ? CUBLAS_OP_T : CUBLAS_OP_N, b.trans_second ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                  (int)b.m, (int)b.n, (int)b.k, f64 ? (const void *)&a64 : (const void *)&a32, B, type,
+                                  (int)b.ld_first, A, type, (int)b.ld_second, f64 ? (const void *)&b64 : (const void *)&b32,
+                                  C, type, (int)b.ldc, f64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   if (s != CUBLAS_STATUS_SUCCESS) return blas_failed(x, s, "cublasGemmEx");
   return cuda_launched(x->op, "cublasGemmEx");
 }

@@ -24,6 +24,30 @@ template <class T> KILN_EL T th(T x) {
 }
 template <class T> KILN_EL T sigmoid(T x) { return (T)1 / ((T)1 + expo<T>(-x)); }
 
+/* A row-major product C[M,N] = op(A) op(B) (+ beta C), op(A) [M,K], op(B) [K,N], as cuBLAS's
+   column-major call takes it: C^T = op(B)^T op(A)^T, so cuBLAS's first operand is B. Host code. */
+struct blas_call {
+  int trans_first, trans_second;   /* CUBLAS_OP_T for the first (B) and the second (A) operand */
+  int64_t m, n, k;
+  int64_t ld_first, ld_second, ldc;
+};
+
+static inline struct blas_call blas_call_of(int ta, int tb, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
+                                            int64_t ldc) {
+  struct blas_call c;
+  c.trans_first = tb; c.trans_second = ta;
+  c.m = N; c.n = M; c.k = K;
+  c.ld_first = ldb; c.ld_second = lda; c.ldc = ldc;
+  return c;
+}
+
+/* Whether cuBLAS accepts the leading dimensions of c (cublasGemmEx's checks). */
+static inline bool blas_call_valid(const struct blas_call &c) {
+  int64_t rows_first = c.trans_first ? c.k : c.m, rows_second = c.trans_second ? c.n : c.k;
+  return c.ld_first >= (rows_first > 1 ? rows_first : 1) && c.ld_second >= (rows_second > 1 ? rows_second : 1) &&
+         c.ldc >= (c.m > 1 ? c.m : 1);
+}
+
 /* One layer's buffers, on the device (or the host, in the test). Rows of the time-major buffers
    are (t, b) = t * B + b. */
 template <class T> struct layer {
