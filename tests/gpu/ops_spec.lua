@@ -972,8 +972,9 @@ end
 -- bidirectional modules (kiln.nn.RNN/GRU/LSTM moved with :to), forward and every grad ----
 
 -- Both run the CPU's GEMM path's arithmetic with other products (cuBLAS against the CPU's BLAS)
--- and, in f32, the CPU's polynomial exp and tanh against the device's.
-local function rnn_tol(dtype) return dtype == "f64" and 1e-11 or 1e-4 end
+-- and, in f32, the CPU's polynomial exp and tanh against the device's. On the CPU these cases in
+-- f32 are within 2.3e-5 of f64 (the weight grads of the batch-64 case sum 1088 rows).
+local function rnn_tol(dtype) return dtype == "f64" and 1e-11 or 2e-4 end
 local rnn_modes = {"rnn_tanh", "rnn_relu", "gru", "lstm"}
 local rnn_gates = {rnn_tanh = 1, rnn_relu = 1, gru = 3, lstm = 4}
 
@@ -999,7 +1000,8 @@ if has_kernel("rnn") then
           lengths[1] = T
         end
         local xb = transposed and small({B, T, I}, dtype, 1) or small({T, B, I}, dtype, 1)
-        local wi, wh = small({G * H, I}, dtype, 0.4), small({G * H, H}, dtype, 0.4)
+        -- w_hh's spectral radius about 0.5: differences in the last bits shrink along the sequence
+        local wi, wh = small({G * H, I}, dtype, 1 / math.sqrt(I)), small({G * H, H}, dtype, 0.5 / math.sqrt(H))
         local bi, bh = small({G * H}, dtype, 0.3), small({G * H}, dtype, 0.3)
         local h0, c0 = small({B, H}, dtype, 0.5), small({B, H}, dtype, 0.5)
         local gout = small({T + (mode == "lstm" and 2 or 1), B, H}, dtype, 1)
