@@ -110,8 +110,8 @@ local cuda_kernels = {
   "softmax", "softmax_backward", "log_softmax", "log_softmax_backward", "nll_loss", "nll_loss_backward", "dropout",
   "max_pool2d", "max_pool2d_backward", "avg_pool2d", "avg_pool2d_backward",
   "batch_norm", "batch_norm_backward", "layer_norm", "layer_norm_backward", "group_norm", "group_norm_backward",
-  "sgd_step", "adam_step", "rmsprop_step", "adagrad_step",
   "rnn", "rnn_backward",
+  "sgd_step", "adam_step", "rmsprop_step", "adagrad_step",
 }
 local CUDA_KERNEL_COUNT = #cuda_kernels
 
