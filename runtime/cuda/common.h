@@ -47,6 +47,10 @@ struct kiln_tensor *cuda_contiguous_as(const struct kiln_tensor *t, int dtype, c
    queued: the caching allocator reuses blocks in stream order. */
 struct kiln_tensor *cuda_scratch(int64_t nbytes, struct kiln_device device);
 
+/* The device's cuBLAS handle (a cublasHandle_t, made at its first use, on dev->stream), for
+   products outside KILN_OP_GEMM. */
+int cuda_blas_handle(struct cuda_device *dev, void **handle);
+
 /* The kernels (one per op family; call->op says which op). */
 int cuda_copy(const struct kiln_call *c);
 int cuda_fill(const struct kiln_call *c);
@@ -74,6 +78,8 @@ int cuda_batch_norm(const struct kiln_call *c);
 int cuda_batch_norm_backward(const struct kiln_call *c);
 int cuda_row_norm(const struct kiln_call *c);            /* layer_norm, group_norm */
 int cuda_row_norm_backward(const struct kiln_call *c);
+int cuda_rnn(const struct kiln_call *c);                 /* one recurrent layer (rnn.cu) */
+int cuda_rnn_backward(const struct kiln_call *c);
 int cuda_optim_step(const struct kiln_call *c);         /* sgd, adam, rmsprop, adagrad */
 int cuda_conv2d(const struct kiln_call *c);             /* cuDNN; built when CMake finds it (KILN_HAVE_CUDNN) */
 int cuda_conv2d_backward(const struct kiln_call *c);

@@ -47,6 +47,14 @@ static int blas_handle(struct cuda_device *dev, cublasHandle_t *out) {
   return rc;
 }
 
+/* The handle for other files' products (rnn.cu), on the device's stream. */
+extern "C" int cuda_blas_handle(struct cuda_device *dev, void **handle) {
+  cublasHandle_t h = NULL;
+  int rc = blas_handle(dev, &h);
+  *handle = (void *)h;
+  return rc;
+}
+
 /* ---- integers: one thread per output element, in the CPU's arithmetic ---- */
 
 struct int_gemm {

@@ -3,15 +3,19 @@
    threads striding over a chunk, then the tree over the block, then the chunks in order), with
    the launch plans of geometry.c, against libkiln's CPU kernels on the same inputs: reductions
    with NaN, infinities and ties; the loss and grad of each position of nll_loss and cross entropy;
-   dropout's mask bit for bit. The device build may differ only where the device's math library
+   dropout's mask bit for bit; the recurrent layers' steps (rnn.cuh) in rnn.cu's order of kernels and
+   products, forward and backward through time, against kiln_rnn_layer and its autograd backward. The device build may differ only where the device's math library
    does (exp, log, pow within an ulp or two); tests/gpu checks that part. */
 #include "reduce.cuh"
 #include "nn.cuh"
 #include "norm.cuh"
 #include "pool.cuh"
+#include "rnn.cuh"
 extern "C" {
 #include "internal.h"
 #include "geometry.h"
+#include "rnn_calls.h"
+#include <kiln/rnn.h>
 }
 #include <stdio.h>
 #include <stdlib.h>
@@ -593,11 +597,174 @@ static void test_pooling() {
   }
 }
 
+/* ---- recurrent layers: rnn.cu's sequence of products and kernels, the products as plain loops
+   over the column-major calls cuBLAS gets (rnn.cuh's blas_call_of), the kernels' per-unit
+   functions of rnn.cuh, against the CPU's layer and its backward through autograd ---- */
+
+/* A CPU tensor of values in [-scale, scale). */
+static struct kiln_tensor *rnn_input(int ndim, const int64_t *sizes, int dtype, double scale, uint64_t seed) {
+  int64_t n = 1;
+  for (int d = 0; d < ndim; d++) n *= sizes[d];
+  std::vector<double> v((size_t)(n > 0 ? n : 1));
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 7;
+  for (int64_t i = 0; i < n; i++) {
+    s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+    v[(size_t)i] = ((double)(s >> 11) * 0x1p-53 * 2 - 1) * scale;
+  }
+  return kiln_tensor_from_f64(ndim, sizes, v.data(), dtype, CPU);
+}
+
+/* Row-major C[M,N] = op(A) op(B) + beta C through rnn.cuh's blas_call_of, as cuBLAS computes
+   that column-major call: C'[i + j ldc] = sum_p op1(i, p) op2(p, j), the first operand B. A call
+   cuBLAS would refuse for its leading dimensions fails the case. */
+static bool blas_calls_ok = true;
+template <class T>
+static void host_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, const T *A, int64_t lda, const T *B, int64_t ldb,
+                      double beta, T *C, int64_t ldc) {
+  struct kiln_rnn::blas_call c = kiln_rnn::blas_call_of(ta, tb, M, N, K, lda, ldb, ldc);
+  if (!kiln_rnn::blas_call_valid(c)) blas_calls_ok = false;
+  const T *first = B, *second = A;
+  for (int64_t i = 0; i < c.m; i++)
+    for (int64_t j = 0; j < c.n; j++) {
+      double acc = 0;
+      for (int64_t p = 0; p < c.k; p++) {
+        T u = c.trans_first ? first[p + i * c.ld_first] : first[i + p * c.ld_first];
+        T v = c.trans_second ? second[j + p * c.ld_second] : second[p + j * c.ld_second];
+        acc += (double)u * (double)v;
+      }
+      T *o = C + i + j * c.ldc;
+      *o = (T)(acc + (beta != 0 ? beta * (double)*o : 0.0));
+    }
+}
+
+template <class T>
+static void check_rnn(int mode, int64_t Tn, int64_t B, int64_t I, int64_t H, bool lengths, bool reverse, bool state,
+                      bool bias, int dtype, uint64_t seed) {
+  using kiln_rnn::layer;
+  int64_t G = kiln_rnn_gates(mode), GH = G * H, S = kiln_rnn_states(mode), RS = kiln_rnn_reserve(mode);
+  int64_t sx[3] = {Tn, B, I}, sh[2] = {B, H}, sih[2] = {GH, I}, shh[2] = {GH, H}, sb[1] = {GH}, sz[3] = {Tn + S, B, H};
+  struct kiln_tensor *x = rnn_input(3, sx, dtype, 1.0, seed);
+  struct kiln_tensor *h0 = state ? rnn_input(2, sh, dtype, 0.5, seed + 1) : NULL;
+  struct kiln_tensor *c0 = state && mode == KILN_RNN_LSTM ? rnn_input(2, sh, dtype, 0.5, seed + 2) : NULL;
+  struct kiln_tensor *w_ih = rnn_input(2, sih, dtype, 0.4, seed + 3), *w_hh = rnn_input(2, shh, dtype, 0.4, seed + 4);
+  struct kiln_tensor *b_ih = bias ? rnn_input(1, sb, dtype, 0.3, seed + 5) : NULL;
+  struct kiln_tensor *b_hh = bias ? rnn_input(1, sb, dtype, 0.3, seed + 6) : NULL;
+  struct kiln_tensor *gz = rnn_input(3, sz, dtype, 1.0, seed + 7);
+  std::vector<int64_t> lv((size_t)B);
+  for (int64_t b = 0; b < B; b++) lv[(size_t)b] = lengths ? (b == 0 ? Tn : 1 + (int64_t)((uint64_t)(b * 5) + seed) % Tn) : Tn;
+  int64_t sl[1] = {B};
+  struct kiln_tensor *len = NULL;
+  if (lengths) {
+    len = kiln_tensor_empty(1, sl, KILN_I64, CPU);
+    memcpy(kiln_tensor_data(len), lv.data(), sizeof(int64_t) * (size_t)B);
+  }
+  struct kiln_tensor *leaves[] = {x, h0, c0, w_ih, w_hh, b_ih, b_hh};
+  for (struct kiln_tensor *l : leaves)
+    if (l) kiln_requires_grad_(l, 1);
+  struct kiln_tensor *want = kiln_rnn_layer(mode, x, h0, c0, w_ih, w_hh, b_ih, b_hh, len, reverse, KILN_RNN_GEMM);
+  bool ok = want && kiln_backward(want, gz, 0) == KILN_OK;
+
+  /* forward, as rnn.cu's forward<T> */
+  blas_calls_ok = true;
+  layer<T> L;
+  memset(&L, 0, sizeof L);
+  L.mode = mode; L.reverse = reverse; L.T_ = Tn; L.B = B; L.H = H; L.GH = GH; L.RS = RS;
+  L.len = lengths ? lv.data() : NULL;
+  L.h0 = data_of<T>(h0); L.c0 = data_of<T>(c0); L.b_hh = data_of<T>(b_hh);
+  std::vector<T> xp((size_t)(Tn * B * GH)), hh((size_t)(B * GH)), h((size_t)(B * H)), hn((size_t)(B * H)), c((size_t)(B * H));
+  std::vector<T> res((size_t)(Tn * B * RS * H + 1));
+  struct kiln_tensor *z = kiln_tensor_empty(3, sz, dtype, CPU);
+  T *zv = data_of<T>(z);
+  memset(zv, 0, sizeof(T) * (size_t)z->numel);
+  for (int64_t i = 0; i < Tn * B * GH; i++) xp[(size_t)i] = bias ? data_of<T>(b_ih)[i % GH] : (T)0;   /* rnn_bias_rows_kernel */
+  if (I > 0) host_gemm<T>(0, 1, Tn * B, GH, I, data_of<T>(x), I, data_of<T>(w_ih), I, 1.0, xp.data(), GH);
+  for (int64_t i = 0; i < B * H; i++) {
+    h[(size_t)i] = state ? data_of<T>(h0)[i] : (T)0;
+    c[(size_t)i] = c0 ? data_of<T>(c0)[i] : (T)0;
+  }
+  L.xp = xp.data(); L.hh = hh.data(); L.z = zv; L.res = RS ? res.data() : NULL;
+  L.h = h.data(); L.hnext = hn.data(); L.c = c.data();
+  for (int64_t s = 0; s < Tn; s++) {
+    host_gemm<T>(0, 1, B, GH, H, L.h, H, data_of<T>(w_hh), H, 0.0, hh.data(), GH);
+    for (int64_t i = 0; i < B * H; i++) kiln_rnn::forward_at<T>(L, s, i / H, i % H);   /* rnn_step_kernel */
+    T *swap = L.h; L.h = L.hnext; L.hnext = swap;
+  }
+  memcpy(zv + Tn * B * H, L.h, sizeof(T) * (size_t)(B * H));
+  if (mode == KILN_RNN_LSTM) memcpy(zv + (Tn + 1) * B * H, L.c, sizeof(T) * (size_t)(B * H));
+
+  /* backward, as rnn.cu's backward<T>, from the replay's own Z and reserve */
+  bool gru = mode == KILN_RNN_GRU;
+  std::vector<T> dgx((size_t)(Tn * B * GH), (T)0), dgh(gru ? dgx.size() : 0, (T)0), dgs((size_t)(B * GH), (T)0);
+  std::vector<T> dh((size_t)(B * H)), dc((size_t)(B * H), (T)0), prod((size_t)(B * H)), hprev((size_t)(Tn * B * H));
+  const T *gzv = data_of<T>(gz);
+  L.gz = gzv; L.dgx = dgx.data(); L.dgh = gru ? dgh.data() : dgx.data(); L.dgs = dgs.data();
+  L.dh = dh.data(); L.dc = dc.data(); L.prod = prod.data();
+  for (int64_t i = 0; i < B * H; i++) {
+    dh[(size_t)i] = gzv[Tn * B * H + i];
+    if (mode == KILN_RNN_LSTM) dc[(size_t)i] = gzv[(Tn + 1) * B * H + i];
+  }
+  for (int64_t s = Tn - 1; s >= 0; s--) {
+    for (int64_t i = 0; i < B * H; i++) kiln_rnn::backward_at<T>(L, s, i / H, i % H);   /* rnn_step_backward_kernel */
+    host_gemm<T>(0, 0, B, H, GH, dgs.data(), GH, data_of<T>(w_hh), H, 0.0, prod.data(), H);
+    for (int64_t i = 0; i < B * H; i++) kiln_rnn::carry_at<T>(L, s, i / H, i % H);     /* rnn_carry_kernel */
+  }
+  struct kiln_tensor *gx = kiln_tensor_empty(3, sx, dtype, CPU), *gh0 = kiln_tensor_empty(2, sh, dtype, CPU);
+  struct kiln_tensor *gc0 = kiln_tensor_empty(2, sh, dtype, CPU), *gwi = kiln_tensor_empty(2, sih, dtype, CPU);
+  struct kiln_tensor *gwh = kiln_tensor_empty(2, shh, dtype, CPU), *gbi = kiln_tensor_empty(1, sb, dtype, CPU);
+  struct kiln_tensor *gbh = kiln_tensor_empty(1, sb, dtype, CPU);
+  memcpy(data_of<T>(gh0), dh.data(), sizeof(T) * dh.size());
+  memcpy(data_of<T>(gc0), dc.data(), sizeof(T) * dc.size());
+  if (I > 0) {   /* as rnn.cu: no products without input features */
+    host_gemm<T>(0, 0, Tn * B, I, GH, dgx.data(), GH, data_of<T>(w_ih), I, 0.0, data_of<T>(gx), I);
+    host_gemm<T>(1, 0, GH, I, Tn * B, dgx.data(), GH, data_of<T>(x), I, 0.0, data_of<T>(gwi), I);
+  }
+  for (int64_t i = 0; i < Tn * B * H; i++)   /* rnn_hprev_kernel */
+    hprev[(size_t)i] = kiln_rnn::hprev_at<T>(L, i / (B * H), (i % (B * H)) / H, i % H);
+  host_gemm<T>(1, 0, GH, H, Tn * B, L.dgh, GH, hprev.data(), H, 0.0, data_of<T>(gwh), H);
+  for (int64_t q = 0; q < GH; q++) {   /* rnn_column_sum_kernel */
+    data_of<T>(gbi)[q] = kiln_rnn::column_sum<T>(dgx.data(), Tn * B, GH, q);
+    data_of<T>(gbh)[q] = kiln_rnn::column_sum<T>(L.dgh, Tn * B, GH, q);
+  }
+
+  static const char *const names[] = {"rnn_tanh", "rnn_relu", "gru", "lstm"};
+  char what[200];
+  snprintf(what, sizeof what, "%s %s T %lld B %lld I %lld H %lld%s%s%s%s", names[mode], kiln_dtype_name(dtype), (long long)Tn,
+           (long long)B, (long long)I, (long long)H, lengths ? ", lengths" : "", reverse ? ", reverse" : "",
+           state ? ", initial state" : "", bias ? ", biases" : "");
+  double tol = dtype == KILN_F32 ? 1e-4 : 1e-10;
+  if (!blas_calls_ok) fprintf(stderr, "%s: a product has leading dimensions cuBLAS refuses\n", what);
+  ok = ok && blas_calls_ok && same_values(z, want, tol, what) && grads_match(gx, x, tol, what, "gx") && grads_match(gh0, h0, tol, what, "gh0") &&
+       grads_match(gc0, c0, tol, what, "gc0") && grads_match(gwi, w_ih, tol, what, "gw_ih") &&
+       grads_match(gwh, w_hh, tol, what, "gw_hh") && grads_match(gbi, b_ih, tol, what, "gb_ih") &&
+       grads_match(gbh, b_hh, tol, what, "gb_hh");
+  report(ok, __LINE__, what);
+  if (!want) fprintf(stderr, "  %s\n", kiln_error_message());
+  kiln_error_clear();
+  struct kiln_tensor *all[] = {x, h0, c0, w_ih, w_hh, b_ih, b_hh, gz, len, want, z, gx, gh0, gc0, gwi, gwh, gbi, gbh};
+  for (struct kiln_tensor *t : all) kiln_tensor_release(t);
+}
+
+static void test_rnn() {
+  struct shape { int64_t T, B, I, H; };
+  const shape shapes[] = {{5, 4, 3, 6}, {1, 1, 2, 3}, {7, 5, 0, 4}, {6, 3, 5, 33}};
+  uint64_t seed = 100;
+  for (int dt : {KILN_F32, KILN_F64})
+    for (int mode = KILN_RNN_TANH; mode <= KILN_RNN_LSTM; mode++)
+      for (const shape &sh : shapes)
+        for (int v = 0; v < 4; v++) {
+          bool lengths = v & 1, reverse = v & 2, state = (v + mode) % 2 == 0, bias = v != 1;
+          if (sh.I == 0 && v != 3) continue;   /* no input features: once per mode */
+          if (dt == KILN_F32) check_rnn<float>(mode, sh.T, sh.B, sh.I, sh.H, lengths, reverse, state, bias, dt, ++seed);
+          else check_rnn<double>(mode, sh.T, sh.B, sh.I, sh.H, lengths, reverse, state, bias, dt, ++seed);
+        }
+}
+
 int main() {
   test_reductions();
   test_row_norms();
   test_batch_norm();
   test_pooling();
+  test_rnn();
   check_nll<float>(KILN_F32);
   check_nll<double>(KILN_F64);
   for (double p : {0.1, 0.5, 0.75}) {

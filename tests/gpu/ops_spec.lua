@@ -1058,6 +1058,109 @@ for _, case in ipairs(optim_cases) do
   end
 end
 
+-- ---- recurrent layers: one layer of each mode through kiln.functional.rnn_layer, and 2-layer
+-- bidirectional modules (kiln.nn.RNN/GRU/LSTM moved with :to), forward and every grad ----
+
+-- Both run the CPU's GEMM path's arithmetic with other products (cuBLAS against the CPU's BLAS)
+-- and, in f32, the CPU's polynomial exp and tanh against the device's. On the CPU these cases in
+-- f32 are within 2.3e-5 of f64 (the weight grads of the batch-64 case sum 1088 rows).
+local function rnn_tol(dtype) return dtype == "f64" and 1e-11 or 2e-4 end
+local rnn_modes = {"rnn_tanh", "rnn_relu", "gru", "lstm"}
+local rnn_gates = {rnn_tanh = 1, rnn_relu = 1, gru = 3, lstm = 4}
+
+if has_kernel("rnn") then
+  -- a fresh leaf on dev: the CPU's copy must not make the source itself a leaf that needs grad
+  local function leaf(t, dev) return t:to(dev):detach():requires_grad_() end
+  local function small(shape, dtype, scale) return (gen(shape, "f64", true) * (scale / 3)):to(dtype) end
+  for _, mode in ipairs(rnn_modes) do
+    for _, dtype in ipairs({"f32", "f64"}) do
+      local G = rnn_gates[mode]
+      for _, case in ipairs({
+        {"T 9 B 5 I 7 H 24", 9, 5, 7, 24},
+        {"T 9 B 5 I 7 H 24, lengths, reverse, initial state", 9, 5, 7, 24, {9, 3, 1, 7, 9}, true, true},
+        {"T 9 B 5 I 7 H 24, lengths, transposed input, initial state, no biases", 9, 5, 7, 24, {4, 9, 2, 2, 6}, false, true,
+         true, true},
+        {"T 1 B 1 I 3 H 5, reverse", 1, 1, 3, 5, nil, true},
+        {"T 17 B 64 I 40 H 130, lengths, reverse", 17, 64, 40, 130, "mixed", true},
+      }) do
+        local T, B, I, H, lengths, reverse, state, transposed, nobias = unpack(case, 2, 10)
+        if lengths == "mixed" then
+          lengths = {}
+          for b = 1, B do lengths[b] = 1 + (b * 7) % T end
+          lengths[1] = T
+        end
+        local xb = transposed and small({B, T, I}, dtype, 1) or small({T, B, I}, dtype, 1)
+        -- w_hh's spectral radius about 0.5: differences in the last bits shrink along the sequence
+        local wi, wh = small({G * H, I}, dtype, 1 / math.sqrt(I)), small({G * H, H}, dtype, 0.5 / math.sqrt(H))
+        local bi, bh = small({G * H}, dtype, 0.3), small({G * H}, dtype, 0.3)
+        local h0, c0 = small({B, H}, dtype, 0.5), small({B, H}, dtype, 0.5)
+        local gout = small({T + (mode == "lstm" and 2 or 1), B, H}, dtype, 1)
+        with_grads("rnn", "rnn_backward", string.format("%s %s %s", mode, dtype, case[1]), rnn_tol(dtype), function(dev)
+          local x, w_ih, w_hh = leaf(xb, dev), leaf(wi, dev), leaf(wh, dev)
+          local leaves = {x, w_ih, w_hh}
+          local b_ih, b_hh, hh, cc
+          if not nobias then
+            b_ih, b_hh = leaf(bi, dev), leaf(bh, dev)
+            leaves[#leaves + 1] = b_ih leaves[#leaves + 1] = b_hh
+          end
+          if state then
+            hh = leaf(h0, dev) leaves[#leaves + 1] = hh
+            if mode == "lstm" then cc = leaf(c0, dev) leaves[#leaves + 1] = cc end
+          end
+          local z = kiln.functional.rnn_layer(mode, transposed and x:transpose(1, 2) or x, hh, cc, w_ih, w_hh, b_ih, b_hh,
+                                              {lengths = lengths, reverse = reverse})
+          return leaves, z, gout:to(dev)
+        end)
+      end
+    end
+  end
+
+  -- Modules: the same parameters on both (one seed), output, h_n (and c_n) in one tensor; the
+  -- grads of the input and of every parameter, by name.
+  for _, spec in ipairs({{"RNN", {}}, {"RNN", {nonlinearity = "relu"}}, {"GRU", {}}, {"LSTM", {}}}) do
+    for _, dtype in ipairs({"f32", "f64"}) do
+      local cls, opts = spec[1], {num_layers = 2, bidirectional = true, dtype = dtype}
+      for k, v in pairs(spec[2]) do opts[k] = v end
+      local T, B, I, H = 11, 6, 5, 16
+      local xb = (gen({T, B, I}, "f64", true) / 3):to(dtype)
+      local lengths = {11, 4, 1, 11, 7, 2}
+      local what = string.format("nn.%s%s %s, 2 layers, bidirectional, lengths", cls,
+                                 opts.nonlinearity and "(relu)" or "", dtype)
+      local names
+      guarded("rnn", what, function()
+        local function run_on(dev)
+          kiln.manual_seed(4242)
+          local m = kiln.nn[cls](I, H, opts)
+          if dev ~= "cpu" then m:to(dev) end
+          local x = leaf(xb, dev)
+          local out, hn = m(x, nil, lengths)
+          local parts = {out:reshape(-1)}
+          if cls == "LSTM" then parts[2], parts[3] = hn[1]:reshape(-1), hn[2]:reshape(-1) else parts[2] = hn:reshape(-1) end
+          local y = kiln.cat(parts, 1)
+          kiln.manual_seed(77)
+          local gy = kiln.randn(y:size(), {dtype = dtype})
+          y:backward(gy:to(dev))
+          local grads = {x = x.grad}
+          names = {"x"}
+          for _, np in ipairs(m:named_parameters()) do
+            names[#names + 1] = np[1]
+            grads[np[1]] = np[2].grad
+          end
+          return y, grads
+        end
+        local yc, gc = run_on("cpu")
+        local yg, gg = run_on(DEV)
+        local err, detail = max_error(yg, yc)
+        record("rnn", err, rnn_tol(dtype), what, detail)
+        for _, name in ipairs(names) do
+          local e, d = max_error(gg[name], gc[name])
+          record("rnn_backward", e, rnn_tol(dtype), what .. ", grad of " .. name, d)
+        end
+      end)
+    end
+  end
+end
+
 -- ---- the allocator and errors (the device only) ----
 
 local extras = {}
