@@ -7,25 +7,7 @@ local wrap, raise, is_tensor = core.wrap, core.raise, core.is_tensor
 
 local M = {}
 
-local function options(opts, known, op)
-  if opts == nil then return {} end
-  if type(opts) ~= "table" or is_tensor(opts) then raise(op .. ": expected an options table") end
-  for k in pairs(opts) do
-    if not known[k] then
-      local names = {}
-      for n in pairs(known) do names[#names + 1] = n end
-      table.sort(names)
-      raise(string.format("%s: unknown option %q (known: %s)", op, tostring(k), table.concat(names, ", ")))
-    end
-  end
-  return opts
-end
-
-local function set(...)
-  local s = {}
-  for _, k in ipairs{...} do s[k] = true end
-  return s
-end
+local options, set = core.options, core.set
 
 local function integer(v, what)
   if type(v) ~= "number" or v ~= math.floor(v) then raise(string.format("%s must be an integer, got %s", what, tostring(v))) end

@@ -235,4 +235,29 @@ function M.from_table(data, dtype, device)
   return M.wrap(C.kiln_tensor_from_f64(n, a, buf, dt, M.device(device)))
 end
 
+-- A trailing options table of op: nil gives {}, a key outside known (a set) is an error naming
+-- the known ones.
+function M.options(opts, known, op)
+  if opts == nil then return {} end
+  if type(opts) ~= "table" or M.is_tensor(opts) then
+    M.raise(string.format("%s: expected an options table, got %s", op, M.is_tensor(opts) and "a tensor" or type(opts)))
+  end
+  for k in pairs(opts) do
+    if not known[k] then
+      local names = {}
+      for n in pairs(known) do names[#names + 1] = n end
+      table.sort(names)
+      M.raise(string.format("%s: unknown option %q (known: %s)", op, tostring(k), table.concat(names, ", ")))
+    end
+  end
+  return opts
+end
+
+-- set("a", "b") -> {a = true, b = true}
+function M.set(...)
+  local s = {}
+  for _, k in ipairs{...} do s[k] = true end
+  return s
+end
+
 return M

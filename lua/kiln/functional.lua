@@ -24,27 +24,7 @@ local function pair(v, what)
 end
 
 -- The trailing options table, checked against the names the op knows.
-local function options(opts, known, op)
-  if opts == nil then return {} end
-  if type(opts) ~= "table" or is_tensor(opts) then
-    raise(string.format("%s: expected an options table, got %s", op, is_tensor(opts) and "a tensor" or type(opts)))
-  end
-  for k in pairs(opts) do
-    if not known[k] then
-      local names = {}
-      for n in pairs(known) do names[#names + 1] = n end
-      table.sort(names)
-      raise(string.format("%s: unknown option %q (known: %s)", op, tostring(k), table.concat(names, ", ")))
-    end
-  end
-  return opts
-end
-
-local function set(...)
-  local s = {}
-  for _, k in ipairs{...} do s[k] = true end
-  return s
-end
+local options, set = core.options, core.set
 
 local function tensor(x, what, op)
   if not is_tensor(x) then raise(string.format("%s: %s must be a tensor, got %s", op, what, type(x))) end

@@ -10,7 +10,10 @@ static const char *const mode_names[] = {"rnn_tanh", "rnn_relu", "gru", "lstm"};
 
 /* The inputs of a layer node, in order; lengths is saved but takes no grad. */
 enum { IN_X, IN_H0, IN_C0, IN_W_IH, IN_W_HH, IN_B_IH, IN_B_HH, NIN };
-enum { SAVED_Z = NIN, SAVED_RESERVE, SAVED_LENGTHS };   /* saved[] holds the NIN inputs' contiguous copies first */
+/* What a node keeps: the contiguous x, h0, c0, w_ih, w_hh (b_ih, b_hh only shape the grads), the
+   output, the reserve and the lengths. */
+enum { S_X, S_H0, S_C0, S_W_IH, S_W_HH, S_Z, S_RESERVE, S_LENGTHS, NSAVED };
+_Static_assert((int)NSAVED <= (int)MAX_SAVED, "an rnn node keeps more tensors than a node holds");
 
 static int64_t cache_bytes(void) {
 #ifdef _SC_LEVEL2_CACHE_SIZE
@@ -159,8 +162,9 @@ KILN_API struct kiln_tensor *kiln_rnn_layer(int mode, const struct kiln_tensor *
   struct kiln_rnn_forward f = {{in[IN_X], in[IN_H0], in[IN_C0], in[IN_W_IH], in[IN_W_HH], in[IN_B_IH], in[IN_B_HH], len}, reserve};
   struct kiln_call call = {.op = KILN_OP_RNN, .out = z, .nints = 3, .ints = {mode, reverse ? 1 : 0, chosen}, .extra = &f};
   if (kiln_dispatch(x->device, &call)) goto fail;
-  const struct kiln_tensor *saved[MAX_SAVED] = {in[IN_X], in[IN_H0], in[IN_C0], in[IN_W_IH], in[IN_W_HH], z, reserve, len};
-  if (kiln_autograd_record_saved(KILN_OP_RNN, z, NIN, orig, NULL, call.ints, 3, saved, MAX_SAVED)) goto fail;
+  const struct kiln_tensor *saved[NSAVED] = {[S_X] = in[IN_X], [S_H0] = in[IN_H0], [S_C0] = in[IN_C0], [S_W_IH] = in[IN_W_IH],
+                                             [S_W_HH] = in[IN_W_HH], [S_Z] = z, [S_RESERVE] = reserve, [S_LENGTHS] = len};
+  if (kiln_autograd_record_saved(KILN_OP_RNN, z, NIN, orig, NULL, call.ints, 3, saved, NSAVED)) goto fail;
   for (int k = 0; k < NIN; k++) kiln_tensor_release(in[k]);
   kiln_tensor_release(len);
   kiln_tensor_release(reserve);
@@ -171,7 +175,6 @@ fail:
   return NULL;
 }
 
-/* saved: x, h0, c0, w_ih, w_hh (contiguous), Z, reserve, lengths; b_ih, b_hh only shape the grads. */
 int kiln_rnn_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
   struct kiln_tensor *gz = kiln_contiguous(g);
   if (!gz) return kiln_error_code();
@@ -183,8 +186,8 @@ int kiln_rnn_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_
     }
   }
   struct kiln_rnn_backward bw = {
-    .t = {n->saved[0], n->saved[1], n->saved[2], n->saved[3], n->saved[4], NULL, NULL, n->saved[7]},
-    .z = n->saved[5], .reserve = n->saved[6], .gz = gz,
+    .t = {n->saved[S_X], n->saved[S_H0], n->saved[S_C0], n->saved[S_W_IH], n->saved[S_W_HH], NULL, NULL, n->saved[S_LENGTHS]},
+    .z = n->saved[S_Z], .reserve = n->saved[S_RESERVE], .gz = gz,
     .gx = gin[IN_X], .gh0 = gin[IN_H0], .gc0 = gin[IN_C0], .gw_ih = gin[IN_W_IH], .gw_hh = gin[IN_W_HH],
     .gb_ih = gin[IN_B_IH], .gb_hh = gin[IN_B_HH]};
   struct kiln_call call = {.op = KILN_OP_RNN_BACKWARD, .nints = 3, .ints = {n->ints[0], n->ints[1], n->ints[2]}, .extra = &bw};
