@@ -9,6 +9,7 @@
 #include "common.h"
 #include "elements.cuh"
 #include "geometry.h"
+#include "vector.cuh"
 
 namespace kiln_ew {
 using namespace kiln_el;
@@ -61,19 +62,19 @@ __global__ void elementwise_kernel(struct kiln_cuda_iter it, struct operands ops
   }
 }
 
-template <class C> struct flat_inputs {
-  const C *in[3];   /* NULL: the scalar */
-};
-
 template <class C, class Fn>
 __global__ void elementwise_flat_kernel(typename Fn::out_t *out, flat_inputs<C> p, Fn fn, C scalar, int64_t n) {
   int64_t stride = (int64_t)gridDim.x * blockDim.x;
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-    C x[Fn::nin];
-#pragma unroll
-    for (int j = 0; j < Fn::nin; j++) x[j] = p.in[j] ? p.in[j][i] : scalar;
-    out[i] = fn(x);
-  }
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) flat_element(out, p, fn, scalar, i);
+}
+
+/* The same over whole aligned W-element words, then the last n % W elements one by one. */
+template <class C, class Fn, int W>
+__global__ void elementwise_vector_kernel(typename Fn::out_t *out, flat_inputs<C> p, Fn fn, C scalar, int64_t n) {
+  int64_t stride = (int64_t)gridDim.x * blockDim.x, id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  int64_t words = n / W;
+  for (int64_t i = id; i < words; i += stride) flat_vector<C, Fn, W>(out, p, fn, scalar, i);
+  for (int64_t i = words * W + id; i < n; i += stride) flat_element(out, p, fn, scalar, i);
 }
 
 template <class T> constexpr int dtype_of() {
@@ -101,7 +102,19 @@ int launch(const struct kiln_call *c, struct cuda_device *dev, Fn fn, const stru
     if (in[j]) flat = in[j]->dtype == dtype_of<C>() && kiln_is_contiguous(in[j]) && same_shape(in[j], out);
   if (flat) {
     flat_inputs<C> p = {{NULL, NULL, NULL}};
-    for (int j = 0; j < Fn::nin; j++) p.in[j] = in[j] ? (const C *)kiln_tensor_data(in[j]) : NULL;
+    uintptr_t addr[4] = {(uintptr_t)kiln_tensor_data(out)};
+    int size[4] = {(int)sizeof(O)}, count = 1;
+    for (int j = 0; j < Fn::nin; j++) {
+      p.in[j] = in[j] ? (const C *)kiln_tensor_data(in[j]) : NULL;
+      if (p.in[j]) { addr[count] = (uintptr_t)p.in[j]; size[count++] = (int)sizeof(C); }
+    }
+    constexpr int W = vector_lanes<C>();
+    if (W > 1 && kiln_cuda_vector_width(out->numel, count, addr, size) >= W) {
+      struct kiln_cuda_launch gv = kiln_cuda_launch_1d(out->numel / W, THREADS, kiln_cuda_max_blocks(dev->sm_count, THREADS));
+      elementwise_vector_kernel<C, Fn, W><<<(unsigned)gv.blocks, gv.threads, 0, dev->stream>>>((O *)kiln_tensor_data(out), p,
+                                                                                               fn, sc, out->numel);
+      return cuda_launched(kiln_op_name(c->op), "elementwise_vector_kernel");
+    }
     elementwise_flat_kernel<C, Fn><<<(unsigned)g.blocks, g.threads, 0, dev->stream>>>((O *)kiln_tensor_data(out), p, fn,
                                                                                       sc, out->numel);
     return cuda_launched(kiln_op_name(c->op), "elementwise_flat_kernel");

@@ -70,6 +70,16 @@ struct kiln_cuda_launch kiln_cuda_launch_1d(int64_t n, int threads, int64_t max_
   return l;
 }
 
+int kiln_cuda_vector_width(int64_t n, int count, const uintptr_t *addr, const int *size) {
+  int w = 16;
+  for (int i = 0; i < count; i++) {
+    if (size[i] < 1 || size[i] > 16) return 1;
+    while (w > 1 && (w * size[i] > 16 || addr[i] % (uintptr_t)(w * size[i]) != 0)) w /= 2;
+  }
+  while (w > 1 && n < 2 * (int64_t)w) w /= 2;
+  return w;
+}
+
 int64_t kiln_cuda_max_blocks(int sm_count, int threads) {
   if (sm_count < 1) sm_count = 1;
   if (threads < 1) threads = 1;

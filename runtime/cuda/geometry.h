@@ -64,6 +64,12 @@ struct kiln_cuda_launch {
   int threads;
 };
 struct kiln_cuda_launch kiln_cuda_launch_1d(int64_t n, int threads, int64_t max_blocks);
+/* The elements per vector load and store of a flat elementwise kernel: the largest width w in
+   1, 2, 4, ... with w * size[i] <= 16 bytes for every operand and every address a multiple of
+   w * size[i], so that each thread moves whole aligned 16-byte (or narrower) words; 1 when n < 2w
+   would leave no whole vectors worth the second kernel. count operands, addr[i] their first
+   element, size[i] their element size. */
+int kiln_cuda_vector_width(int64_t n, int count, const uintptr_t *addr, const int *size);
 /* The blocks that keep every SM full for a few waves. */
 int64_t kiln_cuda_max_blocks(int sm_count, int threads);
 

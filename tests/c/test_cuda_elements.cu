@@ -5,6 +5,7 @@
    random fills. The device build of the same source may differ only where the device's math
    library does (exp, log, sin, ... within an ulp or two); tests/gpu checks that part. */
 #include "elements.cuh"
+#include "vector.cuh"
 extern "C" {
 #include "internal.h"
 }
@@ -14,6 +15,7 @@ extern "C" {
 #include <vector>
 
 using namespace kiln_el;
+using namespace kiln_ew;
 
 static int checks, failures;
 static void report(bool ok, int line, const char *what) {
@@ -309,10 +311,59 @@ static void test_random() {
   check_random(KILN_OP_RANDINT, KILN_BOOL, 0, 2, 0, 2);
 }
 
+/* The flat kernels' vector words (vector.cuh) against their element-by-element form: the same
+   results bit for bit, each lane from its own elements, for a vector-vector op, an op with the
+   scalar on either side, a bool result and f64; W-element words over the first n / W * W
+   elements, then the tail one by one, as elementwise_vector_kernel does. */
+template <int OP, class C> struct test_binary_fn {
+  using out_t = result_t<OP, C>;
+  static constexpr int nin = 2;
+  KILN_EL out_t operator()(const C *x) const { return binary<OP, C>(x[0], x[1]); }
+};
+
+template <int OP, class C, int W> static void check_vector_words(int64_t n, int scalar_side) {
+  using Fn = test_binary_fn<OP, C>;
+  using O = typename Fn::out_t;
+  enum { WORDS = 1100 / W };
+  static pack<C, W> xa[WORDS], ya[WORDS];
+  static pack<result_t<OP, C>, W> got[WORDS], want[WORDS];
+  C *x = reinterpret_cast<C *>(xa), *y = reinterpret_cast<C *>(ya);
+  for (int64_t i = 0; i < n; i++) {
+    x[i] = (C)(((i * 37) % 23) - 11) / (C)4;
+    y[i] = (C)(((i * 53) % 19) - 9) / (C)2;
+  }
+  flat_inputs<C> p = {{scalar_side == 0 ? (const C *)NULL : x, scalar_side == 1 ? (const C *)NULL : y, NULL}};
+  C sc = (C)1.5;
+  O *g = reinterpret_cast<O *>(got), *w = reinterpret_cast<O *>(want);
+  Fn fn;
+  for (int64_t i = 0; i < n / W; i++) flat_vector<C, Fn, W>(g, p, fn, sc, i);
+  for (int64_t i = n / W * W; i < n; i++) flat_element(g, p, fn, sc, i);
+  for (int64_t i = 0; i < n; i++) flat_element(w, p, fn, sc, i);
+  bool same = memcmp(g, w, sizeof(O) * (size_t)n) == 0;
+  for (int64_t i = 0; i < n && same; i++) {   /* and each lane from its own elements */
+    C a = scalar_side == 0 ? sc : x[i], b = scalar_side == 1 ? sc : y[i];
+    O r = binary<OP, C>(a, b);
+    same = memcmp(&g[i], &r, sizeof(O)) == 0;
+  }
+  report(same, __LINE__, "flat_vector words == element by element");
+}
+
+static void test_vector_words() {
+  for (int64_t n : {0, 1, 3, 4, 5, 8, 1023, 1024, 1027}) {
+    for (int side = 0; side < 3; side++) {   /* 0: scalar first, 1: scalar second, 2: two tensors */
+      check_vector_words<KILN_OP_SUB, float, 4>(n, side);
+      check_vector_words<KILN_OP_DIV, double, 2>(n, side);
+      check_vector_words<KILN_OP_LT, float, 4>(n, side);
+      check_vector_words<KILN_OP_MUL, int64_t, 2>(n, side);
+    }
+  }
+}
+
 int main() {
   test_conversions();
   test_ops();
   test_random();
+  test_vector_words();
   printf("test_cuda_elements: %d checks, %d failed\n", checks, failures);
   return failures != 0 || checks == 0;
 }

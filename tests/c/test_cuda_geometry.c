@@ -341,9 +341,52 @@ static void test_index_geometry(void) {
   kiln_tensor_release(i32);
 }
 
+/* kiln_cuda_vector_width against the rule written out: the widest w <= 16 / size with every
+   address a multiple of w * size, and at least two words of n. */
+static int width_by_hand(int64_t n, int count, const uintptr_t *addr, const int *size) {
+  for (int w = 16; w > 1; w /= 2) {
+    int ok = n >= 2 * w;
+    for (int i = 0; i < count && ok; i++) ok = w * size[i] <= 16 && addr[i] % (uintptr_t)(w * size[i]) == 0;
+    if (ok) return w;
+  }
+  return 1;
+}
+
+static void test_vector_width(void) {
+  uintptr_t a[3] = {0x1000, 0x2000, 0x3000};
+  int f32[3] = {4, 4, 4}, f64[2] = {8, 8}, cmp[3] = {1, 4, 4};
+  CHECK(kiln_cuda_vector_width(1024, 3, a, f32) == 4);    /* f32 x 4: one 16-byte word */
+  CHECK(kiln_cuda_vector_width(1024, 2, a, f64) == 2);    /* f64 x 2 */
+  CHECK(kiln_cuda_vector_width(1024, 3, a, cmp) == 4);    /* a bool result: 4-byte words of it */
+  uintptr_t off[3] = {0x1000, 0x2004, 0x3000};          /* a view one element in */
+  CHECK(kiln_cuda_vector_width(1024, 3, off, f32) == 1);
+  uintptr_t off8[3] = {0x1000, 0x2008, 0x3000};
+  CHECK(kiln_cuda_vector_width(1024, 3, off8, f32) == 2);
+  CHECK(kiln_cuda_vector_width(7, 3, a, f32) == 2);       /* too short for two f32 x 4 words */
+  CHECK(kiln_cuda_vector_width(1, 3, a, f32) == 1);
+  int bad[1] = {0};
+  CHECK(kiln_cuda_vector_width(1024, 1, a, bad) == 1);
+  /* random addresses and sizes against the rule */
+  uint64_t r = 12345;
+  int agree = 1;
+  for (int t = 0; t < 20000; t++) {
+    uintptr_t ad[4];
+    int sz[4], count = 1 + (int)(t % 4);
+    for (int i = 0; i < count; i++) {
+      r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+      sz[i] = 1 << (int)((r >> 33) % 4);
+      ad[i] = (uintptr_t)((r >> 40) % 4096) * (uintptr_t)sz[i];
+    }
+    int64_t n = (int64_t)((r >> 20) % 70);
+    agree &= kiln_cuda_vector_width(n, count, ad, sz) == width_by_hand(n, count, ad, sz);
+  }
+  CHECK(agree);
+}
+
 int main(void) {
   test_iteration();
   test_launch();
+  test_vector_width();
   test_gemm_plans();
   test_index_geometry();
   return check_done("test_cuda_geometry");

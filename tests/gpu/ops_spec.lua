@@ -279,6 +279,39 @@ if has_kernel("clamp") then
   end
 end
 
+-- contiguous operands of the same shape take the flat kernels: whole aligned 16-byte words when
+-- every operand is aligned to its word (vector.cuh), element by element when a view starts off
+-- a word; lengths around the word size test the tail
+for _, n in ipairs({1, 3, 4, 5, 8, 1023, 1024, 1027, 1048579}) do
+  for _, dtype in ipairs({"f32", "f64", "i64"}) do
+    for _, off in ipairs({0, 1}) do
+      local what = string.format("%s [%d] flat%s", dtype, n, off == 1 and ", one element in" or ", aligned")
+      local function view(t) return off == 1 and t:narrow(1, 2, n) or t end
+      for _, name in ipairs({"sub", "lt", "mul"}) do
+        guarded(name, what, function()
+          local a, b = gen({n + off}, dtype, true), gen({n + off}, dtype, true)
+          local c = wrap(C.kiln_binary(op_number[name], view(a).p, view(b).p))
+          local g = wrap(C.kiln_binary(op_number[name], view(a:to(DEV)).p, view(b:to(DEV)).p))
+          local err, detail = max_error(g, c)
+          record(name, err, 0, what, detail)
+          local cs = wrap(C.kiln_binary_scalar(op_number[name], view(a).p, 2.5, 1))
+          local gs = wrap(C.kiln_binary_scalar(op_number[name], view(a:to(DEV)).p, 2.5, 1))
+          err, detail = max_error(gs, cs)
+          record(name, err, 0, what .. ", scalar on the left", detail)
+        end)
+      end
+      guarded("exp", what, function()
+        if dtype == "i64" then return end
+        local a = gen({n + off}, dtype, true)
+        local c = wrap(C.kiln_unary(op_number.exp, view(a).p))
+        local g = wrap(C.kiln_unary(op_number.exp, view(a:to(DEV)).p))
+        local err, detail = max_error(g, c)
+        record("exp", err, tolerance("exp", dtype, dtype), what, detail)
+      end)
+    end
+  end
+end
+
 -- ---- copy and fill ----
 
 local dtypes = {"f32", "f64", "f16", "bf16", "i64", "i32", "u8", "bool"}
