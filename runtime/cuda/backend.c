@@ -340,9 +340,9 @@ static const struct kiln_backend cuda_backend = {
     [KILN_OP_DROPOUT] = cuda_dropout,
     [KILN_OP_SGD_STEP] = cuda_optim_step, [KILN_OP_ADAM_STEP] = cuda_optim_step,
     [KILN_OP_RMSPROP_STEP] = cuda_optim_step, [KILN_OP_ADAGRAD_STEP] = cuda_optim_step,
-    /* recurrent layers (rnn.cu); CTC: not implemented on cuda */
+    /* recurrent layers (rnn.cu); CTC (ctc.cu) */
     [KILN_OP_RNN] = cuda_rnn, [KILN_OP_RNN_BACKWARD] = cuda_rnn_backward,
-    [KILN_OP_CTC_LOSS] = NULL, [KILN_OP_CTC_LOSS_BACKWARD] = NULL,
+    [KILN_OP_CTC_LOSS] = cuda_ctc_loss, [KILN_OP_CTC_LOSS_BACKWARD] = cuda_ctc_loss_backward,
   },
 };
 

@@ -80,6 +80,8 @@ int cuda_row_norm(const struct kiln_call *c);            /* layer_norm, group_no
 int cuda_row_norm_backward(const struct kiln_call *c);
 int cuda_rnn(const struct kiln_call *c);                 /* one recurrent layer (rnn.cu) */
 int cuda_rnn_backward(const struct kiln_call *c);
+int cuda_ctc_loss(const struct kiln_call *c);            /* ctc.cu */
+int cuda_ctc_loss_backward(const struct kiln_call *c);
 int cuda_optim_step(const struct kiln_call *c);         /* sgd, adam, rmsprop, adagrad */
 int cuda_conv2d(const struct kiln_call *c);             /* cuDNN; built when CMake finds it (KILN_HAVE_CUDNN) */
 int cuda_conv2d_backward(const struct kiln_call *c);

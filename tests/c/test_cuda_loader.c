@@ -53,7 +53,8 @@ int main(int argc, char **argv) {
   CHECK(kiln_cuda_op_supported(KILN_OP_SUM) == expect_backend);
   CHECK(kiln_cuda_op_supported(KILN_OP_CONV2D) == (expect_backend && KILN_TEST_HAVE_CUDNN));   /* cuDNN */
   CHECK(kiln_cuda_op_supported(KILN_OP_RNN) == expect_backend);
-  CHECK(kiln_cuda_op_supported(KILN_OP_CTC_LOSS) == 0);
+  CHECK(kiln_cuda_op_supported(KILN_OP_CTC_LOSS) == expect_backend);
+  CHECK(kiln_cuda_op_supported(KILN_OP_CTC_LOSS_BACKWARD) == expect_backend);
   CHECK(kiln_cuda_op_supported(-1) == 0 && kiln_cuda_op_supported(KILN_OP_COUNT) == 0);
   CHECK(kiln_op_supported(KILN_OP_ADD, KILN_CUDA) == 0);
   CHECK(kiln_op_supported(KILN_OP_ADD, KILN_CPU) == 1);

@@ -1251,6 +1251,123 @@ if ON_GPU then
   end)
 end
 
+-- =================================================================================================
+-- ---- CTC loss (ctc.cu): the loss and the grad of log_probs against the CPU ----
+-- Padded ([N,S], made on the device) and concatenated (1-d) targets, each reduction, zero_infinity
+-- (samples too short for their target, input length 0), a class of probability 0 (an infinite
+-- loss, or 0 under zero_infinity), f32 and f64, blanks other than the first class, a block
+-- striding over more positions (2S+1 > 256) and more classes (C > 256) than it has threads,
+-- non-contiguous log_probs, the grad through a log_softmax, and the too-short sample's error
+-- (the same message on both devices, then the device still works).
+if has_kernel("ctc_loss") then
+  local F = kiln.functional
+  -- f32: alpha and the nll are stored in f32 between steps, so one rounding may fall either way
+  local function ctc_tol(dtype) return dtype == "f64" and 1e-11 or 5e-5 end
+  local function need_of(l)
+    local need = #l
+    for i = 2, #l do if l[i] == l[i - 1] then need = need + 1 end end
+    return need
+  end
+  -- Targets (labels from 1, never the blank, a third of them repeats) and lengths; input lengths
+  -- long enough for the targets unless short is set (then any, 0 included).
+  local function ctc_targets(T, N, nclass, blank, maxL, short)
+    local targets, il, tl = {}, {}, {}
+    for n = 1, N do
+      local l = {}
+      for i = 1, math.random(0, maxL) do
+        local c
+        if i > 1 and math.random(3) == 1 then c = l[i - 1] else repeat c = math.random(1, nclass) until c ~= blank end
+        l[i] = c
+      end
+      while need_of(l) > T do l[#l] = nil end
+      targets[n], tl[n] = l, #l
+      il[n] = short and math.random(0, T) or math.random(need_of(l), T)
+    end
+    if short then il[1] = math.max(0, need_of(targets[1]) - 1) end   -- at least one sample too short
+    return targets, il, tl
+  end
+  local function padded_of(targets, tl)
+    local S = 1
+    for _, L in ipairs(tl) do S = math.max(S, L) end
+    local rows = {}
+    for n, l in ipairs(targets) do
+      rows[n] = {}
+      for i = 1, S do rows[n][i] = l[i] or 1 end   -- padding past the length: not read
+    end
+    return kiln.tensor(rows, {dtype = "i64"})
+  end
+  local function flat_of(targets)
+    local flat = {}
+    for _, l in ipairs(targets) do for _, c in ipairs(l) do flat[#flat + 1] = c end end
+    return #flat > 0 and kiln.tensor(flat, {dtype = "i64"}) or nil
+  end
+  -- log_probs [T,N,C] made on the CPU; zero_at: {t, n, c} (from 1) set to -inf (probability 0).
+  local function ctc_lp(T, N, C_, dtype, zero_at)
+    local lp = (kiln.randn(T, N, C_, {dtype = "f64"}) * 2):log_softmax(3)
+    if zero_at then
+      check(C.kiln_tensor_set(lp.p, ((zero_at[1] - 1) * N + (zero_at[2] - 1)) * C_ + (zero_at[3] - 1), -1 / 0))
+    end
+    return lp:to(dtype)
+  end
+
+  math.randomseed(20261201)
+  local shapes = {
+    {T = 12, N = 5, C = 6, maxL = 5, blank = 1},
+    {T = 30, N = 3, C = 9, maxL = 12, blank = 4},
+    {T = 300, N = 2, C = 8, maxL = 140, blank = 8},     -- 2S+1 up to 281 positions: a block strides
+    {T = 40, N = 3, C = 300, maxL = 15, blank = 2},     -- 300 classes: the gradient strides
+  }
+  for _, dtype in ipairs({"f32", "f64"}) do
+    for _, sh in ipairs(shapes) do
+      for _, padded in ipairs({true, false}) do
+        for _, red in ipairs({"none", "mean", "sum"}) do
+          for _, zi in ipairs({false, true}) do
+            local targets, il, tl = ctc_targets(sh.T, sh.N, sh.C, sh.blank, sh.maxL, zi)
+            local tg = padded and padded_of(targets, tl) or flat_of(targets)
+            -- a class of probability 0 at one step of sample 2 in every other case
+            local zero_at = (#targets[2] > 0 and red ~= "sum") and {1, 2, targets[2][1]} or nil
+            local lp = ctc_lp(sh.T, sh.N, sh.C, dtype, zero_at)
+            local gout = red == "none" and (kiln.rand(sh.N, {dtype = dtype}) + 0.5) or nil
+            local what = string.format("%s T %d N %d C %d blank %d, %s targets, %s%s%s", dtype, sh.T, sh.N, sh.C, sh.blank,
+                                       padded and "padded" or "concatenated", red, zi and ", zero_infinity (short samples)" or "",
+                                       zero_at and ", a class of probability 0" or "")
+            with_grad("ctc_loss", "ctc_loss_backward", what, ctc_tol(dtype), function(dev)
+              local x = leaf(lp, dev)
+              local out = F.ctc_loss(x, tg and tg:to(dev) or {}, il, tl, {blank = sh.blank, reduction = red, zero_infinity = zi})
+              return x, out, gout and gout:to(dev) or nil
+            end)
+          end
+        end
+      end
+    end
+    -- non-contiguous log_probs (a transposed [N,T,C]), and the grad through a log_softmax of logits
+    local targets, il, tl = ctc_targets(20, 4, 7, 3, 8, false)
+    local tg = padded_of(targets, tl)
+    local base = kiln.randn(4, 20, 7, {dtype = dtype})
+    with_grad("ctc_loss", "ctc_loss_backward", dtype .. " transposed log_probs [N,T,C] -> [T,N,C], mean", ctc_tol(dtype),
+              function(dev)
+                local x = leaf(base:log_softmax(3), dev)
+                return x, F.ctc_loss(x:transpose(1, 2), tg:to(dev), il, tl, {blank = 3})
+              end)
+    with_grad("ctc_loss", "ctc_loss_backward", dtype .. " through a log_softmax of the logits, sum", ctc_tol(dtype),
+              function(dev)
+                local x = leaf(base, dev)
+                return x, F.ctc_loss(x:log_softmax(3):transpose(1, 2), tg:to(dev), il, tl, {blank = 3, reduction = "sum"})
+              end)
+  end
+  -- a sample too short for its target: the front end's error, the same on both devices
+  same_error("ctc_loss", "a sample too short for its target", function(dev)
+    return F.ctc_loss(ctc_lp(6, 2, 4, "f32"):to(dev), {{2, 3}, {2, 2}}, {6, 2})
+  end)
+  guarded("ctc_loss", "the device after the error", function()
+    local lp = ctc_lp(6, 2, 4, "f64")
+    local c = F.ctc_loss(lp, {{2, 3}, {2, 2}}, {6, 6})
+    local g = F.ctc_loss(lp:to(DEV), {{2, 3}, {2, 2}}, {6, 6})
+    local err, detail = max_error(g, c)
+    record("ctc_loss", err, ctc_tol("f64"), "f64, after the error", detail)
+  end)
+end
+
 -- ---- the table ----
 
 local lines = {}
