@@ -4,6 +4,7 @@
 #include "conv_graph.h"
 #include <kiln/dtype.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define TRY(expr, name)                 \
@@ -194,7 +195,7 @@ void kiln_conv_plan_destroy(struct kiln_conv_plan *p) {
   p->workspace = 0;
 }
 
-enum { MAX_CONFIGS = 32 };
+enum { MAX_CONFIGS = 256 };   /* the most engine configurations looked at per heuristics query */
 
 /* Whether config's engine keeps dtype's precision (kiln_conv_graph_exact); its global index in *engine. */
 static cudnnStatus_t config_exact(cudnnBackendDescriptor_t config, int dtype, int *exact, int64_t *engine) {
@@ -212,13 +213,28 @@ static cudnnStatus_t config_exact(cudnnBackendDescriptor_t config, int dtype, in
   return s;
 }
 
+/* The finalized plan of config on handle, or a status when this engine cannot run the graph. */
+static cudnnStatus_t make_plan(cudnnBackendDescriptor_t config, cudnnHandle_t handle, struct kiln_conv_plan *p) {
+  int64_t got = 0;
+  cudnnStatus_t s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &p->plan);
+  if (!s) s = cudnnBackendSetAttribute(p->plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+  if (!s) s = cudnnBackendSetAttribute(p->plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &config);
+  if (!s) s = cudnnBackendFinalize(p->plan);
+  if (!s) s = cudnnBackendGetAttribute(p->plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &got, &p->workspace);
+  if (!s && p->workspace < 0) s = CUDNN_STATUS_INTERNAL_ERROR;
+  if (s && p->plan) {
+    cudnnBackendDestroyDescriptor(p->plan);
+    p->plan = NULL;
+  }
+  return s;
+}
+
 cudnnStatus_t kiln_conv_graph_plans(const struct kiln_conv_graph *g, cudnnHandle_t handle, cudnnBackendHeurMode_t mode,
                                     int dtype, struct kiln_conv_plan *plans, int max, int *count, const char **call) {
-  cudnnBackendDescriptor_t heur = NULL, configs[MAX_CONFIGS];
-  int64_t n = 0;
+  cudnnBackendDescriptor_t heur = NULL, *configs = NULL;
+  int64_t total = 0, n = 0;
   cudnnStatus_t s;
   *count = 0;
-  memset(configs, 0, sizeof configs);
   s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, &heur);
   if (s) *call = "cudnnBackendCreateDescriptor (engine heuristics)";
   if (!s) {
@@ -233,37 +249,38 @@ cudnnStatus_t kiln_conv_graph_plans(const struct kiln_conv_graph *g, cudnnHandle
     s = cudnnBackendFinalize(heur);
     if (s) *call = "cudnnBackendFinalize (engine heuristics)";
   }
-  for (int i = 0; !s && i < MAX_CONFIGS; i++) {
+  if (!s) {   /* how many configurations the heuristics rank */
+    s = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &total, NULL);
+    if (s) *call = "cudnnBackendGetAttribute (CUDNN_ATTR_ENGINEHEUR_RESULTS, count)";
+  }
+  if (total > MAX_CONFIGS) total = MAX_CONFIGS;
+  if (!s && total > 0) {
+    configs = (cudnnBackendDescriptor_t *)calloc((size_t)total, sizeof *configs);
+    if (!configs) {
+      s = CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED;
+      *call = "kiln_conv_graph_plans (engine configurations)";
+    }
+  }
+  for (int64_t i = 0; !s && i < total; i++) {
     s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &configs[i]);
     if (s) *call = "cudnnBackendCreateDescriptor (engine configuration)";
   }
-  if (!s) {
-    s = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, MAX_CONFIGS, &n, configs);
+  if (!s && total > 0) {
+    s = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, total, &n, configs);
     if (s) *call = "cudnnBackendGetAttribute (CUDNN_ATTR_ENGINEHEUR_RESULTS)";
   }
-  if (n > MAX_CONFIGS) n = MAX_CONFIGS;
+  if (n > total) n = total;
   for (int64_t i = 0; !s && i < n && *count < max; i++) {
     int exact = 0;
-    int64_t engine = -1;
-    if (config_exact(configs[i], dtype, &exact, &engine) || !exact) continue;
-    struct kiln_conv_plan p = {configs[i], NULL, 0, engine};
-    int ok = cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &p.plan) == CUDNN_STATUS_SUCCESS;
-    ok = ok && cudnnBackendSetAttribute(p.plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle) == CUDNN_STATUS_SUCCESS;
-    ok = ok && cudnnBackendSetAttribute(p.plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
-                                        &configs[i]) == CUDNN_STATUS_SUCCESS;
-    ok = ok && cudnnBackendFinalize(p.plan) == CUDNN_STATUS_SUCCESS;   /* an engine that cannot run this shape: skipped */
-    int64_t got = 0;
-    ok = ok && cudnnBackendGetAttribute(p.plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &got,
-                                        &p.workspace) == CUDNN_STATUS_SUCCESS;
-    if (!ok || p.workspace < 0) {
-      if (p.plan) cudnnBackendDestroyDescriptor(p.plan);
-      continue;
-    }
-    configs[i] = NULL;   /* the plan keeps its configuration */
+    struct kiln_conv_plan p = {configs[i], NULL, 0, -1};
+    if (config_exact(configs[i], dtype, &exact, &p.engine) || !exact) continue;
+    if (make_plan(configs[i], handle, &p)) continue;   /* an engine that cannot run this shape: skipped */
+    configs[i] = NULL;                                  /* the plan keeps its configuration */
     plans[(*count)++] = p;
   }
-  for (int i = 0; i < MAX_CONFIGS; i++)
+  for (int64_t i = 0; configs && i < total; i++)
     if (configs[i]) cudnnBackendDestroyDescriptor(configs[i]);
+  free(configs);
   if (heur) cudnnBackendDestroyDescriptor(heur);
   if (s) {
     for (int i = 0; i < *count; i++) kiln_conv_plan_destroy(&plans[i]);

@@ -199,6 +199,31 @@ static void test_operations(void) {
   }
 }
 
+/* Without a device: the heuristics of a graph that could not be finalized fail with the call named
+   and no plans; running a plan that was never made fails with the call named (no crash). */
+static void test_without_device(void) {
+  const int64_t ints[7] = {1, 1, 1, 1, 1, 1, 1}, x[4] = {2, 3, 8, 8}, w[4] = {4, 3, 3, 3}, y[4] = {2, 4, 8, 8};
+  struct kiln_conv_graph_shape s;
+  struct kiln_conv_graph g;
+  const char *call = "";
+  kiln_conv_graph_shape_make(&s, KILN_CONV_FORWARD, KILN_F32, x, NULL, w, y, ints, NULL, NULL, NULL);
+  CHECK(kiln_conv_graph_operation(&g, &s, &call) == CUDNN_STATUS_SUCCESS);
+  CHECK(kiln_conv_graph_finalize(&g, NULL, &call) != CUDNN_STATUS_SUCCESS);
+  struct kiln_conv_plan plans[2];
+  int count = -1;
+  call = "";
+  CHECK(kiln_conv_graph_plans(&g, NULL, CUDNN_HEUR_MODE_A, KILN_F32, plans, 2, &count, &call) != CUDNN_STATUS_SUCCESS);
+  CHECK(count == 0);
+  CHECK(strstr(call, "heuristics") != NULL || strstr(call, "ENGINEHEUR") != NULL);
+  kiln_conv_graph_destroy(&g);
+  struct kiln_conv_plan none = {NULL, NULL, 0, -1};
+  call = "";
+  CHECK(kiln_conv_plan_execute(&none, NULL, NULL, NULL, NULL, NULL, &call) != CUDNN_STATUS_SUCCESS);
+  CHECK(strstr(call, "cudnnBackend") != NULL);
+  kiln_conv_plan_destroy(&none);   /* nothing to free: safe */
+  CHECK(none.plan == NULL && none.config == NULL);
+}
+
 int main(void) {
   CHECK(cudnnGetVersion() >= 90000 && cudnnGetVersion() < 100000);
   test_types_and_notes();
@@ -206,9 +231,35 @@ int main(void) {
   test_tensor();
   test_convolution();
   test_operations();
+  test_without_device();
   return check_done("test_cuda_conv_graph");
 }
 #else
+/* Without a device: the heuristics of a graph that could not be finalized fail with the call named
+   and no plans; running a plan that was never made fails with the call named (no crash). */
+static void test_without_device(void) {
+  const int64_t ints[7] = {1, 1, 1, 1, 1, 1, 1}, x[4] = {2, 3, 8, 8}, w[4] = {4, 3, 3, 3}, y[4] = {2, 4, 8, 8};
+  struct kiln_conv_graph_shape s;
+  struct kiln_conv_graph g;
+  const char *call = "";
+  kiln_conv_graph_shape_make(&s, KILN_CONV_FORWARD, KILN_F32, x, NULL, w, y, ints, NULL, NULL, NULL);
+  CHECK(kiln_conv_graph_operation(&g, &s, &call) == CUDNN_STATUS_SUCCESS);
+  CHECK(kiln_conv_graph_finalize(&g, NULL, &call) != CUDNN_STATUS_SUCCESS);
+  struct kiln_conv_plan plans[2];
+  int count = -1;
+  call = "";
+  CHECK(kiln_conv_graph_plans(&g, NULL, CUDNN_HEUR_MODE_A, KILN_F32, plans, 2, &count, &call) != CUDNN_STATUS_SUCCESS);
+  CHECK(count == 0);
+  CHECK(strstr(call, "heuristics") != NULL || strstr(call, "ENGINEHEUR") != NULL);
+  kiln_conv_graph_destroy(&g);
+  struct kiln_conv_plan none = {NULL, NULL, 0, -1};
+  call = "";
+  CHECK(kiln_conv_plan_execute(&none, NULL, NULL, NULL, NULL, NULL, &call) != CUDNN_STATUS_SUCCESS);
+  CHECK(strstr(call, "cudnnBackend") != NULL);
+  kiln_conv_plan_destroy(&none);   /* nothing to free: safe */
+  CHECK(none.plan == NULL && none.config == NULL);
+}
+
 int main(void) {
   printf("test_cuda_conv_graph: skipped (this build has no cuDNN 9)\n");
   return 0;
