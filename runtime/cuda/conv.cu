@@ -12,11 +12,13 @@
    heuristics, or, with KILN_CUDNN_BENCHMARK=1, by timing the candidates on the call's own buffers
    and keeping the fastest. Both settings are read at every convolution, so a script may switch
    them (kiln.cuda.set_conv_api, kiln.cuda.set_cudnn_benchmark). One cuDNN handle and one workspace
-   per device, on the device's stream; the workspace grows to the largest request.
+   per device, on the device's stream; the workspace, a block of the device's caching allocator,
+   grows to the largest request.
    Built only when CMake found cuDNN (KILN_HAVE_CUDNN); the table's entries stay NULL otherwise. */
 #include "common.h"
 #include "conv_cache.h"
 #include "conv_graph.h"
+#include "allocator.h"
 #include "nn_calls.h"
 #include <cudnn.h>
 #include <limits.h>
@@ -52,15 +54,23 @@ static int conv_mode_read(const char *op, struct conv_mode *m) {
   return KILN_OK;
 }
 
-static int raw_alloc(void *ctx, size_t bytes, void **out) {
-  cudaError_t e = cudaMalloc(out, bytes);
-  if (e == cudaSuccess) return KILN_OK;
-  return cuda_check(e, (const char *)ctx, "cudaMalloc (cuDNN workspace)");
+/* The workspace's blocks come from the device's caching allocator, on the device's stream: a
+   block given back when the workspace grows is reused only by work queued after the convolutions
+   that used it, and memory_stats counts the workspace. */
+struct pool {
+  struct cuda_device *dev;
+  const char *op;
+};
+static int pool_alloc(void *ctx, size_t bytes, void **out) {
+  struct pool *p = (struct pool *)ctx;
+  char err[512];
+  if (kiln_caching_alloc(p->dev->allocator, (uintptr_t)p->dev->stream, (int64_t)bytes, out, err, sizeof err))
+    return cuda_fail(KILN_ERR_MEMORY, "%s: cuDNN workspace: %s", p->op, err);
+  return KILN_OK;
 }
-static void raw_free(void *ctx, void *ptr) {
-  (void)ctx;
-  cudaFree(ptr);   /* waits for the convolutions still using it */
-  cudaGetLastError();
+static void pool_free(void *ctx, void *ptr) {
+  struct pool *p = (struct pool *)ctx;
+  kiln_caching_free(p->dev->allocator, ptr);
 }
 
 /* The device's cuDNN handle (made on its first conv) and the process's table. */
@@ -87,7 +97,8 @@ static int dnn_handle(struct cuda_device *dev, const char *op, cudnnHandle_t *ou
 /* The device's workspace with at least need bytes, or NULL (need 0) with KILN_OK. */
 static int workspace(struct cuda_device *dev, const char *op, size_t need, void **ptr, size_t *bytes) {
   pthread_mutex_lock(&dnn_lock);
-  struct kiln_conv_workspace ws = {dev->dnn_workspace, dev->dnn_workspace_bytes, raw_alloc, raw_free, (void *)op};
+  struct pool pool = {dev, op};
+  struct kiln_conv_workspace ws = {dev->dnn_workspace, dev->dnn_workspace_bytes, pool_alloc, pool_free, &pool};
   int rc = kiln_conv_workspace_reserve(&ws, need) ? kiln_error_code() : KILN_OK;
   dev->dnn_workspace = ws.ptr;
   dev->dnn_workspace_bytes = ws.bytes;

@@ -59,7 +59,8 @@ int kiln_conv_cache_put(struct kiln_conv_cache *cache, const struct kiln_conv_ke
 int64_t kiln_conv_cache_count(struct kiln_conv_cache *cache);
 
 /* One device's workspace: kept between calls, replaced by a larger block when a pass needs more
-   (the old one freed through the backing, which must wait for its users, as cudaFree does). */
+   (the old one freed through the backing, which must not reuse it before its users are done: a
+   stream-ordered caching allocator, or cudaFree, which waits). */
 struct kiln_conv_workspace {
   void *ptr;
   size_t bytes;
