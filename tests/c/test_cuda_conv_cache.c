@@ -1,6 +1,8 @@
 /* test_cuda_conv_cache.c: the host side of the cuDNN convolutions (runtime/cuda/conv_cache.c,
-   compiled into this test): shape keys compare and hash by every field, the algorithm table
-   answers hits and misses, keeps the first choice of a key and survives growing, and the
+   compiled into this test): shape keys compare and hash by every field (the graph API's and each
+   buffer alignment included), the algorithm table answers hits and misses, keeps the first choice
+   of a key, holds graph-API plans and legacy fallbacks beside legacy algorithms and survives
+   growing, KILN_CUDNN_API values parse (graph by default, anything unknown refused), and the
    per-device workspace grows only when a pass needs more, keeping its block when an allocation
    fails. */
 #include "check.h"
