@@ -41,13 +41,20 @@ static int dnn_check(cudnnStatus_t s, const char *op, const char *call) {
 static pthread_mutex_t dnn_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct kiln_conv_cache *choices;   /* the process's algorithm and plan table, made at the first conv */
 
-/* The API and the search of this call (KILN_CUDNN_API, KILN_CUDNN_BENCHMARK, read each time). */
+/* The API and the search of this call (KILN_CUDNN_API, KILN_CUDNN_BENCHMARK, read each time), and
+   KILN_CUDNN_GRAPH_STRICT=1: a shape the graph API cannot plan is an error instead of going to the
+   legacy API (for tests that must know the graph API ran). */
 struct conv_mode {
-  int api, benchmark;
+  int api, benchmark, strict;
 };
+static int flag(const char *name) {
+  const char *v = getenv(name);
+  return v && *v && strcmp(v, "0") != 0;
+}
 static int conv_mode_read(const char *op, struct conv_mode *m) {
-  const char *api = getenv("KILN_CUDNN_API"), *b = getenv("KILN_CUDNN_BENCHMARK");
-  m->benchmark = b && *b && strcmp(b, "0") != 0;
+  const char *api = getenv("KILN_CUDNN_API");
+  m->benchmark = flag("KILN_CUDNN_BENCHMARK");
+  m->strict = flag("KILN_CUDNN_GRAPH_STRICT");
   m->api = kiln_conv_api_parse(api);
   if (m->api < 0)
     return cuda_fail(KILN_ERR_ARGUMENT, "%s: KILN_CUDNN_API='%s': expected 'graph' (the default) or 'legacy'", op, api);
@@ -355,10 +362,11 @@ static int fastest(cudnnHandle_t h, struct cuda_device *dev, const char *op, con
   return rc;
 }
 
-/* Plan s on h: the chosen plan in ch->plan, or ch->legacy when cuDNN cannot plan it (said on
-   stderr). An error only for what the legacy API could not survive either (memory, the device). */
+/* Plan s on h: the chosen plan in ch->plan, or ch->legacy when cuDNN cannot plan it (why says
+   what failed, with the shape). An error only for what the legacy API could not survive either
+   (memory, the device). */
 static int graph_plan(cudnnHandle_t h, struct cuda_device *dev, const char *op, const struct kiln_conv_graph_shape *s,
-                      int benchmark, void *px, void *pw, void *py, struct kiln_conv_choice *ch) {
+                      int benchmark, void *px, void *pw, void *py, struct kiln_conv_choice *ch, char *why, size_t whylen) {
   memset(ch, 0, sizeof *ch);
   struct graph_entry *e = (struct graph_entry *)calloc(1, sizeof *e);
   if (!e) return cuda_fail(KILN_ERR_MEMORY, "%s: out of host memory for a cuDNN plan", op);
@@ -385,14 +393,14 @@ static int graph_plan(cudnnHandle_t h, struct cuda_device *dev, const char *op, 
   if (st == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED || st == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED) {
     rc = dnn_check(st, op, call);
   } else if (st) {
-    fprintf(stderr, "kiln: %s: cuDNN's graph API cannot plan this %s %s pass (x [%lld,%lld,%lld,%lld] strides [%lld,%lld,%lld,%lld], "
-            "w [%lld,%lld,%lld,%lld], y [%lld,%lld,%lld,%lld], stride %lldx%lld, padding %lldx%lld, dilation %lldx%lld): %s: %s "
-            "(cuDNN status %d); this shape uses the legacy convolution API\n", op, s->dtype == KILN_F64 ? "f64" : "f32",
-            pass_name(s->pass), (long long)s->x[0], (long long)s->x[1], (long long)s->x[2], (long long)s->x[3], (long long)s->xs[0],
-            (long long)s->xs[1], (long long)s->xs[2], (long long)s->xs[3], (long long)s->w[0], (long long)s->w[1], (long long)s->w[2],
-            (long long)s->w[3], (long long)s->y[0], (long long)s->y[1], (long long)s->y[2], (long long)s->y[3], (long long)s->ints[0],
-            (long long)s->ints[1], (long long)s->ints[2], (long long)s->ints[3], (long long)s->ints[4], (long long)s->ints[5], call,
-            cudnnGetErrorString(st), (int)st);
+    snprintf(why, whylen, "cuDNN's graph API cannot plan this %s %s pass (x [%lld,%lld,%lld,%lld] strides [%lld,%lld,%lld,%lld], "
+             "w [%lld,%lld,%lld,%lld], y [%lld,%lld,%lld,%lld], stride %lldx%lld, padding %lldx%lld, dilation %lldx%lld): %s: %s "
+             "(cuDNN status %d)", s->dtype == KILN_F64 ? "f64" : "f32",
+             pass_name(s->pass), (long long)s->x[0], (long long)s->x[1], (long long)s->x[2], (long long)s->x[3], (long long)s->xs[0],
+             (long long)s->xs[1], (long long)s->xs[2], (long long)s->xs[3], (long long)s->w[0], (long long)s->w[1], (long long)s->w[2],
+             (long long)s->w[3], (long long)s->y[0], (long long)s->y[1], (long long)s->y[2], (long long)s->y[3], (long long)s->ints[0],
+             (long long)s->ints[1], (long long)s->ints[2], (long long)s->ints[3], (long long)s->ints[4], (long long)s->ints[5], call,
+             cudnnGetErrorString(st), (int)st);
     ch->legacy = 1;
   } else if (n > 1) {
     rc = fastest(h, dev, op, plans, n, px, pw, py, &pick);
@@ -420,9 +428,10 @@ static void graph_entry_free(struct graph_entry *e) {
 
 /* One pass through the graph API: x (the corner cx of a tensor of sizes xfull), w, y, by role.
    *done is 0 when the shape goes to the legacy API instead. */
-static int graph_pass(cudnnHandle_t h, struct cuda_device *dev, const char *op, int pass, int dt, int benchmark, const int64_t *xfull,
-                      const struct corner *cx, const int64_t *w, const int64_t *y, const int64_t *ints, void *px, void *pw, void *py,
-                      int *done) {
+static int graph_pass(cudnnHandle_t h, struct cuda_device *dev, const char *op, int pass, int dt, const struct conv_mode *mode,
+                      const int64_t *xfull, const struct corner *cx, const int64_t *w, const int64_t *y, const int64_t *ints,
+                      void *px, void *pw, void *py, int *done) {
+  int benchmark = mode->benchmark;
   struct kiln_conv_graph_shape s;
   kiln_conv_graph_shape_make(&s, pass, dt, cx->sub, cx->partial ? cx->strides : NULL, w, y, ints, px, pw, py);
   struct kiln_conv_key k;
@@ -433,7 +442,11 @@ static int graph_pass(cudnnHandle_t h, struct cuda_device *dev, const char *op, 
   struct graph_entry *own = NULL;   /* a plan the table did not take: freed after this call */
   *done = 0;
   if (!kiln_conv_cache_get(choices, &k, &ch)) {
-    if (graph_plan(h, dev, op, &s, benchmark, px, pw, py, &ch)) return kiln_error_code();
+    char why[1024];
+    if (graph_plan(h, dev, op, &s, benchmark, px, pw, py, &ch, why, sizeof why)) return kiln_error_code();
+    if (ch.legacy && mode->strict)   /* not cached: without the flag, the fallback is taken and said */
+      return cuda_fail(KILN_ERR_UNSUPPORTED, "%s: %s; KILN_CUDNN_GRAPH_STRICT=1 forbids the legacy API's fallback", op, why);
+    if (ch.legacy) fprintf(stderr, "kiln: %s: %s; this shape uses the legacy convolution API\n", op, why);
     struct kiln_conv_choice kept;
     if (kiln_conv_cache_put(choices, &k, &ch) || !kiln_conv_cache_get(choices, &k, &kept)) {
       own = (struct graph_entry *)ch.plan;   /* out of host memory: planned again next time */
@@ -442,6 +455,9 @@ static int graph_pass(cudnnHandle_t h, struct cuda_device *dev, const char *op, 
       ch = kept;
     }
   }
+  if (ch.legacy && mode->strict)
+    return cuda_fail(KILN_ERR_UNSUPPORTED, "%s: this %s %s pass went to the legacy API earlier (cuDNN's graph API could not plan "
+                     "it); KILN_CUDNN_GRAPH_STRICT=1 forbids that", op, dt == KILN_F64 ? "f64" : "f32", pass_name(pass));
   if (ch.legacy) return KILN_OK;
   const struct graph_entry *e = (const struct graph_entry *)ch.plan;
   void *ws = NULL;
@@ -543,7 +559,7 @@ extern "C" int cuda_conv2d(const struct kiln_call *c) {
   int done = 0;
   if (!rc) rc = fit_input(op, x->sizes, w->sizes, y->sizes, c->ints, &cx);
   if (!rc && mode.api == KILN_CONV_API_GRAPH)
-    rc = graph_pass(h, dev, op, KILN_CONV_FORWARD, dt, mode.benchmark, x->sizes, &cx, w->sizes, y->sizes, c->ints,
+    rc = graph_pass(h, dev, op, KILN_CONV_FORWARD, dt, &mode, x->sizes, &cx, w->sizes, y->sizes, c->ints,
                     kiln_tensor_data(x), kiln_tensor_data(w), kiln_tensor_data(yo), &done);
   if (!rc && !done) rc = descs_make(&d, op, dt, cx.sub, cx.partial ? cx.strides : NULL, w->sizes, y->sizes, c->ints);
   struct kiln_conv_key k;
@@ -594,7 +610,7 @@ static int backward_data(cudnnHandle_t h, struct cuda_device *dev, const struct 
   int done = 0;
   /* keyed by gx's full sizes: with gy, w and ints they fix the corner and its strides */
   if (!rc && mode->api == KILN_CONV_API_GRAPH)
-    rc = graph_pass(h, dev, op, KILN_CONV_BACKWARD_DATA, dt, mode->benchmark, xs, &cx, w->sizes, gy->sizes, ints,
+    rc = graph_pass(h, dev, op, KILN_CONV_BACKWARD_DATA, dt, mode, xs, &cx, w->sizes, gy->sizes, ints,
                     kiln_tensor_data(o), kiln_tensor_data(w), kiln_tensor_data(gy), &done);
   if (!rc && !done) rc = descs_make(&d, op, dt, cx.sub, cx.partial ? cx.strides : NULL, w->sizes, gy->sizes, ints);
   struct kiln_conv_key k;
@@ -633,7 +649,7 @@ static int backward_filter(cudnnHandle_t h, struct cuda_device *dev, const struc
   memset(&d, 0, sizeof d);
   int done = 0, rc = fit_input(op, x->sizes, gw->sizes, gy->sizes, c->ints, &cx);
   if (!rc && mode->api == KILN_CONV_API_GRAPH)
-    rc = graph_pass(h, dev, op, KILN_CONV_BACKWARD_FILTER, dt, mode->benchmark, x->sizes, &cx, gw->sizes, gy->sizes, c->ints,
+    rc = graph_pass(h, dev, op, KILN_CONV_BACKWARD_FILTER, dt, mode, x->sizes, &cx, gw->sizes, gy->sizes, c->ints,
                     kiln_tensor_data(x), kiln_tensor_data(o), kiln_tensor_data(gy), &done);
   if (!rc && !done) rc = descs_make(&d, op, dt, cx.sub, cx.partial ? cx.strides : NULL, gw->sizes, gy->sizes, c->ints);
   struct kiln_conv_key k;

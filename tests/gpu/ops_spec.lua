@@ -1223,14 +1223,18 @@ end
 -- Every case runs under set_conv_api("graph") and ("legacy"), each with cuDNN's heuristics and with
 -- benchmark mode (candidates timed on the call's buffers), in f32 and f64, against the CPU: the
 -- forward and the grads of x, w and b. Batches of 3 keep these shapes new to the process, so each
--- setting plans them afresh. Then the two APIs against each other, a cached plan reused, and a bad
--- KILN_CUDNN_API value refused by name, after which convolutions still work.
+-- setting plans them afresh. Under the graph API, KILN_CUDNN_GRAPH_STRICT=1 makes a shape it cannot
+-- plan an error instead of a quiet fallback to the legacy API, so these cases prove the graph API
+-- ran. Then the two APIs against each other, a cached plan reused, and a bad KILN_CUDNN_API value
+-- refused by name, after which convolutions still work.
 if ON_GPU and has_kernel("conv2d") then
   local F = kiln.functional
   local api0, bench0 = kiln.cuda.conv_api(), kiln.cuda.cudnn_benchmark()
+  pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite);")
   local function setting(api, bench)
     kiln.cuda.set_conv_api(api)
     kiln.cuda.set_cudnn_benchmark(bench)
+    ffi.C.setenv("KILN_CUDNN_GRAPH_STRICT", api == "graph" and "1" or "0", 1)
     return api .. " api" .. (bench and ", benchmark" or "")
   end
   -- {what, x, w [O,C/g,kh,kw], options}
@@ -1304,7 +1308,6 @@ if ON_GPU and has_kernel("conv2d") then
   end)
   -- a bad KILN_CUDNN_API is refused by the op, naming the variable; then convolutions work again
   guarded("errors", "conv2d with KILN_CUDNN_API=bogus", function()
-    pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite);")
     ffi.C.setenv("KILN_CUDNN_API", "bogus", 1)
     local ok, err = pcall(function()
       return F.conv2d(kiln.ones(1, 1, 3, 3, {device = DEV}), kiln.ones(1, 1, 2, 2, {device = DEV}))
@@ -1316,6 +1319,7 @@ if ON_GPU and has_kernel("conv2d") then
   end)
   kiln.cuda.set_conv_api(api0 == "legacy" and "legacy" or "graph")
   kiln.cuda.set_cudnn_benchmark(bench0)
+  ffi.C.setenv("KILN_CUDNN_GRAPH_STRICT", "0", 1)
 end
 
 -- ---- the table ----
