@@ -199,6 +199,51 @@ static void test_operations(void) {
   }
 }
 
+/* Random geometries (a fixed LCG): with y's size from the formula above, every pass finalizes in
+   cuDNN (whose own check applies pads, strides and dilations), also when x is the corner of a taller,
+   wider buffer; one row more or less in y is refused. */
+static uint64_t lcg_state = 20261201;
+static int64_t pick(int64_t lo, int64_t hi) {
+  lcg_state = lcg_state * 6364136223846793005ull + 1442695040888963407ull;
+  return lo + (int64_t)((lcg_state >> 33) % (uint64_t)(hi - lo + 1));
+}
+static void test_random_geometry(void) {
+  int tried = 0, ok = 0, refused = 0;
+  for (int iter = 0; iter < 300; iter++) {
+    int64_t groups = pick(1, 3), cg = pick(1, 3), og = pick(1, 3);
+    int64_t ints[7] = {pick(1, 3), pick(1, 3), pick(0, 2), pick(0, 2), pick(1, 3), pick(1, 3), groups};
+    int64_t x[4] = {pick(1, 3), groups * cg, pick(1, 12), pick(1, 12)}, w[4] = {groups * og, cg, pick(1, 4), pick(1, 4)};
+    int64_t y[4] = {x[0], w[0], out_size(x[2], w[2], ints[0], ints[2], ints[4]), out_size(x[3], w[3], ints[1], ints[3], ints[5])};
+    if (x[2] + 2 * ints[2] < ints[4] * (w[2] - 1) + 1 || x[3] + 2 * ints[3] < ints[5] * (w[3] - 1) + 1) continue;
+    int64_t xs[4] = {x[1] * (x[2] + 2) * (x[3] + 3), (x[2] + 2) * (x[3] + 3), x[3] + 3, 1};   /* a corner of [N,C,H+2,W+3] */
+    tried++;
+    for (int pass = 0; pass < 3; pass++)
+      for (int corner = 0; corner < 2; corner++) {
+        struct kiln_conv_graph_shape s;
+        struct kiln_conv_graph g;
+        const char *call = "";
+        kiln_conv_graph_shape_make(&s, pass, KILN_F32, x, corner ? xs : NULL, w, y, ints, NULL, NULL, NULL);
+        cudnnStatus_t st = kiln_conv_graph_operation(&g, &s, &call);
+        ok += st == CUDNN_STATUS_SUCCESS;
+        if (!CHECK(st == CUDNN_STATUS_SUCCESS))
+          fprintf(stderr, "  pass %d x [%lld,%lld,%lld,%lld] w [%lld,%lld,%lld,%lld] ints %lld %lld %lld %lld %lld %lld %lld: %s\n", pass,
+                  (long long)x[0], (long long)x[1], (long long)x[2], (long long)x[3], (long long)w[0], (long long)w[1],
+                  (long long)w[2], (long long)w[3], (long long)ints[0], (long long)ints[1], (long long)ints[2], (long long)ints[3],
+                  (long long)ints[4], (long long)ints[5], (long long)ints[6], call);
+        kiln_conv_graph_destroy(&g);
+        int64_t wrong[4] = {y[0], y[1], y[2] + (iter % 2 ? 1 : -1), y[3]};
+        if (wrong[2] < 1) wrong[2] = y[2] + 1;
+        kiln_conv_graph_shape_make(&s, pass, KILN_F32, x, corner ? xs : NULL, w, wrong, ints, NULL, NULL, NULL);
+        st = kiln_conv_graph_operation(&g, &s, &call);
+        refused += st != CUDNN_STATUS_SUCCESS;
+        CHECK(st != CUDNN_STATUS_SUCCESS);
+        kiln_conv_graph_destroy(&g);
+      }
+  }
+  CHECK(tried >= 100);
+  printf("random geometries: %d shapes, %d passes finalized, %d wrong outputs refused\n", tried, ok, refused);
+}
+
 /* Without a device: the heuristics of a graph that could not be finalized fail with the call named
    and no plans; running a plan that was never made fails with the call named (no crash). */
 static void test_without_device(void) {
@@ -231,10 +276,56 @@ int main(void) {
   test_tensor();
   test_convolution();
   test_operations();
+  test_random_geometry();
   test_without_device();
   return check_done("test_cuda_conv_graph");
 }
 #else
+/* Random geometries (a fixed LCG): with y's size from the formula above, every pass finalizes in
+   cuDNN (whose own check applies pads, strides and dilations), also when x is the corner of a taller,
+   wider buffer; one row more or less in y is refused. */
+static uint64_t lcg_state = 20261201;
+static int64_t pick(int64_t lo, int64_t hi) {
+  lcg_state = lcg_state * 6364136223846793005ull + 1442695040888963407ull;
+  return lo + (int64_t)((lcg_state >> 33) % (uint64_t)(hi - lo + 1));
+}
+static void test_random_geometry(void) {
+  int tried = 0, ok = 0, refused = 0;
+  for (int iter = 0; iter < 300; iter++) {
+    int64_t groups = pick(1, 3), cg = pick(1, 3), og = pick(1, 3);
+    int64_t ints[7] = {pick(1, 3), pick(1, 3), pick(0, 2), pick(0, 2), pick(1, 3), pick(1, 3), groups};
+    int64_t x[4] = {pick(1, 3), groups * cg, pick(1, 12), pick(1, 12)}, w[4] = {groups * og, cg, pick(1, 4), pick(1, 4)};
+    int64_t y[4] = {x[0], w[0], out_size(x[2], w[2], ints[0], ints[2], ints[4]), out_size(x[3], w[3], ints[1], ints[3], ints[5])};
+    if (x[2] + 2 * ints[2] < ints[4] * (w[2] - 1) + 1 || x[3] + 2 * ints[3] < ints[5] * (w[3] - 1) + 1) continue;
+    int64_t xs[4] = {x[1] * (x[2] + 2) * (x[3] + 3), (x[2] + 2) * (x[3] + 3), x[3] + 3, 1};   /* a corner of [N,C,H+2,W+3] */
+    tried++;
+    for (int pass = 0; pass < 3; pass++)
+      for (int corner = 0; corner < 2; corner++) {
+        struct kiln_conv_graph_shape s;
+        struct kiln_conv_graph g;
+        const char *call = "";
+        kiln_conv_graph_shape_make(&s, pass, KILN_F32, x, corner ? xs : NULL, w, y, ints, NULL, NULL, NULL);
+        cudnnStatus_t st = kiln_conv_graph_operation(&g, &s, &call);
+        ok += st == CUDNN_STATUS_SUCCESS;
+        if (!CHECK(st == CUDNN_STATUS_SUCCESS))
+          fprintf(stderr, "  pass %d x [%lld,%lld,%lld,%lld] w [%lld,%lld,%lld,%lld] ints %lld %lld %lld %lld %lld %lld %lld: %s\n", pass,
+                  (long long)x[0], (long long)x[1], (long long)x[2], (long long)x[3], (long long)w[0], (long long)w[1],
+                  (long long)w[2], (long long)w[3], (long long)ints[0], (long long)ints[1], (long long)ints[2], (long long)ints[3],
+                  (long long)ints[4], (long long)ints[5], (long long)ints[6], call);
+        kiln_conv_graph_destroy(&g);
+        int64_t wrong[4] = {y[0], y[1], y[2] + (iter % 2 ? 1 : -1), y[3]};
+        if (wrong[2] < 1) wrong[2] = y[2] + 1;
+        kiln_conv_graph_shape_make(&s, pass, KILN_F32, x, corner ? xs : NULL, w, wrong, ints, NULL, NULL, NULL);
+        st = kiln_conv_graph_operation(&g, &s, &call);
+        refused += st != CUDNN_STATUS_SUCCESS;
+        CHECK(st != CUDNN_STATUS_SUCCESS);
+        kiln_conv_graph_destroy(&g);
+      }
+  }
+  CHECK(tried >= 100);
+  printf("random geometries: %d shapes, %d passes finalized, %d wrong outputs refused\n", tried, ok, refused);
+}
+
 /* Without a device: the heuristics of a graph that could not be finalized fail with the call named
    and no plans; running a plan that was never made fails with the call named (no crash). */
 static void test_without_device(void) {
