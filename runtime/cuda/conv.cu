@@ -464,7 +464,15 @@ static int graph_pass(cudnnHandle_t h, struct cuda_device *dev, const char *op, 
   size_t wsb = 0;
   int rc = workspace(dev, op, ch.workspace, &ws, &wsb);
   const char *call = "";
-  if (!rc) rc = dnn_check(kiln_conv_plan_execute(&e->p, h, px, pw, py, ws, &call), op, call);
+  cudnnStatus_t st = rc ? CUDNN_STATUS_SUCCESS : kiln_conv_plan_execute(&e->p, h, px, pw, py, ws, &call);
+  if (st) {   /* the call, with the pass and shapes it ran */
+    char what[512];
+    snprintf(what, sizeof what, "%s (cuDNN engine %lld, %s %s pass: x [%lld,%lld,%lld,%lld], w [%lld,%lld,%lld,%lld], "
+             "y [%lld,%lld,%lld,%lld] on cuda:%d)", call, (long long)e->p.engine, dt == KILN_F64 ? "f64" : "f32", pass_name(pass),
+             (long long)s.x[0], (long long)s.x[1], (long long)s.x[2], (long long)s.x[3], (long long)w[0], (long long)w[1],
+             (long long)w[2], (long long)w[3], (long long)y[0], (long long)y[1], (long long)y[2], (long long)y[3], dev->index);
+    rc = dnn_check(st, op, what);
+  }
   if (!rc) rc = cuda_launched(op, "cudnnBackendExecute");
   if (own) graph_entry_free(own);   /* cudnnBackendExecute has queued its kernels; the plan is not needed to run them */
   *done = !rc;
