@@ -65,4 +65,39 @@ end
 -- Whether libkiln_cuda.so was found and opened (it may still have found no device).
 function M.backend_loaded() return C.kiln_cuda_backend_loaded() ~= 0 end
 
+-- cuDNN's convolution settings. The CUDA backend reads them from the environment at every
+-- convolution (KILN_CUDNN_API, KILN_CUDNN_BENCHMARK), so these setters take effect at the next one.
+pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite);")
+local function setenv(name, value)
+  if ffi.C.setenv(name, value, 1) ~= 0 then error(string.format("kiln.cuda: setenv(%s) failed", name), 3) end
+end
+
+-- Which cuDNN API runs the convolutions: "graph" (the backend API, the default; a shape it cannot
+-- plan goes to the legacy API) or "legacy" (cudnnConvolutionForward and its backward calls).
+function M.set_conv_api(api)
+  if api ~= "graph" and api ~= "legacy" then
+    error(string.format("kiln.cuda.set_conv_api: expected \"graph\" or \"legacy\", got %s",
+                        type(api) == "string" and string.format("%q", api) or tostring(api)), 2)
+  end
+  setenv("KILN_CUDNN_API", api)
+end
+function M.conv_api()
+  local v = os.getenv("KILN_CUDNN_API")
+  if v == nil or v == "" then return "graph" end
+  return v
+end
+
+-- Benchmark mode: a convolution shape seen for the first time times cuDNN's candidates and keeps
+-- the fastest (instead of taking the heuristics' first). The choice is cached per shape and mode.
+function M.set_cudnn_benchmark(on)
+  if type(on) ~= "boolean" then
+    error("kiln.cuda.set_cudnn_benchmark: expected true or false, got " .. tostring(on), 2)
+  end
+  setenv("KILN_CUDNN_BENCHMARK", on and "1" or "0")
+end
+function M.cudnn_benchmark()
+  local v = os.getenv("KILN_CUDNN_BENCHMARK")
+  return v ~= nil and v ~= "" and v ~= "0"
+end
+
 return M

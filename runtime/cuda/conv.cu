@@ -1,22 +1,33 @@
-/* cuda/conv.cu: KILN_OP_CONV2D and KILN_OP_CONV2D_BACKWARD on CUDA through cuDNN 9's convolution
-   API (cudnnConvolutionForward / BackwardData / BackwardFilter / BackwardBias, cudnnAddTensor for
-   the bias). f32 and f64; f32 is exact: every convolution descriptor asks for CUDNN_FMA_MATH, and
-   algorithms reported with tensor-op (TF32) math are skipped. Groups, stride, padding and dilation
-   go to the descriptor. The algorithm of each shape key is chosen once per process (conv_cache.h):
-   by cuDNN's heuristics (cudnnGet*Algorithm_v7), or, with KILN_CUDNN_BENCHMARK=1, by timing the
-   candidates (cudnnFind*AlgorithmEx) and keeping the fastest. One cuDNN handle and one workspace
-   per device, on the device's stream; the workspace grows to the largest request.
+/* cuda/conv.cu: KILN_OP_CONV2D and KILN_OP_CONV2D_BACKWARD on CUDA through cuDNN 9. Each pass
+   (forward, backward-data, backward-filter) goes through cuDNN's graph (backend) API by default
+   (conv_graph.h: operation graph, engine heuristics of mode A then FALLBACK, finalized execution
+   plans, cudnnBackendExecute), or through the legacy convolution API (cudnnConvolutionForward /
+   BackwardData / BackwardFilter) with KILN_CUDNN_API=legacy; a shape the graph API cannot plan
+   goes to the legacy API (said once on stderr, with the shape and cuDNN's status). Bias terms use
+   cudnnAddTensor and cudnnConvolutionBackwardBias either way. f32 and f64; f32 is exact: the legacy
+   descriptors ask for CUDNN_FMA_MATH and skip algorithms reported with tensor-op (TF32) math, the
+   graph API skips engines whose numerical notes say TENSOR_CORE, DOWN_CONVERT_INPUTS or
+   REDUCED_PRECISION_REDUCTION. Groups, stride, padding and dilation go to the descriptors. The
+   algorithm or plan of each shape key is chosen once per process (conv_cache.h): by cuDNN's
+   heuristics, or, with KILN_CUDNN_BENCHMARK=1, by timing the candidates on the call's own buffers
+   and keeping the fastest. Both settings are read at every convolution, so a script may switch
+   them (kiln.cuda.set_conv_api, kiln.cuda.set_cudnn_benchmark). One cuDNN handle and one workspace
+   per device, on the device's stream; the workspace, a block of the device's caching allocator,
+   grows to the largest request.
    Built only when CMake found cuDNN (KILN_HAVE_CUDNN); the table's entries stay NULL otherwise. */
 #include "common.h"
 #include "conv_cache.h"
+#include "conv_graph.h"
+#include "allocator.h"
 #include "nn_calls.h"
 #include <cudnn.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum { MAX_ALGOS = 16 };
+enum { MAX_ALGOS = 16, MAX_PLANS = 8, TIMED_RUNS = 3 };
 static const size_t BENCHMARK_WORKSPACE_CAP = (size_t)1 << 30;   /* the most a timed candidate may ask for */
 
 static int dnn_check(cudnnStatus_t s, const char *op, const char *call) {
@@ -28,27 +39,53 @@ static int dnn_check(cudnnStatus_t s, const char *op, const char *call) {
 }
 
 static pthread_mutex_t dnn_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct kiln_conv_cache *choices;   /* the process's algorithm table, made at the first conv */
-static int benchmark_mode;
+static struct kiln_conv_cache *choices;   /* the process's algorithm and plan table, made at the first conv */
 
-static int raw_alloc(void *ctx, size_t bytes, void **out) {
-  cudaError_t e = cudaMalloc(out, bytes);
-  if (e == cudaSuccess) return KILN_OK;
-  return cuda_check(e, (const char *)ctx, "cudaMalloc (cuDNN workspace)");
+/* The API and the search of this call (KILN_CUDNN_API, KILN_CUDNN_BENCHMARK, read each time), and
+   KILN_CUDNN_GRAPH_STRICT=1: a shape the graph API cannot plan is an error instead of going to the
+   legacy API (for tests that must know the graph API ran). */
+struct conv_mode {
+  int api, benchmark, strict;
+};
+static int flag(const char *name) {
+  const char *v = getenv(name);
+  return v && *v && strcmp(v, "0") != 0;
 }
-static void raw_free(void *ctx, void *ptr) {
-  (void)ctx;
-  cudaFree(ptr);   /* waits for the convolutions still using it */
-  cudaGetLastError();
+static int conv_mode_read(const char *op, struct conv_mode *m) {
+  const char *api = getenv("KILN_CUDNN_API");
+  m->benchmark = flag("KILN_CUDNN_BENCHMARK");
+  m->strict = flag("KILN_CUDNN_GRAPH_STRICT");
+  m->api = kiln_conv_api_parse(api);
+  if (m->api < 0)
+    return cuda_fail(KILN_ERR_ARGUMENT, "%s: KILN_CUDNN_API='%s': expected 'graph' (the default) or 'legacy'", op, api);
+  return KILN_OK;
+}
+
+/* The workspace's blocks come from the device's caching allocator, on the device's stream: a
+   block given back when the workspace grows is reused only by work queued after the convolutions
+   that used it, and memory_stats counts the workspace. */
+struct pool {
+  struct cuda_device *dev;
+  const char *op;
+};
+static int pool_alloc(void *ctx, size_t bytes, void **out) {
+  struct pool *p = (struct pool *)ctx;
+  char err[512];
+  if (kiln_caching_alloc(p->dev->allocator, (uintptr_t)p->dev->stream, (int64_t)bytes, out, err, sizeof err))
+    return cuda_fail(KILN_ERR_MEMORY, "%s: cuDNN workspace: %s", p->op, err);
+  return KILN_OK;
+}
+static void pool_free(void *ctx, void *ptr) {
+  struct pool *p = (struct pool *)ctx;
+  kiln_caching_free(p->dev->allocator, ptr);
 }
 
 /* The device's cuDNN handle (made on its first conv) and the process's table. */
-static int dnn_handle(struct cuda_device *dev, const char *op, cudnnHandle_t *out) {
+static int dnn_handle(struct cuda_device *dev, const char *op, cudnnHandle_t *out, struct conv_mode *mode) {
+  if (conv_mode_read(op, mode)) return kiln_error_code();
   int rc = KILN_OK;
   pthread_mutex_lock(&dnn_lock);
   if (!choices) {
-    const char *v = getenv("KILN_CUDNN_BENCHMARK");
-    benchmark_mode = v && *v && strcmp(v, "0") != 0;
     choices = kiln_conv_cache_new();
     if (!choices) rc = cuda_fail(KILN_ERR_MEMORY, "%s: out of host memory for the cuDNN algorithm table", op);
   }
@@ -67,7 +104,8 @@ static int dnn_handle(struct cuda_device *dev, const char *op, cudnnHandle_t *ou
 /* The device's workspace with at least need bytes, or NULL (need 0) with KILN_OK. */
 static int workspace(struct cuda_device *dev, const char *op, size_t need, void **ptr, size_t *bytes) {
   pthread_mutex_lock(&dnn_lock);
-  struct kiln_conv_workspace ws = {dev->dnn_workspace, dev->dnn_workspace_bytes, raw_alloc, raw_free, (void *)op};
+  struct pool pool = {dev, op};
+  struct kiln_conv_workspace ws = {dev->dnn_workspace, dev->dnn_workspace_bytes, pool_alloc, pool_free, &pool};
   int rc = kiln_conv_workspace_reserve(&ws, need) ? kiln_error_code() : KILN_OK;
   dev->dnn_workspace = ws.ptr;
   dev->dnn_workspace_bytes = ws.bytes;
@@ -189,7 +227,7 @@ struct bufs {
   } while (0)
 
 static int search(cudnnHandle_t h, struct cuda_device *dev, const struct descs *d, int pass, const struct bufs *b,
-                  const char *op, struct kiln_conv_choice *ch) {
+                  const char *op, int benchmark_mode, struct kiln_conv_choice *ch) {
   int n = 0, found = 0, rc = KILN_OK;
   void *ws = NULL;
   size_t wsb = 0;
@@ -264,10 +302,181 @@ static int search(cudnnHandle_t h, struct cuda_device *dev, const struct descs *
 static int choose(cudnnHandle_t h, struct cuda_device *dev, const struct descs *d, const struct kiln_conv_key *k,
                   const struct bufs *b, const char *op, struct kiln_conv_choice *ch, void **ws, size_t *wsb) {
   if (!kiln_conv_cache_get(choices, k, ch)) {
-    if (search(h, dev, d, k->pass, b, op, ch)) return kiln_error_code();
+    memset(ch, 0, sizeof *ch);
+    if (search(h, dev, d, k->pass, b, op, k->benchmark, ch)) return kiln_error_code();
     kiln_conv_cache_put(choices, k, ch);   /* out of host memory: searched again next time */
   }
   return workspace(dev, op, ch->workspace, ws, wsb);
+}
+
+/* ---- the graph API ---- */
+
+/* A cached plan with the descriptors it was made from (kept for the life of the process). */
+struct graph_entry {
+  struct kiln_conv_graph g;
+  struct kiln_conv_plan p;
+};
+
+static const char *pass_name(int pass) {
+  return pass == KILN_CONV_FORWARD ? "forward" : pass == KILN_CONV_BACKWARD_DATA ? "backward-data" : "backward-filter";
+}
+
+/* The index of the fastest of plans[0..n) run on the call's buffers (TIMED_RUNS each after one
+   untimed run), skipping those that need more than BENCHMARK_WORKSPACE_CAP or fail to run; -1
+   when none ran. */
+static int fastest(cudnnHandle_t h, struct cuda_device *dev, const char *op, const struct kiln_conv_plan *plans, int n, void *px,
+                   void *pw, void *py, int *best) {
+  size_t most = 0;
+  for (int i = 0; i < n; i++)
+    if ((size_t)plans[i].workspace <= BENCHMARK_WORKSPACE_CAP && (size_t)plans[i].workspace > most) most = (size_t)plans[i].workspace;
+  void *ws = NULL;
+  size_t wsb = 0;
+  int rc = workspace(dev, op, most, &ws, &wsb);
+  cudaEvent_t start = NULL, stop = NULL;
+  if (!rc) rc = cuda_check(cudaEventCreate(&start), op, "cudaEventCreate (timing cuDNN plans)");
+  if (!rc) rc = cuda_check(cudaEventCreate(&stop), op, "cudaEventCreate (timing cuDNN plans)");
+  float best_ms = 0;
+  *best = -1;
+  for (int i = 0; !rc && i < n; i++) {
+    if ((size_t)plans[i].workspace > wsb) continue;
+    const char *call = "";
+    int ok = kiln_conv_plan_execute(&plans[i], h, px, pw, py, ws, &call) == CUDNN_STATUS_SUCCESS;
+    ok = ok && cudaEventRecord(start, dev->stream) == cudaSuccess;
+    for (int r = 0; ok && r < TIMED_RUNS; r++) ok = kiln_conv_plan_execute(&plans[i], h, px, pw, py, ws, &call) == CUDNN_STATUS_SUCCESS;
+    ok = ok && cudaEventRecord(stop, dev->stream) == cudaSuccess && cudaEventSynchronize(stop) == cudaSuccess;
+    float ms = 0;
+    ok = ok && cudaEventElapsedTime(&ms, start, stop) == cudaSuccess;
+    if (!ok) {   /* a plan that does not run here is not a candidate; a fault of the device is reported */
+      cudaError_t e = cudaStreamSynchronize(dev->stream);
+      if (e != cudaSuccess) rc = cuda_check(e, op, "cudnnBackendExecute (timing cuDNN plans)");
+      cudaGetLastError();
+      continue;
+    }
+    if (*best < 0 || ms < best_ms) {
+      *best = i;
+      best_ms = ms;
+    }
+  }
+  if (start) cudaEventDestroy(start);
+  if (stop) cudaEventDestroy(stop);
+  return rc;
+}
+
+/* Plan s on h: the chosen plan in ch->plan, or ch->legacy when cuDNN cannot plan it (why says
+   what failed, with the shape). An error only for what the legacy API could not survive either
+   (memory, the device). */
+static int graph_plan(cudnnHandle_t h, struct cuda_device *dev, const char *op, const struct kiln_conv_graph_shape *s,
+                      int benchmark, void *px, void *pw, void *py, struct kiln_conv_choice *ch, char *why, size_t whylen) {
+  memset(ch, 0, sizeof *ch);
+  struct graph_entry *e = (struct graph_entry *)calloc(1, sizeof *e);
+  if (!e) return cuda_fail(KILN_ERR_MEMORY, "%s: out of host memory for a cuDNN plan", op);
+  struct kiln_conv_plan plans[MAX_PLANS];
+  int n = 0, max = benchmark ? MAX_PLANS : 1, pick = 0, rc = KILN_OK;
+  const char *call = "";
+  cudnnStatus_t st = kiln_conv_graph_operation(&e->g, s, &call);
+  if (!st) st = kiln_conv_graph_finalize(&e->g, h, &call);
+  if (!st) {   /* mode A's ranking; FALLBACK's engines when A fails or offers no exact plan */
+    const char *call_a = "";
+    cudnnStatus_t sa = kiln_conv_graph_plans(&e->g, h, CUDNN_HEUR_MODE_A, s->dtype, plans, max, &n, &call_a);
+    if (sa || n == 0) {
+      st = kiln_conv_graph_plans(&e->g, h, CUDNN_HEUR_MODE_FALLBACK, s->dtype, plans, max, &n, &call);
+      if (!st && n == 0 && sa) {
+        st = sa;
+        call = call_a;
+      }
+    }
+  }
+  if (!st && n == 0) {
+    st = CUDNN_STATUS_NOT_SUPPORTED;
+    call = "no engine of heuristics mode A or FALLBACK gives an exact plan";
+  }
+  if (st == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED || st == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED) {
+    rc = dnn_check(st, op, call);
+  } else if (st) {
+    snprintf(why, whylen, "cuDNN's graph API cannot plan this %s %s pass (x [%lld,%lld,%lld,%lld] strides [%lld,%lld,%lld,%lld], "
+             "w [%lld,%lld,%lld,%lld], y [%lld,%lld,%lld,%lld], stride %lldx%lld, padding %lldx%lld, dilation %lldx%lld): %s: %s "
+             "(cuDNN status %d)", s->dtype == KILN_F64 ? "f64" : "f32",
+             pass_name(s->pass), (long long)s->x[0], (long long)s->x[1], (long long)s->x[2], (long long)s->x[3], (long long)s->xs[0],
+             (long long)s->xs[1], (long long)s->xs[2], (long long)s->xs[3], (long long)s->w[0], (long long)s->w[1], (long long)s->w[2],
+             (long long)s->w[3], (long long)s->y[0], (long long)s->y[1], (long long)s->y[2], (long long)s->y[3], (long long)s->ints[0],
+             (long long)s->ints[1], (long long)s->ints[2], (long long)s->ints[3], (long long)s->ints[4], (long long)s->ints[5], call,
+             cudnnGetErrorString(st), (int)st);
+    ch->legacy = 1;
+  } else if (n > 1) {
+    rc = fastest(h, dev, op, plans, n, px, pw, py, &pick);
+    if (!rc && pick < 0) pick = 0;   /* none ran in the timing: the heuristics' first, whose error the call will report */
+  }
+  if (!st && !rc) {
+    e->p = plans[pick];
+    ch->plan = e;
+    ch->workspace = (size_t)e->p.workspace;
+  }
+  for (int i = 0; i < n; i++)
+    if (st || rc || i != pick) kiln_conv_plan_destroy(&plans[i]);
+  if (!ch->plan) {
+    kiln_conv_graph_destroy(&e->g);
+    free(e);
+  }
+  return rc;
+}
+
+static void graph_entry_free(struct graph_entry *e) {
+  kiln_conv_plan_destroy(&e->p);
+  kiln_conv_graph_destroy(&e->g);
+  free(e);
+}
+
+/* One pass through the graph API: x (the corner cx of a tensor of sizes xfull), w, y, by role.
+   *done is 0 when the shape goes to the legacy API instead. */
+static int graph_pass(cudnnHandle_t h, struct cuda_device *dev, const char *op, int pass, int dt, const struct conv_mode *mode,
+                      const int64_t *xfull, const struct corner *cx, const int64_t *w, const int64_t *y, const int64_t *ints,
+                      void *px, void *pw, void *py, int *done) {
+  int benchmark = mode->benchmark;
+  struct kiln_conv_graph_shape s;
+  kiln_conv_graph_shape_make(&s, pass, dt, cx->sub, cx->partial ? cx->strides : NULL, w, y, ints, px, pw, py);
+  struct kiln_conv_key k;
+  kiln_conv_key_make(&k, pass, dt, dev->index, benchmark, xfull, w, y, ints);
+  k.api = KILN_CONV_API_GRAPH;
+  k.align_x = (int32_t)s.align_x; k.align_w = (int32_t)s.align_w; k.align_y = (int32_t)s.align_y;
+  struct kiln_conv_choice ch;
+  struct graph_entry *own = NULL;   /* a plan the table did not take: freed after this call */
+  *done = 0;
+  if (!kiln_conv_cache_get(choices, &k, &ch)) {
+    char why[1024];
+    if (graph_plan(h, dev, op, &s, benchmark, px, pw, py, &ch, why, sizeof why)) return kiln_error_code();
+    if (ch.legacy && mode->strict)   /* not cached: without the flag, the fallback is taken and said */
+      return cuda_fail(KILN_ERR_UNSUPPORTED, "%s: %s; KILN_CUDNN_GRAPH_STRICT=1 forbids the legacy API's fallback", op, why);
+    if (ch.legacy) fprintf(stderr, "kiln: %s: %s; this shape uses the legacy convolution API\n", op, why);
+    struct kiln_conv_choice kept;
+    if (kiln_conv_cache_put(choices, &k, &ch) || !kiln_conv_cache_get(choices, &k, &kept)) {
+      own = (struct graph_entry *)ch.plan;   /* out of host memory: planned again next time */
+    } else if (kept.plan != ch.plan || kept.legacy != ch.legacy) {   /* another thread planned it first */
+      if (ch.plan) graph_entry_free((struct graph_entry *)ch.plan);
+      ch = kept;
+    }
+  }
+  if (ch.legacy && mode->strict)
+    return cuda_fail(KILN_ERR_UNSUPPORTED, "%s: this %s %s pass went to the legacy API earlier (cuDNN's graph API could not plan "
+                     "it); KILN_CUDNN_GRAPH_STRICT=1 forbids that", op, dt == KILN_F64 ? "f64" : "f32", pass_name(pass));
+  if (ch.legacy) return KILN_OK;
+  const struct graph_entry *e = (const struct graph_entry *)ch.plan;
+  void *ws = NULL;
+  size_t wsb = 0;
+  int rc = workspace(dev, op, ch.workspace, &ws, &wsb);
+  const char *call = "";
+  cudnnStatus_t st = rc ? CUDNN_STATUS_SUCCESS : kiln_conv_plan_execute(&e->p, h, px, pw, py, ws, &call);
+  if (st) {   /* the call, with the pass and shapes it ran */
+    char what[512];
+    snprintf(what, sizeof what, "%s (cuDNN engine %lld, %s %s pass: x [%lld,%lld,%lld,%lld], w [%lld,%lld,%lld,%lld], "
+             "y [%lld,%lld,%lld,%lld] on cuda:%d)", call, (long long)e->p.engine, dt == KILN_F64 ? "f64" : "f32", pass_name(pass),
+             (long long)s.x[0], (long long)s.x[1], (long long)s.x[2], (long long)s.x[3], (long long)w[0], (long long)w[1],
+             (long long)w[2], (long long)w[3], (long long)y[0], (long long)y[1], (long long)y[2], (long long)y[3], dev->index);
+    rc = dnn_check(st, op, what);
+  }
+  if (!rc) rc = cuda_launched(op, "cudnnBackendExecute");
+  if (own) graph_entry_free(own);   /* cudnnBackendExecute has queued its kernels; the plan is not needed to run them */
+  *done = !rc;
+  return rc;
 }
 
 /* ---- helpers ---- */
@@ -340,7 +549,8 @@ extern "C" int cuda_conv2d(const struct kiln_call *c) {
   if (float_only(op, c->in[0])) return kiln_error_code();
   if (y->numel == 0) return KILN_OK;
   cudnnHandle_t h;
-  if (dnn_handle(dev, op, &h)) return kiln_error_code();
+  struct conv_mode mode;
+  if (dnn_handle(dev, op, &h, &mode)) return kiln_error_code();
   int dt = y->dtype;
   struct kiln_tensor *x = cuda_contiguous_as(c->in[0], dt, op), *w = cuda_contiguous_as(c->in[1], dt, op);
   struct kiln_tensor *b = c->in[2] ? cuda_contiguous_as(c->in[2], dt, op) : NULL, *yo = target(y);
@@ -354,14 +564,18 @@ extern "C" int cuda_conv2d(const struct kiln_call *c) {
     return settle(y, yo, rc);
   }
   struct corner cx;
+  int done = 0;
   if (!rc) rc = fit_input(op, x->sizes, w->sizes, y->sizes, c->ints, &cx);
-  if (!rc) rc = descs_make(&d, op, dt, cx.sub, cx.partial ? cx.strides : NULL, w->sizes, y->sizes, c->ints);
+  if (!rc && mode.api == KILN_CONV_API_GRAPH)
+    rc = graph_pass(h, dev, op, KILN_CONV_FORWARD, dt, &mode, x->sizes, &cx, w->sizes, y->sizes, c->ints,
+                    kiln_tensor_data(x), kiln_tensor_data(w), kiln_tensor_data(yo), &done);
+  if (!rc && !done) rc = descs_make(&d, op, dt, cx.sub, cx.partial ? cx.strides : NULL, w->sizes, y->sizes, c->ints);
   struct kiln_conv_key k;
   struct kiln_conv_choice ch;
   void *ws = NULL;
   size_t wsb = 0;
-  if (!rc) {
-    kiln_conv_key_make(&k, KILN_CONV_FORWARD, dt, dev->index, benchmark_mode, x->sizes, w->sizes, y->sizes, c->ints);
+  if (!rc && !done) {
+    kiln_conv_key_make(&k, KILN_CONV_FORWARD, dt, dev->index, mode.benchmark, x->sizes, w->sizes, y->sizes, c->ints);
     struct bufs bf = {kiln_tensor_data(x), kiln_tensor_data(w), NULL, kiln_tensor_data(yo)};
     rc = choose(h, dev, &d, &k, &bf, op, &ch, &ws, &wsb);
   }
@@ -369,12 +583,13 @@ extern "C" int cuda_conv2d(const struct kiln_call *c) {
   float one32 = 1, zero32 = 0;
   const void *one = dt == KILN_F64 ? (const void *)&one64 : (const void *)&one32;
   const void *zr = dt == KILN_F64 ? (const void *)&zero64 : (const void *)&zero32;
-  if (!rc)
+  if (!rc && !done)
     rc = dnn_check(cudnnConvolutionForward(h, one, d.x, kiln_tensor_data(x), d.w, kiln_tensor_data(w), d.conv,
                                            (cudnnConvolutionFwdAlgo_t)ch.algo, ws, wsb, zr, d.y, kiln_tensor_data(yo)),
                    op, "cudnnConvolutionForward");
+  if (!rc && !done) rc = cuda_launched(op, "cudnnConvolutionForward");
   if (!rc && b) rc = add_bias(h, op, yo, b);
-  if (!rc) rc = cuda_launched(op, "cudnnConvolutionForward");
+  if (!rc && b) rc = cuda_launched(op, "cudnnAddTensor (bias)");
   descs_destroy(&d);
   kiln_tensor_release(x); kiln_tensor_release(w); kiln_tensor_release(b);
   return yo ? settle(y, yo, rc) : rc;
@@ -385,8 +600,9 @@ extern "C" int cuda_conv2d(const struct kiln_call *c) {
 /* gx = conv's input-gradient. gx may be taller or wider than the conv of gy's size needs
    (conv_transpose2d's output padding): cuDNN then writes the [H', W'] corner it reaches, through
    gx's strides, and the rest stays zero. */
-static int backward_data(cudnnHandle_t h, struct cuda_device *dev, const struct kiln_call *c, struct kiln_tensor *gx,
-                         const struct kiln_tensor *gy, const struct kiln_tensor *w, const struct kiln_tensor *b) {
+static int backward_data(cudnnHandle_t h, struct cuda_device *dev, const struct conv_mode *mode, const struct kiln_call *c,
+                         struct kiln_tensor *gx, const struct kiln_tensor *gy, const struct kiln_tensor *w,
+                         const struct kiln_tensor *b) {
   const char *op = "conv2d_backward";
   const int64_t *ints = c->ints;
   int dt = gx->dtype;
@@ -399,14 +615,18 @@ static int backward_data(cudnnHandle_t h, struct cuda_device *dev, const struct 
   if (cx.partial) rc = cuda_check(cudaMemsetAsync(kiln_tensor_data(o), 0, (size_t)(o->numel * kiln_dtype_size(dt)), dev->stream), op, "cudaMemsetAsync");
   struct descs d;
   memset(&d, 0, sizeof d);
-  if (!rc) rc = descs_make(&d, op, dt, cx.sub, cx.partial ? cx.strides : NULL, w->sizes, gy->sizes, ints);
+  int done = 0;
+  /* keyed by gx's full sizes: with gy, w and ints they fix the corner and its strides */
+  if (!rc && mode->api == KILN_CONV_API_GRAPH)
+    rc = graph_pass(h, dev, op, KILN_CONV_BACKWARD_DATA, dt, mode, xs, &cx, w->sizes, gy->sizes, ints,
+                    kiln_tensor_data(o), kiln_tensor_data(w), kiln_tensor_data(gy), &done);
+  if (!rc && !done) rc = descs_make(&d, op, dt, cx.sub, cx.partial ? cx.strides : NULL, w->sizes, gy->sizes, ints);
   struct kiln_conv_key k;
   struct kiln_conv_choice ch;
   void *ws = NULL;
   size_t wsb = 0;
-  if (!rc) {
-    /* keyed by gx's full sizes: with gy, w and ints they fix the corner and its strides */
-    kiln_conv_key_make(&k, KILN_CONV_BACKWARD_DATA, dt, dev->index, benchmark_mode, xs, w->sizes, gy->sizes, ints);
+  if (!rc && !done) {
+    kiln_conv_key_make(&k, KILN_CONV_BACKWARD_DATA, dt, dev->index, mode->benchmark, xs, w->sizes, gy->sizes, ints);
     struct bufs bf = {NULL, kiln_tensor_data(w), kiln_tensor_data(gy), kiln_tensor_data(o)};
     rc = choose(h, dev, &d, &k, &bf, op, &ch, &ws, &wsb);
   }
@@ -414,19 +634,20 @@ static int backward_data(cudnnHandle_t h, struct cuda_device *dev, const struct 
   float one32 = 1, zero32 = 0;
   const void *one = dt == KILN_F64 ? (const void *)&one64 : (const void *)&one32;
   const void *zr = dt == KILN_F64 ? (const void *)&zero64 : (const void *)&zero32;
-  if (!rc)
+  if (!rc && !done)
     rc = dnn_check(cudnnConvolutionBackwardData(h, one, d.w, kiln_tensor_data(w), d.y, kiln_tensor_data(gy), d.conv,
                                                 (cudnnConvolutionBwdDataAlgo_t)ch.algo, ws, wsb, zr, d.x, kiln_tensor_data(o)),
                    op, "cudnnConvolutionBackwardData");
+  if (!rc && !done) rc = cuda_launched(op, "cudnnConvolutionBackwardData");
   if (!rc && b) rc = add_bias(h, op, o, b);   /* conv_transpose2d's bias, over the whole of gx */
-  if (!rc) rc = cuda_launched(op, "cudnnConvolutionBackwardData");
+  if (!rc && b) rc = cuda_launched(op, "cudnnAddTensor (bias)");
   descs_destroy(&d);
   return settle(gx, o, rc);
 }
 
 /* gw = conv's weight-gradient from x and gy. */
-static int backward_filter(cudnnHandle_t h, struct cuda_device *dev, const struct kiln_call *c, struct kiln_tensor *gw,
-                           const struct kiln_tensor *x, const struct kiln_tensor *gy) {
+static int backward_filter(cudnnHandle_t h, struct cuda_device *dev, const struct conv_mode *mode, const struct kiln_call *c,
+                           struct kiln_tensor *gw, const struct kiln_tensor *x, const struct kiln_tensor *gy) {
   const char *op = "conv2d_backward";
   int dt = gw->dtype;
   struct kiln_tensor *o = target(gw);
@@ -434,14 +655,17 @@ static int backward_filter(cudnnHandle_t h, struct cuda_device *dev, const struc
   struct descs d;
   struct corner cx;
   memset(&d, 0, sizeof d);
-  int rc = fit_input(op, x->sizes, gw->sizes, gy->sizes, c->ints, &cx);
-  if (!rc) rc = descs_make(&d, op, dt, cx.sub, cx.partial ? cx.strides : NULL, gw->sizes, gy->sizes, c->ints);
+  int done = 0, rc = fit_input(op, x->sizes, gw->sizes, gy->sizes, c->ints, &cx);
+  if (!rc && mode->api == KILN_CONV_API_GRAPH)
+    rc = graph_pass(h, dev, op, KILN_CONV_BACKWARD_FILTER, dt, mode, x->sizes, &cx, gw->sizes, gy->sizes, c->ints,
+                    kiln_tensor_data(x), kiln_tensor_data(o), kiln_tensor_data(gy), &done);
+  if (!rc && !done) rc = descs_make(&d, op, dt, cx.sub, cx.partial ? cx.strides : NULL, gw->sizes, gy->sizes, c->ints);
   struct kiln_conv_key k;
   struct kiln_conv_choice ch;
   void *ws = NULL;
   size_t wsb = 0;
-  if (!rc) {
-    kiln_conv_key_make(&k, KILN_CONV_BACKWARD_FILTER, dt, dev->index, benchmark_mode, x->sizes, gw->sizes, gy->sizes, c->ints);
+  if (!rc && !done) {
+    kiln_conv_key_make(&k, KILN_CONV_BACKWARD_FILTER, dt, dev->index, mode->benchmark, x->sizes, gw->sizes, gy->sizes, c->ints);
     struct bufs bf = {kiln_tensor_data(x), NULL, kiln_tensor_data(gy), kiln_tensor_data(o)};
     rc = choose(h, dev, &d, &k, &bf, op, &ch, &ws, &wsb);
   }
@@ -449,11 +673,11 @@ static int backward_filter(cudnnHandle_t h, struct cuda_device *dev, const struc
   float one32 = 1, zero32 = 0;
   const void *one = dt == KILN_F64 ? (const void *)&one64 : (const void *)&one32;
   const void *zr = dt == KILN_F64 ? (const void *)&zero64 : (const void *)&zero32;
-  if (!rc)
+  if (!rc && !done)
     rc = dnn_check(cudnnConvolutionBackwardFilter(h, one, d.x, kiln_tensor_data(x), d.y, kiln_tensor_data(gy), d.conv,
                                                   (cudnnConvolutionBwdFilterAlgo_t)ch.algo, ws, wsb, zr, d.w, kiln_tensor_data(o)),
                    op, "cudnnConvolutionBackwardFilter");
-  if (!rc) rc = cuda_launched(op, "cudnnConvolutionBackwardFilter");
+  if (!rc && !done) rc = cuda_launched(op, "cudnnConvolutionBackwardFilter");
   descs_destroy(&d);
   return settle(gw, o, rc);
 }
@@ -493,7 +717,8 @@ extern "C" int cuda_conv2d_backward(const struct kiln_call *c) {
   if (float_only(op, gy0)) return kiln_error_code();
   int dt = gy0->dtype;
   cudnnHandle_t h;
-  if (dnn_handle(dev, op, &h)) return kiln_error_code();
+  struct conv_mode mode;
+  if (dnn_handle(dev, op, &h, &mode)) return kiln_error_code();
   if (gy0->numel == 0) {   /* no images, or no output channels: zero gradients (gx holds only the bias) */
     int rc = KILN_OK;
     if (g->gx && g->gx->numel) {
@@ -512,8 +737,8 @@ extern "C" int cuda_conv2d_backward(const struct kiln_call *c) {
   struct kiln_tensor *x = g->gw && c->in[1] ? cuda_contiguous_as(c->in[1], dt, op) : NULL;
   struct kiln_tensor *b = g->gx && c->in[3] ? cuda_contiguous_as(c->in[3], dt, op) : NULL;
   int rc = !gy || !w || (g->gw && c->in[1] && !x) || (g->gx && c->in[3] && !b) ? kiln_error_code() : KILN_OK;
-  if (!rc && g->gx && g->gx->numel) rc = backward_data(h, dev, c, g->gx, gy, w, b);
-  if (!rc && g->gw) rc = x && x->numel ? backward_filter(h, dev, c, g->gw, x, gy) : zero(dev, op, g->gw);
+  if (!rc && g->gx && g->gx->numel) rc = backward_data(h, dev, &mode, c, g->gx, gy, w, b);
+  if (!rc && g->gw) rc = x && x->numel ? backward_filter(h, dev, &mode, c, g->gw, x, gy) : zero(dev, op, g->gw);
   if (!rc && g->gb) rc = backward_bias(h, g->gb, gy);
   kiln_tensor_release(gy); kiln_tensor_release(w); kiln_tensor_release(x); kiln_tensor_release(b);
   return rc;

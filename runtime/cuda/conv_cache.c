@@ -17,6 +17,12 @@ void kiln_conv_key_make(struct kiln_conv_key *k, int pass, int dtype, int device
   k->groups = ints[6];
 }
 
+int kiln_conv_api_parse(const char *value) {
+  if (!value || !*value || strcmp(value, "graph") == 0) return KILN_CONV_API_GRAPH;
+  if (strcmp(value, "legacy") == 0) return KILN_CONV_API_LEGACY;
+  return -1;
+}
+
 int kiln_conv_key_equal(const struct kiln_conv_key *a, const struct kiln_conv_key *b) {
   return memcmp(a, b, sizeof *a) == 0;
 }

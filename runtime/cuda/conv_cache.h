@@ -12,10 +12,19 @@ extern "C" {
 
 enum kiln_conv_pass { KILN_CONV_FORWARD, KILN_CONV_BACKWARD_DATA, KILN_CONV_BACKWARD_FILTER };
 
-/* Everything an algorithm choice depends on. Build it with kiln_conv_key_make (which zeroes the
-   padding, so that keys compare and hash as bytes). */
+/* Which of cuDNN's APIs runs the convolutions: the graph (backend) API, the default, or the legacy
+   cudnnConvolution* calls. KILN_CUDNN_API=graph|legacy says which; it is read at every convolution,
+   so that a script may switch (kiln.cuda.set_conv_api). */
+enum kiln_conv_api { KILN_CONV_API_LEGACY, KILN_CONV_API_GRAPH };
+/* The API a KILN_CUDNN_API value names (NULL or empty: the graph API), or -1 for anything else. */
+int kiln_conv_api_parse(const char *value);
+
+/* Everything an algorithm or plan choice depends on. Build it with kiln_conv_key_make (which zeroes
+   the padding, so that keys compare and hash as bytes); the graph API then sets api and the byte
+   alignments of the three buffers (a plan made for 16-byte aligned data may not run on less). */
 struct kiln_conv_key {
   int32_t pass, dtype, device, benchmark;
+  int32_t api, align_x, align_w, align_y;   /* 0 for the legacy API */
   int64_t n, c, h, w;          /* x (or gx) */
   int64_t o, kh, kw;           /* w is [o, c/groups, kh, kw] */
   int64_t oh, ow;              /* y (or gy) */
@@ -28,10 +37,14 @@ void kiln_conv_key_make(struct kiln_conv_key *k, int pass, int dtype, int device
 int kiln_conv_key_equal(const struct kiln_conv_key *a, const struct kiln_conv_key *b);
 uint64_t kiln_conv_key_hash(const struct kiln_conv_key *k);
 
-/* What the search chose: cuDNN's algorithm enum and the workspace it needs. */
+/* What the search chose: cuDNN's algorithm enum (legacy API) or the finalized plan (graph API,
+   owned by the table for the life of the process; legacy set when no plan could be made and the
+   shape goes to the legacy API), and the workspace it needs. */
 struct kiln_conv_choice {
   int algo;
   size_t workspace;
+  void *plan;
+  int legacy;
 };
 
 /* A thread-safe table of choices, grown as it fills. */
@@ -46,7 +59,8 @@ int kiln_conv_cache_put(struct kiln_conv_cache *cache, const struct kiln_conv_ke
 int64_t kiln_conv_cache_count(struct kiln_conv_cache *cache);
 
 /* One device's workspace: kept between calls, replaced by a larger block when a pass needs more
-   (the old one freed through the backing, which must wait for its users, as cudaFree does). */
+   (the old one freed through the backing, which must not reuse it before its users are done: a
+   stream-ordered caching allocator, or cudaFree, which waits). */
 struct kiln_conv_workspace {
   void *ptr;
   size_t bytes;

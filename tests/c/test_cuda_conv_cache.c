@@ -1,6 +1,8 @@
 /* test_cuda_conv_cache.c: the host side of the cuDNN convolutions (runtime/cuda/conv_cache.c,
-   compiled into this test): shape keys compare and hash by every field, the algorithm table
-   answers hits and misses, keeps the first choice of a key and survives growing, and the
+   compiled into this test): shape keys compare and hash by every field (the graph API's and each
+   buffer alignment included), the algorithm table answers hits and misses, keeps the first choice
+   of a key, holds graph-API plans and legacy fallbacks beside legacy algorithms and survives
+   growing, KILN_CUDNN_API values parse (graph by default, anything unknown refused), and the
    per-device workspace grows only when a pass needs more, keeping its block when an allocation
    fails. */
 #include "check.h"
@@ -51,6 +53,17 @@ static void test_keys(void) {
     CHECK(!kiln_conv_key_equal(&a, &c));
     CHECK(kiln_conv_key_hash(&a) != kiln_conv_key_hash(&c));
   }
+  /* the graph API's keys differ from the legacy API's, and by every buffer alignment */
+  struct kiln_conv_key g = key(KILN_CONV_FORWARD);
+  g.api = KILN_CONV_API_GRAPH; g.align_x = g.align_w = g.align_y = 16;
+  CHECK(!kiln_conv_key_equal(&a, &g));
+  for (int i = 0; i < 3; i++) {
+    struct kiln_conv_key h = g;
+    int32_t *align[3] = {&h.align_x, &h.align_w, &h.align_y};
+    *align[i] = 4;
+    CHECK(!kiln_conv_key_equal(&g, &h));
+    CHECK(kiln_conv_key_hash(&g) != kiln_conv_key_hash(&h));
+  }
   /* keys made over dirty memory still compare equal: kiln_conv_key_make clears the padding */
   struct kiln_conv_key d;
   memset(&d, 0xab, sizeof d);
@@ -97,6 +110,18 @@ static void test_cache(void) {
   }
   CHECK(all);
   CHECK(kiln_conv_cache_get(cache, &k, &got) && got.algo == 3);
+  /* a graph-API entry: its plan pointer and legacy flag come back as stored */
+  int plan_stand_in;
+  struct kiln_conv_key kg = key(KILN_CONV_FORWARD);
+  kg.api = KILN_CONV_API_GRAPH; kg.align_x = kg.align_w = kg.align_y = 16;
+  struct kiln_conv_choice pc = {0, 1 << 20, &plan_stand_in, 0}, lc = {0, 0, NULL, 1};
+  CHECK(!kiln_conv_cache_get(cache, &kg, &got));
+  CHECK(kiln_conv_cache_put(cache, &kg, &pc) == 0);
+  CHECK(kiln_conv_cache_get(cache, &kg, &got) && got.plan == &plan_stand_in && !got.legacy && got.workspace == 1 << 20);
+  kg.align_y = 4;
+  CHECK(kiln_conv_cache_put(cache, &kg, &lc) == 0);
+  CHECK(kiln_conv_cache_get(cache, &kg, &got) && got.plan == NULL && got.legacy == 1);
+  CHECK(kiln_conv_cache_get(cache, &k, &got) && got.algo == 3 && got.plan == NULL && !got.legacy);   /* the legacy entry untouched */
   kiln_conv_cache_free(cache);
   kiln_conv_cache_free(NULL);
 }
@@ -145,8 +170,19 @@ static void test_workspace(void) {
   CHECK(f.frees == 2);
 }
 
+static void test_api(void) {
+  CHECK(kiln_conv_api_parse(NULL) == KILN_CONV_API_GRAPH);   /* the default */
+  CHECK(kiln_conv_api_parse("") == KILN_CONV_API_GRAPH);
+  CHECK(kiln_conv_api_parse("graph") == KILN_CONV_API_GRAPH);
+  CHECK(kiln_conv_api_parse("legacy") == KILN_CONV_API_LEGACY);
+  CHECK(kiln_conv_api_parse("Legacy") == -1);
+  CHECK(kiln_conv_api_parse("graphs") == -1);
+  CHECK(kiln_conv_api_parse("1") == -1);
+}
+
 int main(void) {
   test_keys();
+  test_api();
   test_cache();
   test_workspace();
   return check_done("test_cuda_conv_cache");

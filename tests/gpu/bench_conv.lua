@@ -3,6 +3,8 @@
 -- JSON line per result, also appended to $OUT/bench_conv.jsonl when OUT is set; torch_conv.py
 -- times PyTorch on the same shapes. Run with KILN_CUDNN_BENCHMARK=1 to time cuDNN's candidates
 -- once per shape (as torch.backends.cudnn.benchmark does); the warm-up runs pay for that search.
+-- KILN_CUDNN_API=legacy times cuDNN's legacy convolution calls instead of its graph API (the
+-- default); each line says which ("api").
 --   build/bin/kiln tests/gpu/bench_conv.lua
 local kiln = kiln or require "kiln"
 local F = kiln.functional
@@ -22,7 +24,8 @@ local shapes = {
 
 local dir = os.getenv("OUT")
 local jsonl = dir and dir ~= "" and io.open(dir .. "/bench_conv.jsonl", "a") or nil
-local mode = os.getenv("KILN_CUDNN_BENCHMARK") == "1" and "benchmark" or "heuristic"
+local mode = kiln.cuda.cudnn_benchmark() and "benchmark" or "heuristic"
+local api = kiln.cuda.conv_api()
 
 local function time(iters, f)
   for _ = 1, 3 do f() end   -- warm-up: the algorithm search, clocks
@@ -44,8 +47,8 @@ for _, s in ipairs(shapes) do
     x.grad, w.grad = nil, nil
     F.conv2d(x, w, nil, opts):backward(g)
   end)
-  local line = string.format('{"bench":"conv2d","impl":"kiln","mode":"%s","shape":"%s","fwd_ms":%.3f,"fwd_bwd_ms":%.3f}',
-                             mode, s[1], fwd * 1e3, both * 1e3)
+  local line = string.format('{"bench":"conv2d","impl":"kiln","api":"%s","mode":"%s","shape":"%s","fwd_ms":%.3f,"fwd_bwd_ms":%.3f}',
+                             api, mode, s[1], fwd * 1e3, both * 1e3)
   print(line)
   if jsonl then jsonl:write(line, "\n") end
   x:free(); w:free(); g:free(); y:free()

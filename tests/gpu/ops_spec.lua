@@ -1366,6 +1366,109 @@ if has_kernel("ctc_loss") then
     local err, detail = max_error(g, c)
     record("ctc_loss", err, ctc_tol("f64"), "f64, after the error", detail)
   end)
+
+-- ---- cuDNN convolutions under both APIs: the graph (backend) API and the legacy calls ----
+-- (appended last, before the table; kiln.cuda.set_conv_api / set_cudnn_benchmark switch at run time)
+-- Every case runs under set_conv_api("graph") and ("legacy"), each with cuDNN's heuristics and with
+-- benchmark mode (candidates timed on the call's buffers), in f32 and f64, against the CPU: the
+-- forward and the grads of x, w and b. Batches of 3 keep these shapes new to the process, so each
+-- setting plans them afresh. Under the graph API, KILN_CUDNN_GRAPH_STRICT=1 makes a shape it cannot
+-- plan an error instead of a quiet fallback to the legacy API, so these cases prove the graph API
+-- ran. Then the two APIs against each other, a cached plan reused, and a bad KILN_CUDNN_API value
+-- refused by name, after which convolutions still work.
+if ON_GPU and has_kernel("conv2d") then
+  local F = kiln.functional
+  local api0, bench0 = kiln.cuda.conv_api(), kiln.cuda.cudnn_benchmark()
+  pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite);")
+  local function setting(api, bench)
+    kiln.cuda.set_conv_api(api)
+    kiln.cuda.set_cudnn_benchmark(bench)
+    ffi.C.setenv("KILN_CUDNN_GRAPH_STRICT", api == "graph" and "1" or "0", 1)
+    return api .. " api" .. (bench and ", benchmark" or "")
+  end
+  -- {what, x, w [O,C/g,kh,kw], options}
+  local api_cases = {
+    {"[3,3,9,11] * [4,3,3,3], padding 1", {3, 3, 9, 11}, {4, 3, 3, 3}, {padding = 1}},
+    {"[3,6,8,9] * [4,3,3,3], groups 2, stride (2,1), padding 1", {3, 6, 8, 9}, {4, 3, 3, 3}, {groups = 2, stride = {2, 1}, padding = 1}},
+    {"[3,6,9,9] * [9,2,2,3], groups 3, dilation (2,1), stride 3, padding (0,1)", {3, 6, 9, 9}, {9, 2, 2, 3},
+     {groups = 3, dilation = {2, 1}, stride = 3, padding = {0, 1}}},
+    {"[3,8,7,7] * [8,1,3,3], depthwise, padding 1", {3, 8, 7, 7}, {8, 1, 3, 3}, {groups = 8, padding = 1}},
+    {"[3,5,7,13] * [3,5,5,2], odd, padding (2,0)", {3, 5, 7, 13}, {3, 5, 5, 2}, {padding = {2, 0}}},
+    {"[3,7,5,6] * [2,7,1,1], 1x1", {3, 7, 5, 6}, {2, 7, 1, 1}, {}},
+    {"[3,4,13,10] * [6,4,3,3], dilation 2, stride 2", {3, 4, 13, 10}, {6, 4, 3, 3}, {dilation = 2, stride = 2}},
+    {"[3,16,20,20] * [24,16,3,3], padding 1", {3, 16, 20, 20}, {24, 16, 3, 3}, {padding = 1}},
+  }
+  for _, api in ipairs({"graph", "legacy"}) do
+    for _, bench in ipairs({false, true}) do
+      for _, dtype in ipairs({"f32", "f64"}) do
+        for _, case in ipairs(api_cases) do
+          local xb, wb, bb = gen(case[2], dtype, true), gen(case[3], dtype, true), gen({case[3][1]}, dtype, true)
+          local gout
+          local label = setting(api, bench)
+          conv_case("conv2d", "conv2d_backward", label .. ": " .. dtype .. " " .. case[1] .. ", bias", dtype, function(dev)
+            local x, w, b = xb:to(dev):requires_grad_(), wb:to(dev):requires_grad_(), bb:to(dev):requires_grad_()
+            local y = F.conv2d(x, w, b, case[4])
+            gout = gout or gen(y:size(), dtype, true)
+            return {x, w, b}, y, gout:to(dev)
+          end)
+        end
+        -- conv_transpose2d with an output padding past the conv's reach: x's corner, through its strides
+        local xb, wb, bb = gen({3, 3, 7, 4}, dtype, true), gen({3, 5, 3, 3}, dtype, true), gen({5}, dtype, true)
+        local gout
+        local label = setting(api, bench)
+        conv_case("conv2d_backward", "conv2d", label .. ": " .. dtype .. " conv_transpose2d [3,3,7,4] * [3,5,3,3], dilation 2, " ..
+                  "output padding 1, bias", dtype, function(dev)
+          local x, w, b = xb:to(dev):requires_grad_(), wb:to(dev):requires_grad_(), bb:to(dev):requires_grad_()
+          local y = F.conv_transpose2d(x, w, b, {dilation = 2, output_padding = 1})
+          gout = gout or gen(y:size(), dtype, true)
+          return {x, w, b}, y, gout:to(dev)
+        end)
+      end
+    end
+  end
+  -- the two APIs agree with each other (as closely as with the CPU)
+  for _, dtype in ipairs({"f32", "f64"}) do
+    guarded("conv2d", dtype .. " graph api vs legacy api", function()
+      local x, w = gen({5, 6, 11, 9}, dtype, true):to(DEV), gen({8, 3, 3, 2}, dtype, true):to(DEV)
+      setting("graph", false)
+      local g = F.conv2d(x, w, nil, {groups = 2, stride = {1, 2}, padding = {1, 0}}):cpu()
+      setting("legacy", false)
+      local l = F.conv2d(x, w, nil, {groups = 2, stride = {1, 2}, padding = {1, 0}}):cpu()
+      local err, detail = max_error(g, l, true)
+      record("conv2d", err, conv_tol(dtype), dtype .. " [5,6,11,9] * [8,3,3,2], groups 2: graph api against legacy api", detail)
+    end)
+  end
+  -- a planned shape reuses its cached plan: ten runs under each setting give the CPU's answer
+  guarded("conv2d", "cached plans, repeated", function()
+    local x, w = gen({3, 8, 16, 16}, "f32", true), gen({8, 8, 3, 3}, "f32", true)
+    local c = F.conv2d(x, w, nil, {padding = 1})
+    local xd, wd = x:to(DEV), w:to(DEV)
+    for _, api in ipairs({"graph", "legacy"}) do
+      for _, bench in ipairs({false, true}) do
+        local label = setting(api, bench)
+        local worst = 0
+        for _ = 1, 10 do
+          local err = max_error(F.conv2d(xd, wd, nil, {padding = 1}):cpu(), c, true)
+          if err > worst then worst = err end
+        end
+        record("conv2d", worst, conv_tol("f32"), label .. ": f32 [3,8,16,16] * [8,8,3,3], the same shape 10 times", "")
+      end
+    end
+  end)
+  -- a bad KILN_CUDNN_API is refused by the op, naming the variable; then convolutions work again
+  guarded("errors", "conv2d with KILN_CUDNN_API=bogus", function()
+    ffi.C.setenv("KILN_CUDNN_API", "bogus", 1)
+    local ok, err = pcall(function()
+      return F.conv2d(kiln.ones(1, 1, 3, 3, {device = DEV}), kiln.ones(1, 1, 2, 2, {device = DEV}))
+    end)
+    setting("graph", false)
+    local after = F.conv2d(kiln.ones(1, 1, 3, 3, {device = DEV}), kiln.ones(1, 1, 2, 2, {device = DEV})):cpu()
+    local fine = not ok and tostring(err):match("conv2d: KILN_CUDNN_API='bogus'") ~= nil and after:sum():item() == 16
+    record("errors", fine and 0 or math.huge, 0, "conv2d with KILN_CUDNN_API=bogus (an error, then usable)", tostring(err))
+  end)
+  kiln.cuda.set_conv_api(api0 == "legacy" and "legacy" or "graph")
+  kiln.cuda.set_cudnn_benchmark(bench0)
+  ffi.C.setenv("KILN_CUDNN_GRAPH_STRICT", "0", 1)
 end
 
 -- ---- the table ----

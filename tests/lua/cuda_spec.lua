@@ -37,6 +37,33 @@ describe("kiln.cuda", function()
     kiln.cuda.manual_seed(7)
     assert.equal(7, kiln.initial_seed())
   end)
+
+  it("switches cuDNN's convolution API and benchmark mode at run time, through the environment", function()
+    local api0, bench0 = os.getenv("KILN_CUDNN_API"), kiln.cuda.cudnn_benchmark()
+    kiln.cuda.set_conv_api("legacy")
+    assert.equal("legacy", kiln.cuda.conv_api())
+    assert.equal("legacy", os.getenv("KILN_CUDNN_API"))   -- what the backend reads at each convolution
+    kiln.cuda.set_conv_api("graph")
+    assert.equal("graph", kiln.cuda.conv_api())
+    assert.equal("graph", os.getenv("KILN_CUDNN_API"))
+    for _, bad in ipairs({"Legacy", "", "cudnn", 1}) do
+      local ok, err = pcall(function() kiln.cuda.set_conv_api(bad) end)
+      assert.is_false(ok)
+      assert.matches("kiln.cuda.set_conv_api: expected \"graph\" or \"legacy\", got ", tostring(err))
+      assert.matches("cuda_spec", tostring(err))   -- raised at the caller's line
+      assert.equal("graph", kiln.cuda.conv_api())     -- and nothing changed
+    end
+    kiln.cuda.set_cudnn_benchmark(true)
+    assert.is_true(kiln.cuda.cudnn_benchmark())
+    assert.equal("1", os.getenv("KILN_CUDNN_BENCHMARK"))
+    kiln.cuda.set_cudnn_benchmark(false)
+    assert.is_false(kiln.cuda.cudnn_benchmark())
+    assert.equal("0", os.getenv("KILN_CUDNN_BENCHMARK"))
+    assert.has_error(function() kiln.cuda.set_cudnn_benchmark("1") end,
+                     "kiln.cuda.set_cudnn_benchmark: expected true or false, got 1")
+    kiln.cuda.set_conv_api(api0 == "legacy" and "legacy" or "graph")
+    kiln.cuda.set_cudnn_benchmark(bench0)
+  end)
 end)
 
 describe("without a CUDA device", function()
