@@ -1366,6 +1366,7 @@ if has_kernel("ctc_loss") then
     local err, detail = max_error(g, c)
     record("ctc_loss", err, ctc_tol("f64"), "f64, after the error", detail)
   end)
+end
 
 -- ---- cuDNN convolutions under both APIs: the graph (backend) API and the legacy calls ----
 -- (appended last, before the table; kiln.cuda.set_conv_api / set_cudnn_benchmark switch at run time)
