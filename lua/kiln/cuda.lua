@@ -100,4 +100,150 @@ function M.cudnn_benchmark()
   return v ~= nil and v ~= "" and v ~= "0"
 end
 
+-- ---- streams and events ----
+-- Each device has a default stream and a current stream: every kernel, copy, cuBLAS and cuDNN call
+-- on the device goes to the current one, and the caching allocator keeps its free blocks per
+-- stream. kiln.cuda.stream(s, fn) runs fn with s current (as PyTorch's `with torch.cuda.stream(s)`);
+-- work on two streams may overlap, and ordering them is the program's job: s:wait_stream(other),
+-- s:wait_event(e), and t:record_stream(s) for a tensor made on one stream and used on another.
+-- The current stream belongs to the process (kiln's Lua runs on one thread).
+
+local function device_of(d, fname)
+  if d == nil or d == "cuda" then return 0 end
+  if type(d) == "number" and d >= 0 and d == math.floor(d) then return d end
+  local n = type(d) == "string" and tonumber(d:match("^cuda:(%d+)$"))
+  if n then return n end
+  error(string.format("%s: expected a CUDA device (\"cuda\", \"cuda:N\" or N), got %s", fname, tostring(d)), 3)
+end
+
+local Stream = {}
+Stream.__index = Stream
+local Event = {}
+Event.__index = Event
+M.StreamClass, M.EventClass = Stream, Event
+
+local defaults = {}   -- device -> its default stream object
+local current = {}    -- device -> the current stream object (kept alive while current)
+
+local function default_stream(dev)
+  defaults[dev] = defaults[dev] or setmetatable({handle = nil, device = dev}, Stream)
+  return defaults[dev]
+end
+
+-- A new stream on a device (default cuda:0). Freed when collected, after its work has finished.
+function M.Stream(device)
+  local dev = device_of(device, "kiln.cuda.Stream")
+  local out = ffi.new("void *[1]")
+  check(C.kiln_cuda_stream_new(dev, out))
+  local handle = ffi.gc(out[0], function(h) C.kiln_cuda_stream_free(dev, h) end)
+  return setmetatable({handle = handle, device = dev}, Stream)
+end
+
+function M.default_stream(device) return default_stream(device_of(device, "kiln.cuda.default_stream")) end
+
+function M.current_stream(device)
+  local dev = device_of(device, "kiln.cuda.current_stream")
+  return current[dev] or default_stream(dev)
+end
+
+local function is_stream(s) return getmetatable(s) == Stream end
+local function pack(...) return {n = select("#", ...), ...} end
+
+-- Make s its device's current stream (nil: the default stream of cuda:0).
+function M.set_stream(s)
+  if s == nil then s = default_stream(0) end
+  if not is_stream(s) then error("kiln.cuda.set_stream: expected a kiln.cuda.Stream, got " .. type(s), 2) end
+  check(C.kiln_cuda_set_stream(s.device, s.handle))
+  current[s.device] = s.handle ~= nil and s or nil
+end
+
+-- Run fn(...) with s current on its device, then make the previous stream current again (also when
+-- fn raises); returns what fn returns.
+function M.stream(s, fn, ...)
+  if not is_stream(s) then error("kiln.cuda.stream: expected a kiln.cuda.Stream, got " .. type(s), 2) end
+  if type(fn) ~= "function" then error("kiln.cuda.stream: expected a function to run, got " .. type(fn), 2) end
+  local before = M.current_stream(s.device)
+  M.set_stream(s)
+  local r = pack(pcall(fn, ...))
+  M.set_stream(before)
+  if not r[1] then error(r[2], 0) end
+  return unpack(r, 2, r.n)
+end
+
+function Stream:synchronize() check(C.kiln_cuda_stream_synchronize(self.device, self.handle)) end
+-- Whether all the work queued on the stream has finished.
+function Stream:query()
+  local done = ffi.new("int[1]")
+  check(C.kiln_cuda_stream_query(self.device, self.handle, done))
+  return done[0] ~= 0
+end
+-- Work queued on this stream from now on waits for the work e marks.
+function Stream:wait_event(e)
+  if getmetatable(e) ~= Event then error("Stream:wait_event: expected a kiln.cuda.Event, got " .. type(e), 2) end
+  check(C.kiln_cuda_stream_wait_event(self.device, self.handle, e.handle))
+end
+-- Work queued on this stream from now on waits for the work queued on other so far.
+function Stream:wait_stream(other)
+  if not is_stream(other) then error("Stream:wait_stream: expected a kiln.cuda.Stream, got " .. type(other), 2) end
+  self:wait_event(other:record_event())
+end
+-- An event recorded on this stream now (e, or a new one).
+function Stream:record_event(e)
+  e = e or M.Event{device = self.device}
+  e:record(self)
+  return e
+end
+function Stream:__tostring()
+  return string.format("kiln.cuda.Stream(cuda:%d, %s)", self.device, self.handle == nil and "default" or tostring(self.handle))
+end
+Stream.__eq = function(a, b) return a.device == b.device and a.handle == b.handle end
+
+-- An event: a mark in a stream's work. opts: enable_timing (false), device (cuda:0).
+function M.Event(opts)
+  opts = core.options(opts, core.set("enable_timing", "device"), "kiln.cuda.Event")
+  local dev = device_of(opts.device, "kiln.cuda.Event")
+  local out = ffi.new("void *[1]")
+  check(C.kiln_cuda_event_new(dev, opts.enable_timing and 1 or 0, out))
+  local handle = ffi.gc(out[0], function(h) C.kiln_cuda_event_free(dev, h) end)
+  return setmetatable({handle = handle, device = dev, timing = opts.enable_timing == true}, Event)
+end
+
+-- Mark the work queued so far on stream (default: the device's current stream).
+function Event:record(stream)
+  stream = stream or M.current_stream(self.device)
+  if not is_stream(stream) then error("Event:record: expected a kiln.cuda.Stream, got " .. type(stream), 2) end
+  if stream.device ~= self.device then
+    error(string.format("Event:record: the event is on cuda:%d, the stream on cuda:%d", self.device, stream.device), 2)
+  end
+  check(C.kiln_cuda_event_record(self.device, self.handle, stream.handle))
+  self.recorded = true
+end
+function Event:synchronize() check(C.kiln_cuda_event_synchronize(self.device, self.handle)) end
+function Event:query()
+  local done = ffi.new("int[1]")
+  check(C.kiln_cuda_event_query(self.device, self.handle, done))
+  return done[0] ~= 0
+end
+-- Make stream (default: the current one) wait for this event's work.
+function Event:wait(stream) (stream or M.current_stream(self.device)):wait_event(self) end
+-- Milliseconds from this event to end (both recorded, made with enable_timing, end complete).
+function Event:elapsed_time(end_event)
+  if getmetatable(end_event) ~= Event then error("Event:elapsed_time: expected a kiln.cuda.Event, got " .. type(end_event), 2) end
+  if not (self.timing and end_event.timing) then
+    error("Event:elapsed_time: both events must be made with {enable_timing = true}", 2)
+  end
+  if not (self.recorded and end_event.recorded) then error("Event:elapsed_time: both events must be recorded first", 2) end
+  local ms = ffi.new("float[1]")
+  check(C.kiln_cuda_event_elapsed_time(self.device, self.handle, end_event.handle, ms))
+  return tonumber(ms[0])
+end
+function Event:__tostring() return string.format("kiln.cuda.Event(cuda:%d)", self.device) end
+
+-- t's memory is also used by work queued on stream s: when t's storage goes, its block is not
+-- handed out again until that work has finished (Tensor:record_stream calls this).
+function M.record_stream(t, s)
+  if not is_stream(s) then error("record_stream: expected a kiln.cuda.Stream, got " .. type(s), 3) end
+  check(C.kiln_tensor_record_stream(t.p, s.handle))
+end
+
 return M

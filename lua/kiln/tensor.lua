@@ -181,6 +181,9 @@ end
 -- A copy in page-locked host memory (t itself when pinned already), for uploads that do not wait:
 -- x:pin_memory():cuda{non_blocking = true}. Needs a CUDA device ("pin_memory: no CUDA device: ...").
 function Tensor.pin_memory(t) return wrap(C.kiln_tensor_pin_memory(t.p)) end
+-- t's memory is also used by work queued on CUDA stream s (kiln.cuda.Stream): its block is not
+-- reused until that work has finished, even after t is freed.
+function Tensor.record_stream(t, s) require("kiln.cuda").record_stream(t, s) end
 function Tensor.is_pinned(t) return C.kiln_tensor_is_pinned(t.p) ~= 0 end
 
 function Tensor.free(t) C.kiln_tensor_free(t.p) end

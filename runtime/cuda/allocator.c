@@ -16,6 +16,10 @@ struct block {
   int pool;                   /* 0: small (<= 1 MiB), 1: large */
   int allocated;
   struct block *prev, *next;  /* neighbours in the segment, by address */
+  uintptr_t *uses;            /* other streams that use the block (record_stream) */
+  int nuses;
+  void **events;              /* freed, pending: the events recorded on those streams at the free */
+  int nevents;
 };
 
 struct free_set {
@@ -35,6 +39,7 @@ struct kiln_caching_allocator {
   struct kiln_alloc_backing backing;
   struct free_set free[2];
   struct ptr_map live;
+  struct free_set pending;    /* freed blocks waiting for their events, in no order */
   struct kiln_cuda_memory stats;
 };
 
@@ -110,6 +115,19 @@ static void set_remove(struct free_set *s, struct block *b) {
     memmove(s->v + i, s->v + i + 1, sizeof *s->v * (size_t)(s->n - i - 1));
     s->n--;
   }
+}
+
+/* The pending list: a plain array. */
+static int set_insert_unsorted(struct free_set *s, struct block *b) {
+  if (s->n == s->cap) {
+    int64_t cap = s->cap ? s->cap * 2 : 16;
+    struct block **v = realloc(s->v, sizeof *v * (size_t)cap);
+    if (!v) return -1;
+    s->v = v;
+    s->cap = cap;
+  }
+  s->v[s->n++] = b;
+  return 0;
 }
 
 /* ---- the map of held blocks ---- */
@@ -213,6 +231,33 @@ static int64_t release_cached(struct kiln_caching_allocator *a) {
   return released;
 }
 
+static void put_back(struct kiln_caching_allocator *a, struct block *b);
+
+/* Take back the pending blocks whose events have all completed (wait: wait for them). Lock held. */
+static void collect_pending(struct kiln_caching_allocator *a, int wait) {
+  struct free_set *s = &a->pending;
+  int64_t keep = 0;
+  for (int64_t i = 0; i < s->n; i++) {
+    struct block *b = s->v[i];
+    int left = 0;
+    for (int k = 0; k < b->nevents; k++) {
+      if (!b->events[k]) continue;
+      if (wait) a->backing.event_wait(a->backing.ctx, b->events[k]);
+      else if (!a->backing.event_done(a->backing.ctx, b->events[k])) { left++; continue; }
+      b->events[k] = NULL;
+    }
+    if (left) {
+      s->v[keep++] = b;
+    } else {
+      free(b->events);
+      b->events = NULL;
+      b->nevents = 0;
+      put_back(a, b);
+    }
+  }
+  s->n = keep;
+}
+
 int kiln_caching_alloc(struct kiln_caching_allocator *a, uintptr_t stream, int64_t nbytes, void **out, char *err,
                        size_t errlen) {
   char h1[32], h2[32], h3[32], h4[32], h5[32];
@@ -226,6 +271,7 @@ int kiln_caching_alloc(struct kiln_caching_allocator *a, uintptr_t stream, int64
   int pool = pool_of(size);
   pthread_mutex_lock(&a->lock);
   a->stats.requests++;
+  if (a->pending.n) collect_pending(a, 0);
   struct free_set *s = &a->free[pool];
   int64_t i = lower_bound(s, stream, size, NULL);
   struct block *b = i < s->n && s->v[i]->stream == stream ? s->v[i] : NULL;
@@ -239,7 +285,9 @@ int kiln_caching_alloc(struct kiln_caching_allocator *a, uintptr_t stream, int64
     int64_t released = 0;
     int rc = a->backing.raw_alloc(a->backing.ctx, seg, &p, raw_err, sizeof raw_err);
     if (rc) {
-      /* Give the cache back to the driver and try once more. */
+      /* Wait for the blocks other streams still use, give the cache back to the driver and try
+         once more. */
+      if (a->pending.n) collect_pending(a, 1);
       released = release_cached(a);
       a->stats.oom_retries++;
       raw_err[0] = 0;
@@ -311,15 +359,8 @@ static void absorb_next(struct kiln_caching_allocator *a, struct block *b) {
   free(nb);
 }
 
-int kiln_caching_free(struct kiln_caching_allocator *a, void *ptr) {
-  pthread_mutex_lock(&a->lock);
-  int64_t j = map_find(&a->live, ptr);
-  if (j < 0) {
-    pthread_mutex_unlock(&a->lock);
-    return -1;
-  }
-  struct block *b = a->live.slots[j];
-  map_remove_at(&a->live, j);
+/* A block no tensor holds, back among the free ones: merged with free neighbours. Lock held. */
+static void put_back(struct kiln_caching_allocator *a, struct block *b) {
   a->stats.allocated -= b->size;
   b->allocated = 0;
   if (b->next && !b->next->allocated) absorb_next(a, b);
@@ -338,8 +379,80 @@ int kiln_caching_free(struct kiln_caching_allocator *a, void *ptr) {
     b->allocated = 1;
     a->stats.allocated += b->size;
   }
+}
+
+int kiln_caching_free(struct kiln_caching_allocator *a, void *ptr) {
+  pthread_mutex_lock(&a->lock);
+  int64_t j = map_find(&a->live, ptr);
+  if (j < 0) {
+    pthread_mutex_unlock(&a->lock);
+    return -1;
+  }
+  struct block *b = a->live.slots[j];
+  map_remove_at(&a->live, j);
+  if (b->nuses) {
+    /* Used on other streams: events there now; the block waits until they complete. */
+    void **ev = malloc(sizeof *ev * (size_t)b->nuses);
+    int n = 0;
+    for (int k = 0; k < b->nuses; k++) {
+      void *e = ev ? a->backing.event_record(a->backing.ctx, b->uses[k]) : NULL;
+      if (!ev) continue;
+      if (e) ev[n++] = e;
+    }
+    if (!ev) {   /* no host memory for the list: wait for those streams' work instead */
+      for (int k = 0; k < b->nuses; k++) {
+        void *e = a->backing.event_record(a->backing.ctx, b->uses[k]);
+        if (e) a->backing.event_wait(a->backing.ctx, e);
+      }
+    }
+    free(b->uses);
+    b->uses = NULL;
+    b->nuses = 0;
+    if (n > 0 && set_insert_unsorted(&a->pending, b) == 0) {
+      b->events = ev;
+      b->nevents = n;
+      pthread_mutex_unlock(&a->lock);
+      return 0;
+    }
+    for (int k = 0; k < n; k++) a->backing.event_wait(a->backing.ctx, ev[k]);   /* could not list it: wait */
+    free(ev);
+  }
+  put_back(a, b);
   pthread_mutex_unlock(&a->lock);
   return 0;
+}
+
+int kiln_caching_record_stream(struct kiln_caching_allocator *a, void *ptr, uintptr_t stream) {
+  if (!a->backing.event_record || !a->backing.event_done || !a->backing.event_wait) return -2;
+  pthread_mutex_lock(&a->lock);
+  int64_t j = map_find(&a->live, ptr);
+  int rc = 0;
+  if (j < 0) {
+    rc = -1;
+  } else {
+    struct block *b = a->live.slots[j];
+    int seen = stream == b->stream;
+    for (int k = 0; k < b->nuses && !seen; k++) seen = b->uses[k] == stream;
+    if (!seen) {
+      uintptr_t *u = realloc(b->uses, sizeof *u * (size_t)(b->nuses + 1));
+      if (!u) {
+        rc = -2;
+      } else {
+        u[b->nuses++] = stream;
+        b->uses = u;
+      }
+    }
+  }
+  pthread_mutex_unlock(&a->lock);
+  return rc;
+}
+
+int64_t kiln_caching_pending(struct kiln_caching_allocator *a) {
+  pthread_mutex_lock(&a->lock);
+  if (a->pending.n) collect_pending(a, 0);
+  int64_t n = a->pending.n;
+  pthread_mutex_unlock(&a->lock);
+  return n;
 }
 
 int64_t kiln_caching_block_size(struct kiln_caching_allocator *a, void *ptr) {
@@ -351,6 +464,7 @@ int64_t kiln_caching_block_size(struct kiln_caching_allocator *a, void *ptr) {
 
 int64_t kiln_caching_empty(struct kiln_caching_allocator *a) {
   pthread_mutex_lock(&a->lock);
+  if (a->pending.n) collect_pending(a, 0);
   int64_t released = release_cached(a);
   pthread_mutex_unlock(&a->lock);
   return released;
@@ -358,12 +472,14 @@ int64_t kiln_caching_empty(struct kiln_caching_allocator *a) {
 
 void kiln_caching_stats(struct kiln_caching_allocator *a, struct kiln_cuda_memory *out) {
   pthread_mutex_lock(&a->lock);
+  if (a->pending.n) collect_pending(a, 0);
   *out = a->stats;
   pthread_mutex_unlock(&a->lock);
 }
 
 void kiln_caching_destroy(struct kiln_caching_allocator *a) {
   if (!a) return;
+  if (a->pending.n) collect_pending(a, 1);   /* every pending block back among the free ones */
   /* Every block is either held (in the map) or free (in a set); segments start at heads. */
   for (int64_t i = 0; i < a->live.cap; i++)
     if (a->live.slots[i]) a->live.slots[i]->allocated = 1;
@@ -382,9 +498,13 @@ void kiln_caching_destroy(struct kiln_caching_allocator *a) {
       for (struct block *c = b; c; c = c->next) seg += c->size;
       a->backing.raw_free(a->backing.ctx, b->ptr, seg);
     }
-    for (int64_t i = 0; i < k; i++) free(all[i]);
+    for (int64_t i = 0; i < k; i++) {
+      free(all[i]->uses);
+      free(all[i]);
+    }
     free(all);
   }
+  free(a->pending.v);
   free(a->live.slots);
   free(a->free[0].v);
   free(a->free[1].v);
@@ -409,6 +529,13 @@ int kiln_caching_check(struct kiln_caching_allocator *a, char *err, size_t errle
     allocated += b->size;
   }
   if (live != a->live.n) BAD("map counts %lld blocks, holds %lld", (long long)a->live.n, (long long)live);
+  for (int64_t i = 0; i < a->pending.n; i++) {
+    struct block *b = a->pending.v[i];
+    if (!b->allocated) BAD("pending block %p is marked free", (void *)b->ptr);
+    if (map_find(&a->live, b->ptr) >= 0) BAD("pending block %p is also held", (void *)b->ptr);
+    if (b->nevents < 1) BAD("pending block %p waits for no event", (void *)b->ptr);
+    allocated += b->size;
+  }
   if (allocated != a->stats.allocated)
     BAD("held blocks add up to %lld bytes, statistics say %lld", (long long)allocated, (long long)a->stats.allocated);
   for (int p = 0; p < 2; p++) {
@@ -423,10 +550,10 @@ int kiln_caching_check(struct kiln_caching_allocator *a, char *err, size_t errle
     }
   }
   /* Walk every segment from its head: blocks must tile it in address order. */
-  for (int p = -1; p < 2; p++) {
-    int64_t count = p < 0 ? a->live.cap : a->free[p].n;
+  for (int p = -2; p < 2; p++) {
+    int64_t count = p == -2 ? a->pending.n : p < 0 ? a->live.cap : a->free[p].n;
     for (int64_t i = 0; i < count; i++) {
-      struct block *b = p < 0 ? a->live.slots[i] : a->free[p].v[i];
+      struct block *b = p == -2 ? a->pending.v[i] : p < 0 ? a->live.slots[i] : a->free[p].v[i];
       if (!b || b->prev) continue;
       for (struct block *c = b; c; c = c->next) {
         if (c->size <= 0 || c->size % KILN_ALLOC_ROUND) BAD("block %p has size %lld", (void *)c->ptr, (long long)c->size);

@@ -26,6 +26,13 @@ struct kiln_alloc_backing {
   /* 0 and *out on success; non-zero with a message in err (e.g. the CUDA error) on failure. */
   int (*raw_alloc)(void *ctx, int64_t nbytes, void **out, char *err, size_t errlen);
   void (*raw_free)(void *ctx, void *ptr, int64_t nbytes);
+  /* Blocks used on streams other than their own (kiln_caching_record_stream): an event recorded
+     on stream now (NULL when the work queued there has already finished, e.g. after the backing
+     fell back to waiting for it); whether an event has completed (then it is gone); and waiting
+     for one (then it is gone). NULL when the backing has no streams. */
+  void *(*event_record)(void *ctx, uintptr_t stream);
+  int (*event_done)(void *ctx, void *event);
+  void (*event_wait)(void *ctx, void *event);
 };
 
 struct kiln_caching_allocator;
@@ -45,8 +52,18 @@ void kiln_caching_destroy(struct kiln_caching_allocator *a);
    request and the memory in use and reserved. Thread-safe. */
 int kiln_caching_alloc(struct kiln_caching_allocator *a, uintptr_t stream, int64_t nbytes, void **out, char *err,
                        size_t errlen);
-/* Back to the cache (no driver call); -1 for a pointer this allocator did not hand out. */
+/* Back to the cache (no driver call); -1 for a pointer this allocator did not hand out. A block
+   that was used on other streams (kiln_caching_record_stream) waits, off every list, until the
+   events recorded on those streams at the free have completed; each alloc, empty and stats call
+   first takes back the blocks whose events are done, and out of memory waits for all of them
+   before giving the cache back. */
 int kiln_caching_free(struct kiln_caching_allocator *a, void *ptr);
+/* Note that the block at ptr is used by work queued on stream (not its own): its memory is not
+   reused by its own stream until that work is done. 0; -1 for an unknown pointer; -2 when the
+   backing has no events or the host is out of memory. */
+int kiln_caching_record_stream(struct kiln_caching_allocator *a, void *ptr, uintptr_t stream);
+/* Blocks freed and waiting for other streams' work (for tests and statistics). */
+int64_t kiln_caching_pending(struct kiln_caching_allocator *a);
 /* The block size behind ptr, -1 when unknown. */
 int64_t kiln_caching_block_size(struct kiln_caching_allocator *a, void *ptr);
 /* Give every wholly free segment back to the driver; returns the bytes released. */

@@ -1,5 +1,5 @@
 /* cuda/backend.c: the CUDA backend table and libkiln_cuda's one entry, kiln_cuda_backend_open;
-   the per-device state (stream, caching allocator, cuBLAS, cuDNN), page-locked host memory, memory moves
+   the per-device state (streams, caching allocator, cuBLAS, cuDNN), page-locked host memory, memory moves
    between host and device, synchronisation, and turning CUDA errors into kiln errors. C, for the table's designated
    initializers: every op has a kernel or an explicit NULL ("not implemented on cuda:0"). */
 #include "common.h"
@@ -93,13 +93,14 @@ struct cuda_device *cuda_device_enter(int index, const char *op) {
     if (!rc) rc = cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, index), op, "cudaDeviceGetAttribute");
     struct kiln_caching_allocator *a = NULL;
     if (!rc) {
-      a = kiln_caching_new(index, (struct kiln_alloc_backing){dev, raw_alloc, raw_free});
+      a = kiln_caching_new(index, (struct kiln_alloc_backing){dev, raw_alloc, raw_free, cuda_alloc_event_record,
+                                                               cuda_alloc_event_done, cuda_alloc_event_wait});
       if (!a) rc = cuda_fail(KILN_ERR_MEMORY, "%s: out of host memory for cuda:%d's allocator", op, index);
     }
     if (rc) {
       if (stream) cudaStreamDestroy(stream);
     } else {
-      dev->stream = stream;
+      dev->stream = dev->default_stream = stream;
       dev->sm_count = sms;
       dev->allocator = a;
       __atomic_store_n(&dev->ready, 1, __ATOMIC_RELEASE);
@@ -256,7 +257,8 @@ static int cuda_synchronize(int device_index) {
   for (int d = device_index < 0 ? 0 : device_index; d < (device_index < 0 ? ndevices : device_index + 1); d++) {
     if (!__atomic_load_n(&devices[d].ready, __ATOMIC_ACQUIRE)) continue;   /* nothing ever ran there */
     if (!cuda_device_enter(d, "synchronize")) return kiln_error_code();
-    if (cuda_check(cudaStreamSynchronize(devices[d].stream), "synchronize", "cudaStreamSynchronize")) return kiln_error_code();
+    /* every stream of the device */
+    if (cuda_check(cudaDeviceSynchronize(), "synchronize", "cudaDeviceSynchronize")) return kiln_error_code();
   }
   return KILN_OK;
 }
@@ -303,6 +305,20 @@ static const struct kiln_backend cuda_backend = {
   .host_alloc = cuda_host_alloc,
   .host_free = cuda_host_free,
   .memcpy_from_host_async = cuda_memcpy_from_host_async,
+  .stream_new = cuda_stream_new,
+  .stream_free = cuda_stream_free,
+  .set_stream = cuda_set_stream,
+  .current_stream = cuda_current_stream,
+  .stream_synchronize = cuda_stream_synchronize,
+  .stream_query = cuda_stream_query,
+  .stream_wait_event = cuda_stream_wait_event,
+  .event_new = cuda_event_new,
+  .event_free = cuda_event_free,
+  .event_record = cuda_event_record,
+  .event_synchronize = cuda_event_synchronize,
+  .event_query = cuda_event_query,
+  .event_elapsed = cuda_event_elapsed,
+  .record_stream = cuda_record_stream,
   .kernel = {
     [KILN_OP_COPY] = cuda_copy, [KILN_OP_FILL] = cuda_fill,
     EW(KILN_OP_NEG), EW(KILN_OP_ABS), EW(KILN_OP_SIGN), EW(KILN_OP_SQRT), EW(KILN_OP_RSQRT), EW(KILN_OP_EXP),

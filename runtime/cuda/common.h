@@ -18,18 +18,45 @@ extern const struct kiln_cuda_host *cuda_host;
    is reported at the op that caused it. */
 extern int cuda_sync_launches;
 
+struct cuda_stream_state;
+
 struct cuda_device {
   int index;
   int ready;
   int sm_count;
-  cudaStream_t stream;                       /* the device's one stream: every kernel and copy */
+  cudaStream_t stream;                       /* the current stream: every kernel, copy, cuBLAS and cuDNN call */
+  cudaStream_t default_stream;               /* made with the device's state (streams.c switches dev->stream) */
+  struct cuda_stream_state *streams;         /* streams.c: per stream, its workspaces while it is not current */
+  int nstreams, streams_cap;
   struct kiln_caching_allocator *allocator;
   void *blas;                                /* cublasHandle_t, made at the first GEMM */
-  void *blas_workspace;
+  void *blas_workspace;                      /* the current stream's (KILN_CUBLAS_WORKSPACE_BYTES) */
   void *dnn;                                 /* cudnnHandle_t, made at the first convolution */
-  void *dnn_workspace;                       /* cuDNN's workspace, grown to the largest request */
+  void *dnn_workspace;                       /* the current stream's cuDNN workspace, grown to the largest request */
   size_t dnn_workspace_bytes;
 };
+
+/* cuBLAS's workspace per stream: what it asks for on Hopper. */
+#define KILN_CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
+
+/* Streams and events (streams.c): the table's entries, and the caching allocator's events. */
+int cuda_stream_new(int device_index, void **out);
+int cuda_stream_free(int device_index, void *stream);
+int cuda_set_stream(int device_index, void *stream);
+void *cuda_current_stream(int device_index);
+int cuda_stream_synchronize(int device_index, void *stream);
+int cuda_stream_query(int device_index, void *stream, int *done);
+int cuda_stream_wait_event(int device_index, void *stream, void *event);
+int cuda_event_new(int device_index, int timing, void **out);
+int cuda_event_free(int device_index, void *event);
+int cuda_event_record(int device_index, void *event, void *stream);
+int cuda_event_synchronize(int device_index, void *event);
+int cuda_event_query(int device_index, void *event, int *done);
+int cuda_event_elapsed(int device_index, void *start, void *end, float *ms);
+int cuda_record_stream(int device_index, void *data, void *stream);
+void *cuda_alloc_event_record(void *ctx, uintptr_t stream);
+int cuda_alloc_event_done(void *ctx, void *event);
+void cuda_alloc_event_wait(void *ctx, void *event);
 
 /* Make device current on this thread and return its state (streams made on first use), or NULL
    with an error naming op. */

@@ -12,7 +12,6 @@
 using namespace kiln_el;
 
 enum { THREADS = 256 };
-static const size_t WORKSPACE_BYTES = (size_t)32 << 20;   /* what cuBLAS asks for on Hopper */
 
 static int blas_check(cublasStatus_t s, const char *call) {
   if (s == CUBLAS_STATUS_SUCCESS) return KILN_OK;
@@ -32,8 +31,8 @@ static int blas_handle(struct cuda_device *dev, cublasHandle_t *out) {
     rc = blas_check(cublasCreate(&h), "cublasCreate");
     if (!rc) rc = blas_check(cublasSetStream(h, dev->stream), "cublasSetStream");
     if (!rc) rc = blas_check(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
-    if (!rc) rc = cuda_check(cudaMalloc(&ws, WORKSPACE_BYTES), "gemm", "cudaMalloc (cuBLAS workspace)");
-    if (!rc) rc = blas_check(cublasSetWorkspace(h, ws, WORKSPACE_BYTES), "cublasSetWorkspace");
+    if (!rc) rc = cuda_check(cudaMalloc(&ws, KILN_CUBLAS_WORKSPACE_BYTES), "gemm", "cudaMalloc (cuBLAS workspace)");
+    if (!rc) rc = blas_check(cublasSetWorkspace(h, ws, KILN_CUBLAS_WORKSPACE_BYTES), "cublasSetWorkspace");
     if (rc) {
       if (h) cublasDestroy(h);
       if (ws) cudaFree(ws);

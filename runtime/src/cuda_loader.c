@@ -147,3 +147,116 @@ KILN_API int kiln_cuda_empty_cache(void) {
   if (device_count == 0 || !table->empty_cache) return KILN_OK;
   return table->empty_cache();
 }
+
+/* ---- streams and events ---- */
+
+/* The table for a stream or event call on device, or NULL with "op: no CUDA device: ..." */
+static const struct kiln_backend *streams_of(int device, const char *op) {
+  kiln_cuda_load();
+  if (device_count == 0) {
+    kiln_fail(KILN_ERR_DEVICE, "%s: %s", op, reason);
+    return NULL;
+  }
+  if (device < 0 || device >= device_count) {
+    kiln_fail(KILN_ERR_DEVICE, "%s: no CUDA device cuda:%d (%d devices)", op, device, device_count);
+    return NULL;
+  }
+  if (!table->stream_new) {
+    kiln_fail(KILN_ERR_UNSUPPORTED, "%s: this CUDA backend has no streams", op);
+    return NULL;
+  }
+  return table;
+}
+
+static int null_arg(const char *op, const char *what) { return kiln_fail(KILN_ERR_ARGUMENT, "%s: %s is NULL", op, what); }
+
+KILN_API int kiln_cuda_stream_new(int device, void **out) {
+  if (!out) return null_arg("Stream", "out");
+  *out = NULL;
+  const struct kiln_backend *be = streams_of(device, "Stream");
+  return be ? be->stream_new(device, out) : kiln_error_code();
+}
+
+KILN_API int kiln_cuda_stream_free(int device, void *stream) {
+  const struct kiln_backend *be = streams_of(device, "Stream:free");
+  return be ? be->stream_free(device, stream) : kiln_error_code();
+}
+
+KILN_API int kiln_cuda_set_stream(int device, void *stream) {
+  const struct kiln_backend *be = streams_of(device, "set_stream");
+  return be ? be->set_stream(device, stream) : kiln_error_code();
+}
+
+KILN_API void *kiln_cuda_current_stream(int device) {
+  kiln_cuda_load();
+  if (device < 0 || device >= device_count || !table->current_stream) return NULL;
+  return table->current_stream(device);
+}
+
+KILN_API int kiln_cuda_stream_synchronize(int device, void *stream) {
+  const struct kiln_backend *be = streams_of(device, "Stream:synchronize");
+  return be ? be->stream_synchronize(device, stream) : kiln_error_code();
+}
+
+KILN_API int kiln_cuda_stream_query(int device, void *stream, int *done) {
+  if (!done) return null_arg("Stream:query", "done");
+  *done = 0;
+  const struct kiln_backend *be = streams_of(device, "Stream:query");
+  return be ? be->stream_query(device, stream, done) : kiln_error_code();
+}
+
+KILN_API int kiln_cuda_stream_wait_event(int device, void *stream, void *event) {
+  if (!event) return null_arg("Stream:wait_event", "event");
+  const struct kiln_backend *be = streams_of(device, "Stream:wait_event");
+  return be ? be->stream_wait_event(device, stream, event) : kiln_error_code();
+}
+
+KILN_API int kiln_cuda_event_new(int device, int enable_timing, void **out) {
+  if (!out) return null_arg("Event", "out");
+  *out = NULL;
+  const struct kiln_backend *be = streams_of(device, "Event");
+  return be ? be->event_new(device, enable_timing, out) : kiln_error_code();
+}
+
+KILN_API int kiln_cuda_event_free(int device, void *event) {
+  if (!event) return KILN_OK;
+  const struct kiln_backend *be = streams_of(device, "Event:free");
+  return be ? be->event_free(device, event) : kiln_error_code();
+}
+
+KILN_API int kiln_cuda_event_record(int device, void *event, void *stream) {
+  if (!event) return null_arg("Event:record", "event");
+  const struct kiln_backend *be = streams_of(device, "Event:record");
+  return be ? be->event_record(device, event, stream) : kiln_error_code();
+}
+
+KILN_API int kiln_cuda_event_synchronize(int device, void *event) {
+  if (!event) return null_arg("Event:synchronize", "event");
+  const struct kiln_backend *be = streams_of(device, "Event:synchronize");
+  return be ? be->event_synchronize(device, event) : kiln_error_code();
+}
+
+KILN_API int kiln_cuda_event_query(int device, void *event, int *done) {
+  if (!event || !done) return null_arg("Event:query", !event ? "event" : "done");
+  *done = 0;
+  const struct kiln_backend *be = streams_of(device, "Event:query");
+  return be ? be->event_query(device, event, done) : kiln_error_code();
+}
+
+KILN_API int kiln_cuda_event_elapsed_time(int device, void *start, void *end, float *ms) {
+  if (!start || !end || !ms) return null_arg("Event:elapsed_time", !start ? "start" : !end ? "end" : "ms");
+  *ms = 0;
+  const struct kiln_backend *be = streams_of(device, "Event:elapsed_time");
+  return be ? be->event_elapsed(device, start, end, ms) : kiln_error_code();
+}
+
+KILN_API int kiln_tensor_record_stream(const struct kiln_tensor *t, void *stream) {
+  if (kiln_check_live("record_stream", t)) return kiln_error_code();
+  if (t->device.type != KILN_CUDA)
+    return kiln_fail(KILN_ERR_DEVICE, "record_stream: tensor %s %s is on %s (only cuda tensors use streams)",
+                     kiln_shape_string(t), kiln_dtype_name(t->dtype), kiln_device_name(t->device));
+  const struct kiln_backend *be = streams_of(t->device.index, "record_stream");
+  if (!be) return kiln_error_code();
+  if (!t->storage->data) return KILN_OK;   /* an empty tensor holds no block */
+  return be->record_stream(t->device.index, t->storage->data, stream);
+}

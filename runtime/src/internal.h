@@ -51,6 +51,21 @@ struct kiln_backend {
   void *(*host_alloc)(int64_t nbytes);
   void (*host_free)(void *data, int64_t nbytes);
   int (*memcpy_from_host_async)(void *dst, const void *src, int64_t nbytes, int device_index);
+  /* CUDA only: streams and events (kiln/cuda.h); a NULL stream is the device's default one. */
+  int (*stream_new)(int device_index, void **out);
+  int (*stream_free)(int device_index, void *stream);
+  int (*set_stream)(int device_index, void *stream);
+  void *(*current_stream)(int device_index);
+  int (*stream_synchronize)(int device_index, void *stream);
+  int (*stream_query)(int device_index, void *stream, int *done);
+  int (*stream_wait_event)(int device_index, void *stream, void *event);
+  int (*event_new)(int device_index, int timing, void **out);
+  int (*event_free)(int device_index, void *event);
+  int (*event_record)(int device_index, void *event, void *stream);
+  int (*event_synchronize)(int device_index, void *event);
+  int (*event_query)(int device_index, void *event, int *done);
+  int (*event_elapsed)(int device_index, void *start, void *end, float *ms);
+  int (*record_stream)(int device_index, void *data, void *stream);
 };
 
 /* The CUDA backend (cuda_loader.c). libkiln_cuda.so exports one entry, kiln_cuda_backend_open

@@ -3,8 +3,9 @@
    can check the loader refuses it with a clear message instead of crashing.
    Built with FAKE_CUDA_DEVICE (fake_kiln_cuda_device): one pretend device whose "device memory" is
    host memory (no kernels: only allocation and copies), with the pinned host memory entries served
-   by the real pinned cache (runtime/cuda/pinned.c) over malloc, and counters of every call, so that
-   test_pinned can check which paths the runtime took (fake_cuda_counters). */
+   by the real pinned cache (runtime/cuda/pinned.c) over malloc, streams and events as tokens, and
+   counters of every call, so that test_pinned and tests/lua/fake_cuda_device.lua can check which
+   paths the runtime took (fake_cuda_counters). */
 #include <stdio.h>
 #include <stddef.h>
 
@@ -146,6 +147,100 @@ static void fake_host_free(void *data, int64_t nbytes) {
   if (kiln_pinned_free(pinned, data)) COUNT(bad_host_frees);
 }
 
+/* Streams and events: tokens. A stream is known until freed (others are refused as the real
+   backend refuses them), the current one cannot be freed, events complete at once and 0.25 ms
+   pass between any two. */
+enum { FAKE_STREAMS = 64 };
+static void *streams[FAKE_STREAMS];
+static void *current;   /* NULL: the default stream */
+
+static int known(void *s) {
+  if (!s) return 1;
+  for (int i = 0; i < FAKE_STREAMS; i++)
+    if (streams[i] == s) return 1;
+  return 0;
+}
+static int unknown(const char *op, void *s) {
+  return host->fail(KILN_ERR_ARGUMENT, "%s: %p is not a stream of cuda:0 (freed, or made for another device)", op, s);
+}
+static int fake_stream_new(int device_index, void **out) {
+  (void)device_index;
+  for (int i = 0; i < FAKE_STREAMS; i++)
+    if (!streams[i]) {
+      streams[i] = *out = malloc(1);
+      COUNT(streams_made);
+      return KILN_OK;
+    }
+  return host->fail(KILN_ERR_MEMORY, "Stream: the fake device has no more streams");
+}
+static int fake_stream_free(int device_index, void *s) {
+  (void)device_index;
+  if (!s) return host->fail(KILN_ERR_STATE, "Stream:free: the default stream of cuda:0 is never freed");
+  if (s == current) return host->fail(KILN_ERR_STATE, "Stream:free: the stream is cuda:0's current stream; switch back first");
+  for (int i = 0; i < FAKE_STREAMS; i++)
+    if (streams[i] == s) {
+      streams[i] = NULL;
+      free(s);
+      COUNT(streams_freed);
+      return KILN_OK;
+    }
+  return unknown("Stream:free", s);
+}
+static int fake_set_stream(int device_index, void *s) {
+  (void)device_index;
+  if (!known(s)) return unknown("set_stream", s);
+  if (s != current) COUNT(stream_switches);
+  current = s;
+  return KILN_OK;
+}
+static void *fake_current_stream(int device_index) { (void)device_index; return current; }
+static int fake_stream_synchronize(int device_index, void *s) {
+  (void)device_index;
+  return known(s) ? KILN_OK : unknown("Stream:synchronize", s);
+}
+static int fake_stream_query(int device_index, void *s, int *done) {
+  (void)device_index;
+  *done = 1;
+  return known(s) ? KILN_OK : unknown("Stream:query", s);
+}
+static int fake_stream_wait_event(int device_index, void *s, void *e) {
+  (void)device_index; (void)e;
+  if (!known(s)) return unknown("Stream:wait_event", s);
+  COUNT(stream_waits);
+  return KILN_OK;
+}
+static int fake_event_new(int device_index, int timing, void **out) {
+  (void)device_index;
+  *out = malloc(timing ? 2 : 1);
+  COUNT(events_made);
+  return KILN_OK;
+}
+static int fake_event_free(int device_index, void *e) {
+  (void)device_index;
+  free(e);
+  COUNT(events_freed);
+  return KILN_OK;
+}
+static int fake_event_record(int device_index, void *e, void *s) {
+  (void)device_index; (void)e;
+  if (!known(s)) return unknown("Event:record", s);
+  COUNT(events_on_streams);
+  return KILN_OK;
+}
+static int fake_event_synchronize(int device_index, void *e) { (void)device_index; (void)e; return KILN_OK; }
+static int fake_event_query(int device_index, void *e, int *done) { (void)device_index; (void)e; *done = 1; return KILN_OK; }
+static int fake_event_elapsed(int device_index, void *a, void *b, float *ms) {
+  (void)device_index; (void)a; (void)b;
+  *ms = 0.25f;
+  return KILN_OK;
+}
+static int fake_record_stream(int device_index, void *data, void *s) {
+  (void)device_index; (void)data;
+  if (!known(s)) return unknown("record_stream", s);
+  COUNT(records_on_streams);
+  return KILN_OK;
+}
+
 static struct kiln_backend table = {
   .name = "cuda",
   .alloc = fake_alloc,
@@ -158,6 +253,20 @@ static struct kiln_backend table = {
   .host_alloc = fake_host_alloc,
   .host_free = fake_host_free,
   .memcpy_from_host_async = fake_from_host_async,
+  .stream_new = fake_stream_new,
+  .stream_free = fake_stream_free,
+  .set_stream = fake_set_stream,
+  .current_stream = fake_current_stream,
+  .stream_synchronize = fake_stream_synchronize,
+  .stream_query = fake_stream_query,
+  .stream_wait_event = fake_stream_wait_event,
+  .event_new = fake_event_new,
+  .event_free = fake_event_free,
+  .event_record = fake_event_record,
+  .event_synchronize = fake_event_synchronize,
+  .event_query = fake_event_query,
+  .event_elapsed = fake_event_elapsed,
+  .record_stream = fake_record_stream,
 };
 
 __attribute__((visibility("default"))) int kiln_cuda_backend_open(int api_version, const struct kiln_cuda_host *h,

@@ -13,6 +13,8 @@ struct fake_cuda_counters {
   int64_t events_recorded;
   int64_t synchronizes, empty_caches;
   int64_t device_ooms;                                 /* allocations refused ($FAKE_CUDA_CAPACITY) */
+  int64_t streams_made, streams_freed, stream_switches, stream_waits, records_on_streams;
+  int64_t events_made, events_freed, events_on_streams;
 };
 typedef struct fake_cuda_counters *(*fake_cuda_counters_fn)(void);
 

@@ -271,11 +271,133 @@ static void test_random_walk(void) {
   kiln_caching_destroy(a);
 }
 
+/* Fake streams and events for blocks used on other streams: an event is a ticket on its stream,
+   done once the test has "finished" that stream's work up to it; waiting finishes it. */
+enum { STREAMS = 8 };
+struct fake_events {
+  int64_t issued[STREAMS], finished[STREAMS];
+  int live, waits, records;
+};
+struct fake_event { int stream; int64_t ticket; };
+static struct fake_events events;
+
+static void *fake_event_record(void *ctx, uintptr_t stream) {
+  (void)ctx;
+  struct fake_event *e = malloc(sizeof *e);
+  e->stream = (int)stream;
+  e->ticket = ++events.issued[stream];
+  events.live++;
+  events.records++;
+  return e;
+}
+static int fake_event_done(void *ctx, void *ev) {
+  (void)ctx;
+  struct fake_event *e = ev;
+  if (events.finished[e->stream] < e->ticket) return 0;
+  free(e);
+  events.live--;
+  return 1;
+}
+static void fake_event_wait(void *ctx, void *ev) {
+  (void)ctx;
+  struct fake_event *e = ev;
+  if (events.finished[e->stream] < e->ticket) events.finished[e->stream] = e->ticket;
+  events.waits++;
+  free(e);
+  events.live--;
+}
+static void finish(int stream) { events.finished[stream] = events.issued[stream]; }
+
+static struct kiln_caching_allocator *fresh_with_events(struct fake *f, int64_t capacity) {
+  memset(f, 0, sizeof *f);
+  memset(&events, 0, sizeof events);
+  f->capacity = capacity;
+  f->next = (uintptr_t)1 << 40;
+  return kiln_caching_new(0, (struct kiln_alloc_backing){f, fake_alloc, fake_free, fake_event_record, fake_event_done,
+                                                          fake_event_wait});
+}
+
+static void test_record_stream(void) {
+  struct fake f;
+  struct kiln_caching_allocator *a = fresh_with_events(&f, 1 << 30);
+  struct kiln_cuda_memory st;
+  /* used on stream 2 too: after the free, stream 1 does not get it back until stream 2's work is done */
+  void *p = get(a, 1, 100000);
+  CHECK(kiln_caching_record_stream(a, p, 2) == 0);
+  CHECK(kiln_caching_record_stream(a, p, 2) == 0);   /* twice: one use */
+  CHECK(kiln_caching_record_stream(a, p, 1) == 0);   /* its own stream: nothing to note */
+  CHECK(kiln_caching_free(a, p) == 0);
+  CHECK(events.records == 1 && kiln_caching_pending(a) == 1);
+  CHECK_INVARIANTS(a);
+  kiln_caching_stats(a, &st);
+  CHECK(st.allocated == kiln_caching_round(100000));   /* still counted while other streams may use it */
+  void *q = get(a, 1, 100000);
+  CHECK(q != p);
+  CHECK_INVARIANTS(a);
+  finish(2);
+  CHECK(kiln_caching_pending(a) == 0 && events.live == 0);
+  kiln_caching_free(a, q);
+  void *r = get(a, 1, 100000);
+  CHECK(r == p || r == q);                            /* both are free on stream 1 again */
+  kiln_caching_stats(a, &st);
+  CHECK(st.allocated == kiln_caching_round(100000));
+  CHECK_INVARIANTS(a);
+  kiln_caching_free(a, r);
+
+  /* only its own stream: straight back */
+  void *s1 = get(a, 3, 4096);
+  CHECK(kiln_caching_record_stream(a, s1, 3) == 0);
+  kiln_caching_free(a, s1);
+  CHECK(kiln_caching_pending(a) == 0 && events.records == 1);
+  CHECK(get(a, 3, 4096) == s1);
+  kiln_caching_free(a, s1);
+
+  /* several streams: back once all of them are done */
+  void *m = get(a, 1, 3 * MiB);
+  CHECK(kiln_caching_record_stream(a, m, 4) == 0 && kiln_caching_record_stream(a, m, 5) == 0);
+  kiln_caching_free(a, m);
+  finish(4);
+  CHECK(kiln_caching_pending(a) == 1);
+  finish(5);
+  CHECK(kiln_caching_pending(a) == 0);
+  CHECK(get(a, 1, 3 * MiB) == m);
+  CHECK_INVARIANTS(a);
+
+  /* unknown pointers; a backing without events */
+  CHECK(kiln_caching_record_stream(a, (void *)0x1234, 2) == -1);
+  kiln_caching_free(a, m);
+  kiln_caching_destroy(a);
+  CHECK(f.in_use == 0 && f.bad_frees == 0 && events.live == 0);
+  a = fresh(&f, 1 << 30);
+  p = get(a, 1, 512);
+  CHECK(kiln_caching_record_stream(a, p, 2) == -2);
+  kiln_caching_destroy(a);
+
+  /* out of memory waits for the pending blocks, gives the cache back and retries */
+  a = fresh_with_events(&f, 24 * MiB);
+  void *big = get(a, 1, 20 * MiB);
+  CHECK(kiln_caching_record_stream(a, big, 2) == 0);
+  kiln_caching_free(a, big);
+  CHECK(kiln_caching_pending(a) == 1);
+  void *other = get(a, 6, 20 * MiB);   /* another stream: needs the pending segment's memory */
+  CHECK(other != NULL && events.waits == 1 && events.live == 0 && kiln_caching_pending(a) == 0);
+  CHECK_INVARIANTS(a);
+  kiln_caching_free(a, other);
+
+  /* destroyed with a block pending: waited for, nothing leaks */
+  void *d = get(a, 1, 1000);
+  CHECK(kiln_caching_record_stream(a, d, 7) == 0);
+  kiln_caching_free(a, d);
+  kiln_caching_destroy(a);
+  CHECK(f.in_use == 0 && f.bad_frees == 0 && events.live == 0);
+}
+
 int main(void) {
   test_sizes();
   test_small_blocks_share_a_segment();
   test_best_fit_and_large_rules();
   test_streams();
+  test_record_stream();
   test_steady_state();
   test_out_of_memory();
   test_random_walk();

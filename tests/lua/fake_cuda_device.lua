@@ -1,5 +1,5 @@
--- tests/lua/fake_cuda_device.lua: the Lua side of pinned memory and of the DataLoader's uploads,
--- against the pretend CUDA device of tests/c/fake_cuda_backend.c (host memory, no kernels, the real
+-- tests/lua/fake_cuda_device.lua: the Lua side of pinned memory, of the DataLoader's uploads and
+-- of streams and events, against the pretend CUDA device of tests/c/fake_cuda_backend.c (host memory, no kernels, the real
 -- pinned cache, call counters). ctest runs it as lua/fake-cuda-device with $KILN_CUDA_LIB naming
 -- fake_kiln_cuda_device; not a busted spec (the device must be there from the process's start).
 --   KILN_CUDA_LIB=build/lib/libfake_kiln_cuda_device.so build/bin/kiln tests/lua/fake_cuda_device.lua
@@ -13,6 +13,8 @@ ffi.cdef [[
 struct fake_cuda_counters {
   int64_t device_allocs, device_frees, copies_to_host, copies_from_host, async_copies_from_host, async_copies_untracked;
   int64_t host_allocs, host_frees, bad_host_frees, raw_host_allocs, events_recorded, synchronizes, empty_caches;
+  int64_t device_ooms, streams_made, streams_freed, stream_switches, stream_waits, records_on_streams;
+  int64_t events_made, events_freed, events_on_streams;
 };
 struct fake_cuda_counters *fake_cuda_counters(void);
 ]]
@@ -89,6 +91,55 @@ for xb in data.DataLoader{dataset = lua_ds, batch_size = 3, device = "cuda"}:epo
   check(xb:device() == "cuda:0" and same(xb, ref[k]), "a Lua dataset's batches on the device")
 end
 check(k == 3, "a Lua dataset's batch count")
+
+-- streams and events: the current stream, switching and coming back (also when fn raises),
+-- ordering calls reaching the backend, handles freed with their objects, errors
+local cuda = kiln.cuda
+local default = cuda.current_stream()
+check(default == cuda.default_stream() and tostring(default):match("default"), "the default stream is current")
+local s1, s2 = cuda.Stream(), cuda.Stream("cuda:0")
+check(count("streams_made") == 2 and s1 ~= s2 and s1 ~= default, "two new streams")
+local switches = count("stream_switches")
+local r1, r2 = cuda.stream(s1, function(a, b)
+  check(cuda.current_stream() == s1, "inside stream(s1, fn) s1 is current")
+  cuda.stream(s2, function() check(cuda.current_stream() == s2, "nested: s2 current") end)
+  check(cuda.current_stream() == s1, "back to s1 after the nested one")
+  return a + b, "x"
+end, 2, 3)
+check(r1 == 5 and r2 == "x" and cuda.current_stream() == default, "stream(s, fn) returns fn's results, the default is current again")
+check(count("stream_switches") == switches + 4, "four switches reached the backend")
+local ok, err = pcall(cuda.stream, s1, function() error("inside") end)
+check(not ok and tostring(err):match("inside") and cuda.current_stream() == default, "a raising fn: the previous stream current again")
+ok, err = pcall(cuda.set_stream, "s1")
+check(not ok and tostring(err):match("expected a kiln.cuda.Stream"), "set_stream of a string: an error")
+cuda.set_stream(s2)
+check(kiln.C.kiln_cuda_stream_free(0, s2.handle) ~= 0 and ffi.string(kiln.C.kiln_error_message()):match("current stream"),
+      "the current stream is not freed")
+cuda.set_stream(nil)
+check(cuda.current_stream() == default, "set_stream(nil): the default stream")
+local waits = count("stream_waits")
+s1:wait_stream(s2)
+local e = cuda.Event{enable_timing = true}
+local e2 = s1:record_event(cuda.Event{enable_timing = true})
+e:record()
+check(count("stream_waits") == waits + 1 and count("events_on_streams") >= 3 and e:query() and s1:query(), "wait_stream, record, query")
+e2:synchronize()
+s2:synchronize()
+check(e:elapsed_time(e2) == 0.25, "elapsed_time from the backend")
+ok, err = pcall(function() cuda.Event():elapsed_time(e2) end)
+check(not ok and tostring(err):match("enable_timing"), "elapsed_time without timing: an error")
+ok, err = pcall(cuda.Event, {timing = true})
+check(not ok and tostring(err):match("unknown option"), "Event with an unknown option: an error")
+local dt = kiln.randn(4, 4):cuda()
+dt:record_stream(s1)
+check(count("records_on_streams") == 1, "record_stream reaches the backend")
+ok, err = pcall(function() kiln.randn(2):record_stream(s1) end)
+check(not ok and tostring(err):match("only cuda tensors"), "record_stream of a cpu tensor: an error")
+ok, err = pcall(cuda.Stream, "cuda:3")
+check(not ok and tostring(err):match("no CUDA device cuda:3"), "a stream on a missing device: an error")
+s1, s2, e, e2 = nil, nil, nil, nil
+collectgarbage() collectgarbage()
+check(count("streams_freed") == 2 and count("events_freed") == count("events_made"), "streams and events freed with their objects")
 
 collectgarbage() collectgarbage()
 check(count("bad_host_frees") == 0 and count("async_copies_untracked") == 0, "pinned blocks freed and tracked")

@@ -43,4 +43,32 @@ int kiln_cuda_memory_stats(int device, struct kiln_cuda_memory *out);
 /* Give the cached blocks no tensor holds back to the driver (every device), pinned host blocks too. */
 int kiln_cuda_empty_cache(void);
 
+/* Streams and events. Each device has a default stream and a current stream that every kernel,
+   copy, cuBLAS and cuDNN call of that device goes to (the default one until set_stream), and the
+   caching allocator keeps its free blocks per stream. Streams are opaque handles; NULL names the
+   device's default stream. The current stream is the process's, not a thread's.
+   kiln_cuda_stream_free waits for the stream's work and refuses the current stream. */
+int kiln_cuda_stream_new(int device, void **out);
+int kiln_cuda_stream_free(int device, void *stream);
+int kiln_cuda_set_stream(int device, void *stream);
+/* NULL when the default stream is current (or there is no device). */
+void *kiln_cuda_current_stream(int device);
+int kiln_cuda_stream_synchronize(int device, void *stream);
+/* *done: 1 when all the work queued on the stream has finished. */
+int kiln_cuda_stream_query(int device, void *stream, int *done);
+/* Work queued on stream from now on waits for event's recorded work. */
+int kiln_cuda_stream_wait_event(int device, void *stream, void *event);
+/* Events mark a point in a stream's work; enable_timing allows elapsed_time. */
+int kiln_cuda_event_new(int device, int enable_timing, void **out);
+int kiln_cuda_event_free(int device, void *event);
+int kiln_cuda_event_record(int device, void *event, void *stream);
+int kiln_cuda_event_synchronize(int device, void *event);
+int kiln_cuda_event_query(int device, void *event, int *done);
+/* Milliseconds between two recorded timing events, the end one complete. */
+int kiln_cuda_event_elapsed_time(int device, void *start, void *end, float *ms);
+/* t's memory is also used by work queued on stream: when t's storage is freed, the caching
+   allocator does not hand the block out again until that work has finished. */
+struct kiln_tensor;
+int kiln_tensor_record_stream(const struct kiln_tensor *t, void *stream);
+
 #endif
