@@ -303,6 +303,9 @@ static const struct kiln_backend cuda_backend = {
   .host_alloc = cuda_host_alloc,
   .host_free = cuda_host_free,
   .memcpy_from_host_async = cuda_memcpy_from_host_async,
+#ifdef KILN_HAVE_CUDNN
+  .has_cudnn = 1,
+#endif
   .kernel = {
     [KILN_OP_COPY] = cuda_copy, [KILN_OP_FILL] = cuda_fill,
     EW(KILN_OP_NEG), EW(KILN_OP_ABS), EW(KILN_OP_SIGN), EW(KILN_OP_SQRT), EW(KILN_OP_RSQRT), EW(KILN_OP_EXP),

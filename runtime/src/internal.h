@@ -51,6 +51,9 @@ struct kiln_backend {
   void *(*host_alloc)(int64_t nbytes);
   void (*host_free)(void *data, int64_t nbytes);
   int (*memcpy_from_host_async)(void *dst, const void *src, int64_t nbytes, int device_index);
+  /* CUDA only: 1 when the backend was built with cuDNN (convolutions, and the cuDNN algorithm of
+     the recurrent layers, KILN_RNN_CUDNN). */
+  int has_cudnn;
 };
 
 /* The CUDA backend (cuda_loader.c). libkiln_cuda.so exports one entry, kiln_cuda_backend_open
