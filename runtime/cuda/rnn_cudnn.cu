@@ -21,6 +21,7 @@
 #include "kernels.cuh"
 #include "rnn_calls.h"
 #include "rnn_cudnn.h"
+#include "rnn_cudnn_desc.h"
 #include <cudnn.h>
 #include <limits.h>
 #include <stdio.h>
@@ -47,11 +48,8 @@ struct plan {
   int mode, reverse, dtype;
   int64_t T_, B, I, H, G;
   size_t es;
-  cudnnDataType_t type;
-  cudnnRNNDescriptor_t rnn;
-  cudnnDropoutDescriptor_t drop;
-  cudnnRNNDataDescriptor_t xd, yd;
-  cudnnTensorDescriptor_t hd, md, bd;
+  struct kiln_rnn_cudnn_desc d;   /* the network, the sequences and the states (rnn_cudnn_desc.h) */
+  cudnnTensorDescriptor_t md, bd;   /* what cudnnGetRNNWeightParams describes */
   struct kiln_tensor *len32;      /* int32 [B] on the device (cuDNN's devSeqLengths) */
   struct kiln_tensor *len64;      /* i64 [B] on the device (the reverse kernel), or NULL: all T */
   size_t weight_bytes, work_bytes, reserve_bytes, reserve_offset;
@@ -66,11 +64,7 @@ static int dnn_check(const struct plan *p, cudnnStatus_t s, const char *call) {
 }
 
 static void plan_release(struct plan *p) {
-  if (p->rnn) cudnnDestroyRNNDescriptor(p->rnn);
-  if (p->drop) cudnnDestroyDropoutDescriptor(p->drop);
-  if (p->xd) cudnnDestroyRNNDataDescriptor(p->xd);
-  if (p->yd) cudnnDestroyRNNDataDescriptor(p->yd);
-  if (p->hd) cudnnDestroyTensorDescriptor(p->hd);
+  kiln_rnn_cudnn_desc_release(&p->d);
   if (p->md) cudnnDestroyTensorDescriptor(p->md);
   if (p->bd) cudnnDestroyTensorDescriptor(p->bd);
   kiln_tensor_release(p->len32);
@@ -126,7 +120,6 @@ static int plan_make(struct plan *p, const struct kiln_call *c, const struct kil
     return cuda_fail(KILN_ERR_UNSUPPORTED, "%s: input %s with hidden size %lld is beyond cuDNN's 32-bit sizes (or has no features)",
                      p->op, kiln_shape_string(t->x), (long long)p->H);
   p->es = kiln_dtype_size(p->dtype);
-  p->type = p->dtype == KILN_F64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
   void *h = NULL;
   if (cuda_dnn_handle(p->dev, p->op, &h)) return kiln_error_code();
   p->h = (cudnnHandle_t)h;
@@ -134,51 +127,33 @@ static int plan_make(struct plan *p, const struct kiln_call *c, const struct kil
   int32_t *host = (int32_t *)malloc(sizeof(int32_t) * (size_t)p->B);
   if (!host) return cuda_fail(KILN_ERR_MEMORY, "%s: out of host memory for %lld lengths", p->op, (long long)p->B);
   int rc = lengths(p, t->lengths, host);
-  if (!rc) rc = dnn_check(p, cudnnCreateRNNDescriptor(&p->rnn), "cudnnCreateRNNDescriptor");
-  if (!rc) rc = dnn_check(p, cudnnCreateDropoutDescriptor(&p->drop), "cudnnCreateDropoutDescriptor");
-  if (!rc) rc = dnn_check(p, cudnnCreateRNNDataDescriptor(&p->xd), "cudnnCreateRNNDataDescriptor");
-  if (!rc) rc = dnn_check(p, cudnnCreateRNNDataDescriptor(&p->yd), "cudnnCreateRNNDataDescriptor");
-  if (!rc) rc = dnn_check(p, cudnnCreateTensorDescriptor(&p->hd), "cudnnCreateTensorDescriptor");
+  if (!rc) {
+    cudnnStatus_t s = kiln_rnn_cudnn_describe(&p->d, p->h, p->mode, p->dtype, (int)p->T_, (int)p->B, (int)p->I, (int)p->H, host);
+    rc = dnn_check(p, s, p->d.call ? p->d.call : "kiln_rnn_cudnn_describe");
+  }
   if (!rc) rc = dnn_check(p, cudnnCreateTensorDescriptor(&p->md), "cudnnCreateTensorDescriptor");
   if (!rc) rc = dnn_check(p, cudnnCreateTensorDescriptor(&p->bd), "cudnnCreateTensorDescriptor");
-  /* one layer: no dropout, and no states for it */
-  if (!rc) rc = dnn_check(p, cudnnSetDropoutDescriptor(p->drop, p->h, 0.0f, NULL, 0, 0), "cudnnSetDropoutDescriptor");
-  if (!rc)
-    rc = dnn_check(p, cudnnSetRNNDescriptor_v8(p->rnn, CUDNN_RNN_ALGO_STANDARD, (cudnnRNNMode_t)kiln_rnn_cudnn_cell_mode(p->mode),
-                                               CUDNN_RNN_DOUBLE_BIAS, CUDNN_UNIDIRECTIONAL, CUDNN_LINEAR_INPUT, p->type, p->type,
-                                               CUDNN_DEFAULT_MATH, (int32_t)p->I, (int32_t)p->H, (int32_t)p->H, 1, p->drop,
-                                               CUDNN_RNN_PADDED_IO_ENABLED),
-                   "cudnnSetRNNDescriptor_v8");
-  double fill64 = 0.0;
-  float fill32 = 0.0f;
-  void *fill = p->dtype == KILN_F64 ? (void *)&fill64 : (void *)&fill32;
-  if (!rc)
-    rc = dnn_check(p, cudnnSetRNNDataDescriptor(p->xd, p->type, CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, (int)p->T_, (int)p->B,
-                                                (int)p->I, host, fill),
-                   "cudnnSetRNNDataDescriptor (input)");
-  if (!rc)
-    rc = dnn_check(p, cudnnSetRNNDataDescriptor(p->yd, p->type, CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, (int)p->T_, (int)p->B,
-                                                (int)p->H, host, fill),
-                   "cudnnSetRNNDataDescriptor (output)");
   free(host);
-  int dims[3] = {1, (int)p->B, (int)p->H}, strides[3] = {(int)(p->B * p->H), (int)p->H, 1};
-  if (!rc) rc = dnn_check(p, cudnnSetTensorNdDescriptor(p->hd, p->type, 3, dims, strides), "cudnnSetTensorNdDescriptor (states)");
-  if (!rc) rc = dnn_check(p, cudnnGetRNNWeightSpaceSize(p->h, p->rnn, &p->weight_bytes), "cudnnGetRNNWeightSpaceSize");
+  if (!rc) rc = dnn_check(p, cudnnGetRNNWeightSpaceSize(p->h, p->d.rnn, &p->weight_bytes), "cudnnGetRNNWeightSpaceSize");
   if (!rc)
-    rc = dnn_check(p, cudnnGetRNNTempSpaceSizes(p->h, p->rnn, CUDNN_FWD_MODE_TRAINING, p->xd, &p->work_bytes, &p->reserve_bytes),
+    rc = dnn_check(p, cudnnGetRNNTempSpaceSizes(p->h, p->d.rnn, CUDNN_FWD_MODE_TRAINING, p->d.x, &p->work_bytes, &p->reserve_bytes),
                    "cudnnGetRNNTempSpaceSizes");
   p->reserve_offset = (p->weight_bytes + RESERVE_ALIGN - 1) / RESERVE_ALIGN * RESERVE_ALIGN;
   return rc;
 }
 
-/* The elements a weight or bias descriptor of cudnnGetRNNWeightParams describes. */
-static int64_t desc_numel(cudnnTensorDescriptor_t d) {
+/* The shape a weight or bias descriptor of cudnnGetRNNWeightParams describes: its last two dims
+   (a matrix is {1, rows, cols}, a bias {1, rows, 1}) and its element count; 0 when unreadable. */
+static int desc_shape(cudnnTensorDescriptor_t d, int64_t *rows, int64_t *cols, int64_t *numel) {
   cudnnDataType_t type;
   int nb = 0, dims[8], strides[8];
-  if (cudnnGetTensorNdDescriptor(d, 8, &type, &nb, dims, strides) != CUDNN_STATUS_SUCCESS) return -1;
-  int64_t n = 1;
-  for (int k = 0; k < nb && k < 8; k++) n *= dims[k];
-  return n;
+  *rows = *cols = *numel = -1;
+  if (cudnnGetTensorNdDescriptor(d, 8, &type, &nb, dims, strides) != CUDNN_STATUS_SUCCESS || nb < 2 || nb > 8) return 0;
+  *numel = 1;
+  for (int k = 0; k < nb; k++) *numel *= dims[k];
+  *rows = dims[nb - 2];
+  *cols = dims[nb - 1];
+  return 1;
 }
 
 /* Between kiln's weights and cuDNN's weight space at space: pack (w, b -> space; a NULL bias is
@@ -192,14 +167,16 @@ static int weights(const struct plan *p, void *space, int pack, void *const w[2]
     for (int g = 0; g < p->G; g++) {
       int id = kiln_rnn_cudnn_lin_layer(p->mode, side, g);
       void *maddr = NULL, *baddr = NULL;
-      int rc = dnn_check(p, cudnnGetRNNWeightParams(p->h, p->rnn, 0, p->weight_bytes, space, id, p->md, &maddr, p->bd, &baddr),
+      int rc = dnn_check(p, cudnnGetRNNWeightParams(p->h, p->d.rnn, 0, p->weight_bytes, space, id, p->md, &maddr, p->bd, &baddr),
                          "cudnnGetRNNWeightParams");
       if (rc) return rc;
-      if (!maddr || !baddr || desc_numel(p->md) != p->H * cols || desc_numel(p->bd) != p->H)
-        return cuda_fail(KILN_ERR_DEVICE, "%s: cudnnGetRNNWeightParams: linLayerID %d is not a [%lld,%lld] matrix with a [%lld] bias "
-                                          "(%lld and %lld elements)",
-                         p->op, id, (long long)p->H, (long long)cols, (long long)p->H, (long long)desc_numel(p->md),
-                         (long long)desc_numel(p->bd));
+      int64_t mr = -1, mc = -1, mn = -1, br = -1, bc = -1, bn = -1;
+      int ok = desc_shape(p->md, &mr, &mc, &mn) && desc_shape(p->bd, &br, &bc, &bn);
+      if (!maddr || !baddr || !ok || mr != p->H || mc != cols || mn != p->H * cols || bn != p->H)
+        return cuda_fail(KILN_ERR_DEVICE, "%s: cudnnGetRNNWeightParams: linLayerID %d is a [%lld,%lld] matrix (%lld elements) "
+                                          "with %lld bias elements, expected [%lld,%lld] and %lld",
+                         p->op, id, (long long)mr, (long long)mc, (long long)mn, (long long)bn, (long long)p->H,
+                         (long long)cols, (long long)p->H);
       char *wg = w[side] ? (char *)w[side] + (size_t)g * mbytes : NULL;
       char *bg = b[side] ? (char *)b[side] + (size_t)g * bbytes : NULL;
       if (pack) {
@@ -275,8 +252,8 @@ extern "C" int cuda_rnn_cudnn(const struct kiln_call *c) {
   if (!rc && !y) rc = kiln_error_code();
   if (!rc && p.reverse) rc = zero(&p, y, (size_t)(p.T_ * BH) * p.es, "cudaMemsetAsync (outputs)");
   if (!rc)
-    rc = dnn_check(&p, cudnnRNNForward(p.h, p.rnn, CUDNN_FWD_MODE_TRAINING, (const int32_t *)kiln_tensor_data(p.len32), p.xd, x, p.yd, y,
-                                       p.hd, t->h0 ? kiln_tensor_data(t->h0) : NULL, z + (size_t)(p.T_ * BH) * p.es, p.hd,
+    rc = dnn_check(&p, cudnnRNNForward(p.h, p.d.rnn, CUDNN_FWD_MODE_TRAINING, (const int32_t *)kiln_tensor_data(p.len32), p.d.x, x, p.d.y,
+                                       y, p.d.state, t->h0 ? kiln_tensor_data(t->h0) : NULL, z + (size_t)(p.T_ * BH) * p.es, p.d.state,
                                        p.mode == KILN_RNN_LSTM && t->c0 ? kiln_tensor_data(t->c0) : NULL,
                                        p.mode == KILN_RNN_LSTM ? z + (size_t)((p.T_ + 1) * BH) * p.es : NULL, p.weight_bytes,
                                        wspace, p.work_bytes, ws, p.reserve_bytes, reserve),
@@ -327,9 +304,9 @@ extern "C" int cuda_rnn_cudnn_backward(const struct kiln_call *c) {
   }
   /* the data grads first: cuDNN's weight grads read what this leaves in the reserve */
   if (!rc)
-    rc = dnn_check(&p, cudnnRNNBackwardData_v8(p.h, p.rnn, (const int32_t *)kiln_tensor_data(p.len32), p.yd, y, dy, p.xd, dx, p.hd,
+    rc = dnn_check(&p, cudnnRNNBackwardData_v8(p.h, p.d.rnn, (const int32_t *)kiln_tensor_data(p.len32), p.d.y, y, dy, p.d.x, dx, p.d.state,
                                                h0, gz + (size_t)(p.T_ * BH) * p.es, bw->gh0 ? kiln_tensor_data(bw->gh0) : NULL,
-                                               p.hd, c0, p.mode == KILN_RNN_LSTM ? gz + (size_t)((p.T_ + 1) * BH) * p.es : NULL,
+                                               p.d.state, c0, p.mode == KILN_RNN_LSTM ? gz + (size_t)((p.T_ + 1) * BH) * p.es : NULL,
                                                p.mode == KILN_RNN_LSTM && bw->gc0 ? kiln_tensor_data(bw->gc0) : NULL,
                                                p.weight_bytes, wspace, p.work_bytes, ws, p.reserve_bytes, reserve),
                    "cudnnRNNBackwardData_v8");
@@ -339,8 +316,8 @@ extern "C" int cuda_rnn_cudnn_backward(const struct kiln_call *c) {
     if (!d) rc = kiln_error_code();
     if (!rc) rc = zero(&p, d, p.weight_bytes, "cudaMemsetAsync (cuDNN's weight-space grad)");
     if (!rc)
-      rc = dnn_check(&p, cudnnRNNBackwardWeights_v8(p.h, p.rnn, CUDNN_WGRAD_MODE_ADD, (const int32_t *)kiln_tensor_data(p.len32), p.xd,
-                                                    x, p.hd, h0, p.yd, y, p.weight_bytes, d, p.work_bytes, ws, p.reserve_bytes,
+      rc = dnn_check(&p, cudnnRNNBackwardWeights_v8(p.h, p.d.rnn, CUDNN_WGRAD_MODE_ADD, (const int32_t *)kiln_tensor_data(p.len32),
+                                                    p.d.x, x, p.d.state, h0, p.d.y, y, p.weight_bytes, d, p.work_bytes, ws, p.reserve_bytes,
                                                     reserve),
                      "cudnnRNNBackwardWeights_v8");
     void *w[2] = {bw->gw_ih ? kiln_tensor_data(bw->gw_ih) : NULL, bw->gw_hh ? kiln_tensor_data(bw->gw_hh) : NULL};

@@ -4,9 +4,14 @@
    documentation and cudnn_adv.h; the per-sequence reversal against a naive loop; and the whole
    reverse scheme of rnn_cudnn.cu (reverse each sequence in its length, run forward, reverse the
    outputs back) played with the CPU layer standing in for cuDNN, against the CPU layer run in
-   reverse, for every mode with unsorted lengths and initial states. */
+   reverse, for every mode with unsorted lengths and initial states. In a build with cuDNN also
+   the layer's descriptors (runtime/cuda/rnn_cudnn_desc.c), built without a device and read back
+   through cuDNN. */
 #include "check.h"
 #include "rnn_cudnn.h"
+#ifdef KILN_TEST_HAVE_CUDNN
+#include "rnn_cudnn_desc.h"
+#endif
 
 /* cudnnRNNMode_t in cudnn_adv.h: CUDNN_RNN_RELU = 0, CUDNN_RNN_TANH = 1, CUDNN_LSTM = 2, CUDNN_GRU = 3 */
 static void cell_modes(void) {
@@ -162,7 +167,76 @@ static void choice(void) {
   kiln_tensor_release(z); kiln_tensor_release(x); kiln_tensor_release(w);
 }
 
+#ifdef KILN_TEST_HAVE_CUDNN
+/* The descriptors of rnn_cudnn_desc.c, read back through cuDNN (no device needed), against what
+   the layer must ask for; cuDNN's own enum names are the reference for the cell modes. */
+static void descriptors(void) {
+  static const cudnnRNNMode_t cells[4] = {[KILN_RNN_TANH] = CUDNN_RNN_TANH, [KILN_RNN_RELU] = CUDNN_RNN_RELU,
+                                          [KILN_RNN_GRU] = CUDNN_GRU, [KILN_RNN_LSTM] = CUDNN_LSTM};
+  const int32_t len[5] = {9, 3, 1, 7, 9};
+  for (int dt = 0; dt < 2; dt++)
+    for (int mode = 0; mode < 4; mode++) {
+      int dtype = dt ? KILN_F64 : KILN_F32;
+      cudnnDataType_t want_type = dt ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+      struct kiln_rnn_cudnn_desc d;
+      cudnnStatus_t s = kiln_rnn_cudnn_describe(&d, NULL, mode, dtype, 9, 5, 7, 24, len);
+      check_report(s == CUDNN_STATUS_SUCCESS, __FILE__, __LINE__, "mode %d dtype %d: %s failed: %s", mode, dtype,
+                   d.call ? d.call : "?", cudnnGetErrorString(s));
+      if (s == CUDNN_STATUS_SUCCESS) {
+        cudnnRNNAlgo_t algo;
+        cudnnRNNMode_t cell;
+        cudnnRNNBiasMode_t bias;
+        cudnnDirectionMode_t dir;
+        cudnnRNNInputMode_t input;
+        cudnnDataType_t type, prec;
+        cudnnMathType_t math;
+        int32_t I, H, P, L;
+        cudnnDropoutDescriptor_t drop;
+        uint32_t aux;
+        CHECK(cudnnGetRNNDescriptor_v8(d.rnn, &algo, &cell, &bias, &dir, &input, &type, &prec, &math, &I, &H, &P, &L, &drop,
+                                       &aux) == CUDNN_STATUS_SUCCESS);
+        CHECK(algo == CUDNN_RNN_ALGO_STANDARD && cell == cells[mode] && bias == CUDNN_RNN_DOUBLE_BIAS);
+        CHECK(dir == CUDNN_UNIDIRECTIONAL && input == CUDNN_LINEAR_INPUT && type == want_type && prec == want_type);
+        CHECK(math == CUDNN_DEFAULT_MATH && I == 7 && H == 24 && P == 24 && L == 1 && drop == d.drop);
+        CHECK(aux == CUDNN_RNN_PADDED_IO_ENABLED);
+        for (int k = 0; k < 2; k++) {
+          cudnnDataType_t t;
+          cudnnRNNDataLayout_t layout;
+          int T, B, N, got[5] = {0};
+          union { double f64; float f32; } fill;   /* room for either dtype, NaN until cuDNN writes it */
+          memset(&fill, 0xff, sizeof fill);
+          CHECK(cudnnGetRNNDataDescriptor(k ? d.y : d.x, &t, &layout, &T, &B, &N, 5, got, &fill) == CUDNN_STATUS_SUCCESS);
+          CHECK(t == want_type && layout == CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED && T == 9 && B == 5 && N == (k ? 24 : 7));
+          CHECK(memcmp(got, len, sizeof got) == 0);
+          CHECK(dt ? fill.f64 == 0.0 : fill.f32 == 0.0f);
+        }
+        cudnnDataType_t st;
+        int nb = 0, dims[4] = {0}, strides[4] = {0};
+        CHECK(cudnnGetTensorNdDescriptor(d.state, 4, &st, &nb, dims, strides) == CUDNN_STATUS_SUCCESS);
+        CHECK(st == want_type && nb == 3 && dims[0] == 1 && dims[1] == 5 && dims[2] == 24 && strides[0] == 120 &&
+              strides[1] == 24 && strides[2] == 1);
+      }
+      kiln_rnn_cudnn_desc_release(&d);
+    }
+  /* a mode cuDNN has no cell for, and a dtype the layer does not run: refused, naming the call */
+  struct kiln_rnn_cudnn_desc d;
+  CHECK(kiln_rnn_cudnn_describe(&d, NULL, 9, KILN_F32, 2, 1, 1, 1, len) == CUDNN_STATUS_BAD_PARAM && d.call != NULL);
+  kiln_rnn_cudnn_desc_release(&d);
+  CHECK(kiln_rnn_cudnn_describe(&d, NULL, KILN_RNN_LSTM, KILN_F16, 2, 1, 1, 1, len) == CUDNN_STATUS_BAD_PARAM);
+  kiln_rnn_cudnn_desc_release(&d);
+  /* a length past the steps: cuDNN refuses the sequences, and the call is named */
+  const int32_t bad[2] = {3, 9};
+  cudnnStatus_t s = kiln_rnn_cudnn_describe(&d, NULL, KILN_RNN_GRU, KILN_F32, 4, 2, 3, 5, bad);
+  check_report(s != CUDNN_STATUS_SUCCESS && d.call && strstr(d.call, "cudnnSetRNNDataDescriptor"), __FILE__, __LINE__,
+               "length 9 of 4 steps: %s at %s", cudnnGetErrorString(s), d.call ? d.call : "?");
+  kiln_rnn_cudnn_desc_release(&d);
+}
+#endif
+
 int main(void) {
+#ifdef KILN_TEST_HAVE_CUDNN
+  descriptors();
+#endif
   cell_modes();
   lin_layers();
   reversal();
