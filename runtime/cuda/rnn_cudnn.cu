@@ -13,7 +13,8 @@
    The reserve: cuDNN's reserve space has its own size, known here only: the forward makes one
    u8 tensor holding the packed weight space (at 0) and the reserve space (at an aligned offset),
    hands it to rnn.c as the layer's reserve (rnn_calls.h's cudnn_reserve), and the backward runs
-   on exactly those weights and that reserve.
+   on exactly those weights and that reserve. When no grad is wanted the forward runs in cuDNN's
+   inference mode and hands nothing back.
    Reverse layers: cuDNN runs this direction forward on the input with every sequence reversed
    within its own length (rnn_reverse_kernel; the map is its own inverse), and the outputs (and
    in the backward their grads and the grad of x) are reversed back; the final states need no
@@ -98,7 +99,7 @@ static int lengths(struct plan *p, const struct kiln_tensor *len, int32_t *host)
 }
 
 /* Everything both passes need: the device, the handle, the descriptors and cuDNN's sizes. */
-static int plan_make(struct plan *p, const struct kiln_call *c, const struct kiln_rnn_tensors *t) {
+static int plan_make(struct plan *p, const struct kiln_call *c, const struct kiln_rnn_tensors *t, cudnnForwardMode_t fwd) {
   memset(p, 0, sizeof *p);
   p->mode = (int)c->ints[0];
   p->reverse = (int)c->ints[1];
@@ -136,7 +137,7 @@ static int plan_make(struct plan *p, const struct kiln_call *c, const struct kil
   free(host);
   if (!rc) rc = dnn_check(p, cudnnGetRNNWeightSpaceSize(p->h, p->d.rnn, &p->weight_bytes), "cudnnGetRNNWeightSpaceSize");
   if (!rc)
-    rc = dnn_check(p, cudnnGetRNNTempSpaceSizes(p->h, p->d.rnn, CUDNN_FWD_MODE_TRAINING, p->d.x, &p->work_bytes, &p->reserve_bytes),
+    rc = dnn_check(p, cudnnGetRNNTempSpaceSizes(p->h, p->d.rnn, fwd, p->d.x, &p->work_bytes, &p->reserve_bytes),
                    "cudnnGetRNNTempSpaceSizes");
   p->reserve_offset = (p->weight_bytes + RESERVE_ALIGN - 1) / RESERVE_ALIGN * RESERVE_ALIGN;
   return rc;
@@ -228,7 +229,8 @@ extern "C" int cuda_rnn_cudnn(const struct kiln_call *c) {
   struct plan p;
   struct kiln_tensor *saved = NULL, *work = NULL, *xr = NULL, *yr = NULL;
   f->cudnn_reserve = NULL;
-  int rc = plan_make(&p, c, t);
+  cudnnForwardMode_t fwd = f->inference ? CUDNN_FWD_MODE_INFERENCE : CUDNN_FWD_MODE_TRAINING;
+  int rc = plan_make(&p, c, t, fwd);
   int64_t BH = p.B * p.H;
   char *z = (char *)kiln_tensor_data(c->out);
   const void *x = NULL;
@@ -252,7 +254,7 @@ extern "C" int cuda_rnn_cudnn(const struct kiln_call *c) {
   if (!rc && !y) rc = kiln_error_code();
   if (!rc && p.reverse) rc = zero(&p, y, (size_t)(p.T_ * BH) * p.es, "cudaMemsetAsync (outputs)");
   if (!rc)
-    rc = dnn_check(&p, cudnnRNNForward(p.h, p.d.rnn, CUDNN_FWD_MODE_TRAINING, (const int32_t *)kiln_tensor_data(p.len32), p.d.x, x, p.d.y,
+    rc = dnn_check(&p, cudnnRNNForward(p.h, p.d.rnn, fwd, (const int32_t *)kiln_tensor_data(p.len32), p.d.x, x, p.d.y,
                                        y, p.d.state, t->h0 ? kiln_tensor_data(t->h0) : NULL, z + (size_t)(p.T_ * BH) * p.es, p.d.state,
                                        p.mode == KILN_RNN_LSTM && t->c0 ? kiln_tensor_data(t->c0) : NULL,
                                        p.mode == KILN_RNN_LSTM ? z + (size_t)((p.T_ + 1) * BH) * p.es : NULL, p.weight_bytes,
@@ -260,7 +262,7 @@ extern "C" int cuda_rnn_cudnn(const struct kiln_call *c) {
                    "cudnnRNNForward");
   if (!rc && p.reverse) rc = reverse_into(&p, z, y, p.H);
 done:
-  if (!rc) f->cudnn_reserve = saved;
+  if (!rc && !f->inference) f->cudnn_reserve = saved;
   else kiln_tensor_release(saved);
   kiln_tensor_release(work); kiln_tensor_release(xr); kiln_tensor_release(yr);
   plan_release(&p);
@@ -272,7 +274,7 @@ extern "C" int cuda_rnn_cudnn_backward(const struct kiln_call *c) {
   const struct kiln_rnn_tensors *t = &bw->t;
   struct plan p;
   struct kiln_tensor *work = NULL, *xr = NULL, *yr = NULL, *dyr = NULL, *dxr = NULL, *dw = NULL;
-  int rc = plan_make(&p, c, t);
+  int rc = plan_make(&p, c, t, CUDNN_FWD_MODE_TRAINING);
   int64_t BH = p.B * p.H;
   const char *z = (const char *)kiln_tensor_data(bw->z), *gz = (const char *)kiln_tensor_data(bw->gz);
   const void *x = NULL, *y = z, *dy = gz;

@@ -185,7 +185,8 @@ KILN_API struct kiln_tensor *kiln_rnn_layer(int mode, const struct kiln_tensor *
     int64_t rs[3] = {T, B, kiln_rnn_reserve(mode) * H};
     if (!(reserve = kiln_tensor_empty(3, rs, x->dtype, x->device))) goto fail;
   }
-  struct kiln_rnn_forward f = {{in[IN_X], in[IN_H0], in[IN_C0], in[IN_W_IH], in[IN_W_HH], in[IN_B_IH], in[IN_B_HH], len}, reserve, NULL};
+  struct kiln_rnn_forward f = {{in[IN_X], in[IN_H0], in[IN_C0], in[IN_W_IH], in[IN_W_HH], in[IN_B_IH], in[IN_B_HH], len}, reserve, NULL,
+                               !kiln_autograd_wanted(NIN, orig)};
   struct kiln_call call = {.op = KILN_OP_RNN, .out = z, .nints = 3, .ints = {mode, reverse ? 1 : 0, chosen}, .extra = &f};
   int rc = kiln_dispatch(x->device, &call);
   if (f.cudnn_reserve) reserve = f.cudnn_reserve;

@@ -32,6 +32,8 @@ struct kiln_rnn_forward {
   struct kiln_rnn_tensors t;
   struct kiln_tensor *reserve;                 /* [T,B,R*H] written, or NULL when R = 0 or CUDNN */
   struct kiln_tensor *cudnn_reserve;           /* CUDNN: out, cuDNN's reserve space; else NULL */
+  int inference;                               /* no backward will follow (no grad wanted): CUDNN
+                                                  runs cuDNN's inference mode and keeps no reserve */
 };
 
 /* RNN_BACKWARD: extra: struct kiln_rnn_backward; ints as the forward. The kernel overwrites the

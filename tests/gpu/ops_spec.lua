@@ -1342,7 +1342,8 @@ if has_kernel("rnn") and (not ON_GPU or kiln.cuda.has_cudnn()) then
     end
   end
 
-  -- the cuDNN path against kiln's own kernels on the device itself (no CPU in between), LSTM f32
+  -- the cuDNN path against kiln's own kernels on the device itself (no CPU in between), LSTM f32;
+  -- nothing needs grad here, so this is cuDNN's inference mode (every case above trains)
   guarded(NAME, "cudnn against gemm on cuda:0, lstm f32", function()
     local T, B, I, H = 12, 7, 9, 32
     local x, wi, wh = small({T, B, I}, "f32", 1):to(DEV), small({4 * H, I}, "f32", 0.3):to(DEV), small({4 * H, H}, "f32", 0.2):to(DEV)
