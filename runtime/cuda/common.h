@@ -29,6 +29,7 @@ struct cuda_device {
   void *dnn;                                 /* cudnnHandle_t, made at the first convolution */
   void *dnn_workspace;                       /* cuDNN's workspace, grown to the largest request */
   size_t dnn_workspace_bytes;
+  void *dnn_rnn;                             /* cudnnHandle_t of the recurrent layers (rnn_cudnn.cu) */
 };
 
 /* Make device current on this thread and return its state (streams made on first use), or NULL
@@ -83,10 +84,8 @@ int cuda_rnn_backward(const struct kiln_call *c);
 int cuda_optim_step(const struct kiln_call *c);         /* sgd, adam, rmsprop, adagrad */
 int cuda_conv2d(const struct kiln_call *c);             /* cuDNN; built when CMake finds it (KILN_HAVE_CUDNN) */
 int cuda_conv2d_backward(const struct kiln_call *c);
-/* Built with cuDNN only (KILN_HAVE_CUDNN): the device's cuDNN handle (a cudnnHandle_t on
-   dev->stream, made at its first use; conv.cu), and one recurrent layer through cuDNN's RNN API
+/* Built with cuDNN only (KILN_HAVE_CUDNN): one recurrent layer through cuDNN's RNN API
    (rnn_cudnn.cu), which cuda_rnn and cuda_rnn_backward call for the algorithm KILN_RNN_CUDNN. */
-int cuda_dnn_handle(struct cuda_device *dev, const char *op, void **handle);
 int cuda_rnn_cudnn(const struct kiln_call *c);
 int cuda_rnn_cudnn_backward(const struct kiln_call *c);
 

@@ -64,14 +64,6 @@ static int dnn_handle(struct cuda_device *dev, const char *op, cudnnHandle_t *ou
   return rc;
 }
 
-/* The same handle for the backend's other cuDNN users (rnn_cudnn.cu). */
-extern "C" int cuda_dnn_handle(struct cuda_device *dev, const char *op, void **handle) {
-  cudnnHandle_t h = NULL;
-  int rc = dnn_handle(dev, op, &h);
-  *handle = (void *)h;
-  return rc;
-}
-
 /* The device's workspace with at least need bytes, or NULL (need 0) with KILN_OK. */
 static int workspace(struct cuda_device *dev, const char *op, size_t need, void **ptr, size_t *bytes) {
   pthread_mutex_lock(&dnn_lock);

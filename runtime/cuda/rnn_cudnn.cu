@@ -18,13 +18,15 @@
    Reverse layers: cuDNN runs this direction forward on the input with every sequence reversed
    within its own length (rnn_reverse_kernel; the map is its own inverse), and the outputs (and
    in the backward their grads and the grad of x) are reversed back; the final states need no
-   reversal. Built only when CMake found cuDNN (KILN_HAVE_CUDNN). */
+   reversal. One cuDNN handle per device for these layers, on the device's stream; workspaces
+   come from the caching allocator. Built only when CMake found cuDNN (KILN_HAVE_CUDNN). */
 #include "kernels.cuh"
 #include "rnn_calls.h"
 #include "rnn_cudnn.h"
 #include "rnn_cudnn_desc.h"
 #include <cudnn.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,6 +64,26 @@ static int dnn_check(const struct plan *p, cudnnStatus_t s, const char *call) {
                ? KILN_ERR_MEMORY
                : s == CUDNN_STATUS_NOT_SUPPORTED ? KILN_ERR_UNSUPPORTED : KILN_ERR_DEVICE;
   return cuda_fail(code, "%s: %s: %s (cuDNN status %d)", p->op, call, cudnnGetErrorString(s), (int)s);
+}
+
+/* The device's cuDNN handle for recurrent layers, on its stream: made at the first layer and kept
+   for the process, like the convolutions' (conv.cu), but apart from theirs so that neither file
+   depends on the other's handle, lock or algorithm table. */
+static pthread_mutex_t handle_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int rnn_handle(struct plan *p) {
+  int rc = KILN_OK;
+  pthread_mutex_lock(&handle_lock);
+  if (!p->dev->dnn_rnn) {
+    cudnnHandle_t h = NULL;
+    rc = dnn_check(p, cudnnCreate(&h), "cudnnCreate");
+    if (!rc) rc = dnn_check(p, cudnnSetStream(h, p->dev->stream), "cudnnSetStream");
+    if (rc && h) cudnnDestroy(h);
+    if (!rc) p->dev->dnn_rnn = (void *)h;
+  }
+  p->h = (cudnnHandle_t)p->dev->dnn_rnn;
+  pthread_mutex_unlock(&handle_lock);
+  return rc;
 }
 
 static void plan_release(struct plan *p) {
@@ -121,9 +143,7 @@ static int plan_make(struct plan *p, const struct kiln_call *c, const struct kil
     return cuda_fail(KILN_ERR_UNSUPPORTED, "%s: input %s with hidden size %lld is beyond cuDNN's 32-bit sizes (or has no features)",
                      p->op, kiln_shape_string(t->x), (long long)p->H);
   p->es = kiln_dtype_size(p->dtype);
-  void *h = NULL;
-  if (cuda_dnn_handle(p->dev, p->op, &h)) return kiln_error_code();
-  p->h = (cudnnHandle_t)h;
+  if (rnn_handle(p)) return kiln_error_code();
 
   int32_t *host = (int32_t *)malloc(sizeof(int32_t) * (size_t)p->B);
   if (!host) return cuda_fail(KILN_ERR_MEMORY, "%s: out of host memory for %lld lengths", p->op, (long long)p->B);
