@@ -62,6 +62,9 @@ function M.has_kernel(op)
   return C.kiln_cuda_op_supported(op) ~= 0
 end
 
+-- Whether the CUDA backend was built with cuDNN 9 (convolutions, the "cudnn" recurrent algorithm).
+function M.has_cudnn() return C.kiln_cuda_has_cudnn() ~= 0 end
+
 -- Whether libkiln_cuda.so was found and opened (it may still have found no device).
 function M.backend_loaded() return C.kiln_cuda_backend_loaded() ~= 0 end
 

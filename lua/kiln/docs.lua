@@ -16,7 +16,7 @@ return {
   ["kiln.nn.GRUCell"] = "kiln.nn.GRUCell(input_size, hidden_size[, {bias}]): h' = cell(x[, h]), one step",
   ["kiln.nn.LSTMCell"] = "kiln.nn.LSTMCell(input_size, hidden_size[, {bias}]): {h', c'} = cell(x[, {h, c}]), one step",
   ["kiln.nn.functional.rnn_layer"] = "F.rnn_layer(mode, x [T,B,I], h0, c0, w_ih, w_hh, b_ih, b_hh[, {lengths, reverse, algorithm}]): one layer and direction -> [T+S,B,H] (outputs, h_n, c_n)",
-  ["kiln.nn.functional.rnn_algorithm"] = "F.rnn_algorithm(mode, batch, hidden[, {dtype, device, algorithm}]): \"gemm\" or \"persistent\", and why",
+  ["kiln.nn.functional.rnn_algorithm"] = "F.rnn_algorithm(mode, batch, hidden[, {dtype, device, algorithm}]): \"gemm\", \"persistent\" or \"cudnn\", and why",
   ["kiln.optim"] = "kiln.optim: SGD, Adam, AdamW, RMSprop, Adagrad and optim.lr_scheduler; opt:step(), opt:zero_grad()",
   ["kiln.data"] = "kiln.data: read_idx, TensorDataset, batches(tensors, {batch_size=, shuffle=, seed=}), DataLoader{dataset=, workers=, device=, pin_memory=, ...} (C worker threads; pinned batches uploaded without waiting), ImageFolder, transforms",
   ["kiln.io"] = "kiln.io: reading and writing tensors, state dicts (safetensors) and checkpoints",

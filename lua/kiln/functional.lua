@@ -440,8 +440,10 @@ end
 -- ---- recurrent layers ----
 
 local rnn_modes = {rnn_tanh = C.KILN_RNN_TANH, rnn_relu = C.KILN_RNN_RELU, gru = C.KILN_RNN_GRU, lstm = C.KILN_RNN_LSTM}
-local rnn_algos = {auto = C.KILN_RNN_AUTO, gemm = C.KILN_RNN_GEMM, persistent = C.KILN_RNN_PERSISTENT}
-local rnn_algo_names = {[tonumber(C.KILN_RNN_GEMM)] = "gemm", [tonumber(C.KILN_RNN_PERSISTENT)] = "persistent"}
+local rnn_algos = {auto = C.KILN_RNN_AUTO, gemm = C.KILN_RNN_GEMM, persistent = C.KILN_RNN_PERSISTENT,
+                   cudnn = C.KILN_RNN_CUDNN}
+local rnn_algo_names = {[tonumber(C.KILN_RNN_GEMM)] = "gemm", [tonumber(C.KILN_RNN_PERSISTENT)] = "persistent",
+                        [tonumber(C.KILN_RNN_CUDNN)] = "cudnn"}
 
 local function rnn_mode(m, op)
   local v = rnn_modes[m]
@@ -451,7 +453,7 @@ end
 
 local function rnn_algo(a, op)
   local v = rnn_algos[a or "auto"]
-  if v == nil then raise(string.format("%s: algorithm %s (expected auto, gemm or persistent)", op, tostring(a))) end
+  if v == nil then raise(string.format("%s: algorithm %s (expected auto, gemm, persistent or cudnn)", op, tostring(a))) end
   return v
 end
 
@@ -476,7 +478,7 @@ function F.rnn_layer(mode, x, h0, c0, w_ih, w_hh, b_ih, b_hh, opts)
                                lengths and lengths.p or nil, opts.reverse and 1 or 0, rnn_algo(opts.algorithm, mode)))
 end
 
--- rnn_algorithm(mode, batch, hidden, {dtype =, device =, algorithm =}) -> "gemm" or "persistent", why
+-- rnn_algorithm(mode, batch, hidden, {dtype =, device =, algorithm =}) -> "gemm", "persistent" or "cudnn", why
 function F.rnn_algorithm(mode, batch, hidden, opts)
   opts = opts or {}
   local why = ffi.new("char[256]")

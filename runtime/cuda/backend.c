@@ -319,6 +319,9 @@ static const struct kiln_backend cuda_backend = {
   .event_query = cuda_event_query,
   .event_elapsed = cuda_event_elapsed,
   .record_stream = cuda_record_stream,
+#ifdef KILN_HAVE_CUDNN
+  .has_cudnn = 1,
+#endif
   .kernel = {
     [KILN_OP_COPY] = cuda_copy, [KILN_OP_FILL] = cuda_fill,
     EW(KILN_OP_NEG), EW(KILN_OP_ABS), EW(KILN_OP_SIGN), EW(KILN_OP_SQRT), EW(KILN_OP_RSQRT), EW(KILN_OP_EXP),

@@ -34,6 +34,7 @@ struct cuda_device {
   void *dnn;                                 /* cudnnHandle_t, made at the first convolution */
   void *dnn_workspace;                       /* the current stream's cuDNN workspace, grown to the largest request */
   size_t dnn_workspace_bytes;
+  void *dnn_rnn;                             /* cudnnHandle_t of the recurrent layers (rnn_cudnn.cu) */
 };
 
 /* cuBLAS's workspace per stream: what it asks for on Hopper. */
@@ -112,6 +113,10 @@ int cuda_ctc_loss_backward(const struct kiln_call *c);
 int cuda_optim_step(const struct kiln_call *c);         /* sgd, adam, rmsprop, adagrad */
 int cuda_conv2d(const struct kiln_call *c);             /* cuDNN; built when CMake finds it (KILN_HAVE_CUDNN) */
 int cuda_conv2d_backward(const struct kiln_call *c);
+/* Built with cuDNN only (KILN_HAVE_CUDNN): one recurrent layer through cuDNN's RNN API
+   (rnn_cudnn.cu), which cuda_rnn and cuda_rnn_backward call for the algorithm KILN_RNN_CUDNN. */
+int cuda_rnn_cudnn(const struct kiln_call *c);
+int cuda_rnn_cudnn_backward(const struct kiln_call *c);
 
 #ifdef __cplusplus
 }

@@ -5,8 +5,9 @@
    for the gates (rnn.cuh). Backward: per step (last first) a fused kernel for the gates' grads
    and a product with w_hh for the grad of the state before it; then the grads of x, w_ih and
    w_hh as single products and the bias grads as column sums. f32 products are exact (the
-   handle's default math: no TF32), f64 computes in f64. The persistent algorithm is a CPU one:
-   here every layer runs this path. Lengths arrive on the CPU and are copied once per call. */
+   handle's default math: no TF32), f64 computes in f64. The persistent algorithm is a CPU one;
+   the algorithm KILN_RNN_CUDNN goes to rnn_cudnn.cu (cuDNN's RNN API) instead, every other layer
+   runs this path. Lengths arrive on the CPU and are copied once per call. */
 #include "kernels.cuh"
 #include "rnn.cuh"
 #include "rnn_calls.h"
@@ -189,8 +190,21 @@ done:
   return rc;
 }
 
+/* The algorithm KILN_RNN_CUDNN goes to rnn_cudnn.cu, in a build with cuDNN. */
+#ifndef KILN_HAVE_CUDNN
+static int no_cudnn(const struct kiln_call *c) {
+  return cuda_fail(KILN_ERR_UNSUPPORTED, "%s: the cudnn algorithm: this build of the CUDA backend has no cuDNN",
+                   kiln_op_name(c->op));
+}
+#endif
+
 extern "C" int cuda_rnn(const struct kiln_call *c) {
   const struct kiln_rnn_forward *f = (const struct kiln_rnn_forward *)c->extra;
+#ifdef KILN_HAVE_CUDNN
+  if (c->ints[2] == KILN_RNN_CUDNN) return cuda_rnn_cudnn(c);
+#else
+  if (c->ints[2] == KILN_RNN_CUDNN) return no_cudnn(c);
+#endif
   struct ctx x;
   if (enter(&x, &f->t, kiln_op_name(c->op))) return kiln_error_code();
   return x.dtype == KILN_F32 ? forward<float>(&x, c) : forward<double>(&x, c);
@@ -256,6 +270,11 @@ done:
 
 extern "C" int cuda_rnn_backward(const struct kiln_call *c) {
   const struct kiln_rnn_backward *bw = (const struct kiln_rnn_backward *)c->extra;
+#ifdef KILN_HAVE_CUDNN
+  if (c->ints[2] == KILN_RNN_CUDNN) return cuda_rnn_cudnn_backward(c);
+#else
+  if (c->ints[2] == KILN_RNN_CUDNN) return no_cudnn(c);
+#endif
   struct ctx x;
   if (enter(&x, &bw->t, kiln_op_name(c->op))) return kiln_error_code();
   return x.dtype == KILN_F32 ? backward<float>(&x, c) : backward<double>(&x, c);

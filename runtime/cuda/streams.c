@@ -117,8 +117,10 @@ static int bind_handles(struct cuda_device *dev, const char *op) {
       rc = cuda_fail(KILN_ERR_DEVICE, "%s: cublasSetWorkspace failed", op);
   }
 #ifdef KILN_HAVE_CUDNN
-  if (!rc && dev->dnn) {
-    cudnnStatus_t s = cudnnSetStream((cudnnHandle_t)dev->dnn, dev->stream);
+  void *dnn[2] = {dev->dnn, dev->dnn_rnn};   /* the convolutions' and the recurrent layers' handles */
+  for (int i = 0; i < 2 && !rc; i++) {
+    if (!dnn[i]) continue;
+    cudnnStatus_t s = cudnnSetStream((cudnnHandle_t)dnn[i], dev->stream);
     if (s != CUDNN_STATUS_SUCCESS) rc = cuda_fail(KILN_ERR_DEVICE, "%s: cudnnSetStream: %s", op, cudnnGetErrorString(s));
   }
 #endif

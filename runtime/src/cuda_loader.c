@@ -124,6 +124,11 @@ KILN_API int kiln_cuda_op_supported(int op) {
   return table && op >= 0 && op < KILN_OP_COUNT && table->kernel[op] != NULL;
 }
 
+KILN_API int kiln_cuda_has_cudnn(void) {
+  kiln_cuda_load();
+  return table && table->has_cudnn;
+}
+
 KILN_API int kiln_cuda_synchronize(int device) {
   kiln_cuda_load();
   if (device_count == 0) return kiln_fail(KILN_ERR_DEVICE, "synchronize: %s", reason);

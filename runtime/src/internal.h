@@ -66,6 +66,9 @@ struct kiln_backend {
   int (*event_query)(int device_index, void *event, int *done);
   int (*event_elapsed)(int device_index, void *start, void *end, float *ms);
   int (*record_stream)(int device_index, void *data, void *stream);
+  /* CUDA only: 1 when the backend was built with cuDNN (convolutions, and the cuDNN algorithm of
+     the recurrent layers, KILN_RNN_CUDNN). */
+  int has_cudnn;
 };
 
 /* The CUDA backend (cuda_loader.c). libkiln_cuda.so exports one entry, kiln_cuda_backend_open

@@ -27,9 +27,33 @@ KILN_API int kiln_rnn_choose_algo(int mode, int64_t batch, int64_t hidden, int d
                                   char *why, size_t whylen) {
   char buf[256];
   int chosen;
-  if (device.type != KILN_CPU) {
+  if (device.type == KILN_CUDA) {
+    int dnn = kiln_cuda_has_cudnn();
+    if (algo == KILN_RNN_GEMM) {
+      chosen = KILN_RNN_GEMM;
+      snprintf(buf, sizeof buf, "kiln's own kernels (a cuBLAS product per step), as asked");
+    } else if (!dnn) {
+      chosen = KILN_RNN_GEMM;
+      snprintf(buf, sizeof buf, "kiln's own kernels (a cuBLAS product per step): %s%s",
+               algo == KILN_RNN_PERSISTENT ? "the persistent path runs on the CPU, and " : "",
+               "this build of the CUDA backend has no cuDNN");
+    } else if (dtype != KILN_F32 && dtype != KILN_F64) {
+      chosen = KILN_RNN_GEMM;
+      snprintf(buf, sizeof buf, "kiln's own kernels: the cuDNN path runs f32 and f64; this layer is %s", kiln_dtype_name(dtype));
+    } else if (algo == KILN_RNN_PERSISTENT) {
+      chosen = KILN_RNN_CUDNN;
+      snprintf(buf, sizeof buf, "cuDNN's RNN: the persistent path runs on the CPU; this layer is on %s", kiln_device_name(device));
+    } else {
+      chosen = KILN_RNN_CUDNN;
+      snprintf(buf, sizeof buf, "cuDNN's RNN (standard algorithm, exact %s math)%s", kiln_dtype_name(dtype),
+               algo == KILN_RNN_CUDNN ? ", as asked" : "");
+    }
+  } else if (device.type != KILN_CPU) {
     chosen = KILN_RNN_GEMM;
     snprintf(buf, sizeof buf, "the persistent path runs on the CPU; this layer is on %s", kiln_device_name(device));
+  } else if (algo == KILN_RNN_CUDNN) {
+    chosen = KILN_RNN_GEMM;
+    snprintf(buf, sizeof buf, "GEMM per step: cuDNN runs on CUDA; this layer is on %s", kiln_device_name(device));
   } else if (dtype != KILN_F32 && dtype != KILN_F64) {
     chosen = KILN_RNN_GEMM;
     snprintf(buf, sizeof buf, "the persistent path runs f32 and f64; this layer is %s", kiln_dtype_name(dtype));
@@ -108,8 +132,8 @@ KILN_API struct kiln_tensor *kiln_rnn_layer(int mode, const struct kiln_tensor *
     return NULL;
   }
   const char *op = mode_names[mode];
-  if (algo < KILN_RNN_AUTO || algo > KILN_RNN_PERSISTENT) {
-    kiln_fail(KILN_ERR_ARGUMENT, "%s: algorithm %d (expected 0 auto, 1 GEMM, 2 persistent)", op, algo);
+  if (algo < KILN_RNN_AUTO || algo > KILN_RNN_CUDNN) {
+    kiln_fail(KILN_ERR_ARGUMENT, "%s: algorithm %d (expected 0 auto, 1 GEMM, 2 persistent, 3 cuDNN)", op, algo);
     return NULL;
   }
   if (kiln_check_live(op, x) || kiln_check_live(op, w_ih) || kiln_check_live(op, w_hh)) return NULL;
@@ -154,14 +178,19 @@ KILN_API struct kiln_tensor *kiln_rnn_layer(int mode, const struct kiln_tensor *
   if (lengths && !(len = kiln_contiguous(lengths))) goto fail;
   int64_t zs[3] = {T + kiln_rnn_states(mode), B, H};
   if (!(z = kiln_tensor_empty(3, zs, x->dtype, x->device))) goto fail;
-  if (kiln_rnn_reserve(mode)) {
+  int chosen = kiln_rnn_choose_algo(mode, B, H, x->dtype, x->device, algo, NULL, 0);
+  if (chosen == KILN_RNN_CUDNN && I == 0) chosen = KILN_RNN_GEMM;   /* cuDNN needs an input feature */
+  /* cuDNN's reserve is made by its kernel (rnn_calls.h) */
+  if (kiln_rnn_reserve(mode) && chosen != KILN_RNN_CUDNN) {
     int64_t rs[3] = {T, B, kiln_rnn_reserve(mode) * H};
     if (!(reserve = kiln_tensor_empty(3, rs, x->dtype, x->device))) goto fail;
   }
-  int chosen = kiln_rnn_choose_algo(mode, B, H, x->dtype, x->device, algo, NULL, 0);
-  struct kiln_rnn_forward f = {{in[IN_X], in[IN_H0], in[IN_C0], in[IN_W_IH], in[IN_W_HH], in[IN_B_IH], in[IN_B_HH], len}, reserve};
+  struct kiln_rnn_forward f = {{in[IN_X], in[IN_H0], in[IN_C0], in[IN_W_IH], in[IN_W_HH], in[IN_B_IH], in[IN_B_HH], len}, reserve, NULL,
+                               !kiln_autograd_wanted(NIN, orig)};
   struct kiln_call call = {.op = KILN_OP_RNN, .out = z, .nints = 3, .ints = {mode, reverse ? 1 : 0, chosen}, .extra = &f};
-  if (kiln_dispatch(x->device, &call)) goto fail;
+  int rc = kiln_dispatch(x->device, &call);
+  if (f.cudnn_reserve) reserve = f.cudnn_reserve;
+  if (rc) goto fail;
   const struct kiln_tensor *saved[NSAVED] = {[S_X] = in[IN_X], [S_H0] = in[IN_H0], [S_C0] = in[IN_C0], [S_W_IH] = in[IN_W_IH],
                                              [S_W_HH] = in[IN_W_HH], [S_Z] = z, [S_RESERVE] = reserve, [S_LENGTHS] = len};
   if (kiln_autograd_record_saved(KILN_OP_RNN, z, NIN, orig, NULL, call.ints, 3, saved, NSAVED)) goto fail;

@@ -23,18 +23,25 @@ static inline int kiln_rnn_states(int mode) { return mode == KILN_RNN_LSTM ? 2 :
    OpenBLAS product per step streams w_hh as fast as the team does). */
 enum { KILN_RNN_PERSISTENT_MAX_BATCH = 16, KILN_RNN_PERSISTENT_MIN_HIDDEN_AT_BATCH_1 = 384 };
 
-/* RNN: out Z [T+S,B,H]; extra: struct kiln_rnn_forward. ints: mode, reverse, algo (GEMM or
-   PERSISTENT, already chosen). */
+/* RNN: out Z [T+S,B,H]; extra: struct kiln_rnn_forward. ints: mode, reverse, algo (GEMM,
+   PERSISTENT or CUDNN, already chosen). GEMM and PERSISTENT write the reserve rnn.c made in this
+   layout; CUDNN has a reserve of cuDNN's own size and layout instead, which only the kernel knows
+   before it runs: rnn.c passes reserve NULL and the kernel makes cudnn_reserve (a u8 tensor on
+   the device, a new reference the caller takes over) for the backward to hand back. */
 struct kiln_rnn_forward {
   struct kiln_rnn_tensors t;
-  struct kiln_tensor *reserve;                 /* [T,B,R*H] written, or NULL when R = 0 */
+  struct kiln_tensor *reserve;                 /* [T,B,R*H] written, or NULL when R = 0 or CUDNN */
+  struct kiln_tensor *cudnn_reserve;           /* CUDNN: out, cuDNN's reserve space; else NULL */
+  int inference;                               /* no backward will follow (no grad wanted): CUDNN
+                                                  runs cuDNN's inference mode and keeps no reserve */
 };
 
 /* RNN_BACKWARD: extra: struct kiln_rnn_backward; ints as the forward. The kernel overwrites the
    grads that are not NULL. */
 struct kiln_rnn_backward {
   struct kiln_rnn_tensors t;
-  const struct kiln_tensor *z, *reserve, *gz;  /* the forward's output and reserve; gz like z */
+  const struct kiln_tensor *z, *reserve, *gz;  /* the forward's output and reserve (CUDNN: its
+                                                  cudnn_reserve); gz like z */
   struct kiln_tensor *gx, *gh0, *gc0, *gw_ih, *gw_hh, *gb_ih, *gb_hh;
 };
 

@@ -282,6 +282,8 @@ __attribute__((visibility("default"))) int kiln_cuda_backend_open(int api_versio
   host = h;
   const char *cap = getenv("FAKE_CUDA_CAPACITY");
   capacity = cap ? atoll(cap) : 0;
+  const char *dnn = getenv("FAKE_CUDA_CUDNN");   /* pretend a build with cuDNN (no kernels all the same) */
+  table.has_cudnn = dnn && strcmp(dnn, "1") == 0;
   pinned = kiln_pinned_new((struct kiln_pinned_backing){NULL, raw_alloc, raw_free, event_record, event_query, event_wait,
                                                         event_release});
   if (!pinned) {

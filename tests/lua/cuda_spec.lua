@@ -172,6 +172,9 @@ describe("the op x backend coverage table", function()
       for _, name in ipairs(cuda_kernels) do assert.is_true(kiln.cuda.has_kernel(name), name) end
       assert.equal(CUDA_KERNEL_COUNT, ncuda)
       assert.equal(expect_cudnn ~= "0" and 90 or 88, ncuda)
+      -- the backend says whether it has cuDNN, which the cudnn recurrent algorithm asks
+      if expect_cudnn then assert.equal(expect_cudnn ~= "0", kiln.cuda.has_cudnn()) end
+      assert.equal(kiln.cuda.has_kernel("conv2d"), kiln.cuda.has_cudnn())
     end
   end)
 

@@ -197,6 +197,35 @@ describe("rnn_layer", function()
     assert.equal("persistent", a)
   end)
 
+  it("takes the cudnn algorithm: CUDA only, GEMM on the CPU, cuDNN by default on CUDA when built with it", function()
+    local a, why = F.rnn_algorithm("lstm", 2, 64, {algorithm = "cudnn"})
+    assert.equal("gemm", a)
+    assert.matches("cuDNN runs on CUDA; this layer is on cpu", why)
+    -- no device needed to ask: the answer follows the CUDA backend's build
+    a, why = F.rnn_algorithm("lstm", 8, 64, {device = "cuda"})
+    if kiln.cuda.has_cudnn() then
+      assert.equal("cudnn", a)
+      assert.matches("cuDNN's RNN", why)
+      assert.equal("cudnn", (F.rnn_algorithm("gru", 8, 64, {device = "cuda", dtype = "f64", algorithm = "persistent"})))
+    else
+      assert.equal("gemm", a)
+      assert.matches("no cuDNN", why)
+    end
+    a, why = F.rnn_algorithm("lstm", 8, 64, {device = "cuda", algorithm = "gemm"})
+    assert.equal("gemm", a)
+    assert.matches("own kernels", why)
+    -- on the CPU a layer asked for cudnn runs, and gives what GEMM gives
+    local x, w_ih, w_hh, b = kiln.randn(5, 3, 4), kiln.randn(12, 4), kiln.randn(12, 4), kiln.randn(12)
+    local o = {lengths = {5, 2, 4}, reverse = true}
+    local g = F.rnn_layer("gru", x, nil, nil, w_ih, w_hh, b, b, o)
+    o.algorithm = "cudnn"
+    local d = F.rnn_layer("gru", x, nil, nil, w_ih, w_hh, b, b, o)
+    assert.equal(0, (g - d):abs():max():item())
+    local m = nn.LSTM(4, 6, {algorithm = "cudnn"})
+    assert.equal("gemm", (m:algorithm_for(3)))
+    assert.matches("algorithm=cudnn", tostring(m))
+  end)
+
   it("names what is wrong", function()
     local x, w_ih, w_hh = randn(4, 2, 3), randn(8, 3), randn(8, 2)
     assert_error(function() F.rnn_layer("lstm", randn(4, 2, 5), nil, nil, w_ih, w_hh) end,
@@ -214,7 +243,7 @@ describe("rnn_layer", function()
     assert_error(function() F.rnn_layer("lstm", x:to{dtype = "f64"}, nil, nil, w_ih, w_hh) end,
                            "weight_ih %[8,3%] is f32 but the input %[4,2,3%] is f64")
     assert_error(function() F.rnn_layer("lstm", x, nil, nil, w_ih, w_hh, nil, nil, {algorithm = "fast"}) end,
-                           "algorithm fast")
+                           "algorithm fast %(expected auto, gemm, persistent or cudnn%)")
     -- the runtime is fine afterwards
     assert.same({6, 2, 2}, F.rnn_layer("lstm", x, nil, nil, w_ih, w_hh):size())
   end)

@@ -35,6 +35,8 @@ const char *kiln_cuda_unavailable_reason(void);
 /* 1 when the CUDA backend has a kernel for op, whether or not a device is present (0 when the
    backend is absent); kiln_op_supported(op, KILN_CUDA) answers for a usable device. */
 int kiln_cuda_op_supported(int op);
+/* 1 when the CUDA backend was built with cuDNN 9 (whether or not a device is present). */
+int kiln_cuda_has_cudnn(void);
 
 /* Wait until the work queued on device (-1: every device) has finished, and report its errors. */
 int kiln_cuda_synchronize(int device);

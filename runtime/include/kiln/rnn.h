@@ -14,8 +14,11 @@ enum kiln_rnn_mode { KILN_RNN_TANH = 0, KILN_RNN_RELU = 1, KILN_RNN_GRU = 2, KIL
    one fused kernel for the gates. PERSISTENT: the pool's threads stay in the op for the whole
    sequence, each owning a slice of the hidden units and its rows of w_hh (kept in that core's
    cache), and meet at a spinning barrier once per timestep. AUTO picks PERSISTENT when the
-   batch is small and the weights fit in the cores' caches. */
-enum kiln_rnn_algo { KILN_RNN_AUTO = 0, KILN_RNN_GEMM = 1, KILN_RNN_PERSISTENT = 2 };
+   batch is small and the weights fit in the cores' caches.
+   On CUDA: GEMM runs kiln's own kernels (one cuBLAS product per step and a fused gate kernel);
+   CUDNN runs cuDNN's RNN API (cudnnRNNForward and its backward), and is what AUTO picks there
+   when the CUDA backend was built with cuDNN. PERSISTENT is CPU-only and CUDNN CUDA-only. */
+enum kiln_rnn_algo { KILN_RNN_AUTO = 0, KILN_RNN_GEMM = 1, KILN_RNN_PERSISTENT = 2, KILN_RNN_CUDNN = 3 };
 
 /* x [T,B,I]; h0 [B,H] or NULL (zeros); c0 [B,H] or NULL (LSTM only); b_ih, b_hh or NULL;
    lengths: i64 [B] on the CPU with 1 <= lengths[b] <= T, or NULL (every sequence has T steps).
@@ -30,8 +33,9 @@ struct kiln_tensor *kiln_rnn_layer(int mode, const struct kiln_tensor *x, const 
                                    int algo);
 
 /* The algorithm kiln_rnn_layer would run for this layer (never AUTO), and in why (when not NULL)
-   the reason in words, e.g. why PERSISTENT cannot be used. Asking for PERSISTENT where it cannot
-   run returns GEMM. */
+   the reason in words, e.g. why PERSISTENT cannot be used. Asking for PERSISTENT or CUDNN where it
+   cannot run (PERSISTENT off the CPU, CUDNN off CUDA or without cuDNN) returns GEMM. A layer with
+   no input features (input_size 0) runs GEMM on CUDA whatever this says: cuDNN needs one. */
 int kiln_rnn_choose_algo(int mode, int64_t batch, int64_t hidden, int dtype, struct kiln_device device, int algo,
                          char *why, size_t whylen);
 
