@@ -125,6 +125,25 @@ def bench(name, device, quick):
             "parameters": sum(p.numel() for p in model.parameters())}
 
 
+def exact_f32():
+    """TF32 off for matmul and cuDNN's convolutions: through the fp32_precision settings where this torch
+    has them (2.9 and later, which deprecate allow_tf32 and refuse a mix of the two), else allow_tf32."""
+    def has(obj, name):   # torch.backends.cuda.matmul raises AssertionError for an unknown name
+        try:
+            getattr(obj, name)
+            return True
+        except (AttributeError, AssertionError):
+            return False
+
+    matmul, conv = torch.backends.cuda.matmul, getattr(torch.backends.cudnn, "conv", None)
+    if has(matmul, "fp32_precision") and has(conv, "fp32_precision"):
+        matmul.fp32_precision = "ieee"
+        conv.fp32_precision = "ieee"
+    else:
+        matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+
 def kiln_results(path):
     """bench_train.lua's lines in path, by (model, device, batch, image)."""
     found = {}
@@ -150,8 +169,7 @@ def main():
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         print("skipped: no CUDA device for PyTorch")
         return
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    exact_f32()
     torch.backends.cudnn.benchmark = True
     out_dir = os.environ.get("OUT")
     out = os.path.join(out_dir, "bench_train.jsonl") if out_dir else None
