@@ -47,13 +47,17 @@ end
 local dir = os.getenv("OUT")
 local jsonl = dir and dir ~= "" and (dir .. "/bench_train.jsonl") or nil
 
-for name in opt.models:gmatch("[^,]+") do
-  local c = configs[name]
-  if not c then error("bench_train: unknown model " .. name .. " (cnn, resnet18)", 0) end
-  local s = {}
-  for k, v in pairs(c) do s[k] = v end
-  if opt.quick then for k, v in pairs(c.quick) do s[k] = v end end
+local function write(line)
+  print(line)
+  if jsonl then
+    local f = assert(io.open(jsonl, "a"))
+    f:write(line, "\n")
+    f:close()
+  end
+end
 
+-- One model's steps; returns its JSON record.
+local function bench(name, c, s)
   kiln.manual_seed(0)
   local model = require("models." .. c.model){classes = c.classes, channels = c.channels}
   model:to(device)
@@ -81,22 +85,36 @@ for name in opt.models:gmatch("[^,]+") do
     sync()
     times[r] = (ui.clock() - t) / s.steps * 1e3
   end
-  local ms = median(times)
   local last = loss:item()
-  if last ~= last then error(string.format("bench_train: %s: the loss became NaN", name), 0) end
-  local line = ui.json_encode{bench = "train_step", impl = "kiln", device = device, mode = mode, model = name,
-                              batch = s.batch, image = s.image, classes = c.classes, ms_per_step = ms,
-                              images_per_s = s.batch / ms * 1e3, min_ms = times[1], max_ms = times[#times],
-                              reps = s.reps, steps_per_rep = s.steps, warmup_s = warmup_s, loss = last,
-                              parameters = model:num_parameters()}
-  print(line)
-  if jsonl then
-    local f = assert(io.open(jsonl, "a"))
-    f:write(line, "\n")
-    f:close()
+  if last ~= last then error("the loss became NaN", 0) end
+  local lo, hi = math.min(unpack(times)), math.max(unpack(times))
+  return {bench = "train_step", impl = "kiln", device = device, mode = mode, model = name, batch = s.batch,
+          image = s.image, classes = c.classes, ms_per_step = median(times), min_ms = lo, max_ms = hi,
+          images_per_s = s.batch / median(times) * 1e3, reps = s.reps, steps_per_rep = s.steps,
+          warmup_s = warmup_s, loss = last, parameters = model:num_parameters()}
+end
+
+local names = {}
+for name in opt.models:gmatch("[^,]+") do
+  if not configs[name] then error("bench_train: unknown model " .. name .. " (cnn, resnet18)", 0) end
+  names[#names + 1] = name
+end
+local failed = false
+for _, name in ipairs(names) do
+  local c = configs[name]
+  local s = {}
+  for k, v in pairs(c) do s[k] = v end
+  if opt.quick then for k, v in pairs(c.quick) do s[k] = v end end
+  -- An error (a kernel, out of memory) becomes this model's line, and the next model still runs.
+  local ok, record = pcall(bench, name, c, s)
+  if not ok then
+    failed = true
+    record = {bench = "train_step", impl = "kiln", device = device, model = name, batch = s.batch, image = s.image,
+              error = tostring(record)}
   end
-  model, sgd, x, y, loss = nil, nil, nil, nil, nil
+  write(ui.json_encode(record))
   collectgarbage()
   collectgarbage()
   if on_cuda then kiln.cuda.empty_cache() end
 end
+os.exit(failed and 1 or 0)

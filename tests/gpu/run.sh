@@ -192,7 +192,9 @@ for line in open(sys.argv[1]):
         r = json.loads(line)
     except ValueError:
         continue
-    if r.get("bench") == "train_step":
+    if r.get("bench") == "train_step" and "ms_per_step" not in r:   # the model failed: its error
+        rows.setdefault(r["model"], {})["error"] = r
+    elif r.get("bench") == "train_step":
         rows.setdefault(r["model"], {})["kiln" if r["impl"] == "kiln" else "torch"] = r
     elif r.get("bench") == "train_step_ratio":
         rows.setdefault(r["model"], {})["ratio"] = r
@@ -200,6 +202,9 @@ print("%-9s %6s %6s %12s %12s %7s" % ("model", "batch", "image", "kiln ms", "PyT
 for model, r in rows.items():
     k, t, q = r.get("kiln"), r.get("torch"), r.get("ratio")
     any_ = k or t
+    if not any_:
+        print("%-9s failed: %s" % (model, r["error"].get("error")))
+        continue
     print("%-9s %6d %6d %12s %12s %7s%s" % (model, any_["batch"], any_["image"],
           "%.3f" % k["ms_per_step"] if k else "-", "%.3f" % t["ms_per_step"] if t else "-",
           "%.3f" % q["ratio"] if q else "-", "" if not q else ("  (target <= %.1f: %s)" % (q["target"], "met" if q["within_target"] else "NOT met"))))

@@ -154,7 +154,7 @@ def kiln_results(path):
                     r = json.loads(line)
                 except ValueError:
                     continue
-                if r.get("bench") == "train_step" and r.get("impl") == "kiln":
+                if r.get("bench") == "train_step" and r.get("impl") == "kiln" and "ms_per_step" in r:
                     found[(r["model"], r["device"], r["batch"], r["image"])] = r
     return found
 
@@ -174,11 +174,20 @@ def main():
     out_dir = os.environ.get("OUT")
     out = os.path.join(out_dir, "bench_train.jsonl") if out_dir else None
     ours = kiln_results(a.kiln or out)
-    lines = []
-    for name in a.models.split(","):
+    lines, failed = [], False
+    names = a.models.split(",")
+    for name in names:
         if name not in CONFIGS:
             raise SystemExit("torch_train.py: unknown model %s (cnn, resnet18)" % name)
-        r = bench(name, a.device, a.quick)
+    for name in names:
+        try:
+            r = bench(name, a.device, a.quick)
+        except Exception as e:   # out of memory, a cuDNN error: this model's line says so, the next one runs
+            failed = True
+            lines.append({"bench": "train_step", "impl": "torch " + torch.__version__, "device": a.device,
+                          "model": name, "error": "%s: %s" % (type(e).__name__, e)})
+            print(json.dumps(lines[-1]), flush=True)
+            continue
         lines.append(r)
         k = ours.get((name, a.device, r["batch"], r["image"]))
         if k:
@@ -194,6 +203,8 @@ def main():
         with open(out, "a") as f:
             for line in lines:
                 f.write(json.dumps(line) + "\n")
+    if failed:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -103,26 +103,45 @@ local lines = {
 }
 for _, l in ipairs(lines) do print(l) end
 
+-- The report: lines so far and the result line, on standard output and in $OUT/train_check.txt.
+local function finish(result, passed)
+  print(result)
+  lines[#lines + 1] = result
+  local dir = os.getenv("OUT")
+  if dir and dir ~= "" then
+    local f = assert(io.open(dir .. "/train_check.txt", "w"))
+    f:write(table.concat(lines, "\n"), "\n")
+    f:close()
+  end
+  os.exit(passed and 0 or 1)
+end
+
 local failures, worst, first_loss, last_loss = {}, 0, nil, nil
 local t0 = ui.clock()
-for i, b in ipairs(batches) do
-  local x, y = b[1], b[2]
-  local a = step(ref, ref_opt, x, y)
-  local xd = x:to(device)
-  if opt.dtype ~= "f32" then xd = xd:to(opt.dtype) end
-  local d = step(dev, dev_opt, xd, y:to(device))
-  local e64 = math.abs(step(r64, r64_opt, x:to("f64"), y) - a) / math.max(1, math.abs(a))
-  local err = math.abs(d - a) / math.max(1, math.abs(a))
-  local bound = opt.tol * i
-  local bad = not (err <= bound) or a ~= a or d ~= d or math.abs(a) == math.huge
-  if bad then failures[#failures + 1] = i end
-  if err == err then worst = math.max(worst, err / bound) end
-  first_loss, last_loss = first_loss or a, a
-  local l = string.format("%4d  %12.7f  %12.7f  %10.3g  %10.3g  %10.3g%s", i, a, d, err, bound, e64,
-                          bad and "  OUT OF TOLERANCE" or "")
-  print(l)
-  lines[#lines + 1] = l
-end
+local at = 0
+-- An error on either side (a kernel, out of memory) still ends in the report, naming the step.
+local ok, err = pcall(function()
+  for i, b in ipairs(batches) do
+    at = i
+    local x, y = b[1], b[2]
+    local a = step(ref, ref_opt, x, y)
+    local xd = x:to(device)
+    if opt.dtype ~= "f32" then xd = xd:to(opt.dtype) end
+    local d = step(dev, dev_opt, xd, y:to(device))
+    local e64 = math.abs(step(r64, r64_opt, x:to("f64"), y) - a) / math.max(1, math.abs(a))
+    local e = math.abs(d - a) / math.max(1, math.abs(a))
+    local bound = opt.tol * i
+    local bad = not (e <= bound) or a ~= a or d ~= d or math.abs(a) == math.huge
+    if bad then failures[#failures + 1] = i end
+    if e == e then worst = math.max(worst, e / bound) end
+    first_loss, last_loss = first_loss or a, a
+    local l = string.format("%4d  %12.7f  %12.7f  %10.3g  %10.3g  %10.3g%s", i, a, d, e, bound, e64,
+                            bad and "  OUT OF TOLERANCE" or "")
+    print(l)
+    lines[#lines + 1] = l
+  end
+end)
+if not ok then finish(string.format("train_check: FAILED, an error at step %d: %s", at, tostring(err)), false) end
 local seconds = ui.clock() - t0
 
 -- The final weights, for the record (not checked: the losses are).
@@ -139,22 +158,10 @@ lines[#lines + 1] = string.format("loss %.4f -> %.4f over %d steps; final weight
                                   first_loss, last_loss, steps, wdiff, seconds)
 local learned = last_loss < first_loss
 if not learned then lines[#lines + 1] = "the loss did not fall: the check trained nothing" end
-local result
-if #failures == 0 and learned then
-  result = string.format("train_check: passed, %d steps of the CNN on cpu and %s agree within %g * step (worst %.0f%% of the bound)",
-                         steps, other, opt.tol, worst * 100)
-else
-  result = string.format("train_check: FAILED, %s", #failures > 0 and
-                         (#failures .. " step(s) out of tolerance, first step " .. failures[1]) or "the loss did not fall")
-end
 for i = #lines - (learned and 0 or 1), #lines do print(lines[i]) end
-print(result)
-lines[#lines + 1] = result
-
-local dir = os.getenv("OUT")
-if dir and dir ~= "" then
-  local f = assert(io.open(dir .. "/train_check.txt", "w"))
-  f:write(table.concat(lines, "\n"), "\n")
-  f:close()
+if #failures == 0 and learned then
+  finish(string.format("train_check: passed, %d steps of the CNN on cpu and %s agree within %g * step (worst %.0f%% of the bound)",
+                       steps, other, opt.tol, worst * 100), true)
 end
-os.exit((#failures == 0 and learned) and 0 or 1)
+finish(string.format("train_check: FAILED, %s", #failures > 0 and
+                     (#failures .. " step(s) out of tolerance, first step " .. failures[1]) or "the loss did not fall"), false)

@@ -1,6 +1,7 @@
 -- tests/gpu's training scripts run on the CPU (--device cpu), so that CI keeps them working where
 -- no GPU is: train_check.lua passes CPU against CPU, fails (exit 1) when the tolerance cannot hold,
--- and writes its report; bench_train.lua writes one JSON line per model; both refuse a bad device.
+-- and writes its report; bench_train.lua writes one JSON line per model; on a pretend device without
+-- kernels both report the error and exit 1; both refuse a bad device.
 local kiln = kiln or require "kiln"
 local helpers = require "helpers"
 
@@ -60,6 +61,39 @@ describe("tests/gpu scripts on the CPU", function()
     local out, ok = helpers.capture(exe .. " tests/gpu/train_check.lua")
     assert.is_true(ok, out)
     assert.matches("^skipped: no CUDA device", out)
+  end)
+
+  -- The pretend CUDA device of tests/c/fake_cuda_backend.c (memory and copies, no kernels): the
+  -- scripts' device side runs until its first kernel, whose error must end in the report.
+  local function fake_device()
+    local lib = (os.getenv("KILN_LIB_DIR") or exe:gsub("/bin/kiln$", "/lib")) .. "/libfake_kiln_cuda_device.so"
+    local f = io.open(lib)
+    if not f then return nil end
+    f:close()
+    return lib
+  end
+
+  it("train_check.lua reports an error on the device side with its step, in $OUT too, and exits 1", function()
+    if not exe then return end
+    local lib = fake_device()
+    if not lib then pending("no libfake_kiln_cuda_device.so beside the launcher") return end
+    local out, ok = helpers.capture(string.format("KILN_CUDA_LIB=%s OUT=%s %s tests/gpu/train_check.lua --synthetic --steps 2",
+                                                  lib, dir, exe))
+    assert.is_false(ok)
+    assert.matches("train_check: FAILED, an error at step 1: .*conv2d: not implemented on cuda:0", out)
+    assert.matches("an error at step 1", read(dir .. "/train_check.txt"))
+  end)
+
+  it("bench_train.lua writes a model's error as its line, runs the next model, and exits 1", function()
+    if not exe then return end
+    local lib = fake_device()
+    if not lib then pending("no libfake_kiln_cuda_device.so beside the launcher") return end
+    local out, ok = helpers.capture(string.format("KILN_CUDA_LIB=%s OUT=%s %s tests/gpu/bench_train.lua", lib, dir, exe))
+    assert.is_false(ok)
+    local jsonl = read(dir .. "/bench_train.jsonl")
+    assert.matches('"error":"[^"]*not implemented on cuda:0".-"model":"cnn"', jsonl)
+    assert.matches('"error":"[^"]*not implemented on cuda:0".-"model":"resnet18"', jsonl)
+    assert.matches('"model":"resnet18"', out)
   end)
 
   it("bench_train.lua --device cpu --quick: one JSON line per model, also in $OUT/bench_train.jsonl", function()
