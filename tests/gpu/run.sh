@@ -1,9 +1,11 @@
 #!/bin/bash
 # tests/gpu/run.sh: everything CUDA in one run, on a machine with a GPU (the H200): build kiln with
 # its CUDA backend, check every CUDA kernel against the CPU (ops_spec.lua), run the CUDA specs
-# (C loader test, pinned memory and the DataLoader on cuda, busted kiln.cuda spec), and benchmark GEMM (bench_gemm.lua) and
-# conv2d (bench_conv.lua), each with PyTorch on the same shapes when it can be imported. Results, logs and a summary go to $OUT (default
-# build-gpu/results). Meant to finish in under 7 minutes. Without a GPU: "skipped: no CUDA device"
+# (C loader test, pinned memory and the DataLoader on cuda, busted kiln.cuda spec), train the main job's CNN for 20
+# steps on the CPU and on cuda and compare the losses (train_check.lua), and benchmark GEMM (bench_gemm.lua), conv2d
+# (bench_conv.lua) and training steps of the CNN and of ResNet-18 (bench_train.lua), each with PyTorch on the same
+# shapes when it can be imported. Results, logs and a summary go to $OUT (default build-gpu/results). Meant to finish
+# in under 7 minutes. Without a GPU: "skipped: no CUDA device"
 # (KILN_GPU_RUN_ANYWAY=1: build and run anyway, each GPU check then skipping itself).
 # LuaJIT, OpenBLAS, busted and the rest come from shared/gpu-deps/ (made by tests/gpu/prepare.sh on
 # a build machine) unless this machine has them itself. See tests/gpu/README.md.
@@ -32,6 +34,10 @@ NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 "$NVCC" --version | tail -n 2
 cmake --version | head -n 1
 echo "cores: $(nproc)"
+# PyTorch with CUDA for the ratios, asked once (importing torch takes seconds).
+TORCH=no
+command -v python3 >/dev/null && python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null && TORCH=yes
+echo "PyTorch with CUDA (for the ratios): $TORCH"
 
 # ---- dependencies ----
 step "dependencies"
@@ -141,11 +147,19 @@ run timeout 90 "$KILN" tests/gpu/pinned_spec.lua || fail "pinned_spec.lua"
 step "busted: tests/lua/cuda_spec.lua"
 run KILN_EXPECT_CUDA_BACKEND=1 timeout 60 "$KILN" tests/lua/run.lua tests/lua/cuda_spec.lua || fail "cuda_spec.lua"
 
+step "training: the main job's CNN, 20 steps on the CPU and on cuda, the losses compared (tests/gpu/train_check.lua)"
+# Fashion-MNIST from the dependencies' folder when it holds the dataset, else the Debian package's
+# folder, else a synthetic stream (train_check.txt says which).
+rm -f "$RESULTS/train_check.txt"
+TRAIN_DATA=()
+[ -d "$DEPS/usr/share/datasets/fashion-mnist" ] && TRAIN_DATA=(--root "$DEPS/usr/share/datasets/fashion-mnist")
+run timeout 120 "$KILN" tests/gpu/train_check.lua ${TRAIN_DATA[@]+"${TRAIN_DATA[@]}"} || fail "train_check.lua"
+
 # ---- benchmarks ----
 step "GEMM (kiln)"
 rm -f "$RESULTS/bench_gemm.jsonl"
 run timeout 120 "$KILN" tests/gpu/bench_gemm.lua 4096 8192 || fail "bench_gemm.lua"
-if command -v python3 >/dev/null && python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+if [ "$TORCH" = yes ]; then
   step "GEMM (PyTorch, the same shapes)"
   timeout 120 python3 tests/gpu/torch_gemm.py 4096 8192 || echo "(torch_gemm.py failed; no ratio)"
 fi
@@ -153,12 +167,49 @@ fi
 step "conv2d (kiln, cuDNN benchmark mode)"
 rm -f "$RESULTS/bench_conv.jsonl"
 run KILN_CUDNN_BENCHMARK=1 timeout 90 "$KILN" tests/gpu/bench_conv.lua || fail "bench_conv.lua"
-if command -v python3 >/dev/null && python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+if [ "$TORCH" = yes ]; then
   step "conv2d (PyTorch, the same shapes)"
   KILN_CUDNN_BENCHMARK=1 timeout 90 python3 tests/gpu/torch_conv.py || echo "(torch_conv.py failed; no ratio)"
 fi
 
+step "training steps: the CNN (batch 64, 28x28) and ResNet-18 (batch 64, 224x224) (kiln, cuDNN benchmark mode)"
+rm -f "$RESULTS/bench_train.jsonl"
+run KILN_CUDNN_BENCHMARK=1 timeout 180 "$KILN" tests/gpu/bench_train.lua || fail "bench_train.lua"
+if [ "$TORCH" = yes ]; then
+  step "training steps (PyTorch, the same models; the ratios)"
+  timeout 120 python3 tests/gpu/torch_train.py || echo "(torch_train.py failed; no ratio)"
+fi
+
 # ---- summary ----
+# The training-step table: one line per model, kiln's and PyTorch's ms per step and their ratio.
+train_table() {
+  command -v python3 >/dev/null || return 0
+  python3 - "$1" <<'PY'
+import json, sys
+rows = {}
+for line in open(sys.argv[1]):
+    try:
+        r = json.loads(line)
+    except ValueError:
+        continue
+    if r.get("bench") == "train_step" and "ms_per_step" not in r:   # the model failed: its error
+        rows.setdefault(r["model"], {})["error"] = r
+    elif r.get("bench") == "train_step":
+        rows.setdefault(r["model"], {})["kiln" if r["impl"] == "kiln" else "torch"] = r
+    elif r.get("bench") == "train_step_ratio":
+        rows.setdefault(r["model"], {})["ratio"] = r
+print("%-9s %6s %6s %12s %12s %7s" % ("model", "batch", "image", "kiln ms", "PyTorch ms", "ratio"))
+for model, r in rows.items():
+    k, t, q = r.get("kiln"), r.get("torch"), r.get("ratio")
+    any_ = k or t
+    if not any_:
+        print("%-9s failed: %s" % (model, r["error"].get("error")))
+        continue
+    print("%-9s %6d %6d %12s %12s %7s%s" % (model, any_["batch"], any_["image"],
+          "%.3f" % k["ms_per_step"] if k else "-", "%.3f" % t["ms_per_step"] if t else "-",
+          "%.3f" % q["ratio"] if q else "-", "" if not q else ("  (target <= %.1f: %s)" % (q["target"], "met" if q["within_target"] else "NOT met"))))
+PY
+}
 step "summary"
 {
   echo "kiln GPU run, $(date -u +%Y-%m-%dT%H:%M:%SZ), $(elapsed)"
@@ -166,6 +217,9 @@ step "summary"
   [ -f "$RESULTS/gpu_ops.txt" ] && tail -n 1 "$RESULTS/gpu_ops.txt"
   [ -f "$RESULTS/bench_gemm.jsonl" ] && cat "$RESULTS/bench_gemm.jsonl"
   [ -f "$RESULTS/bench_conv.jsonl" ] && cat "$RESULTS/bench_conv.jsonl"
+  [ -f "$RESULTS/train_check.txt" ] && tail -n 1 "$RESULTS/train_check.txt"
+  [ -f "$RESULTS/bench_train.jsonl" ] && cat "$RESULTS/bench_train.jsonl"
+  [ -f "$RESULTS/bench_train.jsonl" ] && train_table "$RESULTS/bench_train.jsonl"
   [ "$STATUS" = 0 ] && echo "status: all checks passed" || echo "status: FAILURES (see run.log)"
 } | tee "$RESULTS/summary.txt"
 exit $STATUS
