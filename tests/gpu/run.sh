@@ -144,6 +144,9 @@ step "pinned memory, uploads that do not wait, the DataLoader on cuda (tests/gpu
 run timeout 60 "$BUILD/bin/test_pinned" || fail "test_pinned"
 run timeout 90 "$KILN" tests/gpu/pinned_spec.lua || fail "pinned_spec.lua"
 
+step "streams and events: side streams, ordering, record_stream, timing (tests/gpu/streams_spec.lua)"
+run timeout 90 "$KILN" tests/gpu/streams_spec.lua || fail "streams_spec.lua"
+
 step "busted: tests/lua/cuda_spec.lua"
 run KILN_EXPECT_CUDA_BACKEND=1 timeout 60 "$KILN" tests/lua/run.lua tests/lua/cuda_spec.lua || fail "cuda_spec.lua"
 
@@ -170,6 +173,18 @@ run KILN_CUDNN_BENCHMARK=1 timeout 90 "$KILN" tests/gpu/bench_conv.lua || fail "
 if [ "$TORCH" = yes ]; then
   step "conv2d (PyTorch, the same shapes)"
   KILN_CUDNN_BENCHMARK=1 timeout 90 python3 tests/gpu/torch_conv.py || echo "(torch_conv.py failed; no ratio)"
+fi
+
+step "conv2d (kiln, cuDNN legacy API, benchmark mode)"
+run KILN_CUDNN_API=legacy KILN_CUDNN_BENCHMARK=1 timeout 90 "$KILN" tests/gpu/bench_conv.lua || fail "bench_conv.lua (legacy API)"
+grep -h "cuDNN's graph API cannot plan" "$RESULTS"/*.log 2>/dev/null && echo "(conv shapes that went to the legacy API, above)"
+
+step "recurrent layers (kiln: cuDNN and own kernels)"
+rm -f "$RESULTS/bench_rnn.jsonl"
+run timeout 90 "$KILN" tests/gpu/bench_rnn.lua || fail "bench_rnn.lua"
+if [ "$TORCH" = yes ]; then
+  step "recurrent layers (PyTorch, the same shapes)"
+  timeout 90 python3 tests/gpu/torch_rnn.py || echo "(torch_rnn.py failed; no ratio)"
 fi
 
 step "training steps: the CNN (batch 64, 28x28) and ResNet-18 (batch 64, 224x224) (kiln, cuDNN benchmark mode)"
@@ -217,6 +232,7 @@ step "summary"
   [ -f "$RESULTS/gpu_ops.txt" ] && tail -n 1 "$RESULTS/gpu_ops.txt"
   [ -f "$RESULTS/bench_gemm.jsonl" ] && cat "$RESULTS/bench_gemm.jsonl"
   [ -f "$RESULTS/bench_conv.jsonl" ] && cat "$RESULTS/bench_conv.jsonl"
+  [ -f "$RESULTS/bench_rnn.jsonl" ] && cat "$RESULTS/bench_rnn.jsonl"
   [ -f "$RESULTS/train_check.txt" ] && tail -n 1 "$RESULTS/train_check.txt"
   [ -f "$RESULTS/bench_train.jsonl" ] && cat "$RESULTS/bench_train.jsonl"
   [ -f "$RESULTS/bench_train.jsonl" ] && train_table "$RESULTS/bench_train.jsonl"
