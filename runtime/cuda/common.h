@@ -25,7 +25,9 @@ struct cuda_device {
   cudaStream_t stream;                       /* the device's one stream: every kernel and copy */
   struct kiln_caching_allocator *allocator;
   void *blas;                                /* cublasHandle_t, made at the first GEMM */
-  void *blas_workspace;
+  void *blas_lt;                             /* cublasLtHandle_t, made with blas */
+  void *blas_workspace;                      /* 32 MiB for the device's stream: cuBLAS and cuBLASLt share it,
+                                                as every product on the stream runs after the one before */
   void *dnn;                                 /* cudnnHandle_t, made at the first convolution */
   void *dnn_workspace;                       /* cuDNN's workspace, grown to the largest request */
   size_t dnn_workspace_bytes;
