@@ -65,6 +65,8 @@ return {
   ["kiln.no_grad"] = "kiln.no_grad(f, ...): calls f without recording the autograd graph",
   ["kiln.set_num_threads"] = "kiln.set_num_threads(n): the size of the CPU thread pool",
   ["kiln.get_num_threads"] = "kiln.get_num_threads(): the size of the CPU thread pool",
+  ["kiln.set_float32_matmul_precision"] = "kiln.set_float32_matmul_precision(p): how f32 matmuls may compute on a GPU: \"highest\" (exact f32, the default), \"high\" (TF32) or \"medium\" (BF16); no effect on the CPU",
+  ["kiln.get_float32_matmul_precision"] = "kiln.get_float32_matmul_precision(): \"highest\", \"high\" or \"medium\"",
   ["kiln.device"] = "kiln.device(name): a device, \"cpu\" or \"cuda:N\"",
   ["kiln.save"] = "kiln.save(path, tensors[, metadata]): writes a table of named tensors (a state_dict) as safetensors, crash-safely",
   ["kiln.load"] = "kiln.load(path[, {mmap = false}]): reads a safetensors file: a table of tensors by name, and the metadata strings",

@@ -132,6 +132,22 @@ function kiln.set_rng_state(s) C.kiln_random_set_state(s.seed, s.offset) end
 function kiln.set_num_threads(n) check(C.kiln_set_num_threads(n)) end
 function kiln.get_num_threads() return C.kiln_get_num_threads() end
 
+-- How f32 matrix products may compute on a GPU, as torch.set_float32_matmul_precision:
+-- "highest" (the default: exact f32), "high" (TF32 tensor cores) or "medium" (BF16). No effect on
+-- the CPU, nor on f64, f16 and bf16 products.
+local precisions = {highest = C.KILN_MATMUL_HIGHEST, high = C.KILN_MATMUL_HIGH, medium = C.KILN_MATMUL_MEDIUM}
+local precision_names = {[C.KILN_MATMUL_HIGHEST] = "highest", [C.KILN_MATMUL_HIGH] = "high",
+                         [C.KILN_MATMUL_MEDIUM] = "medium"}
+function kiln.set_float32_matmul_precision(p)
+  local v = precisions[p]
+  if v == nil then
+    error(string.format('kiln.set_float32_matmul_precision: %s is not a precision: "highest" (exact f32), '
+                        .. '"high" (TF32) or "medium" (BF16)', type(p) == "string" and string.format("%q", p) or tostring(p)), 2)
+  end
+  check(C.kiln_set_float32_matmul_precision(v))
+end
+function kiln.get_float32_matmul_precision() return precision_names[C.kiln_get_float32_matmul_precision()] end
+
 -- Bytes held by tensors on a device type ("cpu" or "cuda").
 function kiln.memory_stats(device)
   local s = C.kiln_memory_stats(device == "cuda" and C.KILN_CUDA or C.KILN_CPU)

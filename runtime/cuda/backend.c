@@ -382,7 +382,8 @@ KILN_API int kiln_cuda_backend_open(int api_version, const struct kiln_cuda_host
     return KILN_ERR_UNSUPPORTED;
   }
   if (!host || host->op_count != KILN_OP_COUNT || host->call_size != (int)sizeof(struct kiln_call) ||
-      host->backend_size != (int)sizeof(struct kiln_backend) || !host->fail) {
+      host->backend_size != (int)sizeof(struct kiln_backend) || !host->fail ||
+      !host->float32_matmul_precision) {
     snprintf(err, errlen,
              "libkiln_cuda.so was built from other sources than libkiln (ops %d vs %d, call %d vs %d bytes, table %d vs "
              "%d bytes): rebuild both",

@@ -30,7 +30,9 @@ struct cuda_device {
   int nstreams, streams_cap;
   struct kiln_caching_allocator *allocator;
   void *blas;                                /* cublasHandle_t, made at the first GEMM */
-  void *blas_workspace;                      /* the current stream's (KILN_CUBLAS_WORKSPACE_BYTES) */
+  void *blas_lt;                             /* cublasLtHandle_t, made with blas */
+  void *blas_workspace;                      /* the current stream's (KILN_CUBLAS_WORKSPACE_BYTES): cuBLAS and cuBLASLt
+                                                share it, as every product on a stream runs after the one before */
   void *dnn;                                 /* cudnnHandle_t, made at the first convolution */
   void *dnn_workspace;                       /* the current stream's cuDNN workspace, grown to the largest request */
   size_t dnn_workspace_bytes;

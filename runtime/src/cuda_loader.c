@@ -22,6 +22,7 @@ static const struct kiln_cuda_host host = {
   .call_size = (int)sizeof(struct kiln_call),
   .backend_size = (int)sizeof(struct kiln_backend),
   .fail = kiln_fail,
+  .float32_matmul_precision = kiln_get_float32_matmul_precision,
 };
 
 /* The folder libkiln was loaded from ("" when dladdr cannot tell). */

@@ -73,14 +73,15 @@ struct kiln_backend {
 
 /* The CUDA backend (cuda_loader.c). libkiln_cuda.so exports one entry, kiln_cuda_backend_open
    (type kiln_cuda_open_fn). It gets the host's API version and layout sizes (a mismatch is an
-   error, not a crash) and kiln_fail, which libkiln does not export; it returns its table even
-   when *device_count is 0 (err then says why), and non-zero with err set when it cannot serve
-   this libkiln at all. */
+   error, not a crash), kiln_fail, which libkiln does not export, and the getter of the f32 matmul
+   precision; it returns its table even when *device_count is 0 (err then says why), and non-zero
+   with err set when it cannot serve this libkiln at all. */
 struct kiln_cuda_host {
   int api_version;
   int op_count;                  /* KILN_OP_COUNT */
   int call_size, backend_size;   /* sizeof(struct kiln_call), sizeof(struct kiln_backend) */
   int (*fail)(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+  int (*float32_matmul_precision)(void);   /* KILN_MATMUL_*, read at each f32 GEMM (API version 2) */
 };
 typedef int (*kiln_cuda_open_fn)(int api_version, const struct kiln_cuda_host *host, const struct kiln_backend **out,
                                  int *device_count, char *err, size_t errlen);

@@ -2,10 +2,11 @@
    Built as is (fake_kiln_cuda): a backend that speaks another API version, so that test_cuda_loader
    can check the loader refuses it with a clear message instead of crashing.
    Built with FAKE_CUDA_DEVICE (fake_kiln_cuda_device): one pretend device whose "device memory" is
-   host memory (no kernels: only allocation and copies), with the pinned host memory entries served
-   by the real pinned cache (runtime/cuda/pinned.c) over malloc, streams and events as tokens, and
-   counters of every call, so that test_pinned and tests/lua/fake_cuda_device.lua can check which
-   paths the runtime took (fake_cuda_counters). */
+   host memory (no kernels but a GEMM that records the matmul precision it is handed, then refuses:
+   only allocation and copies), with the pinned host memory entries served by the real pinned cache
+   (runtime/cuda/pinned.c) over malloc, streams and events as tokens, and counters of every call, so
+   that test_pinned and tests/lua/fake_cuda_device.lua can check which paths the runtime took
+   (fake_cuda_counters). */
 #include <stdio.h>
 #include <stddef.h>
 
@@ -241,6 +242,16 @@ static int fake_record_stream(int device_index, void *data, void *s) {
   return KILN_OK;
 }
 
+/* GEMM: no arithmetic, only what the CUDA backend's GEMM reads before it picks cuBLAS's compute
+   type: the f32 matmul precision, through kiln_cuda_host (test_cuda_gemm_plan fake). */
+static int fake_gemm(const struct kiln_call *c) {
+  (void)c;
+  COUNT(gemm_calls);
+  int precision = host->float32_matmul_precision();
+  __atomic_store_n(&counters.gemm_precision, precision, __ATOMIC_RELAXED);
+  return host->fail(KILN_ERR_UNSUPPORTED, "gemm: the fake CUDA device does not multiply (precision %d)", precision);
+}
+
 static struct kiln_backend table = {
   .name = "cuda",
   .alloc = fake_alloc,
@@ -267,6 +278,7 @@ static struct kiln_backend table = {
   .event_query = fake_event_query,
   .event_elapsed = fake_event_elapsed,
   .record_stream = fake_record_stream,
+  .kernel = {[KILN_OP_GEMM] = fake_gemm},
 };
 
 __attribute__((visibility("default"))) int kiln_cuda_backend_open(int api_version, const struct kiln_cuda_host *h,
@@ -275,7 +287,7 @@ __attribute__((visibility("default"))) int kiln_cuda_backend_open(int api_versio
   *out = NULL;
   *device_count = 0;
   if (api_version != KILN_API_VERSION || !h || h->op_count != KILN_OP_COUNT || h->backend_size != (int)sizeof table ||
-      h->call_size != (int)sizeof(struct kiln_call)) {
+      h->call_size != (int)sizeof(struct kiln_call) || !h->float32_matmul_precision) {
     snprintf(err, errlen, "the fake CUDA backend was built from other sources than libkiln");
     return KILN_ERR_UNSUPPORTED;
   }

@@ -15,6 +15,7 @@ struct fake_cuda_counters {
   int64_t device_ooms;                                 /* allocations refused ($FAKE_CUDA_CAPACITY) */
   int64_t streams_made, streams_freed, stream_switches, stream_waits, records_on_streams;
   int64_t events_made, events_freed, events_on_streams;
+  int64_t gemm_calls, gemm_precision;                  /* GEMMs refused; the f32 matmul precision the last one read */
 };
 typedef struct fake_cuda_counters *(*fake_cuda_counters_fn)(void);
 

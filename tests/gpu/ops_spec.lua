@@ -1613,6 +1613,111 @@ if has_kernel("rnn") and (not ON_GPU or kiln.cuda.has_cudnn()) then
 end
 -- ==== end of the cuDNN recurrent section ====
 
+-- ==== matmul precision and cuBLASLt (kiln.set_float32_matmul_precision) ====
+-- f32 GEMMs at "highest" (exact f32: f32 tolerance), "high" (TF32: inputs rounded to 10 mantissa
+-- bits) and "medium" (BF16: 7 bits), each against the CPU's f32 product (which ignores the setting),
+-- the normalised error bounded by what the rounding allows; "high" must also differ from exact f32 by
+-- more than f32's tolerance (TF32 is in use). bf16 and f16 GEMMs through cuBLASLt at sizes where tensor
+-- cores matter, batched with a broadcast operand and at misaligned addresses (views starting one
+-- element in, so cuBLASLt is told 2- or 4-byte alignment). A repeated product (the cached algorithm)
+-- gives the same bits. The setting is put back to "highest" afterwards, whatever happens.
+local precision_tol = {highest = 2e-5, high = 2e-3, medium = 1.5e-2}
+if has_kernel("gemm") then
+  local function lt_case(what, precision, dtype, tol, f)
+    guarded("gemm precision", what, function()
+      local ok, err = pcall(function()
+        kiln.set_float32_matmul_precision(precision)
+        local g = f(DEV)
+        kiln.set_float32_matmul_precision("highest")
+        local c = f("cpu")
+        local e, detail = max_error(g, c, true)
+        record("gemm precision", e, tol, what, detail)
+      end)
+      kiln.set_float32_matmul_precision("highest")
+      if not ok then error(err, 0) end
+    end)
+  end
+  local function inputs(sa, sb, dtype, views)
+    local a, b = gen(sa, dtype, true), gen(sb, dtype, true)
+    return function(dev)
+      local x, y = a:to(dev), b:to(dev)
+      if views then x, y = views(x, y) end
+      return x, y
+    end
+  end
+  local sq = inputs({512, 768}, {768, 384}, "f32")
+  local bt = inputs({4, 192, 256}, {256, 320}, "f32")                      -- b broadcast over the batch
+  local tt = inputs({768, 512}, {384, 768}, "f32", function(x, y) return x:t(), y:t() end)
+  local mis = inputs({300, 257}, {257, 130}, "f32", function(x, y) return x:narrow(2, 2, 256), y:narrow(1, 2, 256) end)
+  for _, precision in ipairs({"highest", "high", "medium"}) do
+    local tol = precision_tol[precision]
+    lt_case("f32 " .. precision .. " [512,768] @ [768,384]", precision, "f32", tol,
+            function(dev) local a, b = sq(dev) return a:matmul(b) end)
+    lt_case("f32 " .. precision .. " [4,192,256] @ [256,320] (batch stride 0)", precision, "f32", tol,
+            function(dev) local a, b = bt(dev) return a:matmul(b) end)
+    lt_case("f32 " .. precision .. " transposed @ transposed", precision, "f32", tol,
+            function(dev) local a, b = tt(dev) return a:matmul(b) end)
+    lt_case("f32 " .. precision .. " misaligned views (4-byte alignment)", precision, "f32", tol,
+            function(dev) local a, b = mis(dev) return a:matmul(b) end)
+  end
+  -- TF32 in effect: "high" must differ from exact f32 by more than f32's tolerance (randn inputs
+  -- lose their low 13 mantissa bits), and still by less than TF32's.
+  guarded("gemm precision", "f32 high differs from highest (TF32 in use)", function()
+    local ok, err = pcall(function()
+      local a, b = sq(DEV)
+      kiln.set_float32_matmul_precision("highest")
+      local exact = a:matmul(b):to("cpu")
+      kiln.set_float32_matmul_precision("high")
+      local fast = a:matmul(b):to("cpu")
+      kiln.set_float32_matmul_precision("highest")
+      local e = max_error(fast, exact, true)
+      local in_use = not ON_GPU or (e > precision_tol.highest and e <= precision_tol.high)
+      record("gemm precision", in_use and 0 or math.huge, 0, "f32 high differs from highest (TF32 in use)",
+             string.format("normalised difference %.3g, expected in (%g, %g]", e, precision_tol.highest, precision_tol.high))
+    end)
+    kiln.set_float32_matmul_precision("highest")
+    if not ok then error(err, 0) end
+  end)
+  for _, dtype in ipairs({"bf16", "f16"}) do
+    local tol = tolerance("gemm", "f32", dtype)
+    local big = inputs({1024, 1024}, {1024, 1024}, dtype)
+    lt_case(dtype .. " [1024,1024] @ [1024,1024]", "highest", dtype, tol, function(dev) local a, b = big(dev) return a:matmul(b) end)
+    lt_case(dtype .. " [1024,1024] @ [1024,1024] under high (no effect)", "high", dtype, tol,
+            function(dev) local a, b = big(dev) return a:matmul(b) end)
+    local bb = inputs({6, 128, 320}, {320, 200}, dtype)
+    lt_case(dtype .. " [6,128,320] @ [320,200] (batch stride 0)", "highest", dtype, tol,
+            function(dev) local a, b = bb(dev) return a:matmul(b) end)
+    local tr = inputs({320, 128}, {200, 320}, dtype, function(x, y) return x:t(), y:t() end)
+    lt_case(dtype .. " transposed @ transposed", "highest", dtype, tol, function(dev) local a, b = tr(dev) return a:matmul(b) end)
+    local mb = inputs({129, 257}, {257, 65}, dtype, function(x, y) return x:narrow(2, 2, 256), y:narrow(1, 2, 256) end)
+    lt_case(dtype .. " misaligned views (2-byte alignment)", "highest", dtype, tol,
+            function(dev) local a, b = mb(dev) return a:matmul(b) end)
+  end
+  -- the cached algorithm: the same product twice, bit for bit (and the first one is the cache's miss)
+  for _, case in ipairs({{"f32", "high"}, {"bf16", "highest"}}) do
+    local what = case[1] .. " " .. case[2] .. " twice (the cached algorithm): the same bits"
+    guarded("gemm precision", what, function()
+      local ok, err = pcall(function()
+        local x = inputs({96, 160}, {160, 224}, case[1])
+        local a, b = x(DEV)
+        kiln.set_float32_matmul_precision(case[2])
+        local first, second = a:matmul(b):to("cpu"), a:matmul(b):to("cpu")
+        kiln.set_float32_matmul_precision("highest")
+        local e = max_error(first, second, false)
+        record("gemm precision", e, 0, what, "")
+      end)
+      kiln.set_float32_matmul_precision("highest")
+      if not ok then error(err, 0) end
+    end)
+  end
+  -- the setting is checked before anything reaches the device
+  guarded("gemm precision", "a bad precision is an error naming the three", function()
+    local ok, err = pcall(kiln.set_float32_matmul_precision, "fast")
+    local fine = not ok and tostring(err):find('"highest"', 1, true) and kiln.get_float32_matmul_precision() == "highest"
+    record("gemm precision", fine and 0 or math.huge, 0, "a bad precision is an error naming the three", tostring(err))
+  end)
+end
+
 -- ---- the table ----
 
 local lines = {}

@@ -79,6 +79,20 @@ int kiln_matmul_out(struct kiln_tensor *out, const struct kiln_tensor *a, const 
 struct kiln_tensor *kiln_addmm(const struct kiln_tensor *c, const struct kiln_tensor *a, const struct kiln_tensor *b,
                                double beta, double alpha);
 
+/* How f32 matrix products may compute on a GPU, as PyTorch's set_float32_matmul_precision:
+   HIGHEST (the default) in exact f32; HIGH may use TF32 tensor cores (inputs rounded to 10
+   mantissa bits, f32 accumulation); MEDIUM may use BF16 (inputs rounded to 7 bits, or TF32
+   where the library prefers). One setting for the process, read at each product. The CPU always
+   computes in f32, and f64, f16 and bf16 products ignore the setting. */
+enum kiln_matmul_precision {
+  KILN_MATMUL_HIGHEST = 0,
+  KILN_MATMUL_HIGH = 1,
+  KILN_MATMUL_MEDIUM = 2
+};
+/* KILN_ERR_ARGUMENT (and the setting unchanged) for a value outside the enum. */
+int kiln_set_float32_matmul_precision(int precision);
+int kiln_get_float32_matmul_precision(void);
+
 /* Joining. */
 struct kiln_tensor *kiln_cat(int n, struct kiln_tensor *const *tensors, int dim);
 struct kiln_tensor *kiln_stack(int n, struct kiln_tensor *const *tensors, int dim);
