@@ -3,10 +3,10 @@
 # per result; run.sh runs it when PyTorch can be imported.
 import json, os, time
 import torch
+from torch_precision import exact_f32
 import torch.nn.functional as F
 
-torch.backends.cudnn.allow_tf32 = False
-torch.backends.cuda.matmul.allow_tf32 = False
+exact_f32()
 torch.backends.cudnn.benchmark = os.environ.get("KILN_CUDNN_BENCHMARK") == "1"
 mode = "benchmark" if torch.backends.cudnn.benchmark else "heuristic"
 shapes = [

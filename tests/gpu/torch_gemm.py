@@ -1,17 +1,17 @@
 # tests/gpu/torch_gemm.py: PyTorch's GEMM on the same shapes and rows as bench_gemm.lua, for the
-# ratio: f32 "highest" (allow_tf32 off, as kiln's default), f32 "high" (allow_tf32 on, as kiln's
+# ratio: f32 "highest" (TF32 off, as kiln's default), f32 "high" (TF32 on, as kiln's
 # set_float32_matmul_precision("high")), bf16. One JSON line per result; run.sh runs it when
 # PyTorch can be imported.
 import json, os, sys, time
 import torch
+from torch_precision import set_tf32
 
 sizes = [int(s) for s in sys.argv[1:]] or [4096, 8192]
 out_dir = os.environ.get("OUT")
 rows = (("f32", "highest", torch.float32, 50e12), ("f32", "high", torch.float32, 300e12),
         ("bf16", "bf16", torch.bfloat16, 700e12))
 for name, precision, dtype, rate in rows:
-    torch.backends.cuda.matmul.allow_tf32 = precision == "high"
-    torch.set_float32_matmul_precision(precision if name == "f32" else "highest")
+    set_tf32(matmul=precision == "high")
     for n in sizes:
         a = torch.randn(n, n, device="cuda", dtype=dtype)
         b = torch.randn(n, n, device="cuda", dtype=dtype)
@@ -32,4 +32,4 @@ for name, precision, dtype, rate in rows:
         if out_dir:
             with open(os.path.join(out_dir, "bench_gemm.jsonl"), "a") as f:
                 f.write(line + "\n")
-torch.backends.cuda.matmul.allow_tf32 = False
+set_tf32(False)

@@ -4,9 +4,9 @@
 # $OUT/bench_rnn.jsonl when OUT is set.
 import json, os, time
 import torch
+from torch_precision import exact_f32
 
-torch.backends.cudnn.allow_tf32 = False
-torch.backends.cuda.matmul.allow_tf32 = False
+exact_f32()
 T, I = 64, 256
 out_dir = os.environ.get("OUT")
 

@@ -16,6 +16,7 @@ import statistics
 import time
 
 import torch
+from torch_precision import exact_f32
 import torch.nn as nn
 
 TARGET = 1.1   # the issue's goal: kiln's training step within 1.1x of PyTorch's
@@ -123,25 +124,6 @@ def bench(name, device, quick):
             "max_ms": round(max(times), 4), "reps": s["reps"], "steps_per_rep": s["steps"],
             "warmup_s": round(warmup_s, 3), "loss": loss.item(),
             "parameters": sum(p.numel() for p in model.parameters())}
-
-
-def exact_f32():
-    """TF32 off for matmul and cuDNN's convolutions: through the fp32_precision settings where this torch
-    has them (2.9 and later, which deprecate allow_tf32 and refuse a mix of the two), else allow_tf32."""
-    def has(obj, name):   # torch.backends.cuda.matmul raises AssertionError for an unknown name
-        try:
-            getattr(obj, name)
-            return True
-        except (AttributeError, AssertionError):
-            return False
-
-    matmul, conv = torch.backends.cuda.matmul, getattr(torch.backends.cudnn, "conv", None)
-    if has(matmul, "fp32_precision") and has(conv, "fp32_precision"):
-        matmul.fp32_precision = "ieee"
-        conv.fp32_precision = "ieee"
-    else:
-        matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
 
 
 def kiln_results(path):
