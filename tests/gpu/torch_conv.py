@@ -1,9 +1,9 @@
 # tests/gpu/torch_conv.py: PyTorch's conv2d on the same shapes as bench_conv.lua, for the ratio
 # (f32 with TF32 off, as kiln's default; cudnn.benchmark as KILN_CUDNN_BENCHMARK). One JSON line
 # per result; run.sh runs it when PyTorch can be imported.
-import json, os, time
+import json, os
 import torch
-from torch_precision import exact_f32
+from torch_common import exact_f32, timed
 import torch.nn.functional as F
 
 exact_f32()
@@ -17,16 +17,6 @@ shapes = [
 ]
 out_dir = os.environ.get("OUT")
 
-
-def timed(iters, f):
-    for _ in range(3):
-        f()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        f()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / iters
 
 
 for name, xs, ws, stride, padding in shapes:

@@ -4,7 +4,7 @@
 # PyTorch can be imported.
 import json, os, sys, time
 import torch
-from torch_precision import set_tf32
+from torch_common import set_tf32
 
 sizes = [int(s) for s in sys.argv[1:]] or [4096, 8192]
 out_dir = os.environ.get("OUT")

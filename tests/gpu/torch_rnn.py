@@ -2,24 +2,14 @@
 # bench_rnn.lua, for the ratio: f32 with TF32 off, forward alone under no_grad and forward +
 # backward (grads of x and the weights). One JSON line per result, also appended to
 # $OUT/bench_rnn.jsonl when OUT is set.
-import json, os, time
+import json, os
 import torch
-from torch_precision import exact_f32
+from torch_common import exact_f32, timed
 
 exact_f32()
 T, I = 64, 256
 out_dir = os.environ.get("OUT")
 
-
-def timed(iters, f):
-    for _ in range(3):
-        f()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        f()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / iters
 
 
 for mode, cls in (("lstm", torch.nn.LSTM), ("gru", torch.nn.GRU)):

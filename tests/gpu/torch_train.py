@@ -16,7 +16,7 @@ import statistics
 import time
 
 import torch
-from torch_precision import exact_f32
+from torch_common import exact_f32
 import torch.nn as nn
 
 TARGET = 1.1   # the goal: kiln's training step within 1.1x of PyTorch's

@@ -1,7 +1,8 @@
-# tests/gpu/torch_precision.py: TF32 on or off for PyTorch's matmul and cuDNN convolutions, for the
-# peer scripts (torch_gemm.py, torch_conv.py, torch_rnn.py, torch_train.py). PyTorch 2.9 and later
-# set it through fp32_precision ("ieee" / "tf32"), deprecate allow_tf32 and refuse a mix of the
-# two; older versions only have allow_tf32.
+# tests/gpu/torch_common.py: what the PyTorch peer scripts (torch_gemm.py, torch_conv.py,
+# torch_rnn.py, torch_train.py) share. TF32 on or off for matmul and cuDNN convolutions: PyTorch 2.9
+# and later set it through fp32_precision ("ieee" / "tf32"), deprecate allow_tf32 and refuse a mix
+# of the two; older versions only have allow_tf32. timed(): seconds per call on the GPU.
+import time
 import torch
 
 
@@ -26,3 +27,15 @@ def set_tf32(matmul=False, conv=False):
 def exact_f32():
     """TF32 off for matmul and cuDNN (kiln's default: exact f32)."""
     set_tf32(False, False)
+
+
+def timed(iters, f):
+    """Seconds per call of f: 3 calls of warm-up, then iters calls between synchronizations."""
+    for _ in range(3):
+        f()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        f()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / iters
