@@ -3,7 +3,7 @@
    sequence's end), the same grads of x, h0, c0, w_ih, w_hh, b_ih and b_hh.
    The network: cudnnSetRNNDescriptor_v8 with the standard algorithm, one layer, one direction,
    linear input, two bias vectors (b_ih and b_hh, as PyTorch), data and math in the tensors'
-   dtype (f32 or f64) and CUDNN_DEFAULT_MATH (no tensor cores: f32 stays exact), padded IO; the
+   dtype (f32 or f64), CUDNN_FMA_MATH for f32 (no TF32 tensor cores: f32 stays exact), padded IO; the
    sequences in CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED ([T,B,N], kiln's layout) with their
    lengths (any order) and padding filled with 0.
    The weights: w_ih, w_hh, b_ih and b_hh are copied gate by gate into cuDNN's weight space at
