@@ -323,6 +323,9 @@ extern "C" int cuda_rnn_cudnn_backward(const struct kiln_call *c) {
   if (!rc) {
     dx = bw->gx && !p.reverse ? kiln_tensor_data(bw->gx) : scratch(&p, (size_t)(p.T_ * p.B * p.I) * p.es, &dxr);
     if (!dx) rc = kiln_error_code();
+    /* the grad of x past each sequence's end is zero, as on the CPU: cuDNN promises its padding
+       fill for outputs only, and dx (described by xDesc) may keep whatever the buffer held */
+    if (!rc && bw->gx && t->lengths) rc = zero(&p, dx, (size_t)(p.T_ * p.B * p.I) * p.es, "cudaMemsetAsync (grad of x)");
   }
   /* the data grads first: cuDNN's weight grads read what this leaves in the reserve */
   if (!rc)
