@@ -3,7 +3,7 @@
    sequence's end), the same grads of x, h0, c0, w_ih, w_hh, b_ih and b_hh.
    The network: cudnnSetRNNDescriptor_v8 with the standard algorithm, one layer, one direction,
    linear input, two bias vectors (b_ih and b_hh, as PyTorch), data and math in the tensors'
-   dtype (f32 or f64) and CUDNN_DEFAULT_MATH (no tensor cores: f32 stays exact), padded IO; the
+   dtype (f32 or f64), CUDNN_FMA_MATH for f32 (no TF32 tensor cores: f32 stays exact), padded IO; the
    sequences in CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED ([T,B,N], kiln's layout) with their
    lengths (any order) and padding filled with 0.
    The weights: w_ih, w_hh, b_ih and b_hh are copied gate by gate into cuDNN's weight space at
@@ -116,8 +116,15 @@ static int lengths(struct plan *p, const struct kiln_tensor *len, int32_t *host)
   /* host is pageable: the copy has read it when the call returns */
   if (rc || !l || !p->reverse) return rc;
   if (!(p->len64 = kiln_tensor_empty(1, &B, KILN_I64, p->where))) return kiln_error_code();
-  return cuda_check(cudaMemcpyAsync(kiln_tensor_data(p->len64), l, sizeof(int64_t) * (size_t)B, cudaMemcpyHostToDevice,
-                                    p->dev->stream), p->op, "cudaMemcpyAsync (lengths to the device)");
+  /* through a pageable copy too: the lengths tensor may be pinned, and a copy from pinned memory
+     reads it only when the stream gets there, after the caller may have reused or freed it */
+  int64_t *l64 = (int64_t *)malloc(sizeof(int64_t) * (size_t)B);
+  if (!l64) return cuda_fail(KILN_ERR_MEMORY, "%s: out of host memory for %lld lengths", p->op, (long long)B);
+  memcpy(l64, l, sizeof(int64_t) * (size_t)B);
+  rc = cuda_check(cudaMemcpyAsync(kiln_tensor_data(p->len64), l64, sizeof(int64_t) * (size_t)B, cudaMemcpyHostToDevice,
+                                  p->dev->stream), p->op, "cudaMemcpyAsync (lengths to the device)");
+  free(l64);
+  return rc;
 }
 
 /* Everything both passes need: the device, the handle, the descriptors and cuDNN's sizes. */
@@ -323,6 +330,9 @@ extern "C" int cuda_rnn_cudnn_backward(const struct kiln_call *c) {
   if (!rc) {
     dx = bw->gx && !p.reverse ? kiln_tensor_data(bw->gx) : scratch(&p, (size_t)(p.T_ * p.B * p.I) * p.es, &dxr);
     if (!dx) rc = kiln_error_code();
+    /* the grad of x past each sequence's end is zero, as on the CPU: cuDNN promises its padding
+       fill for outputs only, and dx (described by xDesc) may keep whatever the buffer held */
+    if (!rc && bw->gx && t->lengths) rc = zero(&p, dx, (size_t)(p.T_ * p.B * p.I) * p.es, "cudaMemsetAsync (grad of x)");
   }
   /* the data grads first: cuDNN's weight grads read what this leaves in the reserve */
   if (!rc)

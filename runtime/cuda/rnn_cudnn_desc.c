@@ -28,8 +28,10 @@ cudnnStatus_t kiln_rnn_cudnn_describe(struct kiln_rnn_cudnn_desc *d, cudnnHandle
   TRY(cudnnCreateRNNDataDescriptor(&d->y), "cudnnCreateRNNDataDescriptor");
   TRY(cudnnCreateTensorDescriptor(&d->state), "cudnnCreateTensorDescriptor");
   if (handle) TRY(cudnnSetDropoutDescriptor(d->drop, handle, 0.0f, NULL, 0, 0), "cudnnSetDropoutDescriptor");
+  /* f32 stays exact: CUDNN_DEFAULT_MATH lets f32 run on TF32 tensor cores from Ampere on */
+  cudnnMathType_t math = dtype == KILN_F64 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
   TRY(cudnnSetRNNDescriptor_v8(d->rnn, CUDNN_RNN_ALGO_STANDARD, (cudnnRNNMode_t)cell, CUDNN_RNN_DOUBLE_BIAS, CUDNN_UNIDIRECTIONAL,
-                               CUDNN_LINEAR_INPUT, type, type, CUDNN_DEFAULT_MATH, I, H, H, 1, d->drop,
+                               CUDNN_LINEAR_INPUT, type, type, math, I, H, H, 1, d->drop,
                                CUDNN_RNN_PADDED_IO_ENABLED),
       "cudnnSetRNNDescriptor_v8");
   double fill64 = 0.0;

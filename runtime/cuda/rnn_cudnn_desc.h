@@ -22,7 +22,7 @@ struct kiln_rnn_cudnn_desc {
 /* Describe a layer of kiln mode (enum kiln_rnn_mode) in dtype (KILN_F32 or KILN_F64) over T steps
    of B sequences of lengths[b] steps (1..T), I input features and H hidden units: the standard
    algorithm, one layer and direction, linear input, two bias vectors, data and math in dtype,
-   CUDNN_DEFAULT_MATH (no tensor cores), padded IO. handle (or NULL, e.g. on a machine without a
+   CUDNN_FMA_MATH for f32 (no TF32 tensor cores) and CUDNN_DEFAULT_MATH for f64, padded IO. handle (or NULL, e.g. on a machine without a
    device) sets the dropout descriptor to no dropout first. On failure d->call names the call;
    release d either way. */
 cudnnStatus_t kiln_rnn_cudnn_describe(struct kiln_rnn_cudnn_desc *d, cudnnHandle_t handle, int mode, int dtype, int T, int B,

@@ -197,7 +197,9 @@ static void descriptors(void) {
                                        &aux) == CUDNN_STATUS_SUCCESS);
         CHECK(algo == CUDNN_RNN_ALGO_STANDARD && cell == cells[mode] && bias == CUDNN_RNN_DOUBLE_BIAS);
         CHECK(dir == CUDNN_UNIDIRECTIONAL && input == CUDNN_LINEAR_INPUT && type == want_type && prec == want_type);
-        CHECK(math == CUDNN_DEFAULT_MATH && I == 7 && H == 24 && P == 24 && L == 1 && drop == d.drop);
+        /* f32 exact: CUDNN_DEFAULT_MATH would allow TF32 tensor cores from Ampere on */
+        CHECK(math == (dt ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+        CHECK(I == 7 && H == 24 && P == 24 && L == 1 && drop == d.drop);
         CHECK(aux == CUDNN_RNN_PADDED_IO_ENABLED);
         for (int k = 0; k < 2; k++) {
           cudnnDataType_t t;
