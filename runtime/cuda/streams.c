@@ -144,6 +144,15 @@ int cuda_set_stream(int device_index, void *stream) {
     dev->dnn_workspace_bytes = to->dnn_workspace_bytes;
     rc = bind_handles(dev, "set_stream");
     to->blas_workspace = dev->blas_workspace;
+    if (rc) {
+      /* Switch back: every kernel and copy follows dev->stream, so it must stay the stream the
+         handles are bound to, with its workspace; the first failure is the status returned. */
+      dev->stream = from->stream;
+      dev->blas_workspace = from->blas_workspace;
+      dev->dnn_workspace = from->dnn_workspace;
+      dev->dnn_workspace_bytes = from->dnn_workspace_bytes;
+      bind_handles(dev, "set_stream");
+    }
   }
   pthread_mutex_unlock(&streams_lock);
   return rc;
