@@ -32,10 +32,7 @@ static const size_t BENCHMARK_WORKSPACE_CAP = (size_t)1 << 30;   /* the most a t
 
 static int dnn_check(cudnnStatus_t s, const char *op, const char *call) {
   if (s == CUDNN_STATUS_SUCCESS) return KILN_OK;
-  int code = s == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED || s == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED
-               ? KILN_ERR_MEMORY
-               : s == CUDNN_STATUS_NOT_SUPPORTED ? KILN_ERR_UNSUPPORTED : KILN_ERR_DEVICE;
-  return cuda_fail(code, "%s: %s: %s (cuDNN status %d)", op, call, cudnnGetErrorString(s), (int)s);
+  return cuda_fail(kiln_conv_graph_error_code(s), "%s: %s: %s (cuDNN status %d)", op, call, cudnnGetErrorString(s), (int)s);
 }
 
 static pthread_mutex_t dnn_lock = PTHREAD_MUTEX_INITIALIZER;

@@ -3,6 +3,7 @@
    the heuristics and the plans are made on the device's handle. */
 #include "conv_graph.h"
 #include <kiln/dtype.h>
+#include <kiln/error.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,6 +66,12 @@ int kiln_conv_graph_exact(int dtype, const cudnnBackendNumericalNote_t *notes, i
         notes[i] == CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION)
       return 0;
   return 1;
+}
+
+int kiln_conv_graph_error_code(cudnnStatus_t s) {
+  if (s == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED || s == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED)
+    return KILN_ERR_MEMORY;
+  return CUDNN_STATUS_CATEGORY(s) == CUDNN_STATUS_NOT_SUPPORTED ? KILN_ERR_UNSUPPORTED : KILN_ERR_DEVICE;
 }
 
 cudnnStatus_t kiln_conv_graph_tensor(cudnnBackendDescriptor_t *out, int64_t uid, cudnnDataType_t type, const int64_t dims[4],

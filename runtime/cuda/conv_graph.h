@@ -44,6 +44,12 @@ int64_t kiln_conv_graph_alignment(const void *p);
    REDUCED_PRECISION_REDUCTION); for f16 and bf16 every engine. */
 int kiln_conv_graph_exact(int dtype, const cudnnBackendNumericalNote_t *notes, int64_t count);
 
+/* The kiln error code for a failed cuDNN status: KILN_ERR_MEMORY for a failed host or device
+   allocation, KILN_ERR_UNSUPPORTED for any status of cuDNN 9's NOT_SUPPORTED category (which
+   comes with specific codes: CUDNN_STATUS_NOT_SUPPORTED_SHAPE, ..._LAYOUT, ...), else
+   KILN_ERR_DEVICE. */
+int kiln_conv_graph_error_code(cudnnStatus_t s);
+
 /* A finalized 4-d tensor descriptor. */
 cudnnStatus_t kiln_conv_graph_tensor(cudnnBackendDescriptor_t *out, int64_t uid, cudnnDataType_t type, const int64_t dims[4],
                                      const int64_t strides[4], int64_t alignment, const char **call);

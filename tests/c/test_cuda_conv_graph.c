@@ -7,7 +7,8 @@
    their convolution must not finalize. The operation graph needs a handle (a device): without one it
    is refused with the call named; heuristics, plans and execution are covered by
    tests/gpu/ops_spec.lua. Also checked here: the dtype mapping, buffer alignments, the shape's
-   strides, and the numerical-note filter that keeps f32 exact (no TF32). */
+   strides, the numerical-note filter that keeps f32 exact (no TF32), and the kiln error code of
+   each category of cuDNN status. */
 #include "check.h"
 
 #if KILN_TEST_HAVE_CUDNN
@@ -51,6 +52,21 @@ static void test_types_and_notes(void) {
   CHECK(kiln_conv_graph_exact(KILN_F32, NULL, 0));
   CHECK(kiln_conv_graph_exact(KILN_F16, tc, 2));   /* half precision may use tensor cores */
   CHECK(kiln_conv_graph_exact(KILN_BF16, down, 1));
+}
+
+/* cuDNN 9 reports a refusal with a specific code of the NOT_SUPPORTED category (3000-3999): each
+   is an unsupported case for kiln, not a device fault; allocations are memory errors. */
+static void test_error_codes(void) {
+  CHECK(kiln_conv_graph_error_code(CUDNN_STATUS_NOT_SUPPORTED) == KILN_ERR_UNSUPPORTED);
+  CHECK(kiln_conv_graph_error_code(CUDNN_STATUS_NOT_SUPPORTED_SHAPE) == KILN_ERR_UNSUPPORTED);
+  CHECK(kiln_conv_graph_error_code(CUDNN_STATUS_NOT_SUPPORTED_LAYOUT) == KILN_ERR_UNSUPPORTED);
+  CHECK(kiln_conv_graph_error_code(CUDNN_STATUS_NOT_SUPPORTED_PADDING) == KILN_ERR_UNSUPPORTED);
+  CHECK(kiln_conv_graph_error_code(CUDNN_STATUS_NOT_SUPPORTED_SHARED_MEMORY_INSUFFICIENT) == KILN_ERR_UNSUPPORTED);
+  CHECK(kiln_conv_graph_error_code(CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED) == KILN_ERR_MEMORY);
+  CHECK(kiln_conv_graph_error_code(CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED) == KILN_ERR_MEMORY);
+  CHECK(kiln_conv_graph_error_code(CUDNN_STATUS_BAD_PARAM) == KILN_ERR_DEVICE);
+  CHECK(kiln_conv_graph_error_code(CUDNN_STATUS_INTERNAL_ERROR) == KILN_ERR_DEVICE);
+  CHECK(kiln_conv_graph_error_code(CUDNN_STATUS_EXECUTION_FAILED_CUDART) == KILN_ERR_DEVICE);
 }
 
 static void test_shape(void) {
@@ -272,6 +288,7 @@ static void test_without_device(void) {
 int main(void) {
   CHECK(cudnnGetVersion() >= 90000 && cudnnGetVersion() < 100000);
   test_types_and_notes();
+  test_error_codes();
   test_shape();
   test_tensor();
   test_convolution();
