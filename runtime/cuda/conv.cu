@@ -32,10 +32,7 @@ static const size_t BENCHMARK_WORKSPACE_CAP = (size_t)1 << 30;   /* the most a t
 
 static int dnn_check(cudnnStatus_t s, const char *op, const char *call) {
   if (s == CUDNN_STATUS_SUCCESS) return KILN_OK;
-  int code = s == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED || s == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED
-               ? KILN_ERR_MEMORY
-               : s == CUDNN_STATUS_NOT_SUPPORTED ? KILN_ERR_UNSUPPORTED : KILN_ERR_DEVICE;
-  return cuda_fail(code, "%s: %s: %s (cuDNN status %d)", op, call, cudnnGetErrorString(s), (int)s);
+  return cuda_fail(kiln_conv_graph_error_code(s), "%s: %s: %s (cuDNN status %d)", op, call, cudnnGetErrorString(s), (int)s);
 }
 
 static pthread_mutex_t dnn_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -137,11 +134,18 @@ static int fits_int(const int64_t *v, int n) {
   return 1;
 }
 
-/* x [N,C,H,W] with strides xs (contiguous when NULL), w [O,C/g,kh,kw], y [N,O,OH,OW]. */
-static int descs_make(struct descs *d, const char *op, int dtype, const int64_t *x, const int64_t *xs, const int64_t *w,
-                      const int64_t *y, const int64_t *ints) {
+/* x [N,C,H,W] with strides xs (contiguous when NULL), w [O,C/g,kh,kw], y [N,O,OH,OW]; symmetric:
+   whether the pads alike before and after fit x (fit_input). */
+static int descs_make(struct descs *d, const char *op, int dtype, const int64_t *x, const int64_t *xs, int symmetric,
+                      const int64_t *w, const int64_t *y, const int64_t *ints) {
   memset(d, 0, sizeof *d);
   d->type = dtype == KILN_F64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+  if (!symmetric)
+    return cuda_fail(KILN_ERR_UNSUPPORTED, "%s: the [%lld,%lld] corner of a taller input for output [%lld,%lld,%lld,%lld] "
+                     "needs less padding after it than before (padding %lldx%lld, stride %lldx%lld), which cuDNN's legacy "
+                     "API cannot describe: not implemented on cuda with the legacy API (the graph API runs it)", op,
+                     (long long)x[2], (long long)x[3], (long long)y[0], (long long)y[1], (long long)y[2], (long long)y[3],
+                     (long long)ints[2], (long long)ints[3], (long long)ints[0], (long long)ints[1]);
   int64_t xn = x[0] * x[1] * x[2] * x[3], yn = y[0] * y[1] * y[2] * y[3];
   if (!fits_int(x, 4) || !fits_int(w, 4) || !fits_int(y, 4) || !fits_int(ints, 7) || xn > INT_MAX || yn > INT_MAX ||
       (xs && !fits_int(xs, 4)))
@@ -177,26 +181,26 @@ static int descs_make(struct descs *d, const char *op, int dtype, const int64_t 
 }
 
 /* The part of an input x [N,C,H,W] (contiguous) that cuDNN is told about, for an output of y's
-   extent: all of it when its conv gives that extent, else the [H', W'] corner that does. Sizes come
-   from the tensors (nn_calls.h), so the input may be taller than the conv of y's size needs: a
-   conv_transpose2d whose output padding exceeds its stride (possible under dilation) hands its
-   backward such pairs, and the rows past H' never meet the kernel. *sub gets the sizes, *strides
-   x's own (NULL when all of x is used). KILN_OK, or an error when not even the corner fits. */
+   extent (kiln_conv_graph_corner): all of it when its conv gives that extent, else the [H', W']
+   corner up to the last row and column the kernel reaches, with less padding after it than
+   before. Sizes come from the tensors (nn_calls.h), so the input may be taller than the conv of
+   y's size needs: a conv_transpose2d whose output padding exceeds its stride (possible under
+   dilation) hands its backward such pairs. *sub gets the sizes, *strides x's own (NULL when all of
+   x is used), *post the padding after the corner; symmetric says whether the pads alike on both
+   sides (all the legacy API describes) give y's extent from the corner too. KILN_OK, or an error
+   when not even the corner fits. */
 struct corner {
-  int64_t sub[4], strides[4];
-  int partial;
+  int64_t sub[4], strides[4], post[2];
+  int partial, symmetric;
 };
 static int fit_input(const char *op, const int64_t *x, const int64_t *w, const int64_t *y, const int64_t *ints, struct corner *c) {
-  c->sub[0] = x[0]; c->sub[1] = x[1];
-  for (int i = 0; i < 2; i++) {
-    int64_t span = ints[4 + i] * (w[2 + i] - 1) + 1, in = x[2 + i] + 2 * ints[2 + i];
-    int64_t out = in >= span ? (in - span) / ints[i] + 1 : 0;
-    int64_t least = (y[2 + i] - 1) * ints[i] + span - 2 * ints[2 + i];
-    c->sub[2 + i] = out == y[2 + i] ? x[2 + i] : least;
-  }
+  int r = kiln_conv_graph_corner(x, w, y, ints, c->sub, c->post);
   c->strides[0] = x[1] * x[2] * x[3]; c->strides[1] = x[2] * x[3]; c->strides[2] = x[3]; c->strides[3] = 1;
-  c->partial = c->sub[2] != x[2] || c->sub[3] != x[3];
-  if (c->partial && (c->sub[2] < 1 || c->sub[3] < 1 || c->sub[2] > x[2] || c->sub[3] > x[3]))
+  c->partial = r == 1;
+  /* pad before, post after, with post <= pad: the pad after as well keeps y's extent while the
+     difference stays under the stride */
+  c->symmetric = ints[2] - c->post[0] < ints[0] && ints[3] - c->post[1] < ints[1];
+  if (r < 0)
     return cuda_fail(KILN_ERR_UNSUPPORTED, "%s: input [%lld,%lld,%lld,%lld] for output [%lld,%lld,%lld,%lld]: sizes a "
                      "convolution of these parameters cannot join; not implemented on cuda", op, (long long)x[0],
                      (long long)x[1], (long long)x[2], (long long)x[3], (long long)y[0], (long long)y[1], (long long)y[2],
@@ -394,12 +398,14 @@ static int graph_plan(cudnnHandle_t h, struct cuda_device *dev, const char *op, 
     rc = dnn_check(st, op, call);
   } else if (st) {
     snprintf(why, whylen, "cuDNN's graph API cannot plan this %s %s pass (x [%lld,%lld,%lld,%lld] strides [%lld,%lld,%lld,%lld], "
-             "w [%lld,%lld,%lld,%lld], y [%lld,%lld,%lld,%lld], stride %lldx%lld, padding %lldx%lld, dilation %lldx%lld): %s: %s "
+             "w [%lld,%lld,%lld,%lld], y [%lld,%lld,%lld,%lld], stride %lldx%lld, padding %lldx%lld (after: %lldx%lld), "
+             "dilation %lldx%lld): %s: %s "
              "(cuDNN status %d)", s->dtype == KILN_F64 ? "f64" : "f32",
              pass_name(s->pass), (long long)s->x[0], (long long)s->x[1], (long long)s->x[2], (long long)s->x[3], (long long)s->xs[0],
              (long long)s->xs[1], (long long)s->xs[2], (long long)s->xs[3], (long long)s->w[0], (long long)s->w[1], (long long)s->w[2],
              (long long)s->w[3], (long long)s->y[0], (long long)s->y[1], (long long)s->y[2], (long long)s->y[3], (long long)s->ints[0],
-             (long long)s->ints[1], (long long)s->ints[2], (long long)s->ints[3], (long long)s->ints[4], (long long)s->ints[5], call,
+             (long long)s->ints[1], (long long)s->ints[2], (long long)s->ints[3], (long long)s->post[0], (long long)s->post[1],
+             (long long)s->ints[4], (long long)s->ints[5], call,
              cudnnGetErrorString(st), (int)st);
     ch->legacy = 1;
   } else if (n > 1) {
@@ -434,6 +440,8 @@ static int graph_pass(cudnnHandle_t h, struct cuda_device *dev, const char *op, 
   int benchmark = mode->benchmark;
   struct kiln_conv_graph_shape s;
   kiln_conv_graph_shape_make(&s, pass, dt, cx->sub, cx->partial ? cx->strides : NULL, w, y, ints, px, pw, py);
+  s.post[0] = cx->post[0];
+  s.post[1] = cx->post[1];
   struct kiln_conv_key k;
   kiln_conv_key_make(&k, pass, dt, dev->index, benchmark, xfull, w, y, ints);
   k.api = KILN_CONV_API_GRAPH;
@@ -569,7 +577,7 @@ extern "C" int cuda_conv2d(const struct kiln_call *c) {
   if (!rc && mode.api == KILN_CONV_API_GRAPH)
     rc = graph_pass(h, dev, op, KILN_CONV_FORWARD, dt, &mode, x->sizes, &cx, w->sizes, y->sizes, c->ints,
                     kiln_tensor_data(x), kiln_tensor_data(w), kiln_tensor_data(yo), &done);
-  if (!rc && !done) rc = descs_make(&d, op, dt, cx.sub, cx.partial ? cx.strides : NULL, w->sizes, y->sizes, c->ints);
+  if (!rc && !done) rc = descs_make(&d, op, dt, cx.sub, cx.partial ? cx.strides : NULL, cx.symmetric, w->sizes, y->sizes, c->ints);
   struct kiln_conv_key k;
   struct kiln_conv_choice ch;
   void *ws = NULL;
@@ -620,7 +628,7 @@ static int backward_data(cudnnHandle_t h, struct cuda_device *dev, const struct 
   if (!rc && mode->api == KILN_CONV_API_GRAPH)
     rc = graph_pass(h, dev, op, KILN_CONV_BACKWARD_DATA, dt, mode, xs, &cx, w->sizes, gy->sizes, ints,
                     kiln_tensor_data(o), kiln_tensor_data(w), kiln_tensor_data(gy), &done);
-  if (!rc && !done) rc = descs_make(&d, op, dt, cx.sub, cx.partial ? cx.strides : NULL, w->sizes, gy->sizes, ints);
+  if (!rc && !done) rc = descs_make(&d, op, dt, cx.sub, cx.partial ? cx.strides : NULL, cx.symmetric, w->sizes, gy->sizes, ints);
   struct kiln_conv_key k;
   struct kiln_conv_choice ch;
   void *ws = NULL;
@@ -659,7 +667,7 @@ static int backward_filter(cudnnHandle_t h, struct cuda_device *dev, const struc
   if (!rc && mode->api == KILN_CONV_API_GRAPH)
     rc = graph_pass(h, dev, op, KILN_CONV_BACKWARD_FILTER, dt, mode, x->sizes, &cx, gw->sizes, gy->sizes, c->ints,
                     kiln_tensor_data(x), kiln_tensor_data(o), kiln_tensor_data(gy), &done);
-  if (!rc && !done) rc = descs_make(&d, op, dt, cx.sub, cx.partial ? cx.strides : NULL, gw->sizes, gy->sizes, c->ints);
+  if (!rc && !done) rc = descs_make(&d, op, dt, cx.sub, cx.partial ? cx.strides : NULL, cx.symmetric, gw->sizes, gy->sizes, c->ints);
   struct kiln_conv_key k;
   struct kiln_conv_choice ch;
   void *ws = NULL;

@@ -120,7 +120,8 @@ int64_t kiln_conv_cache_count(struct kiln_conv_cache *c) {
 int kiln_conv_workspace_reserve(struct kiln_conv_workspace *ws, size_t need) {
   if (need <= ws->bytes) return 0;
   const size_t MIB = (size_t)1 << 20;
-  size_t bytes = (need + MIB - 1) / MIB * MIB;
+  /* rounded up to whole MiB, unless that would wrap around (the allocation then fails) */
+  size_t bytes = need > SIZE_MAX - (MIB - 1) ? need : (need + MIB - 1) / MIB * MIB;
   void *p = NULL;
   int rc = ws->alloc(ws->ctx, bytes, &p);
   if (rc) return rc;

@@ -3,6 +3,7 @@
    the heuristics and the plans are made on the device's handle. */
 #include "conv_graph.h"
 #include <kiln/dtype.h>
+#include <kiln/error.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,8 @@ void kiln_conv_graph_shape_make(struct kiln_conv_graph_shape *s, int pass, int d
   memcpy(s->w, w, sizeof s->w);
   memcpy(s->y, y, sizeof s->y);
   memcpy(s->ints, ints, sizeof s->ints);
+  s->post[0] = ints[2];
+  s->post[1] = ints[3];
   if (xs) memcpy(s->xs, xs, sizeof s->xs);
   else contiguous(x, s->xs);
   contiguous(w, s->ws);
@@ -38,6 +41,26 @@ void kiln_conv_graph_shape_make(struct kiln_conv_graph_shape *s, int pass, int d
   s->align_x = kiln_conv_graph_alignment(px);
   s->align_w = kiln_conv_graph_alignment(pw);
   s->align_y = kiln_conv_graph_alignment(py);
+}
+
+int kiln_conv_graph_corner(const int64_t x[4], const int64_t w[4], const int64_t y[4], const int64_t ints[7], int64_t sub[4],
+                           int64_t post[2]) {
+  int partial = 0;
+  sub[0] = x[0];
+  sub[1] = x[1];
+  for (int i = 0; i < 2; i++) {
+    int64_t stride = ints[i], pad = ints[2 + i], span = ints[4 + i] * (w[2 + i] - 1) + 1, in = x[2 + i] + 2 * pad;
+    int64_t out = in >= span ? (in - span) / stride + 1 : 0;
+    int64_t reach = (y[2 + i] - 1) * stride - pad + span;   /* rows [0, reach) of x meet the kernel */
+    sub[2 + i] = x[2 + i];
+    post[i] = pad;
+    if (out == y[2 + i]) continue;
+    if (out < y[2 + i] || reach < 1) return -1;
+    partial = 1;
+    sub[2 + i] = reach < x[2 + i] ? reach : x[2 + i];
+    post[i] = reach - sub[2 + i];   /* conv of sub padded by pad before and post after: y's extent */
+  }
+  return partial;
 }
 
 int kiln_conv_graph_types(int dtype, cudnnDataType_t *data, cudnnDataType_t *compute) {
@@ -67,6 +90,12 @@ int kiln_conv_graph_exact(int dtype, const cudnnBackendNumericalNote_t *notes, i
   return 1;
 }
 
+int kiln_conv_graph_error_code(cudnnStatus_t s) {
+  if (s == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED || s == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED)
+    return KILN_ERR_MEMORY;
+  return CUDNN_STATUS_CATEGORY(s) == CUDNN_STATUS_NOT_SUPPORTED ? KILN_ERR_UNSUPPORTED : KILN_ERR_DEVICE;
+}
+
 cudnnStatus_t kiln_conv_graph_tensor(cudnnBackendDescriptor_t *out, int64_t uid, cudnnDataType_t type, const int64_t dims[4],
                                      const int64_t strides[4], int64_t alignment, const char **call) {
   cudnnBackendDescriptor_t t = NULL;
@@ -88,9 +117,10 @@ cudnnStatus_t kiln_conv_graph_tensor(cudnnBackendDescriptor_t *out, int64_t uid,
 }
 
 cudnnStatus_t kiln_conv_graph_convolution(cudnnBackendDescriptor_t *out, cudnnDataType_t compute, const int64_t ints[7],
-                                          const char **call) {
+                                          const int64_t *post, const char **call) {
   cudnnBackendDescriptor_t c = NULL;
   int64_t dims = 2, strides[2] = {ints[0], ints[1]}, pads[2] = {ints[2], ints[3]}, dilations[2] = {ints[4], ints[5]};
+  int64_t after[2] = {post ? post[0] : ints[2], post ? post[1] : ints[3]};
   cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
   *out = NULL;
   TRY(cudnnBackendCreateDescriptor(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR, &c), "cudnnBackendCreateDescriptor (convolution)");
@@ -103,7 +133,7 @@ cudnnStatus_t kiln_conv_graph_convolution(cudnnBackendDescriptor_t *out, cudnnDa
       "cudnnBackendSetAttribute (CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS)");
   TRY(cudnnBackendSetAttribute(c, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pads),
       "cudnnBackendSetAttribute (CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS)");
-  TRY(cudnnBackendSetAttribute(c, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pads),
+  TRY(cudnnBackendSetAttribute(c, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, after),
       "cudnnBackendSetAttribute (CUDNN_ATTR_CONVOLUTION_POST_PADDINGS)");
   TRY(cudnnBackendSetAttribute(c, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, strides),
       "cudnnBackendSetAttribute (CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES)");
@@ -147,7 +177,7 @@ cudnnStatus_t kiln_conv_graph_operation(struct kiln_conv_graph *g, const struct 
   cudnnStatus_t st = kiln_conv_graph_tensor(&g->x, KILN_CONV_UID_X, data, s->x, s->xs, s->align_x, call);
   if (!st) st = kiln_conv_graph_tensor(&g->w, KILN_CONV_UID_W, data, s->w, s->ws, s->align_w, call);
   if (!st) st = kiln_conv_graph_tensor(&g->y, KILN_CONV_UID_Y, data, s->y, s->ys, s->align_y, call);
-  if (!st) st = kiln_conv_graph_convolution(&g->conv, compute, s->ints, call);
+  if (!st) st = kiln_conv_graph_convolution(&g->conv, compute, s->ints, s->post, call);
   if (st) return st;
   const struct op_attrs *a = &OPS[s->pass];
   /* alpha and beta in the compute type's precision: double for f64, float otherwise */

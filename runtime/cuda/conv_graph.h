@@ -19,17 +19,31 @@ enum { KILN_CONV_UID_X = 1, KILN_CONV_UID_W = 2, KILN_CONV_UID_Y = 3 };
 
 /* One pass: the sizes and strides of x, w and y (all NCHW; w is [O, C/groups, kh, kw], so groups
    is C over w's channels), the conv's ints (stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups,
-   as KILN_OP_CONV2D carries them), and each buffer's byte alignment (kiln_conv_graph_alignment). */
+   as KILN_OP_CONV2D carries them), the padding after the last row and column (post: ints' pads,
+   less for the corner of a taller input, see kiln_conv_graph_corner), and each buffer's byte
+   alignment (kiln_conv_graph_alignment). */
 struct kiln_conv_graph_shape {
   int pass;    /* enum kiln_conv_pass */
   int dtype;   /* enum kiln_dtype: f32, f64, f16, bf16 */
   int64_t x[4], xs[4], w[4], ws[4], y[4], ys[4];
   int64_t ints[7];
+  int64_t post[2];
   int64_t align_x, align_w, align_y;
 };
 
-/* s for a pass over x (strides xs, or contiguous when NULL: the corner of a taller input, see
-   conv.cu), w and y (contiguous), with the alignments of the three buffers x, w and y. */
+/* The part of an input x [N,C,H,W] that a conv of ints with output y's extent reads, for an input
+   that may be taller or wider than that conv needs (conv_transpose2d's output padding beyond its
+   stride hands the conv's passes such pairs). 0: all of it (sub = x, post = the pads). 1: the
+   [H', W'] corner sub, the rows and columns up to the last one the kernel reaches,
+   (y - 1) * stride - pad + span (those after it never meet the kernel), with post the padding after
+   the corner that gives y's extent: 0 when the corner ends at that reach, less than the pad
+   always. -1: sizes no conv of these ints joins (x too short for y). */
+int kiln_conv_graph_corner(const int64_t x[4], const int64_t w[4], const int64_t y[4], const int64_t ints[7], int64_t sub[4],
+                           int64_t post[2]);
+
+/* s for a pass over x (strides xs, or contiguous when NULL: the corner of a taller input, whose
+   post padding the caller then sets), w and y (contiguous), with the alignments of the three
+   buffers x, w and y; post is the pads. */
 void kiln_conv_graph_shape_make(struct kiln_conv_graph_shape *s, int pass, int dtype, const int64_t x[4], const int64_t *xs,
                                 const int64_t w[4], const int64_t y[4], const int64_t ints[7], const void *px,
                                 const void *pw, const void *py);
@@ -44,12 +58,19 @@ int64_t kiln_conv_graph_alignment(const void *p);
    REDUCED_PRECISION_REDUCTION); for f16 and bf16 every engine. */
 int kiln_conv_graph_exact(int dtype, const cudnnBackendNumericalNote_t *notes, int64_t count);
 
+/* The kiln error code for a failed cuDNN status: KILN_ERR_MEMORY for a failed host or device
+   allocation, KILN_ERR_UNSUPPORTED for any status of cuDNN 9's NOT_SUPPORTED category (which
+   comes with specific codes: CUDNN_STATUS_NOT_SUPPORTED_SHAPE, ..._LAYOUT, ...), else
+   KILN_ERR_DEVICE. */
+int kiln_conv_graph_error_code(cudnnStatus_t s);
+
 /* A finalized 4-d tensor descriptor. */
 cudnnStatus_t kiln_conv_graph_tensor(cudnnBackendDescriptor_t *out, int64_t uid, cudnnDataType_t type, const int64_t dims[4],
                                      const int64_t strides[4], int64_t alignment, const char **call);
-/* A finalized 2-d cross-correlation descriptor of ints (pads before and after alike). */
+/* A finalized 2-d cross-correlation descriptor of ints: ints' pads before, post after (the pads
+   again when NULL). */
 cudnnStatus_t kiln_conv_graph_convolution(cudnnBackendDescriptor_t *out, cudnnDataType_t compute, const int64_t ints[7],
-                                          const char **call);
+                                          const int64_t *post, const char **call);
 
 /* The descriptors of one pass, then of its graph; everything NULL until made. */
 struct kiln_conv_graph {

@@ -164,6 +164,11 @@ static void test_workspace(void) {
   CHECK(ws.ptr == p && ws.bytes == 4 * MIB && f.frees == 1);
   CHECK(kiln_conv_workspace_reserve(&ws, 2 * MIB) == 0);   /* and still serves what fits */
   f.refuse = 0;
+  /* a need so large that rounding it up to whole MiB would wrap around: asked for as it is (and
+     refused), never rounded down to a small block that is then taken for enough */
+  CHECK(kiln_conv_workspace_reserve(&ws, SIZE_MAX) == KILN_ERR_MEMORY);
+  CHECK(kiln_conv_workspace_reserve(&ws, SIZE_MAX - MIB / 2) == KILN_ERR_MEMORY);
+  CHECK(ws.ptr == p && ws.bytes == 4 * MIB && f.frees == 1);
   kiln_conv_workspace_release(&ws);
   CHECK(ws.ptr == NULL && ws.bytes == 0 && f.frees == 2);
   kiln_conv_workspace_release(&ws);   /* twice: nothing more */

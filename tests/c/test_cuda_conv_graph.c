@@ -7,7 +7,8 @@
    their convolution must not finalize. The operation graph needs a handle (a device): without one it
    is refused with the call named; heuristics, plans and execution are covered by
    tests/gpu/ops_spec.lua. Also checked here: the dtype mapping, buffer alignments, the shape's
-   strides, and the numerical-note filter that keeps f32 exact (no TF32). */
+   strides, the numerical-note filter that keeps f32 exact (no TF32), and the kiln error code of
+   each category of cuDNN status. */
 #include "check.h"
 
 #if KILN_TEST_HAVE_CUDNN
@@ -51,6 +52,21 @@ static void test_types_and_notes(void) {
   CHECK(kiln_conv_graph_exact(KILN_F32, NULL, 0));
   CHECK(kiln_conv_graph_exact(KILN_F16, tc, 2));   /* half precision may use tensor cores */
   CHECK(kiln_conv_graph_exact(KILN_BF16, down, 1));
+}
+
+/* cuDNN 9 reports a refusal with a specific code of the NOT_SUPPORTED category (3000-3999): each
+   is an unsupported case for kiln, not a device fault; allocations are memory errors. */
+static void test_error_codes(void) {
+  CHECK(kiln_conv_graph_error_code(CUDNN_STATUS_NOT_SUPPORTED) == KILN_ERR_UNSUPPORTED);
+  CHECK(kiln_conv_graph_error_code(CUDNN_STATUS_NOT_SUPPORTED_SHAPE) == KILN_ERR_UNSUPPORTED);
+  CHECK(kiln_conv_graph_error_code(CUDNN_STATUS_NOT_SUPPORTED_LAYOUT) == KILN_ERR_UNSUPPORTED);
+  CHECK(kiln_conv_graph_error_code(CUDNN_STATUS_NOT_SUPPORTED_PADDING) == KILN_ERR_UNSUPPORTED);
+  CHECK(kiln_conv_graph_error_code(CUDNN_STATUS_NOT_SUPPORTED_SHARED_MEMORY_INSUFFICIENT) == KILN_ERR_UNSUPPORTED);
+  CHECK(kiln_conv_graph_error_code(CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED) == KILN_ERR_MEMORY);
+  CHECK(kiln_conv_graph_error_code(CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED) == KILN_ERR_MEMORY);
+  CHECK(kiln_conv_graph_error_code(CUDNN_STATUS_BAD_PARAM) == KILN_ERR_DEVICE);
+  CHECK(kiln_conv_graph_error_code(CUDNN_STATUS_INTERNAL_ERROR) == KILN_ERR_DEVICE);
+  CHECK(kiln_conv_graph_error_code(CUDNN_STATUS_EXECUTION_FAILED_CUDART) == KILN_ERR_DEVICE);
 }
 
 static void test_shape(void) {
@@ -106,7 +122,7 @@ static void test_convolution(void) {
   const int64_t ints[7] = {2, 3, 1, 4, 5, 6, 2};
   cudnnBackendDescriptor_t c = NULL;
   const char *call = "";
-  cudnnStatus_t s = kiln_conv_graph_convolution(&c, CUDNN_DATA_FLOAT, ints, &call);
+  cudnnStatus_t s = kiln_conv_graph_convolution(&c, CUDNN_DATA_FLOAT, ints, NULL, &call);
   if (!CHECK(s == CUDNN_STATUS_SUCCESS)) fprintf(stderr, "  %s: %s\n", call, cudnnGetErrorString(s));
   if (s) {
     if (c) cudnnBackendDestroyDescriptor(c);
@@ -244,6 +260,82 @@ static void test_random_geometry(void) {
   printf("random geometries: %d shapes, %d passes finalized, %d wrong outputs refused\n", tried, ok, refused);
 }
 
+/* The corner of a taller input: conv_transpose2d's passes with an output padding past the stride
+   (under dilation) and a padding. Every row the kernel reaches, counted here one tap at a time, lies
+   in the corner (a corner that stopped at the rows of the padding-free extent dropped the last pad
+   rows: a conv_transpose2d of ones, [1,1,2,1] by [1,1,2,1], stride 1, dilation 2, padding 1, output
+   padding 1 is 1, 1, 1, and such a corner gave 1, 1, 0); the corner padded by pad before and post
+   after gives y's extent, post is at most the pad, and cuDNN finalizes every pass over it. A pair
+   whose kernel meets no row of x at all has no corner: refused (an error on cuda). */
+static void test_corner(void) {
+  {
+    const int64_t x[4] = {1, 1, 3, 1}, w[4] = {1, 1, 2, 1}, y[4] = {1, 1, 2, 1}, ints[7] = {1, 1, 1, 0, 2, 1, 1};
+    int64_t sub[4], post[2];
+    CHECK(kiln_conv_graph_corner(x, w, y, ints, sub, post) == 1);
+    CHECK(sub[0] == 1 && sub[1] == 1 && sub[2] == 3 && sub[3] == 1);   /* all three rows: the third meets the kernel */
+    CHECK(post[0] == 0 && post[1] == 0);
+    const int64_t full[4] = {1, 1, 2, 1};   /* the conv's own extent: all of it, the pads after as before */
+    CHECK(kiln_conv_graph_corner(full, w, y, ints, sub, post) == 0 && sub[2] == 2 && post[0] == 1 && post[1] == 0);
+    const int64_t shorter[4] = {1, 1, 1, 1};   /* too short for y */
+    CHECK(kiln_conv_graph_corner(shorter, w, (const int64_t[4]){1, 1, 3, 1}, ints, sub, post) == -1);
+  }
+  int tried = 0, partial = 0, bad = 0;
+  for (int iter = 0; iter < 2000; iter++) {
+    int64_t ints[7] = {pick(1, 3), pick(1, 3), pick(0, 3), pick(0, 3), pick(1, 4), pick(1, 4), 1};
+    int64_t w[4] = {2, 2, pick(1, 4), pick(1, 4)}, y[4] = {2, 2, pick(1, 6), pick(1, 6)}, x[4] = {2, 2, 0, 0};
+    for (int i = 0; i < 2; i++) {   /* conv_transpose2d's output extent from y, with an output padding it allows */
+      int64_t s = ints[i], d = ints[4 + i], op = pick(0, (s > d ? s : d) - 1);
+      x[2 + i] = (y[2 + i] - 1) * s - 2 * ints[2 + i] + d * (w[2 + i] - 1) + 1 + op;
+    }
+    if (x[2] < 1 || x[3] < 1) continue;
+    tried++;
+    int64_t sub[4], post[2];
+    int r = kiln_conv_graph_corner(x, w, y, ints, sub, post);
+    int none = 0;   /* a dim where every tap falls in the padding: no corner describes it */
+    for (int i = 0; i < 2; i++) none |= (y[2 + i] - 1) * ints[i] - ints[2 + i] + ints[4 + i] * (w[2 + i] - 1) + 1 < 1;
+    if (r == -1) {
+      CHECK(none);
+      continue;
+    }
+    int ok = 1;
+    partial += r == 1;
+    for (int i = 0; ok && i < 2; i++) {
+      int64_t s = ints[i], p = ints[2 + i], d = ints[4 + i], span = d * (w[2 + i] - 1) + 1;
+      for (int64_t o = 0; o < y[2 + i]; o++)
+        for (int64_t k = 0; k < w[2 + i]; k++) {
+          int64_t row = o * s - p + k * d;
+          if (row >= 0 && row < x[2 + i] && row >= sub[2 + i]) ok = 0;   /* a row the kernel meets, outside the corner */
+        }
+      ok = ok && sub[2 + i] >= 1 && sub[2 + i] <= x[2 + i] && post[i] >= 0 && post[i] <= p;
+      ok = ok && sub[2 + i] + p + post[i] >= span && (sub[2 + i] + p + post[i] - span) / s + 1 == y[2 + i];
+    }
+    if (ok && r == 1) {
+      int64_t xs[4] = {x[1] * x[2] * x[3], x[2] * x[3], x[3], 1};
+      for (int pass = 0; pass < 3; pass++) {
+        struct kiln_conv_graph_shape sh;
+        struct kiln_conv_graph g;
+        const char *call = "";
+        kiln_conv_graph_shape_make(&sh, pass, KILN_F32, sub, xs, w, y, ints, NULL, NULL, NULL);
+        sh.post[0] = post[0];
+        sh.post[1] = post[1];
+        cudnnStatus_t st = kiln_conv_graph_operation(&g, &sh, &call);
+        if (st) {
+          ok = 0;
+          fprintf(stderr, "  pass %d: %s: %s\n", pass, call, cudnnGetErrorString(st));
+        }
+        kiln_conv_graph_destroy(&g);
+      }
+    }
+    if (!CHECK(ok) && bad++ < 5)
+      fprintf(stderr, "  x [%lld,%lld] w [%lld,%lld] y [%lld,%lld] ints %lld %lld %lld %lld %lld %lld: r %d sub [%lld,%lld] post [%lld,%lld]\n",
+              (long long)x[2], (long long)x[3], (long long)w[2], (long long)w[3], (long long)y[2], (long long)y[3], (long long)ints[0],
+              (long long)ints[1], (long long)ints[2], (long long)ints[3], (long long)ints[4], (long long)ints[5], r, (long long)sub[2],
+              (long long)sub[3], (long long)post[0], (long long)post[1]);
+  }
+  CHECK(tried >= 500 && partial >= 50);
+  printf("corners: %d conv_transpose2d shapes, %d with a taller input\n", tried, partial);
+}
+
 /* Without a device: the heuristics of a graph that could not be finalized fail with the call named
    and no plans; running a plan that was never made fails with the call named (no crash). */
 static void test_without_device(void) {
@@ -272,11 +364,13 @@ static void test_without_device(void) {
 int main(void) {
   CHECK(cudnnGetVersion() >= 90000 && cudnnGetVersion() < 100000);
   test_types_and_notes();
+  test_error_codes();
   test_shape();
   test_tensor();
   test_convolution();
   test_operations();
   test_random_geometry();
+  test_corner();
   test_without_device();
   return check_done("test_cuda_conv_graph");
 }

@@ -1010,6 +1010,12 @@ if has_kernel("conv2d") then
       {"[1,3,7,4] * [3,5,3,3], dilation 2, output padding 1 (an edge the conv does not reach)", {1, 3, 7, 4}, {3, 5, 3, 3},
        {dilation = 2, output_padding = 1}},
       {"[3,2,4,4] * [2,4,4,4], stride 3, padding 2", {3, 2, 4, 4}, {2, 4, 4, 4}, {stride = 3, padding = 2}},
+      -- a padding as well: the conv's passes still reach the first pad rows and columns past the
+      -- padding-free corner (the second case needs the graph API's smaller padding after it)
+      {"[2,3,5,4] * [3,4,3,2], stride 2, dilation 3, padding 1, output padding 2 (the last rows reached)", {2, 3, 5, 4},
+       {3, 4, 3, 2}, {stride = 2, dilation = 3, padding = 1, output_padding = 2}},
+      {"[1,3,7,4] * [3,5,3,3], dilation 2, padding 1, output padding 1 (the last row reached)", {1, 3, 7, 4}, {3, 5, 3, 3},
+       {dilation = 2, padding = 1, output_padding = 1}},
     }) do
       local xb, wb = gen(case[2], dtype, true), gen(case[3], dtype, true)
       local bb = gen({case[3][2] * (case[4].groups or 1)}, dtype, true)
