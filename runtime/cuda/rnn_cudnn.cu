@@ -62,7 +62,8 @@ static int dnn_check(const struct plan *p, cudnnStatus_t s, const char *call) {
   if (s == CUDNN_STATUS_SUCCESS) return KILN_OK;
   int code = s == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED || s == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED
                ? KILN_ERR_MEMORY
-               : s == CUDNN_STATUS_NOT_SUPPORTED ? KILN_ERR_UNSUPPORTED : KILN_ERR_DEVICE;
+               : CUDNN_STATUS_CATEGORY(s) == CUDNN_STATUS_NOT_SUPPORTED ? KILN_ERR_UNSUPPORTED   /* cuDNN 9: _SHAPE, _LAYOUT, ... */
+               : KILN_ERR_DEVICE;
   return cuda_fail(code, "%s: %s: %s (cuDNN status %d)", p->op, call, cudnnGetErrorString(s), (int)s);
 }
 
