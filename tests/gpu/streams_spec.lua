@@ -77,9 +77,9 @@ guarded("record_stream", function()
   local t = kiln.full({n, n}, 1):cuda()
   local ref = kiln.full({n, n}, 1)
   cuda.synchronize()
-  local out = cuda.stream(s, function()
+  local out = cuda.stream(s, function()   -- long enough to still run while the host goes on
     local acc = t:clone()
-    for _ = 1, 30 do acc = acc + t end
+    for _ = 1, 300 do acc:add_(t) end
     return acc
   end)
   t:record_stream(s)
@@ -88,7 +88,7 @@ guarded("record_stream", function()
   local other = kiln.empty(n, n):cuda()
   other:fill_(-1000)
   s:synchronize()
-  local want = ref * 31
+  local want = ref * 301
   check(max_diff(out, want) == 0, "a freed block another stream reads is not handed out before that stream is done")
   cuda.synchronize()
 end)
