@@ -18,10 +18,11 @@ static inline int kiln_rnn_gates(int mode) { return mode == KILN_RNN_LSTM ? 4 : 
 static inline int kiln_rnn_reserve(int mode) { return mode == KILN_RNN_LSTM ? 5 : mode == KILN_RNN_GRU ? 4 : 0; }
 static inline int kiln_rnn_states(int mode) { return mode == KILN_RNN_LSTM ? 2 : 1; }
 
-/* AUTO runs the persistent path for batches up to this size, and for a batch of one only from
-   this hidden size up (bench/rnn.lua measures where it pays: at batch 1 and hidden 256 one
-   OpenBLAS product per step streams w_hh as fast as the team does). */
-enum { KILN_RNN_PERSISTENT_MAX_BATCH = 16, KILN_RNN_PERSISTENT_MIN_HIDDEN_AT_BATCH_1 = 384 };
+/* AUTO on the CPU (rnn.c, kiln_rnn_choose_algo): the persistent path for batches up to
+   KILN_RNN_PERSISTENT_MAX_BATCH (above 8 only up to hidden KILN_RNN_PERSISTENT_MAX_HIDDEN_ABOVE_8)
+   when each thread has enough of a step's products to pay for a barrier per step:
+   G * (hidden / threads) * hidden * batch multiply-adds (docs/rnn.md has the measurements). */
+enum { KILN_RNN_PERSISTENT_MAX_BATCH = 16, KILN_RNN_PERSISTENT_MAX_HIDDEN_ABOVE_8 = 512 };
 
 /* RNN: out Z [T+S,B,H]; extra: struct kiln_rnn_forward. ints: mode, reverse, algo (GEMM,
    PERSISTENT or CUDNN, already chosen). GEMM and PERSISTENT write the reserve rnn.c made in this

@@ -180,21 +180,41 @@ describe("rnn_layer", function()
   end)
 
   it("says which algorithm it runs and why", function()
-    local a, why = F.rnn_algorithm("lstm", 2, 64)
-    assert.equal("persistent", a)
-    assert.matches("batch 2", why)
-    a, why = F.rnn_algorithm("lstm", 64, 64)
-    assert.equal("gemm", a)
-    assert.matches("batch 64", why)
-    a, why = F.rnn_algorithm("lstm", 1, 8192)
-    assert.equal("gemm", a)
-    assert.matches("do not fit", why)
-    a, why = F.rnn_algorithm("lstm", 1, 256)
-    assert.equal("gemm", a)
-    assert.matches("at batch 1", why)
-    assert.equal("persistent", (F.rnn_algorithm("rnn_tanh", 1, 512)))
-    a = F.rnn_algorithm("gru", 64, 64, {algorithm = "persistent"})
-    assert.equal("persistent", a)
+    -- AUTO's rule: G * (hidden / threads) * hidden * batch multiply-adds per thread per step
+    -- against 350k (batch 1-3) or 150k (4-16; 600k for the plain RNN), batch <= 16, and hidden
+    -- <= 512 above batch 8; asked at 2 threads, then at 1
+    local threads = kiln.get_num_threads()
+    kiln.set_num_threads(2)
+    local ok, err = pcall(function()
+      local a, why = F.rnn_algorithm("lstm", 4, 256)        -- 4 * 128 * 256 * 4 = 524k
+      assert.equal("persistent", a)
+      assert.matches("batch 4, 2 threads, 524k multiply%-adds", why)
+      a, why = F.rnn_algorithm("lstm", 2, 256)              -- 262k < 350k
+      assert.equal("gemm", a)
+      assert.matches("262k multiply%-adds a step %(below 350k%)", why)
+      a, why = F.rnn_algorithm("lstm", 64, 64)
+      assert.equal("gemm", a)
+      assert.matches("batch 64", why)
+      a, why = F.rnn_algorithm("lstm", 12, 1024)
+      assert.equal("gemm", a)
+      assert.matches("hidden size 1024", why)
+      assert.equal("persistent", (F.rnn_algorithm("lstm", 12, 256)))
+      assert.equal("persistent", (F.rnn_algorithm("lstm", 1, 8192)))   -- weights far beyond the caches: still faster
+      assert.equal("gemm", (F.rnn_algorithm("lstm", 1, 256)))
+      assert.equal("persistent", (F.rnn_algorithm("lstm", 1, 512)))     -- 524k
+      assert.equal("gemm", (F.rnn_algorithm("rnn_tanh", 4, 512)))      -- 524k < 600k for one gate
+      assert.equal("persistent", (F.rnn_algorithm("rnn_tanh", 1, 1024)))
+      assert.equal("persistent", (F.rnn_algorithm("gru", 8, 128)))     -- 3 * 64 * 128 * 8 = 196k
+      assert.equal("gemm", (F.rnn_algorithm("gru", 4, 128)))           -- 98k
+      kiln.set_num_threads(1)
+      assert.equal("persistent", (F.rnn_algorithm("lstm", 2, 256)))    -- 524k on one thread
+      assert.matches("1 thread would", select(2, F.rnn_algorithm("lstm", 1, 256)))
+      a, why = F.rnn_algorithm("gru", 64, 64, {algorithm = "persistent"})
+      assert.equal("persistent", a)
+      assert.matches("as asked", why)
+    end)
+    kiln.set_num_threads(threads)
+    assert(ok, err)
   end)
 
   it("takes the cudnn algorithm: CUDA only, GEMM on the CPU, cuDNN by default on CUDA when built with it", function()
