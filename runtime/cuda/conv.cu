@@ -6,8 +6,8 @@
    goes to the legacy API (said once on stderr, with the shape and cuDNN's status). Bias terms use
    cudnnAddTensor and cudnnConvolutionBackwardBias either way. f32 and f64; f32 is exact: the legacy
    descriptors ask for CUDNN_FMA_MATH and skip algorithms reported with tensor-op (TF32) math, the
-   graph API skips engines whose numerical notes say TENSOR_CORE, DOWN_CONVERT_INPUTS or
-   REDUCED_PRECISION_REDUCTION. Groups, stride, padding and dilation go to the descriptors. The
+   graph API skips engines whose numerical notes say DOWN_CONVERT_INPUTS, REDUCED_PRECISION_REDUCTION
+   or, for f32, TENSOR_CORE (TF32; f64's tensor cores are IEEE double). Groups, stride, padding and dilation go to the descriptors. The
    algorithm or plan of each shape key is chosen once per process (conv_cache.h): by cuDNN's
    heuristics, or, with KILN_CUDNN_BENCHMARK=1, by timing the candidates on the call's own buffers
    and keeping the fastest. Both settings are read at every convolution, so a script may switch

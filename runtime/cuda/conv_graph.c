@@ -84,8 +84,9 @@ int64_t kiln_conv_graph_alignment(const void *p) {
 int kiln_conv_graph_exact(int dtype, const cudnnBackendNumericalNote_t *notes, int64_t count) {
   if (dtype != KILN_F32 && dtype != KILN_F64) return 1;
   for (int64_t i = 0; i < count; i++)
-    if (notes[i] == CUDNN_NUMERICAL_NOTE_TENSOR_CORE || notes[i] == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS ||
-        notes[i] == CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION)
+    /* f32 on tensor cores is TF32; f64 tensor cores (Ampere and later) do IEEE double FMAs */
+    if ((notes[i] == CUDNN_NUMERICAL_NOTE_TENSOR_CORE && dtype == KILN_F32) ||
+        notes[i] == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS || notes[i] == CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION)
       return 0;
   return 1;
 }

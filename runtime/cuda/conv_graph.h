@@ -54,8 +54,9 @@ int kiln_conv_graph_types(int dtype, cudnnDataType_t *data, cudnnDataType_t *com
    descriptor may promise about a buffer. */
 int64_t kiln_conv_graph_alignment(const void *p);
 /* Whether an engine with these numerical notes keeps dtype's precision: for f32 and f64, none that
-   rounds the inputs or the sums to fewer bits (TENSOR_CORE, i.e. TF32, DOWN_CONVERT_INPUTS,
-   REDUCED_PRECISION_REDUCTION); for f16 and bf16 every engine. */
+   rounds the inputs or the sums to fewer bits (DOWN_CONVERT_INPUTS, REDUCED_PRECISION_REDUCTION,
+   and for f32 TENSOR_CORE, i.e. TF32; f64 tensor cores do IEEE double FMAs); for f16 and bf16
+   every engine. */
 int kiln_conv_graph_exact(int dtype, const cudnnBackendNumericalNote_t *notes, int64_t count);
 
 /* The kiln error code for a failed cuDNN status: KILN_ERR_MEMORY for a failed host or device

@@ -46,7 +46,9 @@ static void test_types_and_notes(void) {
   CHECK(!kiln_conv_graph_exact(KILN_F32, tc, 2));
   CHECK(!kiln_conv_graph_exact(KILN_F32, down, 1));
   CHECK(!kiln_conv_graph_exact(KILN_F32, reduced, 1));
-  CHECK(!kiln_conv_graph_exact(KILN_F64, tc, 2));
+  CHECK(kiln_conv_graph_exact(KILN_F64, tc, 2));    /* f64 tensor cores are IEEE double */
+  CHECK(!kiln_conv_graph_exact(KILN_F64, down, 1));
+  CHECK(!kiln_conv_graph_exact(KILN_F64, reduced, 1));
   CHECK(kiln_conv_graph_exact(KILN_F32, tc, 1));   /* only the first note counted: nondeterministic alone is fine */
   CHECK(kiln_conv_graph_exact(KILN_F32, fine, 3));
   CHECK(kiln_conv_graph_exact(KILN_F32, NULL, 0));
