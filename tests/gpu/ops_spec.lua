@@ -84,6 +84,7 @@ end
 
 local rows, order = {}, {}
 local failures = 0
+local extras = {}   -- lines for the end of the table (the allocator's counts, the rnn algorithm on the device)
 local function record(name, err, tol, what, detail)
   local r = rows[name]
   if not r then
@@ -1100,80 +1101,103 @@ end
 -- ---- recurrent layers: one layer of each mode through kiln.functional.rnn_layer, and 2-layer
 -- bidirectional modules (kiln.nn.RNN/GRU/LSTM moved with :to), forward and every grad ----
 
--- kiln's own kernels (algorithm "gemm"; the cuDNN path has its own section at the end). Both run
--- the CPU's GEMM path's arithmetic with other products (cuBLAS against the CPU's BLAS)
--- and, in f32, the CPU's polynomial exp and tanh against the device's. On the CPU these cases in
--- f32 are within 2.3e-5 of f64 (the weight grads of the batch-64 case sum 1088 rows).
+-- Twice: kiln's own kernels (algorithm "gemm", rows rnn / rnn_backward) and cuDNN's RNN API
+-- (algorithm "cudnn", runtime/cuda/rnn_cudnn.cu, rows "rnn (cudnn)" / "rnn_backward (cudnn)"),
+-- each against the CPU (where "cudnn" runs the GEMM path). Both run other products than the CPU's
+-- BLAS and, in f32, other activations than the CPU's polynomial exp and tanh: one tolerance for
+-- both. On the CPU these cases in f32 are within 2.3e-5 of f64 (the weight grads of the batch-64
+-- case sum 1088 rows).
 local function rnn_tol(dtype) return dtype == "f64" and 1e-11 or 2e-4 end
 local rnn_modes = {"rnn_tanh", "rnn_relu", "gru", "lstm"}
 local rnn_gates = {rnn_tanh = 1, rnn_relu = 1, gru = 3, lstm = 4}
+-- a fresh leaf on dev: the CPU's copy must not make the source itself a leaf that needs grad
+local function rnn_leaf(t, dev) return t:to(dev):detach():requires_grad_() end
+local function rnn_small(shape, dtype, scale) return (gen(shape, "f64", true) * (scale / 3)):to(dtype) end
 
-if has_kernel("rnn") then
-  -- a fresh leaf on dev: the CPU's copy must not make the source itself a leaf that needs grad
-  local function leaf(t, dev) return t:to(dev):detach():requires_grad_() end
-  local function small(shape, dtype, scale) return (gen(shape, "f64", true) * (scale / 3)):to(dtype) end
+local rnn_algorithms = {{algorithm = "gemm", name = "rnn", back = "rnn_backward", suffix = ""}}
+if not ON_GPU or kiln.cuda.has_cudnn() then
+  rnn_algorithms[2] = {algorithm = "cudnn", name = "rnn (cudnn)", back = "rnn_backward (cudnn)", suffix = ", cudnn"}
+end
+local rnn_cases = {
+  {"T 9 B 5 I 7 H 24", 9, 5, 7, 24},
+  {"T 9 B 5 I 7 H 24, unsorted lengths, reverse, initial state", 9, 5, 7, 24, {9, 3, 1, 7, 9}, true, true},
+  {"T 9 B 5 I 7 H 24, unsorted lengths, initial state", 9, 5, 7, 24, {2, 9, 5, 1, 8}, false, true},
+  {"T 9 B 5 I 7 H 24, lengths, transposed input, initial state, no biases", 9, 5, 7, 24, {4, 9, 2, 2, 6}, false, true,
+   true, true},
+  {"T 9 B 5 I 7 H 24, reverse, no lengths, no biases", 9, 5, 7, 24, nil, true, false, false, true},
+  {"T 1 B 1 I 3 H 5, reverse", 1, 1, 3, 5, nil, true},
+  {"T 17 B 64 I 40 H 130, lengths, reverse", 17, 64, 40, 130, "mixed", true},
+}
+
+for _, alg in ipairs(has_kernel("rnn") and rnn_algorithms or {}) do
+  local NAME, BACK = alg.name, alg.back
   for _, mode in ipairs(rnn_modes) do
     for _, dtype in ipairs({"f32", "f64"}) do
       local G = rnn_gates[mode]
-      for _, case in ipairs({
-        {"T 9 B 5 I 7 H 24", 9, 5, 7, 24},
-        {"T 9 B 5 I 7 H 24, lengths, reverse, initial state", 9, 5, 7, 24, {9, 3, 1, 7, 9}, true, true},
-        {"T 9 B 5 I 7 H 24, lengths, transposed input, initial state, no biases", 9, 5, 7, 24, {4, 9, 2, 2, 6}, false, true,
-         true, true},
-        {"T 1 B 1 I 3 H 5, reverse", 1, 1, 3, 5, nil, true},
-        {"T 17 B 64 I 40 H 130, lengths, reverse", 17, 64, 40, 130, "mixed", true},
-      }) do
+      for _, case in ipairs(rnn_cases) do
         local T, B, I, H, lengths, reverse, state, transposed, nobias = unpack(case, 2, 10)
         if lengths == "mixed" then
           lengths = {}
           for b = 1, B do lengths[b] = 1 + (b * 7) % T end
           lengths[1] = T
         end
-        local xb = transposed and small({B, T, I}, dtype, 1) or small({T, B, I}, dtype, 1)
+        local xb = transposed and rnn_small({B, T, I}, dtype, 1) or rnn_small({T, B, I}, dtype, 1)
         -- w_hh's spectral radius about 0.5: differences in the last bits shrink along the sequence
-        local wi, wh = small({G * H, I}, dtype, 1 / math.sqrt(I)), small({G * H, H}, dtype, 0.5 / math.sqrt(H))
-        local bi, bh = small({G * H}, dtype, 0.3), small({G * H}, dtype, 0.3)
-        local h0, c0 = small({B, H}, dtype, 0.5), small({B, H}, dtype, 0.5)
-        local gout = small({T + (mode == "lstm" and 2 or 1), B, H}, dtype, 1)
-        with_grads("rnn", "rnn_backward", string.format("%s %s %s", mode, dtype, case[1]), rnn_tol(dtype), function(dev)
-          local x, w_ih, w_hh = leaf(xb, dev), leaf(wi, dev), leaf(wh, dev)
+        local wi, wh = rnn_small({G * H, I}, dtype, 1 / math.sqrt(I)), rnn_small({G * H, H}, dtype, 0.5 / math.sqrt(H))
+        local bi, bh = rnn_small({G * H}, dtype, 0.3), rnn_small({G * H}, dtype, 0.3)
+        local h0, c0 = rnn_small({B, H}, dtype, 0.5), rnn_small({B, H}, dtype, 0.5)
+        local gout = rnn_small({T + (mode == "lstm" and 2 or 1), B, H}, dtype, 1)
+        with_grads(NAME, BACK, string.format("%s %s %s", mode, dtype, case[1]), rnn_tol(dtype), function(dev)
+          local x, w_ih, w_hh = rnn_leaf(xb, dev), rnn_leaf(wi, dev), rnn_leaf(wh, dev)
           local leaves = {x, w_ih, w_hh}
           local b_ih, b_hh, hh, cc
           if not nobias then
-            b_ih, b_hh = leaf(bi, dev), leaf(bh, dev)
+            b_ih, b_hh = rnn_leaf(bi, dev), rnn_leaf(bh, dev)
             leaves[#leaves + 1] = b_ih leaves[#leaves + 1] = b_hh
           end
           if state then
-            hh = leaf(h0, dev) leaves[#leaves + 1] = hh
-            if mode == "lstm" then cc = leaf(c0, dev) leaves[#leaves + 1] = cc end
+            hh = rnn_leaf(h0, dev) leaves[#leaves + 1] = hh
+            if mode == "lstm" then cc = rnn_leaf(c0, dev) leaves[#leaves + 1] = cc end
           end
           local z = kiln.functional.rnn_layer(mode, transposed and x:transpose(1, 2) or x, hh, cc, w_ih, w_hh, b_ih, b_hh,
-                                              {lengths = lengths, reverse = reverse, algorithm = "gemm"})
+                                              {lengths = lengths, reverse = reverse, algorithm = alg.algorithm})
           return leaves, z, gout:to(dev)
         end)
       end
+      -- only the weights need grads (no grad of x, h0 or c0 asked of the backward)
+      local T, B, I, H = 6, 3, 4, 8
+      local xb, wi, wh = rnn_small({T, B, I}, dtype, 1), rnn_small({G * H, I}, dtype, 0.5), rnn_small({G * H, H}, dtype, 0.2)
+      local gout = rnn_small({T + (mode == "lstm" and 2 or 1), B, H}, dtype, 1)
+      with_grads(NAME, BACK, string.format("%s %s T 6 B 3 I 4 H 8, lengths, grads of the weights only", mode, dtype),
+                 rnn_tol(dtype), function(dev)
+        local w_ih, w_hh = rnn_leaf(wi, dev), rnn_leaf(wh, dev)
+        local z = kiln.functional.rnn_layer(mode, xb:to(dev), nil, nil, w_ih, w_hh, nil, nil,
+                                            {lengths = {6, 2, 4}, algorithm = alg.algorithm})
+        return {w_ih, w_hh}, z, gout:to(dev)
+      end)
     end
   end
 
-  -- Modules: the same parameters on both (one seed), output, h_n (and c_n) in one tensor; the
-  -- grads of the input and of every parameter, by name.
+  -- Modules: the same parameters on both (one seed), initial states, output, h_n (and c_n) in one
+  -- tensor; the grads of the input and of every parameter, by name.
   for _, spec in ipairs({{"RNN", {}}, {"RNN", {nonlinearity = "relu"}}, {"GRU", {}}, {"LSTM", {}}}) do
     for _, dtype in ipairs({"f32", "f64"}) do
-      local cls, opts = spec[1], {num_layers = 2, bidirectional = true, dtype = dtype, algorithm = "gemm"}
+      local cls, opts = spec[1], {num_layers = 2, bidirectional = true, dtype = dtype, algorithm = alg.algorithm}
       for k, v in pairs(spec[2]) do opts[k] = v end
       local T, B, I, H = 11, 6, 5, 16
       local xb = (gen({T, B, I}, "f64", true) / 3):to(dtype)
       local lengths = {11, 4, 1, 11, 7, 2}
-      local what = string.format("nn.%s%s %s, 2 layers, bidirectional, lengths", cls,
-                                 opts.nonlinearity and "(relu)" or "", dtype)
+      local what = string.format("nn.%s%s %s, 2 layers, bidirectional, lengths%s", cls,
+                                 opts.nonlinearity and "(relu)" or "", dtype, alg.suffix)
       local names
-      guarded("rnn", what, function()
+      guarded(NAME, what, function()
         local function run_on(dev)
           kiln.manual_seed(4242)
           local m = kiln.nn[cls](I, H, opts)
           if dev ~= "cpu" then m:to(dev) end
-          local x = leaf(xb, dev)
-          local out, hn = m(x, nil, lengths)
+          local x = rnn_leaf(xb, dev)
+          local h0 = (kiln.randn(2 * 2, B, H, {dtype = dtype}) * 0.3):to(dev)
+          local out, hn = m(x, cls == "LSTM" and {h0, h0 * 0.5} or h0, lengths)
           local parts = {out:reshape(-1)}
           if cls == "LSTM" then parts[2], parts[3] = hn[1]:reshape(-1), hn[2]:reshape(-1) else parts[2] = hn:reshape(-1) end
           local y = kiln.cat(parts, 1)
@@ -1191,19 +1215,48 @@ if has_kernel("rnn") then
         local yc, gc = run_on("cpu")
         local yg, gg = run_on(DEV)
         local err, detail = max_error(yg, yc)
-        record("rnn", err, rnn_tol(dtype), what, detail)
+        record(NAME, err, rnn_tol(dtype), what, detail)
         for _, name in ipairs(names) do
           local e, d = max_error(gg[name], gc[name])
-          record("rnn_backward", e, rnn_tol(dtype), what .. ", grad of " .. name, d)
+          record(BACK, e, rnn_tol(dtype), what .. ", grad of " .. name, d)
         end
       end)
     end
   end
 end
 
+-- which algorithm a layer on the device runs, and cuDNN against kiln's own kernels on the device
+-- itself (no CPU in between; nothing needs grad, so this is cuDNN's inference mode)
+if ON_GPU and kiln.cuda.has_kernel("rnn") then
+  local F, NAME = kiln.functional, "rnn (cudnn)"
+  guarded(NAME, "the algorithm chosen on cuda:0", function()
+    local a, why = F.rnn_algorithm("lstm", 8, 64, {device = DEV})
+    local want = kiln.cuda.has_cudnn() and "cudnn" or "gemm"
+    local g = F.rnn_algorithm("lstm", 8, 64, {device = DEV, algorithm = "gemm"})
+    local p = F.rnn_algorithm("gru", 8, 64, {device = DEV, algorithm = "persistent"})
+    extras[#extras + 1] = "rnn on cuda:0: " .. tostring(a) .. " (" .. why .. ")"
+    record(NAME, (a == want and g == "gemm" and p == want) and 0 or math.huge, 0, "auto picks " .. want .. ", gemm when asked",
+           string.format("auto %s (%s), gemm -> %s, persistent -> %s", tostring(a), why, tostring(g), tostring(p)))
+  end)
+  if kiln.cuda.has_cudnn() then
+    guarded(NAME, "cudnn against gemm on cuda:0, lstm f32", function()
+      local T, B, I, H = 12, 7, 9, 32
+      local x = rnn_small({T, B, I}, "f32", 1):to(DEV)
+      local wi, wh = rnn_small({4 * H, I}, "f32", 0.3):to(DEV), rnn_small({4 * H, H}, "f32", 0.2):to(DEV)
+      local bi, bh = rnn_small({4 * H}, "f32", 0.3):to(DEV), rnn_small({4 * H}, "f32", 0.3):to(DEV)
+      local o = {lengths = {12, 5, 1, 9, 12, 3, 7}, reverse = true}
+      o.algorithm = "cudnn"
+      local a = F.rnn_layer("lstm", x, nil, nil, wi, wh, bi, bh, o)
+      o.algorithm = "gemm"
+      local b = F.rnn_layer("lstm", x, nil, nil, wi, wh, bi, bh, o)
+      local err, detail = max_error(a:cpu(), b:cpu())
+      record(NAME, err, rnn_tol("f32"), "cudnn against gemm on cuda:0, lstm f32, lengths, reverse", detail)
+    end)
+  end
+end
+
 -- ---- the allocator and errors (the device only) ----
 
-local extras = {}
 if ON_GPU then
   local function stats() return kiln.cuda.memory_stats(0) end
   guarded("allocator", "steady state", function()
@@ -1479,145 +1532,6 @@ if ON_GPU and has_kernel("conv2d") then
   ffi.C.setenv("KILN_CUDNN_GRAPH_STRICT", "0", 1)
 end
 
--- ==== recurrent layers through cuDNN's RNN API (algorithm "cudnn", runtime/cuda/rnn_cudnn.cu) ====
--- The same layers as the recurrent section above, run on the device with algorithm = "cudnn" and on
--- the CPU (where "cudnn" runs the GEMM path), compared output by output and grad by grad: every
--- mode, f32 and f64, unsorted lengths, reverse, h0/c0, no biases, a transposed input, and 2-layer
--- bidirectional modules. cuDNN's products and activations are not the CPU's: the tolerances are
--- those of kiln's own kernels. Rows "rnn (cudnn)" and "rnn_backward (cudnn)" in the table.
-if ON_GPU and kiln.cuda.has_kernel("rnn") then
-  local F, NAME = kiln.functional, "rnn (cudnn)"
-  guarded(NAME, "the algorithm chosen on cuda:0", function()
-    local a, why = F.rnn_algorithm("lstm", 8, 64, {device = DEV})
-    local want = kiln.cuda.has_cudnn() and "cudnn" or "gemm"
-    local g = F.rnn_algorithm("lstm", 8, 64, {device = DEV, algorithm = "gemm"})
-    local p = F.rnn_algorithm("gru", 8, 64, {device = DEV, algorithm = "persistent"})
-    extras[#extras + 1] = "rnn on cuda:0: " .. tostring(a) .. " (" .. why .. ")"
-    record(NAME, (a == want and g == "gemm" and p == want) and 0 or math.huge, 0, "auto picks " .. want .. ", gemm when asked",
-           string.format("auto %s (%s), gemm -> %s, persistent -> %s", tostring(a), why, tostring(g), tostring(p)))
-  end)
-end
-if has_kernel("rnn") and (not ON_GPU or kiln.cuda.has_cudnn()) then
-  local function leaf(t, dev) return t:to(dev):detach():requires_grad_() end
-  local function small(shape, dtype, scale) return (gen(shape, "f64", true) * (scale / 3)):to(dtype) end
-  local NAME, BACK = "rnn (cudnn)", "rnn_backward (cudnn)"
-  local cases = {
-    {"T 9 B 5 I 7 H 24", 9, 5, 7, 24},
-    {"T 9 B 5 I 7 H 24, unsorted lengths, reverse, h0/c0", 9, 5, 7, 24, {9, 3, 1, 7, 9}, true, true},
-    {"T 9 B 5 I 7 H 24, unsorted lengths, h0/c0", 9, 5, 7, 24, {2, 9, 5, 1, 8}, false, true},
-    {"T 9 B 5 I 7 H 24, lengths, transposed input, h0/c0, no biases", 9, 5, 7, 24, {4, 9, 2, 2, 6}, false, true, true, true},
-    {"T 9 B 5 I 7 H 24, reverse, no lengths, no biases", 9, 5, 7, 24, nil, true, false, false, true},
-    {"T 1 B 1 I 3 H 5, reverse", 1, 1, 3, 5, nil, true},
-    {"T 17 B 64 I 40 H 130, lengths, reverse", 17, 64, 40, 130, "mixed", true},
-  }
-  for _, mode in ipairs(rnn_modes) do
-    for _, dtype in ipairs({"f32", "f64"}) do
-      local G = rnn_gates[mode]
-      for _, case in ipairs(cases) do
-        local T, B, I, H, lengths, reverse, state, transposed, nobias = unpack(case, 2, 10)
-        if lengths == "mixed" then
-          lengths = {}
-          for b = 1, B do lengths[b] = 1 + (b * 7) % T end
-          lengths[1] = T
-        end
-        local xb = transposed and small({B, T, I}, dtype, 1) or small({T, B, I}, dtype, 1)
-        local wi, wh = small({G * H, I}, dtype, 1 / math.sqrt(I)), small({G * H, H}, dtype, 0.5 / math.sqrt(H))
-        local bi, bh = small({G * H}, dtype, 0.3), small({G * H}, dtype, 0.3)
-        local h0, c0 = small({B, H}, dtype, 0.5), small({B, H}, dtype, 0.5)
-        local gout = small({T + (mode == "lstm" and 2 or 1), B, H}, dtype, 1)
-        with_grads(NAME, BACK, string.format("%s %s %s", mode, dtype, case[1]), rnn_tol(dtype), function(dev)
-          local x, w_ih, w_hh = leaf(xb, dev), leaf(wi, dev), leaf(wh, dev)
-          local leaves = {x, w_ih, w_hh}
-          local b_ih, b_hh, hh, cc
-          if not nobias then
-            b_ih, b_hh = leaf(bi, dev), leaf(bh, dev)
-            leaves[#leaves + 1] = b_ih leaves[#leaves + 1] = b_hh
-          end
-          if state then
-            hh = leaf(h0, dev) leaves[#leaves + 1] = hh
-            if mode == "lstm" then cc = leaf(c0, dev) leaves[#leaves + 1] = cc end
-          end
-          local z = kiln.functional.rnn_layer(mode, transposed and x:transpose(1, 2) or x, hh, cc, w_ih, w_hh, b_ih, b_hh,
-                                              {lengths = lengths, reverse = reverse, algorithm = "cudnn"})
-          return leaves, z, gout:to(dev)
-        end)
-      end
-      -- only the weights need grads (no grad of x, h0 or c0 asked of cuDNN's backward)
-      local T, B, I, H = 6, 3, 4, 8
-      local xb, wi, wh = small({T, B, I}, dtype, 1), small({G * H, I}, dtype, 0.5), small({G * H, H}, dtype, 0.2)
-      local gout = small({T + (mode == "lstm" and 2 or 1), B, H}, dtype, 1)
-      with_grads(NAME, BACK, string.format("%s %s T 6 B 3 I 4 H 8, lengths, grads of the weights only", mode, dtype),
-                 rnn_tol(dtype), function(dev)
-        local w_ih, w_hh = leaf(wi, dev), leaf(wh, dev)
-        local z = kiln.functional.rnn_layer(mode, xb:to(dev), nil, nil, w_ih, w_hh, nil, nil,
-                                            {lengths = {6, 2, 4}, algorithm = "cudnn"})
-        return {w_ih, w_hh}, z, gout:to(dev)
-      end)
-    end
-  end
-
-  -- 2-layer bidirectional modules with lengths: output, h_n (and c_n), the grads of x and of every
-  -- parameter by name; the module asks for "cudnn", the CPU runs GEMM.
-  for _, spec in ipairs({{"RNN", {}}, {"RNN", {nonlinearity = "relu"}}, {"GRU", {}}, {"LSTM", {}}}) do
-    for _, dtype in ipairs({"f32", "f64"}) do
-      local cls, opts = spec[1], {num_layers = 2, bidirectional = true, dtype = dtype, algorithm = "cudnn"}
-      for k, v in pairs(spec[2]) do opts[k] = v end
-      local T, B, I, H = 11, 6, 5, 16
-      local xb = (gen({T, B, I}, "f64", true) / 3):to(dtype)
-      local lengths = {11, 4, 1, 11, 7, 2}
-      local what = string.format("nn.%s%s %s, 2 layers, bidirectional, lengths, cudnn", cls,
-                                 opts.nonlinearity and "(relu)" or "", dtype)
-      local names
-      guarded(NAME, what, function()
-        local function run_on(dev)
-          kiln.manual_seed(4242)
-          local m = kiln.nn[cls](I, H, opts)
-          if dev ~= "cpu" then m:to(dev) end
-          local x = leaf(xb, dev)
-          local h0 = (kiln.randn(2 * 2, B, H, {dtype = dtype}) * 0.3):to(dev)
-          local out, hn = m(x, cls == "LSTM" and {h0, h0 * 0.5} or h0, lengths)
-          local parts = {out:reshape(-1)}
-          if cls == "LSTM" then parts[2], parts[3] = hn[1]:reshape(-1), hn[2]:reshape(-1) else parts[2] = hn:reshape(-1) end
-          local y = kiln.cat(parts, 1)
-          kiln.manual_seed(77)
-          local gy = kiln.randn(y:size(), {dtype = dtype})
-          y:backward(gy:to(dev))
-          local grads = {x = x.grad}
-          names = {"x"}
-          for _, np in ipairs(m:named_parameters()) do
-            names[#names + 1] = np[1]
-            grads[np[1]] = np[2].grad
-          end
-          return y, grads
-        end
-        local yc, gc = run_on("cpu")
-        local yg, gg = run_on(DEV)
-        local err, detail = max_error(yg, yc)
-        record(NAME, err, rnn_tol(dtype), what, detail)
-        for _, name in ipairs(names) do
-          local e, d = max_error(gg[name], gc[name])
-          record(BACK, e, rnn_tol(dtype), what .. ", grad of " .. name, d)
-        end
-      end)
-    end
-  end
-
-  -- the cuDNN path against kiln's own kernels on the device itself (no CPU in between), LSTM f32;
-  -- nothing needs grad here, so this is cuDNN's inference mode (every case above trains)
-  guarded(NAME, "cudnn against gemm on cuda:0, lstm f32", function()
-    local T, B, I, H = 12, 7, 9, 32
-    local x, wi, wh = small({T, B, I}, "f32", 1):to(DEV), small({4 * H, I}, "f32", 0.3):to(DEV), small({4 * H, H}, "f32", 0.2):to(DEV)
-    local bi, bh = small({4 * H}, "f32", 0.3):to(DEV), small({4 * H}, "f32", 0.3):to(DEV)
-    local o = {lengths = {12, 5, 1, 9, 12, 3, 7}, reverse = true}
-    o.algorithm = "cudnn"
-    local a = kiln.functional.rnn_layer("lstm", x, nil, nil, wi, wh, bi, bh, o)
-    o.algorithm = "gemm"
-    local b = kiln.functional.rnn_layer("lstm", x, nil, nil, wi, wh, bi, bh, o)
-    local err, detail = max_error(a:cpu(), b:cpu())
-    record(NAME, err, rnn_tol("f32"), "cudnn against gemm on cuda:0, lstm f32, lengths, reverse", detail)
-  end)
-end
--- ==== end of the cuDNN recurrent section ====
 
 -- ==== matmul precision and cuBLASLt (kiln.set_float32_matmul_precision) ====
 -- f32 GEMMs at "highest" (exact f32: f32 tolerance), "high" (TF32: inputs rounded to 10 mantissa
