@@ -112,6 +112,13 @@ static int workspace(struct cuda_device *dev, const char *op, size_t need, void 
   return rc;
 }
 
+/* The workspace for timing candidates that need at most most bytes: when that much cannot be had,
+   the one there is (KILN_OK), and only the candidates that fit it are timed. */
+static int benchmark_workspace(struct cuda_device *dev, const char *op, size_t most, void **ws, size_t *wsb) {
+  int rc = workspace(dev, op, most, ws, wsb);
+  return rc == KILN_ERR_MEMORY ? KILN_OK : rc;
+}
+
 /* ---- descriptors ---- */
 
 struct descs {
@@ -230,6 +237,19 @@ struct bufs {
       }                                                                   \
   } while (0)
 
+/* The workspace cudnnFind*AlgorithmEx times the ranked algorithms with: the hungriest usable one's
+   (at most BENCHMARK_WORKSPACE_CAP); when that cannot be had, the one there is (Find then tries
+   only the algorithms that fit it). Sets rc, ws and wsb. */
+#define BENCHMARK_WORKSPACE(perf, n)                                                                       \
+  do {                                                                                                    \
+    size_t most_ = 0;                                                                                     \
+    for (int i_ = 0; i_ < (n); i_++)                                                                      \
+      if ((perf)[i_].status == CUDNN_STATUS_SUCCESS && (perf)[i_].memory <= BENCHMARK_WORKSPACE_CAP &&    \
+          (perf)[i_].memory > most_)                                                                      \
+        most_ = (perf)[i_].memory;                                                                        \
+    rc = benchmark_workspace(dev, op, most_, &ws, &wsb);                                                  \
+  } while (0)
+
 static int search(cudnnHandle_t h, struct cuda_device *dev, const struct descs *d, int pass, const struct bufs *b,
                   const char *op, int benchmark_mode, struct kiln_conv_choice *ch) {
   int n = 0, found = 0, rc = KILN_OK;
@@ -240,11 +260,7 @@ static int search(cudnnHandle_t h, struct cuda_device *dev, const struct descs *
     rc = dnn_check(cudnnGetConvolutionForwardAlgorithm_v7(h, d->x, d->w, d->conv, d->y, MAX_ALGOS, &n, perf), op,
                    "cudnnGetConvolutionForwardAlgorithm_v7");
     if (!rc && benchmark_mode) {
-      size_t most = 0;
-      for (int i = 0; i < n; i++)
-        if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= BENCHMARK_WORKSPACE_CAP && perf[i].memory > most) most = perf[i].memory;
-      rc = workspace(dev, op, most, &ws, &wsb);
-      if (rc == KILN_ERR_MEMORY) rc = KILN_OK;   /* Find tries the algorithms that fit the workspace there is */
+      BENCHMARK_WORKSPACE(perf, n);
       if (!rc) rc = dnn_check(cudnnFindConvolutionForwardAlgorithmEx(h, d->x, b->x, d->w, b->w, d->conv, d->y, b->out, MAX_ALGOS,
                                                                       &n, perf, ws, wsb),
                               op, "cudnnFindConvolutionForwardAlgorithmEx");
@@ -255,11 +271,7 @@ static int search(cudnnHandle_t h, struct cuda_device *dev, const struct descs *
     rc = dnn_check(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d->w, d->y, d->conv, d->x, MAX_ALGOS, &n, perf), op,
                    "cudnnGetConvolutionBackwardDataAlgorithm_v7");
     if (!rc && benchmark_mode) {
-      size_t most = 0;
-      for (int i = 0; i < n; i++)
-        if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= BENCHMARK_WORKSPACE_CAP && perf[i].memory > most) most = perf[i].memory;
-      rc = workspace(dev, op, most, &ws, &wsb);
-      if (rc == KILN_ERR_MEMORY) rc = KILN_OK;   /* Find tries the algorithms that fit the workspace there is */
+      BENCHMARK_WORKSPACE(perf, n);
       if (!rc) rc = dnn_check(cudnnFindConvolutionBackwardDataAlgorithmEx(h, d->w, b->w, d->y, b->y, d->conv, d->x, b->out,
                                                                            MAX_ALGOS, &n, perf, ws, wsb),
                               op, "cudnnFindConvolutionBackwardDataAlgorithmEx");
@@ -270,11 +282,7 @@ static int search(cudnnHandle_t h, struct cuda_device *dev, const struct descs *
     rc = dnn_check(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d->x, d->y, d->conv, d->w, MAX_ALGOS, &n, perf), op,
                    "cudnnGetConvolutionBackwardFilterAlgorithm_v7");
     if (!rc && benchmark_mode) {
-      size_t most = 0;
-      for (int i = 0; i < n; i++)
-        if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= BENCHMARK_WORKSPACE_CAP && perf[i].memory > most) most = perf[i].memory;
-      rc = workspace(dev, op, most, &ws, &wsb);
-      if (rc == KILN_ERR_MEMORY) rc = KILN_OK;   /* Find tries the algorithms that fit the workspace there is */
+      BENCHMARK_WORKSPACE(perf, n);
       if (!rc) rc = dnn_check(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, d->x, b->x, d->y, b->y, d->conv, d->w, b->out,
                                                                              MAX_ALGOS, &n, perf, ws, wsb),
                               op, "cudnnFindConvolutionBackwardFilterAlgorithmEx");
@@ -338,10 +346,7 @@ static int fastest(cudnnHandle_t h, struct cuda_device *dev, const char *op, con
     if ((size_t)plans[i].workspace <= BENCHMARK_WORKSPACE_CAP && (size_t)plans[i].workspace > most) most = (size_t)plans[i].workspace;
   void *ws = NULL;
   size_t wsb = 0;
-  int rc = workspace(dev, op, most, &ws, &wsb);
-  /* No room for the hungriest candidate: time those that fit the workspace there is (the loop
-     skips the rest), rather than fail a convolution that a leaner plan runs. */
-  if (rc == KILN_ERR_MEMORY) rc = KILN_OK;
+  int rc = benchmark_workspace(dev, op, most, &ws, &wsb);   /* the loop skips candidates that do not fit */
   cudaEvent_t start = NULL, stop = NULL;
   if (!rc) rc = cuda_check(cudaEventCreate(&start), op, "cudaEventCreate (timing cuDNN plans)");
   if (!rc) rc = cuda_check(cudaEventCreate(&stop), op, "cudaEventCreate (timing cuDNN plans)");
