@@ -3,6 +3,9 @@
 local kiln = kiln or require "kiln"
 local nn = kiln.nn
 
+-- The basic block (two 3x3 convs with batch norm, and a 1x1 conv + batch norm shortcut where the
+-- shape changes), named as torchvision names it (conv1, bn1, conv2, bn2, downsample), which
+-- models/resnet18.lua builds on too.
 local Block = nn.define("BasicBlock")
 function Block:init(cin, cout, stride)
   self.conv1 = nn.Conv2d(cin, cout, 3, {stride = stride, padding = 1, bias = false})
@@ -10,13 +13,13 @@ function Block:init(cin, cout, stride)
   self.conv2 = nn.Conv2d(cout, cout, 3, {padding = 1, bias = false})
   self.bn2 = nn.BatchNorm2d(cout)
   if stride ~= 1 or cin ~= cout then
-    self.shortcut = nn.Sequential{nn.Conv2d(cin, cout, 1, {stride = stride, bias = false}), nn.BatchNorm2d(cout)}
+    self.downsample = nn.Sequential{nn.Conv2d(cin, cout, 1, {stride = stride, bias = false}), nn.BatchNorm2d(cout)}
   end
 end
-function Block:forward(x)
-  local y = self.bn1(self.conv1(x)):relu()
+function Block:forward(x)                                  -- x [N,cin,H,W]
+  local y = self.bn1(self.conv1(x)):relu()                 -- [N,cout,H/s,W/s]
   y = self.bn2(self.conv2(y))
-  local s = self.shortcut and self.shortcut(x) or x
+  local s = self.downsample and self.downsample(x) or x
   return (y + s):relu()
 end
 function Block:extra_repr() return "" end

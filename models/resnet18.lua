@@ -9,22 +9,7 @@
 local kiln = kiln or require "kiln"
 local nn = kiln.nn
 
-local Block = nn.define("ResNet18Block")
-function Block:init(cin, cout, stride)
-  self.conv1 = nn.Conv2d(cin, cout, 3, {stride = stride, padding = 1, bias = false})
-  self.bn1 = nn.BatchNorm2d(cout)
-  self.conv2 = nn.Conv2d(cout, cout, 3, {padding = 1, bias = false})
-  self.bn2 = nn.BatchNorm2d(cout)
-  if stride ~= 1 or cin ~= cout then
-    self.downsample = nn.Sequential{nn.Conv2d(cin, cout, 1, {stride = stride, bias = false}), nn.BatchNorm2d(cout)}
-  end
-end
-function Block:forward(x)                                  -- x [N,cin,H,W]
-  local y = self.bn1(self.conv1(x)):relu()                 -- [N,cout,H/s,W/s]
-  y = self.bn2(self.conv2(y))
-  local s = self.downsample and self.downsample(x) or x
-  return (y + s):relu()
-end
+require "models.resnet"   -- nn.BasicBlock, with torchvision's names
 
 local ResNet18 = nn.define("ResNet18")
 function ResNet18:init(opts)
@@ -37,7 +22,7 @@ function ResNet18:init(opts)
   local cin = widths[1]
   for s, w in ipairs(widths) do
     local stride = s > 1 and 2 or 1
-    self["layer" .. s] = nn.Sequential{nn.ResNet18Block(cin, w, stride), nn.ResNet18Block(w, w, 1)}
+    self["layer" .. s] = nn.Sequential{nn.BasicBlock(cin, w, stride), nn.BasicBlock(w, w, 1)}
     cin = w
   end
   self.avgpool = nn.AdaptiveAvgPool2d(1)
