@@ -96,7 +96,7 @@ static inline struct kiln_tensor *T(int ndim, const int64_t *sizes, const double
    when t is NULL or cannot be read, so that comparisons fail). */
 static inline double *V(const struct kiln_tensor *t) {
   int64_t n = t ? t->numel : 1;
-  double *v = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+  double *v = (double *)malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));   /* the cast: check.h is C++ too */
   if (!v) abort();
   if (!t || kiln_tensor_to_f64(t, v)) {
     for (int64_t i = 0; i < (n > 0 ? n : 1); i++) v[i] = NAN;

@@ -11,22 +11,16 @@
 extern "C" {
 #include "internal.h"
 }
+#include "check.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <string>
 #include <vector>
 
-static int checks, failures;
-static void report(bool ok, int line, const char *what) {
-  checks++;
-  if (!ok) {
-    failures++;
-    fprintf(stderr, "test_cuda_ctc.cu:%d: FAILED: %s\n", line, what);
-  }
-}
+/* one check: what names it in a failure */
+static void report(bool ok, int line, const char *what) { check_report(ok, __FILE__, line, "%s", what); }
 
-static const struct kiln_device CPU = {KILN_CPU, 0};
 
 struct rng {
   uint64_t s;
@@ -263,7 +257,7 @@ int main() {
           for (int rep = 0; rep < 6; rep++, seeds++)
             check_case(random_case(r, dtype, red, zi, padded, rep == 5), rep % 2 == 1, "random");
   printf("test_cuda_ctc: %d checks (%d random cases; %d infinite losses, %d samples too short under zero_infinity), "
-         "largest difference f32 %.3g, f64 %.3g; %d failed\n", checks, seeds, infinite_losses, zeroed_samples,
-         largest_error[0], largest_error[1], failures);
-  return failures != 0 || checks == 0;
+         "largest difference f32 %.3g, f64 %.3g; %d failed\n", check_count, seeds, infinite_losses, zeroed_samples,
+         largest_error[0], largest_error[1], check_failed);
+  return check_failed != 0 || check_count == 0;
 }
