@@ -76,6 +76,10 @@ struct kiln_tensor *cuda_contiguous_as(const struct kiln_tensor *t, int dtype, c
 /* Scratch memory: a u8 tensor of nbytes on device. Release it once the kernels that use it are
    queued: the caching allocator reuses blocks in stream order. */
 struct kiln_tensor *cuda_scratch(int64_t nbytes, struct kiln_device device);
+/* Host memory to the device on dev's current stream, read before the call returns: through a
+   pageable copy of src, since src may be pinned (a loader's batch), and a copy from pinned memory
+   reads it only when the stream gets there, after its block may have been handed out again. */
+int cuda_upload(struct cuda_device *dev, void *dst, const void *src, size_t bytes, const char *op, const char *what);
 
 /* The device's cuBLAS handle (a cublasHandle_t, made at its first use, on dev->stream), for
    products outside KILN_OP_GEMM. */

@@ -155,3 +155,13 @@ extern "C" struct kiln_tensor *cuda_scratch(int64_t nbytes, struct kiln_device d
   int64_t n = nbytes > 0 ? nbytes : 1;
   return kiln_tensor_empty(1, &n, KILN_U8, device);
 }
+
+extern "C" int cuda_upload(struct cuda_device *dev, void *dst, const void *src, size_t bytes, const char *op, const char *what) {
+  if (!bytes) return KILN_OK;
+  void *staged = malloc(bytes);
+  if (!staged) return cuda_fail(KILN_ERR_MEMORY, "%s: out of host memory for %zu bytes (%s)", op, bytes, what);
+  memcpy(staged, src, bytes);
+  int rc = cuda_check(cudaMemcpyAsync(dst, staged, bytes, cudaMemcpyHostToDevice, dev->stream), op, what);
+  free(staged);   /* pageable: the copy has read it when cudaMemcpyAsync returns */
+  return rc;
+}

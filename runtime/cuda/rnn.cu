@@ -105,23 +105,14 @@ static int copy_d2d(const struct ctx *x, void *dst, const void *src, int64_t byt
   return cuda_check(cudaMemcpyAsync(dst, src, (size_t)bytes, cudaMemcpyDeviceToDevice, x->dev->stream), x->op, what);
 }
 
-/* The lengths (i64 [B] on the CPU, contiguous) on the device, or NULL for none. The copy goes
-   from a pageable buffer of our own, which cudaMemcpyAsync has read when it returns: the lengths
-   tensor itself may be pinned (a loader's batch), and a copy from pinned memory reads it only when
-   the stream gets there, after its block may have been handed out again. */
+/* The lengths (i64 [B] on the CPU, contiguous, maybe pinned) on the device, or NULL for none. */
 static int lengths_on_device(const struct ctx *x, const struct kiln_tensor *len, struct kiln_tensor **out) {
   *out = NULL;
   if (!len) return KILN_OK;
   int64_t B = len->sizes[0];
   if (!(*out = kiln_tensor_empty(1, &B, KILN_I64, x->where))) return kiln_error_code();
-  int64_t *host = (int64_t *)malloc(sizeof(int64_t) * (size_t)(B > 0 ? B : 1));
-  if (!host) return cuda_fail(KILN_ERR_MEMORY, "%s: out of host memory for %lld lengths", x->op, (long long)B);
-  memcpy(host, kiln_tensor_data(len), sizeof(int64_t) * (size_t)B);
-  int rc = cuda_check(cudaMemcpyAsync(kiln_tensor_data(*out), host, sizeof(int64_t) * (size_t)B, cudaMemcpyHostToDevice,
-                                      x->dev->stream),
-                      x->op, "cudaMemcpyAsync (lengths to the device)");
-  free(host);
-  return rc;
+  return cuda_upload(x->dev, kiln_tensor_data(*out), kiln_tensor_data(len), sizeof(int64_t) * (size_t)B, x->op,
+                     "cudaMemcpyAsync (lengths to the device)");
 }
 
 static int enter(struct ctx *x, const struct kiln_rnn_tensors *t, const char *op) {

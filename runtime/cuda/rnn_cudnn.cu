@@ -117,15 +117,8 @@ static int lengths(struct plan *p, const struct kiln_tensor *len, int32_t *host)
   /* host is pageable: the copy has read it when the call returns */
   if (rc || !l || !p->reverse) return rc;
   if (!(p->len64 = kiln_tensor_empty(1, &B, KILN_I64, p->where))) return kiln_error_code();
-  /* through a pageable copy too: the lengths tensor may be pinned, and a copy from pinned memory
-     reads it only when the stream gets there, after the caller may have reused or freed it */
-  int64_t *l64 = (int64_t *)malloc(sizeof(int64_t) * (size_t)B);
-  if (!l64) return cuda_fail(KILN_ERR_MEMORY, "%s: out of host memory for %lld lengths", p->op, (long long)B);
-  memcpy(l64, l, sizeof(int64_t) * (size_t)B);
-  rc = cuda_check(cudaMemcpyAsync(kiln_tensor_data(p->len64), l64, sizeof(int64_t) * (size_t)B, cudaMemcpyHostToDevice,
-                                  p->dev->stream), p->op, "cudaMemcpyAsync (lengths to the device)");
-  free(l64);
-  return rc;
+  return cuda_upload(p->dev, kiln_tensor_data(p->len64), l, sizeof(int64_t) * (size_t)B, p->op,
+                     "cudaMemcpyAsync (lengths to the device)");   /* the lengths tensor may be pinned */
 }
 
 /* Everything both passes need: the device, the handle, the descriptors and cuDNN's sizes. */
