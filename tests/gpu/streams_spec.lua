@@ -57,13 +57,17 @@ guarded("ordering two streams", function()
   s2:wait_event(e)
   local consumed = cuda.stream(s2, function() return produced:sum() end)
   s2:synchronize()
-  local want = produced:sum()   -- default stream, after synchronize below
+  local want = produced:sum()   -- the default stream: e (all of s1's work) is done, s2 waited for it
   cuda.synchronize()
   check(math.abs(consumed:item() - want:item()) <= 1e-3 * math.abs(want:item()) + 1e-2,
         "s2 after wait_event reads what s1 wrote")
   local third = cuda.Stream()
+  cuda.stream(s1, function() produced:mul_(2) end)   -- more work on s1, then a stream that waits for it
   third:wait_stream(s1)
-  check(third:query() or true, "wait_stream queued")
+  local again = cuda.stream(third, function() return produced:sum() end)
+  third:synchronize()
+  local twice = 2 * consumed:item()
+  check(math.abs(again:item() - twice) <= 1e-6 * math.abs(twice) + 1e-6, "a stream after wait_stream reads s1's latest work")
   cuda.synchronize()
   check(s1:query() and s2:query() and e:query(), "query: everything finished after synchronize")
 end)
