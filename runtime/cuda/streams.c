@@ -166,21 +166,25 @@ void *cuda_current_stream(int device_index) {
   return s;
 }
 
-/* The stream a call names, checked to be the device's. Lock held. */
+/* The stream a call names (NULL: the default one), checked to be the device's. */
 static int lookup(int device_index, void *stream, const char *op, struct cuda_device **dev, cudaStream_t *s) {
+  pthread_mutex_lock(&streams_lock);
+  int rc = KILN_OK;
   *dev = enter(device_index, op);
-  if (!*dev) return kiln_error_code();
-  *s = stream_or_default(*dev, stream);
-  if (!state_of(*dev, *s)) return not_ours(op, *dev, stream);
-  return KILN_OK;
+  if (!*dev) {
+    rc = kiln_error_code();
+  } else {
+    *s = stream_or_default(*dev, stream);
+    if (!state_of(*dev, *s)) rc = not_ours(op, *dev, stream);
+  }
+  pthread_mutex_unlock(&streams_lock);
+  return rc;
 }
 
 int cuda_stream_synchronize(int device_index, void *stream) {
   struct cuda_device *dev;
   cudaStream_t s;
-  pthread_mutex_lock(&streams_lock);
   int rc = lookup(device_index, stream, "Stream:synchronize", &dev, &s);
-  pthread_mutex_unlock(&streams_lock);
   if (!rc) rc = cuda_check(cudaStreamSynchronize(s), "Stream:synchronize", "cudaStreamSynchronize");
   return rc;
 }
@@ -189,9 +193,7 @@ int cuda_stream_query(int device_index, void *stream, int *done) {
   struct cuda_device *dev;
   cudaStream_t s;
   *done = 0;
-  pthread_mutex_lock(&streams_lock);
   int rc = lookup(device_index, stream, "Stream:query", &dev, &s);
-  pthread_mutex_unlock(&streams_lock);
   if (rc) return rc;
   cudaError_t e = cudaStreamQuery(s);
   if (e == cudaErrorNotReady) {
@@ -206,9 +208,7 @@ int cuda_stream_query(int device_index, void *stream, int *done) {
 int cuda_stream_wait_event(int device_index, void *stream, void *event) {
   struct cuda_device *dev;
   cudaStream_t s;
-  pthread_mutex_lock(&streams_lock);
   int rc = lookup(device_index, stream, "Stream:wait_event", &dev, &s);
-  pthread_mutex_unlock(&streams_lock);
   if (!rc) rc = cuda_check(cudaStreamWaitEvent(s, (cudaEvent_t)event, 0), "Stream:wait_event", "cudaStreamWaitEvent");
   return rc;
 }
@@ -231,9 +231,7 @@ int cuda_event_free(int device_index, void *event) {
 int cuda_event_record(int device_index, void *event, void *stream) {
   struct cuda_device *dev;
   cudaStream_t s;
-  pthread_mutex_lock(&streams_lock);
   int rc = lookup(device_index, stream, "Event:record", &dev, &s);
-  pthread_mutex_unlock(&streams_lock);
   if (!rc) rc = cuda_check(cudaEventRecord((cudaEvent_t)event, s), "Event:record", "cudaEventRecord");
   return rc;
 }
@@ -266,9 +264,7 @@ int cuda_event_elapsed(int device_index, void *start, void *end, float *ms) {
 int cuda_record_stream(int device_index, void *data, void *stream) {
   struct cuda_device *dev;
   cudaStream_t s;
-  pthread_mutex_lock(&streams_lock);
   int rc = lookup(device_index, stream, "record_stream", &dev, &s);
-  pthread_mutex_unlock(&streams_lock);
   if (rc) return rc;
   int r = kiln_caching_record_stream(dev->allocator, data, (uintptr_t)s);
   if (r == -1)
