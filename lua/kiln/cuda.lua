@@ -123,7 +123,6 @@ local Stream = {}
 Stream.__index = Stream
 local Event = {}
 Event.__index = Event
-M.StreamClass, M.EventClass = Stream, Event
 
 local defaults = {}   -- device -> its default stream object
 local current = {}    -- device -> the current stream object (kept alive while current)
