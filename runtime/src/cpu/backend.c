@@ -4,25 +4,23 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Training loops allocate and free the same large buffers every step. glibc would serve each
-   from a fresh mmap (and page-fault it in again); keep them in the heap instead, as PyTorch's CPU
-   allocator does by caching. */
+/* Training loops allocate and free the same buffers every step. glibc would serve each one above
+   128 KiB from a fresh mmap (and page-fault it in again); keep those up to 32 MiB in the heap, and
+   the larger ones in kiln_cpu_alloc's cache (cpu/big_blocks.c). */
 __attribute__((constructor)) static void cpu_malloc_setup(void) {
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_MMAP_THRESHOLD, KILN_BIG_BLOCK);
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
 }
 
+/* 64-byte alignment for vector loads; at least one byte so that empty tensors have a pointer. */
 static void *cpu_alloc(int64_t nbytes, int device_index) {
   (void)device_index;
-  /* 64-byte alignment for vector loads; at least one byte so that empty tensors have a pointer. */
-  size_t n = (size_t)(nbytes > 0 ? nbytes : 1);
-  n = (n + 63) & ~(size_t)63;
-  return aligned_alloc(64, n);
+  return kiln_cpu_alloc((size_t)(nbytes > 0 ? nbytes : 1));
 }
 
 static void cpu_free(void *data, int64_t nbytes, int device_index) {
-  (void)nbytes; (void)device_index;
-  free(data);
+  (void)device_index;
+  kiln_cpu_free(data, (size_t)(nbytes > 0 ? nbytes : 1));
 }
 
 static int cpu_memcpy(void *dst, const void *src, int64_t nbytes, int device_index) {

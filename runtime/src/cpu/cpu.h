@@ -41,4 +41,14 @@ int cpu_ctc_loss_backward(const struct kiln_call *c);
 void kiln_cpu_gemm_raw(int dtype, int trans_a, int trans_b, int64_t n, int64_t m, int64_t k, double alpha,
                        const void *a, int64_t lda, const void *b, int64_t ldb, double beta, void *c, int64_t ldc);
 
+/* CPU memory, 64-byte aligned (cpu/big_blocks.c): blocks of KILN_BIG_BLOCK bytes or more are kept
+   when freed, within a budget, and reused, instead of being mapped and faulted in again. The
+   size given to kiln_cpu_free is the one asked of kiln_cpu_alloc. */
+enum { KILN_BIG_BLOCK = 32 << 20 };
+void *kiln_cpu_alloc(size_t nbytes);
+void kiln_cpu_free(void *p, size_t nbytes);
+void kiln_cpu_trim(void);                        /* give every cached block back */
+void kiln_cpu_cache_info(size_t *bytes, int *blocks, int64_t *hits);
+void kiln_cpu_set_cache_budget(size_t bytes);    /* drops the oldest blocks past it */
+
 #endif

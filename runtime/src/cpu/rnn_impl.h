@@ -396,7 +396,8 @@ static int FN(forward)(const struct kiln_call *c) {
   int64_t T = L.T, B = L.B, H = L.H, GH = L.GH;
   L.z = kiln_tensor_data(c->out);
   L.res = f->reserve ? kiln_tensor_data(f->reserve) : NULL;
-  L.xp = malloc(sizeof(R) * (size_t)(T * B * GH > 0 ? T * B * GH : 1));
+  size_t nxp = sizeof(R) * (size_t)(T * B * GH > 0 ? T * B * GH : 1);   /* large: from the block cache */
+  L.xp = kiln_cpu_alloc(nxp);
   L.hh = calloc((size_t)(B * GH > 0 ? B * GH : 1), sizeof(R));
   L.h = malloc(sizeof(R) * (size_t)(B * H > 0 ? B * H : 1));
   L.hnext = malloc(sizeof(R) * (size_t)(B * H > 0 ? B * H : 1));
@@ -424,10 +425,16 @@ static int FN(forward)(const struct kiln_call *c) {
   memcpy(L.z + T * B * H, L.h, sizeof(R) * (size_t)(B * H));
   if (L.mode == KILN_RNN_LSTM) memcpy(L.z + (T + 1) * B * H, L.c, sizeof(R) * (size_t)(B * H));
 done:
-  free(L.xp); free(L.hh);
+  kiln_cpu_free(L.xp, nxp); free(L.hh);
   free(L.h); free(L.hnext); free(L.c);
   free((void *)L.len); free(zeros);
   return rc;
+}
+
+static R *FN(zeroed)(size_t nbytes) {
+  R *p = kiln_cpu_alloc(nbytes);
+  if (p) memset(p, 0, nbytes);
+  return p;
 }
 
 static int FN(backward)(const struct kiln_call *c) {
@@ -439,14 +446,16 @@ static int FN(backward)(const struct kiln_call *c) {
   L.z = kiln_tensor_data(bw->z);
   L.res = bw->reserve ? kiln_tensor_data(bw->reserve) : NULL;
   L.gz = kiln_tensor_data(bw->gz);
-  size_t nbig = (size_t)(T * B * GH > 0 ? T * B * GH : 1), nbh = (size_t)(B * H > 0 ? B * H : 1);
-  L.dgx = calloc(nbig, sizeof(R));
-  L.dgh = L.mode == KILN_RNN_GRU ? calloc(nbig, sizeof(R)) : L.dgx;
+  /* the large buffers come from the block cache, zeroed (rows past a sequence's end stay 0) */
+  size_t nbig = sizeof(R) * (size_t)(T * B * GH > 0 ? T * B * GH : 1), nbh = (size_t)(B * H > 0 ? B * H : 1);
+  size_t nprev = sizeof(R) * (size_t)(T * B * H > 0 ? T * B * H : 1);
+  L.dgx = FN(zeroed)(nbig);
+  L.dgh = L.mode == KILN_RNN_GRU ? FN(zeroed)(nbig) : L.dgx;
   L.dgs = calloc((size_t)(B * GH > 0 ? B * GH : 1), sizeof(R));
   L.dh = malloc(sizeof(R) * nbh);
   L.dc = malloc(sizeof(R) * nbh);
   L.tmp = malloc(sizeof(R) * nbh);
-  R *hprev = bw->gw_hh ? calloc((size_t)(T * B * H > 0 ? T * B * H : 1), sizeof(R)) : NULL;
+  R *hprev = bw->gw_hh ? FN(zeroed)(nprev) : NULL;
   int rc = KILN_OK;
   if (!L.dgx || !L.dgh || !L.dgs || !L.dh || !L.dc || !L.tmp || (bw->gw_hh && !hprev)) {
     rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory for the layer's buffers");
@@ -484,8 +493,9 @@ static int FN(backward)(const struct kiln_call *c) {
       for (int64_t q = 0; q < GH; q++) dst[q] += src[r * GH + q];
   }
 done:
-  if (L.dgh != L.dgx) free(L.dgh);
-  free(L.dgx); free(L.dgs); free(L.dh); free(L.dc); free(L.tmp); free(hprev);
+  if (L.dgh != L.dgx) kiln_cpu_free(L.dgh, nbig);
+  kiln_cpu_free(L.dgx, nbig); kiln_cpu_free(hprev, nprev);
+  free(L.dgs); free(L.dh); free(L.dc); free(L.tmp);
   free((void *)L.len); free(zeros);
   return rc;
 }
