@@ -53,6 +53,15 @@ uint32_t kiln_cuda_gemm_alignment(uintptr_t address) {
   return a;
 }
 
+/* The alignment cuBLASLt may assume of an operand: that of its first matrix and, in a batch, that
+   of every later one too (the byte stride), since the kernel chosen for the first reads them all
+   with the same vector loads. */
+static uint32_t operand_alignment(uintptr_t address, int64_t stride, int64_t batch, int dtype) {
+  size_t es = dtype == KILN_F64 ? 8 : dtype == KILN_F16 || dtype == KILN_BF16 ? 2 : 4;
+  if (batch > 1) address |= (uintptr_t)stride * es;
+  return kiln_cuda_gemm_alignment(address);
+}
+
 void kiln_cuda_lt_key_build(struct kiln_cuda_lt_key *key, int device, int dtype, const struct kiln_cuda_gemm_types *t,
                             const struct kiln_cuda_gemm_plan *p, uintptr_t a, uintptr_t b, uintptr_t c) {
   memset(key, 0, sizeof *key);
@@ -63,9 +72,9 @@ void kiln_cuda_lt_key_build(struct kiln_cuda_lt_key *key, int device, int dtype,
   key->data = t->data;
   key->trans_a = p->trans_a;
   key->trans_b = p->trans_b;
-  key->align_a = kiln_cuda_gemm_alignment(a);
-  key->align_b = kiln_cuda_gemm_alignment(b);
-  key->align_c = kiln_cuda_gemm_alignment(c);
+  key->align_a = operand_alignment(a, p->stride_a, p->batch, dtype);
+  key->align_b = operand_alignment(b, p->stride_b, p->batch, dtype);
+  key->align_c = operand_alignment(c, p->stride_c, p->batch, dtype);
   key->m = p->m;
   key->n = p->n;
   key->k = p->k;

@@ -112,6 +112,21 @@ static void test_keys(void) {
   /* the same problem at other (equally aligned) addresses: the same key */
   kiln_cuda_lt_key_build(&k1, 0, KILN_F32, &f32, &p, A + 0x1000, B + 0x4000, Cc + 0x100);
   CHECK(same_key(&k0, &k1));
+  /* a batch stride that breaks the alignment of the later matrices lowers the operand's: 1028
+     floats (4112 bytes) -> 16; 1025 floats -> 4; in f64 1025 -> 8; one matrix ignores it */
+  struct kiln_cuda_gemm_plan odd = p;
+  odd.stride_a = 1028; odd.stride_b = 1025; odd.stride_c = 2050;
+  kiln_cuda_lt_key_build(&k1, 0, KILN_F32, &f32, &odd, A, B, Cc);
+  CHECK(k1.align_a == 16 && k1.align_b == 4 && k1.align_c == 8);
+  struct kiln_cuda_gemm_types f64t;
+  kiln_cuda_gemm_types(KILN_F64, KILN_MATMUL_HIGHEST, &f64t);
+  kiln_cuda_lt_key_build(&k1, 0, KILN_F64, &f64t, &odd, A, B, Cc);
+  CHECK(k1.align_a == 32 && k1.align_b == 8 && k1.align_c == 16);
+  kiln_cuda_lt_key_build(&k1, 0, KILN_BF16, &bf16, &odd, A, B, Cc);
+  CHECK(k1.align_a == 8 && k1.align_b == 2 && k1.align_c == 4);
+  odd.batch = 1;
+  kiln_cuda_lt_key_build(&k1, 0, KILN_F32, &f32, &odd, A, B, Cc);
+  CHECK(k1.align_a == 256 && k1.align_b == 256 && k1.align_c == 256);
 
   /* each of these makes another problem */
   struct {
