@@ -42,6 +42,15 @@ template <class T> __global__ void rnn_reverse_kernel(T *dst, const T *src, int6
   KILN_GRID_LOOP(i, steps * B * N) dst[i] = src[kiln_rnn_cudnn_reversed_index(i, steps, B, N, len)];
 }
 
+/* [T,B,N] output grads as cuDNN reads them (kiln_rnn_cudnn_grad_index): zeros in the padding */
+template <class T> __global__ void rnn_grad_kernel(T *dst, const T *src, int64_t steps, int64_t B, int64_t N, const int64_t *len,
+                                                   int reverse) {
+  KILN_GRID_LOOP(i, steps * B * N) {
+    int64_t k = kiln_rnn_cudnn_grad_index(i, steps, B, N, len, reverse);
+    dst[i] = k < 0 ? T(0) : src[k];
+  }
+}
+
 /* One call's descriptors, sizes and buffers. */
 struct plan {
   char op[64];                    /* "rnn (lstm, cudnn)": the op in every message */
@@ -54,7 +63,7 @@ struct plan {
   struct kiln_rnn_cudnn_desc d;   /* the network, the sequences and the states (rnn_cudnn_desc.h) */
   cudnnTensorDescriptor_t md, bd;   /* what cudnnGetRNNWeightParams describes */
   struct kiln_tensor *len32;      /* int32 [B] on the device (cuDNN's devSeqLengths) */
-  struct kiln_tensor *len64;      /* i64 [B] on the device (the reverse kernel), or NULL: all T */
+  struct kiln_tensor *len64;      /* i64 [B] on the device (the gather kernels), or NULL: all T */
   size_t weight_bytes, work_bytes, reserve_bytes, reserve_offset;
 };
 
@@ -106,7 +115,7 @@ static int zero(const struct plan *p, void *dst, size_t bytes, const char *what)
 }
 
 /* The lengths: int32 on the host (for the data descriptors) and on the device; i64 on the
-   device for the reverse kernel. */
+   device for the gather kernels. */
 static int lengths(struct plan *p, const struct kiln_tensor *len, int32_t *host) {
   const int64_t *l = len ? (const int64_t *)kiln_tensor_data(len) : NULL;
   for (int64_t b = 0; b < p->B; b++) host[b] = (int32_t)(l ? l[b] : p->T_);
@@ -115,7 +124,7 @@ static int lengths(struct plan *p, const struct kiln_tensor *len, int32_t *host)
   int rc = cuda_check(cudaMemcpyAsync(kiln_tensor_data(p->len32), host, sizeof(int32_t) * (size_t)B, cudaMemcpyHostToDevice,
                                       p->dev->stream), p->op, "cudaMemcpyAsync (lengths to the device)");
   /* host is pageable: the copy has read it when the call returns */
-  if (rc || !l || !p->reverse) return rc;
+  if (rc || !l) return rc;
   if (!(p->len64 = kiln_tensor_empty(1, &B, KILN_I64, p->where))) return kiln_error_code();
   return cuda_upload(p->dev, kiln_tensor_data(p->len64), l, sizeof(int64_t) * (size_t)B, p->op,
                      "cudaMemcpyAsync (lengths to the device)");   /* the lengths tensor may be pinned */
@@ -228,6 +237,22 @@ static int reverse_into(const struct plan *p, void *dst, const void *src, int64_
   return cuda_launched(p->op, "rnn_reverse_kernel");
 }
 
+/* dst [T,B,H]: the output grads src as cuDNN's backward reads them (reversed for a reverse
+   layer, zeros in the padding). */
+static int grads_into(const struct plan *p, void *dst, const void *src) {
+  int64_t n = p->T_ * p->B * p->H;
+  if (!n) return KILN_OK;
+  struct kiln_cuda_launch l = grid_for(p->dev, n);
+  const int64_t *len = p->len64 ? (const int64_t *)kiln_tensor_data(p->len64) : NULL;
+  if (p->dtype == KILN_F64)
+    rnn_grad_kernel<double><<<(unsigned)l.blocks, l.threads, 0, p->dev->stream>>>((double *)dst, (const double *)src, p->T_, p->B,
+                                                                                 p->H, len, p->reverse);
+  else
+    rnn_grad_kernel<float><<<(unsigned)l.blocks, l.threads, 0, p->dev->stream>>>((float *)dst, (const float *)src, p->T_, p->B,
+                                                                               p->H, len, p->reverse);
+  return cuda_launched(p->op, "rnn_grad_kernel");
+}
+
 /* A device buffer of bytes (at least one), owned by the caller. */
 static void *scratch(const struct plan *p, size_t bytes, struct kiln_tensor **keep) {
   *keep = cuda_scratch((int64_t)bytes, p->where);
@@ -313,12 +338,16 @@ extern "C" int cuda_rnn_cudnn_backward(const struct kiln_call *c) {
   reserve = p.reserve_bytes ? (char *)wspace + p.reserve_offset : NULL;
   if (!(ws = scratch(&p, p.work_bytes, &work))) { rc = kiln_error_code(); goto done; }
   x = input_of(&p, t->x, &xr, &rc);
-  if (!rc && p.reverse) {   /* the outputs and their grads as cuDNN's forward ordered them */
-    void *yy = scratch(&p, (size_t)(p.T_ * BH) * p.es, &yr), *dd = scratch(&p, (size_t)(p.T_ * BH) * p.es, &dyr);
-    if (!yy || !dd) rc = kiln_error_code();
+  if (!rc && p.reverse) {   /* the outputs as cuDNN's forward ordered them */
+    void *yy = scratch(&p, (size_t)(p.T_ * BH) * p.es, &yr);
+    if (!yy) rc = kiln_error_code();
     if (!rc) rc = reverse_into(&p, yy, z, p.H);
-    if (!rc) rc = reverse_into(&p, dd, gz, p.H);
     y = yy;
+  }
+  if (!rc && (p.reverse || p.len64)) {   /* their grads: in that order, zeros in the padding */
+    void *dd = scratch(&p, (size_t)(p.T_ * BH) * p.es, &dyr);
+    if (!dd) rc = kiln_error_code();
+    if (!rc) rc = grads_into(&p, dd, gz);
     dy = dd;
   }
   if (!rc) {

@@ -54,4 +54,15 @@ static inline KILN_RNN_HD int64_t kiln_rnn_cudnn_reversed_index(int64_t i, int64
   return (src * B + b) * N + col;
 }
 
+/* Element i of the output grads as cuDNN's backward reads them: gathered from the grads of the
+   layer's output (reversed within each length when the layer runs backwards), or -1, a zero, in a
+   sequence's padding: the CPU path never reads the grads there, and cuDNN's documentation does
+   not say that it ignores them. */
+static inline KILN_RNN_HD int64_t kiln_rnn_cudnn_grad_index(int64_t i, int64_t T, int64_t B, int64_t N, const int64_t *lengths,
+                                                            int reverse) {
+  int64_t row = i / N, t = row / B, b = row - t * B;
+  if (lengths && t >= lengths[b]) return -1;
+  return reverse ? kiln_rnn_cudnn_reversed_index(i, T, B, N, lengths) : i;
+}
+
 #endif

@@ -81,6 +81,21 @@ static void reversal(void) {
   CHECK(got[0] == src[(4 * BB + 0) * NN + 0] && got[(4 * BB + 3) * NN + 2] == src[(0 * BB + 3) * NN + 2]);
   CHECK(kiln_rnn_cudnn_reversed_time(0, 1) == 0 && kiln_rnn_cudnn_reversed_time(3, 2) == 3 &&
         kiln_rnn_cudnn_reversed_time(1, 4) == 2);
+  /* the output grads cuDNN reads: zeros (-1) in the padding, else the output's grad, reversed
+     within the length for a reverse layer */
+  for (int reverse = 0; reverse < 2; reverse++) {
+    int bad = 0;
+    for (int t = 0; t < TT; t++)
+      for (int b = 0; b < BB; b++)
+        for (int j = 0; j < NN; j++) {
+          int64_t i = (t * BB + b) * NN + j;
+          int64_t want_i = t >= len[b] ? -1 : ((reverse ? len[b] - 1 - t : t) * BB + b) * NN + j;
+          bad += kiln_rnn_cudnn_grad_index(i, TT, BB, NN, len, reverse) != want_i;
+          int64_t want_full = ((reverse ? TT - 1 - t : t) * BB + b) * NN + j;
+          bad += kiln_rnn_cudnn_grad_index(i, TT, BB, NN, NULL, reverse) != want_full;
+        }
+    CHECK(bad == 0);
+  }
 }
 
 static struct kiln_tensor *rnd(int ndim, const int64_t *sizes, uint64_t seed) {
