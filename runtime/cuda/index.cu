@@ -44,9 +44,11 @@ static int check_indices(struct cuda_device *dev, const char *op, const struct k
     kiln_cuda_iter_offsets(&it, (int64_t)bad, off);
     int es = kiln_dtype_size(idx->dtype);
     int32_t v32 = 0;
-    rc = cuda_check(cudaMemcpy(idx->dtype == KILN_I64 ? (void *)&v : (void *)&v32,
-                               (const char *)kiln_tensor_data(idx) + off[0] * es, (size_t)es, cudaMemcpyDeviceToHost),
-                    op, "cudaMemcpy (index check)");
+    rc = cuda_check(cudaMemcpyAsync(idx->dtype == KILN_I64 ? (void *)&v : (void *)&v32,
+                                    (const char *)kiln_tensor_data(idx) + off[0] * es, (size_t)es, cudaMemcpyDeviceToHost,
+                                    dev->stream),
+                    op, "cudaMemcpyAsync (index check)");
+    if (!rc) rc = cuda_check(cudaStreamSynchronize(dev->stream), op, "cudaStreamSynchronize (index check)");
     if (idx->dtype != KILN_I64) v = v32;
     if (!rc)
       rc = cuda_fail(KILN_ERR_INDEX, "%s: index %lld out of range for dim %d of size %lld (tensor %s; C counts from 0)", op,

@@ -94,7 +94,9 @@ static int nll_forward(struct cuda_device *dev, const struct kiln_call *c, const
   if (!rc) rc = cuda_check(cudaStreamSynchronize(dev->stream), op, "cudaStreamSynchronize (targets)");
   if (!rc && host.first_bad != ~0ull) {
     int64_t v = 0;
-    rc = cuda_check(cudaMemcpy(&v, t + host.first_bad, 8, cudaMemcpyDeviceToHost), op, "cudaMemcpy (targets)");
+    rc = cuda_check(cudaMemcpyAsync(&v, t + host.first_bad, 8, cudaMemcpyDeviceToHost, dev->stream), op,
+                    "cudaMemcpyAsync (targets)");
+    if (!rc) rc = cuda_check(cudaStreamSynchronize(dev->stream), op, "cudaStreamSynchronize (targets)");
     if (!rc)
       rc = cuda_fail(KILN_ERR_INDEX, "%s: target index %lld out of range for %lld classes (target %s; C counts from 0)",
                      fused ? "cross_entropy" : "nll_loss", (long long)v, (long long)C, kiln_shape_string(target));

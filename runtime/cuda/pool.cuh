@@ -17,16 +17,29 @@ struct geom {
   int64_t H, W, OH, OW;
   int64_t kh, kw, sh, sw, ph, pw, dh, dw;
   int count_include_pad, adaptive, fast;
+  int empty;   /* max pooling: some window has no tap inside the plane (its index is 0) */
 };
+
+/* Whether some output along a dim of n (on outputs) has a window whose taps all fall outside
+   the input: padding with a dilation past the input can leave one. Host code. */
+static inline int has_empty_window(int64_t n, int64_t on, int64_t k, int64_t s, int64_t p, int64_t d) {
+  for (int64_t o = 0; o < on; o++) {
+    int64_t t = 0, start = o * s - p;
+    while (t < k && (start + t * d < 0 || start + t * d >= n)) t++;
+    if (t == k) return 1;
+  }
+  return 0;
+}
 
 /* From the call's ints (nn_calls.h) and the plane sizes of the input and the output. Host code. */
 static inline struct geom geom_of(int op, const int64_t *ints, int64_t H, int64_t W, int64_t OH, int64_t OW) {
   struct geom g;
   g.H = H; g.W = W; g.OH = OH; g.OW = OW;
   g.kh = ints[0]; g.kw = ints[1]; g.sh = ints[2]; g.sw = ints[3]; g.ph = ints[4]; g.pw = ints[5];
-  g.count_include_pad = 0; g.adaptive = 0;
+  g.count_include_pad = 0; g.adaptive = 0; g.empty = 0;
   if (op == KILN_OP_MAX_POOL2D || op == KILN_OP_MAX_POOL2D_BACKWARD) {
     g.dh = ints[6]; g.dw = ints[7];
+    g.empty = has_empty_window(H, OH, g.kh, g.sh, g.ph, g.dh) || has_empty_window(W, OW, g.kw, g.sw, g.pw, g.dw);
   } else {
     g.dh = g.dw = 1;
     g.count_include_pad = (int)ints[6];
@@ -82,12 +95,14 @@ KILN_EL void reaching(int64_t i, int64_t on, int64_t k, int64_t s, int64_t p, in
   *hi = last < on - 1 ? last : on - 1;
 }
 
-/* The grad of input (ih, iw) of a plane: the sum, in output order, of gy where idx names it. */
+/* The grad of input (ih, iw) of a plane: the sum, in output order, of gy where idx names it.
+   An empty window's index is 0 wherever the window lies, so input 0 then looks at every output. */
 template <class T>
 KILN_EL T max_pool_grad_at(const T *gy, const int64_t *idx, const struct geom &g, int64_t ih, int64_t iw) {
   int64_t h0, h1, w0, w1, me = ih * g.W + iw;
   reaching(ih, g.OH, g.kh, g.sh, g.ph, g.dh, &h0, &h1);
   reaching(iw, g.OW, g.kw, g.sw, g.pw, g.dw, &w0, &w1);
+  if (g.empty && me == 0) { h0 = 0; h1 = g.OH - 1; w0 = 0; w1 = g.OW - 1; }
   T s = 0;
   for (int64_t oh = h0; oh <= h1; oh++)
     for (int64_t ow = w0; ow <= w1; ow++)

@@ -555,7 +555,7 @@ static void check_pool(int op, bool adaptive, int ndim, const int64_t *sizes, co
 
 static void test_pooling() {
   const int64_t even[] = {2, 3, 8, 10}, odd[] = {2, 3, 9, 11}, tall[] = {1, 4, 13, 10}, chw[] = {3, 7, 8}, tiny[] = {1, 2, 3, 4},
-                one[] = {2, 2, 1, 1};
+                one[] = {2, 2, 1, 1}, narrow[] = {2, 3, 5, 2};
   struct pcase { const int64_t *sizes; int ndim; int64_t p[9]; };
   const pcase maxes[] = {
     {even, 4, {2, 2, 2, 2, 0, 0, 1, 1, 0}},   /* the CPU's fast path */
@@ -568,6 +568,7 @@ static void test_pooling() {
     {tiny, 4, {1, 1, 1, 1, 0, 0, 1, 1, 0}},
     {one, 4, {1, 1, 2, 2, 0, 0, 1, 1, 1}},
     {tiny, 4, {3, 4, 1, 1, 1, 2, 1, 1, 0}},   /* windows bigger than the plane, padded */
+    {narrow, 4, {2, 2, 2, 1, 0, 1, 1, 3, 0}}, /* every window's taps fall in the padding: index 0 */
   };
   const pcase avgs[] = {
     {odd, 4, {3, 3, 2, 2, 1, 1, 0, 1, 0}}, {odd, 4, {3, 3, 2, 2, 1, 1, 0, 0, 0}},
