@@ -334,8 +334,10 @@ int kiln_caching_alloc(struct kiln_caching_allocator *a, uintptr_t stream, int64
     }
   }
   if (map_insert(&a->live, b)) {
-    /* No host memory to remember the block: put it back and fail. */
-    set_insert(&a->free[b->pool], b);
+    /* No host memory to remember the block: put it back (merged with a free rest of its split,
+       so that no two free blocks neighbour) and fail. */
+    a->stats.allocated += b->size;   /* put_back takes it off again */
+    put_back(a, b);
     snprintf(err, errlen, "out of memory: no host memory to record a block of %lld bytes on cuda:%d", (long long)size,
              a->device);
     pthread_mutex_unlock(&a->lock);
