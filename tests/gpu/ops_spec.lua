@@ -916,12 +916,16 @@ if has_kernel("max_pool2d") then
     for _, layout in ipairs(pool_layouts) do
       for _, p in ipairs({{2, 2, 2, 2, 0, 0, 1, 1, 0}, {2, 2, 2, 2, 0, 0, 1, 1, 1}, {3, 3, 2, 2, 1, 1, 1, 1, 0},
                           {3, 3, 2, 2, 1, 1, 1, 1, 1}, {3, 2, 2, 1, 1, 1, 2, 1, 1}, {4, 4, 3, 3, 2, 2, 2, 2, 0},
-                          {1, 1, 1, 1, 0, 0, 1, 1, 0}}) do
+                          {1, 1, 1, 1, 0, 0, 1, 1, 0},
+                          -- every window's taps in the padding (width 11 only): index 0 takes all the grads
+                          {2, 2, 2, 1, 0, 1, 1, 12, 0, only = "[2,3,9,11]"}}) do
+        if p.only and not layout[1]:find(p.only, 1, true) then goto next_p end
         pool_case("max_pool2d", "kernel " .. table.concat(p, " ", 1, 2) .. ", stride " .. table.concat(p, " ", 3, 4) ..
                   ", padding " .. table.concat(p, " ", 5, 6) .. ", dilation " .. table.concat(p, " ", 7, 8) ..
                   (p[9] == 1 and ", ceil_mode" or ""), dtype, layout, function(x)
           return wrap(C.kiln_max_pool2d(x.p, p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9]))
         end)
+        ::next_p::
       end
     end
   end
