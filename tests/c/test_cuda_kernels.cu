@@ -5,7 +5,10 @@
    with NaN, infinities and ties; the loss and grad of each position of nll_loss and cross entropy;
    dropout's mask bit for bit; the recurrent layers' steps (rnn.cuh) in rnn.cu's order of kernels and
    products, forward and backward through time, against kiln_rnn_layer and its autograd backward. The device build may differ only where the device's math library
-   does (exp, log, pow within an ulp or two); tests/gpu checks that part. */
+   does (exp, log, pow within an ulp or two); tests/gpu checks that part.
+   Besides the fixed cases, randomized sweeps draw geometries, parameters and dtypes for pooling
+   from a fixed seed (the same cases on every run); KILN_TEST_SWEEP=N runs N times as many (by hand:
+   N = 100 takes a few seconds more). A failing sweep case prints its helper's arguments and seed. */
 #include "reduce.cuh"
 #include "nn.cuh"
 #include "norm.cuh"
@@ -131,18 +134,20 @@ static bool play_reduce(int op, const struct kiln_tensor *a, int64_t mask, doubl
 }
 
 static void check_reduce(int op, int ndim, const int64_t *sizes, int dtype, int64_t mask, double p, bool ties,
-                         bool specials, int64_t max_blocks, bool want_chunks) {
+                         bool specials, int64_t max_blocks, bool want_chunks, uint64_t seed = 0) {
+  if (!seed) seed = (uint64_t)(op * 131 + mask * 7 + dtype);
   int dims[KILN_MAX_DIMS], nd = 0;
   for (int d = 0; d < ndim; d++)
     if (mask & ((int64_t)1 << d)) dims[nd++] = d;
   if (nd == ndim) nd = 0;   /* all dims: as the front end gives them */
   bool arg = op == KILN_OP_ARGMAX || op == KILN_OP_ARGMIN;
   if (arg && nd > 1) return;
-  struct kiln_tensor *a = make_input(ndim, sizes, dtype, ties, specials, (uint64_t)(op * 131 + mask * 7 + dtype));
+  struct kiln_tensor *a = make_input(ndim, sizes, dtype, ties, specials, seed);
   struct kiln_tensor *want = kiln_reduce(op, a, nd, dims, 0, p);
-  char what[160];
-  snprintf(what, sizeof what, "%s %s %s mask %lld p %g%s%s", kiln_op_name(op), kiln_dtype_name(dtype),
-           kiln_shape_string(a), (long long)mask, p, ties ? " ties" : "", specials ? " specials" : "");
+  char what[256];
+  snprintf(what, sizeof what, "%s %s %s mask %lld p %g%s%s, max_blocks %lld, seed %llu", kiln_op_name(op),
+           kiln_dtype_name(dtype), kiln_shape_string(a), (long long)mask, p, ties ? " ties" : "", specials ? " specials" : "",
+           (long long)max_blocks, (unsigned long long)seed);
   if (!want) {   /* refused on the CPU (max over an empty dim): nothing to compare */
     kiln_error_clear();
     kiln_tensor_release(a);
@@ -274,7 +279,7 @@ template <class T> static T *data_of(const struct kiln_tensor *t) { return t ? (
 
 static bool grads_match(const struct kiln_tensor *got, const struct kiln_tensor *leaf, double tol, const char *what,
                         const char *which) {
-  char w2[240];
+  char w2[320];
   snprintf(w2, sizeof w2, "%s: %s", what, which);
   if (!leaf) return true;
   return leaf->grad && same_values(got, leaf->grad, tol, w2);
@@ -342,9 +347,9 @@ static void check_row_norm(int op, int ndim, const int64_t *sizes, int64_t param
       data_of<T>(gb)[j] = (T)sb;
     }
   }
-  char what[160];
-  snprintf(what, sizeof what, "%s %s %s, param %lld%s", kiln_op_name(op), kiln_dtype_name(dtype), kiln_shape_string(x),
-           (long long)param, affine ? ", weight and bias" : "");
+  char what[256];
+  snprintf(what, sizeof what, "%s %s %s, param %lld%s, seed %llu", kiln_op_name(op), kiln_dtype_name(dtype),
+           kiln_shape_string(x), (long long)param, affine ? ", weight and bias" : "", (unsigned long long)seed);
   double tol = dtype == KILN_F32 ? 2e-5 : 1e-12;
   ok = ok && same_values(y, want, tol, what) && grads_match(gx, x, tol, what, "gx");
   if (w) ok = ok && grads_match(gw, w, tol, what, "gw") && grads_match(gb, b, tol, what, "gb");
@@ -458,10 +463,10 @@ static void check_batch_norm(int ndim, const int64_t *sizes, bool affine, int mo
       data_of<T>(gx)[at] = t1 * gv[at] + t2 * xv[at] + t3;
     }
   }
-  char what[160];
-  snprintf(what, sizeof what, "batch_norm %s %s, %s%s%s", kiln_dtype_name(dtype), kiln_shape_string(x),
+  char what[256];
+  snprintf(what, sizeof what, "batch_norm %s %s, %s%s%s, seed %llu", kiln_dtype_name(dtype), kiln_shape_string(x),
            mode == 0 ? "training, running stats" : mode == 1 ? "training, no running stats" : "evaluation",
-           strided && running ? " (strided)" : "", affine ? ", weight and bias" : "");
+           strided && running ? " (strided)" : "", affine ? ", weight and bias" : "", (unsigned long long)seed);
   double tol = dtype == KILN_F32 ? 2e-5 : 1e-12;
   if (!stats_ok) fprintf(stderr, "%s: the running stats differ\n", what);
   ok = ok && stats_ok && same_values(y, want, tol, what) && grads_match(gx, x, tol, what, "gx");
@@ -510,11 +515,12 @@ static void check_pool(int op, bool adaptive, int ndim, const int64_t *sizes, co
   struct kiln_tensor *want = max ? kiln_max_pool2d(x, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], (int)p[8])
                              : adaptive ? kiln_adaptive_avg_pool2d(x, p[0], p[1])
                                         : kiln_avg_pool2d(x, p[0], p[1], p[2], p[3], p[4], p[5], (int)p[6], (int)p[7]);
-  char what[200];
-  snprintf(what, sizeof what, "%s %s %s, params %lld %lld %lld %lld %lld %lld %lld %lld %lld%s%s", adaptive ? "adaptive_avg_pool2d" : kiln_op_name(op),
-           kiln_dtype_name(dtype), kiln_shape_string(x), (long long)p[0], (long long)p[1], (long long)p[2], (long long)p[3],
-           (long long)p[4], (long long)p[5], (long long)p[6], (long long)p[7], (long long)p[8], specials ? ", specials" : "",
-           nan_pairs ? ", NaN pairs" : "");
+  char what[256];
+  snprintf(what, sizeof what, "%s %s %s, params %lld %lld %lld %lld %lld %lld %lld %lld %lld%s%s, seed %llu",
+           adaptive ? "adaptive_avg_pool2d" : kiln_op_name(op), kiln_dtype_name(dtype), kiln_shape_string(x), (long long)p[0],
+           (long long)p[1], (long long)p[2], (long long)p[3], (long long)p[4], (long long)p[5], (long long)p[6],
+           (long long)p[7], (long long)p[8], specials ? ", specials" : "", nan_pairs ? ", NaN pairs" : "",
+           (unsigned long long)seed);
   if (!want) {
     fprintf(stderr, "%s: refused: %s\n", what, kiln_error_message());
     report(false, __LINE__, what);
@@ -760,12 +766,108 @@ static void test_rnn() {
         }
 }
 
+/* ---- randomized sweeps: random geometries, parameters and dtypes through the check_* helpers
+   above. Each family draws its cases from a fixed seed, so CI runs the same ones every time;
+   KILN_TEST_SWEEP=N draws N times as many (the first ones unchanged). A failing case prints the
+   helper's arguments with its seed: call the helper with them to replay it. ---- */
+
+struct sweep_rng {
+  uint64_t s;
+  uint64_t next() {   /* splitmix64 */
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  int64_t in(int64_t lo, int64_t hi) { return lo + (int64_t)(next() % (uint64_t)(hi - lo + 1)); }
+  bool one_in(int n) { return next() % (uint64_t)n == 0; }
+};
+
+static int sweep_times() {
+  const char *e = getenv("KILN_TEST_SWEEP");
+  long n = e ? strtol(e, NULL, 10) : 1;
+  return n < 1 ? 1 : n > 100000 ? 100000 : (int)n;
+}
+
+/* Case i of a family: its own generator (state: a hash of both), so that a case does not depend
+   on the ones before it. */
+static sweep_rng sweep_case(uint64_t family, int i) {
+  sweep_rng h = {family << 32 | (uint64_t)(uint32_t)i};
+  sweep_rng r = {h.next()};
+  return r;
+}
+
+static void sweep_summary(const char *family, int cases, int failed_before, const char *extra) {
+  printf("sweep %s: %d cases, %d failed%s\n", family, cases, failures - failed_before, extra);
+}
+
+/* nn.c's pool_size: the outputs along a dim, 0 where the op refuses. */
+static int64_t pool_out(int64_t n, int64_t k, int64_t s, int64_t p, int64_t d, int ceil_mode) {
+  int64_t span = n + 2 * p - d * (k - 1) - 1;
+  int64_t o = span < 0 ? 0 : (ceil_mode ? (span + s - 1) / s : span / s) + 1;
+  if (o > 0 && ceil_mode && (o - 1) * s >= n + p) o--;
+  return o < 1 ? 0 : o;
+}
+
+/* Max, average and adaptive average pooling: planes from 1x1 up, windows larger than the plane,
+   padding up to half the window (nn.c's limit), dilation, ceil_mode, [C,H,W] and [N,C,H,W]. */
+static void sweep_pooling(int n) {
+  int before = failures, empty = 0, fast = 0, overhang = 0;
+  for (int i = 0; i < n; i++) {
+    sweep_rng r = sweep_case(1, i);
+    int kind = (int)r.in(0, 4);   /* 0, 1: max; 2, 3: avg; 4: adaptive */
+    bool max = kind < 2, adaptive = kind == 4;
+    int ndim = r.one_in(3) ? 3 : 4;
+    auto side = [&]() { return r.one_in(4) ? r.in(1, 3) : r.one_in(10) ? r.in(15, 40) : r.in(1, 14); };
+    int64_t sizes[4], H = side(), W = side();
+    if (ndim == 4) { sizes[0] = r.in(1, 3); sizes[1] = r.in(1, 3); }
+    else sizes[0] = r.in(1, 4);
+    sizes[ndim - 2] = H;
+    sizes[ndim - 1] = W;
+    int64_t p[9] = {0};
+    if (adaptive) {
+      p[0] = r.in(1, H + 3);
+      p[1] = r.in(1, W + 3);
+    } else {
+      for (int tries = 0;; tries++) {
+        int64_t kh = r.in(1, 6), kw = r.in(1, 6), sh = r.in(1, 4), sw = r.in(1, 4), dh = 1, dw = 1;
+        int64_t ph = r.in(0, kh / 2), pw = r.in(0, kw / 2), ceil_mode = r.in(0, 1);
+        if (max && !r.one_in(3)) { dh = r.in(1, 5); dw = r.in(1, 5); }   /* past a small plane: empty windows */
+        if (max && r.one_in(10)) { kh = 2; ph = 1; dh = H + 1; }   /* each window's two taps in the padding, */
+        if (max && r.one_in(10)) { kw = 2; pw = 1; dw = W + 1; }   /* one before the plane, one past it */
+        if (r.one_in(6)) { kh = kw = sh = sw = 2; ph = pw = 0; dh = dw = 1; }   /* the CPU's fast path */
+        if (tries > 100) { kh = kw = sh = sw = 1; ph = pw = 0; dh = dw = 1; }
+        int64_t oh = pool_out(H, kh, sh, ph, dh, (int)ceil_mode), ow = pool_out(W, kw, sw, pw, dw, (int)ceil_mode);
+        if (oh < 1 || ow < 1) continue;
+        int64_t q[9] = {kh, kw, sh, sw, ph, pw, dh, dw, ceil_mode};
+        if (!max) { q[6] = ceil_mode; q[7] = r.in(0, 1); q[8] = 0; }
+        memcpy(p, q, sizeof p);
+        if (max && (kiln_pool::has_empty_window(H, oh, kh, sh, ph, dh) || kiln_pool::has_empty_window(W, ow, kw, sw, pw, dw))) empty++;
+        if (kh == 2 && kw == 2 && sh == 2 && sw == 2 && ph == 0 && pw == 0 && dh == 1 && dw == 1) fast++;
+        if (ceil_mode && (oh != pool_out(H, kh, sh, ph, dh, 0) || ow != pool_out(W, kw, sw, pw, dw, 0))) overhang++;
+        break;
+      }
+    }
+    bool specials = r.one_in(4), nan_pairs = !specials && r.one_in(6);
+    int op = max ? KILN_OP_MAX_POOL2D : KILN_OP_AVG_POOL2D;
+    uint64_t seed = (r.next() >> 40) + 1;
+    if (r.one_in(2)) check_pool<float>(op, adaptive, ndim, sizes, p, specials, nan_pairs, KILN_F32, seed);
+    else check_pool<double>(op, adaptive, ndim, sizes, p, specials, nan_pairs, KILN_F64, seed);
+  }
+  char extra[160];
+  snprintf(extra, sizeof extra, " (max pooling with an empty window: %d; 2x2 stride 2: %d; ceil_mode overhanging: %d)", empty,
+           fast, overhang);
+  sweep_summary("pooling", n, before, extra);
+}
+
 int main() {
   test_reductions();
   test_row_norms();
   test_batch_norm();
   test_pooling();
   test_rnn();
+  int times = sweep_times();
+  sweep_pooling(300 * times);
   check_nll<float>(KILN_F32);
   check_nll<double>(KILN_F64);
   for (double p : {0.1, 0.5, 0.75}) {
