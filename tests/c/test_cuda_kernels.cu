@@ -7,8 +7,9 @@
    products, forward and backward through time, against kiln_rnn_layer and its autograd backward. The device build may differ only where the device's math library
    does (exp, log, pow within an ulp or two); tests/gpu checks that part.
    Besides the fixed cases, randomized sweeps draw geometries, parameters and dtypes for pooling
-   from a fixed seed (the same cases on every run); KILN_TEST_SWEEP=N runs N times as many (by hand:
-   N = 100 takes a few seconds more). A failing sweep case prints its helper's arguments and seed. */
+   and reductions from a fixed seed (the same cases on every run). KILN_TEST_SWEEP=N runs N times
+   as many, for a longer run by hand (N = 100: about 4 s). A failing sweep case prints its
+   helper's arguments and seed. */
 #include "reduce.cuh"
 #include "nn.cuh"
 #include "norm.cuh"
@@ -156,8 +157,14 @@ static void check_reduce(int op, int ndim, const int64_t *sizes, int dtype, int6
   struct kiln_tensor *got = kiln_tensor_empty(want->ndim, want->sizes, want->dtype, CPU);
   int64_t nchunks = 0;
   bool ok = play_reduce(op, a, mask, p, max_blocks, got, &nchunks);
+  /* The kernels add in another order than the CPU (threads striding over a chunk, the tree, the
+     chunks; var and std by Welford and Chan's merge, the CPU in two passes): in f64 the rounding
+     that leaves grows with the row, past 1e-13 of a result that cancels (a sum near 0 of 10^4
+     values in [-3, 3]). */
+  int64_t R = want->numel ? a->numel / want->numel : 0;
   double tol = 0;
-  if (!arg && !takes_ints(op, dtype)) tol = want->dtype == KILN_F64 ? 1e-13 : want->dtype == KILN_F32 ? 1e-6 : 1e-2;
+  if (!arg && !takes_ints(op, dtype))
+    tol = want->dtype == KILN_F64 ? 1e-13 * fmax(1.0, (double)R / 1024) : want->dtype == KILN_F32 ? 1e-6 : 1e-2;
   ok = ok && same_values(got, want, tol, what);
   if (want_chunks && nchunks < 2) {
     fprintf(stderr, "%s: one chunk only (%lld)\n", what, (long long)nchunks);
@@ -860,6 +867,49 @@ static void sweep_pooling(int n) {
   sweep_summary("pooling", n, before, extra);
 }
 
+/* Every reduction on 0-d to 4-d inputs, sizes 0 to 9 and now and then one long dim (several
+   chunks per row when the plan has blocks to spare), random masks (one dim or all for argmax and
+   argmin), norm orders and var/std corrections, float and integer dtypes, ties and specials. */
+static void sweep_reductions(int n) {
+  const int ops[] = {KILN_OP_SUM, KILN_OP_MEAN, KILN_OP_PROD, KILN_OP_MAX, KILN_OP_MIN, KILN_OP_ARGMAX, KILN_OP_ARGMIN,
+                     KILN_OP_VAR, KILN_OP_STD, KILN_OP_NORM, KILN_OP_LOGSUMEXP};
+  const int dtypes[] = {KILN_F32, KILN_F64, KILN_F32, KILN_F64, KILN_F16, KILN_BF16, KILN_I64, KILN_I32, KILN_U8, KILN_BOOL};
+  const double orders[] = {0, 0.5, 1, 2, 3, INFINITY};
+  const int64_t blocks[] = {1, 5, 64, 1056, 1 << 20};
+  int before = failures, chunked = 0, strided = 0;
+  for (int i = 0; i < n; i++) {
+    sweep_rng r = sweep_case(2, i);
+    int op = ops[r.in(0, 10)], dt = dtypes[r.in(0, 9)], ndim = (int)r.in(0, 4);
+    int64_t sizes[4], numel = 1;
+    for (int d = 0; d < ndim; d++) sizes[d] = r.one_in(15) ? 0 : r.one_in(4) ? 1 : r.one_in(4) ? r.in(10, 80) : r.in(2, 9);
+    if (ndim && r.one_in(5)) sizes[r.in(0, ndim - 1)] = r.in(300, 9000);   /* rows longer than a block */
+    for (int d = 0; d < ndim; d++) numel *= sizes[d];
+    for (int d = 0; d < ndim && numel > 40000; d++)
+      if (sizes[d] < 300) { numel /= sizes[d]; sizes[d] = 1; }
+    int64_t all = ((int64_t)1 << ndim) - 1, mask = ndim ? r.in(1, all) : 0;
+    if ((op == KILN_OP_ARGMAX || op == KILN_OP_ARGMIN) && ndim) mask = r.one_in(4) ? all : (int64_t)1 << r.in(0, ndim - 1);
+    while (op == KILN_OP_PROD) {   /* thousands of factors in [-3, 3] reach 1e308 part way, at a place that */
+      int64_t R = 1;               /* depends on the order: inf on one side only. At most 1500 of them. */
+      int big = 0;
+      for (int d = 0; d < ndim; d++)
+        if (mask & ((int64_t)1 << d)) { R *= sizes[d]; if (sizes[d] > sizes[big] || !(mask & ((int64_t)1 << big))) big = d; }
+      if (R <= 1500) break;
+      sizes[big] = (sizes[big] + 1) / 2;
+    }
+    double p = op == KILN_OP_NORM ? orders[r.in(0, 5)] : op == KILN_OP_VAR || op == KILN_OP_STD ? (double)r.in(0, 2) : 0;
+    bool ties = r.one_in(2), specials = r.one_in(2);
+    int64_t max_blocks = blocks[r.in(0, 4)];
+    struct kiln_cuda_reduce_plan pl;
+    kiln_cuda_reduce_plan(ndim, sizes, mask, max_blocks, &pl);
+    chunked += pl.nchunks > 1;
+    strided += pl.M > 0 && pl.R > pl.threads;
+    check_reduce(op, ndim, sizes, dt, mask, p, ties, specials, max_blocks, false, (r.next() >> 40) + 1);
+  }
+  char extra[120];
+  snprintf(extra, sizeof extra, " (rows longer than their block: %d; several chunks per row: %d)", strided, chunked);
+  sweep_summary("reductions", n, before, extra);
+}
+
 int main() {
   test_reductions();
   test_row_norms();
@@ -868,6 +918,7 @@ int main() {
   test_rnn();
   int times = sweep_times();
   sweep_pooling(300 * times);
+  sweep_reductions(400 * times);
   check_nll<float>(KILN_F32);
   check_nll<double>(KILN_F64);
   for (double p : {0.1, 0.5, 0.75}) {
