@@ -428,7 +428,7 @@ static void check_batch_norm(int ndim, const int64_t *sizes, bool affine, int mo
   int64_t S = 1;
   for (int d = 2; d < ndim; d++) S *= sizes[d];
   int64_t per = sizes[0] * S;
-  int batch_stats = training || !running, update = training && running;
+  int batch_stats = training || !running, update = training && running && x->numel > 0;   /* as nn.c */
   int threads = kiln_cuda_pow2_threads(per, 32, 256);
   const T *xv = data_of<T>(x), *wv = data_of<T>(w), *bv = data_of<T>(b), *gv = data_of<T>(gy);
   struct kiln_tensor *y = kiln_tensor_empty(ndim, sizes, dtype, CPU), *gx = kiln_tensor_empty(ndim, sizes, dtype, CPU);
@@ -487,6 +487,7 @@ static void check_batch_norm(int ndim, const int64_t *sizes, bool affine, int mo
 
 static void test_batch_norm() {
   const int64_t img[] = {4, 6, 5, 3}, rows[] = {37, 11}, big[] = {3, 2, 40, 30}, two[] = {2, 3};
+  const int64_t no_images[] = {0, 2}, no_pixels[] = {7, 8, 0, 8};   /* the sweep's failing geometries */
   for (int dt : {KILN_F32, KILN_F64})
     for (bool affine : {false, true})
       for (int mode : {0, 1, 2})
@@ -500,6 +501,10 @@ static void test_batch_norm() {
           for (const int64_t *sz : {rows, two}) {
             if (dt == KILN_F32) check_batch_norm<float>(2, sz, affine, mode, strided, dt, seed);
             else check_batch_norm<double>(2, sz, affine, mode, strided, dt, seed);
+          }
+          for (const int64_t *sz : {no_images, no_pixels}) {   /* empty batches: running stats untouched */
+            if (dt == KILN_F32) check_batch_norm<float>(sz == no_images ? 2 : 4, sz, affine, mode, strided, dt, seed);
+            else check_batch_norm<double>(sz == no_images ? 2 : 4, sz, affine, mode, strided, dt, seed);
           }
         }
 }
