@@ -111,13 +111,13 @@ KILN_EL double gn_weight_term(const T *x, const T *gy, const T *mean, const T *i
 KILN_EL int64_t bn_at(int64_t k, int64_t c, int64_t C, int64_t S) { return ((k / S) * C + c) * S + k % S; }
 
 /* The batch statistics of a channel: mean from the sum, invstd from the sum q of squared
-   deviations from that mean (biased variance q / M); with update, the running stats move by
+   deviations from that mean (biased variance q / M; 0 and 0 for an empty batch); with update, the running stats move by
    momentum toward the mean and the unbiased variance q / (M - 1) (the biased one when M <= 1),
    in place, as cpu/norm.c does. */
-KILN_EL double bn_mean(double sum, double M) { return sum / M; }
+KILN_EL double bn_mean(double sum, double M) { return M > 0 ? sum / M : 0; }
 template <class T>
 KILN_EL double bn_batch_invstd(double mean, double q, double M, double eps, int update, double momentum, T *rm, T *rv) {
-  double var = q / M;
+  double var = M > 0 ? q / M : 0;   /* an empty batch: 0 and 1/sqrt(eps), as layer norm's rows */
   if (update) {
     double unbiased = M > 1 ? q / (M - 1) : var;
     *rm = (T)((1 - momentum) * (double)*rm + momentum * mean);

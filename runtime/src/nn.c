@@ -333,7 +333,8 @@ KILN_API struct kiln_tensor *kiln_batch_norm(const struct kiln_tensor *x, const 
     kiln_fail(KILN_ERR_ARGUMENT, "%s: eps = %g must be > 0 and momentum = %g in [0, 1]", op, eps, momentum);
     return NULL;
   }
-  int batch_stats = training || !rm, update = training && rm;
+  /* An empty batch has no statistics: it leaves the running stats alone (PyTorch's early return). */
+  int batch_stats = training || !rm, update = training && rm && x->numel > 0;
   if (batch_stats && per <= 1 && x->numel > 0) {
     kiln_fail(KILN_ERR_SHAPE, "%s: input %s has one value per channel; training needs more (batch size > 1)", op,
               kiln_shape_string(x));

@@ -500,6 +500,21 @@ describe("batch_norm", function()
     assert_close(rv, erv)
   end)
 
+  it("training on an empty batch leaves the running stats alone, and its grads are 0 (as PyTorch)", function()
+    local rm, rv = randn({3}), kiln.rand(3, {dtype = "f64"}) + 0.5
+    local rml, rvl = flat(rm), flat(rv)
+    for _, shape in ipairs({{0, 3}, {2, 3, 0}}) do
+      local x, w, b = leaf(randn(shape)), leaf(randn({3})), leaf(randn({3}))
+      local y = F.batch_norm(x, rm, rv, w, b, {training = true})
+      assert_shape(y, shape)
+      y:backward(randn(shape))
+      assert_close(rm, rml)
+      assert_close(rv, rvl)
+      assert_close(w.grad, {0, 0, 0})
+      assert_close(b.grad, {0, 0, 0})
+    end
+  end)
+
   it("eval uses the running stats and leaves them alone", function()
     local x = randn({5, 3})
     local rm, rv = randn({3}), kiln.rand(3, {dtype = "f64"}) + 0.5

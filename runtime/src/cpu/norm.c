@@ -60,9 +60,9 @@ static void bn_forward_##sfx(void *ctx, int64_t begin, int64_t end) {           
     if (j->batch_stats) {                                                                           \
       double s = 0, q = 0, M = (double)(N * S);                                                     \
       for (int64_t n = 0; n < N; n++) s += sum_##sfx(x + (n * C + c) * S, S);                       \
-      mean = s / M;                                                                                 \
+      mean = M > 0 ? s / M : 0;   /* an empty batch: 0 and 1/sqrt(eps), as layer norm's rows */   \
       for (int64_t n = 0; n < N; n++) q += sumsq_##sfx(x + (n * C + c) * S, S, mean);               \
-      double var = q / M;                                                                           \
+      double var = M > 0 ? q / M : 0;                                                               \
       invstd = 1.0 / sqrt(var + j->eps);                                                            \
       if (j->update) {                                                                              \
         double m = j->momentum, unbiased = M > 1 ? q / (M - 1) : var;                               \
