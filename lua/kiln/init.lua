@@ -148,12 +148,16 @@ function kiln.set_float32_matmul_precision(p)
 end
 function kiln.get_float32_matmul_precision() return precision_names[C.kiln_get_float32_matmul_precision()] end
 
--- Bytes held by tensors on a device type ("cpu" or "cuda").
+-- Bytes held by tensors on a device type ("cpu" or "cuda"); on the CPU also the bytes of freed
+-- large blocks kept for reuse (cached_bytes).
 function kiln.memory_stats(device)
   local s = C.kiln_memory_stats(device == "cuda" and C.KILN_CUDA or C.KILN_CPU)
   return {live_bytes = tonumber(s.live_bytes), peak_bytes = tonumber(s.peak_bytes), allocs = tonumber(s.allocs),
-          frees = tonumber(s.frees), threshold = tonumber(s.threshold)}
+          frees = tonumber(s.frees), threshold = tonumber(s.threshold),
+          cached_bytes = device ~= "cuda" and tonumber(C.kiln_cpu_cached_bytes()) or nil}
 end
+-- Give the CPU's cached blocks back to the system (kiln.cuda.empty_cache does the device's).
+function kiln.empty_cache() C.kiln_cpu_empty_cache() end
 -- Collect garbage after this many tensor bytes were allocated since the last collection
 -- (nil: back to the automatic CPU threshold).
 function kiln.set_gc_threshold(bytes, device)

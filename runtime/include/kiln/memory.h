@@ -18,5 +18,9 @@ struct kiln_memory_stats *kiln_memory_stats(int device_type);
 /* Called after a garbage collection: resets since_collect on every device type. */
 void kiln_memory_collected(void);
 void kiln_memory_set_threshold(int device_type, int64_t bytes);
+/* Freed CPU blocks of 32 MiB and more are kept for reuse (up to 1 GiB or a sixteenth of the
+   memory): the bytes kept now, and giving them all back to the system. */
+int64_t kiln_cpu_cached_bytes(void);
+void kiln_cpu_empty_cache(void);
 
 #endif

@@ -123,3 +123,11 @@ void kiln_cpu_set_cache_budget(size_t bytes) {
   }
   pthread_mutex_unlock(&cache.lock);
 }
+
+KILN_API int64_t kiln_cpu_cached_bytes(void) {
+  size_t bytes;
+  kiln_cpu_cache_info(&bytes, NULL, NULL);
+  return (int64_t)bytes;
+}
+
+KILN_API void kiln_cpu_empty_cache(void) { kiln_cpu_trim(); }
