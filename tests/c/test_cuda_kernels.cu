@@ -7,9 +7,9 @@
    products, forward and backward through time, against kiln_rnn_layer and its autograd backward. The device build may differ only where the device's math library
    does (exp, log, pow within an ulp or two); tests/gpu checks that part.
    Besides the fixed cases, randomized sweeps draw geometries, parameters and dtypes for pooling,
-   reductions and the norms from a fixed seed (the same cases on every run). KILN_TEST_SWEEP=N
-   runs N times as many, for a longer run by hand (N = 100: about 15 s). A failing sweep case
-   prints its helper's arguments and seed. */
+   reductions, the norms and the recurrent layers from a fixed seed (the same cases on every run).
+   KILN_TEST_SWEEP=N runs N times as many, for a longer run by hand (N = 100: about 17 s). A
+   failing sweep case prints its helper's arguments and seed. */
 #include "reduce.cuh"
 #include "nn.cuh"
 #include "norm.cuh"
@@ -295,7 +295,7 @@ static double fused_tol(double tol, int dtype, double mag) {
 
 static bool grads_match(const struct kiln_tensor *got, const struct kiln_tensor *leaf, double tol, const char *what,
                         const char *which) {
-  char w2[320];
+  char w2[480];
   snprintf(w2, sizeof w2, "%s: %s", what, which);
   if (!leaf) return true;
   return leaf->grad && same_values(got, leaf->grad, tol, w2);
@@ -679,30 +679,35 @@ static void host_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, const T *
     }
 }
 
+/* One layer: lens the B lengths (NULL: none), state 1 an initial h0, 2 an initial c0 (LSTM), need
+   the leaves that require grad (bit k of x, h0, c0, w_ih, w_hh, b_ih, b_hh; at least one given). */
 template <class T>
-static void check_rnn(int mode, int64_t Tn, int64_t B, int64_t I, int64_t H, bool lengths, bool reverse, bool state,
-                      bool bias, int dtype, uint64_t seed) {
+static void check_rnn(int mode, int64_t Tn, int64_t B, int64_t I, int64_t H, const int64_t *lens, bool reverse, int state,
+                      bool bias, int need, int dtype, uint64_t seed) {
   using kiln_rnn::layer;
   int64_t G = kiln_rnn_gates(mode), GH = G * H, S = kiln_rnn_states(mode), RS = kiln_rnn_reserve(mode);
   int64_t sx[3] = {Tn, B, I}, sh[2] = {B, H}, sih[2] = {GH, I}, shh[2] = {GH, H}, sb[1] = {GH}, sz[3] = {Tn + S, B, H};
   struct kiln_tensor *x = rnn_input(3, sx, dtype, 1.0, seed);
-  struct kiln_tensor *h0 = state ? rnn_input(2, sh, dtype, 0.5, seed + 1) : NULL;
-  struct kiln_tensor *c0 = state && mode == KILN_RNN_LSTM ? rnn_input(2, sh, dtype, 0.5, seed + 2) : NULL;
+  struct kiln_tensor *h0 = state & 1 ? rnn_input(2, sh, dtype, 0.5, seed + 1) : NULL;
+  struct kiln_tensor *c0 = state & 2 && mode == KILN_RNN_LSTM ? rnn_input(2, sh, dtype, 0.5, seed + 2) : NULL;
   struct kiln_tensor *w_ih = rnn_input(2, sih, dtype, 0.4, seed + 3), *w_hh = rnn_input(2, shh, dtype, 0.4, seed + 4);
   struct kiln_tensor *b_ih = bias ? rnn_input(1, sb, dtype, 0.3, seed + 5) : NULL;
   struct kiln_tensor *b_hh = bias ? rnn_input(1, sb, dtype, 0.3, seed + 6) : NULL;
   struct kiln_tensor *gz = rnn_input(3, sz, dtype, 1.0, seed + 7);
   std::vector<int64_t> lv((size_t)B);
-  for (int64_t b = 0; b < B; b++) lv[(size_t)b] = lengths ? (b == 0 ? Tn : 1 + (int64_t)((uint64_t)(b * 5) + seed) % Tn) : Tn;
+  for (int64_t b = 0; b < B; b++) lv[(size_t)b] = lens ? lens[b] : Tn;
   int64_t sl[1] = {B};
   struct kiln_tensor *len = NULL;
-  if (lengths) {
+  if (lens) {
     len = kiln_tensor_empty(1, sl, KILN_I64, CPU);
     memcpy(kiln_tensor_data(len), lv.data(), sizeof(int64_t) * (size_t)B);
   }
   struct kiln_tensor *leaves[] = {x, h0, c0, w_ih, w_hh, b_ih, b_hh};
-  for (struct kiln_tensor *l : leaves)
-    if (l) kiln_requires_grad_(l, 1);
+  struct kiln_tensor *graded[7];   /* the leaves whose grads are compared, NULL for the others */
+  for (int k = 0; k < 7; k++) {
+    graded[k] = leaves[k] && need & (1 << k) ? leaves[k] : NULL;
+    if (graded[k]) kiln_requires_grad_(graded[k], 1);
+  }
   struct kiln_tensor *want = kiln_rnn_layer(mode, x, h0, c0, w_ih, w_hh, b_ih, b_hh, len, reverse, KILN_RNN_GEMM);
   bool ok = want && kiln_backward(want, gz, 0) == KILN_OK;
 
@@ -711,17 +716,19 @@ static void check_rnn(int mode, int64_t Tn, int64_t B, int64_t I, int64_t H, boo
   layer<T> L;
   memset(&L, 0, sizeof L);
   L.mode = mode; L.reverse = reverse; L.T_ = Tn; L.B = B; L.H = H; L.GH = GH; L.RS = RS;
-  L.len = lengths ? lv.data() : NULL;
+  L.len = lens ? lv.data() : NULL;
   L.h0 = data_of<T>(h0); L.c0 = data_of<T>(c0); L.b_hh = data_of<T>(b_hh);
-  std::vector<T> xp((size_t)(Tn * B * GH)), hh((size_t)(B * GH)), h((size_t)(B * H)), hn((size_t)(B * H)), c((size_t)(B * H));
-  std::vector<T> res((size_t)(Tn * B * RS * H + 1));
+  /* rnn.cu's buffers from the caching allocator hold old values: NaN here, but where rnn.cu zeroes or fills them */
+  const T stale = (T)NAN;
+  std::vector<T> xp((size_t)(Tn * B * GH), stale), hh((size_t)(B * GH), stale), h((size_t)(B * H), stale);
+  std::vector<T> hn((size_t)(B * H), stale), c((size_t)(B * H), stale), res((size_t)(Tn * B * RS * H + 1), stale);
   struct kiln_tensor *z = kiln_tensor_empty(3, sz, dtype, CPU);
   T *zv = data_of<T>(z);
   memset(zv, 0, sizeof(T) * (size_t)z->numel);
   for (int64_t i = 0; i < Tn * B * GH; i++) xp[(size_t)i] = bias ? data_of<T>(b_ih)[i % GH] : (T)0;   /* rnn_bias_rows_kernel */
   if (I > 0) host_gemm<T>(0, 1, Tn * B, GH, I, data_of<T>(x), I, data_of<T>(w_ih), I, 1.0, xp.data(), GH);
   for (int64_t i = 0; i < B * H; i++) {
-    h[(size_t)i] = state ? data_of<T>(h0)[i] : (T)0;
+    h[(size_t)i] = h0 ? data_of<T>(h0)[i] : (T)0;
     c[(size_t)i] = c0 ? data_of<T>(c0)[i] : (T)0;
   }
   L.xp = xp.data(); L.hh = hh.data(); L.z = zv; L.res = RS ? res.data() : NULL;
@@ -736,8 +743,9 @@ static void check_rnn(int mode, int64_t Tn, int64_t B, int64_t I, int64_t H, boo
 
   /* backward, as rnn.cu's backward<T>, from the replay's own Z and reserve */
   bool gru = mode == KILN_RNN_GRU;
-  std::vector<T> dgx((size_t)(Tn * B * GH), (T)0), dgh(gru ? dgx.size() : 0, (T)0), dgs((size_t)(B * GH), (T)0);
-  std::vector<T> dh((size_t)(B * H)), dc((size_t)(B * H), (T)0), prod((size_t)(B * H)), hprev((size_t)(Tn * B * H));
+  std::vector<T> dgx((size_t)(Tn * B * GH), (T)0), dgh(gru ? dgx.size() : 0, (T)0), dgs((size_t)(B * GH), stale);
+  std::vector<T> dh((size_t)(B * H), stale), dc((size_t)(B * H), (T)0), prod((size_t)(B * H), stale);
+  std::vector<T> hprev((size_t)(Tn * B * H), stale);
   const T *gzv = data_of<T>(gz);
   L.gz = gzv; L.dgx = dgx.data(); L.dgh = gru ? dgh.data() : dgx.data(); L.dgs = dgs.data();
   L.dh = dh.data(); L.dc = dc.data(); L.prod = prod.data();
@@ -769,16 +777,18 @@ static void check_rnn(int mode, int64_t Tn, int64_t B, int64_t I, int64_t H, boo
   }
 
   static const char *const names[] = {"rnn_tanh", "rnn_relu", "gru", "lstm"};
-  char what[200];
-  snprintf(what, sizeof what, "%s %s T %lld B %lld I %lld H %lld%s%s%s%s", names[mode], kiln_dtype_name(dtype), (long long)Tn,
-           (long long)B, (long long)I, (long long)H, lengths ? ", lengths" : "", reverse ? ", reverse" : "",
-           state ? ", initial state" : "", bias ? ", biases" : "");
+  char what[400], lstr[160] = "";
+  for (int64_t b = 0; lens && b < B && strlen(lstr) < sizeof lstr - 24; b++)
+    snprintf(lstr + strlen(lstr), sizeof lstr - strlen(lstr), "%s%lld", b ? " " : ", lengths ", (long long)lv[(size_t)b]);
+  snprintf(what, sizeof what, "%s %s T %lld B %lld I %lld H %lld%s%s%s%s%s, grads of 0x%x, seed %llu", names[mode],
+           kiln_dtype_name(dtype), (long long)Tn, (long long)B, (long long)I, (long long)H, lstr, reverse ? ", reverse" : "",
+           h0 ? ", h0" : "", c0 ? ", c0" : "", bias ? ", biases" : "", need, (unsigned long long)seed);
   double tol = dtype == KILN_F32 ? 1e-4 : 1e-10;
   if (!blas_calls_ok) fprintf(stderr, "%s: a product has leading dimensions cuBLAS refuses\n", what);
-  ok = ok && blas_calls_ok && same_values(z, want, tol, what) && grads_match(gx, x, tol, what, "gx") && grads_match(gh0, h0, tol, what, "gh0") &&
-       grads_match(gc0, c0, tol, what, "gc0") && grads_match(gwi, w_ih, tol, what, "gw_ih") &&
-       grads_match(gwh, w_hh, tol, what, "gw_hh") && grads_match(gbi, b_ih, tol, what, "gb_ih") &&
-       grads_match(gbh, b_hh, tol, what, "gb_hh");
+  ok = ok && blas_calls_ok && same_values(z, want, tol, what) && grads_match(gx, graded[0], tol, what, "gx") &&
+       grads_match(gh0, graded[1], tol, what, "gh0") && grads_match(gc0, graded[2], tol, what, "gc0") &&
+       grads_match(gwi, graded[3], tol, what, "gw_ih") && grads_match(gwh, graded[4], tol, what, "gw_hh") &&
+       grads_match(gbi, graded[5], tol, what, "gb_ih") && grads_match(gbh, graded[6], tol, what, "gb_hh");
   report(ok, __LINE__, what);
   if (!want) fprintf(stderr, "  %s\n", kiln_error_message());
   kiln_error_clear();
@@ -796,8 +806,12 @@ static void test_rnn() {
         for (int v = 0; v < 4; v++) {
           bool lengths = v & 1, reverse = v & 2, state = (v + mode) % 2 == 0, bias = v != 1;
           if (sh.I == 0 && v != 3) continue;   /* no input features: once per mode */
-          if (dt == KILN_F32) check_rnn<float>(mode, sh.T, sh.B, sh.I, sh.H, lengths, reverse, state, bias, dt, ++seed);
-          else check_rnn<double>(mode, sh.T, sh.B, sh.I, sh.H, lengths, reverse, state, bias, dt, ++seed);
+          ++seed;
+          std::vector<int64_t> lv((size_t)sh.B);   /* the first sequence the longest, the rest from the seed */
+          for (int64_t b = 0; b < sh.B; b++) lv[(size_t)b] = b == 0 ? sh.T : 1 + (int64_t)((uint64_t)(b * 5) + seed) % sh.T;
+          const int64_t *lens = lengths ? lv.data() : NULL;
+          if (dt == KILN_F32) check_rnn<float>(mode, sh.T, sh.B, sh.I, sh.H, lens, reverse, state ? 3 : 0, bias, 127, dt, seed);
+          else check_rnn<double>(mode, sh.T, sh.B, sh.I, sh.H, lens, reverse, state ? 3 : 0, bias, 127, dt, seed);
         }
 }
 
@@ -984,6 +998,42 @@ static void sweep_norms(int n) {
   sweep_summary("norms", n, before, extra);
 }
 
+/* The recurrent layers: every mode, T 1 to 12, B 1 to 7, I from 0 (no input features) to 9, H from
+   1 to 8 and now and then 30 to 40 (a step's B*H threads past a warp), lengths unsorted with
+   some 1 and some T (or none), reverse, initial h0 and c0 each on or off, biases, some leaves
+   without grad, f32 and f64. */
+static void sweep_rnn(int n) {
+  int before = failures, unsorted = 0, short_ones = 0, no_input = 0;
+  for (int i = 0; i < n; i++) {
+    sweep_rng r = sweep_case(4, i);
+    int mode = (int)r.in(KILN_RNN_TANH, KILN_RNN_LSTM);
+    int64_t Tn = r.one_in(6) ? 1 : r.in(2, r.one_in(4) ? 12 : 6), B = r.one_in(5) ? 1 : r.in(2, 7);
+    int64_t I = r.one_in(6) ? 0 : r.in(1, 9), H = r.one_in(6) ? r.in(30, 40) : r.in(1, 8);
+    std::vector<int64_t> lv((size_t)B);
+    bool lengths = !r.one_in(3);
+    for (int64_t b = 0; b < B; b++) lv[(size_t)b] = r.one_in(4) ? 1 : r.one_in(3) ? Tn : r.in(1, Tn);
+    if (B > 1 && r.one_in(2)) lv[(size_t)r.in(0, B - 1)] = Tn;   /* one of them the longest */
+    bool reverse = r.one_in(2), bias = !r.one_in(4);
+    int state = (int)r.in(0, 3), need = 0;
+    for (int k = 0; k < 7; k++) need |= r.one_in(6) ? 0 : 1 << k;
+    if (!(need & (1 << 0 | 1 << 3 | 1 << 4))) need |= 1 << 4;   /* at least one leaf that is always there */
+    bool f32 = r.one_in(2);
+    uint64_t seed = (r.next() >> 40) + 1;
+    bool rising = false, one = false;
+    for (int64_t b = 0; b < B; b++) { rising |= b > 0 && lv[(size_t)b] > lv[(size_t)b - 1]; one |= lv[(size_t)b] == 1; }
+    unsorted += lengths && rising;
+    short_ones += lengths && one && Tn > 1;
+    no_input += I == 0;
+    const int64_t *lens = lengths ? lv.data() : NULL;
+    if (f32) check_rnn<float>(mode, Tn, B, I, H, lens, reverse, state, bias, need, KILN_F32, seed);
+    else check_rnn<double>(mode, Tn, B, I, H, lens, reverse, state, bias, need, KILN_F64, seed);
+  }
+  char extra[160];
+  snprintf(extra, sizeof extra, " (lengths not in decreasing order: %d; a sequence of 1 step in a longer input: %d; no input "
+           "features: %d)", unsorted, short_ones, no_input);
+  sweep_summary("rnn", n, before, extra);
+}
+
 int main() {
   test_reductions();
   test_row_norms();
@@ -994,6 +1044,7 @@ int main() {
   sweep_pooling(300 * times);
   sweep_reductions(400 * times);
   sweep_norms(400 * times);
+  sweep_rnn(300 * times);
   check_nll<float>(KILN_F32);
   check_nll<double>(KILN_F64);
   for (double p : {0.1, 0.5, 0.75}) {
