@@ -156,6 +156,7 @@ void kiln_store_f64(void *p, int dtype, double v) {
 /* The conversions the elementwise iterator needs most are written out so gcc vectorises them;
    the rest go through double, which is exact for every dtype but i64 beyond 2^53. */
 void kiln_convert(void *dst, int dd, const void *src, int sd, int64_t n) {
+  if (n <= 0) return;   /* an empty tensor's pointers may be NULL, which memcpy may not be given */
   if (dd == sd) { memcpy(dst, src, (size_t)(n * kiln_dtype_size(dd))); return; }
   if (dd == KILN_F32 && sd == KILN_F16) {
     float *o = dst; const uint16_t *s = src;

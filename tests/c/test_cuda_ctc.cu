@@ -6,7 +6,11 @@
    samples too short for their target (zero_infinity), classes of probability 0 (infinite losses),
    every reduction, f32 and f64. The labels are packed here as nn_calls.h describes them, apart
    from the front end's packing. The device build may differ only where the device's exp and log1p
-   do (an ulp or two); tests/gpu checks that part. */
+   do (an ulp or two); tests/gpu checks that part.
+   Besides those, a randomized sweep draws 400 cases from a fixed seed (the same on every run):
+   T up to 80, N up to 7 (and 0), C from 1, targets up to the longest each input allows.
+   KILN_TEST_SWEEP=N draws N times as many, for a longer run by hand (N = 1000: about 20 s). A
+   failing sweep case prints its number, lengths and parameters. */
 #include "ctc.cuh"
 extern "C" {
 #include "internal.h"
@@ -67,6 +71,8 @@ static bool same_values(const std::vector<double> &g, const std::vector<double> 
 struct ctc_case {
   int64_t T, N, C, blank;
   int reduction, zero_infinity, padded, dtype;
+  int64_t pad = 1;          /* padded: columns past the longest target (filled with C + 7) */
+  int lengths_dtype = KILN_I32;   /* of target_lengths (input_lengths: i64) */
   std::vector<int64_t> il, tl;
   std::vector<std::vector<int64_t>> targets;
   std::vector<double> lp;   /* [T,N,C] */
@@ -125,16 +131,17 @@ static bool cpu_run(const ctc_case &k, std::vector<double> &loss, std::vector<do
   for (int64_t n = 0; n < N; n++) {
     const std::vector<int64_t> &l = k.targets[(size_t)n];
     for (size_t i = 0; i < l.size(); i++) flat.push_back((double)l[i]);
-    for (int64_t i = 0; i < S + 1; i++)   /* one column more than needed, filled past the lengths */
+    for (int64_t i = 0; i < S + k.pad; i++)   /* k.pad columns more than needed, filled past the lengths */
       padded.push_back(i < (int64_t)l.size() ? (double)l[(size_t)i] : (double)(k.C + 7));
   }
+  if (padded.empty()) padded.push_back(0);
   std::vector<double> il(k.il.begin(), k.il.end()), tl(k.tl.begin(), k.tl.end());
-  int64_t sp[2] = {N, S + 1}, sf[1] = {(int64_t)flat.size()};
+  int64_t sp[2] = {N, S + k.pad}, sf[1] = {(int64_t)flat.size()};
   struct kiln_tensor *x = kiln_tensor_from_f64(3, sx, k.lp.data(), k.dtype, CPU);
   struct kiln_tensor *tg = k.padded ? kiln_tensor_from_f64(2, sp, padded.data(), KILN_I64, CPU)
                                     : kiln_tensor_from_f64(1, sf, flat.empty() ? padded.data() : flat.data(), KILN_I64, CPU);
   struct kiln_tensor *ilt = kiln_tensor_from_f64(1, &N, il.data(), KILN_I64, CPU);
-  struct kiln_tensor *tlt = kiln_tensor_from_f64(1, &N, tl.data(), KILN_I32, CPU);
+  struct kiln_tensor *tlt = kiln_tensor_from_f64(1, &N, tl.data(), k.lengths_dtype, CPU);
   struct kiln_tensor *gt = kiln_tensor_from_f64(k.reduction == KILN_REDUCTION_NONE ? 1 : 0, &N, k.g.data(), k.dtype, CPU);
   struct kiln_tensor *l = NULL;
   bool ok = x && tg && ilt && tlt && gt && kiln_requires_grad_(x, 1) == 0;
@@ -197,10 +204,15 @@ static void replay(const ctc_case &k, bool backwards, std::vector<double> &loss,
 }
 
 static void check_case(const ctc_case &k, bool backwards, const char *kind) {
-  char what[256];
-  snprintf(what, sizeof what, "%s %s T %lld N %lld C %lld blank %lld, %s targets, reduction %d%s", kind,
+  std::string lens = "input lengths";
+  for (int64_t v : k.il) lens += " " + std::to_string(v);
+  lens += ", target lengths";
+  for (int64_t v : k.tl) lens += " " + std::to_string(v);
+  char what[512];
+  snprintf(what, sizeof what, "%s %s T %lld N %lld C %lld blank %lld, %s targets, reduction %d%s, %.300s%s", kind,
            k.dtype == KILN_F32 ? "f32" : "f64", (long long)k.T, (long long)k.N, (long long)k.C, (long long)k.blank,
-           k.padded ? "padded" : "concatenated", k.reduction, k.zero_infinity ? ", zero_infinity" : "");
+           k.padded ? "padded" : "concatenated", k.reduction, k.zero_infinity ? ", zero_infinity" : "", lens.c_str(),
+           backwards ? ", positions in descending order" : "");
   std::vector<double> cl, cg, rl, rg;
   if (!cpu_run(k, cl, cg)) { report(false, __LINE__, what); return; }
   if (k.dtype == KILN_F32) replay<float>(k, backwards, rl, rg);
@@ -243,6 +255,117 @@ static void test_edges() {
     }
 }
 
+/* ---- randomized sweep: cases drawn from a fixed seed (the same on every run); KILN_TEST_SWEEP=N
+   draws N times as many (the first ones unchanged). A failing case prints its sweep case number,
+   which names everything: sweep_ctc_case(i) rebuilds it. ---- */
+
+struct sweep_rng {
+  uint64_t s;
+  uint64_t next() {   /* splitmix64 */
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  int64_t in(int64_t lo, int64_t hi) { return lo + (int64_t)(next() % (uint64_t)(hi - lo + 1)); }
+  bool one_in(int n) { return next() % (uint64_t)n == 0; }
+  double uniform() { return (double)(next() >> 11) * 0x1p-53; }
+};
+
+static int sweep_times() {
+  const char *e = getenv("KILN_TEST_SWEEP");
+  long n = e ? strtol(e, NULL, 10) : 1;
+  return n < 1 ? 1 : n > 100000 ? 100000 : (int)n;
+}
+
+static int64_t steps_needed(const std::vector<int64_t> &l) {
+  int64_t need = (int64_t)l.size();
+  for (size_t i = 1; i < l.size(); i++) need += l[i] == l[i - 1];
+  return need;
+}
+
+/* Case i of the sweep: T from 0 (now and then up to 80), N from 0 to 7, C from 1 (the blank
+   alone) to 8 and now and then 40, the blank first, last or between; per sample an input length
+   of 0, T or between, and a target of length 0, the longest the input allows (its length plus
+   repeated neighbours = the input length), or between (past it under zero_infinity), with
+   repeats; padded (with 1 to 4 spare columns) or concatenated targets, i32 or i64 target
+   lengths, every reduction, f32 and f64, logits of spread 6 or 40, classes of probability 0. */
+static ctc_case sweep_ctc_case(int i, bool *backwards, int *longest) {
+  sweep_rng h = {(uint64_t)7 << 32 | (uint64_t)(uint32_t)i};
+  sweep_rng r = {h.next()};
+  ctc_case k;
+  k.T = r.one_in(40) ? 0 : r.one_in(8) ? 1 : r.in(2, r.one_in(5) ? 80 : 16);
+  k.N = r.one_in(40) ? 0 : r.one_in(6) ? 1 : r.in(2, 7);
+  k.C = r.one_in(10) ? 1 : r.in(2, r.one_in(6) ? 40 : 8);
+  k.blank = r.one_in(3) ? 0 : r.one_in(2) ? k.C - 1 : r.in(0, k.C - 1);
+  k.reduction = (int)r.in(KILN_REDUCTION_NONE, KILN_REDUCTION_SUM);
+  k.zero_infinity = r.one_in(2);
+  k.padded = r.one_in(2);
+  k.pad = r.in(1, 4);
+  k.lengths_dtype = r.one_in(2) ? KILN_I32 : KILN_I64;
+  k.dtype = r.one_in(2) ? KILN_F32 : KILN_F64;
+  *backwards = r.one_in(2);
+  auto label = [&](const std::vector<int64_t> &l, bool repeat) {
+    if (repeat && !l.empty()) return l.back();
+    int64_t c;
+    do c = r.in(0, k.C - 1); while (c == k.blank);
+    return c;
+  };
+  for (int64_t n = 0; n < k.N; n++) {
+    int64_t Tn = r.one_in(6) ? 0 : r.one_in(3) ? k.T : r.in(0, k.T);
+    std::vector<int64_t> l;
+    int kind = k.C == 1 ? 0 : r.one_in(5) ? 0 : r.one_in(3) ? 1 : 2;   /* empty, the longest, between */
+    if (kind == 1) {   /* add labels while they fit: a repeat needs two steps */
+      for (;;) {
+        int64_t need = steps_needed(l);
+        if (need >= Tn) break;
+        bool repeat = r.one_in(3) && need + 2 <= Tn;
+        int64_t c = label(l, repeat);
+        if (!l.empty() && c == l.back() && need + 2 > Tn) break;   /* only the blank's neighbour left: C = 2 */
+        l.push_back(c);
+      }
+      *longest += Tn > 0 && steps_needed(l) == Tn;
+    } else if (kind == 2) {
+      int64_t L = r.in(0, Tn + (k.zero_infinity ? 3 : 0));
+      for (int64_t j = 0; j < L; j++) l.push_back(label(l, r.one_in(3)));
+      while (!k.zero_infinity && steps_needed(l) > Tn) l.pop_back();
+    }
+    k.targets.push_back(l);
+    k.tl.push_back((int64_t)l.size());
+    k.il.push_back(Tn);
+  }
+  double spread = r.one_in(4) ? 40 : 6;
+  k.lp.resize((size_t)(k.T * k.N * k.C));
+  for (int64_t row = 0; row < k.T * k.N; row++) {
+    double *x = k.lp.data() + row * k.C, m = -INFINITY, sum = 0;
+    for (int64_t c = 0; c < k.C; c++) { x[c] = (r.uniform() - 0.5) * spread; m = fmax(m, x[c]); }
+    for (int64_t c = 0; c < k.C; c++) sum += exp(x[c] - m);
+    for (int64_t c = 0; c < k.C; c++) x[c] -= m + log(sum);
+  }
+  if (k.T > 0 && k.N > 0 && r.one_in(6)) {   /* a class of probability 0 at a few places */
+    int64_t c = r.in(0, k.C - 1), times = r.in(1, 3);
+    for (int64_t j = 0; j < times; j++) k.lp[(size_t)((r.in(0, k.T - 1) * k.N + r.in(0, k.N - 1)) * k.C + c)] = -INFINITY;
+  }
+  k.g.resize(k.reduction == KILN_REDUCTION_NONE ? (size_t)k.N : 1);
+  for (double &v : k.g) v = 0.25 + r.uniform();
+  return k;
+}
+
+static void sweep_ctc(int n) {
+  int before = check_failed, longest = 0, long_inputs = 0, repeats = 0;
+  for (int i = 0; i < n; i++) {
+    bool backwards;
+    ctc_case k = sweep_ctc_case(i, &backwards, &longest);
+    long_inputs += k.T > 16;
+    for (const std::vector<int64_t> &l : k.targets) repeats += steps_needed(l) > (int64_t)l.size();
+    char kind[48];
+    snprintf(kind, sizeof kind, "sweep case %d:", i);
+    check_case(k, backwards, kind);
+  }
+  printf("sweep ctc: %d cases, %d failed (targets as long as the input allows: %d; repeated labels in %d targets; T > 16: %d)\n", n,
+         check_failed - before, longest, repeats, long_inputs);
+}
+
 int main() {
   report(kiln_ctc::threads_for(1, 1) == 32, __LINE__, "threads_for: a warp at least");
   report(kiln_ctc::threads_for(33, 2) == 64 && kiln_ctc::threads_for(5, 100) == 128, __LINE__, "threads_for: the wider");
@@ -256,6 +379,7 @@ int main() {
         for (int padded = 0; padded < 2; padded++)
           for (int rep = 0; rep < 6; rep++, seeds++)
             check_case(random_case(r, dtype, red, zi, padded, rep == 5), rep % 2 == 1, "random");
+  sweep_ctc(400 * sweep_times());
   printf("test_cuda_ctc: %d checks (%d random cases; %d infinite losses, %d samples too short under zero_infinity), "
          "largest difference f32 %.3g, f64 %.3g; %d failed\n", check_count, seeds, infinite_losses, zeroed_samples,
          largest_error[0], largest_error[1], check_failed);

@@ -3,15 +3,24 @@
    every dtype conversion bit for bit, every elementwise op's semantics on edge values (NaN, inf,
    -0, integer wrap-around and division by zero), clamp and where, and the Philox mapping of the
    random fills. The device build of the same source may differ only where the device's math
-   library does (exp, log, sin, ... within an ulp or two); tests/gpu checks that part. */
+   library does (exp, log, sin, ... within an ulp or two); tests/gpu checks that part.
+   A randomized sweep replays the flat kernels of elementwise.cuh's launch() on 400 cases drawn
+   from a fixed seed (the same on every run): random lengths, and operands at random element
+   offsets into their buffers, so that kiln_cuda_vector_width picks the vector words or not from
+   real addresses; every word must be aligned as the device needs it, every element written
+   once and nothing around the output. KILN_TEST_SWEEP=N draws N times as many, for a longer run
+   by hand (N = 1000: about 6 s). */
 #include "elements.cuh"
+#include "elementwise.cuh"
 #include "vector.cuh"
 extern "C" {
 #include "internal.h"
+#include "geometry.h"
 }
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <string>
 #include <vector>
 
 using namespace kiln_el;
@@ -112,10 +121,6 @@ template <class C> static std::vector<C> op_values() {
       v.push_back((C)x);
   }
   return v;
-}
-
-template <class C> static int dtype_of() {
-  return std::is_same<C, float>::value ? KILN_F32 : std::is_same<C, double>::value ? KILN_F64 : KILN_I64;
 }
 
 static bool same_value(double a, double b, double rtol) {
@@ -359,11 +364,216 @@ static void test_vector_words() {
   }
 }
 
+/* ---- randomized sweep of the flat kernels: lengths and operand offsets drawn from a fixed seed
+   (the same on every run); KILN_TEST_SWEEP=N draws N times as many (the first ones unchanged). A
+   failing case prints its op, compute dtype, length, offsets and case number. ---- */
+
+struct sweep_rng {
+  uint64_t s;
+  uint64_t next() {   /* splitmix64 */
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  int64_t in(int64_t lo, int64_t hi) { return lo + (int64_t)(next() % (uint64_t)(hi - lo + 1)); }
+  bool one_in(int n) { return next() % (uint64_t)n == 0; }
+};
+
+static int sweep_times() {
+  const char *e = getenv("KILN_TEST_SWEEP");
+  long n = e ? strtol(e, NULL, 10) : 1;
+  return n < 1 ? 1 : n > 100000 ? 100000 : (int)n;
+}
+
+static int sweep_vectorised, sweep_looped, sweep_in_place;
+
+/* One flat launch of elementwise.cuh's launch(), replayed on the CPU: out and the inputs are 1-d
+   views of n elements at element offsets off[0] (out) and off[1 + j] into their own buffers (the
+   input 0's when in_place), the scalar in place of input `scalar_at` (-1: none); the vector
+   kernel (W-element words, then the tail one by one) when kiln_cuda_vector_width allows W lanes
+   for those addresses, else the flat kernel, each a grid of `threads` striding threads; every
+   word must be aligned as the device needs it, every element of out written, nothing around it.
+   cpu(views, scalar) gives the CPU's result. */
+template <class C, class Fn, class Cpu>
+static void check_flat_launch(const char *name, const Fn &fn, int64_t n, const int64_t *off, int scalar_at, double scalar,
+                              bool in_place, int64_t threads, sweep_rng &r, int case_no, Cpu cpu) {
+  using O = typename Fn::out_t;
+  constexpr int W = vector_lanes<C>(), NIN = Fn::nin;
+  const int64_t spare = 5;   /* elements past the view in every buffer */
+  struct kiln_tensor *base[NIN] = {}, *view[NIN] = {};
+  for (int j = 0; j < NIN; j++) {
+    if (j == scalar_at) continue;
+    int64_t len = off[1 + j] + n + spare;
+    if (in_place && j == 0) len = (off[0] > off[1] ? off[0] : off[1]) + n + spare;
+    base[j] = kiln_tensor_empty(1, &len, dtype_of<C>(), CPU);
+    C *v = (C *)kiln_tensor_data(base[j]);
+    std::vector<C> vals = op_values<C>();
+    for (int64_t i = 0; i < len; i++) v[i] = r.one_in(3) ? vals[(size_t)r.in(0, (int64_t)vals.size() - 1)] : (C)(r.in(-400, 400)) / (C)8;
+    view[j] = kiln_narrow(base[j], 0, off[1 + j], n);
+  }
+  if (in_place && scalar_at != 0) {   /* out is input 0's own elements: as kiln_binary_ / kiln_unary_ */
+    kiln_tensor_release(view[0]);
+    view[0] = kiln_narrow(base[0], 0, off[0], n);
+  }
+  const struct kiln_tensor *cviews[NIN];
+  for (int j = 0; j < NIN; j++) cviews[j] = view[j];
+  struct kiln_tensor *want = cpu(cviews, scalar);   /* before an in-place replay overwrites input 0 */
+  int64_t olen = off[0] + n + spare;
+  struct kiln_tensor *obase = in_place ? NULL : kiln_tensor_empty(1, &olen, dtype_of<O>(), CPU);
+  std::vector<unsigned char> before;
+  if (obase) memset(kiln_tensor_data(obase), 0xA5, sizeof(O) * (size_t)olen);
+  unsigned char *ob = (unsigned char *)kiln_tensor_data(in_place ? base[0] : obase);
+  int64_t oblen = in_place ? base[0]->numel : olen;
+  before.assign(ob, ob + sizeof(O) * (size_t)oblen);
+  O *out = (O *)ob + off[0];
+  flat_inputs<C> p = {{NULL, NULL, NULL}};
+  uintptr_t addr[4] = {(uintptr_t)out};
+  int size[4] = {(int)sizeof(O)}, count = 1;
+  for (int j = 0; j < NIN; j++) {
+    p.in[j] = view[j] && j != scalar_at ? (const C *)kiln_tensor_data(view[j]) : NULL;
+    if (p.in[j]) { addr[count] = (uintptr_t)p.in[j]; size[count++] = (int)sizeof(C); }
+  }
+  C sc = scalar_as<C>(scalar);
+  bool vector = W > 1 && kiln_cuda_vector_width(n, count, addr, size) >= W, aligned = true;
+  std::vector<int> writes((size_t)n, 0);
+  if (vector) {
+    aligned = (uintptr_t)out % sizeof(pack<O, W>) == 0;
+    for (int j = 0; j < NIN; j++) aligned = aligned && (!p.in[j] || (uintptr_t)p.in[j] % sizeof(pack<C, W>) == 0);
+  }
+  if (vector && aligned) {   /* elementwise_vector_kernel (a misaligned word would fault here as on the device) */
+    int64_t words = n / W;
+    for (int64_t id = 0; id < threads; id++) {
+      for (int64_t i = id; i < words; i += threads) {
+        flat_vector<C, Fn, W>(out, p, fn, sc, i);
+        for (int k = 0; k < W; k++) writes[(size_t)(i * W + k)]++;
+      }
+      for (int64_t i = words * W + id; i < n; i += threads) { flat_element(out, p, fn, sc, i); writes[(size_t)i]++; }
+    }
+    sweep_vectorised++;
+    sweep_looped += words > threads;
+  } else if (!vector) {   /* elementwise_flat_kernel */
+    for (int64_t id = 0; id < threads; id++)
+      for (int64_t i = id; i < n; i += threads) { flat_element(out, p, fn, sc, i); writes[(size_t)i]++; }
+    sweep_looped += n > threads;
+  }
+  sweep_in_place += in_place;
+  char ins[96] = "", what[256];
+  for (int j = 0; j < NIN; j++)
+    snprintf(ins + strlen(ins), sizeof ins - strlen(ins), "%s%s", j ? ", " : "",
+             j == scalar_at ? "the scalar" : in_place && j == 0 ? "out's" : std::to_string(off[1 + j]).c_str());
+  snprintf(what, sizeof what, "sweep case %d: %s %s, n %lld, offset of out %lld, of the inputs %s%s, %lld threads, %s", case_no,
+           name, kiln_dtype_name(dtype_of<C>()), (long long)n, (long long)off[0], ins, in_place ? " (in place)" : "",
+           (long long)threads, vector ? "vector words" : "element by element");
+  bool ok = want && want->numel == n && kiln_dtype_size(want->dtype) == (int)sizeof(O);
+  if (!aligned) fprintf(stderr, "%s: a word of an operand is not aligned for the device\n", what);
+  ok = ok && aligned;
+  for (int64_t i = 0; i < n && ok; i++)
+    if (writes[(size_t)i] != 1) {
+      fprintf(stderr, "%s: element %lld written %d times\n", what, (long long)i, writes[(size_t)i]);
+      ok = false;
+    }
+  for (int64_t b = 0; b < (int64_t)sizeof(O) * oblen && ok; b++) {   /* around out: untouched */
+    int64_t e = b / (int64_t)sizeof(O);
+    if ((e < off[0] || e >= off[0] + n) && ob[b] != before[(size_t)b]) {
+      fprintf(stderr, "%s: element %lld of the output's buffer (outside it) changed\n", what, (long long)e);
+      ok = false;
+    }
+  }
+  for (int64_t i = 0; i < n && ok; i++) {
+    const unsigned char *w = (const unsigned char *)kiln_tensor_data(want) + i * (int64_t)sizeof(O);
+    O wv;
+    memcpy(&wv, w, sizeof wv);
+    bool same = std::is_integral<O>::value ? memcmp(&wv, &out[i], sizeof wv) == 0
+                                           : same_value((double)out[i], (double)wv, 0);
+    if (!same) {
+      fprintf(stderr, "%s: element %lld is %.17g, the CPU gives %.17g\n", what, (long long)i, (double)out[i], (double)wv);
+      ok = false;
+    }
+  }
+  report(ok, __LINE__, what);
+  kiln_error_clear();
+  for (int j = 0; j < NIN; j++) { kiln_tensor_release(base[j]); kiln_tensor_release(view[j]); }
+  kiln_tensor_release(obase);
+  kiln_tensor_release(want);
+}
+
+/* Case i: an op (unary, binary with two tensors or a scalar on either side, where, clamp; some
+   in place), a compute dtype (f32, f64, i64), a length (0 to 40, now and then hundreds or tens of
+   thousands, so that the grid's threads loop), the operands at element offsets 0 to 9 (the
+   vector words where they are aligned), a grid of 1 to 4 blocks of 256 threads. */
+template <class C> static void sweep_flat_case(sweep_rng &r, int i) {
+  int64_t n = r.one_in(5) ? r.in(100, 1100) : r.one_in(12) ? r.in(2000, 20000) : r.in(0, 40);
+  int64_t off[4];
+  for (int k = 0; k < 4; k++) off[k] = r.one_in(2) ? 0 : r.in(0, 9);
+  int64_t threads = 256 * r.in(1, 4);
+  bool in_place = r.one_in(4);
+  constexpr bool I = std::is_same<C, int64_t>::value;
+  int kind = (int)r.in(0, 9);
+  double sc = I ? (double)r.in(-3, 3) : (double)r.in(-12, 12) / 4;
+  int side = (int)r.in(-1, 1);   /* the scalar's place in a binary op: none, first, second */
+  auto bin = [&](auto op_tag, const char *name) {
+    constexpr int OP = decltype(op_tag)::value;
+    bool ip = in_place && !gives_bool<OP>() && side != 0;
+    check_flat_launch<C>(name, binary_fn<OP, C>(), n, off, side == -1 ? -1 : side, sc, ip, threads, r, i,
+                         [&](const struct kiln_tensor *const *v, double s) {
+                           return side == -1 ? kiln_binary(OP, v[0], v[1]) : side == 0 ? kiln_binary_scalar(OP, v[1], s, 1)
+                                                                                      : kiln_binary_scalar(OP, v[0], s, 0);
+                         });
+  };
+  auto un = [&](auto op_tag, const char *name) {
+    constexpr int OP = decltype(op_tag)::value;
+    check_flat_launch<C>(name, unary_fn<OP, C>(), n, off, -1, 0, in_place && !gives_bool<OP>(), threads, r, i,
+                         [&](const struct kiln_tensor *const *v, double) { return kiln_unary(OP, v[0]); });
+  };
+  switch (kind) {
+  case 0: bin(std::integral_constant<int, KILN_OP_ADD>(), "add"); break;
+  case 1: bin(std::integral_constant<int, KILN_OP_MUL>(), "mul"); break;
+  case 2: bin(std::integral_constant<int, KILN_OP_SUB>(), "sub"); break;
+  case 3: bin(std::integral_constant<int, KILN_OP_MAXIMUM>(), "maximum"); break;
+  case 4: bin(std::integral_constant<int, KILN_OP_LT>(), "lt"); break;
+  case 5: bin(std::integral_constant<int, KILN_OP_NE>(), "ne"); break;
+  case 6:
+    if constexpr (I) un(std::integral_constant<int, KILN_OP_ABS>(), "abs");
+    else un(std::integral_constant<int, KILN_OP_SQRT>(), "sqrt");
+    break;
+  case 7: un(std::integral_constant<int, KILN_OP_NEG>(), "neg"); break;
+  case 8:
+    check_flat_launch<C>("where", where_fn<C>(), n, off, -1, 0, false, threads, r, i,
+                         [&](const struct kiln_tensor *const *v, double) { return kiln_where(v[0], v[1], v[2]); });
+    break;
+  default: {
+    clamp_fn<C> fn;
+    double lo = I ? -2 : -1.5, hi = I ? 7 : 2.25;
+    fn.lo = clamp_bound<C>(lo);
+    fn.hi = clamp_bound<C>(hi);
+    check_flat_launch<C>("clamp", fn, n, off, -1, 0, in_place, threads, r, i,
+                         [&](const struct kiln_tensor *const *v, double) { return kiln_clamp(v[0], lo, hi, 1, 1); });
+  }
+  }
+}
+
+static void sweep_flat(int n) {
+  int before = failures;
+  for (int i = 0; i < n; i++) {
+    sweep_rng h = {(uint64_t)8 << 32 | (uint64_t)(uint32_t)i};
+    sweep_rng r = {h.next()};
+    switch (r.in(0, 2)) {
+    case 0: sweep_flat_case<float>(r, i); break;
+    case 1: sweep_flat_case<double>(r, i); break;
+    default: sweep_flat_case<int64_t>(r, i);
+    }
+  }
+  printf("sweep flat elementwise: %d cases, %d failed (vector words: %d; threads looping: %d; in place: %d)\n", n,
+         failures - before, sweep_vectorised, sweep_looped, sweep_in_place);
+}
+
 int main() {
   test_conversions();
   test_ops();
   test_random();
   test_vector_words();
+  sweep_flat(400 * sweep_times());
   printf("test_cuda_elements: %d checks, %d failed\n", checks, failures);
   return failures != 0 || checks == 0;
 }

@@ -7,9 +7,10 @@
    products, forward and backward through time, against kiln_rnn_layer and its autograd backward. The device build may differ only where the device's math library
    does (exp, log, pow within an ulp or two); tests/gpu checks that part.
    Besides the fixed cases, randomized sweeps draw geometries, parameters and dtypes for pooling,
-   reductions and the norms from a fixed seed (the same cases on every run). KILN_TEST_SWEEP=N
-   runs N times as many, for a longer run by hand (N = 100: about 15 s). A failing sweep case
-   prints its helper's arguments and seed. */
+   reductions, the norms, the recurrent layers, nll_loss and cross entropy (forward, reduced, and
+   backward) and dropout from a fixed seed (the same cases on every run). KILN_TEST_SWEEP=N runs
+   N times as many, for a longer run by hand (N = 100: about 17 s). A failing sweep case prints
+   its helper's arguments and seed. */
 #include "reduce.cuh"
 #include "nn.cuh"
 #include "norm.cuh"
@@ -85,6 +86,33 @@ static struct kiln_tensor *make_input(int ndim, const int64_t *sizes, int dtype,
     for (int k = 0; k < 6 && n > 0; k++) v[(size_t)((int64_t)(k * 7919 + 3) % n)] = sp[k];
   }
   return kiln_tensor_from_f64(ndim, sizes, v.data(), dtype, CPU);
+}
+
+template <class T> static T *data_of(const struct kiln_tensor *t) { return t ? (T *)kiln_tensor_data(t) : NULL; }
+
+/* got against the grad autograd left in leaf (no leaf: nothing to compare). */
+static bool grads_match(const struct kiln_tensor *got, const struct kiln_tensor *leaf, double tol, const char *what,
+                        const char *which) {
+  char w2[480];
+  snprintf(w2, sizeof w2, "%s: %s", what, which);
+  if (!leaf) return true;
+  return leaf->grad && same_values(got, leaf->grad, tol, w2);
+}
+
+/* block_sum's tree over one partial sum per thread. */
+static double tree_sum(std::vector<double> v) {
+  for (size_t s = v.size() / 2; s > 0; s >>= 1)
+    for (size_t t = 0; t < s; t++) v[t] += v[t + s];
+  return v[0];
+}
+
+/* The sum over k in [0, n) of term(k) as a block of `threads` threads takes it: thread t strides
+   from t, then the tree. */
+template <class F> static double block_order_sum(int64_t n, int threads, F term) {
+  std::vector<double> part((size_t)threads, 0.0);
+  for (int t = 0; t < threads; t++)
+    for (int64_t k = t; k < n; k += threads) part[(size_t)t] += term(k);
+  return tree_sum(part);
 }
 
 /* ---- reductions ---- */
@@ -263,26 +291,117 @@ template <class T> static void check_dropout(int dtype, double p) {
   kiln_tensor_release(y);
 }
 
+/* nll_loss (fused: cross_entropy) on x [N, C, d1, ...] with targets drawn from the seed (one in
+   `ignored` of them ignore when that is outside [0, C); every one when ignored is 1), forward and
+   backward as loss.cu runs them: the total weight by one block, each position's loss, the reduced
+   loss by one block, the input's grad per position with the total weight the forward found. The
+   log_softmax of the fused op is the CPU's (softmax.cu is not replayed). */
+template <class T>
+static void check_loss(bool fused, int ndim, const int64_t *sizes, bool weighted, int64_t ignore, int ignored, double eps,
+                       int reduction, int dtype, uint64_t seed) {
+  using namespace kiln_nn;
+  int64_t N = sizes[0], C = sizes[1], S = 1, tshape[KILN_MAX_DIMS];
+  for (int d = 2; d < ndim; d++) S *= sizes[d];
+  int tnd = 0;
+  for (int d = 0; d < ndim; d++)
+    if (d != 1) tshape[tnd++] = sizes[d];
+  int64_t P = N * S;
+  struct kiln_tensor *x = make_input(ndim, sizes, dtype, false, false, seed);
+  std::vector<double> tv((size_t)(P > 0 ? P : 1)), wv((size_t)C);
+  uint64_t h = seed * 0x9E3779B97F4A7C15ull + 3;
+  auto draw = [&](uint64_t m) { h ^= h << 13; h ^= h >> 7; h ^= h << 17; return (int64_t)(h % m); };
+  bool outside = ignore < 0 || ignore >= C;
+  for (int64_t q = 0; q < P; q++)
+    tv[(size_t)q] = (double)(outside && (ignored == 1 || (ignored > 1 && draw((uint64_t)ignored) == 0)) ? ignore : draw((uint64_t)C));
+  for (int64_t c = 0; c < C; c++) wv[(size_t)c] = draw(9) == 0 ? 0.0 : 0.125 * (double)(1 + draw(16));
+  struct kiln_tensor *t = kiln_tensor_from_f64(tnd, tshape, tv.data(), KILN_I64, CPU);
+  struct kiln_tensor *w = weighted ? kiln_tensor_from_f64(1, &C, wv.data(), dtype, CPU) : NULL;
+  struct kiln_tensor *gy = reduction == KILN_REDUCTION_NONE ? make_input(tnd, tshape, dtype, false, false, seed + 1)
+                                                            : make_input(0, NULL, dtype, false, false, seed + 1);
+  kiln_requires_grad_(x, 1);
+  struct kiln_tensor *want = fused ? kiln_cross_entropy(x, t, w, ignore, eps, reduction) : kiln_nll_loss(x, t, w, ignore, reduction);
+  bool ok = want && kiln_backward(want, gy, 0) == KILN_OK;
+  struct kiln_tensor *lp = fused ? kiln_log_softmax(x, 1) : NULL;
+  const T *logp = data_of<T>(fused ? lp : x), *wp = data_of<T>(w);
+  const int64_t *tp = data_of<int64_t>(t);
+  double total = block_order_sum(P, 256, [&](int64_t q) {   /* nll_check_kernel */
+    return tp[q] == ignore ? 0.0 : wp ? (double)wp[tp[q]] : 1.0;
+  });
+  struct kiln_tensor *y = reduction == KILN_REDUCTION_NONE ? kiln_tensor_empty(tnd, tshape, dtype, CPU)
+                                                           : kiln_tensor_empty(0, NULL, dtype, CPU);
+  std::vector<T> per((size_t)(P > 0 ? P : 1));
+  T *yv = reduction == KILN_REDUCTION_NONE ? data_of<T>(y) : per.data();
+  for (int64_t q = 0; q < P; q++) yv[q] = nll_position<T>(logp, tp, wp, q, C, S, ignore, fused ? eps : 0.0);   /* nll_loss_kernel */
+  double mag = 0;   /* the sum of the reduced losses' magnitudes */
+  if (reduction != KILN_REDUCTION_NONE) {   /* nll_reduce_kernel */
+    double sum = block_order_sum(P, 256, [&](int64_t q) { return (double)per[(size_t)q]; });
+    for (int64_t q = 0; q < P; q++) mag += fabs((double)per[(size_t)q]);
+    if (reduction == KILN_REDUCTION_MEAN) mag /= total;
+    data_of<T>(y)[0] = (T)(reduction == KILN_REDUCTION_MEAN ? sum / total : sum);
+  }
+  struct kiln_tensor *gx = kiln_tensor_full(ndim, sizes, NAN, dtype, CPU);
+  double ws = (double)C;   /* weight_sum_kernel: one thread, in order */
+  if (wp) { ws = 0; for (int64_t c = 0; c < C; c++) ws += (double)wp[c]; }
+  for (int64_t q = 0; q < P && x->numel > 0; q++)   /* nll_backward_kernel */
+    nll_grad_position<T>(data_of<T>(gx), data_of<T>(gy), tp, wp, logp, q, C, S, ignore, reduction, fused, fused ? eps : 0.0,
+                         total, ws);
+  static const char *const reductions[] = {"none", "mean", "sum"};
+  char what[256];
+  snprintf(what, sizeof what, "%s %s %s, %s, ignore %lld%s, smoothing %g, reduction %s, seed %llu",
+           fused ? "cross_entropy" : "nll_loss", kiln_dtype_name(dtype), kiln_shape_string(x), weighted ? "weights" : "no weights",
+           (long long)ignore, ignored == 1 && outside ? " (every target)" : "", eps, reductions[reduction], (unsigned long long)seed);
+  /* The reduced loss sums in the block's order, the CPU in order: where the sum of thousands of
+     losses cancels (nll_loss of random log-probs, losses of both signs) the two are some ulps of
+     the terms' magnitude apart, more than 1e-14 of the result in f64. The tolerance of the
+     reduced loss grows to 16 double ulps of the sum of magnitudes; the total weight is exact here
+     (weights in eighths). */
+  double tol = dtype == KILN_F32 ? 1e-6 : 1e-14;
+  ok = ok && same_values(y, want, fmax(tol, 16 * mag * 0x1p-53), what) && grads_match(gx, x, tol, what, "gx");
+  report(ok, __LINE__, what);
+  if (!want) fprintf(stderr, "  %s\n", kiln_error_message());
+  kiln_error_clear();
+  struct kiln_tensor *all[] = {x, t, w, gy, want, lp, y, gx};
+  for (struct kiln_tensor *a : all) kiln_tensor_release(a);
+}
+
+/* dropout(x) in training on x of `sizes` (transposed when `strided`) at generator state (seed,
+   offset): y and the mask (the grad of x for a grad of ones) against dropout.cu's elements, bit for bit. */
+template <class T>
+static void check_dropout_case(int ndim, const int64_t *sizes, bool strided, double p, uint64_t seed, uint64_t offset, int dtype,
+                               uint64_t xseed) {
+  struct kiln_tensor *base = make_input(ndim, sizes, dtype, false, false, xseed);
+  struct kiln_tensor *x = strided && ndim > 1 ? kiln_transpose(base, 0, ndim - 1) : kiln_alias(base);
+  kiln_requires_grad_(x, 1);
+  kiln_random_set_state(seed, offset);
+  struct kiln_tensor *y = kiln_dropout(x, p, 1);
+  struct kiln_tensor *ones = y ? kiln_tensor_full(y->ndim, y->sizes, 1.0, dtype, CPU) : NULL;
+  bool ok = y && kiln_backward(y, ones, 0) == KILN_OK && x->grad;
+  struct kiln_tensor *xc = kiln_contiguous(x), *yc = y ? kiln_contiguous(y) : NULL, *gc = ok ? kiln_contiguous(x->grad) : NULL;
+  ok = ok && xc && yc && gc;
+  uint64_t threshold = (uint64_t)(p * 4294967296.0);   /* as dropout.cu */
+  double scale = 1.0 / (1.0 - p);
+  int64_t bad = 0, first = -1;
+  for (int64_t i = 0; ok && i < x->numel; i++) {   /* dropout_kernel */
+    T m = kiln_nn::dropout_mask<T>(seed, offset, i, threshold, scale), v = data_of<T>(xc)[i] * m;
+    if (memcmp(&m, data_of<T>(gc) + i, sizeof m) != 0 || memcmp(&v, data_of<T>(yc) + i, sizeof v) != 0) {
+      if (first < 0) first = i;
+      bad++;
+    }
+  }
+  char what[256];
+  snprintf(what, sizeof what, "dropout %s %s%s, p %.17g, seed 0x%llx, offset %llu, input seed %llu", kiln_dtype_name(dtype),
+           kiln_shape_string(x), strided && ndim > 1 ? " (transposed)" : "", p, (unsigned long long)seed,
+           (unsigned long long)offset, (unsigned long long)xseed);
+  if (bad) fprintf(stderr, "%s: %lld elements differ from the CPU's, the first %lld\n", what, (long long)bad, (long long)first);
+  if (!ok) fprintf(stderr, "%s: %s\n", what, kiln_error_message());
+  report(ok && bad == 0, __LINE__, what);
+  kiln_error_clear();
+  struct kiln_tensor *all[] = {base, x, y, ones, xc, yc, gc};
+  for (struct kiln_tensor *a : all) kiln_tensor_release(a);
+}
+
 /* ---- layer, group and batch norm: the kernels' block order, against the CPU's forward and
    autograd backward ---- */
-
-/* block_sum's tree over one partial sum per thread. */
-static double tree_sum(std::vector<double> v) {
-  for (size_t s = v.size() / 2; s > 0; s >>= 1)
-    for (size_t t = 0; t < s; t++) v[t] += v[t + s];
-  return v[0];
-}
-
-/* The sum over k in [0, n) of term(k) as a block of `threads` threads takes it: thread t strides
-   from t, then the tree. */
-template <class F> static double block_order_sum(int64_t n, int threads, F term) {
-  std::vector<double> part((size_t)threads, 0.0);
-  for (int t = 0; t < threads; t++)
-    for (int64_t k = t; k < n; k += threads) part[(size_t)t] += term(k);
-  return tree_sum(part);
-}
-
-template <class T> static T *data_of(const struct kiln_tensor *t) { return t ? (T *)kiln_tensor_data(t) : NULL; }
 
 /* The norms' y = x * scale + shift and gx = t1 * gy + t2 * x + t3: the replay rounds each product,
    the CPU (gcc, -march=native) and the device (nvcc's default --fmad) may fuse a product with the
@@ -291,14 +410,6 @@ template <class T> static T *data_of(const struct kiln_tensor *t) { return t ? (
    tolerance of the result: the tolerance grows to a few ulps of the largest product (mag). */
 static double fused_tol(double tol, int dtype, double mag) {
   return fmax(tol, 4 * mag * (dtype == KILN_F32 ? 0x1p-24 : 0x1p-53));
-}
-
-static bool grads_match(const struct kiln_tensor *got, const struct kiln_tensor *leaf, double tol, const char *what,
-                        const char *which) {
-  char w2[320];
-  snprintf(w2, sizeof w2, "%s: %s", what, which);
-  if (!leaf) return true;
-  return leaf->grad && same_values(got, leaf->grad, tol, w2);
 }
 
 template <class T>
@@ -679,30 +790,35 @@ static void host_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, const T *
     }
 }
 
+/* One layer: lens the B lengths (NULL: none), state 1 an initial h0, 2 an initial c0 (LSTM), need
+   the leaves that require grad (bit k of x, h0, c0, w_ih, w_hh, b_ih, b_hh; at least one given). */
 template <class T>
-static void check_rnn(int mode, int64_t Tn, int64_t B, int64_t I, int64_t H, bool lengths, bool reverse, bool state,
-                      bool bias, int dtype, uint64_t seed) {
+static void check_rnn(int mode, int64_t Tn, int64_t B, int64_t I, int64_t H, const int64_t *lens, bool reverse, int state,
+                      bool bias, int need, int dtype, uint64_t seed) {
   using kiln_rnn::layer;
   int64_t G = kiln_rnn_gates(mode), GH = G * H, S = kiln_rnn_states(mode), RS = kiln_rnn_reserve(mode);
   int64_t sx[3] = {Tn, B, I}, sh[2] = {B, H}, sih[2] = {GH, I}, shh[2] = {GH, H}, sb[1] = {GH}, sz[3] = {Tn + S, B, H};
   struct kiln_tensor *x = rnn_input(3, sx, dtype, 1.0, seed);
-  struct kiln_tensor *h0 = state ? rnn_input(2, sh, dtype, 0.5, seed + 1) : NULL;
-  struct kiln_tensor *c0 = state && mode == KILN_RNN_LSTM ? rnn_input(2, sh, dtype, 0.5, seed + 2) : NULL;
+  struct kiln_tensor *h0 = state & 1 ? rnn_input(2, sh, dtype, 0.5, seed + 1) : NULL;
+  struct kiln_tensor *c0 = state & 2 && mode == KILN_RNN_LSTM ? rnn_input(2, sh, dtype, 0.5, seed + 2) : NULL;
   struct kiln_tensor *w_ih = rnn_input(2, sih, dtype, 0.4, seed + 3), *w_hh = rnn_input(2, shh, dtype, 0.4, seed + 4);
   struct kiln_tensor *b_ih = bias ? rnn_input(1, sb, dtype, 0.3, seed + 5) : NULL;
   struct kiln_tensor *b_hh = bias ? rnn_input(1, sb, dtype, 0.3, seed + 6) : NULL;
   struct kiln_tensor *gz = rnn_input(3, sz, dtype, 1.0, seed + 7);
   std::vector<int64_t> lv((size_t)B);
-  for (int64_t b = 0; b < B; b++) lv[(size_t)b] = lengths ? (b == 0 ? Tn : 1 + (int64_t)((uint64_t)(b * 5) + seed) % Tn) : Tn;
+  for (int64_t b = 0; b < B; b++) lv[(size_t)b] = lens ? lens[b] : Tn;
   int64_t sl[1] = {B};
   struct kiln_tensor *len = NULL;
-  if (lengths) {
+  if (lens) {
     len = kiln_tensor_empty(1, sl, KILN_I64, CPU);
     memcpy(kiln_tensor_data(len), lv.data(), sizeof(int64_t) * (size_t)B);
   }
   struct kiln_tensor *leaves[] = {x, h0, c0, w_ih, w_hh, b_ih, b_hh};
-  for (struct kiln_tensor *l : leaves)
-    if (l) kiln_requires_grad_(l, 1);
+  struct kiln_tensor *graded[7];   /* the leaves whose grads are compared, NULL for the others */
+  for (int k = 0; k < 7; k++) {
+    graded[k] = leaves[k] && need & (1 << k) ? leaves[k] : NULL;
+    if (graded[k]) kiln_requires_grad_(graded[k], 1);
+  }
   struct kiln_tensor *want = kiln_rnn_layer(mode, x, h0, c0, w_ih, w_hh, b_ih, b_hh, len, reverse, KILN_RNN_GEMM);
   bool ok = want && kiln_backward(want, gz, 0) == KILN_OK;
 
@@ -711,17 +827,19 @@ static void check_rnn(int mode, int64_t Tn, int64_t B, int64_t I, int64_t H, boo
   layer<T> L;
   memset(&L, 0, sizeof L);
   L.mode = mode; L.reverse = reverse; L.T_ = Tn; L.B = B; L.H = H; L.GH = GH; L.RS = RS;
-  L.len = lengths ? lv.data() : NULL;
+  L.len = lens ? lv.data() : NULL;
   L.h0 = data_of<T>(h0); L.c0 = data_of<T>(c0); L.b_hh = data_of<T>(b_hh);
-  std::vector<T> xp((size_t)(Tn * B * GH)), hh((size_t)(B * GH)), h((size_t)(B * H)), hn((size_t)(B * H)), c((size_t)(B * H));
-  std::vector<T> res((size_t)(Tn * B * RS * H + 1));
+  /* rnn.cu's buffers from the caching allocator hold old values: NaN here, but where rnn.cu zeroes or fills them */
+  const T stale = (T)NAN;
+  std::vector<T> xp((size_t)(Tn * B * GH), stale), hh((size_t)(B * GH), stale), h((size_t)(B * H), stale);
+  std::vector<T> hn((size_t)(B * H), stale), c((size_t)(B * H), stale), res((size_t)(Tn * B * RS * H + 1), stale);
   struct kiln_tensor *z = kiln_tensor_empty(3, sz, dtype, CPU);
   T *zv = data_of<T>(z);
   memset(zv, 0, sizeof(T) * (size_t)z->numel);
   for (int64_t i = 0; i < Tn * B * GH; i++) xp[(size_t)i] = bias ? data_of<T>(b_ih)[i % GH] : (T)0;   /* rnn_bias_rows_kernel */
   if (I > 0) host_gemm<T>(0, 1, Tn * B, GH, I, data_of<T>(x), I, data_of<T>(w_ih), I, 1.0, xp.data(), GH);
   for (int64_t i = 0; i < B * H; i++) {
-    h[(size_t)i] = state ? data_of<T>(h0)[i] : (T)0;
+    h[(size_t)i] = h0 ? data_of<T>(h0)[i] : (T)0;
     c[(size_t)i] = c0 ? data_of<T>(c0)[i] : (T)0;
   }
   L.xp = xp.data(); L.hh = hh.data(); L.z = zv; L.res = RS ? res.data() : NULL;
@@ -736,8 +854,9 @@ static void check_rnn(int mode, int64_t Tn, int64_t B, int64_t I, int64_t H, boo
 
   /* backward, as rnn.cu's backward<T>, from the replay's own Z and reserve */
   bool gru = mode == KILN_RNN_GRU;
-  std::vector<T> dgx((size_t)(Tn * B * GH), (T)0), dgh(gru ? dgx.size() : 0, (T)0), dgs((size_t)(B * GH), (T)0);
-  std::vector<T> dh((size_t)(B * H)), dc((size_t)(B * H), (T)0), prod((size_t)(B * H)), hprev((size_t)(Tn * B * H));
+  std::vector<T> dgx((size_t)(Tn * B * GH), (T)0), dgh(gru ? dgx.size() : 0, (T)0), dgs((size_t)(B * GH), stale);
+  std::vector<T> dh((size_t)(B * H), stale), dc((size_t)(B * H), (T)0), prod((size_t)(B * H), stale);
+  std::vector<T> hprev((size_t)(Tn * B * H), stale);
   const T *gzv = data_of<T>(gz);
   L.gz = gzv; L.dgx = dgx.data(); L.dgh = gru ? dgh.data() : dgx.data(); L.dgs = dgs.data();
   L.dh = dh.data(); L.dc = dc.data(); L.prod = prod.data();
@@ -769,16 +888,18 @@ static void check_rnn(int mode, int64_t Tn, int64_t B, int64_t I, int64_t H, boo
   }
 
   static const char *const names[] = {"rnn_tanh", "rnn_relu", "gru", "lstm"};
-  char what[200];
-  snprintf(what, sizeof what, "%s %s T %lld B %lld I %lld H %lld%s%s%s%s", names[mode], kiln_dtype_name(dtype), (long long)Tn,
-           (long long)B, (long long)I, (long long)H, lengths ? ", lengths" : "", reverse ? ", reverse" : "",
-           state ? ", initial state" : "", bias ? ", biases" : "");
+  char what[400], lstr[160] = "";
+  for (int64_t b = 0; lens && b < B && strlen(lstr) < sizeof lstr - 24; b++)
+    snprintf(lstr + strlen(lstr), sizeof lstr - strlen(lstr), "%s%lld", b ? " " : ", lengths ", (long long)lv[(size_t)b]);
+  snprintf(what, sizeof what, "%s %s T %lld B %lld I %lld H %lld%s%s%s%s%s, grads of 0x%x, seed %llu", names[mode],
+           kiln_dtype_name(dtype), (long long)Tn, (long long)B, (long long)I, (long long)H, lstr, reverse ? ", reverse" : "",
+           h0 ? ", h0" : "", c0 ? ", c0" : "", bias ? ", biases" : "", need, (unsigned long long)seed);
   double tol = dtype == KILN_F32 ? 1e-4 : 1e-10;
   if (!blas_calls_ok) fprintf(stderr, "%s: a product has leading dimensions cuBLAS refuses\n", what);
-  ok = ok && blas_calls_ok && same_values(z, want, tol, what) && grads_match(gx, x, tol, what, "gx") && grads_match(gh0, h0, tol, what, "gh0") &&
-       grads_match(gc0, c0, tol, what, "gc0") && grads_match(gwi, w_ih, tol, what, "gw_ih") &&
-       grads_match(gwh, w_hh, tol, what, "gw_hh") && grads_match(gbi, b_ih, tol, what, "gb_ih") &&
-       grads_match(gbh, b_hh, tol, what, "gb_hh");
+  ok = ok && blas_calls_ok && same_values(z, want, tol, what) && grads_match(gx, graded[0], tol, what, "gx") &&
+       grads_match(gh0, graded[1], tol, what, "gh0") && grads_match(gc0, graded[2], tol, what, "gc0") &&
+       grads_match(gwi, graded[3], tol, what, "gw_ih") && grads_match(gwh, graded[4], tol, what, "gw_hh") &&
+       grads_match(gbi, graded[5], tol, what, "gb_ih") && grads_match(gbh, graded[6], tol, what, "gb_hh");
   report(ok, __LINE__, what);
   if (!want) fprintf(stderr, "  %s\n", kiln_error_message());
   kiln_error_clear();
@@ -796,8 +917,12 @@ static void test_rnn() {
         for (int v = 0; v < 4; v++) {
           bool lengths = v & 1, reverse = v & 2, state = (v + mode) % 2 == 0, bias = v != 1;
           if (sh.I == 0 && v != 3) continue;   /* no input features: once per mode */
-          if (dt == KILN_F32) check_rnn<float>(mode, sh.T, sh.B, sh.I, sh.H, lengths, reverse, state, bias, dt, ++seed);
-          else check_rnn<double>(mode, sh.T, sh.B, sh.I, sh.H, lengths, reverse, state, bias, dt, ++seed);
+          ++seed;
+          std::vector<int64_t> lv((size_t)sh.B);   /* the first sequence the longest, the rest from the seed */
+          for (int64_t b = 0; b < sh.B; b++) lv[(size_t)b] = b == 0 ? sh.T : 1 + (int64_t)((uint64_t)(b * 5) + seed) % sh.T;
+          const int64_t *lens = lengths ? lv.data() : NULL;
+          if (dt == KILN_F32) check_rnn<float>(mode, sh.T, sh.B, sh.I, sh.H, lens, reverse, state ? 3 : 0, bias, 127, dt, seed);
+          else check_rnn<double>(mode, sh.T, sh.B, sh.I, sh.H, lens, reverse, state ? 3 : 0, bias, 127, dt, seed);
         }
 }
 
@@ -984,6 +1109,108 @@ static void sweep_norms(int n) {
   sweep_summary("norms", n, before, extra);
 }
 
+/* The recurrent layers: every mode, T 1 to 12, B 1 to 7, I from 0 (no input features) to 9, H from
+   1 to 8 and now and then 30 to 40 (a step's B*H threads past a warp), lengths unsorted with
+   some 1 and some T (or none), reverse, initial h0 and c0 each on or off, biases, some leaves
+   without grad, f32 and f64. */
+static void sweep_rnn(int n) {
+  int before = failures, unsorted = 0, short_ones = 0, no_input = 0;
+  for (int i = 0; i < n; i++) {
+    sweep_rng r = sweep_case(4, i);
+    int mode = (int)r.in(KILN_RNN_TANH, KILN_RNN_LSTM);
+    int64_t Tn = r.one_in(6) ? 1 : r.in(2, r.one_in(4) ? 12 : 6), B = r.one_in(5) ? 1 : r.in(2, 7);
+    int64_t I = r.one_in(6) ? 0 : r.in(1, 9), H = r.one_in(6) ? r.in(30, 40) : r.in(1, 8);
+    std::vector<int64_t> lv((size_t)B);
+    bool lengths = !r.one_in(3);
+    for (int64_t b = 0; b < B; b++) lv[(size_t)b] = r.one_in(4) ? 1 : r.one_in(3) ? Tn : r.in(1, Tn);
+    if (B > 1 && r.one_in(2)) lv[(size_t)r.in(0, B - 1)] = Tn;   /* one of them the longest */
+    bool reverse = r.one_in(2), bias = !r.one_in(4);
+    int state = (int)r.in(0, 3), need = 0;
+    for (int k = 0; k < 7; k++) need |= r.one_in(6) ? 0 : 1 << k;
+    if (!(need & (1 << 0 | 1 << 3 | 1 << 4))) need |= 1 << 4;   /* at least one leaf that is always there */
+    bool f32 = r.one_in(2);
+    uint64_t seed = (r.next() >> 40) + 1;
+    bool rising = false, one = false;
+    for (int64_t b = 0; b < B; b++) { rising |= b > 0 && lv[(size_t)b] > lv[(size_t)b - 1]; one |= lv[(size_t)b] == 1; }
+    unsorted += lengths && rising;
+    short_ones += lengths && one && Tn > 1;
+    no_input += I == 0;
+    const int64_t *lens = lengths ? lv.data() : NULL;
+    if (f32) check_rnn<float>(mode, Tn, B, I, H, lens, reverse, state, bias, need, KILN_F32, seed);
+    else check_rnn<double>(mode, Tn, B, I, H, lens, reverse, state, bias, need, KILN_F64, seed);
+  }
+  char extra[160];
+  snprintf(extra, sizeof extra, " (lengths not in decreasing order: %d; a sequence of 1 step in a longer input: %d; no input "
+           "features: %d)", unsorted, short_ones, no_input);
+  sweep_summary("rnn", n, before, extra);
+}
+
+/* nll_loss and cross entropy: N from 0, C from 1 and now and then in the hundreds, 0 to 3 extra
+   dims (now and then more positions than the block's 256 threads), class weights (some 0) or none,
+   ignore_index -100, -1, C or a class (every target ignored in some), label smoothing in [0, 1]
+   for cross entropy, every reduction, f32 and f64. */
+static void sweep_losses(int n) {
+  int before = failures, wide = 0, all_ignored = 0, empty = 0;
+  for (int i = 0; i < n; i++) {
+    sweep_rng r = sweep_case(5, i);
+    bool fused = !r.one_in(3), weighted = r.one_in(2), f32 = r.one_in(2);
+    int ndim = (int)r.in(2, 5), reduction = (int)r.in(KILN_REDUCTION_NONE, KILN_REDUCTION_SUM);
+    int64_t sizes[5];
+    sizes[0] = r.one_in(20) ? 0 : r.one_in(4) ? 1 : r.in(2, 9);
+    sizes[1] = r.one_in(6) ? 1 : r.one_in(8) ? r.in(100, 300) : r.in(2, 12);
+    for (int d = 2; d < ndim; d++) sizes[d] = r.one_in(25) ? 0 : r.one_in(3) ? 1 : r.in(2, 6);
+    if (ndim > 2 && r.one_in(6)) sizes[r.in(2, ndim - 1)] = r.in(100, 400);
+    int64_t numel = 1, P = 1;
+    for (int d = 0; d < ndim; d++) { numel *= sizes[d]; P *= d == 1 ? 1 : sizes[d]; }
+    while (numel > 60000) {   /* keep the case small: halve the largest dim */
+      int big = 0;
+      for (int d = 1; d < ndim; d++) big = sizes[d] > sizes[big] ? d : big;
+      numel /= sizes[big]; P /= big == 1 ? 1 : sizes[big];
+      sizes[big] = (sizes[big] + 1) / 2;
+      numel *= sizes[big]; P *= big == 1 ? 1 : sizes[big];
+    }
+    int64_t C = sizes[1];
+    const int64_t ignores[] = {-100, -1, C, r.in(0, C - 1)};
+    int64_t ignore = ignores[r.in(0, 3)];
+    int ignored = r.one_in(8) ? 1 : (int)r.in(2, 6);
+    double eps = 0;
+    if (fused && r.one_in(2)) eps = r.one_in(5) ? 1.0 : (double)r.in(1, 99) / 100;
+    uint64_t seed = (r.next() >> 40) + 1;
+    wide += P > 256;
+    all_ignored += ignored == 1 && (ignore < 0 || ignore >= C) && P > 0;
+    empty += numel == 0;
+    if (f32) check_loss<float>(fused, ndim, sizes, weighted, ignore, ignored, eps, reduction, KILN_F32, seed);
+    else check_loss<double>(fused, ndim, sizes, weighted, ignore, ignored, eps, reduction, KILN_F64, seed);
+  }
+  char extra[160];
+  snprintf(extra, sizeof extra, " (more positions than the block's threads: %d; every target ignored: %d; empty input: %d)", wide,
+           all_ignored, empty);
+  sweep_summary("losses", n, before, extra);
+}
+
+/* Dropout: 0 to about 5000 elements in 1 to 4 dims (transposed views in some), p from 0 to 0.999,
+   random 64-bit seeds and offsets (some near 2^64, where the block counter wraps), f32 and f64. */
+static void sweep_dropout(int n) {
+  int before = failures, wraps = 0;
+  for (int i = 0; i < n; i++) {
+    sweep_rng r = sweep_case(6, i);
+    int ndim = (int)r.in(1, 4);
+    int64_t sizes[4], numel = 1;
+    for (int d = 0; d < ndim; d++) { sizes[d] = r.one_in(20) ? 0 : r.one_in(4) ? 1 : r.in(2, ndim == 1 ? 5000 : ndim == 2 ? 70 : 15); numel *= sizes[d]; }
+    double p = r.one_in(10) ? 0.0 : r.one_in(10) ? 0.999 : r.one_in(3) ? (double)r.in(1, 7) / 8 : (double)(r.next() >> 11) * 0x1p-53;
+    if (p >= 1) p = 0.5;
+    uint64_t seed = r.next(), offset = r.one_in(5) ? ~(uint64_t)0 - (uint64_t)r.in(0, 2000) : r.one_in(3) ? r.next() : (uint64_t)r.in(0, 1 << 20);
+    wraps += offset + (uint64_t)(numel + 3) / 4 < offset;
+    bool strided = r.one_in(3), f32 = r.one_in(2);
+    uint64_t xseed = (r.next() >> 40) + 1;
+    if (f32) check_dropout_case<float>(ndim, sizes, strided, p, seed, offset, KILN_F32, xseed);
+    else check_dropout_case<double>(ndim, sizes, strided, p, seed, offset, KILN_F64, xseed);
+  }
+  char extra[80];
+  snprintf(extra, sizeof extra, " (Philox counter wrapping past 2^64: %d)", wraps);
+  sweep_summary("dropout", n, before, extra);
+}
+
 int main() {
   test_reductions();
   test_row_norms();
@@ -994,6 +1221,9 @@ int main() {
   sweep_pooling(300 * times);
   sweep_reductions(400 * times);
   sweep_norms(400 * times);
+  sweep_rnn(300 * times);
+  sweep_losses(400 * times);
+  sweep_dropout(300 * times);
   check_nll<float>(KILN_F32);
   check_nll<double>(KILN_F64);
   for (double p : {0.1, 0.5, 0.75}) {

@@ -128,6 +128,9 @@ static void test_creation(void) {
   a = kiln_tensor_from_f64(1, (int64_t[]){0}, NULL, KILN_F32, CPU);   /* nothing to read: fine */
   CHECK(a && a->numel == 0);
   kiln_tensor_release(a);
+  a = kiln_tensor_from_f64(2, (int64_t[]){4, 0}, NULL, KILN_F64, CPU);   /* the same dtype: no copy from NULL */
+  CHECK(a && a->numel == 0);
+  kiln_tensor_release(a);
 }
 
 static void test_views(void) {
