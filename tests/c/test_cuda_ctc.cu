@@ -11,6 +11,7 @@
    T up to 80, N up to 7 (and 0), C from 1, targets up to the longest each input allows.
    KILN_TEST_SWEEP=N draws N times as many, for a longer run by hand (N = 1000: about 20 s). A
    failing sweep case prints its number, lengths and parameters. */
+#include "sweep.h"
 #include "ctc.cuh"
 extern "C" {
 #include "internal.h"
@@ -259,24 +260,6 @@ static void test_edges() {
    draws N times as many (the first ones unchanged). A failing case prints its sweep case number,
    which names everything: sweep_ctc_case(i) rebuilds it. ---- */
 
-struct sweep_rng {
-  uint64_t s;
-  uint64_t next() {   /* splitmix64 */
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  int64_t in(int64_t lo, int64_t hi) { return lo + (int64_t)(next() % (uint64_t)(hi - lo + 1)); }
-  bool one_in(int n) { return next() % (uint64_t)n == 0; }
-  double uniform() { return (double)(next() >> 11) * 0x1p-53; }
-};
-
-static int sweep_times() {
-  const char *e = getenv("KILN_TEST_SWEEP");
-  long n = e ? strtol(e, NULL, 10) : 1;
-  return n < 1 ? 1 : n > 100000 ? 100000 : (int)n;
-}
 
 static int64_t steps_needed(const std::vector<int64_t> &l) {
   int64_t need = (int64_t)l.size();

@@ -10,6 +10,7 @@
    real addresses; every word must be aligned as the device needs it, every element written
    once and nothing around the output. KILN_TEST_SWEEP=N draws N times as many, for a longer run
    by hand (N = 1000: about 6 s). */
+#include "sweep.h"
 #include "elements.cuh"
 #include "elementwise.cuh"
 #include "vector.cuh"
@@ -368,23 +369,6 @@ static void test_vector_words() {
    (the same on every run); KILN_TEST_SWEEP=N draws N times as many (the first ones unchanged). A
    failing case prints its op, compute dtype, length, offsets and case number. ---- */
 
-struct sweep_rng {
-  uint64_t s;
-  uint64_t next() {   /* splitmix64 */
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  int64_t in(int64_t lo, int64_t hi) { return lo + (int64_t)(next() % (uint64_t)(hi - lo + 1)); }
-  bool one_in(int n) { return next() % (uint64_t)n == 0; }
-};
-
-static int sweep_times() {
-  const char *e = getenv("KILN_TEST_SWEEP");
-  long n = e ? strtol(e, NULL, 10) : 1;
-  return n < 1 ? 1 : n > 100000 ? 100000 : (int)n;
-}
 
 static int sweep_vectorised, sweep_looped, sweep_in_place;
 

@@ -11,6 +11,7 @@
    backward) and dropout from a fixed seed (the same cases on every run). KILN_TEST_SWEEP=N runs
    N times as many, for a longer run by hand (N = 100: about 17 s). A failing sweep case prints
    its helper's arguments and seed. */
+#include "sweep.h"
 #include "reduce.cuh"
 #include "nn.cuh"
 #include "norm.cuh"
@@ -931,23 +932,6 @@ static void test_rnn() {
    KILN_TEST_SWEEP=N draws N times as many (the first ones unchanged). A failing case prints the
    helper's arguments with its seed: call the helper with them to replay it. ---- */
 
-struct sweep_rng {
-  uint64_t s;
-  uint64_t next() {   /* splitmix64 */
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  int64_t in(int64_t lo, int64_t hi) { return lo + (int64_t)(next() % (uint64_t)(hi - lo + 1)); }
-  bool one_in(int n) { return next() % (uint64_t)n == 0; }
-};
-
-static int sweep_times() {
-  const char *e = getenv("KILN_TEST_SWEEP");
-  long n = e ? strtol(e, NULL, 10) : 1;
-  return n < 1 ? 1 : n > 100000 ? 100000 : (int)n;
-}
 
 /* Case i of a family: its own generator (state: a hash of both), so that a case does not depend
    on the ones before it. */
