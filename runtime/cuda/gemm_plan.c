@@ -57,8 +57,7 @@ uint32_t kiln_cuda_gemm_alignment(uintptr_t address) {
    of every later one too (the byte stride), since the kernel chosen for the first reads them all
    with the same vector loads. */
 static uint32_t operand_alignment(uintptr_t address, int64_t stride, int64_t batch, int dtype) {
-  size_t es = dtype == KILN_F64 ? 8 : dtype == KILN_F16 || dtype == KILN_BF16 ? 2 : 4;
-  if (batch > 1) address |= (uintptr_t)stride * es;
+  if (batch > 1) address |= (uintptr_t)stride * (uintptr_t)kiln_dtype_size(dtype);
   return kiln_cuda_gemm_alignment(address);
 }
 

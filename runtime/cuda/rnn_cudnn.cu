@@ -16,7 +16,7 @@
    on exactly those weights and that reserve. When no grad is wanted the forward runs in cuDNN's
    inference mode and hands nothing back.
    Reverse layers: cuDNN runs this direction forward on the input with every sequence reversed
-   within its own length (rnn_reverse_kernel; the map is its own inverse), and the outputs (and
+   within its own length (rnn_gather_kernel; the map is its own inverse), and the outputs (and
    in the backward their grads and the grad of x) are reversed back; the final states need no
    reversal. One cuDNN handle per device for these layers, on the device's stream; workspaces
    come from the caching allocator. Built only when CMake found cuDNN (KILN_HAVE_CUDNN). */
@@ -37,16 +37,14 @@ enum { RESERVE_ALIGN = 256 };   /* the offset of cuDNN's reserve space in the sa
 
 static const char *const mode_names[] = {"rnn_tanh", "rnn_relu", "gru", "lstm"};
 
-/* [T,B,N] from [T,B,N] with every sequence reversed within its length (len: [B] or NULL) */
-template <class T> __global__ void rnn_reverse_kernel(T *dst, const T *src, int64_t steps, int64_t B, int64_t N, const int64_t *len) {
-  KILN_GRID_LOOP(i, steps * B * N) dst[i] = src[kiln_rnn_cudnn_reversed_index(i, steps, B, N, len)];
-}
-
-/* [T,B,N] output grads as cuDNN reads them (kiln_rnn_cudnn_grad_index): zeros in the padding */
-template <class T> __global__ void rnn_grad_kernel(T *dst, const T *src, int64_t steps, int64_t B, int64_t N, const int64_t *len,
-                                                   int reverse) {
+/* [T,B,N] gathered from [T,B,N]: every sequence reversed within its length (reverse), the
+   padding copied (kiln_rnn_cudnn_reversed_index) or zeroed (zero_padding: the output grads as
+   cuDNN reads them, kiln_rnn_cudnn_grad_index); len: [B] or NULL (all T). */
+template <class T> __global__ void rnn_gather_kernel(T *dst, const T *src, int64_t steps, int64_t B, int64_t N, const int64_t *len,
+                                                     int reverse, int zero_padding) {
   KILN_GRID_LOOP(i, steps * B * N) {
-    int64_t k = kiln_rnn_cudnn_grad_index(i, steps, B, N, len, reverse);
+    int64_t k = zero_padding ? kiln_rnn_cudnn_grad_index(i, steps, B, N, len, reverse)
+                             : reverse ? kiln_rnn_cudnn_reversed_index(i, steps, B, N, len) : i;
     dst[i] = k < 0 ? T(0) : src[k];
   }
 }
@@ -224,34 +222,26 @@ static int weights(const struct plan *p, void *space, int pack, void *const w[2]
   return KILN_OK;
 }
 
-/* dst [steps,B,N] = src with every sequence reversed within its length. */
-static int reverse_into(const struct plan *p, void *dst, const void *src, int64_t N) {
+/* dst [T,B,N] from src through rnn_gather_kernel. */
+static int gather_into(const struct plan *p, void *dst, const void *src, int64_t N, int reverse, int zero_padding) {
   int64_t n = p->T_ * p->B * N;
   if (!n) return KILN_OK;
   struct kiln_cuda_launch l = grid_for(p->dev, n);
   const int64_t *len = p->len64 ? (const int64_t *)kiln_tensor_data(p->len64) : NULL;
   if (p->dtype == KILN_F64)
-    rnn_reverse_kernel<double><<<(unsigned)l.blocks, l.threads, 0, p->dev->stream>>>((double *)dst, (const double *)src, p->T_, p->B, N, len);
+    rnn_gather_kernel<double><<<(unsigned)l.blocks, l.threads, 0, p->dev->stream>>>((double *)dst, (const double *)src, p->T_, p->B,
+                                                                                   N, len, reverse, zero_padding);
   else
-    rnn_reverse_kernel<float><<<(unsigned)l.blocks, l.threads, 0, p->dev->stream>>>((float *)dst, (const float *)src, p->T_, p->B, N, len);
-  return cuda_launched(p->op, "rnn_reverse_kernel");
+    rnn_gather_kernel<float><<<(unsigned)l.blocks, l.threads, 0, p->dev->stream>>>((float *)dst, (const float *)src, p->T_, p->B,
+                                                                                 N, len, reverse, zero_padding);
+  return cuda_launched(p->op, "rnn_gather_kernel");
 }
 
-/* dst [T,B,H]: the output grads src as cuDNN's backward reads them (reversed for a reverse
-   layer, zeros in the padding). */
-static int grads_into(const struct plan *p, void *dst, const void *src) {
-  int64_t n = p->T_ * p->B * p->H;
-  if (!n) return KILN_OK;
-  struct kiln_cuda_launch l = grid_for(p->dev, n);
-  const int64_t *len = p->len64 ? (const int64_t *)kiln_tensor_data(p->len64) : NULL;
-  if (p->dtype == KILN_F64)
-    rnn_grad_kernel<double><<<(unsigned)l.blocks, l.threads, 0, p->dev->stream>>>((double *)dst, (const double *)src, p->T_, p->B,
-                                                                                 p->H, len, p->reverse);
-  else
-    rnn_grad_kernel<float><<<(unsigned)l.blocks, l.threads, 0, p->dev->stream>>>((float *)dst, (const float *)src, p->T_, p->B,
-                                                                               p->H, len, p->reverse);
-  return cuda_launched(p->op, "rnn_grad_kernel");
-}
+/* Every sequence reversed within its length (the padding as it is). */
+static int reverse_into(const struct plan *p, void *dst, const void *src, int64_t N) { return gather_into(p, dst, src, N, 1, 0); }
+
+/* The output grads as cuDNN's backward reads them: reversed for a reverse layer, zeros in the padding. */
+static int grads_into(const struct plan *p, void *dst, const void *src) { return gather_into(p, dst, src, p->H, p->reverse, 1); }
 
 /* A device buffer of bytes (at least one), owned by the caller. */
 static void *scratch(const struct plan *p, size_t bytes, struct kiln_tensor **keep) {

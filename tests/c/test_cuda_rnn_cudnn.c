@@ -108,7 +108,7 @@ static struct kiln_tensor *rnd(int ndim, const int64_t *sizes, uint64_t seed) {
   return t;
 }
 
-/* [T,B,N] values reversed per sequence, as rnn_reverse_kernel does on the device. */
+/* [T,B,N] values reversed per sequence, as rnn_gather_kernel does on the device for reverse_into. */
 static struct kiln_tensor *reversed(const double *v, int64_t steps, int64_t B, int64_t N, const int64_t *len) {
   int64_t n = steps * B * N, sizes[3] = {steps, B, N};
   double *r = malloc(sizeof(double) * (size_t)n);
