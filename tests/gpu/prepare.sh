@@ -9,11 +9,12 @@ set -e
 cd "$(dirname "$0")/../.."
 DEST=${1:-shared/gpu-deps}
 
-# kiln's own list (scripts/install-deps.sh), less the tools the GPU machine has or does not need,
-# plus pkgconf for CMake's FindPkgConfig; then, until nothing new turns up, the libraries and Lua
-# modules each depends on (the first of alternatives), less what every Linux has.
+# kiln's own list (scripts/install-deps.sh), less the tools the GPU machine has or does not need
+# and the examples' data (fortunes, espeak-ng: no GPU check uses them), plus pkgconf for CMake's
+# FindPkgConfig; then, until nothing new turns up, the libraries and Lua modules each depends on
+# (the first of alternatives), less what every Linux has.
 WANTED=$(sed -n '/^PACKAGES="/,/"$/p' scripts/install-deps.sh | sed 's/^PACKAGES=//' | tr -d '"\\' | tr ' ' '\n' |
-         grep -vE '^(build-essential|cmake|pkg-config|tmux|clang|libclang.*|dataset-.*|)$')
+         grep -vE '^(build-essential|cmake|pkg-config|tmux|clang|libclang.*|dataset-.*|fortunes|espeak-ng|)$')
 WANTED="$WANTED libopenblas-pthread-dev pkgconf libtinfo6"
 BASE=" libc6 libc6-dev libc-dev libgcc-s1 libstdc++6 gcc-12-base dpkg install-info libncurses-dev libncurses6 tar "
 
@@ -57,10 +58,17 @@ find "$DEST" -type l -lname '/*' | while read -r link; do
 done
 # Debian's maintainer scripts would have made these links (update-alternatives).
 lib="$DEST/usr/lib/x86_64-linux-gnu"
-for f in libopenblas.so.0 libblas.so.3 liblapack.so.3; do
-  [ -e "$lib/openblas-pthread/$f" ] && ln -sf "openblas-pthread/$f" "$lib/$f"
-done
+# kiln links libopenblas alone, so OpenBLAS's separate BLAS and LAPACK libraries stay behind (7 MB).
+rm -f "$lib"/openblas-pthread/libblas.so* "$lib"/openblas-pthread/liblapack.so*
+[ -e "$lib/openblas-pthread/libopenblas.so.0" ] && ln -sf "openblas-pthread/libopenblas.so.0" "$lib/libopenblas.so.0"
 [ -e "$DEST/usr/bin/luajit" ] || ln -sf "$(cd "$DEST/usr/bin" && ls luajit-2.1* | head -n 1)" "$DEST/usr/bin/luajit"
 # Every link, so that run.sh can make them again if the copy to the GPU machine drops links.
 (cd "$DEST" && find . -type l -printf '%p %l\n') > "$DEST/LINKS"
 echo "prepare.sh: $(wc -l < "$DEST/PACKAGES") packages unpacked into $DEST ($(du -sh "$DEST" | cut -f1))"
+# The checkout travels to the GPU machine with shared/ in it, 64 MiB in all: keep well under that.
+kib=$(du -sk "$DEST" | cut -f1)
+tracked=$(git ls-files -z 2>/dev/null | du -ck --files0-from=- 2>/dev/null | tail -n 1 | cut -f1)
+if [ $((kib + ${tracked:-0})) -gt $((60 * 1024)) ]; then
+  echo "prepare.sh: $DEST ($kib KiB) and the tracked files (${tracked:-?} KiB) exceed 60 MiB; the copy to the GPU machine takes 64 MiB in all" >&2
+  exit 1
+fi
