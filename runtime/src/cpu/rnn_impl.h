@@ -22,13 +22,20 @@ static inline int64_t FN(panels)(int64_t n) { return (n + PW - 1) / PW; }
 /* Pack a [K][n] matrix whose column c is cols[c][k] (forward: rows of w_hh, read along), or
    whose row k is rows + k * ld (backward: a column slice of w_hh, read row by row). */
 static void FN(pack_cols)(R *packed, int64_t K, int64_t n, const R *const *cols) {
-  for (int64_t p = 0; p < FN(panels)(n); p++)
-    for (int64_t v = 0; v < PW; v++) {
-      int64_t c = p * PW + v;
-      R *dst = packed + p * K * PW + v;
-      if (c >= n) { for (int64_t k = 0; k < K; k++) dst[k * PW] = 0; continue; }
-      for (int64_t k = 0; k < K; k++) dst[k * PW] = cols[c][k];
-    }
+  for (int64_t p = 0; p < FN(panels)(n); p++) {
+    int64_t c0 = p * PW, m = n - c0 < PW ? n - c0 : PW, k0 = 0;
+    R *panel = packed + p * K * PW;
+#if defined(__AVX__)
+    /* f32 in 8 x 8 blocks transposed in registers: 8 source rows read along, 8 packed rows
+       written whole (a scalar loop over this transpose costs several steps of the layer) */
+    if (sizeof(R) == 4 && m == PW)
+      for (; k0 + 8 <= K; k0 += 8)
+        for (int64_t v0 = 0; v0 < PW; v0 += 8)
+          transpose8_f32((float *)panel + k0 * PW + v0, PW, (const float *const *)cols + c0 + v0, k0);
+#endif
+    for (int64_t v = 0; v < PW; v++)
+      for (int64_t k = k0; k < K; k++) panel[k * PW + v] = v < m ? cols[c0 + v][k] : 0;
+  }
 }
 
 static void FN(pack_rows)(R *packed, int64_t K, int64_t n, const R *rows, int64_t ld) {
@@ -62,6 +69,11 @@ static inline __attribute__((always_inline)) void FN(times_block)(const int NB, 
     for (; k < K; k++) {
       const R *ak = ap + k * PW;
       FN(vec) w0 = FN(load)(ak), w1 = FN(load)(ak + LANES), w2 = FN(load)(ak + 2 * LANES), w3 = FN(load)(ak + 3 * LANES);
+      /* the four weight vectors are loaded once for the NB sequences: without this the compiler
+         folds a load into every FMA, and the loop waits on the load ports instead of the FMAs */
+#if defined(__AVX__)
+      __asm__("" : "+x"(w0), "+x"(w1), "+x"(w2), "+x"(w3));
+#endif
       for (int q = 0; q < NB; q++) {
         R xv = x[q][k];
         acc[q][0] += xv * w0; acc[q][1] += xv * w1; acc[q][2] += xv * w2; acc[q][3] += xv * w3;
