@@ -48,59 +48,61 @@ static void FN(pack_rows)(R *packed, int64_t K, int64_t n, const R *rows, int64_
     }
 }
 
+/* Panel p of the products for NB sequences. */
 static inline __attribute__((always_inline)) void FN(times_block)(const int NB, const R *packed, int64_t K, int64_t n,
-                                                                  const R *const *x, R *const *y) {
-  for (int64_t p = 0; p < FN(panels)(n); p++) {
-    const R *ap = packed + p * K * PW;
-    FN(vec) acc[4][4] = {{{0}}};
-    int64_t k = 0;
-    if (NB == 1) {   /* one sequence: a second set of accumulators for odd k hides the FMA latency */
-      FN(vec) odd[4] = {{0}};
-      for (; k + 2 <= K; k += 2) {
-        const R *ak = ap + k * PW;
-        R x0 = x[0][k], x1 = x[0][k + 1];
-        for (int v = 0; v < 4; v++) {
-          acc[0][v] += x0 * FN(load)(ak + v * LANES);
-          odd[v] += x1 * FN(load)(ak + PW + v * LANES);
-        }
-      }
-      for (int v = 0; v < 4; v++) acc[0][v] += odd[v];
-    }
-    for (; k < K; k++) {
+                                                                  int64_t p, const R *const *x, R *const *y) {
+  const R *ap = packed + p * K * PW;
+  FN(vec) acc[4][4] = {{{0}}};
+  int64_t k = 0;
+  if (NB == 1) {   /* one sequence: a second set of accumulators for odd k hides the FMA latency */
+    FN(vec) odd[4] = {{0}};
+    for (; k + 2 <= K; k += 2) {
       const R *ak = ap + k * PW;
-      FN(vec) w0 = FN(load)(ak), w1 = FN(load)(ak + LANES), w2 = FN(load)(ak + 2 * LANES), w3 = FN(load)(ak + 3 * LANES);
-      /* the four weight vectors are loaded once for the NB sequences: without this the compiler
-         folds a load into every FMA, and the loop waits on the load ports instead of the FMAs */
-#if defined(__AVX__)
-      __asm__("" : "+x"(w0), "+x"(w1), "+x"(w2), "+x"(w3));
-#endif
-      for (int q = 0; q < NB; q++) {
-        R xv = x[q][k];
-        acc[q][0] += xv * w0; acc[q][1] += xv * w1; acc[q][2] += xv * w2; acc[q][3] += xv * w3;
+      R x0 = x[0][k], x1 = x[0][k + 1];
+      for (int v = 0; v < 4; v++) {
+        acc[0][v] += x0 * FN(load)(ak + v * LANES);
+        odd[v] += x1 * FN(load)(ak + PW + v * LANES);
       }
     }
-    int64_t c0 = p * PW, m = n - c0 < PW ? n - c0 : PW;
+    for (int v = 0; v < 4; v++) acc[0][v] += odd[v];
+  }
+  for (; k < K; k++) {
+    const R *ak = ap + k * PW;
+    FN(vec) w0 = FN(load)(ak), w1 = FN(load)(ak + LANES), w2 = FN(load)(ak + 2 * LANES), w3 = FN(load)(ak + 3 * LANES);
+    /* the four weight vectors are loaded once for the NB sequences: without this the compiler
+       folds a load into every FMA, and the loop waits on the load ports instead of the FMAs */
+#if defined(__AVX__)
+    __asm__("" : "+x"(w0), "+x"(w1), "+x"(w2), "+x"(w3));
+#endif
     for (int q = 0; q < NB; q++) {
-      R out[4 * 32 / sizeof(R)];
-      memcpy(out, acc[q], sizeof out);
-      memcpy(y[q] + c0, out, sizeof(R) * (size_t)m);
+      R xv = x[q][k];
+      acc[q][0] += xv * w0; acc[q][1] += xv * w1; acc[q][2] += xv * w2; acc[q][3] += xv * w3;
     }
+  }
+  int64_t c0 = p * PW, m = n - c0 < PW ? n - c0 : PW;
+  for (int q = 0; q < NB; q++) {
+    R out[4 * 32 / sizeof(R)];
+    memcpy(out, acc[q], sizeof out);
+    memcpy(y[q] + c0, out, sizeof(R) * (size_t)m);
   }
 }
 
+/* y[b] = x[b] a for the active sequences. Panel by panel, each panel against all of them in
+   blocks of 4, so that the weights are read once a step whatever the batch (from L2 or further
+   out when they do not fit), and a panel is reused from L1 or L2 by the blocks after the first.
+   xs, ys: room for B pointers. */
 static void FN(times)(const R *packed, int64_t K, int64_t n, const R *x, int64_t ldx, int64_t B,
-                      const unsigned char *active, R *y, int64_t ldy) {
-  const R *xs[4];
-  R *ys[4];
-  int nb = 0;
-  for (int64_t b = 0; b < B; b++) {
-    if (!active[b]) continue;
-    xs[nb] = x + b * ldx; ys[nb] = y + b * ldy; nb++;
-    if (nb == 4) { FN(times_block)(4, packed, K, n, xs, ys); nb = 0; }
+                      const unsigned char *active, R *y, int64_t ldy, const R **xs, R **ys) {
+  int64_t na = 0;
+  for (int64_t b = 0; b < B; b++)
+    if (active[b]) { xs[na] = x + b * ldx; ys[na] = y + b * ldy; na++; }
+  for (int64_t p = 0; p < FN(panels)(n); p++) {
+    int64_t q = 0;
+    for (; q + 4 <= na; q += 4) FN(times_block)(4, packed, K, n, p, xs + q, ys + q);
+    if (na - q == 3) FN(times_block)(3, packed, K, n, p, xs + q, ys + q);
+    else if (na - q == 2) FN(times_block)(2, packed, K, n, p, xs + q, ys + q);
+    else if (na - q == 1) FN(times_block)(1, packed, K, n, p, xs + q, ys + q);
   }
-  if (nb == 3) FN(times_block)(3, packed, K, n, xs, ys);
-  else if (nb == 2) FN(times_block)(2, packed, K, n, xs, ys);
-  else if (nb == 1) FN(times_block)(1, packed, K, n, xs, ys);
 }
 
 struct FN(layer) {
@@ -322,16 +324,21 @@ static void FN(forward_team)(void *ctx, int id, int nteam) {
   const R **cols = malloc(sizeof(R *) * (size_t)(nq + 1));
   R *prod = malloc(sizeof(R) * (size_t)(B * nq + 1));
   unsigned char *active = malloc((size_t)B);
-  if (!w || !cols || !prod || !active) __atomic_store_n(&L->bar.failed, 1, __ATOMIC_RELAXED);
+  const R **xs = malloc(sizeof(R *) * (size_t)(B + 1));
+  R **ys = malloc(sizeof(R *) * (size_t)(B + 1));
+  if (!w || !cols || !prod || !active || !xs || !ys) __atomic_store_n(&L->bar.failed, 1, __ATOMIC_RELAXED);
   barrier_wait(&L->bar, &sense);
-  if (__atomic_load_n(&L->bar.failed, __ATOMIC_RELAXED)) { free(w); free(cols); free(prod); free(active); return; }
+  if (__atomic_load_n(&L->bar.failed, __ATOMIC_RELAXED)) {
+    free(w); free(cols); free(prod); free(active); free(xs); free(ys);
+    return;
+  }
   for (int64_t q = 0; q < nq; q++) cols[q] = L->w_hh + ((q / nj) * H + j0 + q % nj) * H;
   FN(pack_cols)(w, H, nq, cols);
   free(cols);
   R *hcur = L->h, *hnext = L->hnext;
   for (int64_t s = 0; s < L->T; s++) {
     for (int64_t b = 0; b < B; b++) active[b] = s < L->len[b];
-    FN(times)(w, H, nq, hcur, H, B, active, prod, nq);
+    FN(times)(w, H, nq, hcur, H, B, active, prod, nq, xs, ys);
     for (int64_t b = 0; b < B; b++) {
       if (!active[b]) {   /* past its end: carry the state */
         memcpy(hnext + b * H + j0, hcur + b * H + j0, sizeof(R) * (size_t)nj);
@@ -344,7 +351,7 @@ static void FN(forward_team)(void *ctx, int id, int nteam) {
     R *swap = hcur; hcur = hnext; hnext = swap;
     barrier_wait(&L->bar, &sense);
   }
-  free(w); free(prod); free(active);
+  free(w); free(prod); free(active); free(xs); free(ys);
 }
 
 static void FN(backward_team)(void *ctx, int id, int nteam) {
@@ -358,9 +365,14 @@ static void FN(backward_team)(void *ctx, int id, int nteam) {
   R *prod = malloc(sizeof(R) * (size_t)(B * nj + 1));
   R *rows = calloc((size_t)(B * GH + 1), sizeof(R));
   unsigned char *active = malloc((size_t)B);
-  if (!wc || !prod || !rows || !active) __atomic_store_n(&L->bar.failed, 1, __ATOMIC_RELAXED);
+  const R **xs = malloc(sizeof(R *) * (size_t)(B + 1));
+  R **ys = malloc(sizeof(R *) * (size_t)(B + 1));
+  if (!wc || !prod || !rows || !active || !xs || !ys) __atomic_store_n(&L->bar.failed, 1, __ATOMIC_RELAXED);
   barrier_wait(&L->bar, &sense);
-  if (__atomic_load_n(&L->bar.failed, __ATOMIC_RELAXED)) { free(wc); free(prod); free(rows); free(active); return; }
+  if (__atomic_load_n(&L->bar.failed, __ATOMIC_RELAXED)) {
+    free(wc); free(prod); free(rows); free(active); free(xs); free(ys);
+    return;
+  }
   FN(pack_rows)(wc, GH, nj, L->w_hh + j0, H);
   for (int64_t s = L->T - 1; s >= 0; s--) {
     for (int64_t b = 0; b < B; b++) {
@@ -372,11 +384,11 @@ static void FN(backward_team)(void *ctx, int id, int nteam) {
        while other threads still read these: one barrier per step */
     for (int64_t b = 0; b < B; b++)
       if (active[b]) memcpy(rows + b * GH, L->dgh + (FN(time)(L, s, b) * B + b) * GH, sizeof(R) * (size_t)GH);
-    FN(times)(wc, GH, nj, rows, GH, B, active, prod, nj);
+    FN(times)(wc, GH, nj, rows, GH, B, active, prod, nj, xs, ys);
     for (int64_t b = 0; b < B; b++)
       if (active[b]) FN(carry_back)(L, s, b, j0, j1, prod + b * nj);
   }
-  free(wc); free(prod); free(rows); free(active);
+  free(wc); free(prod); free(rows); free(active); free(xs); free(ys);
 }
 
 /* ---- the layer ---- */
