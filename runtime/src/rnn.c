@@ -18,7 +18,7 @@ _Static_assert((int)NSAVED <= (int)MAX_SAVED, "an rnn node keeps more tensors th
    are bound by streaming w_hh, where the team must have a large slice to beat one product per
    step; from 4 up the team wins sooner, except for the plain RNN (one gate), whose product per
    step OpenBLAS runs well. Measured with bench-like LSTM/GRU/RNN layers (input 256, sequence 64,
-   forward + backward) at hidden 32 to 2048, batch 1 to 32, 1 and 2 threads: docs/rnn.md. */
+   forward + backward) at hidden 32 to 2048, batch 1 to 128, 1 and 2 threads: docs/rnn.md. */
 static double persistent_min_work(int mode, int64_t batch) {
   if (batch <= 3) return 350e3;
   return mode == KILN_RNN_TANH || mode == KILN_RNN_RELU ? 600e3 : 150e3;
@@ -72,12 +72,12 @@ KILN_API int kiln_rnn_choose_algo(int mode, int64_t batch, int64_t hidden, int d
       snprintf(buf, sizeof buf, "persistent, as asked: %d threads, %.0fk multiply-adds per thread per step", threads, work / 1e3);
     } else if (batch > KILN_RNN_PERSISTENT_MAX_BATCH) {
       chosen = KILN_RNN_GEMM;
-      snprintf(buf, sizeof buf, "GEMM per step: batch %lld is above %d, where one product per step is faster",
+      snprintf(buf, sizeof buf, "GEMM per step: batch %lld is above %d, where one product per step is as fast",
                (long long)batch, KILN_RNN_PERSISTENT_MAX_BATCH);
-    } else if (batch > 8 && hidden > KILN_RNN_PERSISTENT_MAX_HIDDEN_ABOVE_8) {
+    } else if (batch > 16 && hidden < KILN_RNN_PERSISTENT_MIN_HIDDEN_ABOVE_16) {
       chosen = KILN_RNN_GEMM;
-      snprintf(buf, sizeof buf, "GEMM per step: at batch %lld and hidden size %lld (above %d) one product per step is as fast",
-               (long long)batch, (long long)hidden, KILN_RNN_PERSISTENT_MAX_HIDDEN_ABOVE_8);
+      snprintf(buf, sizeof buf, "GEMM per step: at batch %lld and hidden size %lld (below %d) one product per step is as fast",
+               (long long)batch, (long long)hidden, KILN_RNN_PERSISTENT_MIN_HIDDEN_ABOVE_16);
     } else if (work < need) {
       chosen = KILN_RNN_GEMM;
       snprintf(buf, sizeof buf,

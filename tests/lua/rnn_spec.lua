@@ -186,8 +186,8 @@ describe("rnn_layer", function()
 
   it("says which algorithm it runs and why", function()
     -- AUTO's rule: G * (hidden / threads) * hidden * batch multiply-adds per thread per step
-    -- against 350k (batch 1-3) or 150k (4-16; 600k for the plain RNN), batch <= 16, and hidden
-    -- <= 512 above batch 8; asked at 2 threads, then at 1
+    -- against 350k (batch 1-3) or 150k (4-128; 600k for the plain RNN), batch <= 128, and hidden
+    -- >= 256 above batch 16; asked at 2 threads, then at 1
     local threads = kiln.get_num_threads()
     kiln.set_num_threads(2)
     local ok, err = pcall(function()
@@ -197,12 +197,15 @@ describe("rnn_layer", function()
       a, why = F.rnn_algorithm("lstm", 2, 256)              -- 262k < 350k
       assert.equal("gemm", a)
       assert.matches("262k multiply%-adds a step %(below 350k%)", why)
-      a, why = F.rnn_algorithm("lstm", 64, 64)
+      a, why = F.rnn_algorithm("lstm", 129, 1024)
       assert.equal("gemm", a)
-      assert.matches("batch 64", why)
-      a, why = F.rnn_algorithm("lstm", 12, 1024)
+      assert.matches("batch 129 is above 128", why)
+      a, why = F.rnn_algorithm("lstm", 17, 255)
       assert.equal("gemm", a)
-      assert.matches("hidden size 1024", why)
+      assert.matches("batch 17 and hidden size 255 %(below 256%)", why)
+      assert.equal("persistent", (F.rnn_algorithm("lstm", 128, 256)))
+      assert.equal("persistent", (F.rnn_algorithm("lstm", 12, 1024)))
+      assert.equal("persistent", (F.rnn_algorithm("lstm", 16, 128)))
       assert.equal("persistent", (F.rnn_algorithm("lstm", 12, 256)))
       assert.equal("persistent", (F.rnn_algorithm("lstm", 1, 8192)))   -- weights far beyond the caches: still faster
       assert.equal("gemm", (F.rnn_algorithm("lstm", 1, 256)))
