@@ -637,6 +637,22 @@ describe("softmax and log_softmax", function()
     assert_close(x:softmax(2), ref_softmax(flat(x), {2, 3}, 2, false), {2, 3})
     assert_close(x:log_softmax(-1), ref_softmax(flat(x), {2, 3}, 2, true), {2, 3})
   end)
+
+  it("in f32 along a last dim longer than a block of exps, with -inf masked entries exactly 0", function()
+    local x = randn({3, 600}) * 4
+    for _, log in ipairs{false, true} do
+      local y32 = F[log and "log_softmax" or "softmax"](x:float(), 2)
+      assert_close(y32, ref_softmax(flat(x), {3, 600}, 2, log), {3, 600}, 1e-5)
+    end
+    local m = kiln.tensor({{0.5, -math.huge, 2, -math.huge, -90}}):float()
+    local p = m:softmax(2):totable()[1]
+    assert.equal(0, p[2]) assert.equal(0, p[4])
+    assert.is_true(p[5] >= 0 and p[5] < 1e-38)
+    assert.near(1, p[1] + p[3] + p[5], 1e-6)
+    local lp = m:log_softmax(2):totable()[1]
+    assert.equal(-math.huge, lp[2])
+    assert.near(0.5 - math.log(math.exp(0.5) + math.exp(2)), lp[1], 1e-6)
+  end)
 end)
 
 -- ---- losses ----

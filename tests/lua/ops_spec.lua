@@ -763,6 +763,18 @@ describe("indexing by tensors", function()
     assert.same(expected, t:totable())
     local col = kiln.zeros(3, 2):scatter_add(1, {{3, 1}, {3, 1}}, kiln.tensor{{1, 2}, {10, 20}})
     assert.same({{0, 22}, {0, 0}, {11, 0}}, col:totable())
+    -- whole rows: index_select's backward scatters its grad back with one index per row,
+    -- expanded along the other dims (an embedding's backward)
+    for _, dtype in ipairs{"f32", "f64"} do
+      local rows = {4, 1, 4, 2, 4}
+      local x = kiln.zeros(4, 2, 3, {dtype = dtype}):requires_grad_()
+      local g = kiln.arange(5 * 2 * 3, {dtype = dtype}):reshape(5, 2, 3)
+      local want = H.filled({4, 2, 3}, function() return 0 end)
+      local gv = g:totable()
+      for i, r in ipairs(rows) do for j = 1, 2 do for k = 1, 3 do want[r][j][k] = want[r][j][k] + gv[i][j][k] end end end
+      (x:index_select(1, rows) * g):sum():backward()
+      assert.same(want, x.grad:totable())
+    end
   end)
 
   it("masked_fill and masked_select broadcast the mask", function()

@@ -102,11 +102,48 @@ int cpu_gather(const struct kiln_call *c) {
   return KILN_OK;
 }
 
+/* scatter_add along dim 0 of whole rows: a and src contiguous in f32 or f64, the index one value
+   per row of src expanded along the rest (index_select's backward, an embedding's among them).
+   Returns 1 when it did the work (or failed on a bad index), 0 when the general walk must. */
+static int scatter_add_rows(const struct kiln_tensor *idx, const struct kiln_tensor *src, struct kiln_tensor *a, int d,
+                            int *rc) {
+  if (d != 0 || a->ndim < 1 || a->dtype != src->dtype || (a->dtype != KILN_F32 && a->dtype != KILN_F64) ||
+      !kiln_is_contiguous(a) || !kiln_is_contiguous(src) || idx->ndim != src->ndim || a->storage == src->storage)
+    return 0;
+  for (int k = 1; k < idx->ndim; k++)
+    if (idx->strides[k] != 0 || idx->sizes[k] != src->sizes[k] || src->sizes[k] != a->sizes[k]) return 0;
+  int64_t rows = idx->sizes[0], width = rows ? src->numel / rows : 0;
+  *rc = KILN_OK;
+  for (int64_t i = 0; i < rows; i++) {   /* every index checked before anything is written */
+    int64_t v = load_index(idx, idx->offset + i * idx->strides[0]);
+    if (v < 0 || v >= a->sizes[0]) {
+      *rc = kiln_fail(KILN_ERR_INDEX, "scatter_add: index %lld out of range for dim 0 of size %lld (tensor %s; C counts from 0)",
+                      (long long)v, (long long)a->sizes[0], kiln_shape_string(a));
+      return 1;
+    }
+  }
+  for (int64_t i = 0; i < rows; i++) {
+    int64_t v = load_index(idx, idx->offset + i * idx->strides[0]);
+    if (a->dtype == KILN_F32) {
+      float *restrict dst = (float *)kiln_tensor_data(a) + v * width;
+      const float *restrict s = (const float *)kiln_tensor_data(src) + i * width;
+      for (int64_t k = 0; k < width; k++) dst[k] += s[k];
+    } else {
+      double *restrict dst = (double *)kiln_tensor_data(a) + v * width;
+      const double *restrict s = (const double *)kiln_tensor_data(src) + i * width;
+      for (int64_t k = 0; k < width; k++) dst[k] += s[k];
+    }
+  }
+  return 1;
+}
+
 int cpu_scatter_add(const struct kiln_call *c) {
   struct kiln_tensor *a = c->out;
   const struct kiln_tensor *idx = c->in[1], *src = c->in[2];
   int d = (int)c->ints[0];
   int64_t size = a->ndim ? a->sizes[d] : 1;
+  int rc;
+  if (scatter_add_rows(idx, src, a, d, &rc)) return rc;
   if (check_indices("scatter_add", idx, size, d, a)) return kiln_error_code();
   const struct kiln_tensor *ts[3] = {a, idx, src};
   struct walk w;

@@ -4,6 +4,7 @@
    spinning barrier once per step. rnn_impl.h holds the code, once per element type. */
 #include "cpu.h"
 #include "../rnn_calls.h"
+#include "vexp.h"
 #include <math.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -46,20 +47,9 @@ static void barrier_wait(struct barrier *b, int *local_sense) {
 }
 
 /* exp and tanh for the f32 gates, without branches or calls so that the gate loops vectorise.
-   exp: x = n ln2 + r with |r| <= ln2/2 and a degree-6 Taylor polynomial for e^r (relative error
-   below 3e-7). tanh: its odd Taylor series through x^13 below |x| = 0.4 (error below 1e-8), else
-   1 - 2 / (e^2|x| + 1) (relative error below 5e-7). */
-static inline float gate_expf(float x) {
-  x = x < -87.0f ? -87.0f : x > 88.0f ? 88.0f : x;
-  float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
-  float r = x - n * 0.693145751953125f;
-  r = r - n * 1.428606765330187e-06f;
-  float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
-  int32_t bits = ((int32_t)n + 127) << 23;
-  float scale;
-  memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
-}
+   exp: kiln_vexpf (cpu/vexp.h, relative error below 3e-7). tanh: its odd Taylor series through
+   x^13 below |x| = 0.4 (error below 1e-8), else 1 - 2 / (e^2|x| + 1) (relative error below 5e-7). */
+static inline float gate_expf(float x) { return kiln_vexpf(x); }
 
 static inline float gate_tanhf(float x) {
   float a = x < 0 ? -x : x, a2 = a * a;

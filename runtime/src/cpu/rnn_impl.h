@@ -87,15 +87,10 @@ static inline __attribute__((always_inline)) void FN(times_block)(const int NB, 
   }
 }
 
-/* y[b] = x[b] a for the active sequences. Panel by panel, each panel against all of them in
-   blocks of 4, so that the weights are read once a step whatever the batch (from L2 or further
-   out when they do not fit), and a panel is reused from L1 or L2 by the blocks after the first.
-   xs, ys: room for B pointers. */
-static void FN(times)(const R *packed, int64_t K, int64_t n, const R *x, int64_t ldx, int64_t B,
-                      const unsigned char *active, R *y, int64_t ldy, const R **xs, R **ys) {
-  int64_t na = 0;
-  for (int64_t b = 0; b < B; b++)
-    if (active[b]) { xs[na] = x + b * ldx; ys[na] = y + b * ldy; na++; }
+/* ys[q] = xs[q] a for na rows. Panel by panel, each panel against all of them in blocks of 4,
+   so that the weights are read once a step whatever the batch (from L2 or further out when they
+   do not fit), and a panel is reused from L1 or L2 by the blocks after the first. */
+static void FN(times_rows)(const R *packed, int64_t K, int64_t n, int64_t na, const R **xs, R **ys) {
   for (int64_t p = 0; p < FN(panels)(n); p++) {
     int64_t q = 0;
     for (; q + 4 <= na; q += 4) FN(times_block)(4, packed, K, n, p, xs + q, ys + q);
@@ -105,14 +100,25 @@ static void FN(times)(const R *packed, int64_t K, int64_t n, const R *x, int64_t
   }
 }
 
+/* The same for rows x + b * ldx of the active sequences into y + b * ldy. */
+static void FN(times)(const R *packed, int64_t K, int64_t n, const R *x, int64_t ldx, int64_t B,
+                      const unsigned char *active, R *y, int64_t ldy, const R **xs, R **ys) {
+  int64_t na = 0;
+  for (int64_t b = 0; b < B; b++)
+    if (active[b]) { xs[na] = x + b * ldx; ys[na] = y + b * ldy; na++; }
+  FN(times_rows)(packed, K, n, na, xs, ys);
+}
+
 struct FN(layer) {
   int mode, reverse, G, RS;
+  int padded;                    /* some sequence is shorter than T: rows past its end stay 0 */
   int64_t T, B, I, H, GH;
   const int64_t *len;            /* [B] */
   const R *x, *h0, *c0;          /* h0, c0: [B,H], zeros when the layer has none */
   const R *w_ih, *w_hh, *b_hh;   /* b_hh: zeros when the layer has none */
   R *z, *res;                    /* Z [T+S,B,H]; reserve [T,B,RS*H] */
-  R *xp;                         /* forward: [T,B,GH] input projection plus b_ih */
+  R *xp;                         /* forward: [T,B,GH] input projection (b_ih is added in the gates) */
+  const R *b_ih;                 /* zeros when the layer has none */
   R *hh;                         /* [B,GH]: the recurrent products of the current step */
   R *h, *hnext, *c;              /* [B,H] state; hnext: the persistent path's second buffer */
   /* backward */
@@ -136,14 +142,15 @@ static inline const R *FN(h_before)(const struct FN(layer) *L, int64_t s, int64_
 
 /* The gate loops over n units, one function each with restrict pointers (at the first unit;
    gates are H apart) so that they vectorise. */
-static void FN(lstm_forward)(int64_t H, int64_t n, const R *restrict xp, const R *restrict hh, const R *restrict bh,
+static void FN(lstm_forward)(int64_t H, int64_t n, const R *restrict xp, const R *restrict bi, const R *restrict hh,
+                             const R *restrict bh,
                              R *restrict c, R *restrict res, R *restrict ho, R *restrict y) {
 #pragma GCC ivdep   /* gate rows are H >= n apart: no overlap */
   for (int64_t j = 0; j < n; j++) {
-    R i = FN(sigmoid)(xp[j] + hh[j] + bh[j]);
-    R f = FN(sigmoid)(xp[H + j] + hh[H + j] + bh[H + j]);
-    R g = TANH(xp[2 * H + j] + hh[2 * H + j] + bh[2 * H + j]);
-    R o = FN(sigmoid)(xp[3 * H + j] + hh[3 * H + j] + bh[3 * H + j]);
+    R i = FN(sigmoid)(xp[j] + bi[j] + hh[j] + bh[j]);
+    R f = FN(sigmoid)(xp[H + j] + bi[H + j] + hh[H + j] + bh[H + j]);
+    R g = TANH(xp[2 * H + j] + bi[2 * H + j] + hh[2 * H + j] + bh[2 * H + j]);
+    R o = FN(sigmoid)(xp[3 * H + j] + bi[3 * H + j] + hh[3 * H + j] + bh[3 * H + j]);
     R cn = f * c[j] + i * g;
     R hn = o * TANH(cn);
     res[j] = i; res[H + j] = f; res[2 * H + j] = g; res[3 * H + j] = o; res[4 * H + j] = cn;
@@ -151,25 +158,27 @@ static void FN(lstm_forward)(int64_t H, int64_t n, const R *restrict xp, const R
   }
 }
 
-static void FN(gru_forward)(int64_t H, int64_t n, const R *restrict xp, const R *restrict hh, const R *restrict bh,
+static void FN(gru_forward)(int64_t H, int64_t n, const R *restrict xp, const R *restrict bi, const R *restrict hh,
+                            const R *restrict bh,
                             const R *restrict hp, R *restrict res, R *restrict ho, R *restrict y) {
 #pragma GCC ivdep   /* gate rows are H >= n apart: no overlap */
   for (int64_t j = 0; j < n; j++) {
-    R r = FN(sigmoid)(xp[j] + hh[j] + bh[j]);
-    R zg = FN(sigmoid)(xp[H + j] + hh[H + j] + bh[H + j]);
+    R r = FN(sigmoid)(xp[j] + bi[j] + hh[j] + bh[j]);
+    R zg = FN(sigmoid)(xp[H + j] + bi[H + j] + hh[H + j] + bh[H + j]);
     R hn = hh[2 * H + j] + bh[2 * H + j];
-    R nn = TANH(xp[2 * H + j] + r * hn);
+    R nn = TANH(xp[2 * H + j] + bi[2 * H + j] + r * hn);
     R h = ((R)1 - zg) * nn + zg * hp[j];
     res[j] = r; res[H + j] = zg; res[2 * H + j] = nn; res[3 * H + j] = hn;
     ho[j] = h; y[j] = h;
   }
 }
 
-static void FN(plain_forward)(int relu, int64_t n, const R *restrict xp, const R *restrict hh, const R *restrict bh,
+static void FN(plain_forward)(int relu, int64_t n, const R *restrict xp, const R *restrict bi, const R *restrict hh,
+                              const R *restrict bh,
                               R *restrict ho, R *restrict y) {
 #pragma GCC ivdep   /* gate rows are H >= n apart: no overlap */
   for (int64_t j = 0; j < n; j++) {
-    R p = xp[j] + hh[j] + bh[j];
+    R p = xp[j] + bi[j] + hh[j] + bh[j];
     R h = relu ? (p > 0 ? p : 0) : TANH(p);
     ho[j] = h; y[j] = h;
   }
@@ -222,11 +231,11 @@ static void FN(plain_backward)(int relu, int64_t n, const R *restrict gy, const 
    reserve. */
 static void FN(cell_forward)(struct FN(layer) *L, int64_t s, int64_t b, int64_t j0, int64_t j1, const R *hin, R *hout) {
   int64_t H = L->H, t = FN(time)(L, s, b), row = t * L->B + b, n = j1 - j0;
-  const R *xp = L->xp + row * L->GH + j0, *hh = L->hh + b * L->GH + j0, *bh = L->b_hh + j0;
+  const R *xp = L->xp + row * L->GH + j0, *bi = L->b_ih + j0, *hh = L->hh + b * L->GH + j0, *bh = L->b_hh + j0;
   R *y = L->z + row * H + j0, *ho = hout + b * H + j0, *res = L->res ? L->res + row * L->RS * H + j0 : NULL;
-  if (L->mode == KILN_RNN_LSTM) FN(lstm_forward)(H, n, xp, hh, bh, L->c + b * H + j0, res, ho, y);
-  else if (L->mode == KILN_RNN_GRU) FN(gru_forward)(H, n, xp, hh, bh, hin + b * H + j0, res, ho, y);
-  else FN(plain_forward)(L->mode == KILN_RNN_RELU, n, xp, hh, bh, ho, y);
+  if (L->mode == KILN_RNN_LSTM) FN(lstm_forward)(H, n, xp, bi, hh, bh, L->c + b * H + j0, res, ho, y);
+  else if (L->mode == KILN_RNN_GRU) FN(gru_forward)(H, n, xp, bi, hh, bh, hin + b * H + j0, res, ho, y);
+  else FN(plain_forward)(L->mode == KILN_RNN_RELU, n, xp, bi, hh, bh, ho, y);
 }
 
 /* The grads of units [j0, j1) of sequence b at step s: dh[b] holds the grad of the step's output
@@ -360,17 +369,16 @@ static void FN(backward_team)(void *ctx, int id, int nteam) {
   FN(slice)(H, id, nteam, &j0, &j1);
   int64_t nj = j1 - j0;
   int sense = 0;
-  /* columns j0..j1 of w_hh, packed [GH][nj]; the products [B][nj]; this step's grad rows */
+  /* columns j0..j1 of w_hh, packed [GH][nj]; the products [B][nj] */
   R *wc = malloc(sizeof(R) * (size_t)(FN(panels)(nj) * PW * GH + 1));
   R *prod = malloc(sizeof(R) * (size_t)(B * nj + 1));
-  R *rows = calloc((size_t)(B * GH + 1), sizeof(R));
   unsigned char *active = malloc((size_t)B);
   const R **xs = malloc(sizeof(R *) * (size_t)(B + 1));
   R **ys = malloc(sizeof(R *) * (size_t)(B + 1));
-  if (!wc || !prod || !rows || !active || !xs || !ys) __atomic_store_n(&L->bar.failed, 1, __ATOMIC_RELAXED);
+  if (!wc || !prod || !active || !xs || !ys) __atomic_store_n(&L->bar.failed, 1, __ATOMIC_RELAXED);
   barrier_wait(&L->bar, &sense);
   if (__atomic_load_n(&L->bar.failed, __ATOMIC_RELAXED)) {
-    free(wc); free(prod); free(rows); free(active); free(xs); free(ys);
+    free(wc); free(prod); free(active); free(xs); free(ys);
     return;
   }
   FN(pack_rows)(wc, GH, nj, L->w_hh + j0, H);
@@ -380,15 +388,16 @@ static void FN(backward_team)(void *ctx, int id, int nteam) {
       if (active[b]) FN(cell_backward)(L, s, b, j0, j1);
     }
     barrier_wait(&L->bar, &sense);
-    /* this step's rows are read from dgh, by time, so that the next step may write its own rows
-       while other threads still read these: one barrier per step */
+    /* this step's rows are read where they are in dgh, by time, so that the next step may write
+       its own rows while other threads still read these: one barrier per step */
+    int64_t na = 0;
     for (int64_t b = 0; b < B; b++)
-      if (active[b]) memcpy(rows + b * GH, L->dgh + (FN(time)(L, s, b) * B + b) * GH, sizeof(R) * (size_t)GH);
-    FN(times)(wc, GH, nj, rows, GH, B, active, prod, nj, xs, ys);
+      if (active[b]) { xs[na] = L->dgh + (FN(time)(L, s, b) * B + b) * GH; ys[na] = prod + b * nj; na++; }
+    FN(times_rows)(wc, GH, nj, na, xs, ys);
     for (int64_t b = 0; b < B; b++)
       if (active[b]) FN(carry_back)(L, s, b, j0, j1, prod + b * nj);
   }
-  free(wc); free(prod); free(rows); free(active); free(xs); free(ys);
+  free(wc); free(prod); free(active); free(xs); free(ys);
 }
 
 /* ---- the layer ---- */
@@ -404,11 +413,15 @@ static int FN(setup)(struct FN(layer) *L, int mode, int reverse, const struct ki
   *zeros = calloc((size_t)nz, sizeof(R));
   int64_t *len = malloc(sizeof(int64_t) * (size_t)(L->B > 0 ? L->B : 1));
   if (!*zeros || !len) { free(len); return kiln_fail(KILN_ERR_MEMORY, "rnn: out of memory"); }
-  for (int64_t b = 0; b < L->B; b++) len[b] = t->lengths ? ((const int64_t *)kiln_tensor_data(t->lengths))[b] : L->T;
+  for (int64_t b = 0; b < L->B; b++) {
+    len[b] = t->lengths ? ((const int64_t *)kiln_tensor_data(t->lengths))[b] : L->T;
+    if (len[b] < L->T) L->padded = 1;
+  }
   L->len = len;
   L->h0 = t->h0 ? kiln_tensor_data(t->h0) : *zeros;
   L->c0 = t->c0 ? kiln_tensor_data(t->c0) : *zeros;
   L->b_hh = t->b_hh ? kiln_tensor_data(t->b_hh) : *zeros;
+  L->b_ih = t->b_ih ? kiln_tensor_data(t->b_ih) : *zeros;
   return KILN_OK;
 }
 
@@ -428,13 +441,9 @@ static int FN(forward)(const struct kiln_call *c) {
   L.c = malloc(sizeof(R) * (size_t)(B * H > 0 ? B * H : 1));
   int rc = KILN_OK;
   if (!L.xp || !L.hh || !L.h || !L.hnext || !L.c) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn: out of memory for the layer's buffers"); goto done; }
-  memset(L.z, 0, sizeof(R) * (size_t)c->out->numel);
-  /* the input projection of every step: one GEMM, b_ih added */
-  const R *bi = f->t.b_ih ? kiln_tensor_data(f->t.b_ih) : NULL;
-  for (int64_t r = 0; r < T * B; r++)
-    if (bi) memcpy(L.xp + r * GH, bi, sizeof(R) * (size_t)GH);
-    else memset(L.xp + r * GH, 0, sizeof(R) * (size_t)GH);
-  kiln_cpu_gemm_raw(DT, 0, 1, T * B, GH, L.I, 1.0, L.x, L.I, L.w_ih, L.I, 1.0, L.xp, GH);
+  if (L.padded) memset(L.z, 0, sizeof(R) * (size_t)c->out->numel);   /* else every row is written */
+  /* the input projection of every step: one GEMM */
+  kiln_cpu_gemm_raw(DT, 0, 1, T * B, GH, L.I, 1.0, L.x, L.I, L.w_ih, L.I, 0.0, L.xp, GH);
   memcpy(L.h, L.h0, sizeof(R) * (size_t)(B * H));
   memcpy(L.c, L.c0, sizeof(R) * (size_t)(B * H));
   if (c->ints[2] == KILN_RNN_PERSISTENT) {
@@ -455,9 +464,10 @@ done:
   return rc;
 }
 
-static R *FN(zeroed)(size_t nbytes) {
+/* A large buffer from the block cache, zeroed when some rows will not be written. */
+static R *FN(scratch)(size_t nbytes, int zero) {
   R *p = kiln_cpu_alloc(nbytes);
-  if (p) memset(p, 0, nbytes);
+  if (p && zero) memset(p, 0, nbytes);
   return p;
 }
 
@@ -470,16 +480,16 @@ static int FN(backward)(const struct kiln_call *c) {
   L.z = kiln_tensor_data(bw->z);
   L.res = bw->reserve ? kiln_tensor_data(bw->reserve) : NULL;
   L.gz = kiln_tensor_data(bw->gz);
-  /* the large buffers come from the block cache, zeroed (rows past a sequence's end stay 0) */
+  /* the large buffers come from the block cache, zeroed when rows past a sequence's end must stay 0 */
   size_t nbig = sizeof(R) * (size_t)(T * B * GH > 0 ? T * B * GH : 1), nbh = (size_t)(B * H > 0 ? B * H : 1);
   size_t nprev = sizeof(R) * (size_t)(T * B * H > 0 ? T * B * H : 1);
-  L.dgx = FN(zeroed)(nbig);
-  L.dgh = L.mode == KILN_RNN_GRU ? FN(zeroed)(nbig) : L.dgx;
+  L.dgx = FN(scratch)(nbig, L.padded);
+  L.dgh = L.mode == KILN_RNN_GRU ? FN(scratch)(nbig, L.padded) : L.dgx;
   L.dgs = calloc((size_t)(B * GH > 0 ? B * GH : 1), sizeof(R));
   L.dh = malloc(sizeof(R) * nbh);
   L.dc = malloc(sizeof(R) * nbh);
   L.tmp = malloc(sizeof(R) * nbh);
-  R *hprev = bw->gw_hh ? FN(zeroed)(nprev) : NULL;
+  R *hprev = bw->gw_hh ? FN(scratch)(nprev, L.padded) : NULL;
   int rc = KILN_OK;
   if (!L.dgx || !L.dgh || !L.dgs || !L.dh || !L.dc || !L.tmp || (bw->gw_hh && !hprev)) {
     rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory for the layer's buffers");
