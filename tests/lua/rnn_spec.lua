@@ -114,11 +114,15 @@ describe("rnn_layer", function()
         local x, h0 = f64(4, 2, 3), f64(2, 3)
         local c0 = mode == "lstm" and f64(2, 3) or nil
         local w_ih, w_hh, b_ih, b_hh = f64(G * 3, 3) * 0.5, f64(G * 3, 3) * 0.5, f64(G * 3), f64(G * 3)
-        for _, reverse in ipairs{false, true} do
-          local inputs = leaves{x, h0, w_ih, w_hh, b_ih, b_hh, c0}
-          assert.gradcheck(function(a, h, wi, wh, bi, bh, c)
-            return F.rnn_layer(mode, a, h, c, wi, wh, bi, bh, {lengths = {4, 3}, reverse = reverse, algorithm = algo})
-          end, inputs)
+        -- with lengths (padded steps) and without (every step of every sequence: the states
+        -- before each step are read in place for w_hh's grad)
+        for _, lengths in ipairs{{4, 3}, false} do
+          for _, reverse in ipairs{false, true} do
+            local inputs = leaves{x, h0, w_ih, w_hh, b_ih, b_hh, c0}
+            assert.gradcheck(function(a, h, wi, wh, bi, bh, c)
+              return F.rnn_layer(mode, a, h, c, wi, wh, bi, bh, {lengths = lengths or nil, reverse = reverse, algorithm = algo})
+            end, inputs)
+          end
         end
       end)
     end

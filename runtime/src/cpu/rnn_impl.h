@@ -48,9 +48,9 @@ static void FN(pack_rows)(R *packed, int64_t K, int64_t n, const R *rows, int64_
     }
 }
 
-/* Panel p of the products for NB sequences. */
+/* Panel p of the products for NB sequences, written at y[q] + out (for columns p * PW on). */
 static inline __attribute__((always_inline)) void FN(times_block)(const int NB, const R *packed, int64_t K, int64_t n,
-                                                                  int64_t p, const R *const *x, R *const *y) {
+                                                                  int64_t p, const R *const *x, R *const *y, int64_t out) {
   const R *ap = packed + p * K * PW;
   FN(vec) acc[4][4] = {{{0}}};
   int64_t k = 0;
@@ -81,33 +81,28 @@ static inline __attribute__((always_inline)) void FN(times_block)(const int NB, 
   }
   int64_t c0 = p * PW, m = n - c0 < PW ? n - c0 : PW;
   for (int q = 0; q < NB; q++) {
-    R out[4 * 32 / sizeof(R)];
-    memcpy(out, acc[q], sizeof out);
-    memcpy(y[q] + c0, out, sizeof(R) * (size_t)m);
+    R vals[4 * 32 / sizeof(R)];
+    memcpy(vals, acc[q], sizeof vals);
+    memcpy(y[q] + out, vals, sizeof(R) * (size_t)m);
   }
 }
 
 /* ys[q] = xs[q] a for na rows. Panel by panel, each panel against all of them in blocks of 4,
    so that the weights are read once a step whatever the batch (from L2 or further out when they
-   do not fit), and a panel is reused from L1 or L2 by the blocks after the first. */
-static void FN(times_rows)(const R *packed, int64_t K, int64_t n, int64_t na, const R **xs, R **ys) {
+   do not fit), and a panel is reused from L1 or L2 by the blocks after the first. With span > 0
+   (a multiple of PW), column c goes to (c / span) * stride + c % span of ys[q]: the forward's
+   gates straight into their places in a row of w_hh h. */
+static void FN(times_rows)(const R *packed, int64_t K, int64_t n, int64_t na, const R **xs, R **ys, int64_t span,
+                           int64_t stride) {
   for (int64_t p = 0; p < FN(panels)(n); p++) {
-    int64_t q = 0;
-    for (; q + 4 <= na; q += 4) FN(times_block)(4, packed, K, n, p, xs + q, ys + q);
-    if (na - q == 3) FN(times_block)(3, packed, K, n, p, xs + q, ys + q);
-    else if (na - q == 2) FN(times_block)(2, packed, K, n, p, xs + q, ys + q);
-    else if (na - q == 1) FN(times_block)(1, packed, K, n, p, xs + q, ys + q);
+    int64_t c0 = p * PW, out = span ? (c0 / span) * stride + c0 % span : c0, q = 0;
+    for (; q + 4 <= na; q += 4) FN(times_block)(4, packed, K, n, p, xs + q, ys + q, out);
+    if (na - q == 3) FN(times_block)(3, packed, K, n, p, xs + q, ys + q, out);
+    else if (na - q == 2) FN(times_block)(2, packed, K, n, p, xs + q, ys + q, out);
+    else if (na - q == 1) FN(times_block)(1, packed, K, n, p, xs + q, ys + q, out);
   }
 }
 
-/* The same for rows x + b * ldx of the active sequences into y + b * ldy. */
-static void FN(times)(const R *packed, int64_t K, int64_t n, const R *x, int64_t ldx, int64_t B,
-                      const unsigned char *active, R *y, int64_t ldy, const R **xs, R **ys) {
-  int64_t na = 0;
-  for (int64_t b = 0; b < B; b++)
-    if (active[b]) { xs[na] = x + b * ldx; ys[na] = y + b * ldy; na++; }
-  FN(times_rows)(packed, K, n, na, xs, ys);
-}
 
 struct FN(layer) {
   int mode, reverse, G, RS;
@@ -124,7 +119,7 @@ struct FN(layer) {
   /* backward */
   const R *gz;
   R *dgx, *dgh;                  /* [T,B,GH] pre-activation grads (dgh: as seen by w_hh; = dgx but for GRU) */
-  R *dgs;                        /* [B,GH]: this step's dgh rows */
+  R *dgs;                        /* [B,GH]: the GEMM path's rows of this step, when dgh has them apart */
   R *dh, *dc, *tmp;              /* [B,H] */
   struct barrier bar;
 };
@@ -185,7 +180,7 @@ static void FN(plain_forward)(int relu, int64_t n, const R *restrict xp, const R
 }
 
 static void FN(lstm_backward)(int64_t H, int64_t n, const R *restrict gy, const R *restrict res, const R *restrict cp,
-                              R *restrict dh, R *restrict dc, R *restrict dgx, R *restrict dgs) {
+                              R *restrict dh, R *restrict dc, R *restrict dgx) {
 #pragma GCC ivdep   /* gate rows are H >= n apart: no overlap */
   for (int64_t j = 0; j < n; j++) {
     R d = dh[j] += gy[j];
@@ -194,35 +189,35 @@ static void FN(lstm_backward)(int64_t H, int64_t n, const R *restrict gy, const 
     R di = dct * g * i * ((R)1 - i), df = dct * cp[j] * f * ((R)1 - f);
     R dg = dct * i * ((R)1 - g * g), dout = d * tc * o * ((R)1 - o);
     dc[j] = dct * f;
-    dgx[j] = dgs[j] = di;
-    dgx[H + j] = dgs[H + j] = df;
-    dgx[2 * H + j] = dgs[2 * H + j] = dg;
-    dgx[3 * H + j] = dgs[3 * H + j] = dout;
+    dgx[j] = di;
+    dgx[H + j] = df;
+    dgx[2 * H + j] = dg;
+    dgx[3 * H + j] = dout;
   }
 }
 
 static void FN(gru_backward)(int64_t H, int64_t n, const R *restrict gy, const R *restrict res, const R *restrict hp,
-                             R *restrict dh, R *restrict dgx, R *restrict dgh, R *restrict dgs) {
+                             R *restrict dh, R *restrict dgx, R *restrict dgh) {
 #pragma GCC ivdep   /* gate rows are H >= n apart: no overlap */
   for (int64_t j = 0; j < n; j++) {
     R d = dh[j] += gy[j];
     R r = res[j], zg = res[H + j], nn = res[2 * H + j], hn = res[3 * H + j];
     R dn = d * ((R)1 - zg) * ((R)1 - nn * nn);
     R dr = dn * hn * r * ((R)1 - r), dz = d * (hp[j] - nn) * zg * ((R)1 - zg);
-    dgx[j] = dgh[j] = dgs[j] = dr;
-    dgx[H + j] = dgh[H + j] = dgs[H + j] = dz;
+    dgx[j] = dgh[j] = dr;
+    dgx[H + j] = dgh[H + j] = dz;
     dgx[2 * H + j] = dn;
-    dgh[2 * H + j] = dgs[2 * H + j] = dn * r;
+    dgh[2 * H + j] = dn * r;
   }
 }
 
 static void FN(plain_backward)(int relu, int64_t n, const R *restrict gy, const R *restrict y, R *restrict dh,
-                               R *restrict dgx, R *restrict dgs) {
+                               R *restrict dgx) {
 #pragma GCC ivdep   /* gate rows are H >= n apart: no overlap */
   for (int64_t j = 0; j < n; j++) {
     R d = dh[j] += gy[j];
     R p = relu ? (y[j] > 0 ? d : 0) : d * ((R)1 - y[j] * y[j]);
-    dgx[j] = dgs[j] = p;
+    dgx[j] = p;
   }
 }
 
@@ -240,19 +235,19 @@ static void FN(cell_forward)(struct FN(layer) *L, int64_t s, int64_t b, int64_t 
 
 /* The grads of units [j0, j1) of sequence b at step s: dh[b] holds the grad of the step's output
    state (the output's grad added here), dc[b] that of its cell. Writes the pre-activation grads
-   to dgx, dgh (time rows; dgh is dgx but for the GRU) and dgs (this step's row b), and dc[b] for
+   to dgx and dgh (time rows; dgh is dgx but for the GRU), and dc[b] for
    the step before. */
 static void FN(cell_backward)(struct FN(layer) *L, int64_t s, int64_t b, int64_t j0, int64_t j1) {
   int64_t H = L->H, t = FN(time)(L, s, b), row = t * L->B + b, GH = L->GH, n = j1 - j0;
   const R *gy = L->gz + row * H + j0, *res = L->res ? L->res + row * L->RS * H + j0 : NULL;
-  R *dh = L->dh + b * H + j0, *dgx = L->dgx + row * GH + j0, *dgs = L->dgs + b * GH + j0;
+  R *dh = L->dh + b * H + j0, *dgx = L->dgx + row * GH + j0;
   if (L->mode == KILN_RNN_LSTM) {
     const R *cp = s == 0 ? L->c0 + b * H : L->res + (FN(prev_time)(L, t) * L->B + b) * L->RS * H + 4 * H;
-    FN(lstm_backward)(H, n, gy, res, cp + j0, dh, L->dc + b * H + j0, dgx, dgs);
+    FN(lstm_backward)(H, n, gy, res, cp + j0, dh, L->dc + b * H + j0, dgx);
   } else if (L->mode == KILN_RNN_GRU) {
-    FN(gru_backward)(H, n, gy, res, FN(h_before)(L, s, b, t) + j0, dh, dgx, L->dgh + row * GH + j0, dgs);
+    FN(gru_backward)(H, n, gy, res, FN(h_before)(L, s, b, t) + j0, dh, dgx, L->dgh + row * GH + j0);
   } else {
-    FN(plain_backward)(L->mode == KILN_RNN_RELU, n, gy, L->z + row * H + j0, dh, dgx, dgs);
+    FN(plain_backward)(L->mode == KILN_RNN_RELU, n, gy, L->z + row * H + j0, dh, dgx);
   }
 }
 
@@ -283,10 +278,8 @@ static void FN(forward_rows)(void *ctx, int64_t b0, int64_t b1) {
 static void FN(backward_rows)(void *ctx, int64_t b0, int64_t b1) {
   const struct FN(rows) *r = ctx;
   struct FN(layer) *L = r->L;
-  for (int64_t b = b0; b < b1; b++) {
+  for (int64_t b = b0; b < b1; b++)
     if (r->s < L->len[b]) FN(cell_backward)(L, r->s, b, 0, L->H);
-    else memset(L->dgs + b * L->GH, 0, sizeof(R) * (size_t)L->GH);
-  }
 }
 
 static int64_t FN(row_grain)(const struct FN(layer) *L) {
@@ -307,7 +300,16 @@ static void FN(backward_gemm)(struct FN(layer) *L) {
   for (int64_t s = L->T - 1; s >= 0; s--) {
     struct FN(rows) r = {L, s};
     kiln_parallel_for(L->B, FN(row_grain)(L), FN(backward_rows), &r);
-    kiln_cpu_gemm_raw(DT, 0, 0, L->B, L->H, L->GH, 1.0, L->dgs, L->GH, L->w_hh, L->H, 0.0, L->tmp, L->H);
+    /* this step's dgh rows: the B rows of one time, in place (rows past a sequence's end are 0),
+       unless reversed sequences of several lengths put them at different times */
+    const R *rows = L->dgh + (L->B ? FN(time)(L, s, 0) : 0) * L->B * L->GH;
+    if (L->reverse && L->padded) {
+      for (int64_t b = 0; b < L->B; b++)
+        if (s < L->len[b]) memcpy(L->dgs + b * L->GH, L->dgh + (FN(time)(L, s, b) * L->B + b) * L->GH, sizeof(R) * (size_t)L->GH);
+        else memset(L->dgs + b * L->GH, 0, sizeof(R) * (size_t)L->GH);
+      rows = L->dgs;
+    }
+    kiln_cpu_gemm_raw(DT, 0, 0, L->B, L->H, L->GH, 1.0, rows, L->GH, L->w_hh, L->H, 0.0, L->tmp, L->H);
     for (int64_t b = 0; b < L->B; b++)
       if (s < L->len[b]) FN(carry_back)(L, s, b, 0, L->H, L->tmp + b * L->H);
   }
@@ -345,16 +347,24 @@ static void FN(forward_team)(void *ctx, int id, int nteam) {
   FN(pack_cols)(w, H, nq, cols);
   free(cols);
   R *hcur = L->h, *hnext = L->hnext;
+  /* when whole panels fall within one gate, the products go straight to their places in hh
+     (gate g of unit j at g * H + j); else through prod */
+  int direct = nj % PW == 0;
   for (int64_t s = 0; s < L->T; s++) {
-    for (int64_t b = 0; b < B; b++) active[b] = s < L->len[b];
-    FN(times)(w, H, nq, hcur, H, B, active, prod, nq, xs, ys);
+    int64_t na = 0;
+    for (int64_t b = 0; b < B; b++) {
+      active[b] = s < L->len[b];
+      if (active[b]) { xs[na] = hcur + b * H; ys[na] = direct ? L->hh + b * L->GH + j0 : prod + b * nq; na++; }
+    }
+    FN(times_rows)(w, H, nq, na, xs, ys, direct ? nj : 0, H);
     for (int64_t b = 0; b < B; b++) {
       if (!active[b]) {   /* past its end: carry the state */
         memcpy(hnext + b * H + j0, hcur + b * H + j0, sizeof(R) * (size_t)nj);
         continue;
       }
       R *hh = L->hh + b * L->GH;
-      for (int64_t g = 0; g < G; g++) memcpy(hh + g * H + j0, prod + b * nq + g * nj, sizeof(R) * (size_t)nj);
+      if (!direct)
+        for (int64_t g = 0; g < G; g++) memcpy(hh + g * H + j0, prod + b * nq + g * nj, sizeof(R) * (size_t)nj);
       FN(cell_forward)(L, s, b, j0, j1, hcur, hnext);
     }
     R *swap = hcur; hcur = hnext; hnext = swap;
@@ -393,7 +403,7 @@ static void FN(backward_team)(void *ctx, int id, int nteam) {
     int64_t na = 0;
     for (int64_t b = 0; b < B; b++)
       if (active[b]) { xs[na] = L->dgh + (FN(time)(L, s, b) * B + b) * GH; ys[na] = prod + b * nj; na++; }
-    FN(times_rows)(wc, GH, nj, na, xs, ys);
+    FN(times_rows)(wc, GH, nj, na, xs, ys, 0, 0);
     for (int64_t b = 0; b < B; b++)
       if (active[b]) FN(carry_back)(L, s, b, j0, j1, prod + b * nj);
   }
@@ -489,9 +499,12 @@ static int FN(backward)(const struct kiln_call *c) {
   L.dh = malloc(sizeof(R) * nbh);
   L.dc = malloc(sizeof(R) * nbh);
   L.tmp = malloc(sizeof(R) * nbh);
-  R *hprev = bw->gw_hh ? FN(scratch)(nprev, L.padded) : NULL;
+  /* the states before each step, for w_hh's grad: gathered only when sequences of several lengths
+     scatter them (else they are h0 and the output rows, read in place) */
+  int gather = L.padded || T * B == 0;
+  R *hprev = bw->gw_hh && gather ? FN(scratch)(nprev, L.padded) : NULL;
   int rc = KILN_OK;
-  if (!L.dgx || !L.dgh || !L.dgs || !L.dh || !L.dc || !L.tmp || (bw->gw_hh && !hprev)) {
+  if (!L.dgx || !L.dgh || !L.dgs || !L.dh || !L.dc || !L.tmp || (bw->gw_hh && gather && !hprev)) {
     rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory for the layer's buffers");
     goto done;
   }
@@ -509,7 +522,14 @@ static int FN(backward)(const struct kiln_call *c) {
   if (bw->gc0) memcpy(kiln_tensor_data(bw->gc0), L.dc, sizeof(R) * (size_t)(B * H));
   if (bw->gx) kiln_cpu_gemm_raw(DT, 0, 0, T * B, I, GH, 1.0, L.dgx, GH, L.w_ih, I, 0.0, kiln_tensor_data(bw->gx), I);
   if (bw->gw_ih) kiln_cpu_gemm_raw(DT, 1, 0, GH, I, T * B, 1.0, L.dgx, GH, L.x, I, 0.0, kiln_tensor_data(bw->gw_ih), I);
-  if (bw->gw_hh) {
+  if (bw->gw_hh && !gather) {
+    /* rows of the step whose state before is h0 (the first, or the last when reversed), then the
+       rest against the outputs of the steps before them */
+    R *gw = kiln_tensor_data(bw->gw_hh);
+    const R *first = L.reverse ? L.dgh + (T - 1) * B * GH : L.dgh, *rest = L.reverse ? L.dgh : L.dgh + B * GH;
+    kiln_cpu_gemm_raw(DT, 1, 0, GH, H, B, 1.0, first, GH, L.h0, H, 0.0, gw, H);
+    if (T > 1) kiln_cpu_gemm_raw(DT, 1, 0, GH, H, (T - 1) * B, 1.0, rest, GH, L.reverse ? L.z + B * H : L.z, H, 1.0, gw, H);
+  } else if (bw->gw_hh) {
     for (int64_t b = 0; b < B; b++)
       for (int64_t s = 0; s < L.len[b]; s++) {
         int64_t t = FN(time)(&L, s, b);
@@ -522,6 +542,10 @@ static int FN(backward)(const struct kiln_call *c) {
     if (!gb) continue;
     const R *src = k ? L.dgh : L.dgx;
     R *dst = kiln_tensor_data(gb);
+    if (k == 1 && bw->gb_ih && L.dgh == L.dgx) {   /* the same sums as b_ih's */
+      memcpy(dst, kiln_tensor_data(bw->gb_ih), sizeof(R) * (size_t)GH);
+      continue;
+    }
     memset(dst, 0, sizeof(R) * (size_t)GH);
     for (int64_t r = 0; r < T * B; r++)
       for (int64_t q = 0; q < GH; q++) dst[q] += src[r * GH + q];

@@ -190,6 +190,12 @@ static void nll_back_positions_##sfx(void *ctx, int64_t begin, int64_t end) {   
     /* d/dz_c = (1-eps) wt (p_c - [c = t]) + eps/C (p_c W - w_c), W = sum of the weights */         \
     const T *lp = (const T *)j->logp + n * C * S + s;                                               \
     double a = (1 - eps) * wt + eps / (double)C * j->weight_sum, e = eps / (double)C;               \
+    if (S == 1 && !w && eps == 0) {   /* the common case, in T so that it vectorises */             \
+      T ga = (T)(g * a);                                                                            \
+      for (int64_t c = 0; c < C; c++) gx[c] = ga * (T)EXPLP(lp[c]);                                 \
+      gx[t] = (T)((double)gx[t] - g * wt);                                                          \
+      continue;                                                                                     \
+    }                                                                                               \
     for (int64_t c = 0; c < C; c++) {                                                               \
       double p = EXPLP(lp[c * S]);                                                                  \
       gx[c * S] = (T)(g * (a * p - e * (w ? (double)w[c] : 1.0)));                                  \
