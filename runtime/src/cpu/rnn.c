@@ -84,6 +84,11 @@ static inline void transpose8_f32(float *dst, int64_t ld, const float *const *ro
 }
 #endif
 
+/* The batch from which the persistent forward folds the input projection into its per-step
+   products (each weight then serves that many sequences a step) instead of one GEMM first, and
+   the largest panel of packed weights (bytes) it does it with. */
+enum { KILN_RNN_FOLD_MIN_BATCH = 8, KILN_RNN_FOLD_MAX_PANEL = 64 << 10 };
+
 #define R float
 #define FN(name) name##_f32
 #define DT KILN_F32

@@ -19,12 +19,13 @@ static inline FN(vec) FN(load)(const R *p) { FN(vec) v; memcpy(&v, p, sizeof v);
 
 static inline int64_t FN(panels)(int64_t n) { return (n + PW - 1) / PW; }
 
-/* Pack a [K][n] matrix whose column c is cols[c][k] (forward: rows of w_hh, read along), or
-   whose row k is rows + k * ld (backward: a column slice of w_hh, read row by row). */
-static void FN(pack_cols)(R *packed, int64_t K, int64_t n, const R *const *cols) {
+/* Pack a [K][n] matrix whose column c is cols[c][k] (forward: rows of w_hh, read along) as rows
+   koff.. of panels KP rows tall, or whose row k is rows + k * ld (backward: a column slice of
+   w_hh, read row by row). */
+static void FN(pack_cols)(R *packed, int64_t KP, int64_t koff, int64_t K, int64_t n, const R *const *cols) {
   for (int64_t p = 0; p < FN(panels)(n); p++) {
     int64_t c0 = p * PW, m = n - c0 < PW ? n - c0 : PW, k0 = 0;
-    R *panel = packed + p * K * PW;
+    R *panel = packed + (p * KP + koff) * PW;
 #if defined(__AVX__)
     /* f32 in 8 x 8 blocks transposed in registers: 8 source rows read along, 8 packed rows
        written whole (a scalar loop over this transpose costs several steps of the layer) */
@@ -112,8 +113,10 @@ struct FN(layer) {
   const R *x, *h0, *c0;          /* h0, c0: [B,H], zeros when the layer has none */
   const R *w_ih, *w_hh, *b_hh;   /* b_hh: zeros when the layer has none */
   R *z, *res;                    /* Z [T+S,B,H]; reserve [T,B,RS*H] */
-  R *xp;                         /* forward: [T,B,GH] input projection (b_ih is added in the gates) */
+  R *xp;                         /* forward: [T,B,GH] input projection (b_ih is added in the gates);
+                                    NULL when the persistent team folds it into its products */
   const R *b_ih;                 /* zeros when the layer has none */
+  const R *zero;                 /* GH zeros */
   R *hh;                         /* [B,GH]: the recurrent products of the current step */
   R *h, *hnext, *c;              /* [B,H] state; hnext: the persistent path's second buffer */
   /* backward */
@@ -226,7 +229,8 @@ static void FN(plain_backward)(int relu, int64_t n, const R *restrict gy, const 
    reserve. */
 static void FN(cell_forward)(struct FN(layer) *L, int64_t s, int64_t b, int64_t j0, int64_t j1, const R *hin, R *hout) {
   int64_t H = L->H, t = FN(time)(L, s, b), row = t * L->B + b, n = j1 - j0;
-  const R *xp = L->xp + row * L->GH + j0, *bi = L->b_ih + j0, *hh = L->hh + b * L->GH + j0, *bh = L->b_hh + j0;
+  const R *xp = (L->xp ? L->xp + row * L->GH : L->zero) + j0, *bi = L->b_ih + j0, *hh = L->hh + b * L->GH + j0;
+  const R *bh = L->b_hh + j0;
   R *y = L->z + row * H + j0, *ho = hout + b * H + j0, *res = L->res ? L->res + row * L->RS * H + j0 : NULL;
   if (L->mode == KILN_RNN_LSTM) FN(lstm_forward)(H, n, xp, bi, hh, bh, L->c + b * H + j0, res, ho, y);
   else if (L->mode == KILN_RNN_GRU) FN(gru_forward)(H, n, xp, bi, hh, bh, hin + b * H + j0, res, ho, y);
@@ -329,22 +333,29 @@ static void FN(forward_team)(void *ctx, int id, int nteam) {
   FN(slice)(H, id, nteam, &j0, &j1);
   int64_t nj = j1 - j0;
   int sense = 0;
-  /* rows g*H + j of w_hh for the own units as the columns of a packed [H][G*nj]; their products [B][G*nj] */
-  int64_t nq = G * nj;
-  R *w = malloc(sizeof(R) * (size_t)(FN(panels)(nq) * PW * H + 1));
+  /* rows g*H + j of w_hh for the own units as the columns of a packed [H][G*nj] (and below them
+     the same rows of w_ih when the input projection is folded in: [H+I][G*nj] against [h | x]);
+     their products [B][G*nj] */
+  int64_t nq = G * nj, I = L->xp ? 0 : L->I, K = H + I;
+  R *w = malloc(sizeof(R) * (size_t)(FN(panels)(nq) * PW * K + 1));
   const R **cols = malloc(sizeof(R *) * (size_t)(nq + 1));
   R *prod = malloc(sizeof(R) * (size_t)(B * nq + 1));
+  R *hx = I ? malloc(sizeof(R) * (size_t)(B * K + 1)) : NULL;
   unsigned char *active = malloc((size_t)B);
   const R **xs = malloc(sizeof(R *) * (size_t)(B + 1));
   R **ys = malloc(sizeof(R *) * (size_t)(B + 1));
-  if (!w || !cols || !prod || !active || !xs || !ys) __atomic_store_n(&L->bar.failed, 1, __ATOMIC_RELAXED);
+  if (!w || !cols || !prod || (I && !hx) || !active || !xs || !ys) __atomic_store_n(&L->bar.failed, 1, __ATOMIC_RELAXED);
   barrier_wait(&L->bar, &sense);
   if (__atomic_load_n(&L->bar.failed, __ATOMIC_RELAXED)) {
-    free(w); free(cols); free(prod); free(active); free(xs); free(ys);
+    free(w); free(cols); free(prod); free(hx); free(active); free(xs); free(ys);
     return;
   }
   for (int64_t q = 0; q < nq; q++) cols[q] = L->w_hh + ((q / nj) * H + j0 + q % nj) * H;
-  FN(pack_cols)(w, H, nq, cols);
+  FN(pack_cols)(w, K, 0, H, nq, cols);
+  if (I) {
+    for (int64_t q = 0; q < nq; q++) cols[q] = L->w_ih + ((q / nj) * H + j0 + q % nj) * I;
+    FN(pack_cols)(w, K, H, I, nq, cols);
+  }
   free(cols);
   R *hcur = L->h, *hnext = L->hnext;
   /* when whole panels fall within one gate, the products go straight to their places in hh
@@ -354,9 +365,16 @@ static void FN(forward_team)(void *ctx, int id, int nteam) {
     int64_t na = 0;
     for (int64_t b = 0; b < B; b++) {
       active[b] = s < L->len[b];
-      if (active[b]) { xs[na] = hcur + b * H; ys[na] = direct ? L->hh + b * L->GH + j0 : prod + b * nq; na++; }
+      if (!active[b]) continue;
+      if (I) {   /* [h | x] of the step */
+        memcpy(hx + na * K, hcur + b * H, sizeof(R) * (size_t)H);
+        memcpy(hx + na * K + H, L->x + (FN(time)(L, s, b) * B + b) * I, sizeof(R) * (size_t)I);
+      }
+      xs[na] = I ? hx + na * K : hcur + b * H;
+      ys[na] = direct ? L->hh + b * L->GH + j0 : prod + b * nq;
+      na++;
     }
-    FN(times_rows)(w, H, nq, na, xs, ys, direct ? nj : 0, H);
+    FN(times_rows)(w, K, nq, na, xs, ys, direct ? nj : 0, H);
     for (int64_t b = 0; b < B; b++) {
       if (!active[b]) {   /* past its end: carry the state */
         memcpy(hnext + b * H + j0, hcur + b * H + j0, sizeof(R) * (size_t)nj);
@@ -370,7 +388,7 @@ static void FN(forward_team)(void *ctx, int id, int nteam) {
     R *swap = hcur; hcur = hnext; hnext = swap;
     barrier_wait(&L->bar, &sense);
   }
-  free(w); free(prod); free(active); free(xs); free(ys);
+  free(w); free(prod); free(hx); free(active); free(xs); free(ys);
 }
 
 static void FN(backward_team)(void *ctx, int id, int nteam) {
@@ -443,17 +461,26 @@ static int FN(forward)(const struct kiln_call *c) {
   int64_t T = L.T, B = L.B, H = L.H, GH = L.GH;
   L.z = kiln_tensor_data(c->out);
   L.res = f->reserve ? kiln_tensor_data(f->reserve) : NULL;
+  /* The persistent team folds the input projection into its products when each weight serves
+     enough sequences a step and a panel of [w_hh | w_ih] is small (LSTM and plain
+     RNN: a GRU's n gate keeps the two apart) */
+  int fold = c->ints[2] == KILN_RNN_PERSISTENT && L.mode != KILN_RNN_GRU && B >= KILN_RNN_FOLD_MIN_BATCH &&
+             (H + L.I) * PW * (int64_t)sizeof(R) <= KILN_RNN_FOLD_MAX_PANEL;
   size_t nxp = sizeof(R) * (size_t)(T * B * GH > 0 ? T * B * GH : 1);   /* large: from the block cache */
-  L.xp = kiln_cpu_alloc(nxp);
+  L.xp = fold ? NULL : kiln_cpu_alloc(nxp);
+  L.zero = zeros;
   L.hh = calloc((size_t)(B * GH > 0 ? B * GH : 1), sizeof(R));
   L.h = malloc(sizeof(R) * (size_t)(B * H > 0 ? B * H : 1));
   L.hnext = malloc(sizeof(R) * (size_t)(B * H > 0 ? B * H : 1));
   L.c = malloc(sizeof(R) * (size_t)(B * H > 0 ? B * H : 1));
   int rc = KILN_OK;
-  if (!L.xp || !L.hh || !L.h || !L.hnext || !L.c) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn: out of memory for the layer's buffers"); goto done; }
+  if ((!fold && !L.xp) || !L.hh || !L.h || !L.hnext || !L.c) {
+    rc = kiln_fail(KILN_ERR_MEMORY, "rnn: out of memory for the layer's buffers");
+    goto done;
+  }
   if (L.padded) memset(L.z, 0, sizeof(R) * (size_t)c->out->numel);   /* else every row is written */
   /* the input projection of every step: one GEMM */
-  kiln_cpu_gemm_raw(DT, 0, 1, T * B, GH, L.I, 1.0, L.x, L.I, L.w_ih, L.I, 0.0, L.xp, GH);
+  if (!fold) kiln_cpu_gemm_raw(DT, 0, 1, T * B, GH, L.I, 1.0, L.x, L.I, L.w_ih, L.I, 0.0, L.xp, GH);
   memcpy(L.h, L.h0, sizeof(R) * (size_t)(B * H));
   memcpy(L.c, L.c0, sizeof(R) * (size_t)(B * H));
   if (c->ints[2] == KILN_RNN_PERSISTENT) {
