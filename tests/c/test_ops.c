@@ -1413,6 +1413,33 @@ static void test_scatter_add(void) {
       kiln_tensor_release(a); kiln_tensor_release(idx); kiln_tensor_release(src);
     }
   }
+  /* whole rows (one index per row, expanded along dim 1: index_select's backward), with fewer
+     index rows than src has, in f32 and f64; then src wider than the index (the general walk),
+     and a bad index: an error naming it, nothing written */
+  for (int dt = KILN_F32; dt <= KILN_F64; dt++) {   /* f32, f64 */
+    for (int wide = 0; wide <= 1; wide++) {
+      struct kiln_tensor *a = make(2, (int64_t[]){4, 3}, dt, 720, -5, 5, 0);
+      struct kiln_tensor *col = T(2, (int64_t[]){2, 1}, (double[]){3, 1}, KILN_I64);
+      struct kiln_tensor *idx = kiln_expand(col, 2, (int64_t[]){2, 3});
+      struct kiln_tensor *src = make(2, (int64_t[]){5, wide ? 4 : 3}, dt, 721, -5, 5, 0);
+      int64_t sw = wide ? 4 : 3;
+      double *va = V(a), *vs = V(src), want[12];
+      memcpy(want, va, sizeof want);
+      for (int j = 0; j < 3; j++) { want[3 * 3 + j] += vs[0 * sw + j]; want[1 * 3 + j] += vs[1 * sw + j]; }
+      CHECK(idx && kiln_scatter_add_(a, 0, idx, src) == 0);
+      double *vr = V(a);
+      CHECK_ARRAY_NEAR(vr, want, 12, dt == KILN_F32 ? 1e-5 : 0);
+      free(vr);
+      struct kiln_tensor *bcol = T(2, (int64_t[]){2, 1}, (double[]){0, 4}, KILN_I64);
+      struct kiln_tensor *bidx = kiln_expand(bcol, 2, (int64_t[]){2, 3});
+      CHECK_ERR(kiln_scatter_add_(a, 0, bidx, src), "index 4 out of range");
+      vr = V(a);
+      CHECK_ARRAY_NEAR(vr, want, 12, dt == KILN_F32 ? 1e-5 : 0);
+      free(vr); free(va); free(vs);
+      kiln_tensor_release(bidx); kiln_tensor_release(bcol);
+      kiln_tensor_release(a); kiln_tensor_release(col); kiln_tensor_release(idx); kiln_tensor_release(src);
+    }
+  }
   /* mixed dtypes: f16 target, f32 source */
   struct kiln_tensor *a = kiln_tensor_full(1, (int64_t[]){3}, 1, KILN_F16, CPU);
   struct kiln_tensor *idx = T(1, (int64_t[]){4}, (double[]){2, 0, 2, 2}, KILN_I32);

@@ -110,9 +110,12 @@ static int scatter_add_rows(const struct kiln_tensor *idx, const struct kiln_ten
   if (d != 0 || a->ndim < 1 || a->dtype != src->dtype || (a->dtype != KILN_F32 && a->dtype != KILN_F64) ||
       !kiln_is_contiguous(a) || !kiln_is_contiguous(src) || idx->ndim != src->ndim || a->storage == src->storage)
     return 0;
-  for (int k = 1; k < idx->ndim; k++)
+  int64_t rows = idx->sizes[0], width = 1;   /* idx may have fewer rows than src, never more */
+  if (rows > src->sizes[0]) return 0;
+  for (int k = 1; k < idx->ndim; k++) {
     if (idx->strides[k] != 0 || idx->sizes[k] != src->sizes[k] || src->sizes[k] != a->sizes[k]) return 0;
-  int64_t rows = idx->sizes[0], width = rows ? src->numel / rows : 0;
+    width *= src->sizes[k];
+  }
   *rc = KILN_OK;
   for (int64_t i = 0; i < rows; i++) {   /* every index checked before anything is written */
     int64_t v = load_index(idx, idx->offset + i * idx->strides[0]);
