@@ -108,7 +108,8 @@ int cpu_gather(const struct kiln_call *c) {
 static int scatter_add_rows(const struct kiln_tensor *idx, const struct kiln_tensor *src, struct kiln_tensor *a, int d,
                             int *rc) {
   if (d != 0 || a->ndim < 1 || a->dtype != src->dtype || (a->dtype != KILN_F32 && a->dtype != KILN_F64) ||
-      !kiln_is_contiguous(a) || !kiln_is_contiguous(src) || idx->ndim != src->ndim || a->storage == src->storage)
+      !kiln_is_contiguous(a) || !kiln_is_contiguous(src) || idx->ndim != src->ndim || a->ndim != src->ndim ||
+      a->storage == src->storage)
     return 0;
   int64_t rows = idx->sizes[0], width = 1;   /* idx may have fewer rows than src, never more */
   if (rows > src->sizes[0]) return 0;
