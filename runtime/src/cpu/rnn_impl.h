@@ -308,9 +308,11 @@ static void FN(backward_gemm)(struct FN(layer) *L) {
        unless reversed sequences of several lengths put them at different times */
     const R *rows = L->dgh + (L->B ? FN(time)(L, s, 0) : 0) * L->B * L->GH;
     if (L->reverse && L->padded) {
-      for (int64_t b = 0; b < L->B; b++)
-        if (s < L->len[b]) memcpy(L->dgs + b * L->GH, L->dgh + (FN(time)(L, s, b) * L->B + b) * L->GH, sizeof(R) * (size_t)L->GH);
-        else memset(L->dgs + b * L->GH, 0, sizeof(R) * (size_t)L->GH);
+      for (int64_t b = 0; b < L->B; b++) {
+        R *dst = L->dgs + b * L->GH;
+        if (s < L->len[b]) memcpy(dst, L->dgh + (FN(time)(L, s, b) * L->B + b) * L->GH, sizeof(R) * (size_t)L->GH);
+        else memset(dst, 0, sizeof(R) * (size_t)L->GH);
+      }
       rows = L->dgs;
     }
     kiln_cpu_gemm_raw(DT, 0, 0, L->B, L->H, L->GH, 1.0, rows, L->GH, L->w_hh, L->H, 0.0, L->tmp, L->H);
