@@ -150,6 +150,30 @@ describe("rnn_layer", function()
     assert.is_true(x.grad:narrow(1, 1, 2):select(2, 2):abs():sum():item() > 0)
   end)
 
+  -- rnn_layer on the GEMM path and on the persistent path from the same inputs (inputs[2] and
+  -- [3]: h0 and c0, or false), a random grad of the output; the largest difference of the output
+  -- and of each input's grad must stay within tol (times the tensor's largest value when scaled)
+  local function assert_paths_agree(mode, inputs, opts, tol, scaled, label)
+    local got = {}
+    for k, algo in ipairs{"gemm", "persistent"} do
+      local ps = {}
+      for i, t in ipairs(inputs) do ps[i] = t and t:clone():requires_grad_() or false end
+      local o = {algorithm = algo}
+      for key, v in pairs(opts) do o[key] = v end
+      local z = F.rnn_layer(mode, ps[1], ps[2] or nil, ps[3] or nil, ps[4], ps[5], ps[6], ps[7], o)
+      kiln.manual_seed(8)
+      local loss = (z * kiln.randn(z:size(), {dtype = z:dtype()})):sum()
+      loss:backward()
+      got[k] = {z:detach()}
+      for i, t in ipairs(ps) do if t then got[k][#got[k] + 1] = t.grad end end
+    end
+    for i = 1, #got[1] do
+      local d = (got[1][i] - got[2][i]):abs():max():item()
+      local scale = scaled and math.max(1, got[1][i]:abs():max():item()) or 1
+      assert(d <= tol * scale, string.format("%s, tensor %d: persistent differs by %g", label, i, d))
+    end
+  end
+
   it("gives the same result on the persistent path as on the GEMM path (f32, within 1e-6)", function()
     local threads = kiln.get_num_threads()
     for _, n in ipairs{1, 2, 3} do
@@ -165,24 +189,8 @@ describe("rnn_layer", function()
         -- w_hh scaled with the width, so that rounding differences are not amplified step by step
         local w_ih, w_hh = randn(G * Hs, 16) * 0.2, randn(G * Hs, Hs) * (0.2 * math.sqrt(37 / Hs))
         local b_ih, b_hh = randn(G * Hs) * 0.1, randn(G * Hs) * 0.1
-        local grads = {}
-        for k, algo in ipairs{"gemm", "persistent"} do
-          local ps = {x:clone():requires_grad_(), w_ih:clone():requires_grad_(), w_hh:clone():requires_grad_(),
-                      b_ih:clone():requires_grad_(), b_hh:clone():requires_grad_()}
-          local z = F.rnn_layer(mode, ps[1], nil, nil, ps[2], ps[3], ps[4], ps[5],
-                                {lengths = lengths, reverse = true, algorithm = algo})
-          kiln.manual_seed(8)
-          local w = kiln.randn(z:size())
-          local loss = (z * w):sum()
-          loss:backward()
-          grads[k] = {z:detach()}
-          for i = 1, 5 do grads[k][i + 1] = ps[i].grad end
-        end
-        for i = 1, 6 do
-          local d = (grads[1][i] - grads[2][i]):abs():max():item()
-          local scale = math.max(1, grads[1][i]:abs():max():item())
-          assert(d <= 1e-6 * scale, string.format("%s, %d units, %d threads, tensor %d: persistent differs by %g", mode, Hs, n, i, d))
-        end
+        assert_paths_agree(mode, {x, false, false, w_ih, w_hh, b_ih, b_hh}, {lengths = lengths, reverse = true}, 1e-6, true,
+                           string.format("%s, %d units, %d threads", mode, Hs, n))
       end
     end
     kiln.set_num_threads(threads)
@@ -194,24 +202,12 @@ describe("rnn_layer", function()
       kiln.set_num_threads(n)
       for _, mode in ipairs{"lstm", "rnn_tanh", "gru"} do
         kiln.manual_seed(9)
-        local G, Hs, lengths = gates[mode], 16, {7, 7, 6, 6, 5, 4, 3, 2, 1}
+        local G, Hs = gates[mode], 16
         local x, h0 = f64(7, 9, 5), f64(9, Hs)
         local w_ih, w_hh, b_ih, b_hh = f64(G * Hs, 5) * 0.3, f64(G * Hs, Hs) * 0.3, f64(G * Hs), f64(G * Hs)
-        local got = {}
-        for k, algo in ipairs{"gemm", "persistent"} do
-          local ps = leaves{x, h0, w_ih, w_hh, b_ih, b_hh}
-          local z = F.rnn_layer(mode, ps[1], ps[2], nil, ps[3], ps[4], ps[5], ps[6],
-                                {lengths = lengths, reverse = n == 2, algorithm = algo})
-          kiln.manual_seed(10)
-          local loss = (z * kiln.randn(z:size(), {dtype = "f64"})):sum()
-          loss:backward()
-          got[k] = {z:detach()}
-          for i = 1, 6 do got[k][i + 1] = ps[i].grad end
-        end
-        for i = 1, 7 do
-          local d = (got[1][i] - got[2][i]):abs():max():item()
-          assert(d <= 1e-12, string.format("%s, %d threads, tensor %d: persistent differs by %g", mode, n, i, d))
-        end
+        assert_paths_agree(mode, {x, h0, false, w_ih, w_hh, b_ih, b_hh},
+                           {lengths = {7, 7, 6, 6, 5, 4, 3, 2, 1}, reverse = n == 2}, 1e-12, false,
+                           string.format("%s f64, %d threads", mode, n))
       end
     end
     kiln.set_num_threads(threads)
