@@ -117,15 +117,12 @@ static int scatter_add_rows(const struct kiln_tensor *idx, const struct kiln_ten
     if (idx->strides[k] != 0 || idx->sizes[k] != src->sizes[k] || src->sizes[k] != a->sizes[k]) return 0;
     width *= src->sizes[k];
   }
-  *rc = KILN_OK;
-  for (int64_t i = 0; i < rows; i++) {   /* every index checked before anything is written */
-    int64_t v = load_index(idx, idx->offset + i * idx->strides[0]);
-    if (v < 0 || v >= a->sizes[0]) {
-      *rc = kiln_fail(KILN_ERR_INDEX, "scatter_add: index %lld out of range for dim 0 of size %lld (tensor %s; C counts from 0)",
-                      (long long)v, (long long)a->sizes[0], kiln_shape_string(a));
-      return 1;
-    }
-  }
+  /* every index checked before anything is written: one per row, as a column of idx */
+  struct kiln_tensor col = *idx;
+  col.ndim = 1;
+  col.numel = rows;
+  *rc = check_indices("scatter_add", &col, a->sizes[0], 0, a) ? kiln_error_code() : KILN_OK;
+  if (*rc) return 1;
   for (int64_t i = 0; i < rows; i++) {
     int64_t v = load_index(idx, idx->offset + i * idx->strides[0]);
     if (a->dtype == KILN_F32) {

@@ -104,7 +104,6 @@ static void FN(times_rows)(const R *packed, int64_t K, int64_t n, int64_t na, co
   }
 }
 
-
 struct FN(layer) {
   int mode, reverse, G, RS;
   int padded;                    /* some sequence is shorter than T: rows past its end stay 0 */
@@ -524,7 +523,10 @@ static int FN(backward)(const struct kiln_call *c) {
   size_t nprev = sizeof(R) * (size_t)(T * B * H > 0 ? T * B * H : 1);
   L.dgx = FN(scratch)(nbig, L.padded);
   L.dgh = L.mode == KILN_RNN_GRU ? FN(scratch)(nbig, L.padded) : L.dgx;
-  L.dgs = calloc((size_t)(B * GH > 0 ? B * GH : 1), sizeof(R));
+  /* the GEMM path's rows of a step, gathered when reversed sequences of several lengths put them
+     at different times (backward_gemm) */
+  int gather_rows = c->ints[2] != KILN_RNN_PERSISTENT && L.reverse && L.padded;
+  L.dgs = gather_rows ? malloc(sizeof(R) * (size_t)(B * GH)) : NULL;
   L.dh = malloc(sizeof(R) * nbh);
   L.dc = malloc(sizeof(R) * nbh);
   L.tmp = malloc(sizeof(R) * nbh);
@@ -533,7 +535,7 @@ static int FN(backward)(const struct kiln_call *c) {
   int gather = L.padded || T * B == 0;
   R *hprev = bw->gw_hh && gather ? FN(scratch)(nprev, L.padded) : NULL;
   int rc = KILN_OK;
-  if (!L.dgx || !L.dgh || !L.dgs || !L.dh || !L.dc || !L.tmp || (bw->gw_hh && gather && !hprev)) {
+  if (!L.dgx || !L.dgh || (gather_rows && !L.dgs) || !L.dh || !L.dc || !L.tmp || (bw->gw_hh && gather && !hprev)) {
     rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory for the layer's buffers");
     goto done;
   }

@@ -65,11 +65,11 @@ static void softmax_back_lines_##sfx(void *ctx, int64_t begin, int64_t end) {   
     }                                                                                               \
   }                                                                                                 \
 }
-SOFTMAX_LINE(float, f32, expf, log)
+SOFTMAX_LINE(float, f32, kiln_vexpf, log)   /* f32: exp within 3e-7 (cpu/vexp.h) */
 SOFTMAX_LINE(double, f64, exp, log)
 
-/* An f32 line of stride 1 (the class dim of cross entropy, the last dim): the exps vectorised
-   (kiln_vexpf, within 3e-7) a block at a time, then summed in double in order as above. */
+/* An f32 line of stride 1 (the class dim of cross entropy, the last dim): the same exps as above,
+   vectorised a block at a time, then summed in double in order as above. */
 static void softmax_line_f32_contig(int want_log, const float *x, float *y, int64_t D) {
   enum { BLOCK = 256 };
   float m = -INFINITY, e[BLOCK];
