@@ -1,10 +1,10 @@
 -- examples/char_lm.lua: a character-level LSTM language model on the English text of Debian's
--- `fortunes` package: train with truncated backpropagation through time on B parallel streams of
+-- `fortunes` package (or, with --corpus kjv, the King James Bible of its `bible-kjv`): train with truncated backpropagation through time on B parallel streams of
 -- the text, report bits per character on a held-out validation split, save the model, and
 -- sample text from a saved model at a chosen temperature.
 -- usage:
 --   kiln examples/char_lm.lua [--minutes M] [--steps N] [--hidden 256] [--embedding 64] [--layers 1]
---        [--seq 64] [--batch-size 32] [--lr 0.003] [--dropout 0] [--threads N] [--seed N] [--corpus DIR]
+--        [--seq 64] [--batch-size 32] [--lr 0.003] [--dropout 0] [--threads N] [--seed N] [--corpus DIR|kjv]
 --        [--save FILE] [--eval-every STEPS] [--metrics FILE]
 --   kiln examples/char_lm.lua --sample FILE [--length 400] [--temperature 0.8] [--prime "The "] [--seed N]
 -- Training stops after --minutes of training (default 10) or --steps, whichever comes first; every
@@ -88,7 +88,29 @@ end
 
 -- ---- the corpus ----
 
+-- the King James Bible as the `bible` program of Debian's bible-kjv package prints it: chapter
+-- headings, then one numbered verse per line
+local function read_bible()
+  local lfs = require "lfs"
+  local exe
+  for _, path in ipairs{"/usr/bin/bible", "/usr/games/bible"} do
+    if lfs.attributes(path, "mode") == "file" then exe = path end
+  end
+  if not exe then
+    error("char_lm: --corpus kjv needs the `bible` program (install Debian's bible-kjv package: sudo apt-get install bible-kjv)", 0)
+  end
+  local p = assert(io.popen(exe .. " -l4000 gen1:1-rev22:21 2>&1", "r"))
+  local text = p:read("*a")
+  p:close()
+  if #text < 4000000 or not text:find("In the beginning God created the heaven and the earth.", 1, true) then
+    error("char_lm: " .. exe .. " did not print the King James Bible (" .. #text .. " bytes: "
+          .. text:sub(1, 200):gsub("%s+", " ") .. ")", 0)
+  end
+  return text, {"the King James Bible"}
+end
+
 local function read_corpus(dir)
+  if dir == "kjv" then return read_bible() end
   local lfs = require "lfs"
   if not lfs.attributes(dir) then
     error("char_lm: no corpus at " .. dir .. " (install Debian's fortunes package: sudo apt-get install fortunes)", 0)
@@ -153,8 +175,9 @@ local model = make_model(V, opt)
 local adam = optim.Adam(model:parameters(), {lr = opt.lr})
 local lstm = model:get(3)
 
-ui.log("kiln %s: char-LM on %d files of %s: %d training and %d validation characters, vocabulary %d",
-       kiln.version, #files, opt.corpus, train_ids:size(1), valid_ids:size(1), V)
+ui.log("kiln %s: char-LM on %s: %d training and %d validation characters, vocabulary %d", kiln.version,
+       opt.corpus == "kjv" and files[1] or string.format("%d files of %s", #files, opt.corpus),
+       train_ids:size(1), valid_ids:size(1), V)
 ui.log("model: embedding %d, LSTM %d x %d layer(s) (%s), %d parameters; seq %d, batch %d, Adam %.g, %d threads",
        opt.embedding, opt.hidden, opt.layers, (lstm:algorithm_for(B)), model:num_parameters(), T, B, opt.lr,
        kiln.get_num_threads())

@@ -10,11 +10,11 @@ cd "$(dirname "$0")/../.."
 DEST=${1:-shared/gpu-deps}
 
 # kiln's own list (scripts/install-deps.sh), less the tools the GPU machine has or does not need
-# and the examples' data (fortunes, espeak-ng: no GPU check uses them), plus pkgconf for CMake's
+# and the examples' data (fortunes, bible-kjv, espeak-ng: no GPU check uses them), plus pkgconf for CMake's
 # FindPkgConfig; then, until nothing new turns up, the libraries and Lua modules each depends on
 # (the first of alternatives), less what every Linux has.
 WANTED=$(sed -n '/^PACKAGES="/,/"$/p' scripts/install-deps.sh | sed 's/^PACKAGES=//' | tr -d '"\\' | tr ' ' '\n' |
-         grep -vE '^(build-essential|cmake|pkg-config|tmux|clang|libclang.*|dataset-.*|fortunes|espeak-ng|)$')
+         grep -vE '^(build-essential|cmake|pkg-config|tmux|clang|libclang.*|dataset-.*|fortunes|bible-kjv|espeak-ng|)$')
 WANTED="$WANTED libopenblas-pthread-dev pkgconf libtinfo6"
 BASE=" libc6 libc6-dev libc-dev libgcc-s1 libstdc++6 gcc-12-base dpkg install-info libncurses-dev libncurses6 tar "
 

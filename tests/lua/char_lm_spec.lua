@@ -43,6 +43,17 @@ describe("examples/char_lm.lua", function()
     assert.is_nil(text:find("[^a-z%. ]"), "a character outside the corpus: " .. text)
   end)
 
+  it("reads the King James Bible of Debian's bible-kjv with --corpus kjv", function()
+    if not exe then pending("not running under the kiln launcher") return end
+    local out, ok = capture(string.format("%s examples/char_lm.lua --corpus kjv --steps 1 --eval-every 1000 --seq 16 "
+                                          .. "--batch-size 64 --hidden 8 --embedding 4 --threads 1 --save %s/kjv.safetensors",
+                                          exe, dir))
+    assert(ok, out)
+    -- bible-kjv 4.38 (Debian 12): 4,298,239 characters in 263 blocks of 16 KiB, every 20th held out
+    assert.matches("char%-LM on the King James Bible: 4085247 training and 212992 validation characters, vocabulary 73",
+                   out)
+  end)
+
   it("names the missing corpus and the package that has it", function()
     if not exe then pending("not running under the kiln launcher") return end
     local out, ok = capture(exe .. " examples/char_lm.lua --corpus /nonexistent/fortunes --steps 1")
