@@ -6,6 +6,9 @@ local M = {}
 
 -- Run fn(...) with grad mode set to `enabled`, restoring the previous mode even on error.
 local function with_grad_mode(enabled, fn, ...)
+  if type(fn) ~= "function" then
+    core.raise(string.format("%s: expected a function to run, got %s", enabled and "enable_grad" or "no_grad", core.describe(fn)))
+  end
   local prev = C.kiln_set_grad_enabled(enabled and 1 or 0)
   local res = {pcall(fn, ...)}
   C.kiln_set_grad_enabled(prev)
@@ -39,7 +42,11 @@ end
 -- Compare backward with central differences of L = sum(fn(inputs...) * v) for random v.
 -- inputs: f64 tensors (those that require grad are checked). Returns ok, report.
 function M.gradcheck(fn, inputs, opts)
-  opts = opts or {}
+  opts = core.opts_arg(opts, "gradcheck")
+  if type(fn) ~= "function" then core.raise("gradcheck: argument 1 must be a function, got " .. core.describe(fn)) end
+  if type(inputs) ~= "table" or core.is_tensor(inputs) then
+    core.raise("gradcheck: argument 2 must be a list of input tensors, got " .. core.describe(inputs))
+  end
   local eps, atol, rtol = opts.eps or 1e-6, opts.atol or 1e-5, opts.rtol or 1e-3
   local kiln = require "kiln"
   local checked = {}

@@ -124,6 +124,33 @@ end
 
 function M.is_tensor(x) return ffi.istype(Ref, x) end
 
+-- What a value is, for an error message: "a tensor", "the number 2.5", "a string", "nil".
+function M.describe(x)
+  if ffi.istype(Ref, x) then return "a tensor" end
+  if type(x) == "number" or type(x) == "boolean" then return "the " .. type(x) .. " " .. tostring(x) end
+  if x == nil then return "nil" end
+  return "a " .. type(x)
+end
+
+-- x.p for an argument that must be a tensor; else an error naming the op and the argument.
+function M.tensor_arg(x, what, name)
+  if ffi.istype(Ref, x) then return x.p end
+  M.raise(string.format("%s: %s must be a tensor, got %s", what, name, M.describe(x)))
+end
+
+-- The options table of a call (nil: none); else an error naming the op.
+function M.opts_arg(opts, what)
+  if opts == nil then return {} end
+  if type(opts) == "table" and not ffi.istype(Ref, opts) then return opts end
+  M.raise(string.format("%s: the options must be a table ({name = value, ...}), got %s", what, M.describe(opts)))
+end
+
+-- x for an argument that must be a number; else an error naming the op and the argument.
+function M.number_arg(x, what, name)
+  if type(x) == "number" then return x end
+  M.raise(string.format("%s: %s must be a number, got %s", what, name, M.describe(x)))
+end
+
 -- A Lua dim (1-based, -1 is the last) to a C dim (0-based, negative counts from the end).
 function M.cdim(t, d, what, extra)
   local n = t.p.ndim + (extra or 0)

@@ -24,7 +24,7 @@ kiln.is_tensor = core.is_tensor
 
 -- kiln.tensor({{1, 2}, {3, 4}}, {dtype = "f64", device = "cpu"}); a number gives a 0-dim tensor.
 function kiln.tensor(data, opts)
-  opts = opts or {}
+  opts = core.opts_arg(opts, "tensor")
   if core.is_tensor(data) then return data:to{dtype = opts.dtype or data:dtype(), device = opts.device}:clone() end
   return core.from_table(data, opts.dtype, opts.device)
 end
@@ -57,22 +57,26 @@ end
 -- The dtype is i64 when every argument is an integer, else f32.
 function kiln.arange(a, b, c, opts)
   if type(b) == "table" then opts, b = b, nil elseif type(c) == "table" then opts, c = c, nil end
-  opts = opts or {}
+  opts = core.opts_arg(opts, "arange")
   local start, stop, step = 0, a, 1
   if b ~= nil then start, stop, step = a, b, c or 1 end
+  core.number_arg(start, "arange", "the start") core.number_arg(stop, "arange", "the end") core.number_arg(step, "arange", "the step")
   local int = start == math.floor(start) and stop == math.floor(stop) and step == math.floor(step)
   local dtype = opts.dtype or (int and "i64" or "f32")
   return wrap(C.kiln_tensor_arange(start, stop, step, core.dtype(dtype, "arange"), core.device(opts.device)))
 end
 
 function kiln.linspace(a, b, steps, opts)
-  opts = opts or {}
+  opts = core.opts_arg(opts, "linspace")
+  core.number_arg(a, "linspace", "the start") core.number_arg(b, "linspace", "the end") core.number_arg(steps, "linspace", "steps")
   return wrap(C.kiln_tensor_linspace(a, b, steps, core.dtype(opts.dtype, "linspace"), core.device(opts.device)))
 end
 
 function kiln.eye(n, m, opts)
   if type(m) == "table" then opts, m = m, nil end
-  opts = opts or {}
+  opts = core.opts_arg(opts, "eye")
+  core.number_arg(n, "eye", "n")
+  if m ~= nil then core.number_arg(m, "eye", "m") end
   return wrap(C.kiln_tensor_eye(n, m or n, core.dtype(opts.dtype, "eye"), core.device(opts.device)))
 end
 
@@ -91,17 +95,30 @@ end)
 -- randint(low, high, sizes, opts): integers in [low, high), i64 by default. randint(high, sizes) starts at 0.
 function kiln.randint(low, high, sizes, opts)
   if type(high) == "table" then low, high, sizes, opts = 0, low, high, sizes end
-  opts = opts or {}
+  opts = core.opts_arg(opts, "randint")
+  core.number_arg(low, "randint", "low") core.number_arg(high, "randint", "high")
+  if sizes ~= nil and type(sizes) ~= "table" then core.raise("randint: the sizes must be a table, got " .. core.describe(sizes)) end
   local a, n = core.int64_array(sizes or {})
   local t = wrap_retry(C.kiln_tensor_empty, n, a, core.dtype(opts.dtype or "i64", "randint"), core.device(opts.device))
   check(C.kiln_randint_(t.p, low, high))
   return t
 end
 
-kiln.zeros_like, kiln.ones_like, kiln.full_like = Tensor.zeros_like, Tensor.ones_like, Tensor.full_like
-function kiln.empty_like(t, opts) return Tensor.full_like(t, 0, opts) end
-function kiln.rand_like(t) return Tensor.uniform_(kiln.empty_like(t), 0, 1) end
-function kiln.randn_like(t) return Tensor.normal_(kiln.empty_like(t), 0, 1) end
+-- kiln.f(t, ...) for a method t:f(...): the same, after checking that t is a tensor.
+local function function_of_tensor(name, fn)
+  return function(t, ...)
+    if not core.is_tensor(t) then
+      core.raise(string.format("kiln.%s: argument 1 must be a tensor, got %s", name, core.describe(t)))
+    end
+    return fn(t, ...)
+  end
+end
+
+kiln.zeros_like, kiln.ones_like = function_of_tensor("zeros_like", Tensor.zeros_like), function_of_tensor("ones_like", Tensor.ones_like)
+kiln.full_like = function_of_tensor("full_like", Tensor.full_like)
+kiln.empty_like = function_of_tensor("empty_like", function(t, opts) return Tensor.full_like(t, 0, opts) end)
+kiln.rand_like = function_of_tensor("rand_like", function(t) return Tensor.uniform_(kiln.empty_like(t), 0, 1) end)
+kiln.randn_like = function_of_tensor("randn_like", function(t) return Tensor.normal_(kiln.empty_like(t), 0, 1) end)
 
 -- ---- functions ----
 
@@ -109,7 +126,7 @@ kiln.cat, kiln.stack = Tensor.cat, Tensor.stack
 kiln.where = Tensor._where
 -- Every method is also a function of the tensor: kiln.exp(t), kiln.sum(t, 2).
 for name, fn in pairs(Tensor) do
-  if kiln[name] == nil and name:sub(1, 1) ~= "_" then kiln[name] = fn end
+  if kiln[name] == nil and name:sub(1, 1) ~= "_" then kiln[name] = function_of_tensor(name, fn) end
 end
 
 -- ---- autograd ----
@@ -122,14 +139,19 @@ kiln.gradcheck = kiln.autograd.gradcheck
 -- ---- the runtime ----
 
 function kiln.manual_seed(seed)
-  C.kiln_manual_seed(seed)
+  C.kiln_manual_seed(core.number_arg(seed, "manual_seed", "the seed"))
 end
 kiln.seed = kiln.manual_seed
 function kiln.initial_seed() return tonumber(C.kiln_initial_seed()) end
 function kiln.get_rng_state() return {seed = tonumber(C.kiln_initial_seed()), offset = tonumber(C.kiln_random_offset())} end
-function kiln.set_rng_state(s) C.kiln_random_set_state(s.seed, s.offset) end
+function kiln.set_rng_state(s)
+  if type(s) ~= "table" or type(s.seed) ~= "number" or type(s.offset) ~= "number" then
+    core.raise("set_rng_state: expected a state as get_rng_state returns it ({seed = n, offset = n}), got " .. core.describe(s))
+  end
+  C.kiln_random_set_state(s.seed, s.offset)
+end
 
-function kiln.set_num_threads(n) check(C.kiln_set_num_threads(n)) end
+function kiln.set_num_threads(n) check(C.kiln_set_num_threads(core.number_arg(n, "set_num_threads", "the thread count"))) end
 function kiln.get_num_threads() return C.kiln_get_num_threads() end
 
 -- How f32 matrix products may compute on a GPU, as torch.set_float32_matmul_precision:
@@ -161,6 +183,7 @@ function kiln.empty_cache() C.kiln_cpu_empty_cache() end
 -- Collect garbage after this many tensor bytes were allocated since the last collection
 -- (nil: back to the automatic CPU threshold).
 function kiln.set_gc_threshold(bytes, device)
+  if bytes ~= nil then core.number_arg(bytes, "set_gc_threshold", "the byte count") end
   if device ~= "cuda" then core.gc_threshold_fixed = bytes ~= nil end
   C.kiln_memory_set_threshold(device == "cuda" and C.KILN_CUDA or C.KILN_CPU, bytes or 16 * 2 ^ 20)
 end

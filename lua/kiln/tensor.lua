@@ -3,7 +3,7 @@
 local core = require "kiln.core"
 local ffi, C = core.ffi, core.C
 local wrap, check, cdim, fail, is_tensor, raise = core.wrap, core.check, core.cdim, core.fail, core.is_tensor, core.raise
-local wrap_retry = core.wrap_retry
+local wrap_retry, tensor_arg, number_arg = core.wrap_retry, core.tensor_arg, core.number_arg
 
 local Tensor = {}     -- the methods
 local mt = {}
@@ -61,7 +61,7 @@ function Tensor.reshape(t, ...)
   return wrap(C.kiln_reshape(t.p, n, a))
 end
 
-function Tensor.view_as(t, other) return t:view(other:size()) end
+function Tensor.view_as(t, other) tensor_arg(other, "view_as", "other") return t:view(other:size()) end
 
 function Tensor.transpose(t, d0, d1)
   return wrap(C.kiln_transpose(t.p, cdim(t, d0, "transpose"), cdim(t, d1, "transpose")))
@@ -83,6 +83,7 @@ end
 -- narrow(dim, start, length): start counts from 1.
 function Tensor.narrow(t, d, start, length)
   local cd = cdim(t, d, "narrow")
+  number_arg(start, "narrow", "the start") number_arg(length, "narrow", "the length")
   if start < 0 then start = tonumber(t.p.sizes[cd]) + start + 1 end
   if start < 1 then raise(string.format("narrow: start %d out of range (counting from 1)", start)) end
   return wrap(C.kiln_narrow(t.p, cd, start - 1, length))
@@ -116,7 +117,7 @@ function Tensor.expand(t, ...)
   local a, n = core.int64_array(size_args(t, "expand", ...))
   return wrap(C.kiln_expand(t.p, n, a))
 end
-function Tensor.expand_as(t, other) return t:expand(other:size()) end
+function Tensor.expand_as(t, other) tensor_arg(other, "expand_as", "other") return t:expand(other:size()) end
 
 function Tensor.flatten(t, s, e)
   if t.p.ndim == 0 then return wrap(C.kiln_flatten(t.p, 0, 0)) end
@@ -130,10 +131,10 @@ function Tensor.clone(t) return wrap_retry(C.kiln_clone, t.p) end
 
 function Tensor.copy_(t, src)
   if type(src) == "number" then check(C.kiln_fill_(t.p, src)) return t end
-  check(C.kiln_copy_(t.p, src.p))
+  check(C.kiln_copy_(t.p, tensor_arg(src, "copy_", "the source")))
   return t
 end
-function Tensor.fill_(t, v) check(C.kiln_fill_(t.p, v)) return t end
+function Tensor.fill_(t, v) check(C.kiln_fill_(t.p, number_arg(v, "fill_", "the value"))) return t end
 function Tensor.zero_(t) check(C.kiln_fill_(t.p, 0)) return t end
 
 -- to("f64"), to("cuda"), to{dtype=..., device=..., non_blocking=...}, to(other_tensor), to("cuda", {non_blocking = true}).
@@ -274,23 +275,27 @@ function Tensor.where(cond, a, b)
 end
 function Tensor._where(cond, a, b)
   local like = is_tensor(a) and a or b
+  if not is_tensor(like) then raise("where: argument 2 or 3 must be a tensor, got " .. core.describe(a) .. " and " .. core.describe(b)) end
   if type(a) == "number" then a = Tensor.full_like(like, a) end
   if type(b) == "number" then b = Tensor.full_like(like, b) end
-  return wrap_retry(C.kiln_where, cond.p, a.p, b.p)
+  return wrap_retry(C.kiln_where, tensor_arg(cond, "where", "the condition"), tensor_arg(a, "where", "argument 2"),
+                    tensor_arg(b, "where", "argument 3"))
 end
 
 function Tensor.full_like(t, v, opts)
-  opts = opts or {}
+  opts = core.opts_arg(opts, "full_like")
   local dtype = opts.dtype and core.dtype(opts.dtype) or t.p.dtype
   local dev = opts.device and core.device(opts.device) or t.p.device
   local a, n = core.int64_array(Tensor.size(t))
-  return wrap_retry(C.kiln_tensor_full, n, a, v, dtype, dev)
+  return wrap_retry(C.kiln_tensor_full, n, a, number_arg(v, "full_like", "the value"), dtype, dev)
 end
 function Tensor.zeros_like(t, opts) return Tensor.full_like(t, 0, opts) end
 function Tensor.ones_like(t, opts) return Tensor.full_like(t, 1, opts) end
 
 function Tensor.clamp(t, lo, hi)
   if type(lo) == "table" then lo, hi = lo.min, lo.max end
+  if lo ~= nil then number_arg(lo, "clamp", "min") end
+  if hi ~= nil then number_arg(hi, "clamp", "max") end
   return wrap_retry(C.kiln_clamp, t.p, lo or 0, hi or 0, lo ~= nil and 1 or 0, hi ~= nil and 1 or 0)
 end
 Tensor.clip = Tensor.clamp
@@ -301,6 +306,8 @@ local dims_buf = ffi.new("int[8]")
 local function dims_arg(t, dim, what)
   if dim == nil then return 0 end
   if type(dim) == "number" then dims_buf[0] = cdim(t, dim, what) return 1 end
+  if type(dim) ~= "table" then raise(string.format("%s: dim must be an integer or a table of them, got %s", what, core.describe(dim))) end
+  if #dim > 8 then raise(string.format("%s: %d dims given (a tensor has at most 8)", what, #dim)) end
   for i = 1, #dim do dims_buf[i - 1] = cdim(t, dim[i], what) end
   return #dim
 end
@@ -325,7 +332,7 @@ local function spread(opname)
       opts, dim, keepdim = dim, dim.dim, dim.keepdim
     end
     if type(keepdim) == "table" then opts, keepdim = keepdim, nil end
-    opts = opts or {}
+    opts = core.opts_arg(opts, opname)
     local correction = opts.correction or (opts.unbiased == false and 0) or 1
     local n = dims_arg(t, dim, opname)
     return wrap_retry(C.kiln_reduce, op, t.p, n, dims_buf, keepdim and 1 or 0, correction)
@@ -336,6 +343,7 @@ Tensor.std = spread("std")
 
 -- norm(p=2, dim, keepdim); p may be math.huge.
 function Tensor.norm(t, p, dim, keepdim)
+  if p ~= nil then number_arg(p, "norm", "p") end
   local n = dims_arg(t, dim, "norm")
   return wrap_retry(C.kiln_reduce, C.KILN_OP_NORM, t.p, n, dims_buf, keepdim and 1 or 0, p or 2)
 end
@@ -377,21 +385,27 @@ function Tensor.log_softmax(t, dim) return require("kiln.functional").log_softma
 
 -- a:matmul(b), or a:matmul(b, {out = c}) to write into c without allocating.
 function Tensor.matmul(a, b, opts)
-  if opts and opts.out then check(C.kiln_matmul_out(opts.out.p, a.p, b.p)) return opts.out end
-  return wrap_retry(C.kiln_matmul, a.p, b.p)
+  opts = core.opts_arg(opts, "matmul")
+  if opts.out then
+    check(C.kiln_matmul_out(tensor_arg(opts.out, "matmul", "out"), a.p, tensor_arg(b, "matmul", "argument 2")))
+    return opts.out
+  end
+  return wrap_retry(C.kiln_matmul, a.p, tensor_arg(b, "matmul", "argument 2"))
 end
-function Tensor.mm(a, b) return wrap_retry(C.kiln_mm, a.p, b.p) end
-function Tensor.bmm(a, b) return wrap_retry(C.kiln_bmm, a.p, b.p) end
-function Tensor.dot(a, b) return wrap_retry(C.kiln_matmul, a.p, b.p) end
+function Tensor.mm(a, b) return wrap_retry(C.kiln_mm, a.p, tensor_arg(b, "mm", "argument 2")) end
+function Tensor.bmm(a, b) return wrap_retry(C.kiln_bmm, a.p, tensor_arg(b, "bmm", "argument 2")) end
+function Tensor.dot(a, b) return wrap_retry(C.kiln_matmul, a.p, tensor_arg(b, "dot", "argument 2")) end
 -- c:addmm(a, b, {beta=1, alpha=1}) = beta * c + alpha * a @ b
 function Tensor.addmm(c, a, b, opts)
-  opts = opts or {}
-  return wrap_retry(C.kiln_addmm, c.p, a.p, b.p, opts.beta or 1, opts.alpha or 1)
+  opts = core.opts_arg(opts, "addmm")
+  return wrap_retry(C.kiln_addmm, c.p, tensor_arg(a, "addmm", "argument 2"), tensor_arg(b, "addmm", "argument 3"),
+                    opts.beta or 1, opts.alpha or 1)
 end
 
 -- ---- joining and splitting ----
 
 local function tensor_list(list, what)
+  if type(list) ~= "table" or is_tensor(list) then raise(string.format("%s: expected a list of tensors, got %s", what, core.describe(list))) end
   local n = #list
   if n == 0 then raise(what .. ": expected a non-empty list of tensors") end
   local arr = ffi.new("struct kiln_tensor *[?]", n)
@@ -428,6 +442,7 @@ function Tensor.split(t, size, dim)
     for _, s in ipairs(size) do parts[#parts + 1] = wrap(C.kiln_narrow(t.p, cd, start, s)) start = start + s end
     return parts
   end
+  number_arg(size, "split", "the size")
   if size <= 0 then raise("split: size must be positive, got " .. tostring(size)) end
   while start < total do
     local len = math.min(size, total - start)
@@ -440,6 +455,7 @@ end
 function Tensor.chunk(t, n, dim)
   dim = dim or 1
   local total = tonumber(t.p.sizes[cdim(t, dim, "chunk")])
+  number_arg(n, "chunk", "the number of chunks")
   if n <= 0 then raise("chunk: number of chunks must be positive, got " .. tostring(n)) end
   return Tensor.split(t, math.max(1, math.ceil(total / n)), dim)
 end
@@ -466,23 +482,41 @@ function Tensor.gather(t, dim, idx)
 end
 
 function Tensor.scatter_add(t, dim, idx, src)
-  return wrap_retry(C.kiln_scatter_add, t.p, cdim(t, dim, "scatter_add"), c_indices(idx, "scatter_add").p, src.p)
+  return wrap_retry(C.kiln_scatter_add, t.p, cdim(t, dim, "scatter_add"), c_indices(idx, "scatter_add").p,
+                    tensor_arg(src, "scatter_add", "the source"))
 end
 function Tensor.scatter_add_(t, dim, idx, src)
-  check(C.kiln_scatter_add_(t.p, cdim(t, dim, "scatter_add_"), c_indices(idx, "scatter_add_").p, src.p))
+  check(C.kiln_scatter_add_(t.p, cdim(t, dim, "scatter_add_"), c_indices(idx, "scatter_add_").p,
+                               tensor_arg(src, "scatter_add_", "the source")))
   return t
 end
 
-function Tensor.masked_fill(t, mask, v) return wrap_retry(C.kiln_masked_fill, t.p, mask.p, v) end
-function Tensor.masked_fill_(t, mask, v) check(C.kiln_masked_fill_(t.p, mask.p, v)) return t end
-function Tensor.masked_select(t, mask) return wrap_retry(C.kiln_masked_select, t.p, mask.p) end
+function Tensor.masked_fill(t, mask, v)
+  return wrap_retry(C.kiln_masked_fill, t.p, tensor_arg(mask, "masked_fill", "the mask"), number_arg(v, "masked_fill", "the value"))
+end
+function Tensor.masked_fill_(t, mask, v)
+  check(C.kiln_masked_fill_(t.p, tensor_arg(mask, "masked_fill_", "the mask"), number_arg(v, "masked_fill_", "the value")))
+  return t
+end
+function Tensor.masked_select(t, mask) return wrap_retry(C.kiln_masked_select, t.p, tensor_arg(mask, "masked_select", "the mask")) end
 
 -- ---- random fills ----
 
-function Tensor.uniform_(t, lo, hi) check(C.kiln_uniform_(t.p, lo or 0, hi or 1)) return t end
-function Tensor.normal_(t, mean, std) check(C.kiln_normal_(t.p, mean or 0, std or 1)) return t end
+local function number_or(x, default, what, name)
+  if x == nil then return default end
+  return number_arg(x, what, name)
+end
+function Tensor.uniform_(t, lo, hi)
+  check(C.kiln_uniform_(t.p, number_or(lo, 0, "uniform_", "the low end"), number_or(hi, 1, "uniform_", "the high end")))
+  return t
+end
+function Tensor.normal_(t, mean, std)
+  check(C.kiln_normal_(t.p, number_or(mean, 0, "normal_", "the mean"), number_or(std, 1, "normal_", "the std")))
+  return t
+end
 function Tensor.random_(t, lo, hi)
   if hi == nil then lo, hi = 1, lo end
+  number_arg(lo, "random_", "the low end") number_arg(hi, "random_", "the high end")
   check(C.kiln_randint_(t.p, lo, hi + 1))     -- inclusive, like Torch7's random_(a, b)
   return t
 end
@@ -497,8 +531,8 @@ end
 -- backward(), backward(grad), backward{retain_graph = true}, backward(grad, {retain_graph = true})
 function Tensor.backward(t, grad, opts)
   if type(grad) == "table" and not is_tensor(grad) then opts, grad = grad, nil end
-  opts = opts or {}
-  check(C.kiln_backward(t.p, grad and grad.p or nil, opts.retain_graph and 1 or 0))
+  opts = core.opts_arg(opts, "backward")
+  check(C.kiln_backward(t.p, grad ~= nil and tensor_arg(grad, "backward", "the gradient") or nil, opts.retain_graph and 1 or 0))
 end
 
 function Tensor.detach(t) return wrap(C.kiln_detach(t.p)) end

@@ -4,6 +4,9 @@ local dir = arg[1] or "tests/lua"
 -- the specs' shared helpers (helpers.lua) are found next to them
 local folder = dir:match("%.lua$") and (dir:match("^(.*)/[^/]*$") or ".") or dir
 package.path = folder .. "/?.lua;" .. package.path
+-- busted unloads the modules a spec file loaded when the file ends, but kiln (loaded by the launcher)
+-- keeps the nn and functional it loads on first use: load them now, so every file shares them.
+local _ = kiln.nn, kiln.functional
 local args = {"--pattern=_spec", "--output=utfTerminal"}
 if not os.getenv("TERM") or os.getenv("CI") then args[2] = "--output=plainTerminal" end
 for i = 2, #arg do args[#args + 1] = arg[i] end

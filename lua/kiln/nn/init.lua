@@ -246,7 +246,8 @@ local function module_error(e)
   local names = {e.path[1].__name}
   for i = 2, #e.path do names[#names + 1] = e.path[i]._key or "?" end
   local leaf = e.path[#e.path]
-  local desc = leaf.extra_repr and leaf:extra_repr() or ""
+  local ok, desc = pcall(function() return leaf.extra_repr and leaf:extra_repr() or "" end)
+  if not ok then desc = "" end
   return string.format("%s (%s%s): input %s: %s", table.concat(names, "."), leaf.__name, desc ~= "" and (" " .. desc) or "",
                        e.input, e.msg)
 end
@@ -282,7 +283,8 @@ end
 
 function Module:tree(indent, key)
   indent = indent or ""
-  local extra = self:extra_repr()
+  local ok, extra = pcall(self.extra_repr, self)
+  if not ok then extra = "?" end
   local head = string.format("%s%s%s%s", indent, key and (key .. ": ") or "", self.__name, extra ~= "" and ("(" .. extra .. ")") or "")
   local n = self:num_parameters()
   if n > 0 then head = head .. string.format("  [%s params]", count_str(n)) end

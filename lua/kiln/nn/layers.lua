@@ -5,11 +5,41 @@ local kiln = require "kiln"
 return function(nn)
   local init = nn.init
   local function F() return require "kiln.functional" end
+  local core = require "kiln.core"
+
+  -- constructor arguments: an error at the caller's line for a size or option that cannot work
+  local function need_int(name, what, v, min)
+    min = min or 1
+    if type(v) ~= "number" or v ~= math.floor(v) or v < min then
+      core.raise(string.format("%s: %s must be %s, got %s", name, what,
+                               min == 0 and "a non-negative integer" or "a positive integer", core.describe(v)))
+    end
+    return v
+  end
+  -- an integer or a pair of them ({h, w})
+  local function need_pair(name, what, v, min)
+    if type(v) == "table" then
+      if #v ~= 2 then core.raise(string.format("%s: %s must be an integer or a pair {h, w}, got a table of %d", name, what, #v)) end
+      need_int(name, what, v[1], min) need_int(name, what, v[2], min)
+      return v
+    end
+    need_int(name, what, v, min)
+    return {v, v}
+  end
+  local function need_opts(name, opts) return core.opts_arg(opts, name) end
+  local reductions = {mean = true, sum = true, none = true}
+  local function need_reduction(name, r)
+    if r ~= nil and not reductions[r] then
+      core.raise(string.format('%s: reduction must be "mean", "sum" or "none", got %s', name, core.describe(r)))
+    end
+    return r or "mean"
+  end
 
   -- ---- Linear ----
   local Linear = nn.define("Linear")
   function Linear:init(in_features, out_features, opts)
-    opts = opts or {}
+    opts = need_opts("Linear", opts)
+    need_int("Linear", "in_features", in_features) need_int("Linear", "out_features", out_features)
     self.in_features, self.out_features = in_features, out_features
     self.weight = self:parameter(kiln.empty(out_features, in_features, {dtype = opts.dtype}))
     if opts.bias ~= false then self.bias = self:parameter(kiln.empty(out_features, {dtype = opts.dtype}))
@@ -67,13 +97,19 @@ return function(nn)
 
   -- ---- dropout, embedding ----
   local Dropout = nn.define("Dropout")
-  function Dropout:init(p) self.p = p or 0.5 end
+  function Dropout:init(p)
+    if p ~= nil and (type(p) ~= "number" or not (p >= 0 and p < 1)) then
+      core.raise("Dropout: p must be a probability, 0 <= p < 1, got " .. core.describe(p))
+    end
+    self.p = p or 0.5
+  end
   function Dropout:forward(x) return F().dropout(x, self.p, self.training) end
   function Dropout:extra_repr() return "p=" .. self.p end
 
   local Embedding = nn.define("Embedding")
   function Embedding:init(num, dim, opts)
-    opts = opts or {}
+    opts = need_opts("Embedding", opts)
+    need_int("Embedding", "num_embeddings", num) need_int("Embedding", "embedding_dim", dim)
     self.num_embeddings, self.embedding_dim = num, dim
     self.weight = self:parameter(kiln.randn(num, dim, {dtype = opts.dtype}))
   end
@@ -92,8 +128,11 @@ return function(nn)
 
   local Conv2d = nn.define("Conv2d")
   function Conv2d:init(cin, cout, k, opts)
-    opts = opts or {}
-    local ks = pair(k)
+    opts = need_opts("Conv2d", opts)
+    need_int("Conv2d", "in_channels", cin) need_int("Conv2d", "out_channels", cout)
+    local ks = need_pair("Conv2d", "kernel_size", k)
+    need_pair("Conv2d", "stride", opts.stride or 1) need_pair("Conv2d", "padding", opts.padding or 0, 0)
+    need_pair("Conv2d", "dilation", opts.dilation or 1) need_int("Conv2d", "groups", opts.groups or 1)
     self.in_channels, self.out_channels, self.kernel_size = cin, cout, ks
     self.stride, self.padding, self.dilation, self.groups = pair(opts.stride or 1), pair(opts.padding or 0), pair(opts.dilation or 1), opts.groups or 1
     if cin % self.groups ~= 0 or cout % self.groups ~= 0 then
@@ -123,7 +162,10 @@ return function(nn)
 
   local Conv1d = nn.define("Conv1d")
   function Conv1d:init(cin, cout, k, opts)
-    opts = opts or {}
+    opts = need_opts("Conv1d", opts)
+    need_int("Conv1d", "in_channels", cin) need_int("Conv1d", "out_channels", cout) need_int("Conv1d", "kernel_size", k)
+    need_int("Conv1d", "stride", opts.stride or 1) need_int("Conv1d", "padding", opts.padding or 0, 0)
+    need_int("Conv1d", "dilation", opts.dilation or 1)
     local inner = nn.Conv2d(cin, cout, {1, k}, {stride = {1, opts.stride or 1}, padding = {0, opts.padding or 0},
                                                dilation = {1, opts.dilation or 1}, groups = opts.groups, bias = opts.bias, dtype = opts.dtype})
     self.in_channels, self.out_channels, self.kernel_size = cin, cout, k
@@ -140,8 +182,15 @@ return function(nn)
 
   local ConvTranspose2d = nn.define("ConvTranspose2d")
   function ConvTranspose2d:init(cin, cout, k, opts)
-    opts = opts or {}
-    local ks = pair(k)
+    opts = need_opts("ConvTranspose2d", opts)
+    need_int("ConvTranspose2d", "in_channels", cin) need_int("ConvTranspose2d", "out_channels", cout)
+    local ks = need_pair("ConvTranspose2d", "kernel_size", k)
+    need_pair("ConvTranspose2d", "stride", opts.stride or 1) need_pair("ConvTranspose2d", "padding", opts.padding or 0, 0)
+    need_pair("ConvTranspose2d", "output_padding", opts.output_padding or 0, 0)
+    need_pair("ConvTranspose2d", "dilation", opts.dilation or 1) need_int("ConvTranspose2d", "groups", opts.groups or 1)
+    if cin % (opts.groups or 1) ~= 0 or cout % (opts.groups or 1) ~= 0 then
+      core.raise(string.format("ConvTranspose2d: %d in and %d out channels are not divisible by %d groups", cin, cout, opts.groups))
+    end
     self.in_channels, self.out_channels, self.kernel_size = cin, cout, ks
     self.stride, self.padding, self.output_padding = pair(opts.stride or 1), pair(opts.padding or 0), pair(opts.output_padding or 0)
     self.dilation, self.groups = pair(opts.dilation or 1), opts.groups or 1
@@ -164,7 +213,9 @@ return function(nn)
 
   local MaxPool2d = nn.define("MaxPool2d")
   function MaxPool2d:init(k, opts)
-    opts = opts or {}
+    opts = need_opts("MaxPool2d", opts)
+    need_pair("MaxPool2d", "kernel_size", k) need_pair("MaxPool2d", "stride", opts.stride or k)
+    need_pair("MaxPool2d", "padding", opts.padding or 0, 0) need_pair("MaxPool2d", "dilation", opts.dilation or 1)
     self.kernel_size, self.stride = pair(k), pair(opts.stride or k)
     self.padding, self.dilation, self.ceil_mode = pair(opts.padding or 0), pair(opts.dilation or 1), opts.ceil_mode or false
   end
@@ -175,7 +226,9 @@ return function(nn)
 
   local AvgPool2d = nn.define("AvgPool2d")
   function AvgPool2d:init(k, opts)
-    opts = opts or {}
+    opts = need_opts("AvgPool2d", opts)
+    need_pair("AvgPool2d", "kernel_size", k) need_pair("AvgPool2d", "stride", opts.stride or k)
+    need_pair("AvgPool2d", "padding", opts.padding or 0, 0)
     self.kernel_size, self.stride, self.padding = pair(k), pair(opts.stride or k), pair(opts.padding or 0)
     self.ceil_mode, self.count_include_pad = opts.ceil_mode or false, opts.count_include_pad ~= false
   end
@@ -186,14 +239,15 @@ return function(nn)
   function AvgPool2d:extra_repr() return string.format("%dx%d", self.kernel_size[1], self.kernel_size[2]) end
 
   local AdaptiveAvgPool2d = nn.define("AdaptiveAvgPool2d")
-  function AdaptiveAvgPool2d:init(size) self.output_size = pair(size) end
+  function AdaptiveAvgPool2d:init(size) self.output_size = need_pair("AdaptiveAvgPool2d", "output_size", size) end
   function AdaptiveAvgPool2d:forward(x) return F().adaptive_avg_pool2d(x, self.output_size) end
   function AdaptiveAvgPool2d:extra_repr() return string.format("%dx%d", self.output_size[1], self.output_size[2]) end
 
   local function batchnorm(name, dims)
     local BN = nn.define(name)
     function BN:init(n, opts)
-      opts = opts or {}
+      opts = need_opts(name, opts)
+      need_int(name, "num_features", n)
       self.num_features, self.eps, self.momentum = n, opts.eps or 1e-5, opts.momentum or 0.1
       self.affine, self.track_running_stats = opts.affine ~= false, opts.track_running_stats ~= false
       if self.affine then
@@ -224,8 +278,10 @@ return function(nn)
 
   local LayerNorm = nn.define("LayerNorm")
   function LayerNorm:init(shape, opts)
-    opts = opts or {}
+    opts = need_opts("LayerNorm", opts)
     self.normalized_shape = type(shape) == "table" and shape or {shape}
+    if #self.normalized_shape == 0 then core.raise("LayerNorm: normalized_shape must name at least one size, got " .. core.describe(shape)) end
+    for _, n in ipairs(self.normalized_shape) do need_int("LayerNorm", "normalized_shape", n) end
     self.eps = opts.eps or 1e-5
     if opts.elementwise_affine ~= false then
       self.weight = self:parameter(kiln.ones(self.normalized_shape, {dtype = opts.dtype}))
@@ -239,7 +295,11 @@ return function(nn)
 
   local GroupNorm = nn.define("GroupNorm")
   function GroupNorm:init(groups, channels, opts)
-    opts = opts or {}
+    opts = need_opts("GroupNorm", opts)
+    need_int("GroupNorm", "num_groups", groups) need_int("GroupNorm", "num_channels", channels)
+    if channels % groups ~= 0 then
+      core.raise(string.format("GroupNorm: %d channels are not divisible by %d groups", channels, groups))
+    end
     self.num_groups, self.num_channels, self.eps = groups, channels, opts.eps or 1e-5
     if opts.affine ~= false then
       self.weight = self:parameter(kiln.ones(channels, {dtype = opts.dtype}))
@@ -259,37 +319,54 @@ return function(nn)
   end
 
   local CrossEntropyLoss = nn.define("CrossEntropyLoss")
-  function CrossEntropyLoss:init(opts) self.opts = opts or {} end
+  function CrossEntropyLoss:init(opts)
+    self.opts = need_opts("CrossEntropyLoss", opts)
+    need_reduction("CrossEntropyLoss", self.opts.reduction)
+  end
   function CrossEntropyLoss:forward(logits, target) return F().cross_entropy(logits, target, self.opts) end
 
   local NLLLoss = nn.define("NLLLoss")
-  function NLLLoss:init(opts) self.opts = opts or {} end
+  function NLLLoss:init(opts)
+    self.opts = need_opts("NLLLoss", opts)
+    need_reduction("NLLLoss", self.opts.reduction)
+  end
   function NLLLoss:forward(logp, target) return F().nll_loss(logp, target, self.opts) end
 
   -- CTCLoss{blank = 1, reduction = "mean", zero_infinity = false}:
   -- loss = criterion(log_probs [T,N,C], targets, input_lengths, target_lengths); see F.ctc_loss.
   local CTCLoss = nn.define("CTCLoss")
-  function CTCLoss:init(opts) self.opts = opts or {} end
+  function CTCLoss:init(opts)
+    self.opts = need_opts("CTCLoss", opts)
+    need_reduction("CTCLoss", self.opts.reduction)
+    if self.opts.blank ~= nil then need_int("CTCLoss", "blank", self.opts.blank) end
+  end
   function CTCLoss:forward(lp, targets, input_lengths, target_lengths)
     return F().ctc_loss(lp, targets, input_lengths, target_lengths, self.opts)
   end
 
   local function check_same(name, a, b)
+    if not kiln.is_tensor(a) or not kiln.is_tensor(b) then
+      error(string.format("%s: input and target must be tensors, got %s and %s", name, core.describe(a), core.describe(b)), 3)
+    end
     if tostring(a:size()) ~= tostring(b:size()) then
       error(string.format("%s: input %s and target %s differ in shape", name, tostring(a:size()), tostring(b:size())), 3)
     end
   end
 
   local MSELoss = nn.define("MSELoss")
-  function MSELoss:init(opts) self.reduction = (opts or {}).reduction or "mean" end
+  function MSELoss:init(opts) self.reduction = need_reduction("MSELoss", need_opts("MSELoss", opts).reduction) end
   function MSELoss:forward(x, y) check_same("MSELoss", x, y) return reduce((x - y):square(), self.reduction) end
 
   local L1Loss = nn.define("L1Loss")
-  function L1Loss:init(opts) self.reduction = (opts or {}).reduction or "mean" end
+  function L1Loss:init(opts) self.reduction = need_reduction("L1Loss", need_opts("L1Loss", opts).reduction) end
   function L1Loss:forward(x, y) check_same("L1Loss", x, y) return reduce((x - y):abs(), self.reduction) end
 
   local SmoothL1Loss = nn.define("SmoothL1Loss")
-  function SmoothL1Loss:init(opts) opts = opts or {} self.reduction, self.beta = opts.reduction or "mean", opts.beta or 1 end
+  function SmoothL1Loss:init(opts)
+    opts = need_opts("SmoothL1Loss", opts)
+    self.reduction, self.beta = need_reduction("SmoothL1Loss", opts.reduction), opts.beta or 1
+    if type(self.beta) ~= "number" or not (self.beta > 0) then core.raise("SmoothL1Loss: beta must be a positive number, got " .. core.describe(self.beta)) end
+  end
   function SmoothL1Loss:forward(x, y)
     check_same("SmoothL1Loss", x, y)
     local d = (x - y):abs()
@@ -300,7 +377,7 @@ return function(nn)
   end
 
   local BCELoss = nn.define("BCELoss")
-  function BCELoss:init(opts) self.reduction = (opts or {}).reduction or "mean" end
+  function BCELoss:init(opts) self.reduction = need_reduction("BCELoss", need_opts("BCELoss", opts).reduction) end
   function BCELoss:forward(p, y)
     check_same("BCELoss", p, y)
     -- log clamped at -100, as PyTorch does, so that p = 0 or 1 gives a finite loss
@@ -309,7 +386,7 @@ return function(nn)
   end
 
   local BCEWithLogitsLoss = nn.define("BCEWithLogitsLoss")
-  function BCEWithLogitsLoss:init(opts) self.reduction = (opts or {}).reduction or "mean" end
+  function BCEWithLogitsLoss:init(opts) self.reduction = need_reduction("BCEWithLogitsLoss", need_opts("BCEWithLogitsLoss", opts).reduction) end
   function BCEWithLogitsLoss:forward(z, y)
     check_same("BCEWithLogitsLoss", z, y)
     -- max(z, 0) - z y + log(1 + exp(-|z|)): stable for large |z|

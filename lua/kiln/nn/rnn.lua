@@ -24,13 +24,16 @@ return function(nn)
 
   local function size_check(name, v, what)
     if type(v) ~= "number" or v < 1 or v ~= math.floor(v) then
-      error(string.format("%s: %s must be a positive integer, got %s", name, what, tostring(v)), 4)
+      local core = require "kiln.core"
+      core.raise(string.format("%s: %s must be a positive integer, got %s", name, what, core.describe(v)))
     end
   end
 
   -- ---- the layers ----
 
   local RNNBase = nn.define("RNNBase")
+  -- the layers below are made from it; on its own it has no mode
+  function RNNBase:init() require("kiln.core").raise("RNNBase: a base class; make an nn.RNN, nn.GRU or nn.LSTM") end
   function RNNBase:setup(mode, input_size, hidden_size, opts)
     local name = titles[mode]
     size_check(name, input_size, "input_size")
@@ -168,6 +171,7 @@ return function(nn)
   -- ---- the cells: one step, for loops written by hand ----
 
   local CellBase = nn.define("RNNCellBase")
+  function CellBase:init() require("kiln.core").raise("RNNCellBase: a base class; make an nn.RNNCell, nn.GRUCell or nn.LSTMCell") end
   function CellBase:setup(mode, input_size, hidden_size, opts)
     local name = titles[mode] .. "Cell"
     size_check(name, input_size, "input_size")

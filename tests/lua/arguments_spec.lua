@@ -1,0 +1,173 @@
+-- Arguments of the wrong kind: every function of a tensor, the tensor arguments of ops, numbers,
+-- option tables and the nn constructors answer with an error naming the function and the argument,
+-- raised at the caller's line; never a crash, a Lua-internal message or a silent default.
+local kiln = require "kiln"
+local nn = kiln.nn
+
+-- the error of f(), which must fail; its message without the "file:line: " prefix
+local function failure(f)
+  local ok, err = pcall(f)
+  assert(not ok, "expected an error")
+  return tostring(err)
+end
+
+local internal = {"attempt to", "bad argument", "cannot convert", "(NULL)"}
+local function assert_clear(msg)
+  for _, pat in ipairs(internal) do
+    assert(not msg:find(pat, 1, true), "a Lua-internal message: " .. msg)
+  end
+end
+
+describe("arguments of the wrong kind", function()
+  it("kiln.f(x) for a method f needs a tensor x, for every method", function()
+    local names = {}
+    for name, fn in pairs(kiln.Tensor) do
+      if type(fn) == "function" and name:sub(1, 1) ~= "_" and type(kiln[name]) == "function" and name ~= "cat" and name ~= "stack"
+         and name ~= "where" then
+        names[#names + 1] = name
+      end
+    end
+    table.sort(names)
+    assert(#names > 100, "only " .. #names .. " methods found")
+    for _, name in ipairs(names) do
+      for _, bad in ipairs{"x", 2.5, {}, false} do
+        local msg = failure(function() return kiln[name](bad, 1) end)
+        assert.matches("kiln%." .. name:gsub("_", "%%_") .. ": argument 1 must be a tensor, got ", msg)
+      end
+    end
+    -- the first of these crashed the process (a NULL tensor in C)
+    assert.matches("kiln.is_contiguous: argument 1 must be a tensor, got a string", failure(function() return kiln.is_contiguous("x") end))
+    assert.matches("kiln.dim: argument 1 must be a tensor, got the number 2.5", failure(function() return kiln.dim(2.5) end))
+    assert.matches("kiln.zeros_like: argument 1 must be a tensor, got nil", failure(function() return kiln.zeros_like() end))
+    assert.matches("kiln.randn_like: argument 1 must be a tensor", failure(function() return kiln.randn_like({2, 3}) end))
+  end)
+
+  it("names the tensor argument an op was given something else for", function()
+    local t = kiln.randn(2, 2)
+    local cases = {
+      {function() return t:mm(3) end, "mm: argument 2 must be a tensor, got the number 3"},
+      {function() return t:matmul("x") end, "matmul: argument 2 must be a tensor, got a string"},
+      {function() return t:dot(true) end, "dot: argument 2 must be a tensor, got the boolean true"},
+      {function() return t:bmm(nil) end, "bmm: argument 2 must be a tensor, got nil"},
+      {function() return t:addmm(t, 2) end, "addmm: argument 3 must be a tensor, got the number 2"},
+      {function() return t:copy_(print) end, "copy_: the source must be a tensor, got a function"},
+      {function() return t:view_as(4) end, "view_as: other must be a tensor, got the number 4"},
+      {function() return t:expand_as({2, 2}) end, "expand_as: other must be a tensor, got a table"},
+      {function() return t:masked_fill(1, 0) end, "masked_fill: the mask must be a tensor"},
+      {function() return t:masked_fill(t:gt(0), "x") end, "masked_fill: the value must be a number, got a string"},
+      {function() return t:masked_select("x") end, "masked_select: the mask must be a tensor"},
+      {function() return t:scatter_add(1, kiln.ones(2, 2, {dtype = "i64"}), 5) end, "scatter_add: the source must be a tensor"},
+      {function() return kiln.where(1, t, t) end, "where: the condition must be a tensor, got the number 1"},
+      {function() return kiln.where(t:gt(0), 1, 2) end, "where: argument 2 or 3 must be a tensor"},
+      {function() return kiln.cat(t) end, "cat: expected a list of tensors, got a tensor"},
+      {function() return kiln.stack(3) end, "stack: expected a list of tensors, got the number 3"},
+      {function() local x = kiln.randn(2, {requires_grad = true}) x:sum():backward(7) end,
+       "backward: the gradient must be a tensor, got the number 7"},
+    }
+    for i, c in ipairs(cases) do
+      local msg = failure(c[1])
+      assert(msg:find(c[2], 1, true), "case " .. i .. ": " .. msg)
+      assert_clear(msg)
+    end
+  end)
+
+  it("names numbers and options given as something else", function()
+    local t = kiln.randn(2, 3)
+    local cases = {
+      {function() return t:fill_("x") end, "fill_: the value must be a number, got a string"},
+      {function() return t:fill_(t) end, "fill_: the value must be a number, got a tensor"},
+      {function() return t:clamp("a", 1) end, "clamp: min must be a number"},
+      {function() return t:clamp({max = {}}) end, "clamp: max must be a number, got a table"},
+      {function() return t:full_like(t) end, "full_like: the value must be a number, got a tensor"},
+      {function() return t:uniform_("a") end, "uniform_: the low end must be a number"},
+      {function() return t:normal_(0, {}) end, "normal_: the std must be a number, got a table"},
+      {function() return t:random_("x") end, "random_: the high end must be a number"},
+      {function() return t:norm(t) end, "norm: p must be a number, got a tensor"},
+      {function() return t:narrow(1, "a", 1) end, "narrow: the start must be a number"},
+      {function() return t:chunk("x") end, "chunk: the number of chunks must be a number"},
+      {function() return t:split({}) end, "split: sizes add up to 0"},
+      {function() return t:sum(print) end, "sum: dim must be an integer or a table of them, got a function"},
+      {function() return t:sum({1, 1, 1, 1, 1, 1, 1, 1, 1}) end, "sum: 9 dims given (a tensor has at most 8)"},
+      {function() return t:zeros_like(2) end, "full_like: the options must be a table"},
+      {function() return t:matmul(t:t(), 5) end, "matmul: the options must be a table ({name = value, ...}), got the number 5"},
+      {function() return t:var(1, false, "x") end, "var: the options must be a table ({name = value, ...}), got a string"},
+      {function() return kiln.tensor({1, 2}, 3) end, "tensor: the options must be a table ({name = value, ...}), got the number 3"},
+      {function() return kiln.arange(t) end, "arange: the end must be a number, got a tensor"},
+      {function() return kiln.linspace(0, 1, "x") end, "linspace: steps must be a number"},
+      {function() return kiln.eye("x") end, "eye: n must be a number"},
+      {function() return kiln.randint(0, t, {2}) end, "randint: high must be a number, got a tensor"},
+      {function() return kiln.randint(0, 5, 3) end, "randint: the sizes must be a table, got the number 3"},
+      {function() return kiln.manual_seed("x") end, "manual_seed: the seed must be a number, got a string"},
+      {function() return kiln.set_num_threads("x") end, "set_num_threads: the thread count must be a number"},
+      {function() return kiln.set_rng_state(3) end, "set_rng_state: expected a state as get_rng_state returns it"},
+      {function() return kiln.set_gc_threshold("x") end, "set_gc_threshold: the byte count must be a number"},
+      {function() return kiln.no_grad(3) end, "no_grad: expected a function to run, got the number 3"},
+      {function() return kiln.gradcheck(3, {t}) end, "gradcheck: argument 1 must be a function"},
+      {function() return kiln.gradcheck(function(x) return x end, t) end, "gradcheck: argument 2 must be a list of input tensors, got a tensor"},
+    }
+    for i, c in ipairs(cases) do
+      local msg = failure(c[1])
+      assert(msg:find(c[2], 1, true), "case " .. i .. ": " .. msg)
+      assert_clear(msg)
+    end
+    -- nothing was changed by the calls that failed
+    assert.equal(3, t:size(2))
+  end)
+
+  it("raises the error at the caller's line", function()
+    local line = debug.getinfo(1, "l").currentline + 1
+    local ok, err = pcall(function() return kiln.is_contiguous(1) end)
+    assert.is_false(ok)
+    assert.matches("arguments_spec.lua:" .. line .. ": kiln.is_contiguous", err)
+    line = debug.getinfo(1, "l").currentline + 1
+    ok, err = pcall(function() return nn.Linear(3) end)
+    assert.matches("arguments_spec.lua:" .. line .. ": Linear: out_features", err)
+    line = debug.getinfo(1, "l").currentline + 1
+    ok, err = pcall(function() return nn.LSTM(3) end)
+    assert.matches("arguments_spec.lua:" .. line .. ": LSTM: hidden_size", err)
+  end)
+
+  it("checks the nn constructors' sizes and options", function()
+    local cases = {
+      {function() return nn.Linear() end, "Linear: in_features must be a positive integer, got nil"},
+      {function() return nn.Linear(3, 2.5) end, "Linear: out_features must be a positive integer, got the number 2.5"},
+      {function() return nn.Linear(3, 4, 1) end, "Linear: the options must be a table"},
+      {function() return nn.Conv2d(3, 4) end, "Conv2d: kernel_size must be a positive integer, got nil"},
+      {function() return nn.Conv2d(3, 4, {3}) end, "Conv2d: kernel_size must be an integer or a pair {h, w}, got a table of 1"},
+      {function() return nn.Conv2d(3, 4, 3, {stride = 0}) end, "Conv2d: stride must be a positive integer, got the number 0"},
+      {function() return nn.Conv2d(3, 4, 3, {padding = -1}) end, "Conv2d: padding must be a non-negative integer"},
+      {function() return nn.Conv1d(3, 4, "x") end, "Conv1d: kernel_size must be a positive integer, got a string"},
+      {function() return nn.ConvTranspose2d(3, 4) end, "ConvTranspose2d: kernel_size must be a positive integer"},
+      {function() return nn.ConvTranspose2d(3, 4, 3, {groups = 2}) end, "ConvTranspose2d: 3 in and 4 out channels are not divisible by 2 groups"},
+      {function() return nn.Embedding(10) end, "Embedding: embedding_dim must be a positive integer, got nil"},
+      {function() return nn.BatchNorm2d("x") end, "BatchNorm2d: num_features must be a positive integer, got a string"},
+      {function() return nn.LayerNorm({}) end, "LayerNorm: normalized_shape must name at least one size"},
+      {function() return nn.GroupNorm(3, 8) end, "GroupNorm: 8 channels are not divisible by 3 groups"},
+      {function() return nn.MaxPool2d() end, "MaxPool2d: kernel_size must be a positive integer, got nil"},
+      {function() return nn.AvgPool2d(2, {padding = -1}) end, "AvgPool2d: padding must be a non-negative integer"},
+      {function() return nn.AdaptiveAvgPool2d("x") end, "AdaptiveAvgPool2d: output_size must be a positive integer"},
+      {function() return nn.Dropout(1.5) end, "Dropout: p must be a probability, 0 <= p < 1, got the number 1.5"},
+      {function() return nn.MSELoss{reduction = "avg"} end, 'MSELoss: reduction must be "mean", "sum" or "none", got a string'},
+      {function() return nn.CrossEntropyLoss{reduction = 1} end, "CrossEntropyLoss: reduction must be"},
+      {function() return nn.CTCLoss{blank = "x"} end, "CTCLoss: blank must be a positive integer, got a string"},
+      {function() return nn.SmoothL1Loss{beta = 0} end, "SmoothL1Loss: beta must be a positive number, got the number 0"},
+      {function() return nn.RNNBase() end, "RNNBase: a base class"},
+      {function() return nn.RNNCellBase() end, "RNNCellBase: a base class"},
+      {function() return nn.MSELoss()(kiln.randn(2), 3) end, "MSELoss: input and target must be tensors, got a tensor and the number 3"},
+    }
+    for i, c in ipairs(cases) do
+      local msg = failure(c[1])
+      assert(msg:find(c[2], 1, true), "case " .. i .. ": " .. msg)
+      assert_clear(msg)
+    end
+  end)
+
+  it("still builds what the checks let through", function()
+    assert.equal("Conv2d(3→4, 3x5, padding 1,0)", (tostring(nn.Conv2d(3, 4, {3, 5}, {padding = {1, 0}})):gsub("  .*", "")))
+    assert.equal(0, nn.Dropout(0).p)
+    assert.equal("sum", nn.L1Loss{reduction = "sum"}.reduction)
+    local y = nn.GroupNorm(2, 4)(kiln.randn(1, 4, 2, 2))
+    assert.same({1, 4, 2, 2}, {y:size(1), y:size(2), y:size(3), y:size(4)})
+    assert.equal(6, kiln.zeros_like(kiln.ones(2, 3)):add(1):sum():item())
+  end)
+end)
