@@ -394,6 +394,7 @@ KILN_API struct kiln_tensor *kiln_alias(const struct kiln_tensor *t) {
 }
 
 KILN_API int kiln_is_contiguous(const struct kiln_tensor *t) {
+  if (!t) return 0;              /* no tensor: nothing to read (the predicates answer, never crash) */
   if (t->numel == 0) return 1;   /* as in PyTorch: an empty tensor has no layout to break */
   int64_t st = 1;
   for (int d = t->ndim - 1; d >= 0; d--) {

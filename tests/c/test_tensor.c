@@ -394,6 +394,10 @@ static void test_refcounts(void) {
   kiln_ref_release(&ref);   /* twice is harmless */
   kiln_tensor_release(NULL);
   kiln_tensor_retain(NULL);
+  /* the predicates answer for no tensor too */
+  CHECK(kiln_is_contiguous(NULL) == 0);
+  CHECK(kiln_tensor_is_freed(NULL) == 0);
+  CHECK(kiln_tensor_is_pinned(NULL) == 0);
 }
 
 static void test_free(void) {
