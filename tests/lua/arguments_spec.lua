@@ -104,6 +104,8 @@ describe("arguments of the wrong kind", function()
       {function() return kiln.no_grad(3) end, "no_grad: expected a function to run, got the number 3"},
       {function() return kiln.gradcheck(3, {t}) end, "gradcheck: argument 1 must be a function"},
       {function() return kiln.gradcheck(function(x) return x end, t) end, "gradcheck: argument 2 must be a list of input tensors, got a tensor"},
+      {function() return kiln.optim.SGD({kiln.randn(2)}, 3) end, "SGD: the options must be a table ({name = value, ...}), got the number 3"},
+      {function() return kiln.optim.Adam({kiln.randn(2)}):step("x") end, "Adam.step: the closure must be a function, got a string"},
     }
     for i, c in ipairs(cases) do
       local msg = failure(c[1])
