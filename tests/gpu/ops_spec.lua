@@ -1664,10 +1664,11 @@ for _, e in ipairs(extras) do out(e) end
 out(string.format("%d failed cases", failures))
 
 local dir = os.getenv("OUT")
+local base = os.getenv("KILN_GPU_OPS_OUT") or "gpu_ops"   -- run.sh's second, synchronous pass writes ops_sync.*
 if dir and dir ~= "" then
-  local f = io.open(dir .. "/gpu_ops.txt", "w")
+  local f = io.open(dir .. "/" .. base .. ".txt", "w")
   if f then f:write(table.concat(lines, "\n"), "\n") f:close() end
-  local j = io.open(dir .. "/gpu_ops.jsonl", "w")
+  local j = io.open(dir .. "/" .. base .. ".jsonl", "w")
   if j then
     for _, name in ipairs(order) do
       local r = rows[name]

@@ -86,11 +86,16 @@ else
            "LUA_PATH=$DEPS/usr/share/lua/5.1/?.lua;$DEPS/usr/share/lua/5.1/?/init.lua;;"
            "LUA_CPATH=$DEPS/usr/lib/$ARCH/lua/5.1/?.so;;")
 fi
-# cuBLAS from PyTorch's wheels when the toolkit lacks it.
+# cuBLAS from PyTorch's wheels when the toolkit lacks it: CUDA 13's wheels keep it with the other
+# toolkit libraries in nvidia/cu13, CUDA 12's in nvidia/cublas.
 CUDA_LIB=$(dirname "$(dirname "$NVCC")")/lib64
 if [ ! -e "$CUDA_LIB/libcublas.so" ] && command -v python3 >/dev/null; then
-  NV=$(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__))' 2>/dev/null)
-  if [ -n "$NV" ] && [ -e "$NV/lib/libcublas.so.13" ]; then
+  NV=
+  NV_ROOT=$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null)
+  for d in "$NV_ROOT/cu13" "$NV_ROOT/cublas"; do
+    if [ -n "$NV_ROOT" ] && [ -e "$d/lib/libcublas.so.13" ]; then NV=$d; break; fi
+  done
+  if [ -n "$NV" ]; then
     echo "cuBLAS from PyTorch: $NV"
     CMAKE_DEPS+=(-DCUDA_cublas_LIBRARY="$NV/lib/libcublas.so.13" -DCUDA_cublasLt_LIBRARY="$NV/lib/libcublasLt.so.13")
     export CPLUS_INCLUDE_PATH="$NV/include${CPLUS_INCLUDE_PATH:+:$CPLUS_INCLUDE_PATH}"
@@ -113,18 +118,25 @@ run() { env ${RUN_ENV[@]+"${RUN_ENV[@]}"} "$@"; }
 # ---- build ----
 step "build (sm_90)"
 BUILD=$ROOT/build-gpu
-if ! cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON -DKILN_CUDA_ARCHS=90-real ${CMAKE_DEPS[@]+"${CMAKE_DEPS[@]}"} \
+# Warnings are not errors here (CI has them as errors with Debian 12's compilers; this machine's
+# host compiler may warn where those do not): they are counted below instead.
+if ! cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON -DKILN_CUDA_ARCHS=90-real -DKILN_CUDA_WERROR=OFF \
+     ${CMAKE_DEPS[@]+"${CMAKE_DEPS[@]}"} \
      > "$RESULTS/configure.log" 2>&1; then
   tail -n 30 "$RESULTS/configure.log"
   fail "configure"
   exit 1
 fi
 grep -E "CUDA compiler|Found CUDAToolkit|without the CUDA backend|kiln: cuDNN" "$RESULTS/configure.log"
-if ! cmake --build "$BUILD" -j "$(nproc)" > "$RESULTS/build.log" 2>&1; then
+# only what the checks below run (no fuzzers, no host-side CUDA tests: CI runs those)
+if ! cmake --build "$BUILD" -j "$(nproc)" --target kiln kiln_cuda kiln-launcher test_cuda_loader test_pinned \
+     > "$RESULTS/build.log" 2>&1; then
   grep -E "error|Error" "$RESULTS/build.log" | head -n 40
   fail "build"
   exit 1
 fi
+WARNINGS=$(grep -c "warning" "$RESULTS/build.log" || true)
+echo "build: $WARNINGS warning line(s) (build.log)"
 ls -la "$BUILD/lib"
 KILN=$BUILD/bin/kiln
 
@@ -135,10 +147,14 @@ run "$KILN" -e 'print("kiln.cuda: " .. kiln.cuda.device_count() .. " device(s); 
   fail "kiln -e"
 
 step "every CUDA op against the CPU (tests/gpu/ops_spec.lua, fresh blocks poisoned)"
-run KILN_CUDA_POISON=1 timeout 240 "$KILN" tests/gpu/ops_spec.lua || fail "ops_spec.lua"
-
-step "the same with KILN_SYNC=1 (a fault reported at its op), errors only"
-run KILN_SYNC=1 timeout 120 "$KILN" tests/gpu/ops_spec.lua > "$RESULTS/ops_sync.log" 2>&1 || { tail -n 20 "$RESULTS/ops_sync.log"; fail "ops_spec.lua with KILN_SYNC=1"; }
+OPS_OK=yes
+run KILN_CUDA_POISON=1 timeout 240 "$KILN" tests/gpu/ops_spec.lua || { fail "ops_spec.lua"; OPS_OK=no; }
+if [ "$OPS_OK" = no ]; then
+  # a failure above: again with every launch synchronous, so that a fault is reported at its op
+  step "the same with KILN_SYNC=1 (a fault reported at its op), errors only"
+  run KILN_SYNC=1 KILN_GPU_OPS_OUT=ops_sync timeout 240 "$KILN" tests/gpu/ops_spec.lua > "$RESULTS/ops_sync.log" 2>&1 ||
+    tail -n 20 "$RESULTS/ops_sync.log"
+fi
 
 step "pinned memory, uploads that do not wait, the DataLoader on cuda (tests/gpu/pinned_spec.lua, test_pinned)"
 run timeout 60 "$BUILD/bin/test_pinned" || fail "test_pinned"
