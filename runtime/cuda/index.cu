@@ -166,6 +166,8 @@ extern "C" int cuda_scatter_add(const struct kiln_call *c) {
     scatter_add_kernel<double, double><<<(unsigned)l.blocks, l.threads, 0, dev->stream>>>(g, p, ix, i64, s);
   else if (a->dtype == src->dtype && a->dtype == KILN_I64)
     scatter_add_kernel<int64_t, unsigned long long><<<(unsigned)l.blocks, l.threads, 0, dev->stream>>>(g, p, ix, i64, s);
+  else if (a->dtype == src->dtype && a->dtype == KILN_I32)
+    scatter_add_kernel<int32_t, int><<<(unsigned)l.blocks, l.threads, 0, dev->stream>>>(g, p, ix, i64, s);
   else
     scatter_add_serial_kernel<<<1, 1, 0, dev->stream>>>(g, p, a->dtype, ix, i64, s, src->dtype);
   return cuda_launched("scatter_add", "scatter_add_kernel");
