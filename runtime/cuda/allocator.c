@@ -449,6 +449,19 @@ int kiln_caching_record_stream(struct kiln_caching_allocator *a, void *ptr, uint
   return rc;
 }
 
+void kiln_caching_forget_stream(struct kiln_caching_allocator *a, uintptr_t stream) {
+  pthread_mutex_lock(&a->lock);
+  for (int64_t j = 0; j < a->live.cap; j++) {
+    struct block *b = a->live.slots[j];
+    if (!b) continue;
+    int n = 0;
+    for (int k = 0; k < b->nuses; k++)
+      if (b->uses[k] != stream) b->uses[n++] = b->uses[k];
+    b->nuses = n;
+  }
+  pthread_mutex_unlock(&a->lock);
+}
+
 int64_t kiln_caching_pending(struct kiln_caching_allocator *a) {
   pthread_mutex_lock(&a->lock);
   if (a->pending.n) collect_pending(a, 0);

@@ -62,6 +62,9 @@ int kiln_caching_free(struct kiln_caching_allocator *a, void *ptr);
    reused by its own stream until that work is done. 0; -1 for an unknown pointer; -2 when the
    backing has no events or the host is out of memory. */
 int kiln_caching_record_stream(struct kiln_caching_allocator *a, void *ptr, uintptr_t stream);
+/* The stream is about to be destroyed, its queued work finished: live blocks no longer note it as
+   a user (a later free would record an event on a dead stream). Thread-safe. */
+void kiln_caching_forget_stream(struct kiln_caching_allocator *a, uintptr_t stream);
 /* Blocks freed and waiting for other streams' work (for tests and statistics). */
 int64_t kiln_caching_pending(struct kiln_caching_allocator *a);
 /* The block size behind ptr, -1 when unknown. */

@@ -94,6 +94,8 @@ int cuda_stream_free(int device_index, void *stream) {
   if (!rc) {
     /* its work and its workspaces' users finish first; its cached blocks then serve anyone */
     rc = cuda_check(cudaStreamSynchronize(st->stream), "Stream:free", "cudaStreamSynchronize");
+    /* blocks that noted it as a user (record_stream) need not wait for it, nor record on it, again */
+    kiln_caching_forget_stream(dev->allocator, (uintptr_t)st->stream);
     if (st->blas_workspace) cudaFree(st->blas_workspace);
     if (st->dnn_workspace) kiln_caching_free(dev->allocator, st->dnn_workspace);   /* a block of the allocator (conv.cu) */
     cudaStreamDestroy(st->stream);

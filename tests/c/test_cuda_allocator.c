@@ -363,6 +363,22 @@ static void test_record_stream(void) {
   CHECK(get(a, 1, 3 * MiB) == m);
   CHECK_INVARIANTS(a);
 
+  /* a user stream destroyed (its work done): the block no longer waits for it, nor records on it */
+  void *g = get(a, 1, 5000);
+  CHECK(kiln_caching_record_stream(a, g, 6) == 0 && kiln_caching_record_stream(a, g, 7) == 0);
+  kiln_caching_forget_stream(a, 6);
+  int before = events.records;
+  kiln_caching_free(a, g);
+  CHECK(events.records == before + 1);   /* on stream 7 only */
+  CHECK(kiln_caching_pending(a) == 1);
+  finish(7);
+  CHECK(kiln_caching_pending(a) == 0);
+  g = get(a, 1, 5000);
+  kiln_caching_forget_stream(a, 7);        /* a stream no block uses: nothing changes */
+  kiln_caching_free(a, g);
+  CHECK(kiln_caching_pending(a) == 0 && events.records == before + 1);
+  CHECK_INVARIANTS(a);
+
   /* unknown pointers; a backing without events */
   CHECK(kiln_caching_record_stream(a, (void *)0x1234, 2) == -1);
   kiln_caching_free(a, m);
