@@ -105,7 +105,7 @@ end
 
 -- permutation(n, {seed =, epoch =}): the shuffled order batches() uses, counting from 1.
 function data.permutation(n, opts)
-  opts = opts or {}
+  opts = core.opts_arg(opts, "permutation")
   check_integer(n, "permutation", "n")
   local seed = opts.seed
   if seed == nil then seed = default_seed() end
@@ -118,7 +118,7 @@ end
 -- ---- minibatches ----
 
 local function options(src_n, opts, what)
-  opts = opts or {}
+  opts = core.opts_arg(opts, what)
   local bs = opts.batch_size or 1
   check_integer(bs, what, "batch_size")
   if bs < 1 then raise(string.format("%s: batch_size must be positive, got %d", what, bs)) end
@@ -360,6 +360,7 @@ end
 -- One decoded image as a u8 tensor [C,H,W] (channels: 1 grey, 3 RGB (the default), 4 RGBA, 0 the file's).
 function data.read_image(path, channels)
   if type(path) ~= "string" then raise("read_image: the path must be a string, got " .. type(path)) end
+  if channels ~= nil then check_integer(channels, "read_image", "channels") end
   return wrap(C.kiln_image_read(path, channels or 3))
 end
 
@@ -377,7 +378,7 @@ ImageFolder.__index = ImageFolder
 -- included), classes sorted by name, files sorted by path. Sample i is (f32 [C,H,W] in [0, 1]
 -- after the transform, label from 1). Fields: classes (names, classes[label]), class_to_idx, root.
 function data.ImageFolder(root, opts)
-  opts = opts or {}
+  opts = core.opts_arg(opts, "ImageFolder")
   if type(root) ~= "string" then raise("ImageFolder: the root must be a string, got " .. type(root)) end
   local channels = opts.channels or 3
   check_integer(channels, "ImageFolder", "channels")

@@ -106,6 +106,9 @@ describe("arguments of the wrong kind", function()
       {function() return kiln.gradcheck(function(x) return x end, t) end, "gradcheck: argument 2 must be a list of input tensors, got a tensor"},
       {function() return kiln.optim.SGD({kiln.randn(2)}, 3) end, "SGD: the options must be a table ({name = value, ...}), got the number 3"},
       {function() return kiln.optim.Adam({kiln.randn(2)}):step("x") end, "Adam.step: the closure must be a function, got a string"},
+      {function() return kiln.data.permutation(5, 3) end, "permutation: the options must be a table ({name = value, ...}), got the number 3"},
+      {function() return kiln.data.num_batches(kiln.data.TensorDataset(kiln.randn(4)), 2) end, "num_batches: the options must be a table"},
+      {function() return kiln.data.read_image("/nonexistent.png", "rgb") end, "read_image: channels must be an integer, got rgb"},
     }
     for i, c in ipairs(cases) do
       local msg = failure(c[1])
