@@ -1,6 +1,6 @@
 /* cuda/norm.cu: batch, layer and group norm on CUDA, forward and backward, with cpu/norm.c's
    semantics (norm.cuh). One block per row (layer, group norm) or per channel (batch norm): its
-   threads stride over the elements, the sums (in double) go through the block's fixed tree, the
+   threads stride over the elements (batch norm's without a division per element: bn_cursor), the sums (in double) go through the block's fixed tree, the
    mean first and then the squared deviations from it. Batch norm's block also updates the
    channel's running stats in place. Layer norm's weight and bias grads take one thread per
    column, the rows in order (the CPU's order); group norm's one block per channel. Everything is
@@ -30,11 +30,12 @@ __global__ void batch_norm_kernel(const T *x, const T *w, const T *b, T *y, T *m
     double m, is;
     if (batch_stats) {
       double s = 0;
-      for (int64_t k = threadIdx.x; k < per; k += blockDim.x) s += (double)x[bn_at(k, c, g.C, g.S)];
+      for (struct bn_cursor q = bn_cursor_start(threadIdx.x, g.S); q.k < per; bn_cursor_next(&q, blockDim.x, g.S))
+        s += (double)x[bn_cursor_at(&q, c, g.C, g.S)];
       m = bn_mean(block_sum(s, red), M);
       double q = 0;
-      for (int64_t k = threadIdx.x; k < per; k += blockDim.x) {
-        double d = (double)x[bn_at(k, c, g.C, g.S)] - m;
+      for (struct bn_cursor u = bn_cursor_start(threadIdx.x, g.S); u.k < per; bn_cursor_next(&u, blockDim.x, g.S)) {
+        double d = (double)x[bn_cursor_at(&u, c, g.C, g.S)] - m;
         q += d * d;
       }
       q = block_sum(q, red);
@@ -50,8 +51,8 @@ __global__ void batch_norm_kernel(const T *x, const T *w, const T *b, T *y, T *m
     }
     T scale, shift;
     bn_affine<T>(m, is, w, b, c, &scale, &shift);
-    for (int64_t k = threadIdx.x; k < per; k += blockDim.x) {
-      int64_t at = bn_at(k, c, g.C, g.S);
+    for (struct bn_cursor u = bn_cursor_start(threadIdx.x, g.S); u.k < per; bn_cursor_next(&u, blockDim.x, g.S)) {
+      int64_t at = bn_cursor_at(&u, c, g.C, g.S);
       y[at] = x[at] * scale + shift;
     }
   }
@@ -65,8 +66,8 @@ __global__ void batch_norm_backward_kernel(const T *gy, const T *x, const T *w, 
   for (int64_t c = blockIdx.x; c < g.C; c += gridDim.x) {
     double m = (double)mean[c], is = (double)invstd[c];
     double sg = 0, sgx = 0;
-    for (int64_t k = threadIdx.x; k < per; k += blockDim.x) {
-      int64_t at = bn_at(k, c, g.C, g.S);
+    for (struct bn_cursor u = bn_cursor_start(threadIdx.x, g.S); u.k < per; bn_cursor_next(&u, blockDim.x, g.S)) {
+      int64_t at = bn_cursor_at(&u, c, g.C, g.S);
       sg += (double)gy[at];
       sgx += (double)gy[at] * ((double)x[at] - m);
     }
@@ -80,8 +81,8 @@ __global__ void batch_norm_backward_kernel(const T *gy, const T *x, const T *w, 
     double k[3];
     bn_backward_coefs(batch_stats, m, is, w ? (double)w[c] : 1.0, sg, sgx, (double)per, k);
     T t1 = (T)k[0], t2 = (T)k[1], t3 = (T)k[2];
-    for (int64_t q = threadIdx.x; q < per; q += blockDim.x) {
-      int64_t at = bn_at(q, c, g.C, g.S);
+    for (struct bn_cursor u = bn_cursor_start(threadIdx.x, g.S); u.k < per; bn_cursor_next(&u, blockDim.x, g.S)) {
+      int64_t at = bn_cursor_at(&u, c, g.C, g.S);
       gx[at] = t1 * gy[at] + t2 * x[at] + t3;
     }
   }

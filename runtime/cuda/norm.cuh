@@ -110,6 +110,26 @@ KILN_EL double gn_weight_term(const T *x, const T *gy, const T *mean, const T *i
 /* Element k of channel c (k over the channel's N * S elements, image by image). */
 KILN_EL int64_t bn_at(int64_t k, int64_t c, int64_t C, int64_t S) { return ((k / S) * C + c) * S + k % S; }
 
+/* The same walk without a 64-bit division per element: a thread's k = first, first + step, ...
+   kept as (image n, offset s) of k; a division only when s passes S (once per S / step elements
+   when S >= step). bn_cursor_at(q, c, C, S) == bn_at(q.k, c, C, S) all along. */
+struct bn_cursor {
+  int64_t k, n, s;
+};
+KILN_EL struct bn_cursor bn_cursor_start(int64_t first, int64_t S) {
+  struct bn_cursor q = {first, first / S, first % S};
+  return q;
+}
+KILN_EL void bn_cursor_next(struct bn_cursor *q, int64_t step, int64_t S) {
+  q->k += step;
+  q->s += step;
+  if (q->s >= S) {
+    q->n += q->s / S;
+    q->s %= S;
+  }
+}
+KILN_EL int64_t bn_cursor_at(const struct bn_cursor *q, int64_t c, int64_t C, int64_t S) { return (q->n * C + c) * S + q->s; }
+
 /* The batch statistics of a channel: mean from the sum, invstd from the sum q of squared
    deviations from that mean (biased variance q / M; 0 and 0 for an empty batch); with update, the running stats move by
    momentum toward the mean and the unbiased variance q / (M - 1) (the biased one when M <= 1),

@@ -620,6 +620,29 @@ static void check_batch_norm(int ndim, const int64_t *sizes, bool affine, int mo
   for (struct kiln_tensor *t : all) kiln_tensor_release(t);
 }
 
+/* The batch-norm kernels' walk over a channel (bn_cursor) visits what bn_at names, in order, for
+   images smaller, equal and larger than the block's step. */
+static void test_bn_cursor() {
+  using namespace kiln_norm;
+  int bad = 0;
+  long visits = 0;
+  for (int64_t S : {1, 2, 3, 7, 255, 256, 257, 1000, 12544})
+    for (int64_t step : {1, 32, 256})
+      for (int64_t first : {(int64_t)0, (int64_t)1, step - 1})
+        for (int64_t N : {1, 3, 5})
+          for (int64_t C : {1, 4}) {
+            int64_t per = N * S, c = C - 1, count = 0;
+            for (struct bn_cursor q = bn_cursor_start(first, S); q.k < per; bn_cursor_next(&q, step, S)) {
+              if (bn_cursor_at(&q, c, C, S) != bn_at(q.k, c, C, S) || q.k != first + count * step) bad++;
+              count++;
+              visits++;
+            }
+            if (count != (per > first ? (per - first + step - 1) / step : 0)) bad++;
+          }
+  report(bad == 0, __LINE__, "bn_cursor visits what bn_at names, in order");
+  report(visits > 100000, __LINE__, "bn_cursor: the walks visited enough elements");
+}
+
 static void test_batch_norm() {
   const int64_t img[] = {4, 6, 5, 3}, rows[] = {37, 11}, big[] = {3, 2, 40, 30}, two[] = {2, 3};
   const int64_t no_images[] = {0, 2}, no_pixels[] = {7, 8, 0, 8};   /* the sweep's failing geometries */
@@ -1198,6 +1221,7 @@ static void sweep_dropout(int n) {
 int main() {
   test_reductions();
   test_row_norms();
+  test_bn_cursor();
   test_batch_norm();
   test_pooling();
   test_rnn();
