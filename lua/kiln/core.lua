@@ -145,6 +145,26 @@ function M.opts_arg(opts, what)
   M.raise(string.format("%s: the options must be a table ({name = value, ...}), got %s", what, M.describe(opts)))
 end
 
+-- The options of a factory (kiln.zeros, kiln.randn, kiln.tensor, the *_like, ...): {dtype =,
+-- device =, requires_grad =}; any other key is an error (a misspelt option must not be ignored).
+local factory_keys = {dtype = true, device = true, requires_grad = true}
+function M.factory_opts(opts, what)
+  opts = M.opts_arg(opts, what)
+  for k in pairs(opts) do
+    if not factory_keys[k] then
+      M.raise(string.format("%s: unknown option %s (the options are dtype, device and requires_grad)", what,
+                            type(k) == "string" and string.format("%q", k) or tostring(k)))
+    end
+  end
+  return opts
+end
+
+-- t, made a leaf that requires grad when the factory's options ask for it.
+function M.factory_done(t, opts)
+  if opts.requires_grad then M.check(C.kiln_requires_grad_(t.p, 1)) end
+  return t
+end
+
 -- x for an argument that must be a number; else an error naming the op and the argument.
 function M.number_arg(x, what, name)
   if type(x) == "number" then return x end

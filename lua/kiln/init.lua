@@ -24,69 +24,73 @@ kiln.is_tensor = core.is_tensor
 
 -- kiln.tensor({{1, 2}, {3, 4}}, {dtype = "f64", device = "cpu"}); a number gives a 0-dim tensor.
 function kiln.tensor(data, opts)
-  opts = core.opts_arg(opts, "tensor")
-  if core.is_tensor(data) then return data:to{dtype = opts.dtype or data:dtype(), device = opts.device}:clone() end
-  return core.from_table(data, opts.dtype, opts.device)
+  opts = core.factory_opts(opts, "tensor")
+  if core.is_tensor(data) then
+    return core.factory_done(data:to{dtype = opts.dtype or data:dtype(), device = opts.device}:clone():detach(), opts)
+  end
+  return core.factory_done(core.from_table(data, opts.dtype, opts.device), opts)
 end
 
-local function creator(fill)
+local function creator(name, fill)
   return function(...)
     local sizes, opts = core.sizes_and_options(...)
+    opts = core.factory_opts(opts, name)
     local a, n = core.int64_array(sizes)
-    return fill(n, a, opts)
+    return core.factory_done(fill(n, a, opts), opts)
   end
 end
 
-kiln.empty = creator(function(n, a, o) return wrap_retry(C.kiln_tensor_empty, n, a, core.dtype(o.dtype, "empty"), core.device(o.device)) end)
-kiln.zeros = creator(function(n, a, o) return wrap_retry(C.kiln_tensor_full, n, a, 0, core.dtype(o.dtype, "zeros"), core.device(o.device)) end)
-kiln.ones = creator(function(n, a, o) return wrap_retry(C.kiln_tensor_full, n, a, 1, core.dtype(o.dtype, "ones"), core.device(o.device)) end)
+kiln.empty = creator("empty", function(n, a, o) return wrap_retry(C.kiln_tensor_empty, n, a, core.dtype(o.dtype, "empty"), core.device(o.device)) end)
+kiln.zeros = creator("zeros", function(n, a, o) return wrap_retry(C.kiln_tensor_full, n, a, 0, core.dtype(o.dtype, "zeros"), core.device(o.device)) end)
+kiln.ones = creator("ones", function(n, a, o) return wrap_retry(C.kiln_tensor_full, n, a, 1, core.dtype(o.dtype, "ones"), core.device(o.device)) end)
 
 -- kiln.full({2, 3}, 7) or kiln.full(2, 3, 7, {dtype=...}): the value is the last number.
 function kiln.full(...)
   local args = {...}
   local opts = {}
   if type(args[#args]) == "table" and args[#args][1] == nil then opts = table.remove(args) end
+  opts = core.factory_opts(opts, "full")
   local value = table.remove(args)
   if type(value) ~= "number" then raise("full: the last argument (before options) must be the fill value") end
   local sizes = type(args[1]) == "table" and args[1] or args
   local a, n = core.int64_array(sizes)
-  return wrap_retry(C.kiln_tensor_full, n, a, value, core.dtype(opts.dtype, "full"), core.device(opts.device))
+  return core.factory_done(wrap_retry(C.kiln_tensor_full, n, a, value, core.dtype(opts.dtype, "full"), core.device(opts.device)), opts)
 end
 
 -- arange(end), arange(start, end), arange(start, end, step): end is excluded, as in PyTorch.
 -- The dtype is i64 when every argument is an integer, else f32.
 function kiln.arange(a, b, c, opts)
   if type(b) == "table" then opts, b = b, nil elseif type(c) == "table" then opts, c = c, nil end
-  opts = core.opts_arg(opts, "arange")
+  opts = core.factory_opts(opts, "arange")
   local start, stop, step = 0, a, 1
   if b ~= nil then start, stop, step = a, b, c or 1 end
   core.number_arg(start, "arange", "the start") core.number_arg(stop, "arange", "the end") core.number_arg(step, "arange", "the step")
   local int = start == math.floor(start) and stop == math.floor(stop) and step == math.floor(step)
   local dtype = opts.dtype or (int and "i64" or "f32")
-  return wrap(C.kiln_tensor_arange(start, stop, step, core.dtype(dtype, "arange"), core.device(opts.device)))
+  return core.factory_done(wrap(C.kiln_tensor_arange(start, stop, step, core.dtype(dtype, "arange"), core.device(opts.device))), opts)
 end
 
 function kiln.linspace(a, b, steps, opts)
-  opts = core.opts_arg(opts, "linspace")
+  opts = core.factory_opts(opts, "linspace")
   core.number_arg(a, "linspace", "the start") core.number_arg(b, "linspace", "the end") core.number_arg(steps, "linspace", "steps")
-  return wrap(C.kiln_tensor_linspace(a, b, steps, core.dtype(opts.dtype, "linspace"), core.device(opts.device)))
+  return core.factory_done(wrap(C.kiln_tensor_linspace(a, b, steps, core.dtype(opts.dtype, "linspace"), core.device(opts.device))), opts)
 end
 
 function kiln.eye(n, m, opts)
   if type(m) == "table" then opts, m = m, nil end
-  opts = core.opts_arg(opts, "eye")
+  opts = core.factory_opts(opts, "eye")
   core.number_arg(n, "eye", "n")
   if m ~= nil then core.number_arg(m, "eye", "m") end
-  return wrap(C.kiln_tensor_eye(n, m or n, core.dtype(opts.dtype, "eye"), core.device(opts.device)))
+  return core.factory_done(wrap(C.kiln_tensor_eye(n, m or n, core.dtype(opts.dtype, "eye"), core.device(opts.device))), opts)
 end
 
-kiln.rand = creator(function(n, a, o)
+kiln.rand = creator("rand", function(n, a, o)
   local t = wrap_retry(C.kiln_tensor_empty, n, a, core.dtype(o.dtype, "rand"), core.device(o.device))
   check(C.kiln_uniform_(t.p, 0, 1))
   return t
 end)
 
-kiln.randn = creator(function(n, a, o)
+kiln.randn = creator("randn", function(n, a, o)
   local t = wrap_retry(C.kiln_tensor_empty, n, a, core.dtype(o.dtype, "randn"), core.device(o.device))
   check(C.kiln_normal_(t.p, 0, 1))
   return t
@@ -95,13 +99,13 @@ end)
 -- randint(low, high, sizes, opts): integers in [low, high), i64 by default. randint(high, sizes) starts at 0.
 function kiln.randint(low, high, sizes, opts)
   if type(high) == "table" then low, high, sizes, opts = 0, low, high, sizes end
-  opts = core.opts_arg(opts, "randint")
+  opts = core.factory_opts(opts, "randint")
   core.number_arg(low, "randint", "low") core.number_arg(high, "randint", "high")
   if sizes ~= nil and type(sizes) ~= "table" then core.raise("randint: the sizes must be a table, got " .. core.describe(sizes)) end
   local a, n = core.int64_array(sizes or {})
   local t = wrap_retry(C.kiln_tensor_empty, n, a, core.dtype(opts.dtype or "i64", "randint"), core.device(opts.device))
   check(C.kiln_randint_(t.p, low, high))
-  return t
+  return core.factory_done(t, opts)
 end
 
 -- kiln.f(t, ...) for a method t:f(...): the same, after checking that t is a tensor.
@@ -116,9 +120,18 @@ end
 
 kiln.zeros_like, kiln.ones_like = function_of_tensor("zeros_like", Tensor.zeros_like), function_of_tensor("ones_like", Tensor.ones_like)
 kiln.full_like = function_of_tensor("full_like", Tensor.full_like)
-kiln.empty_like = function_of_tensor("empty_like", function(t, opts) return Tensor.full_like(t, 0, opts) end)
-kiln.rand_like = function_of_tensor("rand_like", function(t) return Tensor.uniform_(kiln.empty_like(t), 0, 1) end)
-kiln.randn_like = function_of_tensor("randn_like", function(t) return Tensor.normal_(kiln.empty_like(t), 0, 1) end)
+kiln.empty_like = function_of_tensor("empty_like", Tensor._empty_like)
+-- uniform in [0, 1) and standard normal values of t's shape ({dtype =, device =, requires_grad =} as full_like)
+local function random_like(name, fill)
+  return function_of_tensor(name, function(t, opts)
+    opts = core.factory_opts(opts, name)
+    local r = Tensor.full_like(t, 0, {dtype = opts.dtype, device = opts.device})
+    fill(r)
+    return core.factory_done(r, opts)
+  end)
+end
+kiln.rand_like = random_like("rand_like", function(r) Tensor.uniform_(r, 0, 1) end)
+kiln.randn_like = random_like("randn_like", function(r) Tensor.normal_(r, 0, 1) end)
 
 -- ---- functions ----
 

@@ -282,15 +282,17 @@ function Tensor._where(cond, a, b)
                     tensor_arg(b, "where", "argument 3"))
 end
 
-function Tensor.full_like(t, v, opts)
-  opts = core.opts_arg(opts, "full_like")
+local function full_like(t, v, opts, what)
+  opts = core.factory_opts(opts, what)
   local dtype = opts.dtype and core.dtype(opts.dtype) or t.p.dtype
   local dev = opts.device and core.device(opts.device) or t.p.device
   local a, n = core.int64_array(Tensor.size(t))
-  return wrap_retry(C.kiln_tensor_full, n, a, number_arg(v, "full_like", "the value"), dtype, dev)
+  return core.factory_done(wrap_retry(C.kiln_tensor_full, n, a, number_arg(v, what, "the value"), dtype, dev), opts)
 end
-function Tensor.zeros_like(t, opts) return Tensor.full_like(t, 0, opts) end
-function Tensor.ones_like(t, opts) return Tensor.full_like(t, 1, opts) end
+function Tensor.full_like(t, v, opts) return full_like(t, v, opts, "full_like") end
+function Tensor.zeros_like(t, opts) return full_like(t, 0, opts, "zeros_like") end
+function Tensor.ones_like(t, opts) return full_like(t, 1, opts, "ones_like") end
+function Tensor._empty_like(t, opts) return full_like(t, 0, opts, "empty_like") end
 
 function Tensor.clamp(t, lo, hi)
   if type(lo) == "table" then lo, hi = lo.min, lo.max end

@@ -88,7 +88,7 @@ describe("arguments of the wrong kind", function()
       {function() return t:split({}) end, "split: sizes add up to 0"},
       {function() return t:sum(print) end, "sum: dim must be an integer or a table of them, got a function"},
       {function() return t:sum({1, 1, 1, 1, 1, 1, 1, 1, 1}) end, "sum: 9 dims given (a tensor has at most 8)"},
-      {function() return t:zeros_like(2) end, "full_like: the options must be a table"},
+      {function() return t:zeros_like(2) end, "zeros_like: the options must be a table"},
       {function() return t:matmul(t:t(), 5) end, "matmul: the options must be a table ({name = value, ...}), got the number 5"},
       {function() return t:var(1, false, "x") end, "var: the options must be a table ({name = value, ...}), got a string"},
       {function() return kiln.tensor({1, 2}, 3) end, "tensor: the options must be a table ({name = value, ...}), got the number 3"},
@@ -165,6 +165,43 @@ describe("arguments of the wrong kind", function()
       assert(msg:find(c[2], 1, true), "case " .. i .. ": " .. msg)
       assert_clear(msg)
     end
+  end)
+
+  it("factories take dtype, device and requires_grad, and nothing else", function()
+    local makers = {
+      zeros = function(o) return kiln.zeros(2, 3, o) end, ones = function(o) return kiln.ones({2, 3}, o) end,
+      empty = function(o) return kiln.empty(2, 3, o) end, rand = function(o) return kiln.rand(2, 3, o) end,
+      randn = function(o) return kiln.randn(2, 3, o) end, full = function(o) return kiln.full(2, 3, 7, o) end,
+      tensor = function(o) return kiln.tensor({{1, 2, 3}, {4, 5, 6}}, o) end,
+      arange = function(o) return kiln.arange(0, 6, 1, o) end, linspace = function(o) return kiln.linspace(0, 1, 6, o) end,
+      eye = function(o) return kiln.eye(2, 3, o) end,
+      zeros_like = function(o) return kiln.zeros_like(kiln.ones(2, 3), o) end,
+      ones_like = function(o) return kiln.ones_like(kiln.ones(2, 3), o) end,
+      full_like = function(o) return kiln.full_like(kiln.ones(2, 3), 2, o) end,
+      empty_like = function(o) return kiln.empty_like(kiln.ones(2, 3), o) end,
+      rand_like = function(o) return kiln.rand_like(kiln.ones(2, 3), o) end,
+      randn_like = function(o) return kiln.randn_like(kiln.ones(2, 3), o) end,
+    }
+    for name, make in pairs(makers) do
+      -- requires_grad: a leaf whose gradient backward fills (sum of 3 x: 3 everywhere)
+      local x = make({dtype = "f64", requires_grad = true})
+      assert(x.requires_grad and x.is_leaf, name)
+      assert.equal("f64", x:dtype(), name)
+      local loss = (x * 3):sum()
+      loss:backward()
+      assert.equal(3 * x:numel(), x.grad:sum():item(), name)
+      assert.is_false(make({dtype = "f64"}).requires_grad, name)
+      -- a misspelt option is an error, not ignored
+      local msg = failure(function() return make({dtyp = "f64"}) end)
+      assert(msg:find(name .. ': unknown option "dtyp" (the options are dtype, device and requires_grad)', 1, true),
+             name .. ": " .. msg)
+    end
+    assert.matches("only float tensors can require grad", failure(function() return kiln.randint(0, 5, {3}, {requires_grad = true}) end))
+    -- kiln.tensor(t): a copy outside t's graph, as torch.tensor(t)
+    local src = kiln.randn(2, {requires_grad = true})
+    local copy = kiln.tensor(src)
+    assert.is_false(copy.requires_grad)
+    assert.equal(src:sum():item(), copy:sum():item())
   end)
 
   it("still builds what the checks let through", function()
