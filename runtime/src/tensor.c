@@ -137,7 +137,11 @@ struct kiln_tensor *kiln_tensor_header(int ndim, const int64_t *sizes, const int
   t->numel = 1;
   for (int d = 0; d < ndim; d++) {
     t->sizes[d] = sizes[d];
-    t->numel *= sizes[d];
+    if (__builtin_mul_overflow(t->numel, sizes[d], &t->numel)) {   /* e.g. a view expanded past 2^63 elements */
+      free(t);
+      kiln_fail(KILN_ERR_SHAPE, "a tensor of sizes %s would have more than 2^63 elements", kiln_sizes_string(ndim, sizes));
+      return NULL;
+    }
   }
   if (strides) memcpy(t->strides, strides, sizeof(int64_t) * (size_t)ndim);
   else kiln_contiguous_strides(ndim, sizes, t->strides);
@@ -606,6 +610,13 @@ KILN_API struct kiln_tensor *kiln_expand(const struct kiln_tensor *t, int ndim, 
       return NULL;
     }
   }
+  int64_t n = 1;
+  for (int d = 0; d < ndim; d++)
+    if (__builtin_mul_overflow(n, sz[d], &n)) {
+      kiln_fail(KILN_ERR_SHAPE, "expand: %s to %s would have more than 2^63 elements", kiln_shape_string(t),
+                kiln_sizes_string(ndim, sizes));
+      return NULL;
+    }
   return recorded(view_of(t, ndim, sz, st, t->offset), KILN_VIEW_EXPAND, t, NULL, 0);
 }
 

@@ -394,6 +394,16 @@ static void test_refcounts(void) {
   kiln_ref_release(&ref);   /* twice is harmless */
   kiln_tensor_release(NULL);
   kiln_tensor_retain(NULL);
+  /* a view past 2^63 elements is an error, not a negative element count */
+  {
+    struct kiln_tensor *x = kiln_tensor_empty(1, (int64_t[]){3}, KILN_F32, (struct kiln_device){KILN_CPU, 0});
+    struct kiln_tensor *e = kiln_expand(x, 2, (int64_t[]){(int64_t)1 << 62, 3});
+    CHECK(e == NULL && strstr(kiln_error_message(), "expand: [3] to [4611686018427387904,3] would have more than 2^63 elements"));
+    e = kiln_expand(x, 3, (int64_t[]){(int64_t)1 << 40, (int64_t)1 << 20, 3});   /* 3 * 2^60: fits */
+    CHECK(e != NULL && e->numel == (int64_t)3 << 60);
+    kiln_tensor_release(e);
+    kiln_tensor_release(x);
+  }
   /* the predicates answer for no tensor too */
   CHECK(kiln_is_contiguous(NULL) == 0);
   CHECK(kiln_tensor_is_freed(NULL) == 0);
