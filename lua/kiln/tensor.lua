@@ -95,8 +95,9 @@ local function c_index(t, cd, i, what)
     raise(string.format("%s: index must be an integer, got %s", what, tostring(i)))
   end
   if i == 0 or i > size or i < -size then
-    raise(string.format("%s: index %d out of range for dim %d of size %d (tensor %s; counting from 1, -1 is the last)",
-                        what, i, cd + 1, size, ffi.string(C.kiln_shape_string(t.p))))
+    raise(string.format("%s: index %s out of range for dim %d of size %d (tensor %s; counting from 1, -1 is the last)",
+                        what, math.abs(i) < 2 ^ 53 and string.format("%d", i) or tostring(i), cd + 1, size,
+                        ffi.string(C.kiln_shape_string(t.p))))
   end
   return i > 0 and i - 1 or size + i
 end
@@ -578,27 +579,64 @@ mt.__index = function(t, k)
     return wrap(C.kiln_select(t.p, 0, i))
   end
   if type(k) == "table" then   -- t[{i, j}]: one element, or a view when fewer indices than dims
+    if #k > t.p.ndim then
+      raise(string.format("index: %d indices for a tensor of %d dims (%s)", #k, t.p.ndim, tostring(Tensor.size(t))))
+    end
     local r = t
     for n, i in ipairs(k) do r = r[i] end
     return r
   end
+  if is_tensor(k) then
+    -- t[mask]: the elements where a bool mask is true (masked_select); t[idx]: the rows idx (index_select)
+    if k.p.dtype == C.KILN_BOOL then return Tensor.masked_select(t, k) end
+    if k.p.dtype == C.KILN_I64 or k.p.dtype == C.KILN_I32 then return Tensor.index_select(t, 1, k) end
+    raise(string.format("index: an index tensor must be bool (a mask) or i64/i32 (rows, from 1), got %s", core.dtype_names[k.p.dtype]))
+  end
   return nil
+end
+
+-- the value of t[k] = v: a number, a boolean or a tensor
+local function assigned(v)
+  if type(v) == "number" or is_tensor(v) then return v end
+  if type(v) == "boolean" then return v and 1 or 0 end
+  raise("index: the value assigned must be a number, a boolean or a tensor, got " .. core.describe(v))
 end
 
 mt.__newindex = function(t, k, v)
   if type(k) == "table" then
+    if #k == 0 then   -- t[{}] = v: all of t
+      v = assigned(v)
+      if type(v) == "number" then check(C.kiln_fill_(t.p, v)) else check(C.kiln_copy_(t.p, v.p)) end
+      return
+    end
+    if #k > t.p.ndim then
+      raise(string.format("index: %d indices for a tensor of %d dims (%s)", #k, t.p.ndim, tostring(Tensor.size(t))))
+    end
+    assigned(v)
     local target = t
     for n = 1, #k - 1 do target = target[k[n]] end
     target[k[#k]] = v
     return
   end
-  if k == "grad" then check(C.kiln_set_grad(t.p, v and v.p or nil)) return end
+  if k == "grad" then
+    if v ~= nil and not is_tensor(v) then raise("grad: must be a tensor or nil, got " .. core.describe(v)) end
+    check(C.kiln_set_grad(t.p, v and v.p or nil))
+    return
+  end
   if k == "requires_grad" then Tensor.requires_grad_(t, v) return end
-  if type(k) ~= "number" then raise("tensor: cannot set field " .. tostring(k)) end
+  if is_tensor(k) and k.p.dtype == C.KILN_BOOL then   -- t[mask] = number
+    v = assigned(v)
+    if type(v) ~= "number" then raise("index: t[mask] = v takes a number v (masked_fill_), got a tensor") end
+    check(C.kiln_masked_fill_(t.p, k.p, v))
+    return
+  end
+  if type(k) ~= "number" then
+    raise("tensor: cannot set field " .. (is_tensor(k) and ("with an index tensor of " .. core.dtype_names[k.p.dtype] .. " (t[mask] = number takes a bool mask)") or tostring(k)))
+  end
   if t.p.ndim == 0 then raise("index: cannot index a 0-dim tensor (use :fill_())") end
+  v = assigned(v)
   local i = c_index(t, 0, k, "index")
-  if t.p.ndim == 1 and type(v) ~= "cdata" and t.p.device.type == 0 then
-    if type(v) == "boolean" then v = v and 1 or 0 end
+  if t.p.ndim == 1 and type(v) == "number" and t.p.device.type == 0 then
     check(C.kiln_tensor_set(t.p, t.p.offset + i * t.p.strides[0], v))
     return
   end

@@ -292,6 +292,36 @@ describe("indexing", function()
     assert.same({false, true}, b:totable())
   end)
 
+  it("t[mask] and t[rows] select as masked_select and index_select; t[mask] = v and t[{}] = v fill", function()
+    local m = kiln.tensor{{1, -2, 3}, {-4, 5, -6}}
+    assert.same({1, 3, 5}, m[m:gt(0)]:totable())                        -- row-major order
+    assert.same({{-4, 5, -6}, {1, -2, 3}, {-4, 5, -6}}, m[kiln.tensor({2, 1, -1 + 3}, {dtype = "i64"})]:totable())
+    assert.same({{1, -2, 3}}, m[kiln.tensor({1}, {dtype = "i32"})]:totable())
+    local c = m:clone()
+    c[c:lt(0)] = 0                                                       -- in place, like masked_fill_
+    assert.same({{1, 0, 3}, {0, 5, 0}}, c:totable())
+    c[{}] = 7
+    assert.same({{7, 7, 7}, {7, 7, 7}}, c:totable())
+    c[{}] = kiln.tensor{1, 2, 3}                                         -- broadcast like copy_
+    assert.same({{1, 2, 3}, {1, 2, 3}}, c:totable())
+    assert.same({{1, -2, 3}, {-4, 5, -6}}, m:totable())                 -- the source untouched
+  end)
+
+  it("an index or a value of the wrong kind is named", function()
+    local m = kiln.zeros(2, 3)
+    assert_contains(err(function() return m[{1, 2, 3}] end), "3 indices for a tensor of 2 dims")
+    assert_contains(err(function() m[{1, 2, 3}] = 1 end), "3 indices for a tensor of 2 dims")
+    assert_contains(err(function() return m[kiln.ones(2)] end), "must be bool (a mask) or i64/i32", "got f32")
+    assert_contains(err(function() m[1] = "x" end), "the value assigned must be a number, a boolean or a tensor, got a string")
+    assert_contains(err(function() m[1] = nil end), "got nil")
+    assert_contains(err(function() m[{1, 2}] = {} end), "got a table")
+    assert_contains(err(function() m[m:gt(0)] = kiln.ones(1) end), "t[mask] = v takes a number")
+    assert_contains(err(function() m[kiln.tensor({1}, {dtype = "i64"})] = 0 end), "index tensor of i64")
+    assert_contains(err(function() m.grad = "x" end), "grad: must be a tensor or nil, got a string")
+    assert_contains(err(function() return m[1e300] end), "index 1e+300 out of range")
+    assert.equal(0, m:sum():item())
+  end)
+
   it("an index out of range names the index and the size", function()
     local m = kiln.zeros(3, 4)
     local line, e = here(), err(function() local x = m[4] return x end)
