@@ -159,6 +159,14 @@ describe("arguments of the wrong kind", function()
       {function() return nn.RNNBase() end, "RNNBase: a base class"},
       {function() return nn.RNNCellBase() end, "RNNCellBase: a base class"},
       {function() return nn.MSELoss()(kiln.randn(2), 3) end, "MSELoss: input and target must be tensors, got a tensor and the number 3"},
+      {function() return nn.Sequential{nn.ReLU()}:add(3) end, 'add_module: child "1" must be a module, got the number 3'},
+      {function() return nn.Sequential{nn.ReLU()}:get("x") end, "Sequential:get: the index must be an integer, got a string"},
+      {function() return nn.ModuleList(nn.ReLU()) end, "ModuleList: expected a list of modules, got a module"},
+      {function() return nn.Linear(2, 2):apply(3) end, "apply: expected a function of a module, got the number 3"},
+      {function() return nn.Linear(2, 2):load_state_dict("x") end, "load_state_dict: expected a table of named tensors, got a string"},
+      {function() return nn.Linear(2, 2):load_state_dict({weight = 3, bias = kiln.zeros(2)}) end, "load_state_dict: weight is the number 3, not a tensor"},
+      {function() return nn.Linear(2, 2):register_buffer(1, kiln.zeros(2)) end, "register_buffer: the name must be a string, got the number 1"},
+      {function() return nn.Linear(2, 2):register_parameter("w", {}) end, "register_parameter: w must be a tensor or nil, got a table"},
     }
     for i, c in ipairs(cases) do
       local msg = failure(c[1])

@@ -4,6 +4,7 @@
 --   function Linear:init(n_in, n_out) self.weight = self:parameter(kiln.empty(n_out, n_in)) end
 --   function Linear:forward(x) return x:matmul(self.weight:t()) end
 local kiln = require "kiln"
+local core = require "kiln.core"
 
 local nn = {}
 
@@ -62,7 +63,16 @@ function Module:parameter(t)
 end
 
 -- Explicit forms; a nil parameter or buffer (a Linear without bias) keeps its name in order.
+-- the name and value a module registers: a string and a tensor (or nil)
+local function check_entry(what, name, t)
+  if type(name) ~= "string" then core.raise(string.format("%s: the name must be a string, got %s", what, core.describe(name))) end
+  if t ~= nil and not kiln.is_tensor(t) then
+    core.raise(string.format("%s: %s must be a tensor or nil, got %s", what, name, core.describe(t)))
+  end
+end
+
 function Module:register_parameter(name, t)
+  check_entry("register_parameter", name, t)
   if t ~= nil and not t.requires_grad then t:requires_grad_() end
   if self._params[name] == nil then self._param_names[#self._param_names + 1] = name end
   self._params[name] = t or false
@@ -70,12 +80,17 @@ function Module:register_parameter(name, t)
 end
 
 function Module:register_buffer(name, t)
+  check_entry("register_buffer", name, t)
   if self._buffers[name] == nil then self._buffer_names[#self._buffer_names + 1] = name end
   self._buffers[name] = t or false
   rawset(self, name, t)
 end
 
 function Module:add_module(name, m)
+  if not is_module(m) then
+    core.raise(string.format("add_module: child %q must be a module, got %s", tostring(name),
+                             type(m) == "table" and "a table that is not one" or core.describe(m)))
+  end
   name = tostring(name)
   if not self._children[name] then self._child_names[#self._child_names + 1] = name end
   self._children[name] = m
@@ -141,6 +156,7 @@ function Module:num_parameters()
 end
 
 function Module:apply(fn)
+  if type(fn) ~= "function" then core.raise("apply: expected a function of a module, got " .. core.describe(fn)) end
   for _, c in ipairs(self:children()) do c:apply(fn) end
   fn(self)
   return self
@@ -171,6 +187,10 @@ end
 -- Copy values into the existing tensors (so optimizers keep their references). strict (default):
 -- missing, unexpected and mis-shaped keys are an error listing all of them.
 function Module:load_state_dict(sd, strict)
+  if type(sd) ~= "table" then core.raise("load_state_dict: expected a table of named tensors, got " .. core.describe(sd)) end
+  for name, v in pairs(sd) do
+    if not kiln.is_tensor(v) then core.raise(string.format("load_state_dict: %s is %s, not a tensor", tostring(name), core.describe(v))) end
+  end
   if strict == nil then strict = true end
   local targets = {}
   for _, np in ipairs(self:named_parameters()) do targets[np[1]] = np[2] end
@@ -317,17 +337,24 @@ function Sequential:forward(x)
   return x
 end
 function Sequential:__len() return #self._child_names end
-function Sequential:get(i) return self._children[tostring(i - 1)] end
+local function child_index(what, i)
+  if type(i) ~= "number" or i ~= math.floor(i) then core.raise(string.format("%s: the index must be an integer, got %s", what, core.describe(i))) end
+  return tostring(i - 1)
+end
+function Sequential:get(i) return self._children[child_index("Sequential:get", i)] end
 
 local ModuleList = nn.define("ModuleList")
 function ModuleList:init(list)
+  if list ~= nil and (type(list) ~= "table" or is_module(list)) then
+    core.raise("ModuleList: expected a list of modules, got " .. (is_module(list) and "a module" or core.describe(list)))
+  end
   for i, m in ipairs(list or {}) do self:add_module(i - 1, m) end
 end
 function ModuleList:append(m)
   self:add_module(#self._child_names, m)
   return self
 end
-function ModuleList:get(i) return self._children[tostring(i - 1)] end
+function ModuleList:get(i) return self._children[child_index("ModuleList:get", i)] end
 function ModuleList:forward() error("ModuleList: has no forward; call its modules", 2) end
 
 nn.init = require "kiln.nn.initializers"
