@@ -148,16 +148,7 @@ end
 -- The options of a factory (kiln.zeros, kiln.randn, kiln.tensor, the *_like, ...): {dtype =,
 -- device =, requires_grad =}; any other key is an error (a misspelt option must not be ignored).
 local factory_keys = {dtype = true, device = true, requires_grad = true}
-function M.factory_opts(opts, what)
-  opts = M.opts_arg(opts, what)
-  for k in pairs(opts) do
-    if not factory_keys[k] then
-      M.raise(string.format("%s: unknown option %s (the options are dtype, device and requires_grad)", what,
-                            type(k) == "string" and string.format("%q", k) or tostring(k)))
-    end
-  end
-  return opts
-end
+function M.factory_opts(opts, what) return M.options(opts, factory_keys, what) end
 
 -- t, made a leaf that requires grad when the factory's options ask for it.
 function M.factory_done(t, opts)
@@ -286,9 +277,7 @@ end
 -- the known ones.
 function M.options(opts, known, op)
   if opts == nil then return {} end
-  if type(opts) ~= "table" or M.is_tensor(opts) then
-    M.raise(string.format("%s: expected an options table, got %s", op, M.is_tensor(opts) and "a tensor" or type(opts)))
-  end
+  M.opts_arg(opts, op)
   for k in pairs(opts) do
     if not known[k] then
       local names = {}

@@ -105,7 +105,7 @@ end
 
 -- permutation(n, {seed =, epoch =}): the shuffled order batches() uses, counting from 1.
 function data.permutation(n, opts)
-  opts = core.opts_arg(opts, "permutation")
+  opts = core.options(opts, core.set("seed", "epoch"), "permutation")
   check_integer(n, "permutation", "n")
   local seed = opts.seed
   if seed == nil then seed = default_seed() end
@@ -117,18 +117,25 @@ end
 
 -- ---- minibatches ----
 
+-- a true/false option (nil: the default)
+local function flag(what, name, v, default)
+  if v == nil then return default end
+  if type(v) ~= "boolean" then raise(string.format("%s: %s must be true or false, got %s", what, name, core.describe(v))) end
+  return v
+end
+
 local function options(src_n, opts, what)
-  opts = core.opts_arg(opts, what)
+  opts = core.options(opts, core.set("batch_size", "shuffle", "seed", "epoch", "drop_last"), what)
   local bs = opts.batch_size or 1
   check_integer(bs, what, "batch_size")
   if bs < 1 then raise(string.format("%s: batch_size must be positive, got %d", what, bs)) end
-  local shuffled = opts.shuffle ~= false
+  local shuffled = flag(what, "shuffle", opts.shuffle, true)
   local seed = opts.seed
   if shuffled and seed == nil then seed = default_seed() end
   if seed ~= nil then check_integer(seed, what, "seed") end
   local epoch = opts.epoch or 0
   check_integer(epoch, what, "epoch")
-  local count = opts.drop_last and math.floor(src_n / bs) or math.ceil(src_n / bs)
+  local count = flag(what, "drop_last", opts.drop_last, false) and math.floor(src_n / bs) or math.ceil(src_n / bs)
   return bs, shuffled, seed, epoch, count
 end
 
@@ -490,6 +497,8 @@ end
 -- page-locked memory; it needs a CUDA device (an error at construction without one).
 function data.DataLoader(opts)
   if type(opts) ~= "table" then raise("DataLoader: expected a table of options") end
+  core.options(opts, core.set("dataset", "batch_size", "shuffle", "drop_last", "workers", "prefetch", "seed", "sampler",
+                              "transform", "device", "pin_memory"), "DataLoader")
   local src = opts.dataset
   if src == nil then raise("DataLoader: dataset is missing") end
   local bs = opts.batch_size or 1
@@ -509,7 +518,8 @@ function data.DataLoader(opts)
   if transform == nil and type(src) == "table" and getmetatable(src) ~= TensorDataset then transform = rawget(src, "transform") end
   local tf = pipeline(transform, "DataLoader")
   local dev, pin = placement(opts)
-  local self = setmetatable({dataset = src, batch_size = bs, shuffle = opts.shuffle == true, drop_last = opts.drop_last == true,
+  local self = setmetatable({dataset = src, batch_size = bs, shuffle = flag("DataLoader", "shuffle", opts.shuffle, false),
+                             drop_last = flag("DataLoader", "drop_last", opts.drop_last, false),
                              workers = workers, prefetch = prefetch, seed = seed, sampler = opts.sampler, transform = transform,
                              lua_wait = 0, nbatches = nil, pin_memory = pin, device = dev and core.device_name(dev) or "cpu",
                              dev = dev}, DataLoader)

@@ -201,7 +201,7 @@ describe("arguments of the wrong kind", function()
       assert.is_false(make({dtype = "f64"}).requires_grad, name)
       -- a misspelt option is an error, not ignored
       local msg = failure(function() return make({dtyp = "f64"}) end)
-      assert(msg:find(name .. ': unknown option "dtyp" (the options are dtype, device and requires_grad)', 1, true),
+      assert(msg:find(name .. ': unknown option "dtyp" (known: device, dtype, requires_grad)', 1, true),
              name .. ": " .. msg)
     end
     assert.matches("only float tensors can require grad", failure(function() return kiln.randint(0, 5, {3}, {requires_grad = true}) end))
@@ -210,6 +210,42 @@ describe("arguments of the wrong kind", function()
     local copy = kiln.tensor(src)
     assert.is_false(copy.requires_grad)
     assert.equal(src:sum():item(), copy:sum():item())
+  end)
+
+  it("a misspelt option of a layer, an optimizer group, a scheduler or a loader is named, not ignored", function()
+    local p = kiln.randn(2, {requires_grad = true})
+    local ds = kiln.data.TensorDataset(kiln.randn(4))
+    local cases = {
+      {function() return nn.Linear(2, 3, {biass = false}) end, 'Linear: unknown option "biass" (known: bias, dtype)'},
+      {function() return nn.Linear(2, 3, {bias = 0}) end, "Linear: bias must be true or false, got the number 0"},
+      {function() return nn.Conv2d(1, 2, 3, {padding_mode = "zeros"}) end, 'Conv2d: unknown option "padding_mode"'},
+      {function() return nn.BatchNorm2d(4, {affine = "no"}) end, "BatchNorm2d: affine must be true or false, got a string"},
+      {function() return nn.MaxPool2d(2, {ceil = true}) end, 'MaxPool2d: unknown option "ceil"'},
+      {function() return nn.CrossEntropyLoss{label_smooth = 0.1} end, 'CrossEntropyLoss: unknown option "label_smooth"'},
+      {function() return nn.LSTM(3, 4, {num_layer = 2}) end, 'LSTM: unknown option "num_layer"'},
+      {function() return nn.GRU(3, 4, {batch_first = 1}) end, "GRU: batch_first must be true or false, got the number 1"},
+      {function() return nn.LSTM(3, 4, {nonlinearity = "relu"}) end, "LSTM: nonlinearity is an option of nn.RNN only"},
+      {function() return nn.GRUCell(3, 4, {num_layers = 2}) end, 'GRUCell: unknown option "num_layers"'},
+      {function() return kiln.optim.SGD({{params = {p}, lrr = 0.5}}) end, 'SGD: unknown option "lrr" in a parameter group'},
+      {function() return kiln.optim.Adam({p}):add_param_group{params = {kiln.randn(2, {requires_grad = true})}, beta = {0.5, 0.5}} end,
+       'Adam: unknown option "beta" in a parameter group'},
+      {function() return kiln.optim.lr_scheduler.StepLR(kiln.optim.SGD({p}), {step_size = 1, gama = 0.5}) end,
+       'StepLR: unknown option "gama" (known: gamma, step_size)'},
+      {function() return kiln.optim.lr_scheduler.ReduceLROnPlateau(kiln.optim.SGD({p}), {patiance = 3}) end,
+       'ReduceLROnPlateau: unknown option "patiance"'},
+      {function() return kiln.data.DataLoader{dataset = ds, num_workers = 2} end, 'DataLoader: unknown option "num_workers"'},
+      {function() return kiln.data.DataLoader{dataset = ds, shuffle = 1} end, "DataLoader: shuffle must be true or false, got the number 1"},
+      {function() return kiln.data.num_batches(ds, {batch_size = 2, drop_last = "yes"}) end, "num_batches: drop_last must be true or false"},
+      {function() return kiln.data.permutation(4, {sed = 1}) end, 'permutation: unknown option "sed"'},
+    }
+    for i, c in ipairs(cases) do
+      local msg = failure(c[1])
+      assert(msg:find(c[2], 1, true), "case " .. i .. ": " .. msg)
+    end
+    -- the right spellings still work, schedulers' keys in a group too
+    assert.equal(0.5, kiln.optim.SGD({{params = {p}, lr = 0.5, initial_lr = 0.5}}).param_groups[1].lr)
+    assert.is_nil(nn.Linear(2, 3, {bias = false}).bias)
+    assert.equal(2, nn.LSTM(3, 4, {num_layers = 2, batch_first = true}).num_layers)
   end)
 
   it("still builds what the checks let through", function()

@@ -26,7 +26,14 @@ return function(nn)
     need_int(name, what, v, min)
     return {v, v}
   end
-  local function need_opts(name, opts) return core.opts_arg(opts, name) end
+  -- the options table of a constructor, with only the keys it knows (a misspelt one is an error)
+  local function need_opts(name, opts, ...) return core.options(opts, core.set(...), name) end
+  -- a true/false option (nil: the default)
+  local function flag(name, what, v, default)
+    if v == nil then return default end
+    if type(v) ~= "boolean" then core.raise(string.format("%s: %s must be true or false, got %s", name, what, core.describe(v))) end
+    return v
+  end
   local reductions = {mean = true, sum = true, none = true}
   local function need_reduction(name, r)
     if r ~= nil and not reductions[r] then
@@ -38,11 +45,11 @@ return function(nn)
   -- ---- Linear ----
   local Linear = nn.define("Linear")
   function Linear:init(in_features, out_features, opts)
-    opts = need_opts("Linear", opts)
+    opts = need_opts("Linear", opts, "bias", "dtype")
     need_int("Linear", "in_features", in_features) need_int("Linear", "out_features", out_features)
     self.in_features, self.out_features = in_features, out_features
     self.weight = self:parameter(kiln.empty(out_features, in_features, {dtype = opts.dtype}))
-    if opts.bias ~= false then self.bias = self:parameter(kiln.empty(out_features, {dtype = opts.dtype}))
+    if flag("Linear", "bias", opts.bias, true) then self.bias = self:parameter(kiln.empty(out_features, {dtype = opts.dtype}))
     else self:register_parameter("bias", nil) end
     self:reset_parameters()
   end
@@ -108,7 +115,7 @@ return function(nn)
 
   local Embedding = nn.define("Embedding")
   function Embedding:init(num, dim, opts)
-    opts = need_opts("Embedding", opts)
+    opts = need_opts("Embedding", opts, "dtype")
     need_int("Embedding", "num_embeddings", num) need_int("Embedding", "embedding_dim", dim)
     self.num_embeddings, self.embedding_dim = num, dim
     self.weight = self:parameter(kiln.randn(num, dim, {dtype = opts.dtype}))
@@ -128,7 +135,7 @@ return function(nn)
 
   local Conv2d = nn.define("Conv2d")
   function Conv2d:init(cin, cout, k, opts)
-    opts = need_opts("Conv2d", opts)
+    opts = need_opts("Conv2d", opts, "stride", "padding", "dilation", "groups", "bias", "dtype")
     need_int("Conv2d", "in_channels", cin) need_int("Conv2d", "out_channels", cout)
     local ks = need_pair("Conv2d", "kernel_size", k)
     need_pair("Conv2d", "stride", opts.stride or 1) need_pair("Conv2d", "padding", opts.padding or 0, 0)
@@ -139,7 +146,7 @@ return function(nn)
       error(string.format("Conv2d: %d in and %d out channels are not divisible by %d groups", cin, cout, self.groups), 3)
     end
     self.weight = self:parameter(kiln.empty(cout, cin / self.groups, ks[1], ks[2], {dtype = opts.dtype}))
-    if opts.bias ~= false then self.bias = self:parameter(kiln.empty(cout, {dtype = opts.dtype}))
+    if flag("Conv2d", "bias", opts.bias, true) then self.bias = self:parameter(kiln.empty(cout, {dtype = opts.dtype}))
     else self:register_parameter("bias", nil) end
     init.kaiming_uniform_(self.weight, {a = math.sqrt(5)})
     if self.bias then
@@ -162,7 +169,7 @@ return function(nn)
 
   local Conv1d = nn.define("Conv1d")
   function Conv1d:init(cin, cout, k, opts)
-    opts = need_opts("Conv1d", opts)
+    opts = need_opts("Conv1d", opts, "stride", "padding", "dilation", "groups", "bias", "dtype")
     need_int("Conv1d", "in_channels", cin) need_int("Conv1d", "out_channels", cout) need_int("Conv1d", "kernel_size", k)
     need_int("Conv1d", "stride", opts.stride or 1) need_int("Conv1d", "padding", opts.padding or 0, 0)
     need_int("Conv1d", "dilation", opts.dilation or 1)
@@ -182,7 +189,7 @@ return function(nn)
 
   local ConvTranspose2d = nn.define("ConvTranspose2d")
   function ConvTranspose2d:init(cin, cout, k, opts)
-    opts = need_opts("ConvTranspose2d", opts)
+    opts = need_opts("ConvTranspose2d", opts, "stride", "padding", "output_padding", "dilation", "groups", "bias", "dtype")
     need_int("ConvTranspose2d", "in_channels", cin) need_int("ConvTranspose2d", "out_channels", cout)
     local ks = need_pair("ConvTranspose2d", "kernel_size", k)
     need_pair("ConvTranspose2d", "stride", opts.stride or 1) need_pair("ConvTranspose2d", "padding", opts.padding or 0, 0)
@@ -195,7 +202,7 @@ return function(nn)
     self.stride, self.padding, self.output_padding = pair(opts.stride or 1), pair(opts.padding or 0), pair(opts.output_padding or 0)
     self.dilation, self.groups = pair(opts.dilation or 1), opts.groups or 1
     self.weight = self:parameter(kiln.empty(cin, cout / self.groups, ks[1], ks[2], {dtype = opts.dtype}))
-    if opts.bias ~= false then self.bias = self:parameter(kiln.empty(cout, {dtype = opts.dtype}))
+    if flag("ConvTranspose2d", "bias", opts.bias, true) then self.bias = self:parameter(kiln.empty(cout, {dtype = opts.dtype}))
     else self:register_parameter("bias", nil) end
     init.kaiming_uniform_(self.weight, {a = math.sqrt(5)})
     if self.bias then
@@ -213,11 +220,11 @@ return function(nn)
 
   local MaxPool2d = nn.define("MaxPool2d")
   function MaxPool2d:init(k, opts)
-    opts = need_opts("MaxPool2d", opts)
+    opts = need_opts("MaxPool2d", opts, "stride", "padding", "dilation", "ceil_mode")
     need_pair("MaxPool2d", "kernel_size", k) need_pair("MaxPool2d", "stride", opts.stride or k)
     need_pair("MaxPool2d", "padding", opts.padding or 0, 0) need_pair("MaxPool2d", "dilation", opts.dilation or 1)
     self.kernel_size, self.stride = pair(k), pair(opts.stride or k)
-    self.padding, self.dilation, self.ceil_mode = pair(opts.padding or 0), pair(opts.dilation or 1), opts.ceil_mode or false
+    self.padding, self.dilation, self.ceil_mode = pair(opts.padding or 0), pair(opts.dilation or 1), flag("MaxPool2d", "ceil_mode", opts.ceil_mode, false)
   end
   function MaxPool2d:forward(x)
     return F().max_pool2d(x, self.kernel_size, {stride = self.stride, padding = self.padding, dilation = self.dilation, ceil_mode = self.ceil_mode})
@@ -226,11 +233,12 @@ return function(nn)
 
   local AvgPool2d = nn.define("AvgPool2d")
   function AvgPool2d:init(k, opts)
-    opts = need_opts("AvgPool2d", opts)
+    opts = need_opts("AvgPool2d", opts, "stride", "padding", "ceil_mode", "count_include_pad")
     need_pair("AvgPool2d", "kernel_size", k) need_pair("AvgPool2d", "stride", opts.stride or k)
     need_pair("AvgPool2d", "padding", opts.padding or 0, 0)
     self.kernel_size, self.stride, self.padding = pair(k), pair(opts.stride or k), pair(opts.padding or 0)
-    self.ceil_mode, self.count_include_pad = opts.ceil_mode or false, opts.count_include_pad ~= false
+    self.ceil_mode = flag("AvgPool2d", "ceil_mode", opts.ceil_mode, false)
+    self.count_include_pad = flag("AvgPool2d", "count_include_pad", opts.count_include_pad, true)
   end
   function AvgPool2d:forward(x)
     return F().avg_pool2d(x, self.kernel_size, {stride = self.stride, padding = self.padding, ceil_mode = self.ceil_mode,
@@ -246,10 +254,11 @@ return function(nn)
   local function batchnorm(name, dims)
     local BN = nn.define(name)
     function BN:init(n, opts)
-      opts = need_opts(name, opts)
+      opts = need_opts(name, opts, "eps", "momentum", "affine", "track_running_stats", "dtype")
       need_int(name, "num_features", n)
       self.num_features, self.eps, self.momentum = n, opts.eps or 1e-5, opts.momentum or 0.1
-      self.affine, self.track_running_stats = opts.affine ~= false, opts.track_running_stats ~= false
+      self.affine = flag(name, "affine", opts.affine, true)
+      self.track_running_stats = flag(name, "track_running_stats", opts.track_running_stats, true)
       if self.affine then
         self.weight = self:parameter(kiln.ones(n, {dtype = opts.dtype}))
         self.bias = self:parameter(kiln.zeros(n, {dtype = opts.dtype}))
@@ -278,12 +287,12 @@ return function(nn)
 
   local LayerNorm = nn.define("LayerNorm")
   function LayerNorm:init(shape, opts)
-    opts = need_opts("LayerNorm", opts)
+    opts = need_opts("LayerNorm", opts, "eps", "elementwise_affine", "dtype")
     self.normalized_shape = type(shape) == "table" and shape or {shape}
     if #self.normalized_shape == 0 then core.raise("LayerNorm: normalized_shape must name at least one size, got " .. core.describe(shape)) end
     for _, n in ipairs(self.normalized_shape) do need_int("LayerNorm", "normalized_shape", n) end
     self.eps = opts.eps or 1e-5
-    if opts.elementwise_affine ~= false then
+    if flag("LayerNorm", "elementwise_affine", opts.elementwise_affine, true) then
       self.weight = self:parameter(kiln.ones(self.normalized_shape, {dtype = opts.dtype}))
       self.bias = self:parameter(kiln.zeros(self.normalized_shape, {dtype = opts.dtype}))
     end
@@ -295,13 +304,13 @@ return function(nn)
 
   local GroupNorm = nn.define("GroupNorm")
   function GroupNorm:init(groups, channels, opts)
-    opts = need_opts("GroupNorm", opts)
+    opts = need_opts("GroupNorm", opts, "eps", "affine", "dtype")
     need_int("GroupNorm", "num_groups", groups) need_int("GroupNorm", "num_channels", channels)
     if channels % groups ~= 0 then
       core.raise(string.format("GroupNorm: %d channels are not divisible by %d groups", channels, groups))
     end
     self.num_groups, self.num_channels, self.eps = groups, channels, opts.eps or 1e-5
-    if opts.affine ~= false then
+    if flag("GroupNorm", "affine", opts.affine, true) then
       self.weight = self:parameter(kiln.ones(channels, {dtype = opts.dtype}))
       self.bias = self:parameter(kiln.zeros(channels, {dtype = opts.dtype}))
     end
@@ -320,14 +329,14 @@ return function(nn)
 
   local CrossEntropyLoss = nn.define("CrossEntropyLoss")
   function CrossEntropyLoss:init(opts)
-    self.opts = need_opts("CrossEntropyLoss", opts)
+    self.opts = need_opts("CrossEntropyLoss", opts, "weight", "ignore_index", "label_smoothing", "reduction")
     need_reduction("CrossEntropyLoss", self.opts.reduction)
   end
   function CrossEntropyLoss:forward(logits, target) return F().cross_entropy(logits, target, self.opts) end
 
   local NLLLoss = nn.define("NLLLoss")
   function NLLLoss:init(opts)
-    self.opts = need_opts("NLLLoss", opts)
+    self.opts = need_opts("NLLLoss", opts, "weight", "ignore_index", "reduction")
     need_reduction("NLLLoss", self.opts.reduction)
   end
   function NLLLoss:forward(logp, target) return F().nll_loss(logp, target, self.opts) end
@@ -336,7 +345,7 @@ return function(nn)
   -- loss = criterion(log_probs [T,N,C], targets, input_lengths, target_lengths); see F.ctc_loss.
   local CTCLoss = nn.define("CTCLoss")
   function CTCLoss:init(opts)
-    self.opts = need_opts("CTCLoss", opts)
+    self.opts = need_opts("CTCLoss", opts, "blank", "reduction", "zero_infinity")
     need_reduction("CTCLoss", self.opts.reduction)
     if self.opts.blank ~= nil then need_int("CTCLoss", "blank", self.opts.blank) end
   end
@@ -354,16 +363,16 @@ return function(nn)
   end
 
   local MSELoss = nn.define("MSELoss")
-  function MSELoss:init(opts) self.reduction = need_reduction("MSELoss", need_opts("MSELoss", opts).reduction) end
+  function MSELoss:init(opts) self.reduction = need_reduction("MSELoss", need_opts("MSELoss", opts, "reduction").reduction) end
   function MSELoss:forward(x, y) check_same("MSELoss", x, y) return reduce((x - y):square(), self.reduction) end
 
   local L1Loss = nn.define("L1Loss")
-  function L1Loss:init(opts) self.reduction = need_reduction("L1Loss", need_opts("L1Loss", opts).reduction) end
+  function L1Loss:init(opts) self.reduction = need_reduction("L1Loss", need_opts("L1Loss", opts, "reduction").reduction) end
   function L1Loss:forward(x, y) check_same("L1Loss", x, y) return reduce((x - y):abs(), self.reduction) end
 
   local SmoothL1Loss = nn.define("SmoothL1Loss")
   function SmoothL1Loss:init(opts)
-    opts = need_opts("SmoothL1Loss", opts)
+    opts = need_opts("SmoothL1Loss", opts, "reduction", "beta")
     self.reduction, self.beta = need_reduction("SmoothL1Loss", opts.reduction), opts.beta or 1
     if type(self.beta) ~= "number" or not (self.beta > 0) then core.raise("SmoothL1Loss: beta must be a positive number, got " .. core.describe(self.beta)) end
   end
@@ -377,7 +386,7 @@ return function(nn)
   end
 
   local BCELoss = nn.define("BCELoss")
-  function BCELoss:init(opts) self.reduction = need_reduction("BCELoss", need_opts("BCELoss", opts).reduction) end
+  function BCELoss:init(opts) self.reduction = need_reduction("BCELoss", need_opts("BCELoss", opts, "reduction").reduction) end
   function BCELoss:forward(p, y)
     check_same("BCELoss", p, y)
     -- log clamped at -100, as PyTorch does, so that p = 0 or 1 gives a finite loss
@@ -386,7 +395,7 @@ return function(nn)
   end
 
   local BCEWithLogitsLoss = nn.define("BCEWithLogitsLoss")
-  function BCEWithLogitsLoss:init(opts) self.reduction = need_reduction("BCEWithLogitsLoss", need_opts("BCEWithLogitsLoss", opts).reduction) end
+  function BCEWithLogitsLoss:init(opts) self.reduction = need_reduction("BCEWithLogitsLoss", need_opts("BCEWithLogitsLoss", opts, "reduction").reduction) end
   function BCEWithLogitsLoss:forward(z, y)
     check_same("BCEWithLogitsLoss", z, y)
     -- max(z, 0) - z y + log(1 + exp(-|z|)): stable for large |z|

@@ -22,6 +22,17 @@ return function(nn)
     return a, b, c or {}
   end
 
+  -- the options a layer (cells: fewer) knows; a misspelt one is an error, not a default
+  local core = require "kiln.core"
+  local layer_keys = core.set("input_size", "hidden_size", "num_layers", "nonlinearity", "bias", "batch_first", "dropout",
+                              "bidirectional", "algorithm", "dtype")
+  local cell_keys = core.set("input_size", "hidden_size", "nonlinearity", "bias", "dtype")
+  local function flag(name, what, v, default)
+    if v == nil then return default end
+    if type(v) ~= "boolean" then core.raise(string.format("%s: %s must be true or false, got %s", name, what, core.describe(v))) end
+    return v
+  end
+
   local function size_check(name, v, what)
     if type(v) ~= "number" or v < 1 or v ~= math.floor(v) then
       local core = require "kiln.core"
@@ -36,18 +47,22 @@ return function(nn)
   function RNNBase:init() require("kiln.core").raise("RNNBase: a base class; make an nn.RNN, nn.GRU or nn.LSTM") end
   function RNNBase:setup(mode, input_size, hidden_size, opts)
     local name = titles[mode]
+    opts = core.options(opts, layer_keys, name)
+    if mode ~= "rnn_tanh" and mode ~= "rnn_relu" and opts.nonlinearity ~= nil then
+      core.raise(name .. ": nonlinearity is an option of nn.RNN only")
+    end
     size_check(name, input_size, "input_size")
     size_check(name, hidden_size, "hidden_size")
     self.mode, self.input_size, self.hidden_size = mode, input_size, hidden_size
     self.num_layers = opts.num_layers or 1
     size_check(name, self.num_layers, "num_layers")
-    self.bias = opts.bias ~= false
-    self.batch_first = opts.batch_first == true
+    self.bias = flag(name, "bias", opts.bias, true)
+    self.batch_first = flag(name, "batch_first", opts.batch_first, false)
     self.dropout = opts.dropout or 0
     if type(self.dropout) ~= "number" or self.dropout < 0 or self.dropout >= 1 then
       error(string.format("%s: dropout %s must be in [0, 1)", name, tostring(self.dropout)), 4)
     end
-    self.bidirectional = opts.bidirectional == true
+    self.bidirectional = flag(name, "bidirectional", opts.bidirectional, false)
     self.algorithm = opts.algorithm or "auto"
     local G, D = gates[mode], self.bidirectional and 2 or 1
     for l = 0, self.num_layers - 1 do
@@ -174,9 +189,13 @@ return function(nn)
   function CellBase:init() require("kiln.core").raise("RNNCellBase: a base class; make an nn.RNNCell, nn.GRUCell or nn.LSTMCell") end
   function CellBase:setup(mode, input_size, hidden_size, opts)
     local name = titles[mode] .. "Cell"
+    opts = core.options(opts, cell_keys, name)
+    if mode ~= "rnn_tanh" and mode ~= "rnn_relu" and opts.nonlinearity ~= nil then
+      core.raise(name .. ": nonlinearity is an option of nn.RNNCell only")
+    end
     size_check(name, input_size, "input_size")
     size_check(name, hidden_size, "hidden_size")
-    self.mode, self.input_size, self.hidden_size, self.bias = mode, input_size, hidden_size, opts.bias ~= false
+    self.mode, self.input_size, self.hidden_size, self.bias = mode, input_size, hidden_size, flag(name, "bias", opts.bias, true)
     local G = gates[mode]
     self.weight_ih = self:parameter(kiln.empty(G * hidden_size, input_size, {dtype = opts.dtype}))
     self.weight_hh = self:parameter(kiln.empty(G * hidden_size, hidden_size, {dtype = opts.dtype}))

@@ -55,6 +55,8 @@ local function check_params(name, list, where)
   return out
 end
 
+local scheduler_keys = {initial_lr = true, max_lr = true, min_lr = true, max_momentum = true, base_momentum = true}
+
 -- Add a group: {params = {...}, lr = ...}; missing options come from the defaults.
 function Optimizer:add_param_group(group)
   local spec = self._spec
@@ -62,7 +64,17 @@ function Optimizer:add_param_group(group)
     raise(spec.name .. ".add_param_group: expected a table with a params field")
   end
   local g = {}
-  for k, v in pairs(group) do if k ~= "params" then g[k] = copy(v) end end
+  for k, v in pairs(group) do
+    -- a group's own options (a misspelt one is an error), and what learning-rate schedulers keep there
+    if k ~= "params" and self.defaults[k] == nil and not scheduler_keys[k] then
+      local names = {}
+      for n in pairs(self.defaults) do names[#names + 1] = n end
+      table.sort(names)
+      raise(string.format("%s: unknown option %q in a parameter group (known: params, %s)", spec.name, tostring(k),
+                          table.concat(names, ", ")))
+    end
+    if k ~= "params" then g[k] = copy(v) end
+  end
   g.params = check_params(spec.name, group.params, "group " .. (#self.param_groups + 1))
   for k, v in pairs(self.defaults) do if g[k] == nil then g[k] = copy(v) end end
   spec.check(g, function(msg) raise(spec.name .. ": " .. msg) end)

@@ -101,7 +101,7 @@ end
 local StepLR = class("StepLR")
 M.StepLR = StepLR
 setmetatable(StepLR, {__index = Scheduler, __call = function(cls, optimizer, opts)
-  opts = opts or {}
+  opts = core.options(opts, core.set("step_size", "gamma"), "StepLR")
   check_optimizer("StepLR", optimizer)
   if type(opts.step_size) ~= "number" or opts.step_size < 1 then raise("StepLR: step_size must be a positive integer") end
   local self = setmetatable({step_size = opts.step_size, gamma = opts.gamma or 0.1}, cls)
@@ -120,7 +120,7 @@ end
 local MultiStepLR = class("MultiStepLR")
 M.MultiStepLR = MultiStepLR
 setmetatable(MultiStepLR, {__index = Scheduler, __call = function(cls, optimizer, opts)
-  opts = opts or {}
+  opts = core.options(opts, core.set("milestones", "gamma"), "MultiStepLR")
   check_optimizer("MultiStepLR", optimizer)
   if type(opts.milestones) ~= "table" then raise("MultiStepLR: milestones must be a list of step numbers") end
   local counts = {}
@@ -142,7 +142,7 @@ end
 local ExponentialLR = class("ExponentialLR")
 M.ExponentialLR = ExponentialLR
 setmetatable(ExponentialLR, {__index = Scheduler, __call = function(cls, optimizer, opts)
-  opts = opts or {}
+  opts = core.options(opts, core.set("gamma"), "ExponentialLR")
   check_optimizer("ExponentialLR", optimizer)
   if type(opts.gamma) ~= "number" then raise("ExponentialLR: gamma must be a number") end
   return init(setmetatable({gamma = opts.gamma}, cls), optimizer)
@@ -165,7 +165,7 @@ end
 local CosineAnnealingLR = class("CosineAnnealingLR")
 M.CosineAnnealingLR = CosineAnnealingLR
 setmetatable(CosineAnnealingLR, {__index = Scheduler, __call = function(cls, optimizer, opts)
-  opts = opts or {}
+  opts = core.options(opts, core.set("T_max", "eta_min", "warmup_steps"), "CosineAnnealingLR")
   check_optimizer("CosineAnnealingLR", optimizer)
   if type(opts.T_max) ~= "number" or opts.T_max <= 0 then raise("CosineAnnealingLR: T_max must be a positive number of steps") end
   local w = opts.warmup_steps or 0
@@ -206,7 +206,7 @@ local function anneal_cos(start, stop, pct) return stop + (start - stop) / 2 * (
 local function anneal_linear(start, stop, pct) return (stop - start) * pct + start end
 
 setmetatable(OneCycleLR, {__index = Scheduler, __call = function(cls, optimizer, opts)
-  opts = opts or {}
+  opts = core.options(opts, core.set("max_lr", "total_steps", "epochs", "steps_per_epoch", "pct_start", "anneal_strategy", "cycle_momentum", "base_momentum", "max_momentum", "div_factor", "final_div_factor", "three_phase"), "OneCycleLR")
   local name = "OneCycleLR"
   check_optimizer(name, optimizer)
   local groups = optimizer.param_groups
@@ -296,7 +296,7 @@ end
 local ReduceLROnPlateau = class("ReduceLROnPlateau")
 M.ReduceLROnPlateau = ReduceLROnPlateau
 setmetatable(ReduceLROnPlateau, {__index = Scheduler, __call = function(cls, optimizer, opts)
-  opts = opts or {}
+  opts = core.options(opts, core.set("mode", "factor", "patience", "threshold", "threshold_mode", "cooldown", "min_lr", "eps"), "ReduceLROnPlateau")
   local name = "ReduceLROnPlateau"
   check_optimizer(name, optimizer)
   local self = setmetatable({
