@@ -137,6 +137,33 @@ kiln.randn_like = random_like("randn_like", function(r) Tensor.normal_(r, 0, 1) 
 
 kiln.cat, kiln.stack = Tensor.cat, Tensor.stack
 kiln.where = Tensor._where
+-- kiln.device("cuda:0") checks and normalises a device name ("cpu", "cuda:N"); kiln.device(t) is t's.
+function kiln.device(x)
+  if core.is_tensor(x) then return Tensor.device(x) end
+  if type(x) ~= "string" then core.raise("kiln.device: expected a device name or a tensor, got " .. core.describe(x)) end
+  return core.device_name(core.device(x, "device"))
+end
+
+-- randperm(n[, opts]): the numbers 1..n in a random order (i64 unless opts.dtype says otherwise),
+-- drawn from the generator manual_seed sets: n uniform keys, Fisher-Yates over them.
+function kiln.randperm(n, opts)
+  opts = core.factory_opts(opts, "randperm")
+  core.number_arg(n, "randperm", "n")
+  if n < 0 or n ~= math.floor(n) then core.raise("randperm: n must be a non-negative integer, got " .. tostring(n)) end
+  local keys = kiln.rand(math.max(n, 1), {dtype = "f64"})
+  local kp = ffi.cast("double *", keys.p.storage.data) + keys.p.offset
+  local perm = kiln.empty(n, {dtype = "i64"})
+  local pp = ffi.cast("int64_t *", perm.p.storage.data) + perm.p.offset
+  for i = 0, n - 1 do pp[i] = i + 1 end
+  for i = n - 1, 1, -1 do
+    local j = math.floor(kp[i] * (i + 1))
+    pp[i], pp[j] = pp[j], pp[i]
+  end
+  local r = perm
+  if opts.dtype or opts.device then r = perm:to{dtype = opts.dtype or "i64", device = opts.device} end
+  return core.factory_done(r, opts)
+end
+
 -- Every method is also a function of the tensor: kiln.exp(t), kiln.sum(t, 2).
 for name, fn in pairs(Tensor) do
   if kiln[name] == nil and name:sub(1, 1) ~= "_" then kiln[name] = function_of_tensor(name, fn) end
@@ -185,11 +212,17 @@ function kiln.get_float32_matmul_precision() return precision_names[C.kiln_get_f
 
 -- Bytes held by tensors on a device type ("cpu" or "cuda"); on the CPU also the bytes of freed
 -- large blocks kept for reuse (cached_bytes).
+-- the device type of memory_stats' and set_gc_threshold's device argument (nil: the cpu)
+local function device_type(device, what)
+  return device == nil and C.KILN_CPU or core.device(device, what).type
+end
+
 function kiln.memory_stats(device)
-  local s = C.kiln_memory_stats(device == "cuda" and C.KILN_CUDA or C.KILN_CPU)
+  local on = device_type(device, "memory_stats")
+  local s = C.kiln_memory_stats(on)
   return {live_bytes = tonumber(s.live_bytes), peak_bytes = tonumber(s.peak_bytes), allocs = tonumber(s.allocs),
           frees = tonumber(s.frees), threshold = tonumber(s.threshold),
-          cached_bytes = device ~= "cuda" and tonumber(C.kiln_cpu_cached_bytes()) or nil}
+          cached_bytes = on == C.KILN_CPU and tonumber(C.kiln_cpu_cached_bytes()) or nil}
 end
 -- Give the CPU's cached blocks back to the system (kiln.cuda.empty_cache does the device's).
 function kiln.empty_cache() C.kiln_cpu_empty_cache() end
@@ -197,8 +230,9 @@ function kiln.empty_cache() C.kiln_cpu_empty_cache() end
 -- (nil: back to the automatic CPU threshold).
 function kiln.set_gc_threshold(bytes, device)
   if bytes ~= nil then core.number_arg(bytes, "set_gc_threshold", "the byte count") end
-  if device ~= "cuda" then core.gc_threshold_fixed = bytes ~= nil end
-  C.kiln_memory_set_threshold(device == "cuda" and C.KILN_CUDA or C.KILN_CPU, bytes or 16 * 2 ^ 20)
+  local on = device_type(device, "set_gc_threshold")
+  if on == C.KILN_CPU then core.gc_threshold_fixed = bytes ~= nil end
+  C.kiln_memory_set_threshold(on, bytes or 16 * 2 ^ 20)
 end
 
 function kiln.help(x) return require("kiln.help").help(x) end

@@ -274,11 +274,20 @@ function Tensor.where(cond, a, b)
   -- t:where(cond, other) reads like PyTorch's x.where(cond, y); kiln.where(cond, a, b) is below.
   return Tensor._where(a, cond, b)
 end
+-- A number beside a tensor in where: the tensor's dtype, or f32 for a fraction beside an integer
+-- or bool tensor (the weak-scalar rule of the binary ops).
+local function where_scalar(like, v)
+  local dt = like.p.dtype
+  local integral = dt == C.KILN_I64 or dt == C.KILN_I32 or dt == C.KILN_U8 or dt == C.KILN_BOOL
+  if integral and v ~= math.floor(v) then return Tensor.full_like(like, v, {dtype = "f32"}) end
+  return Tensor.full_like(like, v)
+end
+
 function Tensor._where(cond, a, b)
   local like = is_tensor(a) and a or b
   if not is_tensor(like) then raise("where: argument 2 or 3 must be a tensor, got " .. core.describe(a) .. " and " .. core.describe(b)) end
-  if type(a) == "number" then a = Tensor.full_like(like, a) end
-  if type(b) == "number" then b = Tensor.full_like(like, b) end
+  if type(a) == "number" then a = where_scalar(like, a) end
+  if type(b) == "number" then b = where_scalar(like, b) end
   return wrap_retry(C.kiln_where, tensor_arg(cond, "where", "the condition"), tensor_arg(a, "where", "argument 2"),
                     tensor_arg(b, "where", "argument 3"))
 end
@@ -398,9 +407,12 @@ end
 function Tensor.mm(a, b) return wrap_retry(C.kiln_mm, a.p, tensor_arg(b, "mm", "argument 2")) end
 function Tensor.bmm(a, b) return wrap_retry(C.kiln_bmm, a.p, tensor_arg(b, "bmm", "argument 2")) end
 function Tensor.dot(a, b) return wrap_retry(C.kiln_matmul, a.p, tensor_arg(b, "dot", "argument 2")) end
--- c:addmm(a, b, {beta=1, alpha=1}) = beta * c + alpha * a @ b
-function Tensor.addmm(c, a, b, opts)
-  opts = core.opts_arg(opts, "addmm")
+-- c:addmm(a, b, {beta=1, alpha=1}) or c:addmm(a, b, beta, alpha) = beta * c + alpha * a @ b
+function Tensor.addmm(c, a, b, opts, alpha)
+  if type(opts) == "number" or type(alpha) == "number" then
+    opts = {beta = number_arg(opts == nil and 1 or opts, "addmm", "beta"), alpha = number_arg(alpha == nil and 1 or alpha, "addmm", "alpha")}
+  end
+  opts = core.options(opts, core.set("beta", "alpha"), "addmm")
   return wrap_retry(C.kiln_addmm, c.p, tensor_arg(a, "addmm", "argument 2"), tensor_arg(b, "addmm", "argument 3"),
                     opts.beta or 1, opts.alpha or 1)
 end
@@ -517,10 +529,15 @@ function Tensor.normal_(t, mean, std)
   check(C.kiln_normal_(t.p, number_or(mean, 0, "normal_", "the mean"), number_or(std, 1, "normal_", "the std")))
   return t
 end
+-- t:random_(lo, hi): integers in [lo, hi), as PyTorch's; t:random_(n): in [1, n], as Torch7's
+-- (indices count from 1).
 function Tensor.random_(t, lo, hi)
-  if hi == nil then lo, hi = 1, lo end
+  if hi == nil then
+    number_arg(lo, "random_", "the high end")
+    lo, hi = 1, lo + 1
+  end
   number_arg(lo, "random_", "the low end") number_arg(hi, "random_", "the high end")
-  check(C.kiln_randint_(t.p, lo, hi + 1))     -- inclusive, like Torch7's random_(a, b)
+  check(C.kiln_randint_(t.p, lo, hi))
   return t
 end
 

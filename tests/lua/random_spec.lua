@@ -118,6 +118,17 @@ describe("the generator", function()
     assert.same(a:totable(), b:totable())
   end)
 
+  it("random_(lo, hi) draws [lo, hi) as PyTorch; random_(n) draws [1, n] as Torch7", function()
+    kiln.manual_seed(5)
+    local count = {}
+    for _, v in ipairs(kiln.empty(4000, {dtype = "i64"}):random_(-1, 2):totable()) do count[v] = (count[v] or 0) + 1 end
+    assert.same({-1, 0, 1}, (function() local k = {} for v in pairs(count) do k[#k + 1] = v end table.sort(k) return k end)())
+    count = {}
+    for _, v in ipairs(kiln.empty(4000, {dtype = "i32"}):random_(3):totable()) do count[v] = (count[v] or 0) + 1 end
+    assert.same({1, 2, 3}, (function() local k = {} for v in pairs(count) do k[#k + 1] = v end table.sort(k) return k end)())
+    for v = 1, 3 do assert(count[v] > 1000, "value " .. v .. " drawn " .. count[v] .. " times in 4000") end
+  end)
+
   it("get_rng_state and set_rng_state resume a run", function()
     kiln.manual_seed(77)
     kiln.randn(13)

@@ -603,3 +603,56 @@ describe("free", function()
     assert.same({3, 3}, (kiln.ones(2) * 3):totable())
   end)
 end)
+
+describe("documented call forms", function()
+  it("kiln.where with a number beside an integer tensor promotes a fraction to f32, as the binary ops", function()
+    local r = kiln.where(kiln.tensor{true, false}, 0.5, kiln.tensor({1, 2}, {dtype = "i64"}))
+    assert.equal("f32", r:dtype())
+    assert.same({0.5, 2}, r:totable())
+    local q = kiln.where(kiln.tensor{true, false}, 3, kiln.tensor({1, 2}, {dtype = "i64"}))
+    assert.equal("i64", q:dtype())
+    assert.same({3, 2}, q:totable())
+  end)
+
+  it("addmm takes beta and alpha as numbers or as options", function()
+    local c, a = kiln.tensor{{1, 2}, {3, 4}}, kiln.tensor{{1, 0}, {0, 1}}
+    assert.same({{2.5, 1}, {1.5, 4}}, c:addmm(a, a, 0.5, 2):totable())          -- 0.5 c + 2 I
+    assert.same({{2.5, 1}, {1.5, 4}}, kiln.addmm(c, a, a, {beta = 0.5, alpha = 2}):totable())
+    assert.same({{1.5, 2}, {3, 4.5}}, c:addmm(a, a, 1, 0.5):totable())           -- c + I / 2
+  end)
+
+  it("randperm(n) is 1..n in an order the seed fixes", function()
+    kiln.manual_seed(3)
+    local p = kiln.randperm(50)
+    assert.equal("i64", p:dtype())
+    local seen, moved = {}, 0
+    for i, v in ipairs(p:totable()) do
+      assert(v >= 1 and v <= 50 and not seen[v], "not a permutation: " .. tostring(v))
+      seen[v] = true
+      if v ~= i then moved = moved + 1 end
+    end
+    assert(moved > 40, "hardly shuffled: " .. moved .. " of 50 moved")
+    kiln.manual_seed(3)
+    assert.same(p:totable(), kiln.randperm(50):totable())
+    assert.not_same(p:totable(), kiln.randperm(50):totable())              -- the generator moved on
+    assert.equal("f64", kiln.randperm(4, {dtype = "f64"}):dtype())
+    assert.equal(0, kiln.randperm(0):numel())
+  end)
+
+  it("kiln.device names a device; memory_stats and set_gc_threshold read cuda:N as cuda", function()
+    assert.equal("cpu", kiln.device("cpu"))
+    assert.equal("cuda:1", kiln.device("cuda:1"))
+    assert.equal("cpu", kiln.device(kiln.ones(1)))
+    assert.is_truthy(H.contains(H.error_of(kiln.device, "tpu"), "unknown device \"tpu\""))
+    local big = kiln.empty(1000000)
+    assert.equal(kiln.memory_stats("cuda").live_bytes, kiln.memory_stats("cuda:0").live_bytes)
+    assert(kiln.memory_stats("cpu").live_bytes >= 4000000)
+    assert.is_nil(kiln.memory_stats("cuda:0").cached_bytes)
+    local before = kiln.memory_stats().threshold
+    kiln.set_gc_threshold(123456789, "cuda:0")
+    assert.equal(before, kiln.memory_stats().threshold)                     -- the cpu's is untouched
+    assert.equal(123456789, kiln.memory_stats("cuda").threshold)
+    kiln.set_gc_threshold(nil, "cuda")
+    big:free()
+  end)
+end)
