@@ -145,6 +145,13 @@ function M.opts_arg(opts, what)
   M.raise(string.format("%s: the options must be a table ({name = value, ...}), got %s", what, M.describe(opts)))
 end
 
+-- A true/false option of op (nil: the default); anything else is an error naming it.
+function M.flag(v, default, op, name)
+  if v == nil then return default end
+  if type(v) ~= "boolean" then M.raise(string.format("%s: %s must be true or false, got %s", op, name, M.describe(v))) end
+  return v
+end
+
 -- The options of a factory (kiln.zeros, kiln.randn, kiln.tensor, the *_like, ...): {dtype =,
 -- device =, requires_grad =}; any other key is an error (a misspelt option must not be ignored).
 local factory_keys = {dtype = true, device = true, requires_grad = true}

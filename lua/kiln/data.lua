@@ -117,12 +117,7 @@ end
 
 -- ---- minibatches ----
 
--- a true/false option (nil: the default)
-local function flag(what, name, v, default)
-  if v == nil then return default end
-  if type(v) ~= "boolean" then raise(string.format("%s: %s must be true or false, got %s", what, name, core.describe(v))) end
-  return v
-end
+local function flag(what, name, v, default) return core.flag(v, default, what, name) end
 
 local function options(src_n, opts, what)
   opts = core.options(opts, core.set("batch_size", "shuffle", "seed", "epoch", "drop_last"), what)

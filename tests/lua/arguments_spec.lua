@@ -18,6 +18,15 @@ local function assert_clear(msg)
   end
 end
 
+-- each case {f, part}: f fails with a message containing part (and, with clear, no Lua-internal words)
+local function check_cases(cases, clear)
+  for i, c in ipairs(cases) do
+    local msg = failure(c[1])
+    assert(msg:find(c[2], 1, true), "case " .. i .. ": " .. msg)
+    if clear then assert_clear(msg) end
+  end
+end
+
 describe("arguments of the wrong kind", function()
   it("kiln.f(x) for a method f needs a tensor x, for every method", function()
     local names = {}
@@ -64,11 +73,7 @@ describe("arguments of the wrong kind", function()
       {function() local x = kiln.randn(2, {requires_grad = true}) x:sum():backward(7) end,
        "backward: the gradient must be a tensor, got the number 7"},
     }
-    for i, c in ipairs(cases) do
-      local msg = failure(c[1])
-      assert(msg:find(c[2], 1, true), "case " .. i .. ": " .. msg)
-      assert_clear(msg)
-    end
+    check_cases(cases, true)
   end)
 
   it("names numbers and options given as something else", function()
@@ -110,11 +115,7 @@ describe("arguments of the wrong kind", function()
       {function() return kiln.data.num_batches(kiln.data.TensorDataset(kiln.randn(4)), 2) end, "num_batches: the options must be a table"},
       {function() return kiln.data.read_image("/nonexistent.png", "rgb") end, "read_image: channels must be an integer, got rgb"},
     }
-    for i, c in ipairs(cases) do
-      local msg = failure(c[1])
-      assert(msg:find(c[2], 1, true), "case " .. i .. ": " .. msg)
-      assert_clear(msg)
-    end
+    check_cases(cases, true)
     -- nothing was changed by the calls that failed
     assert.equal(3, t:size(2))
   end)
@@ -168,11 +169,7 @@ describe("arguments of the wrong kind", function()
       {function() return nn.Linear(2, 2):register_buffer(1, kiln.zeros(2)) end, "register_buffer: the name must be a string, got the number 1"},
       {function() return nn.Linear(2, 2):register_parameter("w", {}) end, "register_parameter: w must be a tensor or nil, got a table"},
     }
-    for i, c in ipairs(cases) do
-      local msg = failure(c[1])
-      assert(msg:find(c[2], 1, true), "case " .. i .. ": " .. msg)
-      assert_clear(msg)
-    end
+    check_cases(cases, true)
   end)
 
   it("factories take dtype, device and requires_grad, and nothing else", function()
@@ -238,10 +235,7 @@ describe("arguments of the wrong kind", function()
       {function() return kiln.data.num_batches(ds, {batch_size = 2, drop_last = "yes"}) end, "num_batches: drop_last must be true or false"},
       {function() return kiln.data.permutation(4, {sed = 1}) end, 'permutation: unknown option "sed"'},
     }
-    for i, c in ipairs(cases) do
-      local msg = failure(c[1])
-      assert(msg:find(c[2], 1, true), "case " .. i .. ": " .. msg)
-    end
+    check_cases(cases)
     -- the right spellings still work, schedulers' keys in a group too
     assert.equal(0.5, kiln.optim.SGD({{params = {p}, lr = 0.5, initial_lr = 0.5}}).param_groups[1].lr)
     assert.is_nil(nn.Linear(2, 3, {bias = false}).bias)

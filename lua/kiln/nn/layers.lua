@@ -28,12 +28,7 @@ return function(nn)
   end
   -- the options table of a constructor, with only the keys it knows (a misspelt one is an error)
   local function need_opts(name, opts, ...) return core.options(opts, core.set(...), name) end
-  -- a true/false option (nil: the default)
-  local function flag(name, what, v, default)
-    if v == nil then return default end
-    if type(v) ~= "boolean" then core.raise(string.format("%s: %s must be true or false, got %s", name, what, core.describe(v))) end
-    return v
-  end
+  local function flag(name, what, v, default) return core.flag(v, default, name, what) end
   local reductions = {mean = true, sum = true, none = true}
   local function need_reduction(name, r)
     if r ~= nil and not reductions[r] then

@@ -27,11 +27,7 @@ return function(nn)
   local layer_keys = core.set("input_size", "hidden_size", "num_layers", "nonlinearity", "bias", "batch_first", "dropout",
                               "bidirectional", "algorithm", "dtype")
   local cell_keys = core.set("input_size", "hidden_size", "nonlinearity", "bias", "dtype")
-  local function flag(name, what, v, default)
-    if v == nil then return default end
-    if type(v) ~= "boolean" then core.raise(string.format("%s: %s must be true or false, got %s", name, what, core.describe(v))) end
-    return v
-  end
+  local function flag(name, what, v, default) return core.flag(v, default, name, what) end
 
   local function size_check(name, v, what)
     if type(v) ~= "number" or v < 1 or v ~= math.floor(v) then
