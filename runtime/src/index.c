@@ -146,6 +146,7 @@ KILN_API struct kiln_tensor *kiln_scatter_add(const struct kiln_tensor *a, int d
   struct kiln_tensor *out = kiln_clone(a);
   if (out && kiln_scatter_add_(out, dim, index, src)) { kiln_tensor_release(out); out = NULL; }
   kiln_set_grad_enabled(prev);
+  if (!out) return NULL;
   int d = 0;
   kiln_normalize_dim("scatter_add", dim, a->ndim, &d);
   const struct kiln_tensor *ins[3] = {a, index, src};

@@ -342,6 +342,7 @@ KILN_API struct kiln_tensor *kiln_tensor_from_f64(int ndim, const int64_t *sizes
 
 KILN_API int kiln_tensor_to_f64(const struct kiln_tensor *t, double *out) {
   if (kiln_check_live("to_f64", t)) return kiln_error_code();
+  if (t->numel && !out) return kiln_fail(KILN_ERR_ARGUMENT, "to_f64: out is NULL for %s", kiln_shape_string(t));
   struct kiln_tensor *c = NULL;
   if (t->device.type != KILN_CPU) {
     c = kiln_to_device(t, (struct kiln_device){KILN_CPU, 0});
@@ -360,6 +361,12 @@ KILN_API int kiln_tensor_to_f64(const struct kiln_tensor *t, double *out) {
 }
 
 KILN_API double kiln_tensor_get(const struct kiln_tensor *t, int64_t storage_offset) {
+  /* no tensor, a freed one or one off the cpu: NaN and the error (the bindings check first) */
+  if (kiln_check_live("get", t)) return NAN;
+  if (t->device.type != KILN_CPU) {
+    kiln_fail(KILN_ERR_DEVICE, "get: element access on %s (copy to cpu first)", kiln_device_name(t->device));
+    return NAN;
+  }
   return kiln_load_f64((const char *)t->storage->data + storage_offset * kiln_dtype_size(t->dtype), t->dtype);
 }
 
@@ -411,6 +418,7 @@ KILN_API int kiln_is_contiguous(const struct kiln_tensor *t) {
 /* Resolve one -1 and check that the element count is kept. */
 static int infer_sizes(const char *op, const struct kiln_tensor *t, int ndim, const int64_t *in, int64_t *out) {
   if (ndim < 0 || ndim > KILN_MAX_DIMS) return kiln_fail(KILN_ERR_SHAPE, "%s: %d dims (at most %d)", op, ndim, KILN_MAX_DIMS);
+  if (ndim > 0 && !in) return kiln_fail(KILN_ERR_ARGUMENT, "%s: the sizes are NULL for %d dims", op, ndim);
   int infer = -1;
   int64_t prod = 1;
   for (int d = 0; d < ndim; d++) {
@@ -503,6 +511,10 @@ KILN_API struct kiln_tensor *kiln_permute(const struct kiln_tensor *t, int ndim,
     kiln_fail(KILN_ERR_SHAPE, "permute: %d dims given for tensor %s of %d dims", ndim, kiln_shape_string(t), t->ndim);
     return NULL;
   }
+  if (ndim > 0 && !dims) {
+    kiln_fail(KILN_ERR_ARGUMENT, "permute: the dims are NULL for %d dims", ndim);
+    return NULL;
+  }
   int seen[KILN_MAX_DIMS] = {0};
   int64_t sz[KILN_MAX_DIMS], st[KILN_MAX_DIMS], perm[KILN_MAX_DIMS];
   for (int i = 0; i < ndim; i++) {
@@ -588,6 +600,10 @@ KILN_API struct kiln_tensor *kiln_unsqueeze(const struct kiln_tensor *t, int dim
 
 KILN_API struct kiln_tensor *kiln_expand(const struct kiln_tensor *t, int ndim, const int64_t *sizes) {
   if (kiln_check_live("expand", t)) return NULL;
+  if (ndim > 0 && !sizes) {
+    kiln_fail(KILN_ERR_ARGUMENT, "expand: the sizes are NULL for %d dims", ndim);
+    return NULL;
+  }
   if (ndim < t->ndim || ndim > KILN_MAX_DIMS) {
     kiln_fail(KILN_ERR_SHAPE, "expand: cannot expand %s to %s", kiln_shape_string(t), kiln_sizes_string(ndim, sizes));
     return NULL;

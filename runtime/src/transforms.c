@@ -25,6 +25,7 @@ uint64_t kiln_sample_key(int64_t seed, int64_t epoch) {
 }
 
 KILN_API void kiln_sample_philox(int64_t seed, int64_t epoch, int64_t index, uint32_t step, uint32_t *out4) {
+  if (!out4) return;
   kiln_philox(((uint64_t)index << 8) | (step & 0xFF), kiln_sample_key(seed, epoch), out4);
 }
 

@@ -404,6 +404,20 @@ static void test_refcounts(void) {
     kiln_tensor_release(e);
     kiln_tensor_release(x);
   }
+  /* NULL arrays and outputs with a nonzero count are errors, not reads through NULL */
+  {
+    struct kiln_tensor *x = kiln_tensor_full(2, (int64_t[]){2, 3}, 1, KILN_F32, (struct kiln_device){KILN_CPU, 0});
+    CHECK(kiln_view(x, 2, NULL) == NULL && strstr(kiln_error_message(), "view: the sizes are NULL for 2 dims"));
+    CHECK(kiln_reshape(x, 1, NULL) == NULL && strstr(kiln_error_message(), "reshape: the sizes are NULL"));
+    CHECK(kiln_expand(x, 2, NULL) == NULL && strstr(kiln_error_message(), "expand: the sizes are NULL"));
+    CHECK(kiln_permute(x, 2, NULL) == NULL && strstr(kiln_error_message(), "permute: the dims are NULL"));
+    CHECK(kiln_tensor_to_f64(x, NULL) != KILN_OK && strstr(kiln_error_message(), "to_f64: out is NULL"));
+    CHECK(kiln_scatter_add(NULL, 0, NULL, NULL) == NULL);
+    CHECK(isnan(kiln_tensor_get(NULL, 0)));
+    kiln_sample_philox(1, 0, 0, 0, NULL);   /* nothing to write to: nothing written */
+    CHECK(kiln_view(x, 0, NULL) == NULL);  /* 0 dims of 6 elements: a shape error, not a NULL read */
+    kiln_tensor_release(x);
+  }
   /* the predicates answer for no tensor too */
   CHECK(kiln_is_contiguous(NULL) == 0);
   CHECK(kiln_tensor_is_freed(NULL) == 0);

@@ -64,7 +64,8 @@ struct kiln_tensor *kiln_tensor_from_f64(int ndim, const int64_t *sizes, const d
 /* Copies every element, in row-major order, converted to double, into out (numel entries). */
 int kiln_tensor_to_f64(const struct kiln_tensor *t, double *out);
 /* One element at a storage offset (in elements), converted from/to double. No bounds check:
-   the bindings check the index first. */
+   the bindings check the index first. No tensor, a freed one or one off the cpu: NaN (get) or an
+   error (set), with the error message set. */
 double kiln_tensor_get(const struct kiln_tensor *t, int64_t storage_offset);
 int kiln_tensor_set(struct kiln_tensor *t, int64_t storage_offset, double value);
 /* The value of a one-element tensor. */
