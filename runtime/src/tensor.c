@@ -228,6 +228,7 @@ int kiln_normalize_dim(const char *op, int dim, int ndim, int *out) {
 static int check_sizes(const char *op, int ndim, const int64_t *sizes) {
   if (ndim < 0 || ndim > KILN_MAX_DIMS)
     return kiln_fail(KILN_ERR_SHAPE, "%s: %d dims (at most %d)", op, ndim, KILN_MAX_DIMS);
+  if (ndim > 0 && !sizes) return kiln_fail(KILN_ERR_ARGUMENT, "%s: the sizes are NULL for %d dims", op, ndim);
   for (int d = 0; d < ndim; d++)
     if (sizes[d] < 0) return kiln_fail(KILN_ERR_SHAPE, "%s: negative size in %s", op, kiln_sizes_string(ndim, sizes));
   return KILN_OK;
@@ -367,6 +368,10 @@ KILN_API double kiln_tensor_get(const struct kiln_tensor *t, int64_t storage_off
     kiln_fail(KILN_ERR_DEVICE, "get: element access on %s (copy to cpu first)", kiln_device_name(t->device));
     return NAN;
   }
+  if (storage_offset < 0 || (storage_offset + 1) * kiln_dtype_size(t->dtype) > t->storage->nbytes) {
+    kiln_fail(KILN_ERR_INDEX, "get: storage offset %lld outside the storage of %s", (long long)storage_offset, kiln_shape_string(t));
+    return NAN;
+  }
   return kiln_load_f64((const char *)t->storage->data + storage_offset * kiln_dtype_size(t->dtype), t->dtype);
 }
 
@@ -374,6 +379,9 @@ KILN_API int kiln_tensor_set(struct kiln_tensor *t, int64_t storage_offset, doub
   if (kiln_check_live("set", t)) return kiln_error_code();
   if (t->device.type != KILN_CPU) return kiln_fail(KILN_ERR_DEVICE, "set: element access on %s (copy to cpu first)", kiln_device_name(t->device));
   if (kiln_autograd_check_inplace("set", t, NULL)) return kiln_error_code();
+  if (storage_offset < 0 || (storage_offset + 1) * kiln_dtype_size(t->dtype) > t->storage->nbytes)
+    return kiln_fail(KILN_ERR_INDEX, "set: storage offset %lld outside the storage of %s", (long long)storage_offset,
+                     kiln_shape_string(t));
   kiln_store_f64((char *)t->storage->data + storage_offset * kiln_dtype_size(t->dtype), t->dtype, value);
   t->storage->version++;
   return KILN_OK;

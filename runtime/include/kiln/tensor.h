@@ -63,9 +63,10 @@ struct kiln_tensor *kiln_tensor_eye(int64_t n, int64_t m, int dtype, struct kiln
 struct kiln_tensor *kiln_tensor_from_f64(int ndim, const int64_t *sizes, const double *data, int dtype, struct kiln_device device);
 /* Copies every element, in row-major order, converted to double, into out (numel entries). */
 int kiln_tensor_to_f64(const struct kiln_tensor *t, double *out);
-/* One element at a storage offset (in elements), converted from/to double. No bounds check:
-   the bindings check the index first. No tensor, a freed one or one off the cpu: NaN (get) or an
-   error (set), with the error message set. */
+/* One element at a storage offset (in elements), converted from/to double; the bindings check
+   the index against the tensor's sizes first, these only that the offset lies in the storage. No
+   tensor, a freed one, one off the cpu or an offset outside: NaN (get) or an error (set), with the
+   error message set. */
 double kiln_tensor_get(const struct kiln_tensor *t, int64_t storage_offset);
 int kiln_tensor_set(struct kiln_tensor *t, int64_t storage_offset, double value);
 /* The value of a one-element tensor. */
