@@ -4,7 +4,7 @@ local kiln = kiln or require "kiln"
 local nn = kiln.nn
 
 return function(opts)
-  opts = opts or {}
+  opts = require("kiln.core").options(opts, require("kiln.core").set("channels", "classes", "dropout", "hidden"), "LeNet")
   return nn.Sequential{
     nn.Conv2d(opts.channels or 1, 32, 5), nn.ReLU(), nn.MaxPool2d(2),   -- [N,32,12,12]
     nn.Conv2d(32, 64, 5), nn.ReLU(), nn.MaxPool2d(2),                  -- [N,64,4,4]

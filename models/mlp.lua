@@ -3,7 +3,7 @@ local kiln = kiln or require "kiln"
 local nn = kiln.nn
 
 return function(opts)
-  opts = opts or {}
+  opts = require("kiln.core").options(opts, require("kiln.core").set("classes", "dropout", "hidden", "inputs"), "MLP")
   local hidden = opts.hidden or {512, 256}
   local layers = {nn.Flatten()}
   local n_in = opts.inputs or 784

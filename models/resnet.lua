@@ -26,7 +26,7 @@ function Block:extra_repr() return "" end
 
 local ResNet = nn.define("ResNet")
 function ResNet:init(opts)
-  opts = opts or {}
+  opts = require("kiln.core").options(opts, require("kiln.core").set("blocks", "channels", "classes", "widths"), "ResNet")
   local widths, blocks = opts.widths or {16, 32, 64}, opts.blocks or {2, 2, 2}
   self.stem = nn.Sequential{nn.Conv2d(opts.channels or 1, widths[1], 3, {padding = 1, bias = false}), nn.BatchNorm2d(widths[1]), nn.ReLU()}
   local layers, cin = {}, widths[1]

@@ -13,7 +13,7 @@ require "models.resnet"   -- nn.BasicBlock, with torchvision's names
 
 local ResNet18 = nn.define("ResNet18")
 function ResNet18:init(opts)
-  opts = opts or {}
+  opts = require("kiln.core").options(opts, require("kiln.core").set("channels", "classes", "widths"), "ResNet18")
   local widths = opts.widths or {64, 128, 256, 512}
   self.conv1 = nn.Conv2d(opts.channels or 3, widths[1], 7, {stride = 2, padding = 3, bias = false})
   self.bn1 = nn.BatchNorm2d(widths[1])

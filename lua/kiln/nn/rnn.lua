@@ -17,9 +17,9 @@ return function(nn)
   local function shape(t) return "[" .. table.concat(t:size(), ",") .. "]" end
 
   -- (input_size, hidden_size, opts) or ({input_size =, hidden_size =, ...})
-  local function arguments(a, b, c)
+  local function arguments(name, a, b, c)
     if type(a) == "table" then return a.input_size, a.hidden_size, a end
-    return a, b, c or {}
+    return a, b, require("kiln.core").opts_arg(c, name)
   end
 
   -- the options a layer (cells: fewer) knows; a misspelt one is an error, not a default
@@ -169,15 +169,15 @@ return function(nn)
 
   local RNN = nn.define("RNN", RNNBase)
   function RNN:init(a, b, c)
-    local i, h, opts = arguments(a, b, c)
+    local i, h, opts = arguments("RNN", a, b, c)
     local nl = opts.nonlinearity or "tanh"
     if nl ~= "tanh" and nl ~= "relu" then error("RNN: nonlinearity " .. tostring(nl) .. " (expected tanh or relu)", 3) end
     self:setup("rnn_" .. nl, i, h, opts)
   end
   local GRU = nn.define("GRU", RNNBase)
-  function GRU:init(a, b, c) local i, h, opts = arguments(a, b, c) self:setup("gru", i, h, opts) end
+  function GRU:init(a, b, c) local i, h, opts = arguments("GRU", a, b, c) self:setup("gru", i, h, opts) end
   local LSTM = nn.define("LSTM", RNNBase)
-  function LSTM:init(a, b, c) local i, h, opts = arguments(a, b, c) self:setup("lstm", i, h, opts) end
+  function LSTM:init(a, b, c) local i, h, opts = arguments("LSTM", a, b, c) self:setup("lstm", i, h, opts) end
 
   -- ---- the cells: one step, for loops written by hand ----
 
@@ -242,13 +242,13 @@ return function(nn)
 
   local RNNCell = nn.define("RNNCell", CellBase)
   function RNNCell:init(a, b, c)
-    local i, h, opts = arguments(a, b, c)
+    local i, h, opts = arguments("RNNCell", a, b, c)
     local nl = opts.nonlinearity or "tanh"
     if nl ~= "tanh" and nl ~= "relu" then error("RNNCell: nonlinearity " .. tostring(nl) .. " (expected tanh or relu)", 3) end
     self:setup("rnn_" .. nl, i, h, opts)
   end
   local GRUCell = nn.define("GRUCell", CellBase)
-  function GRUCell:init(a, b, c) local i, h, opts = arguments(a, b, c) self:setup("gru", i, h, opts) end
+  function GRUCell:init(a, b, c) local i, h, opts = arguments("GRUCell", a, b, c) self:setup("gru", i, h, opts) end
   local LSTMCell = nn.define("LSTMCell", CellBase)
-  function LSTMCell:init(a, b, c) local i, h, opts = arguments(a, b, c) self:setup("lstm", i, h, opts) end
+  function LSTMCell:init(a, b, c) local i, h, opts = arguments("LSTMCell", a, b, c) self:setup("lstm", i, h, opts) end
 end
