@@ -653,6 +653,20 @@ describe("softmax and log_softmax", function()
     assert.equal(-math.huge, lp[2])
     assert.near(0.5 - math.log(math.exp(0.5) + math.exp(2)), lp[1], 1e-6)
   end)
+
+  it("in f32 along a long last dim: the max wherever it lies, a NaN anywhere makes its line NaN", function()
+    for _, at in ipairs{1, 7, 16, 17, 300, 599, 600} do       -- in the vector lanes and in the tail
+      local x = randn({2, 600})
+      x[{1, at}] = 100                                        -- exp(100 - the rest) overflows f32: the max must be found
+      x[{2, at}] = 0 / 0
+      for _, log in ipairs{false, true} do
+        local y = F[log and "log_softmax" or "softmax"](x:float(), 2):totable()
+        local want = log and 0 or 1                            -- the max takes (almost) all the mass
+        assert(math.abs(y[1][at] - want) < 1e-6, string.format("at %d: %g", at, y[1][at]))
+        for c = 1, 600 do assert(y[2][c] ~= y[2][c], string.format("a NaN at %d: column %d is %g", at, c, y[2][c])) end
+      end
+    end
+  end)
 end)
 
 -- ---- losses ----

@@ -1,7 +1,9 @@
 /* cpu/softmax.c: softmax and log_softmax along one dim, and the negative log-likelihood loss
    (alone, or fused with log_softmax as cross entropy, with label smoothing), forward and
    backward. A tensor is seen as [outer, D, inner]: each of the outer*inner lines along the dim is
-   independent; sums run in double in a fixed order. */
+   independent; sums run in double in a fixed order: element d of a line goes to lane d % SM_LANES
+   and the lanes fold in a fixed tree (whatever the layout or the thread count), which keeps
+   SM_LANES adds in flight instead of one. */
 #include "cpu.h"
 #include "../nn_calls.h"
 #include "vexp.h"
@@ -22,18 +24,51 @@ struct sm_job {
   void *y;
 };
 
+enum { SM_LANES = 16 };
+static double sm_fold(double *l) {
+  for (int w = SM_LANES / 2; w >= 1; w /= 2)
+    for (int k = 0; k < w; k++) l[k] += l[k + w];
+  return l[0];
+}
+/* the lane sums of a line of D elements at stride st: of EXPR(v) for v = x[d] */
+#define SM_LANE_SUM(name, T, EXPR)                                                                    \
+static double name(const T *x, int64_t D, int64_t st, double c) {                                     \
+  double l[SM_LANES] = {0};                                                                           \
+  (void)c;                                                                                            \
+  int64_t d = 0;                                                                                      \
+  for (; d + SM_LANES <= D; d += SM_LANES)                                                            \
+    for (int k = 0; k < SM_LANES; k++) { T v = x[(d + k) * st]; l[k] += (EXPR); }                     \
+  for (int k = 0; d < D; d++, k++) { T v = x[d * st]; l[k] += (EXPR); }                               \
+  return sm_fold(l);                                                                                  \
+}
+/* the same for products of two lines (the softmax backward's sum of gy * y) */
+#define SM_LANE_DOT(name, T)                                                                          \
+static double name(const T *x, const T *z, int64_t D, int64_t st) {                                   \
+  double l[SM_LANES] = {0};                                                                           \
+  int64_t d = 0;                                                                                      \
+  for (; d + SM_LANES <= D; d += SM_LANES)                                                            \
+    for (int k = 0; k < SM_LANES; k++) l[k] += (double)x[(d + k) * st] * z[(d + k) * st];            \
+  for (int k = 0; d < D; d++, k++) l[k] += (double)x[d * st] * z[d * st];                            \
+  return sm_fold(l);                                                                                  \
+}
+SM_LANE_SUM(sm_sum_f32, float, (double)v)
+SM_LANE_SUM(sm_sum_f64, double, v)
+SM_LANE_SUM(sm_sumexp_f32, float, (double)kiln_vexpf(v - (float)c))
+SM_LANE_SUM(sm_sumexp_f64, double, exp(v - c))
+SM_LANE_DOT(sm_dot_f32, float)
+SM_LANE_DOT(sm_dot_f64, double)
+
 /* One line: D elements at stride st. */
 #define SOFTMAX_LINE(T, sfx, EXP, LOGFN)                                                              \
 static void softmax_line_##sfx(int want_log, const T *x, T *y, int64_t D, int64_t st) {                  \
   T m = -INFINITY;                                                                                  \
   for (int64_t d = 0; d < D; d++) if (x[d * st] > m || x[d * st] != x[d * st]) m = x[d * st];       \
-  double s = 0;                                                                                     \
+  double s = sm_sumexp_##sfx(x, D, st, m);                                                          \
   if (want_log) {                                                                                   \
-    for (int64_t d = 0; d < D; d++) s += EXP(x[d * st] - m);                                        \
     T ls = (T)LOGFN(s) + m;                                                                           \
     for (int64_t d = 0; d < D; d++) y[d * st] = x[d * st] - ls;                                     \
   } else {                                                                                          \
-    for (int64_t d = 0; d < D; d++) { T e = EXP(x[d * st] - m); y[d * st] = e; s += e; }            \
+    for (int64_t d = 0; d < D; d++) y[d * st] = EXP(x[d * st] - m);                                 \
     T inv = (T)(1.0 / s);                                                                           \
     for (int64_t d = 0; d < D; d++) y[d * st] *= inv;                                               \
   }                                                                                                 \
@@ -53,14 +88,11 @@ static void softmax_back_lines_##sfx(void *ctx, int64_t begin, int64_t end) {   
     int64_t o = l / j->inner, i = l % j->inner, off = o * D * st + i;                               \
     const T *y = (const T *)j->x + off, *gy = (const T *)j->gy + off;                               \
     T *gx = (T *)j->y + off;                                                                        \
-    double s = 0;                                                                                   \
     if (j->log) {                                                                                   \
-      for (int64_t d = 0; d < D; d++) s += gy[d * st];                                              \
-      T ts = (T)s;                                                                                  \
+      T ts = (T)sm_sum_##sfx(gy, D, st, 0);                                                         \
       for (int64_t d = 0; d < D; d++) gx[d * st] = gy[d * st] - EXP(y[d * st]) * ts;                \
     } else {                                                                                        \
-      for (int64_t d = 0; d < D; d++) s += (double)gy[d * st] * y[d * st];                          \
-      T ts = (T)s;                                                                                  \
+      T ts = (T)sm_dot_##sfx(gy, y, D, st);                                                         \
       for (int64_t d = 0; d < D; d++) gx[d * st] = y[d * st] * (gy[d * st] - ts);                   \
     }                                                                                               \
   }                                                                                                 \
@@ -72,15 +104,34 @@ SOFTMAX_LINE(double, f64, exp, log)
    vectorised a block at a time, then summed in double in order as above. */
 static void softmax_line_f32_contig(int want_log, const float *x, float *y, int64_t D) {
   enum { BLOCK = 256 };
-  float m = -INFINITY, e[BLOCK];
-  for (int64_t d = 0; d < D; d++) if (x[d] > m || x[d] != x[d]) m = x[d];
-  double s = 0;
+  _Static_assert(BLOCK % SM_LANES == 0, "a block holds whole rounds of lanes");
+  float e[BLOCK];
+  /* the max in vector lanes (NaNs skipped: one makes the sum, and so every output, NaN, as in the
+     general lines) */
+  typedef float vf __attribute__((vector_size(SM_LANES * sizeof(float))));
+  typedef int32_t vi __attribute__((vector_size(SM_LANES * sizeof(int32_t))));
+  vf ml = (vf){0} - INFINITY;
+  int64_t d1 = 0;
+  for (; d1 + SM_LANES <= D; d1 += SM_LANES) {
+    vf v;
+    memcpy(&v, x + d1, sizeof v);
+    vi up = v > ml;                                   /* all ones where v is larger */
+    ml = (vf)(((vi)v & up) | ((vi)ml & ~up));
+  }
+  float m = -INFINITY;
+  for (; d1 < D; d1++) if (x[d1] > m) m = x[d1];
+  for (int k = 0; k < SM_LANES; k++) if (ml[k] > m) m = ml[k];
+  double l[SM_LANES] = {0};
   for (int64_t d0 = 0; d0 < D; d0 += BLOCK) {
     int64_t n = D - d0 < BLOCK ? D - d0 : BLOCK;
     for (int64_t d = 0; d < n; d++) e[d] = kiln_vexpf(x[d0 + d] - m);
     if (!want_log) memcpy(y + d0, e, sizeof(float) * (size_t)n);
-    for (int64_t d = 0; d < n; d++) s += e[d];
+    int64_t d = 0;
+    for (; d + SM_LANES <= n; d += SM_LANES)
+      for (int k = 0; k < SM_LANES; k++) l[k] += e[d + k];
+    for (int k = 0; d < n; d++, k++) l[k] += e[d];
   }
+  double s = sm_fold(l);
   if (want_log) {
     float ls = (float)log(s) + m;
     for (int64_t d = 0; d < D; d++) y[d] = x[d] - ls;
