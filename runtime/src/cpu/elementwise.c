@@ -301,8 +301,117 @@ int cpu_elementwise(const struct kiln_call *c) {
   return KILN_OK;
 }
 
+/* A copy into a contiguous tensor from a view whose stride-1 dim is not the last (a transpose,
+   a permute): element by element, the reads of one output row go down a column of the source
+   and touch a cache line each. Copied instead in square tiles over that dim and the last one,
+   the lines a tile reads are reused across its rows. */
+enum { TILE = 32 };
+struct tiled {
+  char *dst;
+  const char *src;
+  int nd, q, esize;
+  int64_t sizes[KILN_MAX_DIMS], dstrides[KILN_MAX_DIMS], sstrides[KILN_MAX_DIMS];
+  int64_t outer, qtiles;   /* work units: outer index (the dims but q and the last) x tile of dim q */
+};
+
+#define TILE_MOVE(T)                                                                                     \
+static void tile_##T(T *dst, const T *src, int64_t ni, int64_t nj, int64_t dq, int64_t sl) {           \
+  for (int64_t j0 = 0; j0 < nj; j0 += TILE) {                                                          \
+    int64_t mj = nj - j0 < TILE ? nj - j0 : TILE;                                                      \
+    for (int64_t i = 0; i < ni; i++)                                                                   \
+      for (int64_t j = j0; j < j0 + mj; j++) dst[i * dq + j] = src[i + j * sl];                        \
+  }                                                                                                    \
+}
+TILE_MOVE(uint8_t)
+TILE_MOVE(uint16_t)
+TILE_MOVE(uint64_t)
+
+/* 4-byte elements (f32, i32) in 8x8 blocks transposed in registers: each block reads 8 rows of 8
+   from the source and writes 8 rows of 8, whole 32-byte pieces on both sides. */
+#if defined(__AVX__)
+#include <immintrin.h>
+static inline void block8_u32(uint32_t *dst, int64_t dq, const uint32_t *src, int64_t sl) {
+  __m256 r[8], t[8];
+  for (int k = 0; k < 8; k++) r[k] = _mm256_loadu_ps((const float *)(src + k * sl));   /* source row k: i = 0..7 */
+  t[0] = _mm256_unpacklo_ps(r[0], r[1]); t[1] = _mm256_unpackhi_ps(r[0], r[1]);
+  t[2] = _mm256_unpacklo_ps(r[2], r[3]); t[3] = _mm256_unpackhi_ps(r[2], r[3]);
+  t[4] = _mm256_unpacklo_ps(r[4], r[5]); t[5] = _mm256_unpackhi_ps(r[4], r[5]);
+  t[6] = _mm256_unpacklo_ps(r[6], r[7]); t[7] = _mm256_unpackhi_ps(r[6], r[7]);
+  r[0] = _mm256_shuffle_ps(t[0], t[2], 0x44); r[1] = _mm256_shuffle_ps(t[0], t[2], 0xEE);
+  r[2] = _mm256_shuffle_ps(t[1], t[3], 0x44); r[3] = _mm256_shuffle_ps(t[1], t[3], 0xEE);
+  r[4] = _mm256_shuffle_ps(t[4], t[6], 0x44); r[5] = _mm256_shuffle_ps(t[4], t[6], 0xEE);
+  r[6] = _mm256_shuffle_ps(t[5], t[7], 0x44); r[7] = _mm256_shuffle_ps(t[5], t[7], 0xEE);
+  t[0] = _mm256_permute2f128_ps(r[0], r[4], 0x20); t[1] = _mm256_permute2f128_ps(r[1], r[5], 0x20);
+  t[2] = _mm256_permute2f128_ps(r[2], r[6], 0x20); t[3] = _mm256_permute2f128_ps(r[3], r[7], 0x20);
+  t[4] = _mm256_permute2f128_ps(r[0], r[4], 0x31); t[5] = _mm256_permute2f128_ps(r[1], r[5], 0x31);
+  t[6] = _mm256_permute2f128_ps(r[2], r[6], 0x31); t[7] = _mm256_permute2f128_ps(r[3], r[7], 0x31);
+  for (int k = 0; k < 8; k++) _mm256_storeu_ps((float *)(dst + k * dq), t[k]);         /* destination row k: j = 0..7 */
+}
+#else
+static inline void block8_u32(uint32_t *dst, int64_t dq, const uint32_t *src, int64_t sl) {
+  for (int i = 0; i < 8; i++)
+    for (int j = 0; j < 8; j++) dst[i * dq + j] = src[i + j * sl];
+}
+#endif
+
+static void tile_uint32_t(uint32_t *dst, const uint32_t *src, int64_t ni, int64_t nj, int64_t dq, int64_t sl) {
+  int64_t i8 = ni & ~(int64_t)7, j8 = nj & ~(int64_t)7;
+  for (int64_t j0 = 0; j0 < j8; j0 += 8)
+    for (int64_t i0 = 0; i0 < i8; i0 += 8) block8_u32(dst + i0 * dq + j0, dq, src + i0 + j0 * sl, sl);
+  for (int64_t i = 0; i < ni; i++)                 /* the edges: rows past i8, columns past j8 */
+    for (int64_t j = i < i8 ? j8 : 0; j < nj; j++) dst[i * dq + j] = src[i + j * sl];
+}
+
+static void tiled_range(void *ctx, int64_t begin, int64_t end) {
+  const struct tiled *t = ctx;
+  int last = t->nd - 1;
+  for (int64_t u = begin; u < end; u++) {
+    int64_t o = u / t->qtiles, i0 = u % t->qtiles * TILE;
+    int64_t doff = 0, soff = 0, rest = o;
+    for (int d = last - 1; d >= 0; d--) {   /* the outer index, over the dims but q and the last */
+      if (d == t->q) continue;
+      int64_t k = rest % t->sizes[d];
+      rest /= t->sizes[d];
+      doff += k * t->dstrides[d];
+      soff += k * t->sstrides[d];
+    }
+    doff += i0 * t->dstrides[t->q];
+    soff += i0;                              /* the source's stride along q is 1 */
+    int64_t ni = t->sizes[t->q] - i0 < TILE ? t->sizes[t->q] - i0 : TILE, nj = t->sizes[last];
+    int64_t dq = t->dstrides[t->q], sl = t->sstrides[last];
+    switch (t->esize) {
+    case 1: tile_uint8_t((uint8_t *)t->dst + doff, (const uint8_t *)t->src + soff, ni, nj, dq, sl); break;
+    case 2: tile_uint16_t((uint16_t *)t->dst + doff, (const uint16_t *)t->src + soff, ni, nj, dq, sl); break;
+    case 4: tile_uint32_t((uint32_t *)t->dst + doff, (const uint32_t *)t->src + soff, ni, nj, dq, sl); break;
+    default: tile_uint64_t((uint64_t *)t->dst + doff, (const uint64_t *)t->src + soff, ni, nj, dq, sl); break;
+    }
+  }
+}
+
+static int copy_tiled(struct kiln_tensor *dst, const struct kiln_tensor *src) {
+  int nd = dst->ndim, last = nd - 1;
+  if (nd < 2 || src->dtype != dst->dtype || !same_shape(dst, src) || !kiln_is_contiguous(dst)) return 0;
+  if (src->strides[last] == 1 || src->sizes[last] < TILE) return 0;
+  int q = -1;
+  for (int d = 0; d < last; d++)
+    if (src->strides[d] == 1 && src->sizes[d] >= TILE) q = d;
+  if (q < 0) return 0;
+  struct tiled t = {.dst = kiln_tensor_data(dst), .src = kiln_tensor_data(src), .nd = nd, .q = q,
+                    .esize = kiln_dtype_size(dst->dtype), .outer = 1};
+  for (int d = 0; d < nd; d++) {
+    t.sizes[d] = dst->sizes[d];
+    t.dstrides[d] = dst->strides[d];
+    t.sstrides[d] = src->strides[d];
+    if (d != q && d != last) t.outer *= dst->sizes[d];
+  }
+  t.qtiles = (dst->sizes[q] + TILE - 1) / TILE;
+  kiln_parallel_for(t.outer * t.qtiles, 1 + GRAIN / (TILE * dst->sizes[last]), tiled_range, &t);
+  return 1;
+}
+
 int cpu_copy(const struct kiln_call *c) {
   static const ew_fn moves[9] = {[1] = move8, [2] = move16, [4] = move32, [8] = move64};
+  if (c->out->numel && copy_tiled(c->out, c->in[0])) return KILN_OK;
   int dt = c->out->dtype;
   execute(c->out, c->in, 1, 0, 0, 0, dt, dt, moves[kiln_dtype_size(dt)], NULL);
   return KILN_OK;
