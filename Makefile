@@ -65,6 +65,7 @@ test-repl: build
 
 bench: build
 	$(BUILD)/bin/kiln bench/ops.lua
+	$(BUILD)/bin/kiln bench/kernels.lua
 	$(BUILD)/bin/kiln bench/train_step.lua
 	$(BUILD)/bin/kiln bench/loader.lua
 	$(BUILD)/bin/kiln bench/rnn.lua

@@ -1,0 +1,93 @@
+-- bench/kernels.lua: single ops on the CPU (elementwise, reductions, softmax and losses, copies of
+-- views, indexing, conv2d, pooling, norms) at sizes where memory or arithmetic dominates, at 1 and
+-- 2 threads, beside PyTorch's same ops in the same run when python3 has torch (bench/kernels.py,
+-- with OMP_WAIT_POLICY=passive). Results are out-of-place, as a training step computes them, so
+-- they include allocating the output. Medians; one JSON line per result, then the ratios.
+-- usage: kiln bench/kernels.lua [--quick] [--no-peer]
+local kiln = kiln or require "kiln"
+local F = require "kiln.functional"
+local ffi = require "ffi"
+
+local quick, peer = false, true
+for _, a in ipairs(arg or {}) do
+  if a == "--quick" then quick = true elseif a == "--no-peer" then peer = false end
+end
+
+pcall(ffi.cdef, "typedef struct { long tv_sec; long tv_nsec; } kiln_bench_ts; int clock_gettime(int, kiln_bench_ts *);")
+local ts = ffi.new("kiln_bench_ts")
+local function now() ffi.C.clock_gettime(1, ts) return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9 end
+local function median(xs) table.sort(xs) local n = #xs return n % 2 == 1 and xs[(n + 1) / 2] or (xs[n / 2] + xs[n / 2 + 1]) / 2 end
+
+-- Median microseconds per call: reps of enough calls to last about `target` seconds each.
+local function measure(fn)
+  fn() fn()
+  local t0 = now()
+  fn()
+  local one = now() - t0
+  local n = math.max(1, math.floor((quick and 0.03 or 0.15) / math.max(one, 1e-7)))
+  local times = {}
+  for _ = 1, quick and 3 or 5 do
+    t0 = now()
+    for _ = 1, n do fn() end
+    times[#times + 1] = (now() - t0) / n * 1e6
+  end
+  return median(times)
+end
+
+kiln.manual_seed(0)
+local a, b, row, acc = kiln.randn(1024, 1024), kiln.randn(1024, 1024), kiln.randn(1024), kiln.zeros(1024, 1024)
+local logits, target = kiln.randn(256, 1000), kiln.randint(1, 1001, {256})
+local x, w = kiln.randn(32, 32, 28, 28), kiln.randn(64, 32, 3, 3)
+local bn_w, bn_b, rm, rv = kiln.ones(32), kiln.zeros(32), kiln.zeros(32), kiln.ones(32)
+local emb, idx = kiln.randn(1024, 256), kiln.randint(1, 1025, {4096})
+local ops = {
+  {"add", function() return a + b end},
+  {"mul_broadcast_row", function() return a * row end},
+  {"add_inplace", function() return acc:add_(b) end},
+  {"exp", function() return a:exp() end},
+  {"relu", function() return a:relu() end},
+  {"sum_all", function() return a:sum() end},
+  {"sum_last_dim", function() return a:sum(2) end},
+  {"sum_first_dim", function() return a:sum(1) end},
+  {"max_last_dim", function() return a:max(2) end},
+  {"var_last_dim", function() return a:var(2) end},
+  {"softmax", function() return F.softmax(logits, 2) end},
+  {"log_softmax", function() return F.log_softmax(logits, 2) end},
+  {"cross_entropy", function() return F.cross_entropy(logits, target) end},
+  {"transpose_contiguous", function() return a:t():contiguous() end},
+  {"cat", function() return kiln.cat({a, b}, 1) end},
+  {"index_select_rows", function() return emb:index_select(1, idx) end},
+  {"conv2d_3x3", function() return F.conv2d(x, w, nil, {padding = 1}) end},
+  {"max_pool2d", function() return F.max_pool2d(x, 2) end},
+  {"batch_norm_train", function() return F.batch_norm(x, rm, rv, {weight = bn_w, bias = bn_b, training = true}) end},
+  {"layer_norm", function() return F.layer_norm(logits, {1000}) end},
+}
+if quick then ops = {ops[1], ops[6], ops[11], ops[14]} end
+
+local ours, names = {}, {}
+for _, threads in ipairs{1, 2} do
+  kiln.set_num_threads(threads)
+  for _, op in ipairs(ops) do
+    local us = measure(op[2])
+    ours[op[1] .. ":" .. threads] = us
+    names[op[1]] = true
+    kiln.ui.json{bench = "kernel", impl = "kiln", op = op[1], threads = threads, us = us}
+  end
+end
+
+if peer and os.execute("/usr/bin/python3 -c 'import torch' 2>/dev/null") == 0 then
+  for _, threads in ipairs{1, 2} do
+    local cmd = string.format("OMP_WAIT_POLICY=passive OMP_NUM_THREADS=%d /usr/bin/python3 bench/kernels.py %d%s", threads,
+                              threads, quick and " --quick" or "")
+    local p = io.popen(cmd)
+    for line in p:lines() do
+      io.write(line, "\n")
+      local op, us = line:match('"op": "([%w_]+)"'), tonumber(line:match('"us": ([%d%.e%-]+)'))
+      local k = op and ours[op .. ":" .. threads]
+      if k and us then
+        kiln.ui.json{bench = "kernel_ratio", op = op, threads = threads, kiln_us = k, pytorch_us = us, ratio = k / us}
+      end
+    end
+    p:close()
+  end
+end
