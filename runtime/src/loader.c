@@ -726,6 +726,9 @@ KILN_API struct kiln_loader *kiln_loader_new(struct kiln_dataset *dataset, int64
       return NULL;
     }
     l->started = i + 1;
+    char name[16];
+    snprintf(name, sizeof name, "kiln-loader-%d", i < 99 ? i : 99);   /* as top and debuggers show it */
+    pthread_setname_np(l->workers[i].thread, name);
   }
   return l;
 }

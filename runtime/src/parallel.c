@@ -4,6 +4,7 @@
 #include "internal.h"
 #include <pthread.h>
 #include <sched.h>
+#include <stdio.h>
 #include <unistd.h>
 #include <cblas.h>
 
@@ -123,6 +124,9 @@ static void start_workers(void) {
   for (int i = 1; i < pool.nthreads; i++) {
     if (pthread_create(&pool.threads[i], NULL, worker_main, (void *)(intptr_t)i) != 0) break;
     pool.started = i;
+    char name[16];
+    snprintf(name, sizeof name, "kiln-pool-%d", i < 999 ? i : 999);
+    pthread_setname_np(pool.threads[i], name);
   }
 }
 

@@ -33,12 +33,20 @@ local function epoch_bytes(loader, e)
   return out
 end
 
+-- The loader's worker threads alive in this process (named kiln-loader-N; a sanitizer's or a
+-- library's own threads do not count).
 local function threads()
-  local f = io.open("/proc/self/status")
-  if not f then return nil end
-  local n = f:read("*a"):match("Threads:%s*(%d+)")
-  f:close()
-  return tonumber(n)
+  local lfs = require "lfs"
+  if not lfs.attributes("/proc/self/task") then return nil end
+  local n = 0
+  for tid in lfs.dir("/proc/self/task") do
+    local f = tid:match("^%d+$") and io.open("/proc/self/task/" .. tid .. "/comm")
+    if f then
+      if f:read("*l"):match("^kiln%-loader%-") then n = n + 1 end
+      f:close()
+    end
+  end
+  return n
 end
 
 -- ---- files ----
