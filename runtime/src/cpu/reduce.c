@@ -53,6 +53,42 @@ LANE_SUM(T, sfx, ldev, (v - mean) * (v - mean))
 LANE_SUMS(float, f32)
 LANE_SUMS(double, f64)
 
+/* The max (or min) of an f32 chunk and the index of its first occurrence, in 16 vector lanes
+   (element i in lane i % 16), each keeping its best value and where it was, then folded: a NaN
+   anywhere wins at its first index, else the best value at its first index, as the loop over
+   elements gives. */
+typedef float vf16 __attribute__((vector_size(16 * sizeof(float))));
+typedef int32_t vi16 __attribute__((vector_size(16 * sizeof(int32_t))));
+static void extreme_f32(const float *x, int64_t n, int want_max, float *value, int64_t *index) {
+  vf16 best;
+  vi16 at = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, cur = at;
+  memcpy(&best, x, sizeof best);
+  int64_t i = 16;
+  for (; i + 16 <= n; i += 16) {
+    vf16 v;
+    memcpy(&v, x + i, sizeof v);
+    cur += 16;
+    vi16 take = (want_max ? v > best : v < best) | ((v != v) & (best == best));
+    best = (vf16)(((vi16)v & take) | ((vi16)best & ~take));
+    at = (cur & take) | (at & ~take);
+  }
+  float bv[16];
+  int64_t bi[16];
+  for (int k = 0; k < 16; k++) { bv[k] = best[k]; bi[k] = at[k]; }
+  for (int k = 0; i < n; i++, k++) {
+    float v = x[i];
+    if ((want_max ? v > bv[k] : v < bv[k]) || (v != v && bv[k] == bv[k])) { bv[k] = v; bi[k] = i; }
+  }
+  int w = 0;
+  for (int k = 1; k < 16; k++) {
+    int nan_k = bv[k] != bv[k], nan_w = bv[w] != bv[w];
+    if (nan_w) { if (nan_k && bi[k] < bi[w]) w = k; continue; }
+    if (nan_k || (want_max ? bv[k] > bv[w] : bv[k] < bv[w]) || (bv[k] == bv[w] && bi[k] < bi[w])) w = k;
+  }
+  *value = bv[w];
+  *index = bi[w];
+}
+
 #define CHUNK_FLOAT(T, sfx)                                                                     \
 static void chunk_##sfx(int op, const T *x, int64_t n, int64_t base, double p, struct acc *a) {  \
   memset(a, 0, sizeof *a);                                                                       \
@@ -62,6 +98,11 @@ static void chunk_##sfx(int op, const T *x, int64_t n, int64_t base, double p, s
   case KILN_OP_PROD: { double s = 1; for (int64_t i = 0; i < n; i++) s *= x[i]; a->s = s; break; } \
   case KILN_OP_MAX: case KILN_OP_ARGMAX: case KILN_OP_MIN: case KILN_OP_ARGMIN: {               \
     int want_max = op == KILN_OP_MAX || op == KILN_OP_ARGMAX;                                    \
+    if (sizeof(T) == sizeof(float) && n >= 32) {                                                 \
+      float v; int64_t at;                                                                       \
+      extreme_f32((const float *)(const void *)x, n, want_max, &v, &at);                         \
+      a->s = v; a->idx = base + at; break;                                                       \
+    }                                                                                            \
     double best = x[0]; int64_t bi = 0;                                                          \
     for (int64_t i = 1; i < n && best == best; i++) {                                            \
       double v = x[i];                                                                           \
