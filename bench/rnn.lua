@@ -6,34 +6,9 @@
 -- usage: kiln bench/rnn.lua [--quick] [--no-peer]
 local kiln = kiln or require "kiln"
 local nn, optim = kiln.nn, kiln.optim
-local ffi = require "ffi"
-
-local quick, peer = false, true
-for _, a in ipairs(arg or {}) do
-  if a == "--quick" then quick = true elseif a == "--no-peer" then peer = false end
-end
-
-pcall(ffi.cdef, "typedef struct { long tv_sec; long tv_nsec; } kiln_bench_ts; int clock_gettime(int, kiln_bench_ts *);")
-local ts = ffi.new("kiln_bench_ts")
-local function now() ffi.C.clock_gettime(1, ts) return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9 end
-local function median(xs) table.sort(xs) local n = #xs return n % 2 == 1 and xs[(n + 1) / 2] or (xs[n / 2] + xs[n / 2 + 1]) / 2 end
-
--- Median ms per call of fn: reps of enough calls to last about `target` seconds each.
-local function measure(fn)
-  fn()
-  local t0 = now()
-  fn()
-  local one = now() - t0
-  local target = quick and 0.05 or 0.25
-  local n = math.max(1, math.floor(target / math.max(one, 1e-6)))
-  local times = {}
-  for _ = 1, quick and 3 or 5 do
-    t0 = now()
-    for _ = 1, n do fn() end
-    times[#times + 1] = (now() - t0) / n * 1000
-  end
-  return median(times)
-end
+local common = require "bench.common"
+local quick, peer = common.quick, common.peer
+local function measure(fn) return common.measure(fn) * 1000 end   -- milliseconds
 
 local hiddens = quick and {256} or {256, 512, 1024}
 local batches = quick and {1, 16} or {1, 4, 16, 64}

@@ -5,17 +5,8 @@
 -- usage: kiln bench/train_step.lua [--quick] [--no-peer]
 local kiln = kiln or require "kiln"
 local nn, optim = kiln.nn, kiln.optim
-local ffi = require "ffi"
-
-local quick, peer = false, true
-for _, a in ipairs(arg or {}) do
-  if a == "--quick" then quick = true elseif a == "--no-peer" then peer = false end
-end
-
-pcall(ffi.cdef, "typedef struct { long tv_sec; long tv_nsec; } kiln_bench_ts; int clock_gettime(int, kiln_bench_ts *);")
-local ts = ffi.new("kiln_bench_ts")
-local function now() ffi.C.clock_gettime(1, ts) return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9 end
-local function median(xs) table.sort(xs) local n = #xs return n % 2 == 1 and xs[(n + 1) / 2] or (xs[n / 2] + xs[n / 2 + 1]) / 2 end
+local common = require "bench.common"
+local quick, peer, now, median = common.quick, common.peer, common.now, common.median
 
 local models = {
   {name = "mlp", batch = 128, make = function()

@@ -1,0 +1,34 @@
+-- bench/common.lua: what the benchmarks share: their flags (--quick, --no-peer), a monotonic
+-- clock, medians, and the median time of repeated calls.
+local ffi = require "ffi"
+
+local M = {quick = false, peer = true}
+for _, a in ipairs(arg or {}) do
+  if a == "--quick" then M.quick = true elseif a == "--no-peer" then M.peer = false end
+end
+
+pcall(ffi.cdef, "typedef struct { long tv_sec; long tv_nsec; } kiln_bench_ts; int clock_gettime(int, kiln_bench_ts *);")
+local ts = ffi.new("kiln_bench_ts")
+function M.now() ffi.C.clock_gettime(1, ts) return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9 end
+function M.median(xs) table.sort(xs) local n = #xs return n % 2 == 1 and xs[(n + 1) / 2] or (xs[n / 2] + xs[n / 2 + 1]) / 2 end
+
+-- Median seconds per call of fn: after `warmup` calls (default 1), reps (3 quick, 5 otherwise) of
+-- enough calls to last about `target` seconds each ({quick, full} seconds, default {0.05, 0.25}).
+function M.measure(fn, opts)
+  opts = opts or {}
+  for _ = 1, opts.warmup or 1 do fn() end
+  local t0 = M.now()
+  fn()
+  local one = M.now() - t0
+  local target = (opts.target or {0.05, 0.25})[M.quick and 1 or 2]
+  local n = math.max(1, math.floor(target / math.max(one, 1e-7)))
+  local times = {}
+  for _ = 1, M.quick and 3 or 5 do
+    t0 = M.now()
+    for _ = 1, n do fn() end
+    times[#times + 1] = (M.now() - t0) / n
+  end
+  return M.median(times)
+end
+
+return M
