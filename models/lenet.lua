@@ -2,9 +2,10 @@
 -- then two linear layers (the shape of the CNN in bench/train_step.lua).
 local kiln = kiln or require "kiln"
 local nn = kiln.nn
+local core = require "kiln.core"
 
 return function(opts)
-  opts = require("kiln.core").options(opts, require("kiln.core").set("channels", "classes", "dropout", "hidden"), "LeNet")
+  opts = core.options(opts, core.set("channels", "classes", "dropout", "hidden"), "LeNet")
   return nn.Sequential{
     nn.Conv2d(opts.channels or 1, 32, 5), nn.ReLU(), nn.MaxPool2d(2),   -- [N,32,12,12]
     nn.Conv2d(32, 64, 5), nn.ReLU(), nn.MaxPool2d(2),                  -- [N,64,4,4]

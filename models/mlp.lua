@@ -1,9 +1,10 @@
 -- models/mlp.lua: a multi-layer perceptron for 28x28 images: 784-512-256-10 with ReLU.
 local kiln = kiln or require "kiln"
 local nn = kiln.nn
+local core = require "kiln.core"
 
 return function(opts)
-  opts = require("kiln.core").options(opts, require("kiln.core").set("classes", "dropout", "hidden", "inputs"), "MLP")
+  opts = core.options(opts, core.set("classes", "dropout", "hidden", "inputs"), "MLP")
   local hidden = opts.hidden or {512, 256}
   local layers = {nn.Flatten()}
   local n_in = opts.inputs or 784

@@ -2,6 +2,7 @@
 -- (16, 32, 64 channels; the last two halve the resolution), global average pooling, a linear head.
 local kiln = kiln or require "kiln"
 local nn = kiln.nn
+local core = require "kiln.core"
 
 -- The basic block (two 3x3 convs with batch norm, and a 1x1 conv + batch norm shortcut where the
 -- shape changes), named as torchvision names it (conv1, bn1, conv2, bn2, downsample), which
@@ -26,7 +27,7 @@ function Block:extra_repr() return "" end
 
 local ResNet = nn.define("ResNet")
 function ResNet:init(opts)
-  opts = require("kiln.core").options(opts, require("kiln.core").set("blocks", "channels", "classes", "widths"), "ResNet")
+  opts = core.options(opts, core.set("blocks", "channels", "classes", "widths"), "ResNet")
   local widths, blocks = opts.widths or {16, 32, 64}, opts.blocks or {2, 2, 2}
   self.stem = nn.Sequential{nn.Conv2d(opts.channels or 1, widths[1], 3, {padding = 1, bias = false}), nn.BatchNorm2d(widths[1]), nn.ReLU()}
   local layers, cin = {}, widths[1]

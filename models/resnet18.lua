@@ -8,12 +8,13 @@
 --   local model = require("models.resnet18"){classes = 1000}   -- input [N,3,H,W], H and W >= 32
 local kiln = kiln or require "kiln"
 local nn = kiln.nn
+local core = require "kiln.core"
 
 require "models.resnet"   -- nn.BasicBlock, with torchvision's names
 
 local ResNet18 = nn.define("ResNet18")
 function ResNet18:init(opts)
-  opts = require("kiln.core").options(opts, require("kiln.core").set("channels", "classes", "widths"), "ResNet18")
+  opts = core.options(opts, core.set("channels", "classes", "widths"), "ResNet18")
   local widths = opts.widths or {64, 128, 256, 512}
   self.conv1 = nn.Conv2d(opts.channels or 3, widths[1], 7, {stride = 2, padding = 3, bias = false})
   self.bn1 = nn.BatchNorm2d(widths[1])

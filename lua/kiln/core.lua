@@ -231,7 +231,7 @@ function M.sizes_and_options(...)
   for i = 1, #sizes do
     local s = sizes[i]
     if type(s) ~= "number" or s ~= math.floor(s) then
-      raise(string.format("kiln: size %d is %s (expected an integer)", i, tostring(s)))
+      raise(string.format("kiln: size %d is %s (expected an integer)", i, M.describe(s)))
     end
   end
   return sizes, opts or {}

@@ -52,14 +52,7 @@ function kiln.full(...)
   opts = core.factory_opts(opts, "full")
   local value = table.remove(args)
   if type(value) ~= "number" then raise("full: the last argument (before options) must be the fill value") end
-  local sizes = type(args[1]) == "table" and not core.is_tensor(args[1]) and args[1] or args
-  for i = 1, #sizes do
-    local s = sizes[i]
-    if type(s) ~= "number" or s ~= math.floor(s) then
-      raise(string.format("full: size %d is %s (expected an integer)", i, core.describe(s)))
-    end
-  end
-  local a, n = core.int64_array(sizes)
+  local a, n = core.int64_array((core.sizes_and_options(unpack(args))))
   return core.factory_done(wrap_retry(C.kiln_tensor_full, n, a, value, core.dtype(opts.dtype, "full"), core.device(opts.device)), opts)
 end
 

@@ -274,13 +274,9 @@ function Tensor.where(cond, a, b)
   -- t:where(cond, other) reads like PyTorch's x.where(cond, y); kiln.where(cond, a, b) is below.
   return Tensor._where(a, cond, b)
 end
--- A number beside a tensor in where: the tensor's dtype, or f32 for a fraction beside an integer
--- or bool tensor (the weak-scalar rule of the binary ops).
+-- A number beside a tensor in where, in the dtype the binary ops give it (a weak scalar).
 local function where_scalar(like, v)
-  local dt = like.p.dtype
-  local integral = dt == C.KILN_I64 or dt == C.KILN_I32 or dt == C.KILN_U8 or dt == C.KILN_BOOL
-  if integral and v ~= math.floor(v) then return Tensor.full_like(like, v, {dtype = "f32"}) end
-  return Tensor.full_like(like, v)
+  return Tensor.full_like(like, v, {dtype = tonumber(C.kiln_scalar_type(like.p.dtype, v))})
 end
 
 function Tensor._where(cond, a, b)

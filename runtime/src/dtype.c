@@ -52,6 +52,12 @@ static int dtype_rank(int d) {
   }
 }
 
+KILN_API int kiln_scalar_type(int a, double s) {
+  if (kiln_dtype_is_float(a)) return a;
+  if (s != floor(s) || !isfinite(s)) return KILN_F32;
+  return a == KILN_BOOL ? KILN_I64 : a;
+}
+
 KILN_API int kiln_promote_types(int a, int b) {
   if (a == b) return a;
   int ra = dtype_rank(a), rb = dtype_rank(b);

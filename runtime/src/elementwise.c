@@ -48,13 +48,8 @@ static int binary_dtypes(int op, int da, int db, int *result, int *ctype) {
   return KILN_OK;
 }
 
-/* A scalar from Lua is weak: it does not widen a float tensor, and an integer tensor widens
-   to f32 only when the scalar has a fraction (or is not finite). */
-static int scalar_dtype(const struct kiln_tensor *a, double s) {
-  if (kiln_dtype_is_float(a->dtype)) return a->dtype;
-  if (s != floor(s) || !isfinite(s)) return KILN_F32;
-  return a->dtype == KILN_BOOL ? KILN_I64 : a->dtype;
-}
+/* A scalar from Lua is weak (kiln_scalar_type). */
+static int scalar_dtype(const struct kiln_tensor *a, double s) { return kiln_scalar_type(a->dtype, s); }
 
 static struct kiln_tensor *new_like_shape(int ndim, const int64_t *sizes, int dtype, struct kiln_device dev) {
   return kiln_tensor_empty(ndim, sizes, dtype, dev);

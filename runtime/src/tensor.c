@@ -361,28 +361,32 @@ KILN_API int kiln_tensor_to_f64(const struct kiln_tensor *t, double *out) {
   return rc;
 }
 
-KILN_API double kiln_tensor_get(const struct kiln_tensor *t, int64_t storage_offset) {
-  /* no tensor, a freed one or one off the cpu: NaN and the error (the bindings check first) */
-  if (kiln_check_live("get", t)) return NAN;
+/* The address of one element for get and set: a live cpu tensor and an offset inside its storage;
+   else NULL and the error naming op. */
+static char *element_at(const char *op, const struct kiln_tensor *t, int64_t storage_offset) {
+  if (kiln_check_live(op, t)) return NULL;
   if (t->device.type != KILN_CPU) {
-    kiln_fail(KILN_ERR_DEVICE, "get: element access on %s (copy to cpu first)", kiln_device_name(t->device));
-    return NAN;
+    kiln_fail(KILN_ERR_DEVICE, "%s: element access on %s (copy to cpu first)", op, kiln_device_name(t->device));
+    return NULL;
   }
-  if (storage_offset < 0 || (storage_offset + 1) * kiln_dtype_size(t->dtype) > t->storage->nbytes) {
-    kiln_fail(KILN_ERR_INDEX, "get: storage offset %lld outside the storage of %s", (long long)storage_offset, kiln_shape_string(t));
-    return NAN;
+  int64_t size = kiln_dtype_size(t->dtype);
+  if (storage_offset < 0 || (storage_offset + 1) * size > t->storage->nbytes) {
+    kiln_fail(KILN_ERR_INDEX, "%s: storage offset %lld outside the storage of %s", op, (long long)storage_offset,
+              kiln_shape_string(t));
+    return NULL;
   }
-  return kiln_load_f64((const char *)t->storage->data + storage_offset * kiln_dtype_size(t->dtype), t->dtype);
+  return (char *)t->storage->data + storage_offset * size;
+}
+
+KILN_API double kiln_tensor_get(const struct kiln_tensor *t, int64_t storage_offset) {
+  const char *p = element_at("get", t, storage_offset);   /* the bindings check first: NaN is the last line */
+  return p ? kiln_load_f64(p, t->dtype) : NAN;
 }
 
 KILN_API int kiln_tensor_set(struct kiln_tensor *t, int64_t storage_offset, double value) {
-  if (kiln_check_live("set", t)) return kiln_error_code();
-  if (t->device.type != KILN_CPU) return kiln_fail(KILN_ERR_DEVICE, "set: element access on %s (copy to cpu first)", kiln_device_name(t->device));
-  if (kiln_autograd_check_inplace("set", t, NULL)) return kiln_error_code();
-  if (storage_offset < 0 || (storage_offset + 1) * kiln_dtype_size(t->dtype) > t->storage->nbytes)
-    return kiln_fail(KILN_ERR_INDEX, "set: storage offset %lld outside the storage of %s", (long long)storage_offset,
-                     kiln_shape_string(t));
-  kiln_store_f64((char *)t->storage->data + storage_offset * kiln_dtype_size(t->dtype), t->dtype, value);
+  char *p = element_at("set", t, storage_offset);
+  if (!p || kiln_autograd_check_inplace("set", t, NULL)) return kiln_error_code();
+  kiln_store_f64(p, t->dtype, value);
   t->storage->version++;
   return KILN_OK;
 }

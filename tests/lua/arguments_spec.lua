@@ -3,20 +3,10 @@
 -- raised at the caller's line; never a crash, a Lua-internal message or a silent default.
 local kiln = require "kiln"
 local nn = kiln.nn
+local H = require "helpers"
+local failure = H.error_of
 
--- the error of f(), which must fail; its message without the "file:line: " prefix
-local function failure(f)
-  local ok, err = pcall(f)
-  assert(not ok, "expected an error")
-  return tostring(err)
-end
-
-local internal = {"attempt to", "bad argument", "cannot convert", "(NULL)"}
-local function assert_clear(msg)
-  for _, pat in ipairs(internal) do
-    assert(not msg:find(pat, 1, true), "a Lua-internal message: " .. msg)
-  end
-end
+local function assert_clear(msg) assert(not H.lua_internal(msg), "a Lua-internal message: " .. msg) end
 
 -- each case {f, part}: f fails with a message containing part (and, with clear, no Lua-internal words)
 local function check_cases(cases, clear)

@@ -426,6 +426,17 @@ function M.error_of(fn, ...)
   return tostring(err)
 end
 
+-- True for a message from inside Lua or the FFI ("attempt to index a nil value", "bad argument #2
+-- to 'format'", "cannot convert ...") or C's NULL guard, where kiln should have named the op and
+-- the argument.
+local internal = {"attempt to", "bad argument", "cannot convert", "stack overflow", "(NULL)"}
+function M.lua_internal(msg)
+  for _, pat in ipairs(internal) do
+    if msg:find(pat, 1, true) then return true end
+  end
+  return false
+end
+
 -- Plain-text find (no patterns).
 function M.contains(s, part) return s:find(part, 1, true) ~= nil end
 

@@ -7,13 +7,7 @@
 local kiln = require "kiln"
 local F = require "kiln.functional"
 
-local internal = {"attempt to", "bad argument", "cannot convert", "stack overflow", "(NULL)"}
-local function is_internal(msg)
-  for _, pat in ipairs(internal) do
-    if msg:find(pat, 1, true) then return true end
-  end
-  return false
-end
+local is_internal = require("helpers").lua_internal
 
 local function tensors()
   return {kiln.randn(2, 3), kiln.randn(3), kiln.zeros(0, 3), kiln.randn(2, 3):t(), kiln.tensor(5),

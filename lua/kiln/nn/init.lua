@@ -288,7 +288,7 @@ function Module.__call(self, ...)
   end
   table.insert(e.path, 1, self)
   if depth > 0 then error(e, 0) end
-  require("kiln.core").raise(module_error(e))
+  core.raise(module_error(e))
 end
 
 -- ---- printing ----

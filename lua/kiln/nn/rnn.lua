@@ -19,11 +19,10 @@ return function(nn)
   -- (input_size, hidden_size, opts) or ({input_size =, hidden_size =, ...})
   local function arguments(name, a, b, c)
     if type(a) == "table" then return a.input_size, a.hidden_size, a end
-    return a, b, require("kiln.core").opts_arg(c, name)
+    return a, b, core.opts_arg(c, name)
   end
 
   -- the options a layer (cells: fewer) knows; a misspelt one is an error, not a default
-  local core = require "kiln.core"
   local layer_keys = core.set("input_size", "hidden_size", "num_layers", "nonlinearity", "bias", "batch_first", "dropout",
                               "bidirectional", "algorithm", "dtype")
   local cell_keys = core.set("input_size", "hidden_size", "nonlinearity", "bias", "dtype")
@@ -31,7 +30,6 @@ return function(nn)
 
   local function size_check(name, v, what)
     if type(v) ~= "number" or v < 1 or v ~= math.floor(v) then
-      local core = require "kiln.core"
       core.raise(string.format("%s: %s must be a positive integer, got %s", name, what, core.describe(v)))
     end
   end
@@ -40,7 +38,7 @@ return function(nn)
 
   local RNNBase = nn.define("RNNBase")
   -- the layers below are made from it; on its own it has no mode
-  function RNNBase:init() require("kiln.core").raise("RNNBase: a base class; make an nn.RNN, nn.GRU or nn.LSTM") end
+  function RNNBase:init() core.raise("RNNBase: a base class; make an nn.RNN, nn.GRU or nn.LSTM") end
   function RNNBase:setup(mode, input_size, hidden_size, opts)
     local name = titles[mode]
     opts = core.options(opts, layer_keys, name)
@@ -182,7 +180,7 @@ return function(nn)
   -- ---- the cells: one step, for loops written by hand ----
 
   local CellBase = nn.define("RNNCellBase")
-  function CellBase:init() require("kiln.core").raise("RNNCellBase: a base class; make an nn.RNNCell, nn.GRUCell or nn.LSTMCell") end
+  function CellBase:init() core.raise("RNNCellBase: a base class; make an nn.RNNCell, nn.GRUCell or nn.LSTMCell") end
   function CellBase:setup(mode, input_size, hidden_size, opts)
     local name = titles[mode] .. "Cell"
     opts = core.options(opts, cell_keys, name)

@@ -93,7 +93,7 @@ function M.define(spec)
   local allowed = {}
   for k in pairs(spec.defaults) do allowed[k] = true end
   return function(params, opts)
-    opts = require("kiln.core").opts_arg(opts, spec.name)
+    opts = core.opts_arg(opts, spec.name)
     local defaults = copy(spec.defaults)
     for k, v in pairs(opts) do
       if not allowed[k] then raise(string.format("%s: unknown option %q", spec.name, tostring(k))) end
@@ -250,7 +250,7 @@ end
 function Optimizer:step(closure)
   local loss
   if closure ~= nil and type(closure) ~= "function" then
-    raise(string.format("%s.step: the closure must be a function, got %s", self._spec.name, require("kiln.core").describe(closure)))
+    raise(string.format("%s.step: the closure must be a function, got %s", self._spec.name, core.describe(closure)))
   end
   if closure then loss = require("kiln.autograd").enable_grad(closure) end
   for gi, group in ipairs(self.param_groups) do step_group(self, gi, group) end

@@ -23,6 +23,10 @@ int kiln_dtype_is_float(int dtype);
 /* The dtype of a op b, as in NumPy and PyTorch: bool < u8 < i32 < i64 < f16, bf16 < f32 < f64;
    f16 with bf16 gives f32. */
 int kiln_promote_types(int a, int b);
+/* The dtype of a tensor of dtype a with a number s (a weak scalar, as in PyTorch): a float dtype
+   stays; an integer or bool one becomes f32 when s has a fraction or is not finite, else stays
+   (bool: i64). */
+int kiln_scalar_type(int a, double s);
 
 /* Round to nearest, ties to even; NaN stays NaN, overflow goes to infinity. */
 uint16_t kiln_f32_to_f16(float x);

@@ -41,6 +41,17 @@ int cpu_ctc_loss_backward(const struct kiln_call *c);
 void kiln_cpu_gemm_raw(int dtype, int trans_a, int trans_b, int64_t n, int64_t m, int64_t k, double alpha,
                        const void *a, int64_t lda, const void *b, int64_t ldb, double beta, void *c, int64_t ldc);
 
+/* Sums kept in n independent lanes (element i in lane i % n) fold in this fixed tree, in place (n a
+   power of two): the order depends on the lane count alone, never on threads or layout. */
+static inline double kiln_fold_lanes(double *l, int n) {
+  for (int w = n / 2; w >= 1; w /= 2)
+    for (int k = 0; k < w; k++) l[k] += l[k + w];
+  return l[0];
+}
+/* 16 floats and 16 int32 masks, for loops gcc does not vectorise by itself (compare-and-select) */
+typedef float kiln_vf16 __attribute__((vector_size(16 * sizeof(float))));
+typedef int32_t kiln_vi16 __attribute__((vector_size(16 * sizeof(int32_t))));
+
 /* CPU memory, 64-byte aligned (cpu/big_blocks.c): blocks of KILN_BIG_BLOCK bytes or more are kept
    when freed, within a budget, and reused, instead of being mapped and faulted in again. The
    size given to kiln_cpu_free is the one asked of kiln_cpu_alloc. */

@@ -28,13 +28,6 @@ struct job {
    folded in a fixed tree at the end: the same order whatever the thread count, and no chain of
    dependent adds (one add in flight at a time ran at a quarter of the memory's speed). */
 enum { LANES = 32 };
-static double fold_lanes(const double *l) {
-  double t[LANES];
-  for (int k = 0; k < LANES; k++) t[k] = l[k];
-  for (int w = LANES / 2; w >= 1; w /= 2)
-    for (int k = 0; k < w; k++) t[k] += t[k + w];
-  return t[0];
-}
 #define LANE_SUM(T, sfx, name, expr)                                                         \
 static double name##_##sfx(const T *x, int64_t n, double mean) {                             \
   double l[LANES] = {0};                                                                     \
@@ -43,7 +36,7 @@ static double name##_##sfx(const T *x, int64_t n, double mean) {                
   for (; i + LANES <= n; i += LANES)                                                         \
     for (int k = 0; k < LANES; k++) { double v = (double)x[i + k]; l[k] += (expr); }         \
   for (int k = 0; i < n; i++, k++) { double v = (double)x[i]; l[k] += (expr); }             \
-  return fold_lanes(l);                                                                      \
+  return kiln_fold_lanes(l, LANES);                                                          \
 }
 #define LANE_SUMS(T, sfx)                                      \
 LANE_SUM(T, sfx, lsum, v)                                      \
@@ -57,19 +50,17 @@ LANE_SUMS(double, f64)
    (element i in lane i % 16), each keeping its best value and where it was, then folded: a NaN
    anywhere wins at its first index, else the best value at its first index, as the loop over
    elements gives. */
-typedef float vf16 __attribute__((vector_size(16 * sizeof(float))));
-typedef int32_t vi16 __attribute__((vector_size(16 * sizeof(int32_t))));
 static void extreme_f32(const float *x, int64_t n, int want_max, float *value, int64_t *index) {
-  vf16 best;
-  vi16 at = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, cur = at;
+  kiln_vf16 best;
+  kiln_vi16 at = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, cur = at;
   memcpy(&best, x, sizeof best);
   int64_t i = 16;
   for (; i + 16 <= n; i += 16) {
-    vf16 v;
+    kiln_vf16 v;
     memcpy(&v, x + i, sizeof v);
     cur += 16;
-    vi16 take = (want_max ? v > best : v < best) | ((v != v) & (best == best));
-    best = (vf16)(((vi16)v & take) | ((vi16)best & ~take));
+    kiln_vi16 take = (want_max ? v > best : v < best) | ((v != v) & (best == best));
+    best = (kiln_vf16)(((kiln_vi16)v & take) | ((kiln_vi16)best & ~take));
     at = (cur & take) | (at & ~take);
   }
   float bv[16];

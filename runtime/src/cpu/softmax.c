@@ -25,11 +25,6 @@ struct sm_job {
 };
 
 enum { SM_LANES = 16 };
-static double sm_fold(double *l) {
-  for (int w = SM_LANES / 2; w >= 1; w /= 2)
-    for (int k = 0; k < w; k++) l[k] += l[k + w];
-  return l[0];
-}
 /* the lane sums of a line of D elements at stride st: of EXPR(v) for v = x[d] */
 #define SM_LANE_SUM(name, T, EXPR)                                                                    \
 static double name(const T *x, int64_t D, int64_t st, double c) {                                     \
@@ -39,7 +34,7 @@ static double name(const T *x, int64_t D, int64_t st, double c) {               
   for (; d + SM_LANES <= D; d += SM_LANES)                                                            \
     for (int k = 0; k < SM_LANES; k++) { T v = x[(d + k) * st]; l[k] += (EXPR); }                     \
   for (int k = 0; d < D; d++, k++) { T v = x[d * st]; l[k] += (EXPR); }                               \
-  return sm_fold(l);                                                                                  \
+  return kiln_fold_lanes(l, SM_LANES);                                                                                  \
 }
 /* the same for products of two lines (the softmax backward's sum of gy * y) */
 #define SM_LANE_DOT(name, T)                                                                          \
@@ -49,7 +44,7 @@ static double name(const T *x, const T *z, int64_t D, int64_t st) {             
   for (; d + SM_LANES <= D; d += SM_LANES)                                                            \
     for (int k = 0; k < SM_LANES; k++) l[k] += (double)x[(d + k) * st] * z[(d + k) * st];            \
   for (int k = 0; d < D; d++, k++) l[k] += (double)x[d * st] * z[d * st];                            \
-  return sm_fold(l);                                                                                  \
+  return kiln_fold_lanes(l, SM_LANES);                                                                                  \
 }
 SM_LANE_SUM(sm_sum_f32, float, (double)v)
 SM_LANE_SUM(sm_sum_f64, double, v)
@@ -108,15 +103,14 @@ static void softmax_line_f32_contig(int want_log, const float *x, float *y, int6
   float e[BLOCK];
   /* the max in vector lanes (NaNs skipped: one makes the sum, and so every output, NaN, as in the
      general lines) */
-  typedef float vf __attribute__((vector_size(SM_LANES * sizeof(float))));
-  typedef int32_t vi __attribute__((vector_size(SM_LANES * sizeof(int32_t))));
-  vf ml = (vf){0} - INFINITY;
+  _Static_assert(SM_LANES == 16, "kiln_vf16 holds the lanes");
+  kiln_vf16 ml = (kiln_vf16){0} - INFINITY;
   int64_t d1 = 0;
   for (; d1 + SM_LANES <= D; d1 += SM_LANES) {
-    vf v;
+    kiln_vf16 v;
     memcpy(&v, x + d1, sizeof v);
-    vi up = v > ml;                                   /* all ones where v is larger */
-    ml = (vf)(((vi)v & up) | ((vi)ml & ~up));
+    kiln_vi16 up = v > ml;                            /* all ones where v is larger */
+    ml = (kiln_vf16)(((kiln_vi16)v & up) | ((kiln_vi16)ml & ~up));
   }
   float m = -INFINITY;
   for (; d1 < D; d1++) if (x[d1] > m) m = x[d1];
@@ -131,7 +125,7 @@ static void softmax_line_f32_contig(int want_log, const float *x, float *y, int6
       for (int k = 0; k < SM_LANES; k++) l[k] += e[d + k];
     for (int k = 0; d < n; d++, k++) l[k] += e[d];
   }
-  double s = sm_fold(l);
+  double s = kiln_fold_lanes(l, SM_LANES);
   if (want_log) {
     float ls = (float)log(s) + m;
     for (int64_t d = 0; d < D; d++) y[d] = x[d] - ls;
