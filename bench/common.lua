@@ -31,4 +31,20 @@ function M.measure(fn, opts)
   return M.median(times)
 end
 
+-- With --no-peer unset and python3 holding torch: runs `script` (bench/NAME.py, PyTorch's side)
+-- at 1 and 2 threads, echoes its lines and calls on_line(line, threads) for each.
+function M.peer_lines(script, on_line)
+  if not M.peer or os.execute("/usr/bin/python3 -c 'import torch' 2>/dev/null") ~= 0 then return end
+  for _, threads in ipairs{1, 2} do
+    local cmd = string.format("OMP_WAIT_POLICY=passive OMP_NUM_THREADS=%d /usr/bin/python3 %s %d%s", threads, script,
+                              threads, M.quick and " --quick" or "")
+    local p = io.popen(cmd)
+    for line in p:lines() do
+      io.write(line, "\n")
+      on_line(line, threads)
+    end
+    p:close()
+  end
+end
+
 return M

@@ -7,7 +7,7 @@
 local kiln = kiln or require "kiln"
 local F = require "kiln.functional"
 local common = require "bench.common"
-local quick, peer = common.quick, common.peer
+local quick = common.quick
 local function measure(fn) return common.measure(fn, {warmup = 2, target = {0.03, 0.15}}) * 1e6 end   -- microseconds
 
 kiln.manual_seed(0)
@@ -51,19 +51,10 @@ for _, threads in ipairs{1, 2} do
   end
 end
 
-if peer and os.execute("/usr/bin/python3 -c 'import torch' 2>/dev/null") == 0 then
-  for _, threads in ipairs{1, 2} do
-    local cmd = string.format("OMP_WAIT_POLICY=passive OMP_NUM_THREADS=%d /usr/bin/python3 bench/kernels.py %d%s", threads,
-                              threads, quick and " --quick" or "")
-    local p = io.popen(cmd)
-    for line in p:lines() do
-      io.write(line, "\n")
-      local op, us = line:match('"op": "([%w_]+)"'), tonumber(line:match('"us": ([%d%.e%-]+)'))
-      local k = op and ours[op .. ":" .. threads]
-      if k and us then
-        kiln.ui.json{bench = "kernel_ratio", op = op, threads = threads, kiln_us = k, pytorch_us = us, ratio = k / us}
-      end
-    end
-    p:close()
+common.peer_lines("bench/kernels.py", function(line, threads)
+  local op, us = line:match('"op": "([%w_]+)"'), tonumber(line:match('"us": ([%d%.e%-]+)'))
+  local k = op and ours[op .. ":" .. threads]
+  if k and us then
+    kiln.ui.json{bench = "kernel_ratio", op = op, threads = threads, kiln_us = k, pytorch_us = us, ratio = k / us}
   end
-end
+end)

@@ -1,25 +1,16 @@
 """PyTorch peer of bench/kernels.lua: the same single ops, at one thread count.
 usage: OMP_WAIT_POLICY=passive python3 bench/kernels.py THREADS [--quick]"""
-import json, statistics, sys, time
+import json
 import torch
 import torch.nn.functional as F
+import common
+from common import threads, quick
 
-threads = int(sys.argv[1])
-quick = "--quick" in sys.argv
 torch.set_num_threads(threads)
 torch.manual_seed(0)
 
 def measure(fn):
-    fn(); fn()
-    t0 = time.perf_counter(); fn(); one = time.perf_counter() - t0
-    n = max(1, int((0.03 if quick else 0.15) / max(one, 1e-7)))
-    times = []
-    for _ in range(3 if quick else 5):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        times.append((time.perf_counter() - t0) / n * 1e6)
-    return statistics.median(times)
+    return common.measure(fn, warmup=2, target=(0.03, 0.15)) * 1e6   # microseconds
 
 a, b, row, acc = torch.randn(1024, 1024), torch.randn(1024, 1024), torch.randn(1024), torch.zeros(1024, 1024)
 logits, target = torch.randn(256, 1000), torch.randint(0, 1000, (256,))

@@ -7,7 +7,7 @@
 local kiln = kiln or require "kiln"
 local nn, optim = kiln.nn, kiln.optim
 local common = require "bench.common"
-local quick, peer = common.quick, common.peer
+local quick = common.quick
 local function measure(fn) return common.measure(fn) * 1000 end   -- milliseconds
 
 local hiddens = quick and {256} or {256, 512, 1024}
@@ -56,29 +56,20 @@ for _, threads in ipairs{1, 2} do
                hidden = H, batch = B, seq = T, threads = threads, ms = ms}
 end
 
-if peer and os.execute("/usr/bin/python3 -c 'import torch' 2>/dev/null") == 0 then
-  for _, threads in ipairs{1, 2} do
-    local cmd = string.format("OMP_WAIT_POLICY=passive OMP_NUM_THREADS=%d /usr/bin/python3 bench/rnn.py %d%s", threads,
-                              threads, quick and " --quick" or "")
-    local p = io.popen(cmd)
-    for line in p:lines() do
-      io.write(line, "\n")
-      local bench = line:match('"bench": "([%w_]+)"')
-      local ms = tonumber(line:match('"ms": ([%d%.e%-]+)'))
-      if bench == "lstm_step" then
-        local H, B = tonumber(line:match('"hidden": (%d+)')), tonumber(line:match('"batch": (%d+)'))
-        for _, algo in ipairs{"gemm", "persistent"} do
-          local k = ours[table.concat({"lstm", H, B, threads, algo}, ":")]
-          if k then
-            kiln.ui.json{bench = "lstm_step_ratio", algorithm = algo, hidden = H, batch = B, threads = threads, kiln_ms = k,
-                         pytorch_ms = ms, ratio = k / ms}
-          end
-        end
-      elseif bench == "char_lm_step" and ours["charlm:" .. threads] then
-        kiln.ui.json{bench = "char_lm_step_ratio", threads = threads, kiln_ms = ours["charlm:" .. threads], pytorch_ms = ms,
-                     ratio = ours["charlm:" .. threads] / ms}
+common.peer_lines("bench/rnn.py", function(line, threads)
+  local bench = line:match('"bench": "([%w_]+)"')
+  local ms = tonumber(line:match('"ms": ([%d%.e%-]+)'))
+  if bench == "lstm_step" then
+    local H, B = tonumber(line:match('"hidden": (%d+)')), tonumber(line:match('"batch": (%d+)'))
+    for _, algo in ipairs{"gemm", "persistent"} do
+      local k = ours[table.concat({"lstm", H, B, threads, algo}, ":")]
+      if k then
+        kiln.ui.json{bench = "lstm_step_ratio", algorithm = algo, hidden = H, batch = B, threads = threads, kiln_ms = k,
+                     pytorch_ms = ms, ratio = k / ms}
       end
     end
-    p:close()
+  elseif bench == "char_lm_step" and ours["charlm:" .. threads] then
+    kiln.ui.json{bench = "char_lm_step_ratio", threads = threads, kiln_ms = ours["charlm:" .. threads], pytorch_ms = ms,
+                 ratio = ours["charlm:" .. threads] / ms}
   end
-end
+end)

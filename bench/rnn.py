@@ -1,24 +1,15 @@
 """PyTorch peer of bench/rnn.lua: the same LSTM shapes and char-LM step, at one thread count.
 usage: OMP_WAIT_POLICY=passive python3 bench/rnn.py THREADS [--quick]"""
-import json, statistics, sys, time
+import json
 import torch
 import torch.nn as nn
+import common
+from common import threads, quick
 
-threads = int(sys.argv[1])
-quick = "--quick" in sys.argv
 torch.set_num_threads(threads)
 
 def measure(fn):
-    fn()
-    t0 = time.perf_counter(); fn(); one = time.perf_counter() - t0
-    n = max(1, int((0.05 if quick else 0.25) / max(one, 1e-6)))
-    times = []
-    for _ in range(3 if quick else 5):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        times.append((time.perf_counter() - t0) / n * 1000)
-    return statistics.median(times)
+    return common.measure(fn) * 1000   # milliseconds
 
 T, I = 64, 256
 for H in ([256] if quick else [256, 512, 1024]):

@@ -6,7 +6,7 @@
 local kiln = kiln or require "kiln"
 local nn, optim = kiln.nn, kiln.optim
 local common = require "bench.common"
-local quick, peer, now, median = common.quick, common.peer, common.now, common.median
+local quick, now, median = common.quick, common.now, common.median
 
 local models = {
   {name = "mlp", batch = 128, make = function()
@@ -49,20 +49,11 @@ for _, threads in ipairs{1, 2} do
   end
 end
 
-if peer and os.execute("/usr/bin/python3 -c 'import torch' 2>/dev/null") == 0 then
-  for _, threads in ipairs{1, 2} do
-    local cmd = string.format("OMP_WAIT_POLICY=passive OMP_NUM_THREADS=%d /usr/bin/python3 bench/train_step.py %d%s", threads,
-                              threads, quick and " --quick" or "")
-    local p = io.popen(cmd)
-    for line in p:lines() do
-      io.write(line, "\n")
-      local model = line:match('"model": "(%w+)"')
-      local ms = tonumber(line:match('"ms_per_step": ([%d%.e%-]+)'))
-      if model and ms and ours[model .. threads] then
-        kiln.ui.json{bench = "train_step_ratio", model = model, threads = threads, kiln_ms = ours[model .. threads],
-                     pytorch_ms = ms, ratio = ours[model .. threads] / ms}
-      end
-    end
-    p:close()
+common.peer_lines("bench/train_step.py", function(line, threads)
+  local model = line:match('"model": "(%w+)"')
+  local ms = tonumber(line:match('"ms_per_step": ([%d%.e%-]+)'))
+  if model and ms and ours[model .. threads] then
+    kiln.ui.json{bench = "train_step_ratio", model = model, threads = threads, kiln_ms = ours[model .. threads],
+                 pytorch_ms = ms, ratio = ours[model .. threads] / ms}
   end
-end
+end)

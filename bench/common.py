@@ -1,0 +1,21 @@
+"""What the PyTorch peers of the benchmarks share: the thread count and --quick from the command
+line, and the median time of repeated calls (the same rule as bench/common.lua)."""
+import statistics, sys, time
+
+threads = int(sys.argv[1])
+quick = "--quick" in sys.argv
+
+def measure(fn, warmup=1, target=(0.05, 0.25)):
+    """Median seconds per call of fn: after `warmup` calls, reps (3 quick, 5 otherwise) of enough
+    calls to last about target[0] (quick) or target[1] seconds each."""
+    for _ in range(warmup):
+        fn()
+    t0 = time.perf_counter(); fn(); one = time.perf_counter() - t0
+    n = max(1, int(target[0 if quick else 1] / max(one, 1e-7)))
+    times = []
+    for _ in range(3 if quick else 5):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        times.append((time.perf_counter() - t0) / n)
+    return statistics.median(times)
