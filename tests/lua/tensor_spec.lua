@@ -612,6 +612,10 @@ describe("documented call forms", function()
     local q = kiln.where(kiln.tensor{true, false}, 3, kiln.tensor({1, 2}, {dtype = "i64"}))
     assert.equal("i64", q:dtype())
     assert.same({3, 2}, q:totable())
+    -- the same rule as the binary ops: a bool tensor with an integer gives i64, as 3 + a bool tensor
+    local flags = kiln.tensor{true, false}
+    assert.equal((flags + 3):dtype(), kiln.where(kiln.tensor{true, false}, 3, flags):dtype())
+    assert.same({3, 0}, kiln.where(kiln.tensor{true, false}, 3, flags):totable())
   end)
 
   it("addmm takes beta and alpha as numbers or as options", function()
