@@ -36,7 +36,7 @@ end
 function M.peer_lines(script, on_line)
   if not M.peer or os.execute("/usr/bin/python3 -c 'import torch' 2>/dev/null") ~= 0 then return end
   for _, threads in ipairs{1, 2} do
-    local cmd = string.format("OMP_WAIT_POLICY=passive OMP_NUM_THREADS=%d /usr/bin/python3 %s %d%s", threads, script,
+    local cmd = string.format("OMP_WAIT_POLICY=passive OMP_NUM_THREADS=%d OPENBLAS_NUM_THREADS=%d /usr/bin/python3 %s %d%s", threads, threads, script,
                               threads, M.quick and " --quick" or "")
     local p = io.popen(cmd)
     for line in p:lines() do
