@@ -2,7 +2,9 @@
 -- 1/4/16/64, sequence 64) on the GEMM path and the persistent path at 1 and 2 threads, and the
 -- char-LM training step (embedding 64, LSTM 256, sequence 64, batch 32, vocabulary 96, Adam),
 -- beside PyTorch's nn.LSTM in the same run when python3 has torch (bench/rnn.py, with
--- OMP_WAIT_POLICY=passive). Medians; one JSON line per result.
+-- OMP_WAIT_POLICY=passive). Medians; one JSON line per result. Each speedup line also gives
+-- floor_ms, the layer's FLOP at the rate of a large OpenBLAS product at that thread count, and
+-- speedup_bound = gemm_ms / floor_ms, what no recurrence could beat by much.
 -- usage: kiln bench/rnn.lua [--quick] [--no-peer]
 local kiln = kiln or require "kiln"
 local nn, optim = kiln.nn, kiln.optim
@@ -14,8 +16,22 @@ local hiddens = quick and {256} or {256, 512, 1024}
 local batches = quick and {1, 16} or {1, 4, 16, 64}
 local T, I = 64, 256
 local ours = {}
+-- The f32 multiply-add rate of a large square product (OpenBLAS), GFLOP/s: every FLOP of a layer
+-- at that rate is the time no algorithm of the recurrence beats by much (kiln's persistent
+-- products reach about 1.1x of it), so gemm_ms / floor_ms bounds the persistent speedup.
+local function peak_gflops()
+  local n = 1024
+  local a, b = kiln.randn(n, n), kiln.randn(n, n)
+  return 2 * n ^ 3 / common.measure(function() kiln.matmul(a, b) end) / 1e9
+end
+-- FLOP of one LSTM layer forward + backward: the input projection, the recurrent products, and
+-- backward their transposes and the two weight grads.
+local function lstm_flop(T, B, I, H) return 2 * T * B * 4 * H * 3 * (I + H) end
+
 for _, threads in ipairs{1, 2} do
   kiln.set_num_threads(threads)
+  local peak = peak_gflops()
+  kiln.ui.json{bench = "sgemm_peak", n = 1024, threads = threads, gflops = peak}
   for _, H in ipairs(hiddens) do
     for _, B in ipairs(batches) do
       for _, algo in ipairs{"gemm", "persistent"} do
@@ -32,8 +48,9 @@ for _, threads in ipairs{1, 2} do
                      threads = threads, ms = ms}
       end
       local g, p = ours[table.concat({"lstm", H, B, threads, "gemm"}, ":")], ours[table.concat({"lstm", H, B, threads, "persistent"}, ":")]
+      local floor = lstm_flop(T, B, I, H) / peak / 1e6
       kiln.ui.json{bench = "lstm_persistent_speedup", hidden = H, batch = B, threads = threads, gemm_ms = g,
-                   persistent_ms = p, speedup = g / p}
+                   persistent_ms = p, speedup = g / p, floor_ms = floor, speedup_bound = g / floor}
     end
   end
   -- the char-LM training step
