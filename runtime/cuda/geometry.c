@@ -150,17 +150,22 @@ void kiln_cuda_reduce_plan(int ndim, const int64_t *sizes, int64_t mask, int64_t
     if (!(mask & ((int64_t)1 << d))) { p->perm[n++] = d; p->M *= sizes[d]; }
   for (int d = 0; d < ndim; d++)
     if (mask & ((int64_t)1 << d)) { p->perm[n++] = d; p->R *= sizes[d]; }
-  p->threads = kiln_cuda_pow2_threads(p->R, 32, 256);
-  if (p->R == 0 || p->M == 0) return;   /* no chunks: rows of nothing, or no rows */
+  kiln_cuda_chunk_rows(p->M, p->R, max_blocks, &p->chunk, &p->nchunks, &p->threads);
+}
+
+void kiln_cuda_chunk_rows(int64_t M, int64_t R, int64_t max_blocks, int64_t *chunk, int64_t *nchunks, int *threads) {
+  *threads = kiln_cuda_pow2_threads(R, 32, 256);
+  *chunk = *nchunks = 0;
+  if (R == 0 || M == 0) return;   /* no chunks: rows of nothing, or no rows */
   /* Enough elements per thread to pay for the block's tree; more chunks only while the rows
      alone leave the device idle. */
-  int64_t per_block = (int64_t)p->threads * 16;
-  int64_t most = (p->R + per_block - 1) / per_block;
-  int64_t want = max_blocks > p->M ? (max_blocks + p->M - 1) / p->M : 1;
-  int64_t nchunks = want < most ? want : most;
-  if (nchunks < 1) nchunks = 1;
-  p->chunk = (p->R + nchunks - 1) / nchunks;
-  p->nchunks = (p->R + p->chunk - 1) / p->chunk;
+  int64_t per_block = (int64_t)*threads * 16;
+  int64_t most = (R + per_block - 1) / per_block;
+  int64_t want = max_blocks > M ? (max_blocks + M - 1) / M : 1;
+  int64_t n = want < most ? want : most;
+  if (n < 1) n = 1;
+  *chunk = (R + n - 1) / n;
+  *nchunks = (R + *chunk - 1) / *chunk;
 }
 
 void kiln_cuda_lines(int ndim, const int64_t *sizes, int dim, int64_t *outer, int64_t *D, int64_t *inner) {

@@ -107,6 +107,12 @@ struct kiln_cuda_reduce_plan {
 void kiln_cuda_reduce_plan(int ndim, const int64_t *sizes, int64_t mask, int64_t max_blocks,
                            struct kiln_cuda_reduce_plan *p);
 
+/* M rows of R elements each cut into *nchunks chunks of *chunk elements (the last may be shorter)
+   for blocks of *threads threads (a power of two, 32 to 256): at least 16 elements a thread, and
+   more chunks than one a row only while M rows leave fewer than max_blocks blocks. R = 0 or M = 0:
+   no chunks. The reductions' and batch norm's rule. */
+void kiln_cuda_chunk_rows(int64_t M, int64_t R, int64_t max_blocks, int64_t *chunk, int64_t *nchunks, int *threads);
+
 /* A tensor seen as [outer, D, inner] around dim (softmax, log_softmax, nll_loss over dim 1). */
 void kiln_cuda_lines(int ndim, const int64_t *sizes, int dim, int64_t *outer, int64_t *D, int64_t *inner);
 

@@ -1,10 +1,12 @@
 /* cuda/norm.cu: batch, layer and group norm on CUDA, forward and backward, with cpu/norm.c's
-   semantics (norm.cuh). One block per row (layer, group norm) or per channel (batch norm): its
-   threads stride over the elements (batch norm's without a division per element: bn_cursor), the sums (in double) go through the block's fixed tree, the
-   mean first and then the squared deviations from it. Batch norm's block also updates the
-   channel's running stats in place. Layer norm's weight and bias grads take one thread per
-   column, the rows in order (the CPU's order); group norm's one block per channel. Everything is
-   deterministic: no atomics. */
+   semantics (norm.cuh). Layer and group norm: one block per row, its threads striding over the
+   elements, the sums (in double) through the block's fixed tree, the mean first and then the
+   squared deviations from it. Batch norm: each channel cut into chunks of its N * S elements (as
+   the reductions cut rows), one block a chunk: a pass of partial sums, a pass of partial squared
+   deviations from the mean folded from them, and a pass writing y; every block of a channel folds
+   its partials in the same order (bn_fold), the channel's first moves the running stats.
+   Layer norm's weight and bias grads take one thread per column, the rows in order (the CPU's
+   order); group norm's one block per channel. Everything is deterministic: no atomics. */
 #include "kernels.cuh"
 #include "norm.cuh"
 #include "nn_calls.h"
@@ -20,60 +22,108 @@ struct bn_geom {
   int64_t N, C, S;
 };
 
+/* Block b of a pass takes chunk b % nchunks of channel b / nchunks: [k0, k1). */
+struct bn_chunk {
+  int64_t c, p, k0, k1;
+};
+__device__ __forceinline__ struct bn_chunk bn_chunk_of(int64_t b, int64_t chunk, int64_t nchunks, int64_t per) {
+  struct bn_chunk h;
+  h.c = b / nchunks;
+  h.p = b % nchunks;
+  h.k0 = h.p * chunk;
+  h.k1 = h.k0 + chunk < per ? h.k0 + chunk : per;
+  return h;
+}
+
+/* The batch statistics, chunk by chunk: without sums, each chunk's sum of x; with them (the
+   first pass's partials), each chunk's sum of squared deviations from the channel's mean. */
 template <class T>
-__global__ void batch_norm_kernel(const T *x, const T *w, const T *b, T *y, T *mean, T *invstd, T *rm, int64_t rms, T *rv,
-                                  int64_t rvs, struct bn_geom g, int batch_stats, int update, double eps, double momentum) {
+__global__ void bn_stats_kernel(const T *x, struct bn_geom g, int64_t chunk, int64_t nchunks, const double *sums,
+                                double *out) {
   extern __shared__ double red[];
   int64_t per = g.N * g.S;
+  for (int64_t b = blockIdx.x; b < g.C * nchunks; b += gridDim.x) {
+    struct bn_chunk h = bn_chunk_of(b, chunk, nchunks, per);
+    double v = 0;
+    if (!sums) {
+      bn_walk(h.c, g.C, g.S, h.k0 + threadIdx.x, h.k1, blockDim.x, [&](int64_t at) { v += (double)x[at]; });
+    } else {
+      double m = bn_mean(bn_fold(sums, h.c, nchunks), (double)per);
+      bn_walk(h.c, g.C, g.S, h.k0 + threadIdx.x, h.k1, blockDim.x, [&](int64_t at) {
+        double d = (double)x[at] - m;
+        v += d * d;
+      });
+    }
+    v = block_sum(v, red);
+    if (threadIdx.x == 0) out[b] = v;
+  }
+}
+
+/* y of each chunk from the channel's statistics: folded from the partials (batch stats; the
+   channel's first chunk saves mean and invstd and moves the running stats) or the running stats. */
+template <class T>
+__global__ void bn_apply_kernel(const T *x, const T *w, const T *b_, T *y, T *mean, T *invstd, T *rm, int64_t rms, T *rv,
+                                int64_t rvs, struct bn_geom g, int64_t chunk, int64_t nchunks, const double *sums,
+                                const double *sqs, int update, double eps, double momentum) {
+  int64_t per = g.N * g.S;
   double M = (double)per;
-  for (int64_t c = blockIdx.x; c < g.C; c += gridDim.x) {
+  for (int64_t b = blockIdx.x; b < g.C * nchunks; b += gridDim.x) {
+    struct bn_chunk h = bn_chunk_of(b, chunk, nchunks, per);
+    int64_t c = h.c;
+    bool first = h.p == 0 && threadIdx.x == 0;
     double m, is;
-    if (batch_stats) {
-      double s = 0;
-      for (struct bn_cursor q = bn_cursor_start(threadIdx.x, g.S); q.k < per; bn_cursor_next(&q, blockDim.x, g.S))
-        s += (double)x[bn_cursor_at(&q, c, g.C, g.S)];
-      m = bn_mean(block_sum(s, red), M);
-      double q = 0;
-      for (struct bn_cursor u = bn_cursor_start(threadIdx.x, g.S); u.k < per; bn_cursor_next(&u, blockDim.x, g.S)) {
-        double d = (double)x[bn_cursor_at(&u, c, g.C, g.S)] - m;
-        q += d * d;
-      }
-      q = block_sum(q, red);
-      /* thread 0 moves the channel's running stats (no thread reads them in this mode) */
-      is = bn_batch_invstd<T>(m, q, M, eps, update && threadIdx.x == 0, momentum, rm + c * rms, rv + c * rvs);
+    if (sums) {
+      m = bn_mean(bn_fold(sums, c, nchunks), M);
+      is = bn_batch_invstd<T>(m, bn_fold(sqs, c, nchunks), M, eps, update && first, momentum, rm + c * rms, rv + c * rvs);
     } else {
       m = (double)rm[c * rms];
       is = bn_running_invstd<T>(rv + c * rvs, eps);
     }
-    if (threadIdx.x == 0) {
+    if (first) {
       mean[c] = (T)m;
       invstd[c] = (T)is;
     }
     T scale, shift;
-    bn_affine<T>(m, is, w, b, c, &scale, &shift);
-    for (struct bn_cursor u = bn_cursor_start(threadIdx.x, g.S); u.k < per; bn_cursor_next(&u, blockDim.x, g.S)) {
-      int64_t at = bn_cursor_at(&u, c, g.C, g.S);
-      y[at] = x[at] * scale + shift;
+    bn_affine<T>(m, is, w, b_, c, &scale, &shift);
+    bn_walk(c, g.C, g.S, h.k0 + threadIdx.x, h.k1, blockDim.x, [&](int64_t at) { y[at] = x[at] * scale + shift; });
+  }
+}
+
+/* The grad's sums, chunk by chunk: of gy, and of gy * (x - mean). */
+template <class T>
+__global__ void bn_grad_sums_kernel(const T *gy, const T *x, const T *mean, struct bn_geom g, int64_t chunk, int64_t nchunks,
+                                    double *sg, double *sgx) {
+  extern __shared__ double red[];
+  int64_t per = g.N * g.S;
+  for (int64_t b = blockIdx.x; b < g.C * nchunks; b += gridDim.x) {
+    struct bn_chunk h = bn_chunk_of(b, chunk, nchunks, per);
+    double m = (double)mean[h.c], a = 0, d = 0;
+    bn_walk(h.c, g.C, g.S, h.k0 + threadIdx.x, h.k1, blockDim.x, [&](int64_t at) {
+      double v = (double)gy[at];
+      a += v;
+      d += v * ((double)x[at] - m);
+    });
+    a = block_sum(a, red);
+    d = block_sum(d, red);
+    if (threadIdx.x == 0) {
+      sg[b] = a;
+      sgx[b] = d;
     }
   }
 }
 
+/* gx of each chunk from the channel's folded sums; the channel's first chunk writes gw and gb. */
 template <class T>
-__global__ void batch_norm_backward_kernel(const T *gy, const T *x, const T *w, const T *mean, const T *invstd, T *gx, T *gw,
-                                           T *gb, struct bn_geom g, int batch_stats) {
-  extern __shared__ double red[];
+__global__ void bn_grad_apply_kernel(const T *gy, const T *x, const T *w, const T *mean, const T *invstd, T *gx, T *gw,
+                                     T *gb, struct bn_geom g, int64_t chunk, int64_t nchunks, const double *sgp,
+                                     const double *sgxp, int batch_stats) {
   int64_t per = g.N * g.S;
-  for (int64_t c = blockIdx.x; c < g.C; c += gridDim.x) {
+  for (int64_t b = blockIdx.x; b < g.C * nchunks; b += gridDim.x) {
+    struct bn_chunk h = bn_chunk_of(b, chunk, nchunks, per);
+    int64_t c = h.c;
     double m = (double)mean[c], is = (double)invstd[c];
-    double sg = 0, sgx = 0;
-    for (struct bn_cursor u = bn_cursor_start(threadIdx.x, g.S); u.k < per; bn_cursor_next(&u, blockDim.x, g.S)) {
-      int64_t at = bn_cursor_at(&u, c, g.C, g.S);
-      sg += (double)gy[at];
-      sgx += (double)gy[at] * ((double)x[at] - m);
-    }
-    sg = block_sum(sg, red);
-    sgx = block_sum(sgx, red);
-    if (threadIdx.x == 0) {
+    double sg = bn_fold(sgp, c, nchunks), sgx = bn_fold(sgxp, c, nchunks);
+    if (h.p == 0 && threadIdx.x == 0) {
       if (gw) gw[c] = (T)(sgx * is);
       if (gb) gb[c] = (T)sg;
     }
@@ -81,10 +131,7 @@ __global__ void batch_norm_backward_kernel(const T *gy, const T *x, const T *w, 
     double k[3];
     bn_backward_coefs(batch_stats, m, is, w ? (double)w[c] : 1.0, sg, sgx, (double)per, k);
     T t1 = (T)k[0], t2 = (T)k[1], t3 = (T)k[2];
-    for (struct bn_cursor u = bn_cursor_start(threadIdx.x, g.S); u.k < per; bn_cursor_next(&u, blockDim.x, g.S)) {
-      int64_t at = bn_cursor_at(&u, c, g.C, g.S);
-      gx[at] = t1 * gy[at] + t2 * x[at] + t3;
-    }
+    bn_walk(c, g.C, g.S, h.k0 + threadIdx.x, h.k1, blockDim.x, [&](int64_t at) { gx[at] = t1 * gy[at] + t2 * x[at] + t3; });
   }
 }
 
@@ -261,16 +308,46 @@ extern "C" int cuda_row_norm_backward(const struct kiln_call *c) {
   return rc;
 }
 
+/* The chunks of a channel's N * S elements (geometry.c's rule, as the reductions; an empty batch
+   is one empty chunk, so that the statistics are still written). */
+struct bn_plan {
+  int64_t chunk, nchunks;
+  int threads;
+};
+static struct bn_plan bn_plan_of(const struct cuda_device *dev, const struct bn_geom &g) {
+  struct bn_plan p;
+  kiln_cuda_chunk_rows(g.C, g.N * g.S, kiln_cuda_max_blocks(dev->sm_count, NORM_THREADS), &p.chunk, &p.nchunks, &p.threads);
+  if (p.nchunks == 0) p.nchunks = 1;
+  return p;
+}
+
 template <class T>
 static int batch_norm_launch(struct cuda_device *dev, const struct kiln_call *c, struct kiln_tensor *const *in,
                              const struct bn_geom &g, const char *op) {
   const struct kiln_norm_stats *st = (const struct kiln_norm_stats *)c->extra;
-  int threads = kiln_cuda_pow2_threads(g.N * g.S, 32, NORM_THREADS);
-  batch_norm_kernel<T><<<blocks_for(dev, g.C, threads), threads, sizeof(double) * threads, dev->stream>>>(
+  struct bn_plan pl = bn_plan_of(dev, g);
+  int64_t nb = g.C * pl.nchunks;
+  unsigned blocks = blocks_for(dev, nb, pl.threads);
+  size_t shared = sizeof(double) * pl.threads;
+  int batch_stats = (int)c->ints[0];
+  struct kiln_tensor *scratch = NULL;
+  double *sums = NULL, *sqs = NULL;
+  if (batch_stats) {
+    scratch = cuda_scratch((int64_t)sizeof(double) * 2 * nb, in[0]->device);
+    if (!scratch) return kiln_error_code();
+    sums = (double *)kiln_tensor_data(scratch);
+    sqs = sums + nb;
+    bn_stats_kernel<T><<<blocks, pl.threads, shared, dev->stream>>>(ptr<T>(in[0]), g, pl.chunk, pl.nchunks, NULL, sums);
+    bn_stats_kernel<T><<<blocks, pl.threads, shared, dev->stream>>>(ptr<T>(in[0]), g, pl.chunk, pl.nchunks, sums, sqs);
+  }
+  bn_apply_kernel<T><<<blocks, pl.threads, 0, dev->stream>>>(
       ptr<T>(in[0]), ptr<T>(in[1]), ptr<T>(in[2]), mptr<T>(c->out), mptr<T>(st->mean), mptr<T>(st->invstd),
       mptr<T>(st->running_mean), st->running_mean ? st->running_mean->strides[0] : 0, mptr<T>(st->running_var),
-      st->running_var ? st->running_var->strides[0] : 0, g, (int)c->ints[0], (int)c->ints[1], c->scalar[0], c->scalar[1]);
-  return cuda_launched(op, "batch_norm_kernel");
+      st->running_var ? st->running_var->strides[0] : 0, g, pl.chunk, pl.nchunks, sums, sqs, (int)c->ints[1],
+      c->scalar[0], c->scalar[1]);
+  int rc = cuda_launched(op, "bn_apply_kernel");
+  kiln_tensor_release(scratch);
+  return rc;
 }
 
 extern "C" int cuda_batch_norm(const struct kiln_call *c) {
@@ -295,11 +372,20 @@ template <class T>
 static int batch_norm_backward_launch(struct cuda_device *dev, const struct kiln_call *c, struct kiln_tensor *const *in,
                                       const struct bn_geom &g, const char *op) {
   const struct kiln_norm_grads *gr = (const struct kiln_norm_grads *)c->extra;
-  int threads = kiln_cuda_pow2_threads(g.N * g.S, 32, NORM_THREADS);
-  batch_norm_backward_kernel<T><<<blocks_for(dev, g.C, threads), threads, sizeof(double) * threads, dev->stream>>>(
+  struct bn_plan pl = bn_plan_of(dev, g);
+  int64_t nb = g.C * pl.nchunks;
+  unsigned blocks = blocks_for(dev, nb, pl.threads);
+  struct kiln_tensor *scratch = cuda_scratch((int64_t)sizeof(double) * 2 * nb, in[1]->device);
+  if (!scratch) return kiln_error_code();
+  double *sg = (double *)kiln_tensor_data(scratch), *sgx = sg + nb;
+  bn_grad_sums_kernel<T><<<blocks, pl.threads, sizeof(double) * pl.threads, dev->stream>>>(
+      ptr<T>(in[0]), ptr<T>(in[1]), ptr<T>(in[3]), g, pl.chunk, pl.nchunks, sg, sgx);
+  bn_grad_apply_kernel<T><<<blocks, pl.threads, 0, dev->stream>>>(
       ptr<T>(in[0]), ptr<T>(in[1]), ptr<T>(in[2]), ptr<T>(in[3]), ptr<T>(in[4]), mptr<T>(gr->gx), mptr<T>(gr->gw),
-      mptr<T>(gr->gb), g, (int)c->ints[0]);
-  return cuda_launched(op, "batch_norm_backward_kernel");
+      mptr<T>(gr->gb), g, pl.chunk, pl.nchunks, sg, sgx, (int)c->ints[0]);
+  int rc = cuda_launched(op, "bn_grad_apply_kernel");
+  kiln_tensor_release(scratch);
+  return rc;
 }
 
 extern "C" int cuda_batch_norm_backward(const struct kiln_call *c) {

@@ -130,6 +130,38 @@ KILN_EL void bn_cursor_next(struct bn_cursor *q, int64_t step, int64_t S) {
 }
 KILN_EL int64_t bn_cursor_at(const struct bn_cursor *q, int64_t c, int64_t C, int64_t S) { return (q->n * C + c) * S + q->s; }
 
+/* The batch-norm kernels cut each channel's N * S elements into nchunks chunks (geometry.c's
+   kiln_cuda_chunk_rows), one block a chunk; a channel's total is its chunks' partial sums
+   (partial[c * nchunks + p]) added in order, as every block of the channel folds them. */
+KILN_EL double bn_fold(const double *partial, int64_t c, int64_t nchunks) {
+  double s = 0;
+  for (int64_t p = 0; p < nchunks; p++) s += partial[c * nchunks + p];
+  return s;
+}
+
+/* Calls f(at) for the elements k = first, first + step, ... (< end) of channel c, in that order:
+   a block's thread walks its part of a chunk so. Four addresses at a time, so that their loads are
+   in flight together on the device. */
+#ifdef __CUDACC__
+#pragma nv_exec_check_disable   /* f is a host lambda in tests/c/test_cuda_kernels.cu, a device one in norm.cu */
+#endif
+template <class F>
+KILN_EL void bn_walk(int64_t c, int64_t C, int64_t S, int64_t first, int64_t end, int64_t step, F f) {
+  struct bn_cursor q = bn_cursor_start(first, S);
+  while (q.k + 3 * step < end) {
+    int64_t a[4];
+    for (int i = 0; i < 4; i++) {
+      a[i] = bn_cursor_at(&q, c, C, S);
+      bn_cursor_next(&q, step, S);
+    }
+    f(a[0]);
+    f(a[1]);
+    f(a[2]);
+    f(a[3]);
+  }
+  for (; q.k < end; bn_cursor_next(&q, step, S)) f(bn_cursor_at(&q, c, C, S));
+}
+
 /* The batch statistics of a channel: mean from the sum, invstd from the sum q of squared
    deviations from that mean (biased variance q / M; 0 and 0 for an empty batch); with update, the running stats move by
    momentum toward the mean and the unbiased variance q / (M - 1) (the biased one when M <= 1),

@@ -116,6 +116,11 @@ template <class F> static double block_order_sum(int64_t n, int threads, F term)
   return tree_sum(part);
 }
 
+/* The same over the chunk [k0, k1): thread t strides from k0 + t. */
+template <class F> static double block_order_sum(int64_t k0, int64_t k1, int threads, F term) {
+  return block_order_sum(k1 - k0, threads, [&](int64_t k) { return term(k0 + k); });
+}
+
 /* ---- reductions ---- */
 
 using namespace kiln_red;
@@ -517,7 +522,8 @@ static void test_row_norms() {
 /* Batch norm on x [N, C, ...]: training with running stats (updated in place, through a strided
    view when `strided`), training without, or evaluation with them. */
 template <class T>
-static void check_batch_norm(int ndim, const int64_t *sizes, bool affine, int mode, bool strided, int dtype, uint64_t seed) {
+static void check_batch_norm(int ndim, const int64_t *sizes, bool affine, int mode, bool strided, int dtype, uint64_t seed,
+                             int64_t max_blocks = 4224) {
   using namespace kiln_norm;
   const int64_t C = sizes[1], two[] = {C, 2};
   struct kiln_tensor *x = make_input(ndim, sizes, dtype, false, false, seed);
@@ -558,17 +564,30 @@ static void check_batch_norm(int ndim, const int64_t *sizes, bool affine, int mo
   for (int d = 2; d < ndim; d++) S *= sizes[d];
   int64_t per = sizes[0] * S;
   int batch_stats = training || !running, update = training && running && x->numel > 0;   /* as nn.c */
-  int threads = kiln_cuda_pow2_threads(per, 32, 256);
+  /* norm.cu's plan: chunks of each channel, one block a chunk, partials folded in order */
+  int64_t chunk, nchunks;
+  int threads;
+  kiln_cuda_chunk_rows(C, per, max_blocks, &chunk, &nchunks, &threads);
+  if (nchunks == 0) nchunks = 1;
+  std::vector<double> part((size_t)(C * nchunks));
+  /* the channel's sum of term(k) as the kernels take it: a partial per chunk, then bn_fold */
+  auto chunked_sum = [&](int64_t c, auto term) {
+    for (int64_t p = 0; p < nchunks; p++) {
+      int64_t k0 = p * chunk, k1 = k0 + chunk < per ? k0 + chunk : per;
+      part[(size_t)(c * nchunks + p)] = block_order_sum(k0, k1 > k0 ? k1 : k0, threads, term);
+    }
+    return bn_fold(part.data(), c, nchunks);
+  };
   const T *xv = data_of<T>(x), *wv = data_of<T>(w), *bv = data_of<T>(b), *gv = data_of<T>(gy);
   struct kiln_tensor *y = kiln_tensor_empty(ndim, sizes, dtype, CPU), *gx = kiln_tensor_empty(ndim, sizes, dtype, CPU);
   struct kiln_tensor *gw = kiln_tensor_empty(1, &C, dtype, CPU), *gb = kiln_tensor_empty(1, &C, dtype, CPU);
   bool stats_ok = true;
   double mag_y = 0, mag_gx = 0;   /* the largest products in y and gx (fused_tol) */
   for (int64_t c = 0; c < C; c++) {
-    double m, is, M = (double)per;   /* batch_norm_kernel */
+    double m, is, M = (double)per;   /* bn_stats_kernel twice, bn_apply_kernel */
     if (batch_stats) {
-      m = bn_mean(block_order_sum(per, threads, [&](int64_t k) { return (double)xv[bn_at(k, c, C, S)]; }), M);
-      double q = block_order_sum(per, threads, [&](int64_t k) { double d = (double)xv[bn_at(k, c, C, S)] - m; return d * d; });
+      m = bn_mean(chunked_sum(c, [&](int64_t k) { return (double)xv[bn_at(k, c, C, S)]; }), M);
+      double q = chunked_sum(c, [&](int64_t k) { double d = (double)xv[bn_at(k, c, C, S)] - m; return d * d; });
       is = bn_batch_invstd<T>(m, q, M, eps, update, momentum, &rmv[(size_t)c], &rvv[(size_t)c]);
     } else {
       m = (double)rmv[(size_t)c];
@@ -586,10 +605,10 @@ static void check_batch_norm(int ndim, const int64_t *sizes, bool affine, int mo
       stats_ok = stats_ok && fabs((double)a - (double)rmv[(size_t)c]) <= tol * fmax(1.0, fabs((double)a)) &&
                  fabs((double)v - (double)rvv[(size_t)c]) <= tol * fmax(1.0, fabs((double)v));
     }
-    T mt = (T)m, it = (T)is;   /* batch_norm_backward_kernel, from the saved mean and invstd */
+    T mt = (T)m, it = (T)is;   /* bn_grad_sums_kernel, bn_grad_apply_kernel: from the saved mean and invstd */
     double md = (double)mt, id = (double)it;
-    double sg = block_order_sum(per, threads, [&](int64_t k) { return (double)gv[bn_at(k, c, C, S)]; });
-    double sgx = block_order_sum(per, threads, [&](int64_t k) {
+    double sg = chunked_sum(c, [&](int64_t k) { return (double)gv[bn_at(k, c, C, S)]; });
+    double sgx = chunked_sum(c, [&](int64_t k) {
       int64_t at = bn_at(k, c, C, S);
       return (double)gv[at] * ((double)xv[at] - md);
     });
@@ -640,10 +659,31 @@ static void test_bn_cursor() {
             if (count != (per > first ? (per - first + step - 1) / step : 0)) bad++;
           }
   report(bad == 0, __LINE__, "bn_cursor visits what bn_at names, in order");
+  /* bn_walk: a thread's part of a chunk [k0, end), four at a time, is the same visits in order */
+  long walk_bad = 0, walks = 0;
+  for (int64_t S : {1, 7, 64, 300})
+    for (int64_t step : {32, 256})
+      for (int64_t k0 : {(int64_t)0, (int64_t)5, 3 * step + 1})
+        for (int64_t len : {(int64_t)0, (int64_t)1, 4 * step - 1, 4 * step, 9 * step + 3})
+          for (int64_t t : {(int64_t)0, step - 1}) {
+            const int64_t C = 3, c = 1, end = k0 + len;
+            std::vector<int64_t> want, got;
+            for (int64_t k = k0 + t; k < end; k += step) want.push_back(bn_at(k, c, C, S));
+            bn_walk(c, C, S, k0 + t, end, step, [&](int64_t at) { got.push_back(at); });
+            walk_bad += want != got;
+            walks++;
+          }
+  report(walk_bad == 0 && walks > 200, __LINE__, "bn_walk visits a thread's part of a chunk in order");
   report(visits > 100000, __LINE__, "bn_cursor: the walks visited enough elements");
 }
 
 static void test_batch_norm() {
+  int64_t chunk, nchunks;
+  int threads;
+  kiln_cuda_chunk_rows(3, 5 * 40 * 41, 4224, &chunk, &nchunks, &threads);
+  report(threads == 256 && nchunks == 3 && chunk == 2734, __LINE__, "batch norm: 8200 elements a channel are three chunks");
+  kiln_cuda_chunk_rows(3, 5 * 40 * 41, 2, &chunk, &nchunks, &threads);
+  report(nchunks == 1 && chunk == 8200, __LINE__, "batch norm: one chunk a channel when the channels fill the blocks");
   const int64_t img[] = {4, 6, 5, 3}, rows[] = {37, 11}, big[] = {3, 2, 40, 30}, two[] = {2, 3};
   const int64_t no_images[] = {0, 2}, no_pixels[] = {7, 8, 0, 8};   /* the sweep's failing geometries */
   for (int dt : {KILN_F32, KILN_F64})
@@ -659,6 +699,12 @@ static void test_batch_norm() {
           for (const int64_t *sz : {rows, two}) {
             if (dt == KILN_F32) check_batch_norm<float>(2, sz, affine, mode, strided, dt, seed);
             else check_batch_norm<double>(2, sz, affine, mode, strided, dt, seed);
+          }
+          /* channels of 8200 elements: three chunks (16 per thread of 256), or one with few blocks */
+          for (int64_t max_blocks : {(int64_t)4224, (int64_t)2}) {
+            const int64_t chunked[] = {5, 3, 40, 41};
+            if (dt == KILN_F32) check_batch_norm<float>(4, chunked, affine, mode, strided, dt, seed, max_blocks);
+            else check_batch_norm<double>(4, chunked, affine, mode, strided, dt, seed, max_blocks);
           }
           for (const int64_t *sz : {no_images, no_pixels}) {   /* empty batches: running stats untouched */
             if (dt == KILN_F32) check_batch_norm<float>(sz == no_images ? 2 : 4, sz, affine, mode, strided, dt, seed);
