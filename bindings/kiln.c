@@ -45,22 +45,41 @@ static void print_usage(FILE *f)
 /* The state whose hook the SIGINT handler sets (one interpreter per process). */
 static lua_State *global_L;
 
+/* Ctrl-C while Lua runs: the interrupt is pending until it reaches the top (docall's message
+   handler or the REPL's, which calls kiln.readline.interrupt_caught(), runs for it; docall
+   returns; or the REPL reads its next line). Until then the hook raises "interrupted" at every
+   call, return and instruction, so that a pcall in the running code cannot swallow it: the next
+   instruction after that pcall raises it again. (Hooks do not run inside error handlers.) */
+static volatile sig_atomic_t interrupt_pending;
+enum { INTERRUPT_MASK = LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT };
+
+static void interrupt_done(lua_State *L)
+{
+  interrupt_pending = 0;
+  alarm(0);
+  lua_sethook(L, NULL, 0, 0);
+}
+
 /* Runs at the next call, return or instruction after a SIGINT: raises in the interrupted code. */
 static void interrupt_hook(lua_State *L, lua_Debug *ar)
 {
   (void)ar;
   alarm(0);
-  lua_sethook(L, NULL, 0, 0);
+  if (!interrupt_pending) {
+    lua_sethook(L, NULL, 0, 0);
+    return;
+  }
   luaL_error(L, "interrupted");
 }
 
 /* SIGINT while Lua runs. Only a hook can be set safely from a signal handler; a second
-   Ctrl-C before the hook fires gets the default action and ends the process, as in lua.c.
-   JIT-compiled loops never call hooks, so an alarm says so if the hook has not fired soon. */
+   Ctrl-C before the interrupt is through gets the default action and ends the process, as in
+   lua.c. JIT-compiled loops never call hooks, so an alarm says so if the hook has not fired soon. */
 static void on_sigint_eval(int sig)
 {
   signal(sig, SIG_DFL);
-  lua_sethook(global_L, interrupt_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
+  interrupt_pending = 1;
+  lua_sethook(global_L, interrupt_hook, INTERRUPT_MASK, 1);
   alarm(1);
 }
 
@@ -95,6 +114,7 @@ static void install_eval_sigint(void)
    followed by a traceback. */
 static int message_handler(lua_State *L)
 {
+  interrupt_done(L);   /* an interrupt has reached the top */
   const char *msg = lua_tostring(L, 1);
   if (msg == NULL) {
     if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING)
@@ -115,7 +135,7 @@ static int docall(lua_State *L, int narg, int nres)
   install_eval_sigint();
   int status = lua_pcall(L, narg, nres, base);
   signal(SIGINT, SIG_DFL);
-  alarm(0);
+  interrupt_done(L);
   lua_remove(L, base);
   return status;
 }
@@ -410,7 +430,7 @@ static int lrl_readline(lua_State *L)
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, &old);
   prompt_interrupted = 0;
-  alarm(0);
+  interrupt_done(L);   /* back at the prompt: an interrupt of the last evaluation is through */
   completion_L = L;
   char *line = readline(prompt);
   completion_L = NULL;
@@ -436,6 +456,14 @@ static int lrl_readline(lua_State *L)
   return 1;
 }
 
+/* kiln.readline.interrupt_caught(): the REPL's message handler has a Ctrl-C's "interrupted"
+   error (or another): an interrupt is through and is not raised again. */
+static int lrl_interrupt_caught(lua_State *L)
+{
+  interrupt_done(L);
+  return 0;
+}
+
 /* kiln.readline.history_file() -> path | nil */
 static int lrl_history_file(lua_State *L)
 {
@@ -454,6 +482,7 @@ static int luaopen_kiln_readline(lua_State *L)
     {"add_history", lrl_add_history},
     {"save_history", lrl_save_history},
     {"history_file", lrl_history_file},
+    {"interrupt_caught", lrl_interrupt_caught},
     {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, functions);

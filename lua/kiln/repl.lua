@@ -139,7 +139,16 @@ local function user_traceback(tb)
   return "\nstack traceback:\n" .. table.concat(frames, "\n")
 end
 
+-- Under the kiln launcher a Ctrl-C's "interrupted" error is raised again after every pcall that
+-- catches it, until a handler at the top says it has it.
+local interrupt_caught = function() end
+do
+  local ok, readline = pcall(require, "kiln.readline")
+  if ok and type(readline) == "table" and readline.interrupt_caught then interrupt_caught = readline.interrupt_caught end
+end
+
 local function message_handler(err)
+  interrupt_caught()
   return error_text(err) .. user_traceback(debug.traceback("", 2))
 end
 
@@ -360,8 +369,8 @@ function repl.run(readline, add_history, opts)
   repl.env = state.env
   install_help(state.env)
   while true do
-    -- Under pcall: a Ctrl-C that lands between two evaluations must not end the REPL.
-    local ok, done = pcall(step, state, readline, add_history, out, err_out)
+    -- Protected: a Ctrl-C that lands between two evaluations must not end the REPL.
+    local ok, done = xpcall(function() return step(state, readline, add_history, out, err_out) end, message_handler)
     if ok and done then break end
     if not ok then
       repl.reset(state)

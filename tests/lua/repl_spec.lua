@@ -280,3 +280,61 @@ describe("kiln.repl.run", function()
     assert.equal("function", type(rawget(env, "help")))
   end)
 end)
+
+describe("Ctrl-C under the kiln launcher", function()
+  local H = require "helpers"
+  local exe = H.kiln_exe()
+  -- Runs the shell lines `start` (which start kiln in the background and set pid), sends kiln
+  -- SIGINT after half a second and gives it 5 s to end; the output, and whether it had to be killed.
+  local function interrupt(start)
+    local out = H.capture(start .. [[
+
+sleep 0.5
+kill -INT $pid
+i=0
+while kill -0 $pid 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
+if kill -0 $pid 2>/dev/null; then kill -9 $pid; echo STILL-RUNNING; fi
+wait $pid 2>/dev/null]])
+    return out, out:find("STILL-RUNNING", 1, true) ~= nil
+  end
+  local function read_and_remove(path)
+    local f = assert(io.open(path))
+    local text = f:read("*a")
+    f:close()
+    os.remove(path)
+    return text
+  end
+
+  -- A pcall in the running code catches the "interrupted" error; it is raised again after it.
+  local loops = {"while true do pcall(error) end",
+                 "jit.off() while true do pcall(function() for i = 1, 1e5 do end end) end"}
+  for _, code in ipairs(loops) do
+    it("ends a script that catches the interrupt in a pcall: " .. code, function()
+      if not exe then pending("not running under the kiln launcher") return end
+      local log = os.tmpname()
+      local out, hung = interrupt(string.format("%s -e '%s' > %s 2>&1 &\npid=$!", exe, code, log))
+      local text = read_and_remove(log)
+      assert.is_false(hung, out .. text)
+      assert.truthy(text:find("kiln: interrupted", 1, true), text)
+    end)
+  end
+
+  for _, code in ipairs(loops) do
+    it("brings the REPL back to its prompt through a pcall that catches the interrupt: " .. code, function()
+      if not exe then pending("not running under the kiln launcher") return end
+      local log, fifo = os.tmpname(), os.tmpname()
+      os.remove(fifo)
+      -- the REPL reads the loop, then (after the interrupt) 40 + 2, from a pipe; -i: a REPL on a pipe
+      local out, hung = interrupt(string.format([[
+mkfifo %s
+(echo '%s'; sleep 1.5; echo '40 + 2') > %s &
+%s -i < %s > %s 2>&1 &
+pid=$!]], fifo, code, fifo, exe, fifo, log))
+      os.remove(fifo)
+      local text = read_and_remove(log)
+      assert.is_false(hung, out .. text)
+      assert.truthy(text:find("\ninterrupted\n", 1, true), text)
+      assert.truthy(text:find("\n42\n", 1, true), text)
+    end)
+  end
+end)
