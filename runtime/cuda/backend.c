@@ -148,8 +148,15 @@ static int cuda_memcpy_from_host(void *dst, const void *src, int64_t nbytes, int
   if (!dev) return kiln_error_code();
   int rc = cuda_check(cudaMemcpyAsync(dst, src, (size_t)nbytes, cudaMemcpyHostToDevice, dev->stream), "to",
                       "cudaMemcpyAsync (host to device)");
-  /* Synchronous for now: the host buffer may be freed as soon as we return. */
-  if (!rc) rc = cuda_check(cudaStreamSynchronize(dev->stream), "to", "cudaStreamSynchronize (after a copy from the host)");
+  /* src may be freed or changed as soon as we return. From pageable memory cudaMemcpyAsync returns
+     once it has staged all of src (CUDA's "API synchronization behavior"), so the stream need not be
+     waited for (the copy stays ordered before the kernels that read dst); from page-locked memory
+     the DMA reads src later, so then we wait. */
+  struct cudaPointerAttributes at;
+  if (!rc && (cudaPointerGetAttributes(&at, src) != cudaSuccess || at.type != cudaMemoryTypeUnregistered)) {
+    cudaGetLastError();   /* a failed query is not the copy's error */
+    rc = cuda_check(cudaStreamSynchronize(dev->stream), "to", "cudaStreamSynchronize (after a copy from the host)");
+  }
   return rc;
 }
 
