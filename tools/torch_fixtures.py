@@ -1,7 +1,9 @@
-"""Writes tests/fixtures/torch_recurrent.safetensors: what PyTorch's recurrent layers, cells and
-CTC loss compute on small f64 inputs, for tests/lua/torch_fixture_spec.lua to compare kiln with.
+"""Writes what PyTorch computes on small f64 inputs, for kiln's specs to compare with:
+tests/fixtures/torch_recurrent.safetensors (recurrent layers, cells, CTC loss; read by
+tests/lua/torch_fixture_spec.lua) and tests/fixtures/torch_nn.safetensors (convolutions, pooling,
+norms, losses, optimizers, schedulers, clipping; read by tests/lua/torch_nn_fixture_spec.lua).
 
-    /usr/bin/python3 tools/torch_fixtures.py [out.safetensors]     (Debian 12's python3-torch)
+    /usr/bin/python3 tools/torch_fixtures.py [directory]     (Debian 12's python3-torch)
 
 Every tensor is stored under "<case>.<name>": the case's state dict under its PyTorch names
 ("lstm.weight_ih_l0_reverse"), its inputs, its outputs, the weights R of the scalar
@@ -21,6 +23,27 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 torch.manual_seed(20261201)
 torch.set_default_dtype(torch.float64)
 out = {}
+OUT_DIR = sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures"
+
+
+def write(name, tensors):
+    """safetensors: an 8-byte header length, the JSON header, the data; written whole, then renamed."""
+    names = sorted(tensors)
+    header, blobs, offset = {"__metadata__": {"torch": torch.__version__}}, [], 0
+    for key in names:
+        t = tensors[key]
+        dtype = {torch.float64: "F64", torch.int64: "I64"}[t.dtype]
+        data = t.numpy().astype("<f8" if dtype == "F64" else "<i8").tobytes() if t.numel() else b""
+        header[key] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    path = os.path.join(OUT_DIR, name)
+    with open(path + ".tmp", "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+    os.replace(path + ".tmp", path)
+    print("%s: %d tensors, %d bytes of data, torch %s" % (path, len(names), offset, torch.__version__))
 
 
 def put(case, name, t):
@@ -114,20 +137,149 @@ for case, blank, targets in [("ctc", 0, [[1, 2, 3], [4, 4, 0], [2, 2, 3], [1, 1,
         (loss * r).sum().backward() if reduction == "none" else loss.backward()
         put(case, "grad_" + reduction + "_zero_inf", z.grad)
 
-# safetensors: an 8-byte header length, the JSON header, the data.
-names = sorted(out)
-header, blobs, offset = {"__metadata__": {"torch": torch.__version__}}, [], 0
-for name in names:
-    t = out[name]
-    dtype = {torch.float64: "F64", torch.int64: "I64"}[t.dtype]
-    data = t.numpy().astype("<f8" if dtype == "F64" else "<i8").tobytes() if t.numel() else b""
-    header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
-    blobs.append(data)
-    offset += len(data)
-text = json.dumps(header, separators=(",", ":")).encode()
-text += b" " * (-len(text) % 8)
-path = sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures/torch_recurrent.safetensors"
-with open(path + ".tmp", "wb") as f:
-    f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
-os.replace(path + ".tmp", path)
-print("%s: %d tensors, %d bytes of data, torch %s" % (path, len(names), offset, torch.__version__))
+write("torch_recurrent.safetensors", out)
+
+# ---- torch_nn.safetensors ----
+torch.manual_seed(20261202)
+nn_out = {}
+
+
+def keep(case, **tensors):
+    for name, t in tensors.items():
+        nn_out[case + "." + name] = t.detach().clone().contiguous()
+
+
+def leaf(*shape):
+    return torch.randn(*shape).requires_grad_()
+
+
+def with_grads(case, y, **inputs):
+    """Keeps y, the weights r of the scalar sum(y * r), and the gradient of that sum w.r.t. each input."""
+    r = torch.randn(y.shape)
+    (y * r).sum().backward()
+    keep(case, y=y, r=r, **inputs)
+    for name, t in inputs.items():
+        keep(case, **{"grad_" + name: t.grad})
+
+
+# Convolutions: strides, paddings, dilations and groups that differ per dim.
+x, w, b = leaf(2, 4, 7, 9), leaf(6, 2, 3, 3), leaf(6)
+with_grads("conv2d", F.conv2d(x, w, b, stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2), x=x, w=w, b=b)
+x, w, b = leaf(2, 3, 10), leaf(4, 3, 3), leaf(4)
+with_grads("conv1d", F.conv1d(x, w, b, stride=2, padding=1, dilation=2), x=x, w=w, b=b)
+x, w, b = leaf(2, 4, 5, 6), leaf(4, 3, 3, 3), leaf(6)
+with_grads("conv_transpose2d", F.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1, groups=2), x=x, w=w, b=b)
+
+# Pooling: windows past the edge (ceil_mode), padding, dilation, count_include_pad.
+x = leaf(2, 3, 9, 10)
+with_grads("max_pool2d_ceil", F.max_pool2d(x, 3, 2, padding=1, ceil_mode=True), x=x)
+x = leaf(2, 3, 9, 10)
+with_grads("max_pool2d_dilated", F.max_pool2d(x, 2, 1, padding=1, dilation=2), x=x)
+x = leaf(2, 3, 9, 10)
+with_grads("avg_pool2d_ceil_nopad", F.avg_pool2d(x, 3, 2, padding=1, ceil_mode=True, count_include_pad=False), x=x)
+x = leaf(2, 3, 9, 10)
+with_grads("avg_pool2d_pad", F.avg_pool2d(x, 3, 2, padding=1), x=x)
+x = leaf(2, 3, 7, 9)
+with_grads("adaptive_avg_pool2d", F.adaptive_avg_pool2d(x, (3, 4)), x=x)
+
+# Norms: batch norm in training moves the running stats (unbiased variance).
+x, w, b = leaf(4, 3, 5, 5), leaf(3), leaf(3)
+rm, rv = torch.randn(3), torch.rand(3) + 0.5
+keep("batch_norm", running_mean0=rm, running_var0=rv)
+y = F.batch_norm(x, rm, rv, w, b, training=True, momentum=0.2, eps=1e-4)
+keep("batch_norm", running_mean=rm, running_var=rv)
+with_grads("batch_norm", y, x=x, w=w, b=b)
+x, w, b = leaf(3, 4, 5), leaf(4, 5), leaf(4, 5)
+with_grads("layer_norm", F.layer_norm(x, (4, 5), w, b, eps=1e-4), x=x, w=w, b=b)
+x, w, b = leaf(2, 6, 3, 4), leaf(6), leaf(6)
+with_grads("group_norm", F.group_norm(x, 3, w, b, eps=1e-4), x=x, w=w, b=b)
+
+# Losses. Targets count from 0 here (kiln: from 1); class 2 is the ignored one.
+target = torch.tensor([0, 2, 4, 1, 2, 3])
+weight = torch.rand(5) + 0.5
+keep("cross_entropy", target=target, weight=weight)
+for reduction in ["none", "sum", "mean"]:
+    z = leaf(6, 5)
+    loss = F.cross_entropy(z, target, weight, ignore_index=2, label_smoothing=0.2, reduction=reduction)
+    keep("cross_entropy", **{"z_" + reduction: z})
+    with_grads("cross_entropy_" + reduction, loss, z=z)
+z, t4 = leaf(2, 4, 3, 3), torch.randint(0, 4, (2, 3, 3))
+keep("cross_entropy_4d", target=t4)
+with_grads("cross_entropy_4d", F.cross_entropy(z, t4, label_smoothing=0.1), z=z)
+z = leaf(6, 5)
+with_grads("nll_loss", F.nll_loss(F.log_softmax(z, 1), target, weight, ignore_index=2), z=z)
+a, t = leaf(3, 4), torch.randn(3, 4)
+keep("elementwise_losses", target=t)
+with_grads("mse", F.mse_loss(a, t), a=a)
+a = a.detach().clone().requires_grad_()
+with_grads("l1", F.l1_loss(a, t, reduction="sum"), a=a)
+a = a.detach().clone().requires_grad_()
+with_grads("smooth_l1", F.smooth_l1_loss(a, t, beta=0.5), a=a)
+p, t01 = torch.rand(3, 4).requires_grad_(), torch.rand(3, 4)
+keep("bce_target", t=t01)
+with_grads("bce", F.binary_cross_entropy(p, t01), p=p)
+z = leaf(3, 4)
+with_grads("bce_with_logits", F.binary_cross_entropy_with_logits(z * 4, t01, reduction="none"), z=z)
+
+# Optimizers: six steps from the same start with the same grads.
+p0, grads = torch.randn(7), torch.randn(6, 7)
+keep("optim", p0=p0, grads=grads)
+configs = {
+    "sgd_momentum": lambda q: torch.optim.SGD([q], lr=0.1, momentum=0.9, dampening=0.1, weight_decay=0.01),
+    "sgd_nesterov": lambda q: torch.optim.SGD([q], lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
+    "adam": lambda q: torch.optim.Adam([q], lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1),
+    "adam_amsgrad": lambda q: torch.optim.Adam([q], lr=0.01, amsgrad=True),
+    "adamw": lambda q: torch.optim.AdamW([q], lr=0.01, weight_decay=0.1),
+    "rmsprop": lambda q: torch.optim.RMSprop([q], lr=0.01, alpha=0.9, eps=1e-6, weight_decay=0.01, momentum=0.5,
+                                             centered=True),
+    "adagrad": lambda q: torch.optim.Adagrad([q], lr=0.1, lr_decay=0.01, weight_decay=0.01,
+                                             initial_accumulator_value=0.1, eps=1e-8),
+}
+for name, make in configs.items():
+    q = p0.clone().requires_grad_()
+    opt = make(q)
+    steps = []
+    for g in grads:
+        q.grad = g.clone()
+        opt.step()
+        steps.append(q.detach().clone())
+    keep("optim", **{name: torch.stack(steps)})
+
+# Schedulers: the lr (and OneCycleLR's momentum) at steps 0..15 of SGD with lr 0.1, momentum 0.9.
+def lrs(make, metrics=None):
+    q = torch.zeros(1, requires_grad=True)
+    opt = torch.optim.SGD([q], lr=0.1, momentum=0.9)
+    sched = make(opt)
+    lr, mom = [], []
+    for i in range(16):
+        lr.append(opt.param_groups[0]["lr"])
+        mom.append(opt.param_groups[0]["momentum"])
+        opt.step()
+        sched.step(metrics[i]) if metrics is not None else sched.step()
+    return torch.tensor(lr), torch.tensor(mom)
+
+
+S = torch.optim.lr_scheduler
+keep("sched", step=lrs(lambda o: S.StepLR(o, 3, gamma=0.5))[0],
+     multistep=lrs(lambda o: S.MultiStepLR(o, [2, 5, 9], gamma=0.3))[0],
+     exponential=lrs(lambda o: S.ExponentialLR(o, 0.9))[0],
+     cosine=lrs(lambda o: S.CosineAnnealingLR(o, 5, eta_min=0.01))[0])
+lr, mom = lrs(lambda o: S.OneCycleLR(o, max_lr=1.0, total_steps=17))
+keep("sched", onecycle_lr=lr, onecycle_momentum=mom)
+lr, mom = lrs(lambda o: S.OneCycleLR(o, max_lr=1.0, total_steps=17, anneal_strategy="linear", three_phase=True,
+                                     pct_start=0.25))
+keep("sched", onecycle3_lr=lr)
+metrics = torch.tensor([5.0, 4.0, 4.0, 4.0, 3.9999, 3.0, 3.0, 3.0, 3.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0])
+keep("sched", plateau_metrics=metrics,
+     plateau=lrs(lambda o: S.ReduceLROnPlateau(o, factor=0.5, patience=1, cooldown=1, min_lr=0.02), metrics.tolist())[0])
+
+# Gradient clipping: the total norm (2 and inf) and the clipped grads.
+ga, gb = torch.randn(3, 4), torch.randn(5)
+keep("clip", ga=ga, gb=gb)
+for name, norm_type in [("l2", 2.0), ("inf", float("inf"))]:
+    a, b_ = torch.zeros(3, 4, requires_grad=True), torch.zeros(5, requires_grad=True)
+    a.grad, b_.grad = ga.clone(), gb.clone()
+    total = torch.nn.utils.clip_grad_norm_([a, b_], 1.5, norm_type=norm_type)
+    keep("clip", **{name + "_total": total.reshape(1), name + "_ga": a.grad, name + "_gb": b_.grad})
+
+write("torch_nn.safetensors", nn_out)
