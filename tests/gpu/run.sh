@@ -1,9 +1,10 @@
 #!/bin/bash
 # tests/gpu/run.sh: everything CUDA in one run, on a machine with a GPU (the H200): build kiln with
 # its CUDA backend, check every CUDA kernel against the CPU (ops_spec.lua), run the CUDA specs
-# (C loader test, pinned memory and the DataLoader on cuda, busted kiln.cuda spec), train the main job's CNN for 20
-# steps on the CPU and on cuda and compare the losses (train_check.lua), and benchmark GEMM (bench_gemm.lua), conv2d
-# (bench_conv.lua) and training steps of the CNN and of ResNet-18 (bench_train.lua), each with PyTorch on the same
+# (C loader test, pinned memory and the DataLoader on cuda, busted kiln.cuda spec, the PyTorch
+# fixture specs on cuda), train the main job's CNN for 20 steps on the CPU and on cuda and compare
+# the losses (train_check.lua), and benchmark GEMM (bench_gemm.lua), conv2d (bench_conv.lua) and
+# training steps of the CNN and of ResNet-18 (bench_train.lua), each with PyTorch on the same
 # shapes when it can be imported. Results, logs and a summary go to $OUT (default build-gpu/results). Meant to finish
 # in under 7 minutes. Without a GPU: "skipped: no CUDA device"
 # (KILN_GPU_RUN_ANYWAY=1: build and run anyway, each GPU check then skipping itself).
@@ -165,6 +166,10 @@ run timeout 90 "$KILN" tests/gpu/streams_spec.lua || fail "streams_spec.lua"
 
 step "busted: tests/lua/cuda_spec.lua"
 run KILN_EXPECT_CUDA_BACKEND=1 timeout 60 "$KILN" tests/lua/run.lua tests/lua/cuda_spec.lua || fail "cuda_spec.lua"
+
+step "kiln on cuda against PyTorch's values (tests/lua/torch_fixture_spec.lua, torch_nn_fixture_spec.lua)"
+run KILN_FIXTURE_DEVICE=cuda timeout 60 "$KILN" tests/lua/run.lua tests/lua/torch_fixture_spec.lua || fail "torch_fixture_spec.lua on cuda"
+run KILN_FIXTURE_DEVICE=cuda timeout 60 "$KILN" tests/lua/run.lua tests/lua/torch_nn_fixture_spec.lua || fail "torch_nn_fixture_spec.lua on cuda"
 
 step "training: the main job's CNN, 20 steps on the CPU and on cuda, the losses compared (tests/gpu/train_check.lua)"
 # Fashion-MNIST from the dependencies' folder when it holds the dataset, else the Debian package's

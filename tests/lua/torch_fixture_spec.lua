@@ -3,6 +3,8 @@
 -- initial states), an LSTM without biases, the cells and F.ctc_loss computed in f64, with the
 -- gradients of a weighted sum of every output (tools/torch_fixtures.py wrote it). Each case loads
 -- PyTorch's state dict into the kiln module unchanged and must give the same values and gradients.
+-- KILN_FIXTURE_DEVICE=cuda runs the same on a GPU (tests/gpu/run.sh): cuDNN's and kiln's own
+-- recurrent kernels instead of the CPU's two algorithms.
 local kiln = kiln or require "kiln"
 local F = require "kiln.functional"
 local nn = kiln.nn
@@ -12,6 +14,14 @@ local H = require "helpers"
 
 local fixture = kiln.load(DIR .. "../fixtures/torch_recurrent.safetensors")
 local TOL = 1e-10
+local DEV = os.getenv("KILN_FIXTURE_DEVICE") or "cpu"
+if DEV ~= "cpu" and not kiln.cuda.is_available() then
+  describe("recurrent layers against PyTorch on " .. DEV, function()
+    it("needs the device", function() pending(tostring(kiln.cuda.unavailable_reason())) end)
+  end)
+  return
+end
+local ALGORITHMS = DEV == "cpu" and {"gemm", "persistent"} or {"cudnn", "gemm"}
 
 -- The tensors of one case, without the "<case>." prefix; grads under .grad.
 local function case(name)
@@ -19,6 +29,7 @@ local function case(name)
   for key, t in pairs(fixture) do
     if key:sub(1, #prefix) == prefix then
       local rest = key:sub(#prefix + 1)
+      if t:dtype() ~= "i64" then t = t:to(DEV) end   -- lengths and targets stay on the CPU
       if rest:sub(1, 5) == "grad." then c.grad[rest:sub(6)] = t else c[rest] = t end
       found = true
     end
@@ -30,14 +41,15 @@ end
 -- PyTorch's state dict: the tensors of the case whose names the module has.
 local function load_weights(m, c)
   local sd = {}
-  for _, np in ipairs(m:named_parameters()) do sd[np[1]] = assert(c[np[1]], "the fixture lacks " .. np[1]) end
+  for _, np in ipairs(m:named_parameters()) do sd[np[1]] = assert(c[np[1]], "the fixture lacks " .. np[1]):to("cpu") end
   m:load_state_dict(sd)
+  if DEV ~= "cpu" then m:to(DEV) end
 end
 
 local function leaf(t) return t:detach():clone():requires_grad_() end
 
 local function near(got, want, what)
-  local ok, msg = H.compare(got, want:totable(), TOL)
+  local ok, msg = H.compare(got:to("cpu"), want:to("cpu"):totable(), TOL)
   assert(ok, what .. ": " .. tostring(msg))
 end
 
@@ -49,7 +61,7 @@ end
 describe("recurrent layers against PyTorch", function()
   local classes = {rnn_tanh = "RNN", rnn_relu = "RNN", gru = "GRU", lstm = "LSTM"}
   for _, name in ipairs{"rnn_tanh", "rnn_relu", "gru", "lstm"} do
-    for _, algorithm in ipairs{"gemm", "persistent"} do
+    for _, algorithm in ipairs(ALGORITHMS) do
       it(name .. " (" .. algorithm .. "): 2 layers, bidirectional, unsorted lengths, initial states: outputs, "
          .. "final states and every gradient", function()
         local c = case(name)
@@ -118,7 +130,7 @@ describe("ctc_loss against PyTorch", function()
       local targets = c.targets + 1   -- kiln counts labels from 1
       local lp = F.log_softmax(c.logits, 3)
       -- sample 4 cannot fit its target: PyTorch's loss is infinite, kiln says so unless zero_infinity
-      assert.equal(math.huge, c.loss_none:totable()[4])
+      assert.equal(math.huge, c.loss_none:to("cpu"):totable()[4])
       local msg = H.error_of(F.ctc_loss, lp, targets, c.input_lengths, c.target_lengths, {blank = blank, reduction = "none"})
       assert.matches("sample 4 has input length 2, too short for its target of length 2", msg, 1, true)
       local three = F.ctc_loss(lp:narrow(2, 1, 3), targets:narrow(1, 1, 3), c.input_lengths:narrow(1, 1, 3),

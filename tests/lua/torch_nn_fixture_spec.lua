@@ -2,6 +2,7 @@
 -- tests/fixtures/torch_nn.safetensors holds what PyTorch 1.13 computed in f64 (values, and the
 -- gradients of sum(y * r) for a stored r) on the same inputs (tools/torch_fixtures.py wrote it).
 -- PyTorch counts dims and class labels from 0, kiln from 1: the calls below say each in kiln's terms.
+-- KILN_FIXTURE_DEVICE=cuda runs the same on a GPU (tests/gpu/run.sh).
 local kiln = kiln or require "kiln"
 local F = require "kiln.functional"
 local nn, optim = kiln.nn, kiln.optim
@@ -11,11 +12,21 @@ local H = require "helpers"
 
 local fx = kiln.load(DIR .. "../fixtures/torch_nn.safetensors")
 local TOL = 1e-10
+local DEV = os.getenv("KILN_FIXTURE_DEVICE") or "cpu"
+if DEV ~= "cpu" and not kiln.cuda.is_available() then
+  describe("nn ops against PyTorch on " .. DEV, function()
+    it("needs the device", function() pending(tostring(kiln.cuda.unavailable_reason())) end)
+  end)
+  return
+end
 
-local function get(case, name) return assert(fx[case .. "." .. name], "the fixture lacks " .. case .. "." .. name) end
+-- A tensor of the fixture, on DEV.
+local function get(case, name)
+  return assert(fx[case .. "." .. name], "the fixture lacks " .. case .. "." .. name):to(DEV)
+end
 local function leaf(case, name) return get(case, name):clone():requires_grad_() end
 local function near(got, want, what, tol)
-  local ok, msg = H.compare(got, want:totable(), tol or TOL)
+  local ok, msg = H.compare(got:to("cpu"), want:to("cpu"):totable(), tol or TOL)
   assert(ok, what .. ": " .. tostring(msg))
 end
 
@@ -138,13 +149,13 @@ describe("optimizers, schedulers and clipping against PyTorch", function()
 
   -- The lr (and momentum) at steps 0..15 of SGD(lr 0.1, momentum 0.9) under a scheduler.
   local function lrs(make, metrics)
-    local q = kiln.zeros(1, {dtype = "f64"}):requires_grad_()
+    local q = kiln.zeros(1, {dtype = "f64", device = DEV}):requires_grad_()
     local opt = optim.SGD({q}, {lr = 0.1, momentum = 0.9})
     local sched = make(opt)
     local lr, mom = {}, {}
     for i = 1, 16 do
       lr[i], mom[i] = opt.param_groups[1].lr, opt.param_groups[1].momentum
-      q.grad = kiln.zeros(1, {dtype = "f64"})
+      q.grad = kiln.zeros(1, {dtype = "f64", device = DEV})
       opt:step()
       if metrics then sched:step(metrics[i]) else sched:step() end
     end
@@ -171,14 +182,15 @@ describe("optimizers, schedulers and clipping against PyTorch", function()
   end)
 
   it("ReduceLROnPlateau with patience, cooldown, the relative threshold and min_lr", function()
-    local metrics = get("sched", "plateau_metrics"):totable()
+    local metrics = get("sched", "plateau_metrics"):to("cpu"):totable()
     near(lrs(function(o) return optim.ReduceLROnPlateau(o, {factor = 0.5, patience = 1, cooldown = 1, min_lr = 0.02}) end, metrics),
          get("sched", "plateau"), "ReduceLROnPlateau", 1e-12)
   end)
 
   it("clip_grad_norm: the total 2-norm and inf-norm and the clipped grads", function()
     for _, spec in ipairs{{"l2", 2}, {"inf", math.huge}} do
-      local a, b = kiln.zeros(3, 4, {dtype = "f64"}):requires_grad_(), kiln.zeros(5, {dtype = "f64"}):requires_grad_()
+      local a = kiln.zeros(3, 4, {dtype = "f64", device = DEV}):requires_grad_()
+      local b = kiln.zeros(5, {dtype = "f64", device = DEV}):requires_grad_()
       a.grad, b.grad = get("clip", "ga"):clone(), get("clip", "gb"):clone()
       local total = optim.clip_grad_norm({a, b}, 1.5, spec[2])
       near(kiln.tensor({total}, {dtype = "f64"}), get("clip", spec[1] .. "_total"), spec[1] .. " total", 1e-12)
