@@ -1,7 +1,9 @@
 """Writes what PyTorch computes on small f64 inputs, for kiln's specs to compare with:
 tests/fixtures/torch_recurrent.safetensors (recurrent layers, cells, CTC loss; read by
 tests/lua/torch_fixture_spec.lua) and tests/fixtures/torch_nn.safetensors (convolutions, pooling,
-norms, losses, optimizers, schedulers, clipping; read by tests/lua/torch_nn_fixture_spec.lua).
+norms, losses, optimizers, schedulers, clipping; read by tests/lua/torch_nn_fixture_spec.lua) and
+tests/fixtures/torch_promotion.json (the dtype of each op's result by its operands' dtypes; read
+by tests/lua/torch_promotion_spec.lua).
 
     /usr/bin/python3 tools/torch_fixtures.py [directory]     (Debian 12's python3-torch)
 
@@ -283,3 +285,42 @@ for name, norm_type in [("l2", 2.0), ("inf", float("inf"))]:
     keep("clip", **{name + "_total": total.reshape(1), name + "_ga": a.grad, name + "_gb": b_.grad})
 
 write("torch_nn.safetensors", nn_out)
+
+# ---- torch_promotion.json: the dtype of each op's result, by the operands' dtypes ----
+torch.set_default_dtype(torch.float32)   # PyTorch's default, which integer-to-float promotion goes to
+DTYPES = {"bool": torch.bool, "u8": torch.uint8, "i32": torch.int32, "i64": torch.int64, "f16": torch.float16,
+          "bf16": torch.bfloat16, "f32": torch.float32, "f64": torch.float64}
+NAME = {v: k for k, v in DTYPES.items()}
+promotion = {}
+
+
+def result_dtype(key, fn):
+    try:
+        promotion[key] = NAME[fn().dtype]
+    except Exception:   # PyTorch refuses the pair (or lacks the CPU kernel): "error"
+        promotion[key] = "error"
+
+
+def ones(d):
+    return torch.ones(2, dtype=DTYPES[d])
+
+
+for a in DTYPES:
+    for b in DTYPES:
+        for op in ["add", "sub", "mul", "div", "maximum", "minimum", "eq", "lt", "remainder", "pow"]:
+            result_dtype("%s %s %s" % (op, a, b), lambda: getattr(torch, op)(ones(a), ones(b)))
+    for s, sname in [(2, "int"), (2.5, "float")]:
+        for op in ["add", "sub", "mul", "div", "pow", "remainder", "maximum"]:
+            if op == "maximum":
+                result_dtype("%s %s %s" % (op, a, sname), lambda: torch.maximum(ones(a), torch.tensor(s)))
+            else:
+                result_dtype("%s %s %s" % (op, a, sname), lambda: getattr(torch, op)(ones(a), s))
+    for op in ["sum", "prod", "mean", "abs", "neg", "sqrt", "exp", "sign", "floor", "round", "max", "argmax", "std",
+               "norm"]:
+        result_dtype("%s %s" % (op, a), lambda: getattr(ones(a), op)())
+path = os.path.join(OUT_DIR, "torch_promotion.json")
+with open(path + ".tmp", "w") as f:
+    json.dump({"torch": torch.__version__, "dtypes": promotion}, f, indent=0, sort_keys=True)
+    f.write("\n")
+os.replace(path + ".tmp", path)
+print("%s: %d results, torch %s" % (path, len(promotion), torch.__version__))
