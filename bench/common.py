@@ -6,9 +6,13 @@ threads = int(sys.argv[1])
 quick = "--quick" in sys.argv
 
 def measure(fn, warmup=1, target=(0.05, 0.25)):
-    """Median seconds per call of fn: after `warmup` calls, reps (3 quick, 5 otherwise) of enough
-    calls to last about target[0] (quick) or target[1] seconds each."""
+    """Median seconds per call of fn: after `warmup` calls and a quarter of a second of untimed
+    calls (the same rule as bench/common.lua), reps (3 quick, 5 otherwise) of enough calls to last
+    about target[0] (quick) or target[1] seconds each."""
     for _ in range(warmup):
+        fn()
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 0.25:
         fn()
     t0 = time.perf_counter(); fn(); one = time.perf_counter() - t0
     n = max(1, int(target[0 if quick else 1] / max(one, 1e-7)))
