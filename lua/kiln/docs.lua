@@ -203,7 +203,7 @@ return {
   ["Tensor:argmin"] = "t:argmin([dim][, keepdim]): the index (from 1) of the smallest element, or along dim",
   ["Tensor:var"] = "t:var([dim][, keepdim]): the variance (unbiased) of all elements, or along dim",
   ["Tensor:std"] = "t:std([dim][, keepdim]): the standard deviation (unbiased) of all elements, or along dim",
-  ["Tensor:norm"] = "t:norm([p][, dim]): the p-norm (default 2) of all elements, or along dim",
+  ["Tensor:norm"] = "t:norm([p][, dim]): the p-norm (default 2; p >= 0, math.huge or -math.huge) of all elements, or along dim",
   ["Tensor:logsumexp"] = "t:logsumexp(dim[, keepdim]): log(sum(exp(t))) along dim, computed stably",
   ["Tensor:index_select"] = "t:index_select(dim, index): the entries of dim at index (i64, from 1)",
   ["Tensor:gather"] = "t:gather(dim, index): values picked along dim by index (from 1)",

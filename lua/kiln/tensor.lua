@@ -349,7 +349,7 @@ end
 Tensor.var = spread("var")
 Tensor.std = spread("std")
 
--- norm(p=2, dim, keepdim); p may be math.huge.
+-- norm(p=2, dim, keepdim); p may be math.huge (the largest magnitude) or -math.huge (the smallest).
 function Tensor.norm(t, p, dim, keepdim)
   if p ~= nil then number_arg(p, "norm", "p") end
   local n = dims_arg(t, dim, "norm")

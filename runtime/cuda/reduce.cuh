@@ -52,7 +52,8 @@ KILN_EL void acc_push(int op, acc *a, double v, int64_t i, double p) {
   case KILN_OP_NORM:
     if (p == 2) a->s += v * v;
     else if (p == 1) a->s += fabs(v);
-    else if (isinf_(p)) { double w = fabs(v); if (w > a->s || w != w) a->s = w; }
+    else if (p == INFINITY) { double w = fabs(v); if (w > a->s || w != w) a->s = w; }
+    else if (isinf_(p)) { double w = fabs(v); if (a->n == 0 || (a->s == a->s && (w < a->s || w != w))) a->s = w; }
     else if (p == 0) a->s += v != 0;
     else a->s += pow(fabs(v), p);
     break;
@@ -106,7 +107,8 @@ KILN_EL void acc_combine(int op, bool ints, acc *a, const acc *b, double p) {
       break;
     }
     case KILN_OP_NORM:
-      if (isinf_(p)) { if (b->s > a->s || b->s != b->s) a->s = b->s; }
+      if (p == INFINITY) { if (a->s == a->s && (b->s > a->s || b->s != b->s)) a->s = b->s; }
+      else if (isinf_(p)) { if (a->s == a->s && (b->s < a->s || b->s != b->s)) a->s = b->s; }
       else a->s += b->s;
       break;
     case KILN_OP_LOGSUMEXP: {

@@ -49,11 +49,15 @@ KILN_API struct kiln_tensor *kiln_reduce(int op, const struct kiln_tensor *a, in
     for (int d = 0; d < a->ndim; d++) sizes[d] = 1;
   }
   if (reduced == 0 && a->numel == 0 &&
-      (op == KILN_OP_MAX || op == KILN_OP_MIN || op == KILN_OP_ARGMAX || op == KILN_OP_ARGMIN)) {
+      (op == KILN_OP_MAX || op == KILN_OP_MIN || op == KILN_OP_ARGMAX || op == KILN_OP_ARGMIN ||
+       (op == KILN_OP_NORM && p == -INFINITY))) {
     kiln_fail(KILN_ERR_SHAPE, "%s: cannot reduce over an empty dim (tensor %s)", name, kiln_shape_string(a));
     return NULL;
   }
-  if (op == KILN_OP_NORM && !(p >= 0)) { kiln_fail(KILN_ERR_ARGUMENT, "norm: order p = %g (expected p >= 0)", p); return NULL; }
+  if (op == KILN_OP_NORM && !(p >= 0 || p == -INFINITY)) {
+    kiln_fail(KILN_ERR_ARGUMENT, "norm: order p = %g (expected p >= 0, or -inf for the smallest magnitude)", p);
+    return NULL;
+  }
   struct kiln_tensor *out = kiln_tensor_empty(n, sizes, reduce_dtype(op, a->dtype), a->device);
   if (!out) return NULL;
   struct kiln_call call = {.op = op, .out = out, .in = {a}, .nin = 1, .ints = {mask, keepdim}, .nints = 2, .scalar = {p}};

@@ -216,8 +216,8 @@ static void test_reductions() {
   const int dtypes[] = {KILN_F32, KILN_F64, KILN_F16, KILN_I64, KILN_I32, KILN_BOOL};
   const int64_t s3[] = {7, 11, 13}, big[] = {3, 5000}, flat[] = {9001}, empty_r[] = {5, 0}, one[] = {1};
   for (int op : ops) {
-    double ps[] = {op == KILN_OP_VAR || op == KILN_OP_STD ? 1.0 : 2.0, 0, 1, 3, INFINITY};
-    int np = op == KILN_OP_NORM ? 5 : (op == KILN_OP_VAR || op == KILN_OP_STD) ? 3 : 1;
+    double ps[] = {op == KILN_OP_VAR || op == KILN_OP_STD ? 1.0 : 2.0, 0, 1, 3, INFINITY, -INFINITY};
+    int np = op == KILN_OP_NORM ? 6 : (op == KILN_OP_VAR || op == KILN_OP_STD) ? 3 : 1;
     if (op == KILN_OP_VAR || op == KILN_OP_STD) { ps[1] = 0; ps[2] = 2; }
     for (int dt : dtypes)
       for (int k = 0; k < np; k++) {
@@ -1080,7 +1080,7 @@ static void sweep_reductions(int n) {
   const int ops[] = {KILN_OP_SUM, KILN_OP_MEAN, KILN_OP_PROD, KILN_OP_MAX, KILN_OP_MIN, KILN_OP_ARGMAX, KILN_OP_ARGMIN,
                      KILN_OP_VAR, KILN_OP_STD, KILN_OP_NORM, KILN_OP_LOGSUMEXP};
   const int dtypes[] = {KILN_F32, KILN_F64, KILN_F32, KILN_F64, KILN_F16, KILN_BF16, KILN_I64, KILN_I32, KILN_U8, KILN_BOOL};
-  const double orders[] = {0, 0.5, 1, 2, 3, INFINITY};
+  const double orders[] = {0, 0.5, 1, 2, 3, INFINITY, -INFINITY};
   const int64_t blocks[] = {1, 5, 64, 1056, 1 << 20};
   int before = failures, chunked = 0, strided = 0;
   for (int i = 0; i < n; i++) {
@@ -1102,7 +1102,7 @@ static void sweep_reductions(int n) {
       if (R <= 1500) break;
       sizes[big] = (sizes[big] + 1) / 2;
     }
-    double p = op == KILN_OP_NORM ? orders[r.in(0, 5)] : op == KILN_OP_VAR || op == KILN_OP_STD ? (double)r.in(0, 2) : 0;
+    double p = op == KILN_OP_NORM ? orders[r.in(0, 6)] : op == KILN_OP_VAR || op == KILN_OP_STD ? (double)r.in(0, 2) : 0;
     bool ties = r.one_in(2), specials = r.one_in(2);
     int64_t max_blocks = blocks[r.in(0, 4)];
     struct kiln_cuda_reduce_plan pl;

@@ -486,7 +486,7 @@ end
 for _, name in ipairs(reduce_ops) do
   if has_kernel(name) then
     local ps = {false}
-    if name == "norm" then ps = {2, 1, 0, 1 / 0, 3} elseif name == "var" or name == "std" then ps = {1, 0} end
+    if name == "norm" then ps = {2, 1, 0, 1 / 0, -1 / 0, 3} elseif name == "var" or name == "std" then ps = {1, 0} end
     for _, dtype in ipairs({"f32", "f64", "f16", "bf16", "i64", "i32", "bool"}) do
       for _, p in ipairs(ps) do
         for li, layout in ipairs(layouts) do

@@ -102,8 +102,8 @@ describe("gradients of reductions", function()
     assert.gradcheck(function(a) return a:std({1, 2}, true, {correction = 0}) end, {x})
   end)
 
-  it("norm for p = 1, 2, 3 and inf", function()
-    for _, p in ipairs{1, 2, 3, math.huge} do
+  it("norm for p = 1, 2, 3, inf and -inf", function()
+    for _, p in ipairs{1, 2, 3, math.huge, -math.huge} do
       assert.gradcheck(function(a) return a:norm(p, 3) end, {x})
     end
   end)

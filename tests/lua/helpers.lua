@@ -277,6 +277,7 @@ function M.norm(x, p, dims, keepdim)
   p = p or 2
   return M.reduce_dims(x, dims, function(v)
     if p == math.huge then local m = 0 for _, a in ipairs(v) do m = math.max(m, math.abs(a)) end return m end
+    if p == -math.huge then local m = math.huge for _, a in ipairs(v) do m = math.min(m, math.abs(a)) end return m end
     local s = 0
     for _, a in ipairs(v) do s = s + math.abs(a) ^ p end
     return s ^ (1 / p)

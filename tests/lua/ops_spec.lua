@@ -473,10 +473,17 @@ describe("reductions", function()
           function(r, d, k) return H.std(r, d, k, 0) end, 1e-12)
   end)
 
-  it("norm of order 1, 2, 3 and inf", function()
-    for _, p in ipairs({1, 2, 3, math.huge}) do
+  it("norm of order 1, 2, 3, inf and -inf", function()
+    for _, p in ipairs({1, 2, 3, math.huge, -math.huge}) do
       check("norm" .. p, function(t, d, k) return t:norm(p, d, k) end, function(r, d, k) return H.norm(r, p, d, k) end, 1e-12)
     end
+    -- -inf: the smallest magnitude, NaN wherever a NaN is; an order below 0 otherwise is an error
+    local t = kiln.tensor({{3, -4, 0.5}, {-2, 0 / 0, 1}, {-7, 2, -3}}, {dtype = "f64"})
+    assert.equal(0.5, t:norm(-math.huge, 2):totable()[1])
+    assert.is_true(t:norm(-math.huge, 2):totable()[2] ~= t:norm(-math.huge, 2):totable()[2])
+    assert.same({2, 0.5}, {t:norm(-math.huge, 1):totable()[1], t:narrow(1, 1, 1):norm(-math.huge):item()})
+    assert.matches("norm: order p = %-1 %(expected p >= 0, or %-inf", H.error_of(function() return t:norm(-1) end))
+    assert.matches("cannot reduce over an empty dim", H.error_of(function() return kiln.zeros(0):norm(-math.huge) end))
   end)
 
   it("logsumexp, stable for large values", function()

@@ -109,7 +109,8 @@ static void chunk_##sfx(int op, const T *x, int64_t n, int64_t base, double p, s
     double s = 0;                                                                                \
     if (p == 2) s = lsq_##sfx(x, n, 0);                                                          \
     else if (p == 1) s = labs_##sfx(x, n, 0);                                                    \
-    else if (isinf(p)) for (int64_t i = 0; i < n; i++) { double v = fabs((double)x[i]); if (v > s || v != v) s = v; } \
+    else if (p == INFINITY) for (int64_t i = 0; i < n; i++) { double v = fabs((double)x[i]); if (v > s || v != v) s = v; } \
+    else if (isinf(p)) { s = INFINITY; for (int64_t i = 0; i < n; i++) { double v = fabs((double)x[i]); if (v < s || v != v) { s = v; if (v != v) break; } } } \
     else if (p == 0) for (int64_t i = 0; i < n; i++) s += x[i] != 0;                              \
     else for (int64_t i = 0; i < n; i++) s += pow(fabs((double)x[i]), p);                         \
     a->s = s; break;                                                                             \
@@ -168,8 +169,9 @@ static void combine(int op, int ints, struct acc *a, const struct acc *b, double
       a->m += d * nb / (na + nb);
       break;
     }
-    case KILN_OP_NORM:
-      if (isinf(p)) { if (b->s > a->s || b->s != b->s) a->s = b->s; }
+    case KILN_OP_NORM:   /* the largest magnitude (inf), the smallest (-inf), NaN first */
+      if (p == INFINITY) { if (a->s == a->s && (b->s > a->s || b->s != b->s)) a->s = b->s; }
+      else if (isinf(p)) { if (a->s == a->s && (b->s < a->s || b->s != b->s)) a->s = b->s; }
       else a->s += b->s;
       break;
     case KILN_OP_LOGSUMEXP: {
