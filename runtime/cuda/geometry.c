@@ -168,6 +168,21 @@ void kiln_cuda_chunk_rows(int64_t M, int64_t R, int64_t max_blocks, int64_t *chu
   *nchunks = (R + *chunk - 1) / *chunk;
 }
 
+void kiln_cuda_ln_grads_plan(int64_t rows, int64_t L, int64_t max_blocks, int64_t *tiles, int64_t *chunk, int64_t *nchunks) {
+  *tiles = (L + 31) / 32;
+  if (rows <= 0 || *tiles == 0) {
+    *chunk = 0;
+    *nchunks = 1;
+    return;
+  }
+  int64_t want = max_blocks > *tiles ? (max_blocks + *tiles - 1) / *tiles : 1;
+  int64_t most = (rows + 127) / 128;
+  int64_t n = want < most ? want : most;
+  if (n < 1) n = 1;
+  *chunk = (rows + n - 1) / n;
+  *nchunks = (rows + *chunk - 1) / *chunk;
+}
+
 void kiln_cuda_lines(int ndim, const int64_t *sizes, int dim, int64_t *outer, int64_t *D, int64_t *inner) {
   *outer = 1;
   *inner = 1;

@@ -113,6 +113,11 @@ void kiln_cuda_reduce_plan(int ndim, const int64_t *sizes, int64_t mask, int64_t
    no chunks. The reductions' and batch norm's rule. */
 void kiln_cuda_chunk_rows(int64_t M, int64_t R, int64_t max_blocks, int64_t *chunk, int64_t *nchunks, int *threads);
 
+/* Layer norm's weight and bias grads (norm.cu): the L columns in tiles of 32, the rows in
+   *nchunks chunks of *chunk rows (at least 128 a chunk; more chunks only while the tiles leave
+   fewer than max_blocks blocks); no rows: one empty chunk. */
+void kiln_cuda_ln_grads_plan(int64_t rows, int64_t L, int64_t max_blocks, int64_t *tiles, int64_t *chunk, int64_t *nchunks);
+
 /* A tensor seen as [outer, D, inner] around dim (softmax, log_softmax, nll_loss over dim 1). */
 void kiln_cuda_lines(int ndim, const int64_t *sizes, int dim, int64_t *outer, int64_t *D, int64_t *inner);
 

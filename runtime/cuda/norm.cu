@@ -5,8 +5,9 @@
    the reductions cut rows), one block a chunk: a pass of partial sums, a pass of partial squared
    deviations from the mean folded from them, and a pass writing y; every block of a channel folds
    its partials in the same order (bn_fold), the channel's first moves the running stats.
-   Layer norm's weight and bias grads take one thread per column, the rows in order (the CPU's
-   order); group norm's one block per channel. Everything is deterministic: no atomics. */
+   The weight and bias grads of layer norm (32 columns by a chunk of rows a block) and of group norm
+   (a chunk of a channel a block) go through partial sums per chunk, each column's or channel's
+   then added in order. Everything is deterministic: no atomics. */
 #include "kernels.cuh"
 #include "norm.cuh"
 #include "nn_calls.h"
@@ -188,24 +189,49 @@ __global__ void row_norm_backward_kernel(const T *gy, const T *x, const T *w, co
   }
 }
 
+enum { LN_COLS = 32, LN_LANES = 8 };   /* ln_grads_partial_kernel's block: 32 columns x 8 row lanes */
+
+/* Layer norm's param grads, partial sums: block (tile, chunk) takes 32 columns of a chunk of rows,
+   lane r of a column the chunk's rows r, r + 8, ...; the 8 lanes meet in a fixed tree. */
 template <class T>
-__global__ void ln_param_grads_kernel(const T *x, const T *gy, const T *mean, const T *invstd, int64_t rows, int64_t L, T *gw,
-                                      T *gb) {
-  KILN_GRID_LOOP(j, L) {
-    double sw, sb;
-    ln_param_grads<T>(x, gy, mean, invstd, rows, L, j, &sw, &sb);
-    if (gw) gw[j] = (T)sw;
-    if (gb) gb[j] = (T)sb;
+__global__ void ln_grads_partial_kernel(const T *x, const T *gy, const T *mean, const T *invstd, int64_t rows, int64_t L,
+                                        int64_t tiles, int64_t chunk, int64_t nchunks, double *pw, double *pb) {
+  __shared__ double sw[LN_LANES][LN_COLS], sb[LN_LANES][LN_COLS];
+  int lane = threadIdx.x % LN_COLS, rl = threadIdx.x / LN_COLS;
+  for (int64_t blk = blockIdx.x; blk < tiles * nchunks; blk += gridDim.x) {
+    int64_t p = blk / tiles, j = (blk % tiles) * LN_COLS + lane;
+    int64_t r0 = p * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
+    double w = 0, b = 0;
+    if (j < L) ln_param_partial<T>(x, gy, mean, invstd, L, j, r0 + rl, r1, LN_LANES, &w, &b);
+    sw[rl][lane] = w;
+    sb[rl][lane] = b;
+    __syncthreads();
+    for (int s = LN_LANES / 2; s > 0; s >>= 1) {
+      if (rl < s) {
+        sw[rl][lane] += sw[rl + s][lane];
+        sb[rl][lane] += sb[rl + s][lane];
+      }
+      __syncthreads();
+    }
+    if (rl == 0 && j < L) {
+      pw[p * L + j] = sw[0][lane];
+      pb[p * L + j] = sb[0][lane];
+    }
+    __syncthreads();
   }
 }
 
+/* Group norm's param grads, partial sums: block (channel, chunk) takes a chunk of the channel's
+   N * S elements, its threads striding, then the block's tree. */
 template <class T>
-__global__ void gn_param_grads_kernel(const T *x, const T *gy, const T *mean, const T *invstd, struct rn_geom g, T *gw, T *gb) {
+__global__ void gn_grads_partial_kernel(const T *x, const T *gy, const T *mean, const T *invstd, struct rn_geom g,
+                                        int64_t chunk, int64_t nchunks, double *pw, double *pb) {
   extern __shared__ double red[];
   int64_t per = g.rows / g.G * g.S;   /* the channel's elements in the batch */
-  for (int64_t c = blockIdx.x; c < g.C; c += gridDim.x) {
+  for (int64_t blk = blockIdx.x; blk < g.C * nchunks; blk += gridDim.x) {
+    int64_t c = blk / nchunks, p = blk % nchunks, k0 = p * chunk, k1 = k0 + chunk < per ? k0 + chunk : per;
     double sw = 0, sb = 0;
-    for (int64_t k = threadIdx.x; k < per; k += blockDim.x) {
+    for (int64_t k = k0 + threadIdx.x; k < k1; k += blockDim.x) {
       int64_t at;
       sw += gn_weight_term<T>(x, gy, mean, invstd, g, c, k, &at);
       sb += (double)gy[at];
@@ -213,9 +239,18 @@ __global__ void gn_param_grads_kernel(const T *x, const T *gy, const T *mean, co
     sw = block_sum(sw, red);
     sb = block_sum(sb, red);
     if (threadIdx.x == 0) {
-      if (gw) gw[c] = (T)sw;
-      if (gb) gb[c] = (T)sb;
+      pw[p * g.C + c] = sw;
+      pb[p * g.C + c] = sb;
     }
+  }
+}
+
+/* The param grads: each column's (channel's) chunks added in order. */
+template <class T>
+__global__ void fold_param_grads_kernel(const double *pw, const double *pb, int64_t n, int64_t nchunks, T *gw, T *gb) {
+  KILN_GRID_LOOP(j, n) {
+    if (gw) gw[j] = (T)fold_chunks(pw, j, n, nchunks);
+    if (gb) gb[j] = (T)fold_chunks(pb, j, n, nchunks);
   }
 }
 
@@ -276,18 +311,34 @@ static int row_norm_backward_launch(struct cuda_device *dev, const struct kiln_n
     rc = cuda_launched(op, "row_norm_backward_kernel");
   }
   if (rc || !(gr->gw || gr->gb)) return rc;
+  int64_t n = g.group ? g.C : g.L, chunk, nchunks, tiles = 0;
+  if (n == 0) return KILN_OK;
+  int threads = NORM_THREADS;
   if (g.group) {
-    if (g.C == 0) return KILN_OK;
-    int threads = kiln_cuda_pow2_threads(g.rows / g.G * g.S, 32, NORM_THREADS);
-    gn_param_grads_kernel<T><<<blocks_for(dev, g.C, threads), threads, sizeof(double) * threads, dev->stream>>>(
-        x, gy, mean, invstd, g, mptr<T>(gr->gw), mptr<T>(gr->gb));
-    return cuda_launched(op, "gn_param_grads_kernel");
+    kiln_cuda_chunk_rows(g.C, g.rows / g.G * g.S, kiln_cuda_max_blocks(dev->sm_count, NORM_THREADS), &chunk, &nchunks, &threads);
+    if (nchunks == 0) nchunks = 1;   /* no elements: one empty chunk, zero grads */
+  } else {
+    kiln_cuda_ln_grads_plan(g.rows, g.L, kiln_cuda_max_blocks(dev->sm_count, LN_COLS * LN_LANES), &tiles, &chunk, &nchunks);
   }
-  if (g.L == 0) return KILN_OK;
-  struct kiln_cuda_launch l = grid_for(dev, g.L);
-  ln_param_grads_kernel<T><<<(unsigned)l.blocks, l.threads, 0, dev->stream>>>(x, gy, mean, invstd, g.rows, g.L,
-                                                                              mptr<T>(gr->gw), mptr<T>(gr->gb));
-  return cuda_launched(op, "ln_param_grads_kernel");
+  struct kiln_tensor *scratch = cuda_scratch((int64_t)sizeof(double) * 2 * nchunks * n, in[1]->device);
+  if (!scratch) return kiln_error_code();
+  double *pw = (double *)kiln_tensor_data(scratch), *pb = pw + nchunks * n;
+  if (g.group) {
+    gn_grads_partial_kernel<T><<<blocks_for(dev, g.C * nchunks, threads), threads, sizeof(double) * threads, dev->stream>>>(
+        x, gy, mean, invstd, g, chunk, nchunks, pw, pb);
+  } else {
+    ln_grads_partial_kernel<T><<<blocks_for(dev, tiles * nchunks, LN_COLS * LN_LANES), LN_COLS * LN_LANES, 0, dev->stream>>>(
+        x, gy, mean, invstd, g.rows, g.L, tiles, chunk, nchunks, pw, pb);
+  }
+  rc = cuda_launched(op, g.group ? "gn_grads_partial_kernel" : "ln_grads_partial_kernel");
+  if (!rc) {
+    struct kiln_cuda_launch l = grid_for(dev, n);
+    fold_param_grads_kernel<T><<<(unsigned)l.blocks, l.threads, 0, dev->stream>>>(pw, pb, n, nchunks, mptr<T>(gr->gw),
+                                                                                   mptr<T>(gr->gb));
+    rc = cuda_launched(op, "fold_param_grads_kernel");
+  }
+  kiln_tensor_release(scratch);
+  return rc;
 }
 
 extern "C" int cuda_row_norm_backward(const struct kiln_call *c) {

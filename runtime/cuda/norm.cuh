@@ -80,12 +80,14 @@ KILN_EL T rn_backward_element(T gy, T x, const struct rn_geom &g, int64_t r, int
   return t1 * gy + t2 * x + t3;
 }
 
-/* Layer norm's weight and bias grads of column j: the rows in order, in double (the CPU's order). */
+/* Layer norm's weight and bias grads of column j over the rows first, first + step, ... (< end),
+   in that order, in double: the part of the sums one thread of ln_grads_partial_kernel takes
+   (all the rows in order, first = 0 and step = 1, is the CPU's order). */
 template <class T>
-KILN_EL void ln_param_grads(const T *x, const T *gy, const T *mean, const T *invstd, int64_t rows, int64_t L, int64_t j,
-                            double *gw, double *gb) {
+KILN_EL void ln_param_partial(const T *x, const T *gy, const T *mean, const T *invstd, int64_t L, int64_t j, int64_t first,
+                              int64_t end, int64_t step, double *gw, double *gb) {
   double sw = 0, sb = 0;
-  for (int64_t r = 0; r < rows; r++) {
+  for (int64_t r = first; r < end; r += step) {
     double m = (double)mean[r], is = (double)invstd[r];
     T g = gy[r * L + j];
     sw += g * (((double)x[r * L + j] - m) * is);
@@ -93,6 +95,14 @@ KILN_EL void ln_param_grads(const T *x, const T *gy, const T *mean, const T *inv
   }
   *gw = sw;
   *gb = sb;
+}
+
+/* The param grads' partial sums are kept chunk by chunk, partial[p * n + j] for chunk p of column
+   or channel j (of n); the total adds the chunks in order. */
+KILN_EL double fold_chunks(const double *partial, int64_t j, int64_t n, int64_t nchunks) {
+  double s = 0;
+  for (int64_t p = 0; p < nchunks; p++) s += partial[p * n + j];
+  return s;
 }
 
 /* Group norm's weight grad term of element k of channel c (k over the N * S elements the channel

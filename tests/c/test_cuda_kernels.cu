@@ -419,7 +419,8 @@ static double fused_tol(double tol, int dtype, double mag) {
 }
 
 template <class T>
-static void check_row_norm(int op, int ndim, const int64_t *sizes, int64_t param, bool affine, int dtype, uint64_t seed) {
+static void check_row_norm(int op, int ndim, const int64_t *sizes, int64_t param, bool affine, int dtype, uint64_t seed,
+                           int64_t max_blocks = 4224) {
   using namespace kiln_norm;
   struct kiln_tensor *x = make_input(ndim, sizes, dtype, false, false, seed);
   bool group = op == KILN_OP_GROUP_NORM;
@@ -465,26 +466,46 @@ static void check_row_norm(int op, int ndim, const int64_t *sizes, int64_t param
       mag_gx = fmax(mag_gx, fabs(t1 * (double)gr[i]) + fabs(k2 * (double)xr[i]) + fabs(k3));
     }
   }
-  if (w && group) {   /* gn_param_grads_kernel */
-    int64_t per = g.rows / g.G * g.S;
-    int pt = kiln_cuda_pow2_threads(per, 32, 256);
+  if (w && group) {   /* gn_grads_partial_kernel (a chunk of a channel a block), fold_param_grads_kernel */
+    int64_t per = g.rows / g.G * g.S, chunk, nchunks;
+    int pt;
+    kiln_cuda_chunk_rows(g.C, per, max_blocks, &chunk, &nchunks, &pt);
+    if (nchunks == 0) nchunks = 1;
+    std::vector<double> pw((size_t)(nchunks * g.C)), pb((size_t)(nchunks * g.C));
+    for (int64_t c = 0; c < g.C; c++)
+      for (int64_t p = 0; p < nchunks; p++) {
+        int64_t k0 = p * chunk, k1 = k0 + chunk < per ? k0 + chunk : per;
+        if (k1 < k0) k1 = k0;
+        pw[(size_t)(p * g.C + c)] = block_order_sum(k0, k1, pt, [&](int64_t k) {
+          int64_t at;
+          return gn_weight_term<T>(xv, gv, mean.data(), invstd.data(), g, c, k, &at);
+        });
+        pb[(size_t)(p * g.C + c)] = block_order_sum(k0, k1, pt, [&](int64_t k) {
+          int64_t at;
+          gn_weight_term<T>(xv, gv, mean.data(), invstd.data(), g, c, k, &at);
+          return (double)gv[at];
+        });
+      }
     for (int64_t c = 0; c < g.C; c++) {
-      data_of<T>(gw)[c] = (T)block_order_sum(per, pt, [&](int64_t k) {
-        int64_t at;
-        return gn_weight_term<T>(xv, gv, mean.data(), invstd.data(), g, c, k, &at);
-      });
-      data_of<T>(gb)[c] = (T)block_order_sum(per, pt, [&](int64_t k) {
-        int64_t at;
-        gn_weight_term<T>(xv, gv, mean.data(), invstd.data(), g, c, k, &at);
-        return (double)gv[at];
-      });
+      data_of<T>(gw)[c] = (T)fold_chunks(pw.data(), c, g.C, nchunks);
+      data_of<T>(gb)[c] = (T)fold_chunks(pb.data(), c, g.C, nchunks);
     }
-  } else if (w) {   /* ln_param_grads_kernel */
+  } else if (w) {   /* ln_grads_partial_kernel (32 columns by 8 row lanes a block), fold_param_grads_kernel */
+    int64_t tiles, chunk, nchunks;
+    kiln_cuda_ln_grads_plan(g.rows, g.L, max_blocks, &tiles, &chunk, &nchunks);
+    std::vector<double> pw((size_t)(nchunks * g.L)), pb((size_t)(nchunks * g.L));
+    for (int64_t j = 0; j < g.L; j++)
+      for (int64_t p = 0; p < nchunks; p++) {
+        int64_t r0 = p * chunk, r1 = r0 + chunk < g.rows ? r0 + chunk : g.rows;
+        std::vector<double> lw(8), lb(8);
+        for (int rl = 0; rl < 8; rl++)
+          ln_param_partial<T>(xv, gv, mean.data(), invstd.data(), g.L, j, r0 + rl, r1, 8, &lw[(size_t)rl], &lb[(size_t)rl]);
+        pw[(size_t)(p * g.L + j)] = tree_sum(lw);
+        pb[(size_t)(p * g.L + j)] = tree_sum(lb);
+      }
     for (int64_t j = 0; j < g.L; j++) {
-      double sw, sb;
-      ln_param_grads<T>(xv, gv, mean.data(), invstd.data(), g.rows, g.L, j, &sw, &sb);
-      data_of<T>(gw)[j] = (T)sw;
-      data_of<T>(gb)[j] = (T)sb;
+      data_of<T>(gw)[j] = (T)fold_chunks(pw.data(), j, g.L, nchunks);
+      data_of<T>(gb)[j] = (T)fold_chunks(pb.data(), j, g.L, nchunks);
     }
   }
   char what[256];
@@ -516,7 +537,29 @@ static void test_row_norms() {
       };
       ln(3, s3, 1); ln(3, s3, 2); ln(3, s3, 3); ln(2, wide, 1); ln(2, one, 1);
       gn(4, img, 1); gn(4, img, 2); gn(4, img, 3); gn(4, img, 6); gn(2, plane, 4); gn(4, big, 2);
+      /* the param grads over several chunks (600 rows: five of 120; 6400 elements a channel: two),
+         and over one when the columns or channels fill the blocks */
+      const int64_t rows[] = {600, 40}, chans[] = {4, 6, 40, 40};
+      for (int64_t mb : {(int64_t)4224, (int64_t)2}) {
+        if (dt == KILN_F32) {
+          check_row_norm<float>(KILN_OP_LAYER_NORM, 2, rows, 1, affine, dt, seed, mb);
+          check_row_norm<float>(KILN_OP_GROUP_NORM, 4, chans, 3, affine, dt, seed, mb);
+        } else {
+          check_row_norm<double>(KILN_OP_LAYER_NORM, 2, rows, 1, affine, dt, seed, mb);
+          check_row_norm<double>(KILN_OP_GROUP_NORM, 4, chans, 3, affine, dt, seed, mb);
+        }
+      }
     }
+  int64_t tiles, chunk, nchunks;
+  kiln_cuda_ln_grads_plan(600, 40, 4224, &tiles, &chunk, &nchunks);
+  report(tiles == 2 && chunk == 120 && nchunks == 5, __LINE__, "layer norm grads: 600 rows of 40 are 2 tiles of 5 chunks");
+  kiln_cuda_ln_grads_plan(600, 40, 2, &tiles, &chunk, &nchunks);
+  report(nchunks == 1 && chunk == 600, __LINE__, "layer norm grads: one chunk when the tiles fill the blocks");
+  kiln_cuda_ln_grads_plan(0, 40, 4224, &tiles, &chunk, &nchunks);
+  report(nchunks == 1 && chunk == 0, __LINE__, "layer norm grads: no rows, one empty chunk");
+  int threads;
+  kiln_cuda_chunk_rows(6, 6400, 4224, &chunk, &nchunks, &threads);
+  report(nchunks == 2, __LINE__, "group norm grads: 6400 elements a channel are two chunks");
 }
 
 /* Batch norm on x [N, C, ...]: training with running stats (updated in place, through a strided
