@@ -809,6 +809,7 @@ if has_kernel("layer_norm") then
       {"transposed [53,37], last dim", {37, 53}, function(t) return t:t() end, 1},
       {"permuted [7,3,5], last 2 dims", {3, 5, 7, 2}, function(t) return t:select(4, 2):permute(3, 1, 2) end, 2},
       {"[2,3,1000], last dim (long rows)", {2, 3, 1000}, same, 1},
+      {"[600,40], last dim (many rows: the param grads in chunks)", {600, 40}, same, 1},
       {"[6,1], rows of one", {6, 1}, same, 1},
       {"[0,5], empty", {0, 5}, same, 1},
       {"[4,9], all dims", {4, 9}, same, 2},
@@ -840,6 +841,7 @@ if has_kernel("group_norm") then
       {"permuted [6,12,5,7], 4 groups", {6, 5, 12, 7}, function(t) return t:permute(1, 3, 2, 4) end, 4},
       {"[37,12], 4 groups", {37, 12}, same, 4},
       {"[3,8,33,65], 2 groups (long rows)", {3, 8, 33, 65}, same, 2},
+      {"[4,6,40,40], 3 groups (the param grads in chunks)", {4, 6, 40, 40}, same, 3},
       {"[0,6,3], empty batch", {0, 6, 3}, same, 3},
     }) do
       local base = gen(case[2], dtype, true)
