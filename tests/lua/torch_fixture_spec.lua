@@ -12,15 +12,12 @@ local DIR = debug.getinfo(1, "S").source:match("^@(.*/)") or "tests/lua/"
 package.path = DIR .. "?.lua;" .. package.path
 local H = require "helpers"
 
-local fixture = kiln.load(DIR .. "../fixtures/torch_recurrent.safetensors")
-local TOL = 1e-10
-local DEV = os.getenv("KILN_FIXTURE_DEVICE") or "cpu"
-if DEV ~= "cpu" and not kiln.cuda.is_available() then
-  describe("recurrent layers against PyTorch on " .. DEV, function()
-    it("needs the device", function() pending(tostring(kiln.cuda.unavailable_reason())) end)
-  end)
+local fixture, DEV = H.torch_fixture("torch_recurrent.safetensors")
+if not fixture then   -- no such device here
+  describe("recurrent layers against PyTorch", function() it("needs the device", function() pending(DEV) end) end)
   return
 end
+local TOL = 1e-10
 local ALGORITHMS = DEV == "cpu" and {"gemm", "persistent"} or {"cudnn", "gemm"}
 
 -- The tensors of one case, without the "<case>." prefix; grads under .grad.

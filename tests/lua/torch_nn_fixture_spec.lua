@@ -10,15 +10,12 @@ local DIR = debug.getinfo(1, "S").source:match("^@(.*/)") or "tests/lua/"
 package.path = DIR .. "?.lua;" .. package.path
 local H = require "helpers"
 
-local fx = kiln.load(DIR .. "../fixtures/torch_nn.safetensors")
-local TOL = 1e-10
-local DEV = os.getenv("KILN_FIXTURE_DEVICE") or "cpu"
-if DEV ~= "cpu" and not kiln.cuda.is_available() then
-  describe("nn ops against PyTorch on " .. DEV, function()
-    it("needs the device", function() pending(tostring(kiln.cuda.unavailable_reason())) end)
-  end)
+local fx, DEV = H.torch_fixture("torch_nn.safetensors")
+if not fx then   -- no such device here
+  describe("nn ops against PyTorch", function() it("needs the device", function() pending(DEV) end) end)
   return
 end
+local TOL = 1e-10
 
 -- A tensor of the fixture, on DEV.
 local function get(case, name)
