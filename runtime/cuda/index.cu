@@ -1,9 +1,11 @@
 /* cuda/index.cu: joining and indexing on CUDA: cat (each input copied into its slice of the
-   output by the copy kernel), index_select, gather, scatter_add (atomic adds; dtypes without a
-   device atomic take one thread, in the CPU's order), masked_fill and masked_select (a scan over
+   output by the copy kernel), index_select, gather, scatter_add (atomic adds, f16 and bf16 too;
+   mixed dtypes take one thread, in the CPU's order), masked_fill and masked_select (a scan over
    the mask, then a scatter). As on the CPU, every index is checked before anything is written:
    a kernel finds the first bad one and the error names its value. */
 #include "kernels.cuh"
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cub/device/device_scan.cuh>
 
 using namespace kiln_el;
@@ -133,6 +135,18 @@ __global__ void scatter_add_kernel(struct kiln_cuda_index_geom g, char *a, const
   }
 }
 
+/* f16 into f16, bf16 into bf16 (kiln keeps their bits as uint16): the device's half-precision
+   atomic adds, each add rounded to the dtype as the CPU rounds each of its adds. */
+template <class H>
+__global__ void scatter_add_half_kernel(struct kiln_cuda_index_geom g, char *a, const char *idx, int i64, const char *src) {
+  KILN_GRID_LOOP(i, g.numel) {
+    int64_t off[3];
+    kiln_cuda_index_offsets(&g, i, off);
+    int64_t j = i64 ? ((const int64_t *)idx)[off[1]] : ((const int32_t *)idx)[off[1]];
+    atomicAdd((H *)((uint16_t *)a + off[0] + j * g.jump), *(const H *)((const uint16_t *)src + off[2]));
+  }
+}
+
 /* Any other pair of dtypes: through double, one element after the other, as the CPU does. */
 __global__ void scatter_add_serial_kernel(struct kiln_cuda_index_geom g, char *a, int ad, const char *idx, int i64,
                                           const char *src, int sd) {
@@ -168,6 +182,10 @@ extern "C" int cuda_scatter_add(const struct kiln_call *c) {
     scatter_add_kernel<int64_t, unsigned long long><<<(unsigned)l.blocks, l.threads, 0, dev->stream>>>(g, p, ix, i64, s);
   else if (a->dtype == src->dtype && a->dtype == KILN_I32)
     scatter_add_kernel<int32_t, int><<<(unsigned)l.blocks, l.threads, 0, dev->stream>>>(g, p, ix, i64, s);
+  else if (a->dtype == src->dtype && a->dtype == KILN_F16)
+    scatter_add_half_kernel<__half><<<(unsigned)l.blocks, l.threads, 0, dev->stream>>>(g, p, ix, i64, s);
+  else if (a->dtype == src->dtype && a->dtype == KILN_BF16)
+    scatter_add_half_kernel<__nv_bfloat16><<<(unsigned)l.blocks, l.threads, 0, dev->stream>>>(g, p, ix, i64, s);
   else
     scatter_add_serial_kernel<<<1, 1, 0, dev->stream>>>(g, p, a->dtype, ix, i64, s, src->dtype);
   return cuda_launched("scatter_add", "scatter_add_kernel");

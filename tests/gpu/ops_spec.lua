@@ -582,7 +582,7 @@ if has_kernel("index_select") then
 end
 
 if has_kernel("gather") or has_kernel("scatter_add") then
-  for _, dtype in ipairs({"f32", "f64", "i64", "i32", "f16"}) do
+  for _, dtype in ipairs({"f32", "f64", "i64", "i32", "f16", "bf16"}) do
     local a = gen({53, 37}, dtype, true)                 -- viewed transposed: [37,53]
     for d = 0, 1 do
       local ishape = d == 0 and {29, 53} or {37, 41}
@@ -595,7 +595,7 @@ if has_kernel("gather") or has_kernel("scatter_add") then
       end
       if has_kernel("scatter_add") then
         -- atomic adds land in any order: floats within rounding, integers exact
-        local tol = ({f32 = 1e-5, f64 = 1e-12, f16 = 2e-3})[dtype] or 0
+        local tol = ({f32 = 1e-5, f64 = 1e-12, f16 = 2e-3, bf16 = 1.6e-2})[dtype] or 0
         both("scatter_add", string.format("%s transposed, dim %d, transposed index and src", dtype, d), tol, function(dev)
           return wrap(C.kiln_scatter_add(a:to(dev):t().p, d, ib:to(dev):t().p, src:to(dev):t().p))
         end)
