@@ -97,7 +97,7 @@ describe("Module", function()
     local ok, err = pcall(function() return m(kiln.randn(6, 4)) end)
     assert.is_false(ok)
     assert.matches("nn_spec%.lua:%d+: Sequential%.2%.0 %(Linear 5→2%): input %[6,3%]: ", err)
-    assert.matches("inner sizes differ", err)
+    assert.matches("3 features in its last dim, expected in_features 5", err)
     -- the model still works
     local ok2 = pcall(function() return nn.Linear(4, 3)(kiln.randn(6, 4)) end)
     assert.is_true(ok2)

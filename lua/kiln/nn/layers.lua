@@ -57,6 +57,11 @@ return function(nn)
     end
   end
   function Linear:forward(x)
+    local n = x:dim() > 0 and x:size(-1) or nil
+    if n ~= self.in_features then   -- the weight's shape would say it transposed: say it in features
+      core.raise(string.format("%s features in its last dim, expected in_features %d", n and tostring(n) or "no",
+                               self.in_features))
+    end
     if self.bias and x:dim() == 2 then return self.bias:addmm(x, self.weight:t()) end
     local y = x:matmul(self.weight:t())
     if self.bias then y = y + self.bias end
