@@ -74,6 +74,7 @@ return {
   ["kiln.seed"] = "kiln.seed(seed): the same as kiln.manual_seed",
   ["kiln.get_rng_state"] = "kiln.get_rng_state(): the state of the random number generator, {seed=, offset=}",
   ["kiln.set_rng_state"] = "kiln.set_rng_state(state): restores a state from kiln.get_rng_state()",
+  ["kiln.interrupt_caught"] = "kiln.interrupt_caught(): from an xpcall handler, the Ctrl-C it has is handled: not raised again",
   ["kiln.set_gc_threshold"] = "kiln.set_gc_threshold(bytes[, device]): tensor bytes allocated between forced garbage collections",
   ["kiln.rand_like"] = "kiln.rand_like(t): uniform samples on [0, 1) with the sizes, dtype and device of t",
   ["kiln.randn_like"] = "kiln.randn_like(t): standard normal samples with the sizes, dtype and device of t",

@@ -134,6 +134,16 @@ kiln.randn_like = random_like("randn_like", function(r) Tensor.normal_(r, 0, 1) 
 
 -- ---- functions ----
 
+-- Under the kiln launcher a Ctrl-C's "interrupted" error is raised again after every pcall that
+-- catches it, until it reaches the top. Code that handles it itself (saves a checkpoint, say)
+-- says so from an xpcall message handler, where it is not raised:
+--   xpcall(train, function(e) kiln.interrupt_caught() return e end)
+-- No-op outside the launcher.
+function kiln.interrupt_caught()
+  local ok, readline = pcall(require, "kiln.readline")
+  if ok and type(readline) == "table" and readline.interrupt_caught then readline.interrupt_caught() end
+end
+
 kiln.cat, kiln.stack = Tensor.cat, Tensor.stack
 kiln.where = Tensor._where
 -- kiln.device("cuda:0") checks and normalises a device name ("cpu", "cuda:N"); kiln.device(t) is t's.

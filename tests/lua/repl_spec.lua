@@ -319,6 +319,17 @@ wait $pid 2>/dev/null]])
     end)
   end
 
+  it("lets a script handle the interrupt from an xpcall handler that calls kiln.interrupt_caught", function()
+    if not exe then pending("not running under the kiln launcher") return end
+    local log = os.tmpname()
+    local code = "local ok, e = xpcall(function() jit.off() while true do pcall(function() for i = 1, 1e5 do end end) end end, " ..
+                 "function(e) kiln.interrupt_caught() return e end) for i = 1, 1e5 do end print(\"handled: \" .. e) os.exit(3)"
+    local out, hung = interrupt(string.format("%s -e '%s' > %s 2>&1 &\npid=$!", exe, code, log))
+    local text = read_and_remove(log)
+    assert.is_false(hung, out .. text)
+    assert.matches("^handled: .*interrupted", text)
+  end)
+
   for _, code in ipairs(loops) do
     it("brings the REPL back to its prompt through a pcall that catches the interrupt: " .. code, function()
       if not exe then pending("not running under the kiln launcher") return end
