@@ -124,26 +124,23 @@ extern "C" int cuda_gather(const struct kiln_call *c) {
   return index_move(dev, KILN_OP_GATHER, c->out, a, idx, d);
 }
 
-/* Same dtype f32, f64, i64 or i32: device atomics (integers wrap as on the CPU). */
+/* Same dtype f32, f64, i64, i32, f16 or bf16: device atomics (integers wrap as on the CPU; f16 and
+   bf16, whose bits kiln keeps as uint16, through the device's half-precision adds, each rounded to
+   the dtype as the CPU rounds each of its adds). */
+template <class T, class A> __device__ __forceinline__ A atomic_operand(const T *p) { return (A)*p; }
+template <> __device__ __forceinline__ __half atomic_operand<uint16_t, __half>(const uint16_t *p) {
+  return *(const __half *)p;
+}
+template <> __device__ __forceinline__ __nv_bfloat16 atomic_operand<uint16_t, __nv_bfloat16>(const uint16_t *p) {
+  return *(const __nv_bfloat16 *)p;
+}
 template <class T, class A>
 __global__ void scatter_add_kernel(struct kiln_cuda_index_geom g, char *a, const char *idx, int i64, const char *src) {
   KILN_GRID_LOOP(i, g.numel) {
     int64_t off[3];
     kiln_cuda_index_offsets(&g, i, off);
     int64_t j = i64 ? ((const int64_t *)idx)[off[1]] : ((const int32_t *)idx)[off[1]];
-    atomicAdd((A *)((T *)a + off[0] + j * g.jump), (A)((const T *)src)[off[2]]);
-  }
-}
-
-/* f16 into f16, bf16 into bf16 (kiln keeps their bits as uint16): the device's half-precision
-   atomic adds, each add rounded to the dtype as the CPU rounds each of its adds. */
-template <class H>
-__global__ void scatter_add_half_kernel(struct kiln_cuda_index_geom g, char *a, const char *idx, int i64, const char *src) {
-  KILN_GRID_LOOP(i, g.numel) {
-    int64_t off[3];
-    kiln_cuda_index_offsets(&g, i, off);
-    int64_t j = i64 ? ((const int64_t *)idx)[off[1]] : ((const int32_t *)idx)[off[1]];
-    atomicAdd((H *)((uint16_t *)a + off[0] + j * g.jump), *(const H *)((const uint16_t *)src + off[2]));
+    atomicAdd((A *)((T *)a + off[0] + j * g.jump), atomic_operand<T, A>((const T *)src + off[2]));
   }
 }
 
@@ -183,9 +180,9 @@ extern "C" int cuda_scatter_add(const struct kiln_call *c) {
   else if (a->dtype == src->dtype && a->dtype == KILN_I32)
     scatter_add_kernel<int32_t, int><<<(unsigned)l.blocks, l.threads, 0, dev->stream>>>(g, p, ix, i64, s);
   else if (a->dtype == src->dtype && a->dtype == KILN_F16)
-    scatter_add_half_kernel<__half><<<(unsigned)l.blocks, l.threads, 0, dev->stream>>>(g, p, ix, i64, s);
+    scatter_add_kernel<uint16_t, __half><<<(unsigned)l.blocks, l.threads, 0, dev->stream>>>(g, p, ix, i64, s);
   else if (a->dtype == src->dtype && a->dtype == KILN_BF16)
-    scatter_add_half_kernel<__nv_bfloat16><<<(unsigned)l.blocks, l.threads, 0, dev->stream>>>(g, p, ix, i64, s);
+    scatter_add_kernel<uint16_t, __nv_bfloat16><<<(unsigned)l.blocks, l.threads, 0, dev->stream>>>(g, p, ix, i64, s);
   else
     scatter_add_serial_kernel<<<1, 1, 0, dev->stream>>>(g, p, a->dtype, ix, i64, s, src->dtype);
   return cuda_launched("scatter_add", "scatter_add_kernel");
