@@ -4,7 +4,7 @@
    squared deviations from it. Batch norm: each channel cut into chunks of its N * S elements (as
    the reductions cut rows), one block a chunk: a pass of partial sums, a pass of partial squared
    deviations from the mean folded from them, and a pass writing y; every block of a channel folds
-   its partials in the same order (bn_fold), the channel's first moves the running stats.
+   its partials in the same order (fold_chunks), the channel's first moves the running stats.
    The weight and bias grads of layer norm (32 columns by a chunk of rows a block) and of group norm
    (a chunk of a channel a block) go through partial sums per chunk, each column's or channel's
    then added in order. Everything is deterministic: no atomics. */
@@ -23,7 +23,8 @@ struct bn_geom {
   int64_t N, C, S;
 };
 
-/* Block b of a pass takes chunk b % nchunks of channel b / nchunks: [k0, k1). */
+/* Block b of a pass takes chunk b % nchunks of channel b / nchunks: [k0, k1) (batch norm, and
+   group norm's param grads). */
 struct bn_chunk {
   int64_t c, p, k0, k1;
 };
@@ -49,14 +50,14 @@ __global__ void bn_stats_kernel(const T *x, struct bn_geom g, int64_t chunk, int
     if (!sums) {
       bn_walk(h.c, g.C, g.S, h.k0 + threadIdx.x, h.k1, blockDim.x, [&](int64_t at) { v += (double)x[at]; });
     } else {
-      double m = bn_mean(bn_fold(sums, h.c, nchunks), (double)per);
+      double m = bn_mean(fold_chunks(sums, h.c, g.C, nchunks), (double)per);
       bn_walk(h.c, g.C, g.S, h.k0 + threadIdx.x, h.k1, blockDim.x, [&](int64_t at) {
         double d = (double)x[at] - m;
         v += d * d;
       });
     }
     v = block_sum(v, red);
-    if (threadIdx.x == 0) out[b] = v;
+    if (threadIdx.x == 0) out[h.p * g.C + h.c] = v;
   }
 }
 
@@ -74,8 +75,8 @@ __global__ void bn_apply_kernel(const T *x, const T *w, const T *b_, T *y, T *me
     bool first = h.p == 0 && threadIdx.x == 0;
     double m, is;
     if (sums) {
-      m = bn_mean(bn_fold(sums, c, nchunks), M);
-      is = bn_batch_invstd<T>(m, bn_fold(sqs, c, nchunks), M, eps, update && first, momentum, rm + c * rms, rv + c * rvs);
+      m = bn_mean(fold_chunks(sums, c, g.C, nchunks), M);
+      is = bn_batch_invstd<T>(m, fold_chunks(sqs, c, g.C, nchunks), M, eps, update && first, momentum, rm + c * rms, rv + c * rvs);
     } else {
       m = (double)rm[c * rms];
       is = bn_running_invstd<T>(rv + c * rvs, eps);
@@ -107,8 +108,8 @@ __global__ void bn_grad_sums_kernel(const T *gy, const T *x, const T *mean, stru
     a = block_sum(a, red);
     d = block_sum(d, red);
     if (threadIdx.x == 0) {
-      sg[b] = a;
-      sgx[b] = d;
+      sg[h.p * g.C + h.c] = a;
+      sgx[h.p * g.C + h.c] = d;
     }
   }
 }
@@ -123,7 +124,7 @@ __global__ void bn_grad_apply_kernel(const T *gy, const T *x, const T *w, const 
     struct bn_chunk h = bn_chunk_of(b, chunk, nchunks, per);
     int64_t c = h.c;
     double m = (double)mean[c], is = (double)invstd[c];
-    double sg = bn_fold(sgp, c, nchunks), sgx = bn_fold(sgxp, c, nchunks);
+    double sg = fold_chunks(sgp, c, g.C, nchunks), sgx = fold_chunks(sgxp, c, g.C, nchunks);
     if (h.p == 0 && threadIdx.x == 0) {
       if (gw) gw[c] = (T)(sgx * is);
       if (gb) gb[c] = (T)sg;
@@ -229,18 +230,18 @@ __global__ void gn_grads_partial_kernel(const T *x, const T *gy, const T *mean, 
   extern __shared__ double red[];
   int64_t per = g.rows / g.G * g.S;   /* the channel's elements in the batch */
   for (int64_t blk = blockIdx.x; blk < g.C * nchunks; blk += gridDim.x) {
-    int64_t c = blk / nchunks, p = blk % nchunks, k0 = p * chunk, k1 = k0 + chunk < per ? k0 + chunk : per;
+    struct bn_chunk h = bn_chunk_of(blk, chunk, nchunks, per);
     double sw = 0, sb = 0;
-    for (int64_t k = k0 + threadIdx.x; k < k1; k += blockDim.x) {
+    for (int64_t k = h.k0 + threadIdx.x; k < h.k1; k += blockDim.x) {
       int64_t at;
-      sw += gn_weight_term<T>(x, gy, mean, invstd, g, c, k, &at);
+      sw += gn_weight_term<T>(x, gy, mean, invstd, g, h.c, k, &at);
       sb += (double)gy[at];
     }
     sw = block_sum(sw, red);
     sb = block_sum(sb, red);
     if (threadIdx.x == 0) {
-      pw[p * g.C + c] = sw;
-      pb[p * g.C + c] = sb;
+      pw[h.p * g.C + h.c] = sw;
+      pb[h.p * g.C + h.c] = sb;
     }
   }
 }

@@ -97,8 +97,8 @@ KILN_EL void ln_param_partial(const T *x, const T *gy, const T *mean, const T *i
   *gb = sb;
 }
 
-/* The param grads' partial sums are kept chunk by chunk, partial[p * n + j] for chunk p of column
-   or channel j (of n); the total adds the chunks in order. */
+/* Partial sums kept chunk by chunk, partial[p * n + j] for chunk p of column or channel j (of n):
+   the total adds the chunks in order (batch norm's statistics and grads, the norms' param grads). */
 KILN_EL double fold_chunks(const double *partial, int64_t j, int64_t n, int64_t nchunks) {
   double s = 0;
   for (int64_t p = 0; p < nchunks; p++) s += partial[p * n + j];
@@ -141,13 +141,8 @@ KILN_EL void bn_cursor_next(struct bn_cursor *q, int64_t step, int64_t S) {
 KILN_EL int64_t bn_cursor_at(const struct bn_cursor *q, int64_t c, int64_t C, int64_t S) { return (q->n * C + c) * S + q->s; }
 
 /* The batch-norm kernels cut each channel's N * S elements into nchunks chunks (geometry.c's
-   kiln_cuda_chunk_rows), one block a chunk; a channel's total is its chunks' partial sums
-   (partial[c * nchunks + p]) added in order, as every block of the channel folds them. */
-KILN_EL double bn_fold(const double *partial, int64_t c, int64_t nchunks) {
-  double s = 0;
-  for (int64_t p = 0; p < nchunks; p++) s += partial[c * nchunks + p];
-  return s;
-}
+   kiln_cuda_chunk_rows), one block a chunk, into partial sums folded as the param grads' are
+   (fold_chunks, partial[p * C + c]); every block of a channel folds them in the same order. */
 
 /* Calls f(at) for the elements k = first, first + step, ... (< end) of channel c, in that order:
    a block's thread walks its part of a chunk so. Four addresses at a time, so that their loads are

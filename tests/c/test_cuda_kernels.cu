@@ -613,13 +613,13 @@ static void check_batch_norm(int ndim, const int64_t *sizes, bool affine, int mo
   kiln_cuda_chunk_rows(C, per, max_blocks, &chunk, &nchunks, &threads);
   if (nchunks == 0) nchunks = 1;
   std::vector<double> part((size_t)(C * nchunks));
-  /* the channel's sum of term(k) as the kernels take it: a partial per chunk, then bn_fold */
+  /* the channel's sum of term(k) as the kernels take it: a partial per chunk, then fold_chunks */
   auto chunked_sum = [&](int64_t c, auto term) {
     for (int64_t p = 0; p < nchunks; p++) {
       int64_t k0 = p * chunk, k1 = k0 + chunk < per ? k0 + chunk : per;
-      part[(size_t)(c * nchunks + p)] = block_order_sum(k0, k1 > k0 ? k1 : k0, threads, term);
+      part[(size_t)(p * C + c)] = block_order_sum(k0, k1 > k0 ? k1 : k0, threads, term);
     }
-    return bn_fold(part.data(), c, nchunks);
+    return fold_chunks(part.data(), c, C, nchunks);
   };
   const T *xv = data_of<T>(x), *wv = data_of<T>(w), *bv = data_of<T>(b), *gv = data_of<T>(gy);
   struct kiln_tensor *y = kiln_tensor_empty(ndim, sizes, dtype, CPU), *gx = kiln_tensor_empty(ndim, sizes, dtype, CPU);
