@@ -139,9 +139,9 @@ kiln.randn_like = random_like("randn_like", function(r) Tensor.normal_(r, 0, 1) 
 -- says so from an xpcall message handler, where it is not raised:
 --   xpcall(train, function(e) kiln.interrupt_caught() return e end)
 -- No-op outside the launcher.
-function kiln.interrupt_caught()
-  local ok, readline = pcall(require, "kiln.readline")
-  if ok and type(readline) == "table" and readline.interrupt_caught then readline.interrupt_caught() end
+do
+  local ok, readline = pcall(require, "kiln.readline")   -- the launcher's module
+  kiln.interrupt_caught = ok and type(readline) == "table" and readline.interrupt_caught or function() end
 end
 
 kiln.cat, kiln.stack = Tensor.cat, Tensor.stack
