@@ -473,6 +473,7 @@ end
 -- ---- values PyTorch computed (tests/fixtures/, written by tools/torch_fixtures.py) ----
 
 local FIXTURES = (debug.getinfo(1, "S").source:match("^@(.*/)") or "tests/lua/") .. "../fixtures/"
+function M.fixture_path(name) return FIXTURES .. name end
 
 -- The tensors of tests/fixtures/NAME (kiln.load), and the device the fixture specs run on:
 -- $KILN_FIXTURE_DEVICE (default cpu); without that device, nil and why.
@@ -480,7 +481,7 @@ function M.torch_fixture(name)
   local kiln = require "kiln"
   local dev = os.getenv("KILN_FIXTURE_DEVICE") or "cpu"
   if dev ~= "cpu" and not kiln.cuda.is_available() then return nil, dev .. ": " .. tostring(kiln.cuda.unavailable_reason()) end
-  return kiln.load(FIXTURES .. name), dev
+  return kiln.load(M.fixture_path(name)), dev
 end
 
 -- The output (stdout and stderr) of a shell command and whether it exited with 0 (LuaJIT's popen

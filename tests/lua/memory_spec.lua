@@ -8,16 +8,13 @@ local MB = 2 ^ 20
 local SIZES = {f32 = 4, f64 = 8, f16 = 2, bf16 = 2, i64 = 8, i32 = 4, u8 = 1, bool = 1}
 
 local function live() return kiln.memory_stats().live_bytes end
-local ffi = require "ffi"
-pcall(ffi.cdef, "int usleep(unsigned int usec);")
--- Collect everything collectable: until a collection 5 ms after the last frees no tensor memory
--- any more (finalizers run in one pass and may let go of what only the next one frees, and an
--- earlier spec's loader may still be finishing a batch on its worker threads).
+-- Collect everything collectable: until a collection frees no tensor memory any more (finalizers
+-- run in one pass and may let go of what only a later one frees; an earlier spec's garbage once
+-- took more than two).
 local function settle()
   collectgarbage("collect")
   for _ = 1, 20 do
     local before = live()
-    ffi.C.usleep(5000)
     collectgarbage("collect")
     if live() == before then return end
   end

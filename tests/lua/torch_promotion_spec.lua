@@ -6,9 +6,10 @@
 -- kernels its CPU lacks), kiln may do more; those cases are not checked.
 local kiln = kiln or require "kiln"
 local cjson = require "cjson"
-local DIR = debug.getinfo(1, "S").source:match("^@(.*/)") or "tests/lua/"
+package.path = (debug.getinfo(1, "S").source:match("^@(.*/)") or "tests/lua/") .. "?.lua;" .. package.path
+local H = require "helpers"
 
-local f = assert(io.open(DIR .. "../fixtures/torch_promotion.json"))
+local f = assert(io.open(H.fixture_path("torch_promotion.json")))
 local want = cjson.decode(f:read("*a")).dtypes
 f:close()
 
