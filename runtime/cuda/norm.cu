@@ -37,6 +37,19 @@ __device__ __forceinline__ struct bn_chunk bn_chunk_of(int64_t b, int64_t chunk,
   return h;
 }
 
+/* The chunks of each of C channels' per elements (geometry.c's rule, as the reductions'; no
+   elements is one empty chunk, so that the statistics and param grads are still written). */
+struct chunk_plan {
+  int64_t chunk, nchunks;
+  int threads;
+};
+static struct chunk_plan channel_chunks(const struct cuda_device *dev, int64_t C, int64_t per) {
+  struct chunk_plan p;
+  kiln_cuda_chunk_rows(C, per, kiln_cuda_max_blocks(dev->sm_count, NORM_THREADS), &p.chunk, &p.nchunks, &p.threads);
+  if (p.nchunks == 0) p.nchunks = 1;
+  return p;
+}
+
 /* The batch statistics, chunk by chunk: without sums, each chunk's sum of x; with them (the
    first pass's partials), each chunk's sum of squared deviations from the channel's mean. */
 template <class T>
@@ -316,8 +329,10 @@ static int row_norm_backward_launch(struct cuda_device *dev, const struct kiln_n
   if (n == 0) return KILN_OK;
   int threads = NORM_THREADS;
   if (g.group) {
-    kiln_cuda_chunk_rows(g.C, g.rows / g.G * g.S, kiln_cuda_max_blocks(dev->sm_count, NORM_THREADS), &chunk, &nchunks, &threads);
-    if (nchunks == 0) nchunks = 1;   /* no elements: one empty chunk, zero grads */
+    struct chunk_plan pl = channel_chunks(dev, g.C, g.rows / g.G * g.S);
+    chunk = pl.chunk;
+    nchunks = pl.nchunks;
+    threads = pl.threads;
   } else {
     kiln_cuda_ln_grads_plan(g.rows, g.L, kiln_cuda_max_blocks(dev->sm_count, LN_COLS * LN_LANES), &tiles, &chunk, &nchunks);
   }
@@ -360,24 +375,11 @@ extern "C" int cuda_row_norm_backward(const struct kiln_call *c) {
   return rc;
 }
 
-/* The chunks of a channel's N * S elements (geometry.c's rule, as the reductions; an empty batch
-   is one empty chunk, so that the statistics are still written). */
-struct bn_plan {
-  int64_t chunk, nchunks;
-  int threads;
-};
-static struct bn_plan bn_plan_of(const struct cuda_device *dev, const struct bn_geom &g) {
-  struct bn_plan p;
-  kiln_cuda_chunk_rows(g.C, g.N * g.S, kiln_cuda_max_blocks(dev->sm_count, NORM_THREADS), &p.chunk, &p.nchunks, &p.threads);
-  if (p.nchunks == 0) p.nchunks = 1;
-  return p;
-}
-
 template <class T>
 static int batch_norm_launch(struct cuda_device *dev, const struct kiln_call *c, struct kiln_tensor *const *in,
                              const struct bn_geom &g, const char *op) {
   const struct kiln_norm_stats *st = (const struct kiln_norm_stats *)c->extra;
-  struct bn_plan pl = bn_plan_of(dev, g);
+  struct chunk_plan pl = channel_chunks(dev, g.C, g.N * g.S);
   int64_t nb = g.C * pl.nchunks;
   unsigned blocks = blocks_for(dev, nb, pl.threads);
   size_t shared = sizeof(double) * pl.threads;
@@ -424,7 +426,7 @@ template <class T>
 static int batch_norm_backward_launch(struct cuda_device *dev, const struct kiln_call *c, struct kiln_tensor *const *in,
                                       const struct bn_geom &g, const char *op) {
   const struct kiln_norm_grads *gr = (const struct kiln_norm_grads *)c->extra;
-  struct bn_plan pl = bn_plan_of(dev, g);
+  struct chunk_plan pl = channel_chunks(dev, g.C, g.N * g.S);
   int64_t nb = g.C * pl.nchunks;
   unsigned blocks = blocks_for(dev, nb, pl.threads);
   struct kiln_tensor *scratch = cuda_scratch((int64_t)sizeof(double) * 2 * nb, in[1]->device);
