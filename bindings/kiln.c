@@ -18,6 +18,7 @@
 #include <lualib.h>
 
 #include <kiln/error.h>
+#include <kiln/system.h>
 
 #define HISTORY_MAX_LINES 1000
 
@@ -676,6 +677,10 @@ int main(int argc, char **argv)
   if (o.version) {
     /* kiln_version() is the library's; calling it also keeps libkiln linked for ffi.C. */
     printf("kiln %s (%s)\n", kiln_version(), LUAJIT_VERSION);
+    printf("cpu: %s (%s, family %d, model %d)\n", kiln_cpu_name(), kiln_cpu_vendor(), kiln_cpu_family(), kiln_cpu_model());
+    printf("cpu features: %s\n", kiln_cpu_features());
+    printf("blas: %s, core %s\n", kiln_blas_name(), kiln_blas_core());
+    if (*kiln_blas_note()) printf("blas note: %s\n", kiln_blas_note());
     return 0;
   }
   lua_State *L = luaL_newstate();

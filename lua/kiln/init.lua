@@ -246,6 +246,29 @@ end
 
 function kiln.help(x) return require("kiln.help").help(x) end
 
+-- What kiln runs on: kiln.info().cpu.features, kiln.info().blas.core, ...
+local blas_states = {[0] = "detected", "corrected", "from_env", "generic", "missing"}
+function kiln.info()
+  local features = {}
+  for f in ffi.string(C.kiln_cpu_features()):gmatch("%S+") do features[#features + 1] = f end
+  return {
+    version = kiln.version,
+    luajit = jit.version,
+    threads = C.kiln_get_num_threads(),
+    cpu = {name = ffi.string(C.kiln_cpu_name()), vendor = ffi.string(C.kiln_cpu_vendor()),
+           family = C.kiln_cpu_family(), model = C.kiln_cpu_model(), features = features},
+    blas = {name = ffi.string(C.kiln_blas_name()), core = ffi.string(C.kiln_blas_core()),
+            state = blas_states[C.kiln_blas_state()], note = ffi.string(C.kiln_blas_note())},
+    cuda = kiln.cuda.is_available(),
+  }
+end
+
+-- Said once, when kiln loads: the CPU's GEMM runs on generic kernels and kiln could not fix it.
+if C.kiln_blas_state() >= C.KILN_BLAS_GENERIC and not core.blas_warned then
+  core.blas_warned = true
+  io.stderr:write("kiln: warning: ", ffi.string(C.kiln_blas_note()), "\n")
+end
+
 -- nn and optim need kiln itself, so they load on first use: kiln.nn, kiln.optim.
 setmetatable(kiln, {__index = function(t, k)
   if k == "nn" or k == "F" or k == "functional" then

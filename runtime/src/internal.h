@@ -16,6 +16,19 @@ extern "C" {         /* fed to ffi.cdef as they are, cannot carry the guard them
 int kiln_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Prefix the current message with "op: " when it lacks one. */
 
+/* The BLAS's GEMM, loaded by system.c (OpenBLAS, reloaded with the right kernels where it chose generic
+   ones): C[m,n] = alpha * op(A) op(B) + beta * C, row-major; ta and tb are KILN_BLAS_NO_TRANS or
+   KILN_BLAS_TRANS (CBLAS's values). */
+enum { KILN_BLAS_ROW_MAJOR = 101, KILN_BLAS_NO_TRANS = 111, KILN_BLAS_TRANS = 112 };
+typedef void (*kiln_sgemm_fn)(int order, int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
+                              const float *b, int ldb, float beta, float *c, int ldc);
+typedef void (*kiln_dgemm_fn)(int order, int ta, int tb, int m, int n, int k, double alpha, const double *a, int lda,
+                              const double *b, int ldb, double beta, double *c, int ldc);
+void kiln_sgemm(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
+                float beta, float *c, int ldc);
+void kiln_dgemm(int ta, int tb, int m, int n, int k, double alpha, const double *a, int lda, const double *b, int ldb,
+                double beta, double *c, int ldc);
+
 /* The record a kernel receives. The front end has checked shapes, dtypes and devices and
    allocated the outputs; a kernel only computes. */
 struct kiln_call {

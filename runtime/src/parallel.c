@@ -6,9 +6,6 @@
 #include <sched.h>
 #include <stdio.h>
 #include <unistd.h>
-#include <cblas.h>
-
-extern void openblas_set_num_threads(int);
 
 enum { SPIN_ROUNDS = 4000 };
 
@@ -98,7 +95,6 @@ static int default_threads(void) {
 
 static void ensure_init(void) {
   if (pool.nthreads == 0) {
-    openblas_set_num_threads(1);   /* OpenBLAS runs inside our workers, never in a pool of its own */
     pool.nthreads = default_threads();
     if (pool.nthreads > 256) pool.nthreads = 256;
   }

@@ -8,6 +8,7 @@
 #include <kiln/memory.h>
 #include <kiln/cuda.h>
 #include <kiln/parallel.h>
+#include <kiln/system.h>
 #include <kiln/tensor.h>
 #include <kiln/random.h>
 #include <kiln/ops.h>

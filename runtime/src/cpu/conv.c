@@ -7,7 +7,6 @@
    sum. Every result is therefore bitwise the same at any thread count. */
 #include "cpu.h"
 #include "../nn_calls.h"
-#include <cblas.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -167,7 +166,7 @@ ADD_BIAS(float, f32)
 ADD_BIAS(double, f64)
 
 /* c = op(a) @ op(b) + beta * c, row-major. */
-static void gemm(int dt, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, const void *a,
+static void gemm(int dt, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *a,
                  int64_t lda, const void *b, int64_t ldb, double beta, void *c, int64_t ldc) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {   /* BLAS wants k >= 1; the product is zero */
@@ -176,9 +175,9 @@ static void gemm(int dt, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int6
     return;
   }
   if (dt == KILN_F32)
-    cblas_sgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)k, 1.0f, a, (int)lda, b, (int)ldb, (float)beta, c, (int)ldc);
+    kiln_sgemm(ta, tb, (int)m, (int)n, (int)k, 1.0f, a, (int)lda, b, (int)ldb, (float)beta, c, (int)ldc);
   else
-    cblas_dgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)k, 1.0, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+    kiln_dgemm(ta, tb, (int)m, (int)n, (int)k, 1.0, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
 }
 
 static int64_t part_begin(const struct geom *g, int64_t t) { return t * g->N / g->parts; }
@@ -221,17 +220,17 @@ static void conv_forward_parts(void *ctx, int64_t begin, int64_t end) {
           else im2col_f64(g, (const double *)j->x, n0, nb, gi * g->Cg, (double *)col, lo, hi);
           for (int64_t i = 0; i < nb; i++) {
             char *yi = j->y + ((n0 + i) * g->O + gi * g->Og) * g->P * es;
-            gemm(j->dt, CblasNoTrans, CblasNoTrans, g->Og, g->P, g->K, wg, g->K, col + i * g->P * es, ld, 0, yi, g->P);
+            gemm(j->dt, KILN_BLAS_NO_TRANS, KILN_BLAS_NO_TRANS, g->Og, g->P, g->K, wg, g->K, col + i * g->P * es, ld, 0, yi, g->P);
             if (j->bias && j->dt == KILN_F32) bias_rows_f32((const float *)j->bias + gi * g->Og, g->Og, g->P, (float *)yi);
             else if (j->bias) bias_rows_f64((const double *)j->bias + gi * g->Og, g->Og, g->P, (double *)yi);
           }
         } else if (j->dt == KILN_F32) {
           im2col_f32(g, (const float *)j->x, n0, nb, gi * g->Cg, (float *)col, lo, hi);
-          gemm(j->dt, CblasNoTrans, CblasNoTrans, g->Og, ld, g->K, wg, g->K, col, ld, 0, buf, ld);
+          gemm(j->dt, KILN_BLAS_NO_TRANS, KILN_BLAS_NO_TRANS, g->Og, ld, g->K, wg, g->K, col, ld, 0, buf, ld);
           scatter_f32(g, (const float *)buf, n0, nb, gi * g->Og, g->Og, g->O, (const float *)j->bias, (float *)j->y);
         } else {
           im2col_f64(g, (const double *)j->x, n0, nb, gi * g->Cg, (double *)col, lo, hi);
-          gemm(j->dt, CblasNoTrans, CblasNoTrans, g->Og, ld, g->K, wg, g->K, col, ld, 0, buf, ld);
+          gemm(j->dt, KILN_BLAS_NO_TRANS, KILN_BLAS_NO_TRANS, g->Og, ld, g->K, wg, g->K, col, ld, 0, buf, ld);
           scatter_f64(g, (const double *)buf, n0, nb, gi * g->Og, g->Og, g->O, (const double *)j->bias, (double *)j->y);
         }
       }
@@ -309,18 +308,18 @@ static void conv_backward_parts(void *ctx, int64_t begin, int64_t end) {
           else im2col_f64(g, (const double *)j->x, n0, nb, gi * g->Cg, (double *)col, lo, hi);
           if (direct)
             for (int64_t i = 0; i < nb; i++)
-              gemm(j->dt, CblasNoTrans, CblasTrans, g->Og, g->K, g->P, gy_block(j, n0 + i, gi, es), g->P,
+              gemm(j->dt, KILN_BLAS_NO_TRANS, KILN_BLAS_TRANS, g->Og, g->K, g->P, gy_block(j, n0 + i, gi, es), g->P,
                    col + i * g->P * es, ld, first && i == 0 ? 0 : 1, pw, g->K);
           else
-            gemm(j->dt, CblasNoTrans, CblasTrans, g->Og, g->K, ld, gyc, ld, col, ld, first ? 0 : 1, pw, g->K);
+            gemm(j->dt, KILN_BLAS_NO_TRANS, KILN_BLAS_TRANS, g->Og, g->K, ld, gyc, ld, col, ld, first ? 0 : 1, pw, g->K);
         }
         if (j->gx) {
           if (direct)
             for (int64_t i = 0; i < nb; i++)
-              gemm(j->dt, CblasTrans, CblasNoTrans, g->K, g->P, g->Og, wg, g->K, gy_block(j, n0 + i, gi, es), g->P, 0,
+              gemm(j->dt, KILN_BLAS_TRANS, KILN_BLAS_NO_TRANS, g->K, g->P, g->Og, wg, g->K, gy_block(j, n0 + i, gi, es), g->P, 0,
                    col + i * g->P * es, ld);
           else
-            gemm(j->dt, CblasTrans, CblasNoTrans, g->K, ld, g->Og, wg, g->K, gyc, ld, 0, col, ld);
+            gemm(j->dt, KILN_BLAS_TRANS, KILN_BLAS_NO_TRANS, g->K, ld, g->Og, wg, g->K, gyc, ld, 0, col, ld);
           if (j->dt == KILN_F32) col2im_f32(g, (const float *)col, n0, nb, gi * g->Cg, (float *)j->gx, lo, hi);
           else col2im_f64(g, (const double *)col, n0, nb, gi * g->Cg, (double *)j->gx, lo, hi);
         }

@@ -2,7 +2,6 @@
    single-threaded; the pool splits the output into row or column panels (or the batch) and
    each worker calls cblas on its part, so exactly one pool ever runs. */
 #include "cpu.h"
-#include <cblas.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,7 +11,7 @@ struct gemm_job {
   const char *a, *b;         /* first element of each operand */
   char *c;
   int64_t sa, sb, sc;        /* batch strides, in elements */
-  CBLAS_TRANSPOSE ta, tb;
+  int ta, tb;
   int64_t lda, ldb, ldc;
   double alpha, beta;
   int split;                 /* 0: by batch, 1: by rows of c, 2: by columns of c */
@@ -22,14 +21,14 @@ struct gemm_job {
 static void gemm_block(const struct gemm_job *j, int64_t bi, int64_t r0, int64_t rn, int64_t c0, int64_t cn) {
   int es = j->dtype == KILN_F32 ? 4 : 8;
   /* Row r0 of op(A) and column c0 of op(B). */
-  const char *a = j->a + (bi * j->sa + (j->ta == CblasNoTrans ? r0 * j->lda : r0)) * es;
-  const char *b = j->b + (bi * j->sb + (j->tb == CblasNoTrans ? c0 : c0 * j->ldb)) * es;
+  const char *a = j->a + (bi * j->sa + (j->ta == KILN_BLAS_NO_TRANS ? r0 * j->lda : r0)) * es;
+  const char *b = j->b + (bi * j->sb + (j->tb == KILN_BLAS_NO_TRANS ? c0 : c0 * j->ldb)) * es;
   char *c = j->c + (bi * j->sc + r0 * j->ldc + c0) * es;
   if (j->dtype == KILN_F32)
-    cblas_sgemm(CblasRowMajor, j->ta, j->tb, (int)rn, (int)cn, (int)j->k, (float)j->alpha, (const float *)a, (int)j->lda,
+    kiln_sgemm(j->ta, j->tb, (int)rn, (int)cn, (int)j->k, (float)j->alpha, (const float *)a, (int)j->lda,
                 (const float *)b, (int)j->ldb, (float)j->beta, (float *)c, (int)j->ldc);
   else
-    cblas_dgemm(CblasRowMajor, j->ta, j->tb, (int)rn, (int)cn, (int)j->k, j->alpha, (const double *)a, (int)j->lda,
+    kiln_dgemm(j->ta, j->tb, (int)rn, (int)cn, (int)j->k, j->alpha, (const double *)a, (int)j->lda,
                 (const double *)b, (int)j->ldb, j->beta, (double *)c, (int)j->ldc);
 }
 
@@ -71,8 +70,8 @@ void kiln_cpu_gemm_raw(int dtype, int trans_a, int trans_b, int64_t n, int64_t m
                        const void *a, int64_t lda, const void *b, int64_t ldb, double beta, void *c, int64_t ldc) {
   if (n <= 0 || m <= 0) return;
   struct gemm_job j = {.dtype = dtype == KILN_F64 ? KILN_F64 : KILN_F32, .nbatch = 1, .n = n, .m = m, .k = k,
-                       .a = a, .b = b, .c = c, .ta = trans_a ? CblasTrans : CblasNoTrans,
-                       .tb = trans_b ? CblasTrans : CblasNoTrans, .lda = lda, .ldb = ldb, .ldc = ldc,
+                       .a = a, .b = b, .c = c, .ta = trans_a ? KILN_BLAS_TRANS : KILN_BLAS_NO_TRANS,
+                       .tb = trans_b ? KILN_BLAS_TRANS : KILN_BLAS_NO_TRANS, .lda = lda, .ldb = ldb, .ldc = ldc,
                        .alpha = alpha, .beta = beta};
   if (k <= 0) {   /* BLAS wants k >= 1: only beta * C remains */
     int es = j.dtype == KILN_F32 ? 4 : 8;
@@ -88,10 +87,10 @@ void kiln_cpu_gemm_raw(int dtype, int trans_a, int trans_b, int64_t n, int64_t m
 }
 
 /* A BLAS view of matrix t (dims 1, 2 of a 3-d tensor): transposed or not, and its leading dim. */
-static int blas_layout(const struct kiln_tensor *t, CBLAS_TRANSPOSE *tr, int64_t *ld) {
+static int blas_layout(const struct kiln_tensor *t, int *tr, int64_t *ld) {
   int64_t rows = t->sizes[1], cols = t->sizes[2], s0 = t->strides[1], s1 = t->strides[2];
-  if ((s1 == 1 || cols == 1) && s0 >= (cols > 1 ? cols : 1)) { *tr = CblasNoTrans; *ld = s0 > 0 ? s0 : 1; if (rows == 1) *ld = cols > 1 ? cols : 1; return 1; }
-  if ((s0 == 1 || rows == 1) && s1 >= (rows > 1 ? rows : 1)) { *tr = CblasTrans; *ld = s1 > 0 ? s1 : 1; if (cols == 1) *ld = rows > 1 ? rows : 1; return 1; }
+  if ((s1 == 1 || cols == 1) && s0 >= (cols > 1 ? cols : 1)) { *tr = KILN_BLAS_NO_TRANS; *ld = s0 > 0 ? s0 : 1; if (rows == 1) *ld = cols > 1 ? cols : 1; return 1; }
+  if ((s0 == 1 || rows == 1) && s1 >= (rows > 1 ? rows : 1)) { *tr = KILN_BLAS_TRANS; *ld = s1 > 0 ? s1 : 1; if (cols == 1) *ld = rows > 1 ? rows : 1; return 1; }
   return 0;
 }
 

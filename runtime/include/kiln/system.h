@@ -1,0 +1,33 @@
+/* kiln/system.h: what kiln runs on: the CPU's features (read once with cpuid) and the BLAS behind
+   the CPU's GEMM, with the kernels ("core") it uses and whether kiln had to correct its choice. */
+#ifndef KILN_SYSTEM_H
+#define KILN_SYSTEM_H
+
+enum kiln_blas_state {
+  KILN_BLAS_DETECTED = 0,   /* the BLAS chose kernels that suit this CPU */
+  KILN_BLAS_CORRECTED = 1,  /* it chose generic kernels; kiln loaded it again with OPENBLAS_CORETYPE set */
+  KILN_BLAS_FROM_ENV = 2,   /* OPENBLAS_CORETYPE was set before kiln started, and kiln kept it */
+  KILN_BLAS_GENERIC = 3,    /* generic kernels on a CPU that runs better ones, and kiln could not fix it */
+  KILN_BLAS_MISSING = 4     /* OpenBLAS could not be loaded: the GEMM runs on kiln's plain loops */
+};
+
+/* The CPU: its brand string, vendor ("GenuineIntel", "AuthenticAMD"), family and model as Linux
+   prints them, and the features kiln uses, space-separated and in lower case ("avx2 fma avx512f ..."),
+   counting only those the operating system has enabled. */
+const char *kiln_cpu_name(void);
+const char *kiln_cpu_vendor(void);
+int kiln_cpu_family(void);
+int kiln_cpu_model(void);
+const char *kiln_cpu_features(void);
+/* 1 when the CPU has the feature (a name from kiln_cpu_features), else 0. */
+int kiln_cpu_has(const char *feature);
+
+/* The BLAS: its build string ("OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ..."), its core
+   ("Haswell", "SkylakeX", "Prescott" ...), a kiln_blas_state, and one sentence on that state
+   ("" when the BLAS chose well by itself). */
+const char *kiln_blas_name(void);
+const char *kiln_blas_core(void);
+int kiln_blas_state(void);
+const char *kiln_blas_note(void);
+
+#endif

@@ -1,0 +1,145 @@
+-- What kiln runs on: the CPU's features against /proc/cpuinfo, and the BLAS core kiln loads:
+-- never generic on a CPU with AVX2, whatever OpenBLAS's own detection says.
+local kiln = require "kiln"
+local H = require "helpers"
+
+local function cpuinfo()
+  local f = io.open("/proc/cpuinfo")
+  if not f then return nil end
+  local text = f:read("*a")
+  f:close()
+  local flags = {}
+  for flag in (text:match("\nflags%s*:%s*([^\n]*)") or ""):gmatch("%S+") do flags[flag] = true end
+  return {flags = flags, family = tonumber(text:match("cpu family%s*:%s*(%d+)")),
+          model = tonumber(text:match("\nmodel%s*:%s*(%d+)"))}
+end
+
+-- OpenBLAS's cores whose kernels use AVX2 or AVX-512
+local avx2_cores = {Haswell = true, Zen = true, SkylakeX = true, Cooperlake = true, SapphireRapids = true}
+
+-- The core kiln should name for a CPU with these /proc/cpuinfo flags.
+local function best_core(flags, vendor)
+  if flags.avx512f and flags.avx512bw and flags.avx512vl and flags.avx512dq and flags.avx512cd then
+    return flags.avx512_bf16 and "Cooperlake" or "SkylakeX"
+  end
+  return vendor == "AuthenticAMD" and "Zen" or "Haswell"
+end
+
+-- kiln -e code in a fresh process, with the environment changed by `env` (a shell prefix).
+local function run(env, code)
+  local exe = H.kiln_exe()
+  local log = os.tmpname()
+  local out = H.capture(string.format("{ %s %s -e '%s' 2> %s; }", env, exe, code, log))
+  local f = assert(io.open(log))
+  local err = f:read("*a")
+  f:close()
+  os.remove(log)
+  return out, err
+end
+
+-- A product the BLAS computes, printed for comparison with a loop in this process.
+local product = "local a = kiln.arange(1, 13, {dtype = \"f64\"}):view(3, 4) " ..
+                "local b = kiln.arange(1, 9, {dtype = \"f64\"}):view(4, 2) " ..
+                "local i = kiln.info().blas print(i.state, i.core) print(table.concat(a:matmul(b):view(-1):totable(), \" \"))"
+
+local function expected_product()
+  local r = {}
+  for i = 0, 2 do
+    for j = 0, 1 do
+      local s = 0
+      for k = 0, 3 do s = s + (i * 4 + k + 1) * (k * 2 + j + 1) end
+      r[#r + 1] = string.format("%g", s)
+    end
+  end
+  return table.concat(r, " ")
+end
+
+describe("kiln.info", function()
+  local info = kiln.info()
+
+  it("reads the CPU's features as Linux does", function()
+    local ci = cpuinfo()
+    if not ci or next(ci.flags) == nil or not jit.arch:match("x") then pending("no x86 /proc/cpuinfo") return end
+    for _, f in ipairs{"avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd",
+                       "avx512_bf16", "avx512_vnni", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8"} do
+      assert.are.equal(ci.flags[f] and 1 or 0, kiln.C.kiln_cpu_has(f), f)
+    end
+    local listed = {}
+    for _, f in ipairs(info.cpu.features) do listed[f] = true end
+    assert.is_true(listed.sse2)
+    assert.are.equal(ci.flags.avx2 == true, listed.avx2 == true)
+    assert.are.equal(ci.family, info.cpu.family)
+    assert.are.equal(ci.model, info.cpu.model)
+    assert.are.equal(0, kiln.C.kiln_cpu_has("avx"  .. "2x"))   -- a prefix of no feature
+    assert.are.equal(0, kiln.C.kiln_cpu_has(""))
+  end)
+
+  it("names the BLAS, its core and its state", function()
+    assert.matches("^OpenBLAS", info.blas.name)
+    assert.truthy(info.blas.name:find(info.blas.core, 1, true), info.blas.name)
+    assert.truthy(({detected = 1, corrected = 1, from_env = 1, generic = 1})[info.blas.state], info.blas.state)
+    assert.are.equal(kiln.get_num_threads(), info.threads)
+  end)
+end)
+
+describe("the BLAS core", function()
+  local ci = cpuinfo()
+  local function need_avx2()
+    if not H.kiln_exe() then pending("not running under the kiln launcher") return false end
+    if not ci or not ci.flags.avx2 or not ci.flags.fma then pending("the CPU has no AVX2") return false end
+    return true
+  end
+
+  it("is not generic on a CPU with AVX2 when OPENBLAS_CORETYPE is unset", function()
+    if not need_avx2() then return end
+    local out, err = run("env -u OPENBLAS_CORETYPE", product)
+    local state, core = out:match("^(%S+)\t(%S+)")
+    assert.truthy(avx2_cores[core], out .. err)
+    assert.truthy(state == "detected" or state == "corrected", out)
+    assert.are.equal(expected_product(), out:match("\n([^\n]*)\n?$"))
+    assert.are.equal("", err)
+  end)
+
+  it("is corrected when OpenBLAS picks its generic kernels (KILN_BLAS_TEST_GENERIC)", function()
+    if not need_avx2() then return end
+    local out, err = run("env -u OPENBLAS_CORETYPE KILN_BLAS_TEST_GENERIC=1", product ..
+                         " print(kiln.info().blas.note) print(os.getenv(\"OPENBLAS_CORETYPE\"))")
+    local lines = {}
+    for l in out:gmatch("[^\n]+") do lines[#lines + 1] = l end
+    local vendor = kiln.info().cpu.vendor
+    assert.are.equal("corrected\t" .. best_core(ci.flags, vendor), lines[1], out .. err)
+    assert.are.equal(expected_product(), lines[2])
+    assert.matches("generic Prescott kernels", lines[3])
+    assert.are.equal(best_core(ci.flags, vendor), lines[4])   -- for the processes kiln starts
+    assert.are.equal("", err)
+  end)
+
+  it("warns once when a generic core was asked for, and keeps it", function()
+    if not need_avx2() then return end
+    local out, err = run("OPENBLAS_CORETYPE=Prescott", product .. " package.loaded.kiln = nil require \"kiln\"")
+    assert.are.equal("generic\tPrescott", out:match("^[^\n]*"))
+    assert.are.equal(expected_product(), out:match("\n([^\n]*)\n?$"))
+    local _, count = err:gsub("kiln: warning: OpenBLAS runs its generic Prescott kernels because OPENBLAS_CORETYPE=Prescott", "")
+    assert.are.equal(1, count, err)
+  end)
+
+  it("falls back to kiln's plain loops, with a warning, when OpenBLAS cannot be loaded", function()
+    if not H.kiln_exe() then pending("not running under the kiln launcher") return end
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir " .. dir .. " && : > " .. dir .. "/libopenblas.so.0 && : > " .. dir .. "/libopenblas.so") == 0)
+    local out, err = run("LD_LIBRARY_PATH=" .. dir .. ":$LD_LIBRARY_PATH", product)
+    os.execute("rm -r " .. dir)
+    assert.are.equal("missing\tnone", out:match("^[^\n]*"), out .. err)
+    assert.are.equal(expected_product(), out:match("\n([^\n]*)\n?$"))
+    assert.matches("kiln: warning: OpenBLAS could not be loaded", err)
+  end)
+
+  it("is reported by kiln --version", function()
+    if not H.kiln_exe() then pending("not running under the kiln launcher") return end
+    local out = H.capture("env -u OPENBLAS_CORETYPE " .. H.kiln_exe() .. " --version")
+    assert.matches("\ncpu: ", out)
+    assert.matches("\ncpu features: [^\n]*sse2", out)
+    assert.matches("\nblas: OpenBLAS [^\n]*, core %a+", out)
+  end)
+end)
