@@ -8,7 +8,7 @@
 extern "C" {
 #include <kiln/kiln.h>
 }
-#include "../src/philox.h"
+#include "philox.h"
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -243,7 +243,7 @@ template <class C> KILN_EL C clamp_bound(double v) {
   else return (C)v;
 }
 
-/* ---- Philox 4x32-10 (runtime/src/philox.h, shared with cpu/random.c): counter (ctr, 0), key = seed ---- */
+/* ---- Philox 4x32-10 (runtime/src/core/philox.h, shared with cpu/random.c): counter (ctr, 0), key = seed ---- */
 
 KILN_EL void philox(uint64_t ctr, uint64_t key, uint32_t out[4]) { kiln_philox4x32(ctr, key, out); }
 

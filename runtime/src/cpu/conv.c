@@ -6,7 +6,7 @@
    grad weight by GEMM into one partial per part, the partials added in order; grad bias by a
    sum. Every result is therefore bitwise the same at any thread count. */
 #include "cpu.h"
-#include "../nn_calls.h"
+#include "nn_calls.h"
 #include <stdlib.h>
 #include <string.h>
 

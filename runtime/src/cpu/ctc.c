@@ -14,7 +14,7 @@
    This is the derivative with log_probs as free values. PyTorch's kernel adds exp(log_probs), which
    sums to nothing through a log_softmax; kiln's gradient through a log_softmax is the same. */
 #include "cpu.h"
-#include "../nn_calls.h"
+#include "nn_calls.h"
 #include <math.h>
 #include <stdlib.h>
 

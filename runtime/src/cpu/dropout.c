@@ -2,7 +2,7 @@
    i % 4 of Philox block (offset + i / 4) under the seed is at least p * 2^32: a pure function of
    (seed, offset, i), so the mask never depends on the thread count. */
 #include "cpu.h"
-#include "../nn_calls.h"
+#include "nn_calls.h"
 
 struct drop_job {
   int dt;

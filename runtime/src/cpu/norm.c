@@ -3,7 +3,7 @@
    depend on the thread count. Batch norm runs one task per channel, layer and group norm one
    per row; the weight and bias grads of layer and group norm run per column / channel. */
 #include "cpu.h"
-#include "../nn_calls.h"
+#include "nn_calls.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

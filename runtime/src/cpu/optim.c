@@ -4,7 +4,7 @@
    algorithms operation by operation, in the parameter's dtype, and are written to vectorise:
    choices that change which buffers are read or written are hoisted out of the loops. */
 #include "cpu.h"
-#include "../optim_calls.h"
+#include "optim_calls.h"
 #include <math.h>
 
 /* The loops vectorise (gcc -O3 -march=native) when sqrt need not set errno: Adam, RMSprop and

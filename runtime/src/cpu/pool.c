@@ -2,7 +2,7 @@
    channel of one image) is independent; kiln's pool takes the planes in ranges. Max pooling saves
    the index (h * W + w) of each window's maximum; its backward adds grad there. */
 #include "cpu.h"
-#include "../nn_calls.h"
+#include "nn_calls.h"
 #include <math.h>
 #include <string.h>
 

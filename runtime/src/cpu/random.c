@@ -1,7 +1,7 @@
 /* cpu/random.c: Philox 4x32-10 (Salmon et al., SC'11) filling contiguous tensors.
    Element i takes block counter = offset + i under key = seed, so threads can split freely. */
 #include "cpu.h"
-#include "../philox.h"
+#include "philox.h"
 #include <math.h>
 
 void kiln_philox(uint64_t ctr, uint64_t key, uint32_t out[4]) { kiln_philox4x32(ctr, key, out); }

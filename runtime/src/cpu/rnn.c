@@ -3,7 +3,7 @@
    threads that each keep a slice of the recurrent weights in their core's cache and meet at a
    spinning barrier once per step. rnn_impl.h holds the code, once per element type. */
 #include "cpu.h"
-#include "../rnn_calls.h"
+#include "rnn_calls.h"
 #include "vexp.h"
 #include <math.h>
 #include <sched.h>

@@ -5,7 +5,7 @@
    and the lanes fold in a fixed tree (whatever the layout or the thread count), which keeps
    SM_LANES adds in flight instead of one. */
 #include "cpu.h"
-#include "../nn_calls.h"
+#include "nn_calls.h"
 #include "vexp.h"
 #include <math.h>
 #include <stdlib.h>
