@@ -9,6 +9,7 @@
 extern "C" {         /* fed to ffi.cdef as they are, cannot carry the guard themselves) */
 #endif
 #include <kiln/kiln.h>
+#include "dispatch/op_table.h"
 
 #define KILN_API __attribute__((visibility("default")))
 
@@ -211,9 +212,6 @@ struct kiln_node {
 };
 
 
-/* The derivatives of the fused ops (nn.c): gin[k] from the output grad g, as in autograd.c. */
-int kiln_nn_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin);
-int kiln_rnn_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin);   /* rnn.c */
 int kiln_autograd_check_inplace(const char *op, const struct kiln_tensor *target, const struct kiln_tensor *src);
 void kiln_node_release(void *node);
 void kiln_kernel_enter(void);

@@ -1,6 +1,7 @@
 /* autograd.c: graph nodes, the backward walk, and the derivative of every differentiable op.
    Derivatives are written with kiln's own ops (grad mode off), so they run on any device. */
 #include "internal.h"
+#include "derivative.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,57 +107,24 @@ static struct kiln_tensor *save(const struct kiln_tensor *t) {
   return t ? kiln_detach(t) : NULL;
 }
 
-/* Which tensors a kind's derivative reads: bit 0..3 = inputs, bit 4 = the output. */
-enum { S_IN0 = 1, S_IN1 = 2, S_IN2 = 4, S_OUT = 16 };
-static int saved_for(int kind, int scalar_rhs, int reverse) {
-  switch (kind) {
-  case KILN_OP_ABS: case KILN_OP_LOG: case KILN_OP_LOG1P: case KILN_OP_SIN: case KILN_OP_COS:
-  case KILN_OP_SQUARE: case KILN_OP_ERF: case KILN_OP_CLAMP:
-    return S_IN0;
-  case KILN_OP_SQRT: case KILN_OP_RSQRT: case KILN_OP_EXP: case KILN_OP_EXPM1: case KILN_OP_TANH:
-  case KILN_OP_SIGMOID: case KILN_OP_RELU: case KILN_OP_RECIPROCAL:
-    return S_OUT;
-  case KILN_OP_MUL: return scalar_rhs ? 0 : S_IN0 | S_IN1;
-  case KILN_OP_DIV: return scalar_rhs ? (reverse ? S_OUT | S_IN0 : 0) : S_IN0 | S_IN1;
-  case KILN_OP_POW: return scalar_rhs ? S_IN0 | S_OUT : S_IN0 | S_IN1 | S_OUT;
-  case KILN_OP_MAXIMUM: case KILN_OP_MINIMUM: case KILN_OP_REMAINDER: return scalar_rhs ? S_IN0 : S_IN0 | S_IN1;
-  case KILN_OP_WHERE: return S_IN0;
-  case KILN_OP_PROD: case KILN_OP_MAX: case KILN_OP_MIN: case KILN_OP_VAR: case KILN_OP_STD: case KILN_OP_NORM:
-  case KILN_OP_LOGSUMEXP:
-    return S_IN0 | S_OUT;
-  case KILN_OP_GEMM: return S_IN0 | S_IN1;
-  case KILN_OP_INDEX_SELECT: case KILN_OP_GATHER: return S_IN1;
-  case KILN_OP_SCATTER_ADD: case KILN_OP_MASKED_FILL: case KILN_OP_MASKED_SELECT: return S_IN1;
-  }
-  return 0;
+/* Which tensors a kind's derivative reads (KILN_SAVE_* bits), from the op table. */
+static unsigned saved_for(int kind, int scalar_rhs, int reverse) {
+  const struct kiln_op_info *i = kiln_op_info(kind);
+  if (!i) return 0;
+  return scalar_rhs ? (reverse ? i->saves_rscalar : i->saves_scalar) : i->saves;
 }
 
-static int differentiable(int kind) {
-  switch (kind) {
-  case KILN_OP_SIGN: case KILN_OP_FLOOR: case KILN_OP_CEIL: case KILN_OP_ROUND: case KILN_OP_TRUNC:
-  case KILN_OP_LOGICAL_NOT: case KILN_OP_EQ: case KILN_OP_NE: case KILN_OP_LT: case KILN_OP_LE:
-  case KILN_OP_GT: case KILN_OP_GE: case KILN_OP_LOGICAL_AND: case KILN_OP_LOGICAL_OR:
-  case KILN_OP_ARGMAX: case KILN_OP_ARGMIN: case KILN_OP_FILL: case KILN_OP_UNIFORM: case KILN_OP_NORMAL:
-  case KILN_OP_RANDINT: case KILN_OP_COPY:
-    return 0;
-  }
-  return 1;
-}
-
-/* Which inputs of a kind can carry grad: indices, masks and conditions cannot. */
+/* Which inputs of a kind can carry grad (indices, masks and conditions cannot); views pass it on. */
 static int grad_input(int kind, int k) {
-  switch (kind) {
-  case KILN_OP_WHERE: return k != 0;
-  case KILN_OP_INDEX_SELECT: case KILN_OP_GATHER: case KILN_OP_MASKED_FILL: case KILN_OP_MASKED_SELECT: return k == 0;
-  case KILN_OP_SCATTER_ADD: return k != 1;
-  }
-  return 1;
+  if (kind >= KILN_VIEW_BASE) return 1;
+  const struct kiln_op_info *i = kiln_op_info(kind);
+  return i && k < 32 && (i->grad_inputs >> k & 1);
 }
 
 int kiln_autograd_record(int kind, struct kiln_tensor *out, int n, const struct kiln_tensor *const *inputs,
                          const double *scalars, const int64_t *ints, int nints, const struct kiln_tensor *extra) {
   if (!kiln_autograd_wanted(n, inputs)) return KILN_OK;
-  if (!kiln_dtype_is_float(out->dtype) || (kind < KILN_VIEW_BASE && !differentiable(kind))) return KILN_OK;
+  if (!kiln_dtype_is_float(out->dtype) || (kind < KILN_VIEW_BASE && !kiln_op_has(kind, KILN_OPF_DIFFERENTIABLE))) return KILN_OK;
   int any = 0;
   for (int k = 0; k < n; k++) any |= inputs[k] && inputs[k]->requires_grad && grad_input(kind, k);
   if (!any) return KILN_OK;
@@ -190,12 +158,12 @@ int kiln_autograd_record(int kind, struct kiln_tensor *out, int n, const struct 
   node->nints = nints;
   node->out_ndim = out->ndim;
   memcpy(node->out_sizes, out->sizes, sizeof(int64_t) * (size_t)out->ndim);
-  int scalar_rhs = kind < KILN_VIEW_BASE && n == 1 && (kind >= KILN_OP_ADD && kind <= KILN_OP_LOGICAL_OR);
-  int which = kind < KILN_VIEW_BASE ? saved_for(kind, scalar_rhs, ints && nints > 1 && ints[1]) : 0;
+  int scalar_rhs = kind < KILN_VIEW_BASE && n == 1 && kiln_op_info(kind)->family == KILN_FAMILY_BINARY;
+  unsigned which = kind < KILN_VIEW_BASE ? saved_for(kind, scalar_rhs, ints && nints > 1 && ints[1]) : 0;
   int slot = 0;
   for (int k = 0; k < 3; k++)
-    if (which & (1 << k)) node->saved[k] = save(k < n ? inputs[k] : NULL);
-  if (which & S_OUT) node->saved[3] = save(out);
+    if (which & (1u << k)) node->saved[k] = save(k < n ? inputs[k] : NULL);
+  if (which & KILN_SAVE_OUT) node->saved[3] = save(out);
   if (extra) node->saved[2] = save(extra);
   (void)slot;
   for (int k = 0; k < MAX_SAVED; k++)
@@ -251,303 +219,32 @@ KILN_API int kiln_set_grad(struct kiln_tensor *t, const struct kiln_tensor *grad
 
 /* ---- derivatives ---- */
 
-/* Temporaries of one derivative: released together; the first failure stops the rest. */
-struct scope {
-  struct kiln_tensor *items[48];
-  int n, failed;
-};
-
-static struct kiln_tensor *keep(struct scope *s, struct kiln_tensor *t) {
-  if (!t) { s->failed = 1; return NULL; }
-  if (s->n == (int)(sizeof s->items / sizeof s->items[0])) { kiln_tensor_release(t); s->failed = 1; kiln_fail(KILN_ERR_MEMORY, "autograd: too many temporaries"); return NULL; }
-  s->items[s->n++] = t;
-  return t;
-}
-static void scope_end(struct scope *s) { for (int i = 0; i < s->n; i++) kiln_tensor_release(s->items[i]); }
-#define OK2(a, b) (!s->failed && (a) && (b))
-
-static struct kiln_tensor *U(struct scope *s, int op, const struct kiln_tensor *a) {
-  return !s->failed && a ? keep(s, kiln_unary(op, a)) : (s->failed = 1, NULL);
-}
-static struct kiln_tensor *B(struct scope *s, int op, const struct kiln_tensor *a, const struct kiln_tensor *b) {
-  return OK2(a, b) ? keep(s, kiln_binary(op, a, b)) : (s->failed = 1, NULL);
-}
-static struct kiln_tensor *BS(struct scope *s, int op, const struct kiln_tensor *a, double v) {
-  return !s->failed && a ? keep(s, kiln_binary_scalar(op, a, v, 0)) : (s->failed = 1, NULL);
-}
-static struct kiln_tensor *SB(struct scope *s, int op, double v, const struct kiln_tensor *a) {
-  return !s->failed && a ? keep(s, kiln_binary_scalar(op, a, v, 1)) : (s->failed = 1, NULL);
-}
-static struct kiln_tensor *zeros(struct scope *s, int ndim, const int64_t *sizes, int dtype, struct kiln_device dev) {
-  return !s->failed ? keep(s, kiln_tensor_full(ndim, sizes, 0, dtype, dev)) : NULL;
+int kiln_no_derivative(const struct kiln_node *n) {
+  return kiln_fail(KILN_ERR_UNSUPPORTED, "backward: no derivative for %s", kind_name(n->kind));
 }
 
-/* Sum g over the dims that broadcasting added or stretched, down to sizes. */
-static struct kiln_tensor *sum_to(struct scope *s, const struct kiln_tensor *g, int ndim, const int64_t *sizes) {
-  if (s->failed || !g) { s->failed = 1; return NULL; }
-  int lead = g->ndim - ndim, dims[KILN_MAX_DIMS], nd = 0;
-  for (int d = 0; d < g->ndim; d++)
-    if (d < lead || (sizes[d - lead] == 1 && g->sizes[d] != 1)) dims[nd++] = d;
-  if (nd == 0 && g->ndim == ndim) return (struct kiln_tensor *)g;
-  struct kiln_tensor *r = keep(s, kiln_reduce(KILN_OP_SUM, g, nd, dims, 1, 0));
-  if (!r) return NULL;
-  return keep(s, kiln_reshape(r, ndim, sizes));
+int kiln_grad_finish(struct kiln_node *n, struct scope *s, struct kiln_tensor **r, struct kiln_tensor **gin) {
+  int rc = KILN_OK;
+  if (s->failed) rc = kiln_error_code() ? kiln_error_code() : KILN_ERR_STATE;
+  for (int k = 0; k < n->nin && k < 4 && !rc; k++) {
+    if (!n->in[k].needs || !r[k]) continue;
+    /* elementwise ops broadcast: bring the grad back to the input's shape and dtype */
+    struct kiln_tensor *t = sum_to(s, r[k], n->in[k].ndim, n->in[k].sizes);
+    if (t && t->dtype != n->in[k].dtype) t = keep(s, kiln_to_dtype(t, n->in[k].dtype));
+    if (!t) { rc = kiln_error_code(); break; }
+    kiln_tensor_retain(t);
+    gin[k] = t;
+  }
+  if (rc) for (int k = 0; k < 4; k++) { kiln_tensor_release(gin[k]); gin[k] = NULL; }
+  scope_end(s);
+  return rc;
 }
 
-/* g shaped like the output of a reduction, brought back to the input's rank (for broadcasting). */
-static struct kiln_tensor *unreduce(struct scope *s, const struct kiln_tensor *g, const struct kiln_node *n) {
-  if (s->failed || !g) { s->failed = 1; return NULL; }
-  const struct edge *e = &n->in[0];
-  int64_t mask = n->ints[0], keepdim = n->ints[1];
-  if (keepdim || e->ndim == 0) return (struct kiln_tensor *)g;
-  int64_t sizes[KILN_MAX_DIMS];
-  for (int d = 0; d < e->ndim; d++) sizes[d] = (mask & (1 << d)) ? 1 : e->sizes[d];
-  return keep(s, kiln_reshape(g, e->ndim, sizes));
-}
-
-static int64_t reduced_count(const struct kiln_node *n) {
-  int64_t c = 1;
-  for (int d = 0; d < n->in[0].ndim; d++) if (n->ints[0] & (1 << d)) c *= n->in[0].sizes[d];
-  return c;
-}
-
-/* A 3-d tensor whose matrices are stored transposed (column-major), like a view made by t(). */
-static int column_major(const struct kiln_tensor *t) {
-  return t && t->ndim == 3 && t->sizes[1] > 1 && t->sizes[2] > 1 && t->strides[1] == 1 && t->strides[2] == t->sizes[1];
-}
-
-/* The derivative of node n: gin[k] (new references, or NULL for zero) from the output grad g. */
-static int derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
+/* The derivatives of views and of the copies that convert (views are not ops: tensor.c makes them). */
+static int view_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
   struct scope sc = {0}, *s = &sc;
-  struct kiln_tensor *x = n->saved[0], *y = n->saved[1], *out = n->saved[3];
   struct kiln_tensor *r[4] = {0};
-  int scalar_rhs = n->kind >= KILN_OP_ADD && n->kind <= KILN_OP_LOGICAL_OR && n->nin == 1;
-  double sv = n->scalar[0];
-  int reverse = n->nints > 1 && n->ints[1];
   switch (n->kind) {
-  case KILN_OP_NEG: r[0] = U(s, KILN_OP_NEG, g); break;
-  case KILN_OP_ABS: r[0] = B(s, KILN_OP_MUL, g, U(s, KILN_OP_SIGN, x)); break;
-  case KILN_OP_SQRT: r[0] = B(s, KILN_OP_DIV, BS(s, KILN_OP_MUL, g, 0.5), out); break;
-  case KILN_OP_RSQRT: r[0] = B(s, KILN_OP_MUL, BS(s, KILN_OP_MUL, g, -0.5), B(s, KILN_OP_MUL, out, U(s, KILN_OP_SQUARE, out))); break;
-  case KILN_OP_EXP: r[0] = B(s, KILN_OP_MUL, g, out); break;
-  case KILN_OP_LOG: r[0] = B(s, KILN_OP_DIV, g, x); break;
-  case KILN_OP_LOG1P: r[0] = B(s, KILN_OP_DIV, g, BS(s, KILN_OP_ADD, x, 1)); break;
-  case KILN_OP_EXPM1: r[0] = B(s, KILN_OP_MUL, g, BS(s, KILN_OP_ADD, out, 1)); break;
-  case KILN_OP_SIN: r[0] = B(s, KILN_OP_MUL, g, U(s, KILN_OP_COS, x)); break;
-  case KILN_OP_COS: r[0] = B(s, KILN_OP_MUL, g, U(s, KILN_OP_NEG, U(s, KILN_OP_SIN, x))); break;
-  case KILN_OP_TANH: r[0] = B(s, KILN_OP_MUL, g, SB(s, KILN_OP_SUB, 1, U(s, KILN_OP_SQUARE, out))); break;
-  case KILN_OP_SIGMOID: r[0] = B(s, KILN_OP_MUL, g, B(s, KILN_OP_MUL, out, SB(s, KILN_OP_SUB, 1, out))); break;
-  /* relu's output is 0 or positive, so its sign is the mask (and stays in g's dtype: no bool pass) */
-  case KILN_OP_RELU: r[0] = B(s, KILN_OP_MUL, g, U(s, KILN_OP_SIGN, out)); break;
-  case KILN_OP_RECIPROCAL: r[0] = B(s, KILN_OP_MUL, U(s, KILN_OP_NEG, g), U(s, KILN_OP_SQUARE, out)); break;
-  case KILN_OP_SQUARE: r[0] = B(s, KILN_OP_MUL, g, BS(s, KILN_OP_MUL, x, 2)); break;
-  case KILN_OP_ERF:
-    r[0] = B(s, KILN_OP_MUL, g, BS(s, KILN_OP_MUL, U(s, KILN_OP_EXP, U(s, KILN_OP_NEG, U(s, KILN_OP_SQUARE, x))), 2 / sqrt(M_PI)));
-    break;
-  case KILN_OP_ADD:
-    r[0] = g;
-    if (!scalar_rhs) r[1] = g;
-    break;
-  case KILN_OP_SUB:
-    if (scalar_rhs) r[0] = reverse ? U(s, KILN_OP_NEG, g) : g;
-    else { r[0] = g; r[1] = U(s, KILN_OP_NEG, g); }
-    break;
-  case KILN_OP_MUL:
-    if (scalar_rhs) r[0] = BS(s, KILN_OP_MUL, g, sv);
-    else { r[0] = B(s, KILN_OP_MUL, g, y); r[1] = B(s, KILN_OP_MUL, g, x); }
-    break;
-  case KILN_OP_DIV:
-    if (scalar_rhs) r[0] = reverse ? B(s, KILN_OP_MUL, U(s, KILN_OP_NEG, g), B(s, KILN_OP_DIV, out, x)) : BS(s, KILN_OP_DIV, g, sv);
-    else {
-      r[0] = B(s, KILN_OP_DIV, g, y);
-      r[1] = B(s, KILN_OP_MUL, U(s, KILN_OP_NEG, g), B(s, KILN_OP_DIV, x, U(s, KILN_OP_SQUARE, y)));
-    }
-    break;
-  case KILN_OP_POW:
-    if (scalar_rhs) {
-      if (reverse) r[0] = BS(s, KILN_OP_MUL, B(s, KILN_OP_MUL, g, out), log(sv));           /* d(s^x) = s^x log s */
-      else r[0] = B(s, KILN_OP_MUL, g, BS(s, KILN_OP_MUL, BS(s, KILN_OP_POW, x, sv - 1), sv)); /* d(x^s) = s x^(s-1) */
-    } else {
-      r[0] = B(s, KILN_OP_MUL, g, B(s, KILN_OP_MUL, y, B(s, KILN_OP_POW, x, BS(s, KILN_OP_SUB, y, 1))));
-      /* d/dy x^y = x^y log x; 0 where x = 0 and y > 0, as PyTorch has it */
-      struct kiln_tensor *lg = B(s, KILN_OP_MUL, out, U(s, KILN_OP_LOG, x));
-      r[1] = B(s, KILN_OP_MUL, g, !s->failed ? keep(s, kiln_masked_fill(lg, BS(s, KILN_OP_EQ, x, 0), 0)) : NULL);
-    }
-    break;
-  case KILN_OP_MAXIMUM: case KILN_OP_MINIMUM: {
-    int cmp = n->kind == KILN_OP_MAXIMUM ? KILN_OP_GT : KILN_OP_LT;
-    if (scalar_rhs) {
-      /* ties share the grad evenly, as in PyTorch */
-      struct kiln_tensor *w = B(s, KILN_OP_ADD, BS(s, cmp, x, sv), BS(s, KILN_OP_MUL, BS(s, KILN_OP_EQ, x, sv), 0.5));
-      r[0] = B(s, KILN_OP_MUL, g, w);
-    } else {
-      struct kiln_tensor *half_eq = BS(s, KILN_OP_MUL, B(s, KILN_OP_EQ, x, y), 0.5);
-      struct kiln_tensor *wa = B(s, KILN_OP_ADD, B(s, cmp, x, y), half_eq);
-      struct kiln_tensor *wb = B(s, KILN_OP_ADD, B(s, cmp, y, x), half_eq);
-      r[0] = B(s, KILN_OP_MUL, g, wa);
-      r[1] = B(s, KILN_OP_MUL, g, wb);
-    }
-    break;
-  }
-  case KILN_OP_REMAINDER:
-    if (scalar_rhs) r[0] = reverse ? zeros(s, g->ndim, g->sizes, g->dtype, g->device) : g;
-    else {
-      r[0] = g;
-      r[1] = B(s, KILN_OP_MUL, U(s, KILN_OP_NEG, g), U(s, KILN_OP_FLOOR, B(s, KILN_OP_DIV, x, y)));
-    }
-    if (scalar_rhs && reverse) r[0] = B(s, KILN_OP_MUL, U(s, KILN_OP_NEG, g), U(s, KILN_OP_FLOOR, SB(s, KILN_OP_DIV, sv, x)));
-    break;
-  case KILN_OP_WHERE: {
-    struct kiln_tensor *zero = zeros(s, 0, NULL, g->dtype, g->device);
-    r[1] = !s->failed ? keep(s, kiln_where(x, g, zero)) : NULL;
-    r[2] = !s->failed ? keep(s, kiln_where(x, zero, g)) : NULL;
-    break;
-  }
-  case KILN_OP_CLAMP: {
-    struct kiln_tensor *in = B(s, KILN_OP_LOGICAL_AND, BS(s, KILN_OP_GE, x, n->scalar[0]), BS(s, KILN_OP_LE, x, n->scalar[1]));
-    r[0] = B(s, KILN_OP_MUL, g, in);
-    break;
-  }
-  case KILN_OP_SUM: {
-    struct kiln_tensor *gu = unreduce(s, g, n);
-    r[0] = !s->failed ? keep(s, kiln_expand(gu, n->in[0].ndim, n->in[0].sizes)) : NULL;
-    break;
-  }
-  case KILN_OP_MEAN: {
-    struct kiln_tensor *gu = BS(s, KILN_OP_DIV, unreduce(s, g, n), (double)reduced_count(n));
-    r[0] = !s->failed ? keep(s, kiln_expand(gu, n->in[0].ndim, n->in[0].sizes)) : NULL;
-    break;
-  }
-  case KILN_OP_PROD:   /* out / x: exact when no element is zero */
-    r[0] = B(s, KILN_OP_MUL, unreduce(s, g, n), B(s, KILN_OP_DIV, unreduce(s, out, n), x));
-    break;
-  case KILN_OP_MAX: case KILN_OP_MIN: {
-    /* the grad goes to the elements equal to the extreme, shared among ties */
-    int dims[KILN_MAX_DIMS], nd = 0;
-    for (int d = 0; d < n->in[0].ndim; d++) if (n->ints[0] & (1 << d)) dims[nd++] = d;
-    struct kiln_tensor *hit = B(s, KILN_OP_EQ, x, unreduce(s, out, n));
-    struct kiln_tensor *hitf = !s->failed ? keep(s, kiln_to_dtype(hit, g->dtype)) : NULL;
-    struct kiln_tensor *count = !s->failed ? keep(s, kiln_reduce(KILN_OP_SUM, hitf, nd, dims, 1, 0)) : NULL;
-    r[0] = B(s, KILN_OP_MUL, B(s, KILN_OP_DIV, hitf, count), unreduce(s, g, n));
-    break;
-  }
-  case KILN_OP_VAR: case KILN_OP_STD: {
-    int dims[KILN_MAX_DIMS], nd = 0;
-    for (int d = 0; d < n->in[0].ndim; d++) if (n->ints[0] & (1 << d)) dims[nd++] = d;
-    struct kiln_tensor *mean = !s->failed ? keep(s, kiln_reduce(KILN_OP_MEAN, x, nd, dims, 1, 0)) : NULL;
-    struct kiln_tensor *dev = B(s, KILN_OP_SUB, x, mean);
-    double denom = (double)reduced_count(n) - n->scalar[0];
-    if (n->kind == KILN_OP_VAR) r[0] = B(s, KILN_OP_MUL, unreduce(s, g, n), BS(s, KILN_OP_MUL, dev, 2 / denom));
-    else r[0] = B(s, KILN_OP_MUL, B(s, KILN_OP_DIV, unreduce(s, g, n), unreduce(s, out, n)), BS(s, KILN_OP_DIV, dev, denom));
-    break;
-  }
-  case KILN_OP_NORM: {
-    double p = n->scalar[0];
-    struct kiln_tensor *nu = unreduce(s, out, n), *gu = unreduce(s, g, n), *w;
-    if (p == 2) w = B(s, KILN_OP_DIV, x, nu);
-    else if (p == 1) w = U(s, KILN_OP_SIGN, x);
-    else if (isinf(p)) {
-      struct kiln_tensor *hit = B(s, KILN_OP_EQ, U(s, KILN_OP_ABS, x), nu);
-      struct kiln_tensor *hitf = !s->failed ? keep(s, kiln_to_dtype(hit, g->dtype)) : NULL;
-      int dims[KILN_MAX_DIMS], nd = 0;
-      for (int d = 0; d < n->in[0].ndim; d++) if (n->ints[0] & (1 << d)) dims[nd++] = d;
-      struct kiln_tensor *cnt = !s->failed ? keep(s, kiln_reduce(KILN_OP_SUM, hitf, nd, dims, 1, 0)) : NULL;
-      w = B(s, KILN_OP_MUL, U(s, KILN_OP_SIGN, x), B(s, KILN_OP_DIV, hitf, cnt));
-    } else if (p == 0) w = zeros(s, x->ndim, x->sizes, g->dtype, g->device);
-    else w = B(s, KILN_OP_DIV, B(s, KILN_OP_MUL, U(s, KILN_OP_SIGN, x), BS(s, KILN_OP_POW, U(s, KILN_OP_ABS, x), p - 1)),
-               BS(s, KILN_OP_POW, nu, p - 1));
-    /* a zero norm has no direction: its grad is zero, not NaN */
-    if (p != 0 && !isinf(p) && !s->failed) w = keep(s, kiln_masked_fill(w, BS(s, KILN_OP_EQ, nu, 0), 0));
-    r[0] = B(s, KILN_OP_MUL, gu, w);
-    break;
-  }
-  case KILN_OP_LOGSUMEXP:
-    r[0] = B(s, KILN_OP_MUL, unreduce(s, g, n), U(s, KILN_OP_EXP, B(s, KILN_OP_SUB, x, unreduce(s, out, n))));
-    break;
-  case KILN_OP_GEMM: {   /* out = alpha * x @ y (3-d): dx = alpha g y^T, dy = alpha x^T g */
-    double alpha = n->scalar[0];
-    struct kiln_tensor *yt = !s->failed ? keep(s, kiln_transpose(y, 1, 2)) : NULL;
-    struct kiln_tensor *xt = !s->failed ? keep(s, kiln_transpose(x, 1, 2)) : NULL;
-    /* A grad comes out in its input's layout: for a transposed operand (Linear's weight:t())
-       the product is computed transposed, so the weight's grad needs no strided copy later. */
-    struct kiln_tensor *gt = !s->failed ? keep(s, kiln_transpose(g, 1, 2)) : NULL;
-    if (n->in[0].needs && !s->failed) {
-      if (column_major(x)) r[0] = keep(s, kiln_transpose(keep(s, kiln_matmul(y, gt)), 1, 2));
-      else r[0] = keep(s, kiln_matmul(g, yt));
-    }
-    if (n->in[1].needs && !s->failed) {
-      if (column_major(y)) r[1] = keep(s, kiln_transpose(keep(s, kiln_matmul(gt, x)), 1, 2));
-      else r[1] = keep(s, kiln_matmul(xt, g));
-    }
-    /* a batch stride of 0 (one matrix for every batch) sums over the batch */
-    for (int k = 0; k < 2; k++)
-      if (r[k] && n->in[k].sizes[0] == 1 && r[k]->sizes[0] != 1) r[k] = sum_to(s, r[k], 3, n->in[k].sizes);
-    if (alpha != 1) for (int k = 0; k < 2; k++) if (r[k]) r[k] = BS(s, KILN_OP_MUL, r[k], alpha);
-    break;
-  }
-  case KILN_OP_CAT: {
-    int d = (int)n->ints[0];
-    int64_t start = 0;
-    for (int k = 0; k < n->nin; k++) {
-      const struct edge *e = &n->in[k];
-      if (e->ndim == 1 && e->sizes[0] == 0 && n->out_ndim != 1) continue;
-      if (e->needs && !s->failed) {
-        struct kiln_tensor *part = keep(s, kiln_narrow(g, d, start, e->sizes[d]));
-        if (part) gin[k] = kiln_contiguous(part);
-      }
-      start += e->sizes[d];
-    }
-    scope_end(s);
-    for (int k = 0; k < n->nin; k++) if (n->in[k].needs && !gin[k]) { for (int j = 0; j < n->nin; j++) { kiln_tensor_release(gin[j]); gin[j] = NULL; } return kiln_error_code() ? kiln_error_code() : KILN_ERR_MEMORY; }
-    return KILN_OK;
-  }
-  case KILN_OP_INDEX_SELECT: {   /* scatter the rows back: index expanded along the other dims */
-    const struct edge *e = &n->in[0];
-    int d = (int)n->ints[0];
-    struct kiln_tensor *z = zeros(s, e->ndim, e->sizes, g->dtype, g->device);
-    if (e->ndim == 0) { r[0] = g; break; }
-    int64_t shp[KILN_MAX_DIMS];
-    for (int k = 0; k < g->ndim; k++) shp[k] = k == d ? g->sizes[k] : 1;
-    struct kiln_tensor *iv = !s->failed ? keep(s, kiln_reshape(y, g->ndim, shp)) : NULL;
-    struct kiln_tensor *ie = !s->failed ? keep(s, kiln_expand(iv, g->ndim, g->sizes)) : NULL;
-    if (!s->failed && kiln_scatter_add_(z, d, ie, g)) s->failed = 1;
-    r[0] = z;
-    break;
-  }
-  case KILN_OP_GATHER: {
-    const struct edge *e = &n->in[0];
-    struct kiln_tensor *z = zeros(s, e->ndim, e->sizes, g->dtype, g->device);
-    if (!s->failed && kiln_scatter_add_(z, (int)n->ints[0], y, g)) s->failed = 1;
-    r[0] = z;
-    break;
-  }
-  case KILN_OP_SCATTER_ADD:   /* out = a + scatter(src): d a = g, d src = gather(g) */
-    r[0] = g;
-    if (n->nin > 2 && n->in[2].needs) r[2] = !s->failed ? keep(s, kiln_gather(g, (int)n->ints[0], y)) : NULL;
-    break;
-  case KILN_OP_MASKED_FILL:
-    r[0] = !s->failed ? keep(s, kiln_masked_fill(g, y, 0)) : NULL;
-    break;
-  case KILN_OP_MASKED_SELECT: {  /* put g back where the (broadcast) mask is true */
-    const struct edge *e = &n->in[0];
-    int nd;
-    int64_t shape[KILN_MAX_DIMS];
-    if (kiln_broadcast_shapes("masked_select", e->ndim, e->sizes, y->ndim, y->sizes, &nd, shape)) { s->failed = 1; break; }
-    struct kiln_tensor *z = zeros(s, nd, shape, g->dtype, g->device);
-    struct kiln_tensor *m = !s->failed ? keep(s, kiln_expand(y, nd, shape)) : NULL;
-    struct kiln_tensor *mi = !s->failed ? keep(s, kiln_to_dtype(m, KILN_I64)) : NULL;
-    struct kiln_tensor *flat_m = !s->failed ? keep(s, kiln_reshape(mi, 1, (int64_t[]){-1})) : NULL;
-    struct kiln_tensor *flat_z = !s->failed ? keep(s, kiln_reshape(z, 1, (int64_t[]){-1})) : NULL;
-    if (!s->failed) {
-      /* positions of the true elements, in order: where(mask, arange, -1) then masked_select */
-      struct kiln_tensor *pos = keep(s, kiln_tensor_arange(0, (double)flat_m->numel, 1, KILN_I64, g->device));
-      struct kiln_tensor *mb = keep(s, kiln_to_dtype(flat_m, KILN_BOOL));
-      struct kiln_tensor *sel = OK2(pos, mb) ? keep(s, kiln_masked_select(pos, mb)) : NULL;
-      if (sel && kiln_scatter_add_(flat_z, 0, sel, g)) s->failed = 1;
-    }
-    r[0] = sum_to(s, z, e->ndim, e->sizes);
-    break;
-  }
   case KILN_VIEW_RESHAPE: r[0] = !s->failed ? keep(s, kiln_reshape(g, n->in[0].ndim, n->in[0].sizes)) : NULL; break;
   case KILN_VIEW_TRANSPOSE: r[0] = !s->failed ? keep(s, kiln_transpose(g, (int)n->ints[0], (int)n->ints[1])) : NULL; break;
   case KILN_VIEW_PERMUTE: {
@@ -577,23 +274,21 @@ static int derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_te
   }
   default:
     scope_end(s);
-    /* the fused ops (nn.c, optim.c) keep their derivatives beside their front ends */
-    if (n->kind >= KILN_OP_CONV2D && n->kind < KILN_OP_COUNT) return kiln_nn_derivative(n, g, gin);
-    return kiln_fail(KILN_ERR_UNSUPPORTED, "backward: no derivative for %s", kind_name(n->kind));
+    return kiln_no_derivative(n);
   }
-  int rc = KILN_OK;
-  if (s->failed) rc = kiln_error_code() ? kiln_error_code() : KILN_ERR_STATE;
-  for (int k = 0; k < n->nin && k < 4 && !rc; k++) {
-    if (!n->in[k].needs || !r[k]) continue;
-    /* elementwise ops broadcast: bring the grad back to the input's shape and dtype */
-    struct kiln_tensor *t = sum_to(s, r[k], n->in[k].ndim, n->in[k].sizes);
-    if (t && t->dtype != n->in[k].dtype) t = keep(s, kiln_to_dtype(t, n->in[k].dtype));
-    if (!t) { rc = kiln_error_code(); break; }
-    kiln_tensor_retain(t);
-    gin[k] = t;
+  return kiln_grad_finish(n, s, r, gin);
+}
+
+/* The derivative of node n: the op table names it (ops/); views have theirs here. */
+static int derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
+  if (n->kind >= KILN_VIEW_BASE) return view_derivative(n, g, gin);
+  const struct kiln_op_info *info = kiln_op_info(n->kind);
+  if (!info || !info->derivative) return kiln_no_derivative(n);
+  int rc = info->derivative(n, g, gin);
+  if (rc) {
+    for (int k = 0; k < n->nin; k++) { kiln_tensor_release(gin[k]); gin[k] = NULL; }
+    if (!kiln_error_code()) rc = kiln_fail(rc, "backward of %s failed", kind_name(n->kind));
   }
-  if (rc) for (int k = 0; k < 4; k++) { kiln_tensor_release(gin[k]); gin[k] = NULL; }
-  scope_end(s);
   return rc;
 }
 

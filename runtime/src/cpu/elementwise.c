@@ -295,7 +295,7 @@ int cpu_elementwise(const struct kiln_call *c) {
   int ctype = (int)c->ints[0];
   ew_fn fn = kernels[c->op][ctype_index(ctype)];
   if (!fn) return kiln_fail(KILN_ERR_DTYPE, "%s: not defined for %s", kiln_op_name(c->op), kiln_dtype_name(ctype));
-  int octype = c->op == KILN_OP_LOGICAL_NOT || (c->op >= KILN_OP_EQ && c->op <= KILN_OP_LOGICAL_OR) ? KILN_BOOL : ctype;
+  int octype = kiln_op_has(c->op, KILN_OPF_COMPARISON) ? KILN_BOOL : ctype;
   int scalar = c->nin == 2 && c->in[1] == NULL;
   int nin = scalar ? 1 : c->nin;
   execute(c->out, c->in, nin, scalar, c->scalar[0], scalar && c->ints[1], ctype, octype, fn, c->scalar);

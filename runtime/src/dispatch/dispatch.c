@@ -1,49 +1,8 @@
-/* dispatch.c: op names, devices, and the route from an op to its device's kernel. */
+/* dispatch.c: devices, and the route from an op to its device's kernel (the ops themselves: op_table.c). */
 #include "internal.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static const char *const op_names[KILN_OP_COUNT] = {
-  [KILN_OP_COPY] = "copy", [KILN_OP_FILL] = "fill",
-  [KILN_OP_NEG] = "neg", [KILN_OP_ABS] = "abs", [KILN_OP_SIGN] = "sign", [KILN_OP_SQRT] = "sqrt",
-  [KILN_OP_RSQRT] = "rsqrt", [KILN_OP_EXP] = "exp", [KILN_OP_LOG] = "log", [KILN_OP_LOG1P] = "log1p",
-  [KILN_OP_EXPM1] = "expm1", [KILN_OP_SIN] = "sin", [KILN_OP_COS] = "cos", [KILN_OP_TANH] = "tanh",
-  [KILN_OP_SIGMOID] = "sigmoid", [KILN_OP_RELU] = "relu", [KILN_OP_FLOOR] = "floor", [KILN_OP_CEIL] = "ceil",
-  [KILN_OP_ROUND] = "round", [KILN_OP_TRUNC] = "trunc", [KILN_OP_RECIPROCAL] = "reciprocal",
-  [KILN_OP_SQUARE] = "square", [KILN_OP_ERF] = "erf", [KILN_OP_LOGICAL_NOT] = "logical_not",
-  [KILN_OP_ADD] = "add", [KILN_OP_SUB] = "sub", [KILN_OP_MUL] = "mul", [KILN_OP_DIV] = "div",
-  [KILN_OP_POW] = "pow", [KILN_OP_MAXIMUM] = "maximum", [KILN_OP_MINIMUM] = "minimum",
-  [KILN_OP_REMAINDER] = "remainder", [KILN_OP_EQ] = "eq", [KILN_OP_NE] = "ne", [KILN_OP_LT] = "lt",
-  [KILN_OP_LE] = "le", [KILN_OP_GT] = "gt", [KILN_OP_GE] = "ge", [KILN_OP_LOGICAL_AND] = "logical_and",
-  [KILN_OP_LOGICAL_OR] = "logical_or", [KILN_OP_WHERE] = "where", [KILN_OP_CLAMP] = "clamp",
-  [KILN_OP_SUM] = "sum", [KILN_OP_MEAN] = "mean", [KILN_OP_PROD] = "prod", [KILN_OP_MAX] = "max",
-  [KILN_OP_MIN] = "min", [KILN_OP_ARGMAX] = "argmax", [KILN_OP_ARGMIN] = "argmin", [KILN_OP_VAR] = "var",
-  [KILN_OP_STD] = "std", [KILN_OP_NORM] = "norm", [KILN_OP_LOGSUMEXP] = "logsumexp",
-  [KILN_OP_GEMM] = "gemm",
-  [KILN_OP_CAT] = "cat", [KILN_OP_INDEX_SELECT] = "index_select", [KILN_OP_GATHER] = "gather",
-  [KILN_OP_SCATTER_ADD] = "scatter_add", [KILN_OP_MASKED_FILL] = "masked_fill",
-  [KILN_OP_MASKED_SELECT] = "masked_select",
-  [KILN_OP_UNIFORM] = "uniform", [KILN_OP_NORMAL] = "normal", [KILN_OP_RANDINT] = "randint",
-  [KILN_OP_CONV2D] = "conv2d", [KILN_OP_CONV2D_BACKWARD] = "conv2d_backward", [KILN_OP_MAX_POOL2D] = "max_pool2d",
-  [KILN_OP_MAX_POOL2D_BACKWARD] = "max_pool2d_backward", [KILN_OP_AVG_POOL2D] = "avg_pool2d",
-  [KILN_OP_AVG_POOL2D_BACKWARD] = "avg_pool2d_backward", [KILN_OP_BATCH_NORM] = "batch_norm",
-  [KILN_OP_BATCH_NORM_BACKWARD] = "batch_norm_backward", [KILN_OP_LAYER_NORM] = "layer_norm",
-  [KILN_OP_LAYER_NORM_BACKWARD] = "layer_norm_backward", [KILN_OP_GROUP_NORM] = "group_norm",
-  [KILN_OP_GROUP_NORM_BACKWARD] = "group_norm_backward", [KILN_OP_SOFTMAX] = "softmax",
-  [KILN_OP_SOFTMAX_BACKWARD] = "softmax_backward", [KILN_OP_LOG_SOFTMAX] = "log_softmax",
-  [KILN_OP_LOG_SOFTMAX_BACKWARD] = "log_softmax_backward", [KILN_OP_NLL_LOSS] = "nll_loss",
-  [KILN_OP_NLL_LOSS_BACKWARD] = "nll_loss_backward", [KILN_OP_DROPOUT] = "dropout",
-  [KILN_OP_SGD_STEP] = "sgd_step", [KILN_OP_ADAM_STEP] = "adam_step", [KILN_OP_RMSPROP_STEP] = "rmsprop_step",
-  [KILN_OP_ADAGRAD_STEP] = "adagrad_step",
-  [KILN_OP_RNN] = "rnn", [KILN_OP_RNN_BACKWARD] = "rnn_backward",
-  [KILN_OP_CTC_LOSS] = "ctc_loss", [KILN_OP_CTC_LOSS_BACKWARD] = "ctc_loss_backward",
-};
-_Static_assert(sizeof op_names / sizeof op_names[0] == KILN_OP_COUNT, "op_names must cover every op");
-
-KILN_API const char *kiln_op_name(int op) {
-  return op >= 0 && op < KILN_OP_COUNT && op_names[op] ? op_names[op] : "?";
-}
 
 /* Backends by device type. The CUDA entry is filled when libkiln_cuda is loaded. */
 static const struct kiln_backend *backends[KILN_DEVICE_TYPE_COUNT] = {[KILN_CPU] = &kiln_cpu_backend};

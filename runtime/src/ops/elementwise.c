@@ -1,23 +1,9 @@
 /* elementwise.c: the front end of unary, binary and ternary elementwise ops: result dtypes,
    broadcasting, in-place rules. Kernels get call->ints[0] = the dtype to compute in. */
 #include "internal.h"
+#include "autograd/derivative.h"
 #include <math.h>
 #include <string.h>
-
-static int is_comparison(int op) {
-  return op == KILN_OP_EQ || op == KILN_OP_NE || op == KILN_OP_LT || op == KILN_OP_LE || op == KILN_OP_GT ||
-         op == KILN_OP_GE || op == KILN_OP_LOGICAL_AND || op == KILN_OP_LOGICAL_OR;
-}
-
-/* Unary ops that keep an integer dtype; the others need a float. */
-static int keeps_integers(int op) {
-  switch (op) {
-  case KILN_OP_NEG: case KILN_OP_ABS: case KILN_OP_SIGN: case KILN_OP_SQUARE: case KILN_OP_RELU:
-  case KILN_OP_FLOOR: case KILN_OP_CEIL: case KILN_OP_ROUND: case KILN_OP_TRUNC:
-    return 1;
-  }
-  return 0;
-}
 
 /* The dtype arithmetic runs in: f64 for f64, f32 for the other floats, i64 for the rest. */
 static int compute_dtype(int dt) {
@@ -26,14 +12,14 @@ static int compute_dtype(int dt) {
   return KILN_I64;
 }
 
-static int is_unary(int op) { return op >= KILN_OP_NEG && op <= KILN_OP_LOGICAL_NOT; }
-static int is_binary(int op) { return op >= KILN_OP_ADD && op <= KILN_OP_LOGICAL_OR; }
+static int is_unary(int op) { const struct kiln_op_info *i = kiln_op_info(op); return i && i->family == KILN_FAMILY_UNARY; }
+static int is_binary(int op) { const struct kiln_op_info *i = kiln_op_info(op); return i && i->family == KILN_FAMILY_BINARY; }
 
 static int unary_dtypes(int op, int dt, int *result, int *ctype) {
   if (!is_unary(op)) return kiln_fail(KILN_ERR_ARGUMENT, "unary: %s is not a unary op", kiln_op_name(op));
-  if (op == KILN_OP_LOGICAL_NOT) { *result = KILN_BOOL; *ctype = compute_dtype(dt); return KILN_OK; }
+  if (kiln_op_has(op, KILN_OPF_COMPARISON)) { *result = KILN_BOOL; *ctype = compute_dtype(dt); return KILN_OK; }
   if (op == KILN_OP_NEG && dt == KILN_BOOL) return kiln_fail(KILN_ERR_DTYPE, "neg: not defined for bool tensors (use logical_not)");
-  *result = keeps_integers(op) || kiln_dtype_is_float(dt) ? dt : KILN_F32;
+  *result = kiln_op_has(op, KILN_OPF_KEEPS_INTEGERS) || kiln_dtype_is_float(dt) ? dt : KILN_F32;
   *ctype = compute_dtype(*result);
   return KILN_OK;
 }
@@ -41,8 +27,8 @@ static int unary_dtypes(int op, int dt, int *result, int *ctype) {
 static int binary_dtypes(int op, int da, int db, int *result, int *ctype) {
   if (!is_binary(op)) return kiln_fail(KILN_ERR_ARGUMENT, "binary: %s is not a binary op", kiln_op_name(op));
   int p = kiln_promote_types(da, db);
-  if (is_comparison(op)) { *result = KILN_BOOL; *ctype = compute_dtype(p); return KILN_OK; }
-  if (op == KILN_OP_DIV && !kiln_dtype_is_float(p)) p = KILN_F32;
+  if (kiln_op_has(op, KILN_OPF_COMPARISON)) { *result = KILN_BOOL; *ctype = compute_dtype(p); return KILN_OK; }
+  if (kiln_op_has(op, KILN_OPF_NEEDS_FLOAT) && !kiln_dtype_is_float(p)) p = KILN_F32;
   *result = p;
   *ctype = compute_dtype(p);
   return KILN_OK;
@@ -200,4 +186,131 @@ KILN_API struct kiln_tensor *kiln_clamp(const struct kiln_tensor *a, double lo, 
                            .scalar = {has_lo ? lo : -INFINITY, has_hi ? hi : INFINITY}, .ints = {compute_dtype(result)}, .nints = 1};
   if (kiln_dispatch(a->device, &call) || kiln_autograd_record_call(&call, out)) { kiln_tensor_release(out); return NULL; }
   return out;
+}
+
+/* ---- derivatives (named by the op table) ---- */
+
+int kiln_unary_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
+  struct scope sc = {0}, *s = &sc;
+  struct kiln_tensor *x = n->saved[0], *y = n->saved[1], *out = n->saved[3];
+  struct kiln_tensor *r[4] = {0};
+  (void)x; (void)y; (void)out;
+  switch (n->kind) {
+  case KILN_OP_NEG: r[0] = U(s, KILN_OP_NEG, g); break;
+  case KILN_OP_ABS: r[0] = B(s, KILN_OP_MUL, g, U(s, KILN_OP_SIGN, x)); break;
+  case KILN_OP_SQRT: r[0] = B(s, KILN_OP_DIV, BS(s, KILN_OP_MUL, g, 0.5), out); break;
+  case KILN_OP_RSQRT: r[0] = B(s, KILN_OP_MUL, BS(s, KILN_OP_MUL, g, -0.5), B(s, KILN_OP_MUL, out, U(s, KILN_OP_SQUARE, out))); break;
+  case KILN_OP_EXP: r[0] = B(s, KILN_OP_MUL, g, out); break;
+  case KILN_OP_LOG: r[0] = B(s, KILN_OP_DIV, g, x); break;
+  case KILN_OP_LOG1P: r[0] = B(s, KILN_OP_DIV, g, BS(s, KILN_OP_ADD, x, 1)); break;
+  case KILN_OP_EXPM1: r[0] = B(s, KILN_OP_MUL, g, BS(s, KILN_OP_ADD, out, 1)); break;
+  case KILN_OP_SIN: r[0] = B(s, KILN_OP_MUL, g, U(s, KILN_OP_COS, x)); break;
+  case KILN_OP_COS: r[0] = B(s, KILN_OP_MUL, g, U(s, KILN_OP_NEG, U(s, KILN_OP_SIN, x))); break;
+  case KILN_OP_TANH: r[0] = B(s, KILN_OP_MUL, g, SB(s, KILN_OP_SUB, 1, U(s, KILN_OP_SQUARE, out))); break;
+  case KILN_OP_SIGMOID: r[0] = B(s, KILN_OP_MUL, g, B(s, KILN_OP_MUL, out, SB(s, KILN_OP_SUB, 1, out))); break;
+  /* relu's output is 0 or positive, so its sign is the mask (and stays in g's dtype: no bool pass) */
+  case KILN_OP_RELU: r[0] = B(s, KILN_OP_MUL, g, U(s, KILN_OP_SIGN, out)); break;
+  case KILN_OP_RECIPROCAL: r[0] = B(s, KILN_OP_MUL, U(s, KILN_OP_NEG, g), U(s, KILN_OP_SQUARE, out)); break;
+  case KILN_OP_SQUARE: r[0] = B(s, KILN_OP_MUL, g, BS(s, KILN_OP_MUL, x, 2)); break;
+  case KILN_OP_ERF:
+    r[0] = B(s, KILN_OP_MUL, g, BS(s, KILN_OP_MUL, U(s, KILN_OP_EXP, U(s, KILN_OP_NEG, U(s, KILN_OP_SQUARE, x))), 2 / sqrt(M_PI)));
+    break;
+  default:
+    scope_end(s);
+    return kiln_no_derivative(n);
+  }
+  return kiln_grad_finish(n, s, r, gin);
+}
+
+int kiln_binary_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
+  struct scope sc = {0}, *s = &sc;
+  struct kiln_tensor *x = n->saved[0], *y = n->saved[1], *out = n->saved[3];
+  struct kiln_tensor *r[4] = {0};
+  (void)x; (void)y; (void)out;
+  int scalar_rhs = n->nin == 1;   /* x op s, or s op x when reverse */
+  double sv = n->scalar[0];
+  int reverse = n->nints > 1 && n->ints[1];
+  switch (n->kind) {
+  case KILN_OP_ADD:
+    r[0] = g;
+    if (!scalar_rhs) r[1] = g;
+    break;
+  case KILN_OP_SUB:
+    if (scalar_rhs) r[0] = reverse ? U(s, KILN_OP_NEG, g) : g;
+    else { r[0] = g; r[1] = U(s, KILN_OP_NEG, g); }
+    break;
+  case KILN_OP_MUL:
+    if (scalar_rhs) r[0] = BS(s, KILN_OP_MUL, g, sv);
+    else { r[0] = B(s, KILN_OP_MUL, g, y); r[1] = B(s, KILN_OP_MUL, g, x); }
+    break;
+  case KILN_OP_DIV:
+    if (scalar_rhs) r[0] = reverse ? B(s, KILN_OP_MUL, U(s, KILN_OP_NEG, g), B(s, KILN_OP_DIV, out, x)) : BS(s, KILN_OP_DIV, g, sv);
+    else {
+      r[0] = B(s, KILN_OP_DIV, g, y);
+      r[1] = B(s, KILN_OP_MUL, U(s, KILN_OP_NEG, g), B(s, KILN_OP_DIV, x, U(s, KILN_OP_SQUARE, y)));
+    }
+    break;
+  case KILN_OP_POW:
+    if (scalar_rhs) {
+      if (reverse) r[0] = BS(s, KILN_OP_MUL, B(s, KILN_OP_MUL, g, out), log(sv));           /* d(s^x) = s^x log s */
+      else r[0] = B(s, KILN_OP_MUL, g, BS(s, KILN_OP_MUL, BS(s, KILN_OP_POW, x, sv - 1), sv)); /* d(x^s) = s x^(s-1) */
+    } else {
+      r[0] = B(s, KILN_OP_MUL, g, B(s, KILN_OP_MUL, y, B(s, KILN_OP_POW, x, BS(s, KILN_OP_SUB, y, 1))));
+      /* d/dy x^y = x^y log x; 0 where x = 0 and y > 0, as PyTorch has it */
+      struct kiln_tensor *lg = B(s, KILN_OP_MUL, out, U(s, KILN_OP_LOG, x));
+      r[1] = B(s, KILN_OP_MUL, g, !s->failed ? keep(s, kiln_masked_fill(lg, BS(s, KILN_OP_EQ, x, 0), 0)) : NULL);
+    }
+    break;
+  case KILN_OP_MAXIMUM: case KILN_OP_MINIMUM: {
+    int cmp = n->kind == KILN_OP_MAXIMUM ? KILN_OP_GT : KILN_OP_LT;
+    if (scalar_rhs) {
+      /* ties share the grad evenly, as in PyTorch */
+      struct kiln_tensor *w = B(s, KILN_OP_ADD, BS(s, cmp, x, sv), BS(s, KILN_OP_MUL, BS(s, KILN_OP_EQ, x, sv), 0.5));
+      r[0] = B(s, KILN_OP_MUL, g, w);
+    } else {
+      struct kiln_tensor *half_eq = BS(s, KILN_OP_MUL, B(s, KILN_OP_EQ, x, y), 0.5);
+      struct kiln_tensor *wa = B(s, KILN_OP_ADD, B(s, cmp, x, y), half_eq);
+      struct kiln_tensor *wb = B(s, KILN_OP_ADD, B(s, cmp, y, x), half_eq);
+      r[0] = B(s, KILN_OP_MUL, g, wa);
+      r[1] = B(s, KILN_OP_MUL, g, wb);
+    }
+    break;
+  }
+  case KILN_OP_REMAINDER:
+    if (scalar_rhs) r[0] = reverse ? zeros(s, g->ndim, g->sizes, g->dtype, g->device) : g;
+    else {
+      r[0] = g;
+      r[1] = B(s, KILN_OP_MUL, U(s, KILN_OP_NEG, g), U(s, KILN_OP_FLOOR, B(s, KILN_OP_DIV, x, y)));
+    }
+    if (scalar_rhs && reverse) r[0] = B(s, KILN_OP_MUL, U(s, KILN_OP_NEG, g), U(s, KILN_OP_FLOOR, SB(s, KILN_OP_DIV, sv, x)));
+    break;
+  default:
+    scope_end(s);
+    return kiln_no_derivative(n);
+  }
+  return kiln_grad_finish(n, s, r, gin);
+}
+
+int kiln_ternary_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
+  struct scope sc = {0}, *s = &sc;
+  struct kiln_tensor *x = n->saved[0], *y = n->saved[1], *out = n->saved[3];
+  struct kiln_tensor *r[4] = {0};
+  (void)x; (void)y; (void)out;
+  switch (n->kind) {
+  case KILN_OP_WHERE: {
+    struct kiln_tensor *zero = zeros(s, 0, NULL, g->dtype, g->device);
+    r[1] = !s->failed ? keep(s, kiln_where(x, g, zero)) : NULL;
+    r[2] = !s->failed ? keep(s, kiln_where(x, zero, g)) : NULL;
+    break;
+  }
+  case KILN_OP_CLAMP: {
+    struct kiln_tensor *in = B(s, KILN_OP_LOGICAL_AND, BS(s, KILN_OP_GE, x, n->scalar[0]), BS(s, KILN_OP_LE, x, n->scalar[1]));
+    r[0] = B(s, KILN_OP_MUL, g, in);
+    break;
+  }
+  default:
+    scope_end(s);
+    return kiln_no_derivative(n);
+  }
+  return kiln_grad_finish(n, s, r, gin);
 }

@@ -1,6 +1,8 @@
 /* index.c: the front end of joining and indexing ops (cat, stack, index_select, gather,
    scatter_add, masked_fill, masked_select). Index values are checked by the kernels. */
 #include "internal.h"
+#include "autograd/derivative.h"
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -197,4 +199,84 @@ KILN_API struct kiln_tensor *kiln_masked_select(const struct kiln_tensor *a, con
     return NULL;
   }
   return result;
+}
+
+/* ---- derivatives (named by the op table) ---- */
+
+int kiln_cat_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
+  struct scope sc = {0}, *s = &sc;
+    int d = (int)n->ints[0];
+    int64_t start = 0;
+    for (int k = 0; k < n->nin; k++) {
+      const struct edge *e = &n->in[k];
+      if (e->ndim == 1 && e->sizes[0] == 0 && n->out_ndim != 1) continue;
+      if (e->needs && !s->failed) {
+        struct kiln_tensor *part = keep(s, kiln_narrow(g, d, start, e->sizes[d]));
+        if (part) gin[k] = kiln_contiguous(part);
+      }
+      start += e->sizes[d];
+    }
+    scope_end(s);
+    for (int k = 0; k < n->nin; k++) if (n->in[k].needs && !gin[k]) { for (int j = 0; j < n->nin; j++) { kiln_tensor_release(gin[j]); gin[j] = NULL; } return kiln_error_code() ? kiln_error_code() : KILN_ERR_MEMORY; }
+    return KILN_OK;
+}
+
+int kiln_index_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
+  struct scope sc = {0}, *s = &sc;
+  struct kiln_tensor *x = n->saved[0], *y = n->saved[1], *out = n->saved[3];
+  struct kiln_tensor *r[4] = {0};
+  (void)x; (void)y; (void)out;
+  switch (n->kind) {
+  case KILN_OP_INDEX_SELECT: {   /* scatter the rows back: index expanded along the other dims */
+    const struct edge *e = &n->in[0];
+    int d = (int)n->ints[0];
+    struct kiln_tensor *z = zeros(s, e->ndim, e->sizes, g->dtype, g->device);
+    if (e->ndim == 0) { r[0] = g; break; }
+    int64_t shp[KILN_MAX_DIMS];
+    for (int k = 0; k < g->ndim; k++) shp[k] = k == d ? g->sizes[k] : 1;
+    struct kiln_tensor *iv = !s->failed ? keep(s, kiln_reshape(y, g->ndim, shp)) : NULL;
+    struct kiln_tensor *ie = !s->failed ? keep(s, kiln_expand(iv, g->ndim, g->sizes)) : NULL;
+    if (!s->failed && kiln_scatter_add_(z, d, ie, g)) s->failed = 1;
+    r[0] = z;
+    break;
+  }
+  case KILN_OP_GATHER: {
+    const struct edge *e = &n->in[0];
+    struct kiln_tensor *z = zeros(s, e->ndim, e->sizes, g->dtype, g->device);
+    if (!s->failed && kiln_scatter_add_(z, (int)n->ints[0], y, g)) s->failed = 1;
+    r[0] = z;
+    break;
+  }
+  case KILN_OP_SCATTER_ADD:   /* out = a + scatter(src): d a = g, d src = gather(g) */
+    r[0] = g;
+    if (n->nin > 2 && n->in[2].needs) r[2] = !s->failed ? keep(s, kiln_gather(g, (int)n->ints[0], y)) : NULL;
+    break;
+  case KILN_OP_MASKED_FILL:
+    r[0] = !s->failed ? keep(s, kiln_masked_fill(g, y, 0)) : NULL;
+    break;
+  case KILN_OP_MASKED_SELECT: {  /* put g back where the (broadcast) mask is true */
+    const struct edge *e = &n->in[0];
+    int nd;
+    int64_t shape[KILN_MAX_DIMS];
+    if (kiln_broadcast_shapes("masked_select", e->ndim, e->sizes, y->ndim, y->sizes, &nd, shape)) { s->failed = 1; break; }
+    struct kiln_tensor *z = zeros(s, nd, shape, g->dtype, g->device);
+    struct kiln_tensor *m = !s->failed ? keep(s, kiln_expand(y, nd, shape)) : NULL;
+    struct kiln_tensor *mi = !s->failed ? keep(s, kiln_to_dtype(m, KILN_I64)) : NULL;
+    struct kiln_tensor *flat_m = !s->failed ? keep(s, kiln_reshape(mi, 1, (int64_t[]){-1})) : NULL;
+    struct kiln_tensor *flat_z = !s->failed ? keep(s, kiln_reshape(z, 1, (int64_t[]){-1})) : NULL;
+    if (!s->failed) {
+      /* positions of the true elements, in order: where(mask, arange, -1) then masked_select */
+      struct kiln_tensor *pos = keep(s, kiln_tensor_arange(0, (double)flat_m->numel, 1, KILN_I64, g->device));
+      struct kiln_tensor *mb = keep(s, kiln_to_dtype(flat_m, KILN_BOOL));
+      struct kiln_tensor *sel = OK2(pos, mb) ? keep(s, kiln_masked_select(pos, mb)) : NULL;
+      if (sel && kiln_scatter_add_(flat_z, 0, sel, g)) s->failed = 1;
+    }
+    r[0] = sum_to(s, z, e->ndim, e->sizes);
+    break;
+  }
+  default:
+    scope_end(s);
+    return kiln_no_derivative(n);
+  }
+  return kiln_grad_finish(n, s, r, gin);
 }

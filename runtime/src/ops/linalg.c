@@ -1,6 +1,8 @@
 /* linalg.c: the front end of matrix products. Every product becomes one GEMM call on
    3-d views out[B,n,m] = alpha * a[B,n,k] @ b[B,k,m] + beta * out (batch strides may be 0). */
 #include "internal.h"
+#include "autograd/derivative.h"
+#include <math.h>
 #include <string.h>
 
 static int check_pair(const char *op, const struct kiln_tensor *a, const struct kiln_tensor *b) {
@@ -172,4 +174,40 @@ KILN_API struct kiln_tensor *kiln_addmm(const struct kiln_tensor *c, const struc
   kiln_tensor_release(O3); kiln_tensor_release(A3); kiln_tensor_release(B3);
   if (rc) { kiln_tensor_release(out); return NULL; }
   return out;
+}
+
+/* ---- derivatives (named by the op table) ---- */
+
+int kiln_gemm_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
+  struct scope sc = {0}, *s = &sc;
+  struct kiln_tensor *x = n->saved[0], *y = n->saved[1], *out = n->saved[3];
+  struct kiln_tensor *r[4] = {0};
+  (void)x; (void)y; (void)out;
+  switch (n->kind) {
+  case KILN_OP_GEMM: {   /* out = alpha * x @ y (3-d): dx = alpha g y^T, dy = alpha x^T g */
+    double alpha = n->scalar[0];
+    struct kiln_tensor *yt = !s->failed ? keep(s, kiln_transpose(y, 1, 2)) : NULL;
+    struct kiln_tensor *xt = !s->failed ? keep(s, kiln_transpose(x, 1, 2)) : NULL;
+    /* A grad comes out in its input's layout: for a transposed operand (Linear's weight:t())
+       the product is computed transposed, so the weight's grad needs no strided copy later. */
+    struct kiln_tensor *gt = !s->failed ? keep(s, kiln_transpose(g, 1, 2)) : NULL;
+    if (n->in[0].needs && !s->failed) {
+      if (column_major(x)) r[0] = keep(s, kiln_transpose(keep(s, kiln_matmul(y, gt)), 1, 2));
+      else r[0] = keep(s, kiln_matmul(g, yt));
+    }
+    if (n->in[1].needs && !s->failed) {
+      if (column_major(y)) r[1] = keep(s, kiln_transpose(keep(s, kiln_matmul(gt, x)), 1, 2));
+      else r[1] = keep(s, kiln_matmul(xt, g));
+    }
+    /* a batch stride of 0 (one matrix for every batch) sums over the batch */
+    for (int k = 0; k < 2; k++)
+      if (r[k] && n->in[k].sizes[0] == 1 && r[k]->sizes[0] != 1) r[k] = sum_to(s, r[k], 3, n->in[k].sizes);
+    if (alpha != 1) for (int k = 0; k < 2; k++) if (r[k]) r[k] = BS(s, KILN_OP_MUL, r[k], alpha);
+    break;
+  }
+  default:
+    scope_end(s);
+    return kiln_no_derivative(n);
+  }
+  return kiln_grad_finish(n, s, r, gin);
 }

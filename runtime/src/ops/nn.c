@@ -1,7 +1,7 @@
 /* nn.c: the front ends of the fused neural-network ops (kiln/nn.h) and their derivatives.
    A front end checks shapes, dtypes and devices, allocates the outputs, dispatches the forward
    kernel (nn_calls.h says what each call carries) and records a node with what the backward
-   reads; kiln_nn_derivative dispatches the *_BACKWARD kernels (grad mode is off there). */
+   reads; their derivatives (named by the op table) dispatch the *_BACKWARD kernels (grad mode is off there). */
 #include "internal.h"
 #include "nn_calls.h"
 #include <math.h>
@@ -169,7 +169,7 @@ KILN_API struct kiln_tensor *kiln_conv_transpose2d(const struct kiln_tensor *x, 
   return record(KILN_OP_CONV2D, out, 3, inputs, NULL, ints, CONV_NODE_INTS, saved, 2);
 }
 
-static int conv_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
+int kiln_conv_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
   const struct kiln_tensor *x = n->saved[0], *w = n->saved[1];
   int need_x = n->in[0].needs, need_w = n->in[1].needs, need_b = n->nin > 2 && n->in[2].needs;
   struct kiln_call call = {.nints = KILN_CONV_INTS};
@@ -298,7 +298,7 @@ KILN_API struct kiln_tensor *kiln_adaptive_avg_pool2d(const struct kiln_tensor *
   return avg_pool(x, ints, out_h, out_w);
 }
 
-static int pool_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
+int kiln_pool_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
   const struct edge *e = &n->in[0];
   if (!e->needs) return KILN_OK;
   if (!(gin[0] = kiln_tensor_empty(e->ndim, e->sizes, e->dtype, e->device))) return kiln_error_code();
@@ -426,7 +426,7 @@ KILN_API struct kiln_tensor *kiln_group_norm(const struct kiln_tensor *x, int64_
   return row_norm(KILN_OP_GROUP_NORM, x, w, b, groups, x->sizes[0] * groups, eps);
 }
 
-static int norm_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
+int kiln_norm_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
   struct kiln_tensor *out[3] = {0};
   for (int k = 0; k < 3 && k < n->nin; k++) {
     const struct edge *e = &n->in[k];
@@ -459,7 +459,7 @@ static struct kiln_tensor *softmax(int kind, const struct kiln_tensor *x, int di
 KILN_API struct kiln_tensor *kiln_softmax(const struct kiln_tensor *x, int dim) { return softmax(KILN_OP_SOFTMAX, x, dim); }
 KILN_API struct kiln_tensor *kiln_log_softmax(const struct kiln_tensor *x, int dim) { return softmax(KILN_OP_LOG_SOFTMAX, x, dim); }
 
-static int softmax_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
+int kiln_softmax_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
   const struct edge *e = &n->in[0];
   if (!e->needs) return KILN_OK;
   if (!(gin[0] = kiln_tensor_empty(e->ndim, e->sizes, e->dtype, e->device))) return kiln_error_code();
@@ -530,7 +530,7 @@ KILN_API struct kiln_tensor *kiln_cross_entropy(const struct kiln_tensor *logits
   return nll("cross_entropy", 1, logits, target, weight, ignore_index, label_smoothing, reduction);
 }
 
-static int nll_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
+int kiln_nll_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
   const struct edge *e = &n->in[0];
   if (!e->needs) return KILN_OK;
   if (!(gin[0] = kiln_tensor_empty(e->ndim, e->sizes, e->dtype, e->device))) return kiln_error_code();
@@ -706,7 +706,7 @@ KILN_API struct kiln_tensor *kiln_ctc_loss(const struct kiln_tensor *lp, const s
   return out;
 }
 
-static int ctc_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
+int kiln_ctc_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
   const struct edge *e = &n->in[0];
   if (!e->needs) return KILN_OK;
   if (!(gin[0] = kiln_tensor_empty(e->ndim, e->sizes, e->dtype, e->device))) return kiln_error_code();
@@ -718,26 +718,7 @@ static int ctc_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kil
 
 /* ---- derivatives ---- */
 
-int kiln_nn_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
-  int rc;
-  switch (n->kind) {
-  case KILN_OP_CONV2D: rc = conv_derivative(n, g, gin); break;
-  case KILN_OP_MAX_POOL2D: case KILN_OP_AVG_POOL2D: rc = pool_derivative(n, g, gin); break;
-  case KILN_OP_BATCH_NORM: case KILN_OP_LAYER_NORM: case KILN_OP_GROUP_NORM: rc = norm_derivative(n, g, gin); break;
-  case KILN_OP_SOFTMAX: case KILN_OP_LOG_SOFTMAX: rc = softmax_derivative(n, g, gin); break;
-  case KILN_OP_NLL_LOSS: rc = nll_derivative(n, g, gin); break;
-  case KILN_OP_RNN: rc = kiln_rnn_derivative(n, g, gin); break;
-  case KILN_OP_CTC_LOSS: rc = ctc_derivative(n, g, gin); break;
-  case KILN_OP_DROPOUT:
-    rc = KILN_OK;
-    if (n->in[0].needs && !(gin[0] = kiln_binary(KILN_OP_MUL, g, n->saved[0]))) rc = kiln_error_code();
-    break;
-  default:
-    return kiln_fail(KILN_ERR_UNSUPPORTED, "backward: no derivative for %s", kiln_op_name(n->kind));
-  }
-  if (rc) {
-    for (int k = 0; k < n->nin; k++) { kiln_tensor_release(gin[k]); gin[k] = NULL; }
-    if (!kiln_error_code()) rc = kiln_fail(rc, "backward of %s failed", kiln_op_name(n->kind));
-  }
-  return rc;
+int kiln_dropout_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
+  if (n->in[0].needs && !(gin[0] = kiln_binary(KILN_OP_MUL, g, n->saved[0]))) return kiln_error_code();
+  return KILN_OK;
 }
