@@ -214,6 +214,8 @@ struct kiln_node {
 
 int kiln_autograd_check_inplace(const char *op, const struct kiln_tensor *target, const struct kiln_tensor *src);
 void kiln_node_release(void *node);
+/* Set by autograd (before its first node): how kiln_tensor_release lets go of a grad_fn. */
+void kiln_tensor_set_grad_fn_release(void (*release)(void *node));
 void kiln_kernel_enter(void);
 void kiln_kernel_leave(void);
 

@@ -7,20 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static _Thread_local int grad_off;      /* no_grad depth */
-static _Thread_local int kernel_depth;  /* inside a kernel: record nothing */
-
-void kiln_kernel_enter(void) { kernel_depth++; }
-void kiln_kernel_leave(void) { kernel_depth--; }
-
-KILN_API int kiln_set_grad_enabled(int enabled) {
-  int prev = !grad_off;
-  grad_off = !enabled;
-  return prev;
-}
-KILN_API int kiln_grad_enabled(void) { return !grad_off; }
-int kiln_autograd_active(void) { return !grad_off && kernel_depth == 0; }
-
 /* ---- nodes ---- */
 
 static void node_release(struct kiln_node *n);
@@ -128,6 +114,7 @@ int kiln_autograd_record(int kind, struct kiln_tensor *out, int n, const struct 
   int any = 0;
   for (int k = 0; k < n; k++) any |= inputs[k] && inputs[k]->requires_grad && grad_input(kind, k);
   if (!any) return KILN_OK;
+  kiln_tensor_set_grad_fn_release(kiln_node_release);   /* tensors let go of nodes through it */
   struct kiln_node *node = calloc(1, sizeof *node);
   struct edge *edges = calloc((size_t)(n > 0 ? n : 1), sizeof *edges);
   if (!node || !edges) { free(node); free(edges); return kiln_fail(KILN_ERR_MEMORY, "autograd: out of memory for a node"); }

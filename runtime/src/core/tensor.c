@@ -158,10 +158,18 @@ KILN_API void kiln_tensor_retain(struct kiln_tensor *t) {
   if (t) __atomic_add_fetch(&t->refcount, 1, __ATOMIC_RELAXED);
 }
 
+/* How a tensor lets go of its grad_fn: set by autograd before it makes the first node, so that the
+   tensor code knows nothing of graphs. */
+static void (*grad_fn_release)(void *node);
+
+void kiln_tensor_set_grad_fn_release(void (*release)(void *node)) {
+  __atomic_store_n(&grad_fn_release, release, __ATOMIC_RELEASE);
+}
+
 KILN_API void kiln_tensor_release(struct kiln_tensor *t) {
   if (t && __atomic_sub_fetch(&t->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
     kiln_tensor_release(t->grad);
-    if (t->grad_fn) kiln_node_release(t->grad_fn);
+    if (t->grad_fn) __atomic_load_n(&grad_fn_release, __ATOMIC_ACQUIRE)(t->grad_fn);
     storage_release(t->storage);
     free(t);
   }

@@ -149,10 +149,14 @@ int cpu_gemm(const struct kiln_call *c) {
   j.sc = C->strides[0];
   j.ldc = C->strides[1] > 0 ? C->strides[1] : 1;
   if (j.k == 0) {  /* BLAS wants k >= 1: the product is zero, only beta * C remains */
-    struct kiln_tensor *scaled = beta != 0 ? kiln_binary_scalar(KILN_OP_MUL, C, beta, 0) : NULL;
-    if (beta != 0 && !scaled) { rc = kiln_error_code(); goto done; }
-    if (scaled) { kiln_cpu_copy(C, scaled); kiln_tensor_release(scaled); }
-    else kiln_fill_(C, 0);
+    int es = dt == KILN_F32 ? 4 : 8;
+    for (int64_t bi = 0; bi < j.nbatch; bi++)
+      for (int64_t r = 0; r < j.n; r++)
+        for (int64_t q = 0; q < j.m; q++) {
+          char *p = j.c + (bi * j.sc + r * j.ldc + q) * es;
+          if (es == 4) *(float *)p = beta != 0 ? (float)(beta * *(float *)p) : 0.0f;
+          else *(double *)p = beta != 0 ? beta * *(double *)p : 0.0;
+        }
   } else {
     gemm_run(&j);
   }

@@ -70,48 +70,26 @@ int kiln_dispatch(struct kiln_device device, const struct kiln_call *call) {
   return rc;
 }
 
-KILN_API int kiln_device_parse(const char *name, struct kiln_device *out) {
-  if (!name || !out) return kiln_fail(KILN_ERR_ARGUMENT, "device: no name given");
-  if (strcmp(name, "cpu") == 0) { *out = (struct kiln_device){KILN_CPU, 0}; return KILN_OK; }
-  if (strncmp(name, "cuda", 4) == 0) {
-    const char *rest = name + 4;
-    if (*rest == 0) { *out = (struct kiln_device){KILN_CUDA, 0}; return KILN_OK; }
-    if (*rest == ':' && rest[1]) {
-      char *end;
-      long idx = strtol(rest + 1, &end, 10);
-      if (*end == 0 && idx >= 0 && idx < 1024) { *out = (struct kiln_device){KILN_CUDA, (int32_t)idx}; return KILN_OK; }
-    }
-  }
-  return kiln_fail(KILN_ERR_ARGUMENT, "device: unknown device \"%s\" (expected \"cpu\", \"cuda\" or \"cuda:N\")", name);
-}
-
-KILN_API const char *kiln_device_name(struct kiln_device device) {
-  static _Thread_local char bufs[2][32];
-  static _Thread_local int next;
-  char *b = bufs[next++ & 1];
-  if (device.type == KILN_CPU) snprintf(b, 32, "cpu");
-  else if (device.type == KILN_CUDA) snprintf(b, 32, "cuda:%d", (int)device.index);
-  else snprintf(b, 32, "device(%d:%d)", (int)device.type, (int)device.index);
-  return b;
-}
-
 KILN_API int kiln_device_available(struct kiln_device device) {
   if (device.type == KILN_CPU) return device.index == 0;
   if (device.type == KILN_CUDA) return cuda_backend() && device.index >= 0 && device.index < cuda_device_count;
   return 0;
 }
 
-int kiln_broadcast_shapes(const char *op, int na, const int64_t *sa, int nb, const int64_t *sb, int *out_ndim, int64_t *out) {
-  int n = na > nb ? na : nb;
-  for (int i = 0; i < n; i++) {
-    int64_t x = i < n - na ? 1 : sa[i - (n - na)];
-    int64_t y = i < n - nb ? 1 : sb[i - (n - nb)];
-    if (x == y || y == 1) out[i] = x;
-    else if (x == 1) out[i] = y;
-    else
-      return kiln_fail(KILN_ERR_SHAPE, "%s: shapes %s and %s do not broadcast (dim %d: %lld vs %lld)", op,
-                       kiln_sizes_string(na, sa), kiln_sizes_string(nb, sb), i, (long long)x, (long long)y);
-  }
-  *out_ndim = n;
+/* The process's f32 matmul precision (kiln/ops.h), read by the CUDA backend at each GEMM through
+   kiln_cuda_host (cuda_loader.c): a setting of the dispatch, beside the backends it reaches; the CPU kernels never look at it. */
+static int float32_matmul_precision = KILN_MATMUL_HIGHEST;
+
+KILN_API int kiln_set_float32_matmul_precision(int precision) {
+  if (precision != KILN_MATMUL_HIGHEST && precision != KILN_MATMUL_HIGH && precision != KILN_MATMUL_MEDIUM)
+    return kiln_fail(KILN_ERR_ARGUMENT,
+                     "set_float32_matmul_precision: %d is not a precision: KILN_MATMUL_HIGHEST (0, exact f32), "
+                     "KILN_MATMUL_HIGH (1, TF32) or KILN_MATMUL_MEDIUM (2, BF16)",
+                     precision);
+  __atomic_store_n(&float32_matmul_precision, precision, __ATOMIC_RELAXED);
   return KILN_OK;
+}
+
+KILN_API int kiln_get_float32_matmul_precision(void) {
+  return __atomic_load_n(&float32_matmul_precision, __ATOMIC_RELAXED);
 }

@@ -14,24 +14,6 @@ static int check_pair(const char *op, const struct kiln_tensor *a, const struct 
   return KILN_OK;
 }
 
-/* The process's f32 matmul precision (kiln/ops.h), read by the CUDA backend at each GEMM through
-   kiln_cuda_host (cuda_loader.c); the CPU kernels never look at it. */
-static int float32_matmul_precision = KILN_MATMUL_HIGHEST;
-
-KILN_API int kiln_set_float32_matmul_precision(int precision) {
-  if (precision != KILN_MATMUL_HIGHEST && precision != KILN_MATMUL_HIGH && precision != KILN_MATMUL_MEDIUM)
-    return kiln_fail(KILN_ERR_ARGUMENT,
-                     "set_float32_matmul_precision: %d is not a precision: KILN_MATMUL_HIGHEST (0, exact f32), "
-                     "KILN_MATMUL_HIGH (1, TF32) or KILN_MATMUL_MEDIUM (2, BF16)",
-                     precision);
-  __atomic_store_n(&float32_matmul_precision, precision, __ATOMIC_RELAXED);
-  return KILN_OK;
-}
-
-KILN_API int kiln_get_float32_matmul_precision(void) {
-  return __atomic_load_n(&float32_matmul_precision, __ATOMIC_RELAXED);
-}
-
 /* out (already holding beta's operand) = alpha * a @ b + beta * out, all 3-d. */
 static int gemm(struct kiln_tensor *out, const struct kiln_tensor *a, const struct kiln_tensor *b, double alpha, double beta) {
   struct kiln_call call = {.op = KILN_OP_GEMM, .out = out, .in = {a, b}, .nin = 2, .scalar = {alpha, beta}};

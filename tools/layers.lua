@@ -1,0 +1,111 @@
+-- tools/layers.lua: the runtime's layers, and the check that calls and includes only go down.
+-- usage: luajit tools/layers.lua BUILD_DIR [SOURCE_DIR]   (exit 1 and one line per crossing)
+--
+-- The layers of libkiln, top to bottom; each is a folder of runtime/src (two folders in one layer
+-- are peers). A file may call functions and include headers of its own layer and of the layers
+-- below it, never above. runtime/src/internal.h, the runtime's private declarations, is shared by
+-- every layer. The op front ends and autograd are peers: a front end records its node in the graph,
+-- and the backward walk adds gradients with the elementwise ops.
+local LAYERS = {{"data"}, {"ops", "autograd"}, {"dispatch"}, {"cpu"}, {"core"}}
+
+-- Symbols every layer may use wherever they are defined: the op table is data that every layer
+-- reads (an op's name, family and flags), and it names each op's derivative in ops/ by pointer.
+local SHARED = {kiln_ops = true, kiln_op_info = true, kiln_op_has = true, kiln_op_name = true,
+                kiln_op_family_names = true}
+
+-- Crossings that are known and not yet undone, as "file -> symbol" (or "file -> include").
+-- The check fails on any crossing not listed here, and on a listed one that no longer happens,
+-- so that this list only shrinks. docs/architecture.md says what remains and why.
+local KNOWN = dofile((arg[0]:match("^(.*)/") or ".") .. "/layers_known.lua")
+
+local build = arg[1] or "build"
+local src = (arg[2] or ".") .. "/runtime/src"
+local objdir = build .. "/CMakeFiles/kiln.dir/runtime/src"
+
+local rank, folders = {}, {}
+for i, group in ipairs(LAYERS) do
+  for _, l in ipairs(group) do rank[l] = i folders[#folders + 1] = l end   -- smaller is higher
+end
+
+local function lines(cmd)
+  local p = assert(io.popen(cmd))
+  local out = {}
+  for l in p:lines() do out[#out + 1] = l end
+  p:close()
+  return out
+end
+
+local function layer_of(path)   -- "ops/nn.c" -> "ops"
+  return path:match("^([%w_]+)/")
+end
+
+-- Object files and the symbols each defines and needs.
+local objects = lines("cd " .. objdir .. " && ls */*.o 2>/dev/null")
+if #objects == 0 then io.stderr:write("layers: no object files under " .. objdir .. "\n") os.exit(2) end
+local defined_in = {}
+local needs = {}
+for _, o in ipairs(objects) do
+  needs[o] = {}
+  for _, l in ipairs(lines("nm -P " .. objdir .. "/" .. o)) do
+    local name, kind = l:match("^(%S+) (%a)")
+    if kind == "U" then needs[o][#needs[o] + 1] = name
+    elseif kind and kind:match("[TDRBtdrb]") and kind:match("%u") then defined_in[name] = o end
+  end
+end
+
+local found, problems = {}, {}
+local function crossing(file, what, from, to)
+  -- the op table names each op's derivative (ops/) by pointer; autograd calls it
+  if file == "dispatch/op_table.c" and what:match("^kiln_[%w_]+_derivative$") then return end
+  local key = file .. " -> " .. what
+  found[key] = true
+  if not KNOWN[key] then
+    problems[#problems + 1] = string.format("%s (%s) uses %s of %s, a layer above it", file, from, what, to)
+  end
+end
+
+for _, o in ipairs(objects) do
+  local file = o:gsub("%.o$", "")
+  local from = layer_of(file)
+  if rank[from] then
+    for _, sym in ipairs(needs[o]) do
+      local def = defined_in[sym]
+      local to = def and layer_of(def)
+      if to and not SHARED[sym] and rank[to] and rank[to] < rank[from] then
+        crossing(file, sym, from, to)
+      end
+    end
+  end
+end
+
+-- Includes: a quoted include names a file of runtime/src (next to the includer, or on the include
+-- path: runtime/src and runtime/src/core).
+local function exists(p) local f = io.open(p) if f then f:close() return true end return false end
+for _, layer in ipairs(folders) do
+  for _, name in ipairs(lines("cd " .. src .. "/" .. layer .. " && ls *.c *.h 2>/dev/null")) do
+    local file = layer .. "/" .. name
+    local f = assert(io.open(src .. "/" .. file))
+    for l in f:lines() do
+      local inc = l:match('^%s*#%s*include%s+"([^"]+)"')
+      if inc then
+        local target
+        for _, base in ipairs{layer .. "/", "", "core/"} do
+          if exists(src .. "/" .. base .. inc) then target = (base .. inc):gsub("[^/]+/%.%./", "") break end
+        end
+        local to = target and layer_of(target)
+        if to and rank[to] and rank[to] < rank[layer] then crossing(file, "#include " .. inc, layer, to) end
+      end
+    end
+    f:close()
+  end
+end
+
+for key in pairs(KNOWN) do
+  if not found[key] then problems[#problems + 1] = "listed in tools/layers_known.lua but no longer crosses: " .. key end
+end
+table.sort(problems)
+for _, p in ipairs(problems) do print(p) end
+local n = 0
+for _ in pairs(found) do n = n + 1 end
+io.stderr:write(string.format("layers: %d object files, %d known crossings, %d problems\n", #objects, n, #problems))
+os.exit(#problems == 0 and 0 or 1)
