@@ -118,6 +118,11 @@ void kiln_memory_count_alloc(int device_type, int64_t nbytes);
 void kiln_memory_count_free(int device_type, int64_t nbytes);
 
 /* Tensors (tensor.c). */
+/* Views for kernels, which record nothing and whose arguments the front end has checked
+   (tensor.c): t itself, t broadcast to sizes (as kiln_expand), t's dims in the order perm. */
+struct kiln_tensor *kiln_layout_alias(const struct kiln_tensor *t);
+struct kiln_tensor *kiln_layout_expand(const struct kiln_tensor *t, int ndim, const int64_t *sizes);
+struct kiln_tensor *kiln_layout_permute(const struct kiln_tensor *t, int ndim, const int *perm);
 struct kiln_tensor *kiln_tensor_header(int ndim, const int64_t *sizes, const int64_t *strides, int64_t offset,
                                        int dtype, struct kiln_device device, struct kiln_storage *storage);
 void kiln_contiguous_strides(int ndim, const int64_t *sizes, int64_t *strides);
@@ -222,8 +227,12 @@ void kiln_kernel_leave(void);
 /* Philox 4x32-10 (cpu/random.c): block ctr under key; every random draw of kiln comes from it. */
 void kiln_philox(uint64_t ctr, uint64_t key, uint32_t out[4]);
 
-/* Strided copy with conversion and broadcasting of src to dst's shape (copy.c). */
+/* What CPU kernels use in place of the public ops, which dispatch and record (cpu/elementwise.c):
+   a strided copy with conversion and broadcasting of src to dst's shape, a fill, and t itself when
+   contiguous (a new reference), else a contiguous copy. */
 int kiln_cpu_copy(struct kiln_tensor *dst, const struct kiln_tensor *src);
+int kiln_cpu_fill(struct kiln_tensor *t, double value);
+struct kiln_tensor *kiln_cpu_contiguous(const struct kiln_tensor *t);
 
 #ifdef __cplusplus
 }

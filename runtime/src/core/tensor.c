@@ -406,6 +406,26 @@ KILN_API int kiln_tensor_item(const struct kiln_tensor *t, double *out) {
   return kiln_tensor_to_f64(t, out);
 }
 
+/* ---- views for kernels ---- */
+
+struct kiln_tensor *kiln_layout_alias(const struct kiln_tensor *t) {
+  return kiln_tensor_header(t->ndim, t->sizes, t->strides, t->offset, t->dtype, t->device, t->storage);
+}
+
+struct kiln_tensor *kiln_layout_expand(const struct kiln_tensor *t, int ndim, const int64_t *sizes) {
+  int64_t st[KILN_MAX_DIMS];
+  int lead = ndim - t->ndim;
+  for (int d = 0; d < ndim; d++)
+    st[d] = d < lead || (t->sizes[d - lead] == 1 && sizes[d] != 1) ? 0 : t->strides[d - lead];
+  return kiln_tensor_header(ndim, sizes, st, t->offset, t->dtype, t->device, t->storage);
+}
+
+struct kiln_tensor *kiln_layout_permute(const struct kiln_tensor *t, int ndim, const int *perm) {
+  int64_t sz[KILN_MAX_DIMS], st[KILN_MAX_DIMS];
+  for (int i = 0; i < ndim; i++) { sz[i] = t->sizes[perm[i]]; st[i] = t->strides[perm[i]]; }
+  return kiln_tensor_header(ndim, sz, st, t->offset, t->dtype, t->device, t->storage);
+}
+
 /* ---- views ---- */
 
 static struct kiln_tensor *view_of(const struct kiln_tensor *t, int ndim, const int64_t *sizes, const int64_t *strides, int64_t offset) {

@@ -189,7 +189,7 @@ static int float_dtype(const char *op, const struct kiln_tensor *t) {
 }
 
 /* A contiguous version of t (a new reference), or NULL with an error. */
-static struct kiln_tensor *dense(const struct kiln_tensor *t) { return t ? kiln_contiguous(t) : NULL; }
+static struct kiln_tensor *dense(const struct kiln_tensor *t) { return t ? kiln_cpu_contiguous(t) : NULL; }
 
 /* ---- forward ---- */
 
@@ -399,7 +399,7 @@ int cpu_conv2d_backward(const struct kiln_call *c) {
             gy->sizes[1], gy->sizes[2], gy->sizes[3], es);
   const struct geom *g = &j.g;
   if (out->gw && (!x || g->N == 0 || g->P == 0)) {   /* no images: the grad weight is zero */
-    kiln_fill_(out->gw, 0);
+    kiln_cpu_fill(out->gw, 0);
   } else if (out->gw) {
     partials = malloc((size_t)(g->parts * g->O * g->K * es) + 64);
     if (!partials) { rc = kiln_fail(KILN_ERR_MEMORY, "conv2d_backward: out of memory for the grad-weight partials"); goto done; }

@@ -97,7 +97,7 @@ static void ctc_job_init(struct ctc_job *j, const struct kiln_tensor *lp, const 
 int cpu_ctc_loss(const struct kiln_call *c) {
   const struct kiln_ctc_extra *ex = c->extra;
   if (float_dtype("ctc_loss", c->in[0])) return kiln_error_code();
-  struct kiln_tensor *lp = kiln_contiguous(c->in[0]), *labels = kiln_contiguous(c->in[1]);
+  struct kiln_tensor *lp = kiln_cpu_contiguous(c->in[0]), *labels = kiln_cpu_contiguous(c->in[1]);
   int rc = KILN_OK;
   if (!lp || !labels) { rc = kiln_error_code(); goto done; }
   struct ctc_job j = {.lp = kiln_tensor_data(lp), .nll = kiln_tensor_data(ex->nll), .alpha = kiln_tensor_data(ex->log_alpha)};
@@ -163,8 +163,8 @@ static void ctc_backward_samples(void *ctx, int64_t begin, int64_t end) {
 
 int cpu_ctc_loss_backward(const struct kiln_call *c) {
   if (float_dtype("ctc_loss_backward", c->out)) return kiln_error_code();
-  struct kiln_tensor *g = kiln_contiguous(c->in[0]), *lp = kiln_contiguous(c->in[1]), *labels = kiln_contiguous(c->in[2]);
-  struct kiln_tensor *nll = kiln_contiguous(c->in[3]), *alpha = kiln_contiguous(c->extra);
+  struct kiln_tensor *g = kiln_cpu_contiguous(c->in[0]), *lp = kiln_cpu_contiguous(c->in[1]), *labels = kiln_cpu_contiguous(c->in[2]);
+  struct kiln_tensor *nll = kiln_cpu_contiguous(c->in[3]), *alpha = kiln_cpu_contiguous(c->extra);
   struct ctc_job j = {0};
   int rc = KILN_OK;
   if (!g || !lp || !labels || !nll || !alpha) { rc = kiln_error_code(); goto done; }

@@ -43,7 +43,7 @@ int cpu_dropout(const struct kiln_call *c) {
     return kiln_fail(KILN_ERR_DTYPE, "dropout: %s tensors are not supported on cpu (f32 or f64; got %s)",
                      kiln_dtype_name(in->dtype), kiln_shape_string(in));
   if (c->out->numel == 0) return KILN_OK;
-  struct kiln_tensor *x = kiln_contiguous(in);
+  struct kiln_tensor *x = kiln_cpu_contiguous(in);
   if (!x) return kiln_error_code();
   double p = c->scalar[0];
   struct drop_job j = {.dt = x->dtype, .seed = (uint64_t)c->ints[0], .offset = (uint64_t)c->ints[1],

@@ -431,3 +431,15 @@ int kiln_cpu_copy(struct kiln_tensor *dst, const struct kiln_tensor *src) {
   struct kiln_call call = {.op = KILN_OP_COPY, .out = dst, .in = {src}, .nin = 1};
   return cpu_copy(&call);
 }
+
+int kiln_cpu_fill(struct kiln_tensor *t, double value) {
+  struct kiln_call call = {.op = KILN_OP_FILL, .out = t, .scalar = {value}};
+  return cpu_fill(&call);
+}
+
+struct kiln_tensor *kiln_cpu_contiguous(const struct kiln_tensor *t) {
+  if (kiln_is_contiguous(t)) { kiln_tensor_retain((struct kiln_tensor *)t); return (struct kiln_tensor *)t; }
+  struct kiln_tensor *c = kiln_tensor_empty(t->ndim, t->sizes, t->dtype, t->device);
+  if (c && kiln_cpu_copy(c, t)) { kiln_tensor_release(c); return NULL; }
+  return c;
+}

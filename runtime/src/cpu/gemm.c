@@ -125,14 +125,14 @@ int cpu_gemm(const struct kiln_call *c) {
   struct gemm_job j = {.dtype = dt, .nbatch = out->sizes[0], .n = out->sizes[1], .m = out->sizes[2], .k = a->sizes[2],
                        .alpha = alpha, .beta = beta};
   /* Operands BLAS cannot read in place (other dtype, odd strides) are copied first. */
-  A = (a->dtype == dt && blas_layout(a, &j.ta, &j.lda)) ? kiln_alias(a) : NULL;
+  A = (a->dtype == dt && blas_layout(a, &j.ta, &j.lda)) ? kiln_layout_alias(a) : NULL;
   if (!A) {
     A = kiln_tensor_empty(3, a->sizes, dt, a->device);
     if (!A) return kiln_error_code();
     kiln_cpu_copy(A, a);
     blas_layout(A, &j.ta, &j.lda);
   }
-  Bm = (b->dtype == dt && blas_layout(b, &j.tb, &j.ldb)) ? kiln_alias(b) : NULL;
+  Bm = (b->dtype == dt && blas_layout(b, &j.tb, &j.ldb)) ? kiln_layout_alias(b) : NULL;
   if (!Bm) {
     Bm = kiln_tensor_empty(3, b->sizes, dt, b->device);
     if (!Bm) { rc = kiln_error_code(); goto done; }
@@ -140,7 +140,7 @@ int cpu_gemm(const struct kiln_call *c) {
     blas_layout(Bm, &j.tb, &j.ldb);
   }
   int direct_out = out->dtype == dt && out->strides[2] == 1 && out->strides[1] >= out->sizes[2] && kiln_is_contiguous(out);
-  C = direct_out ? kiln_alias(out) : kiln_tensor_empty(3, out->sizes, dt, out->device);
+  C = direct_out ? kiln_layout_alias(out) : kiln_tensor_empty(3, out->sizes, dt, out->device);
   if (!C) { rc = kiln_error_code(); goto done; }
   if (!direct_out && beta != 0) kiln_cpu_copy(C, out);
   j.a = kiln_tensor_data(A); j.b = kiln_tensor_data(Bm); j.c = kiln_tensor_data(C);

@@ -164,7 +164,7 @@ int cpu_scatter_add(const struct kiln_call *c) {
 
 int cpu_masked_fill(const struct kiln_call *c) {
   struct kiln_tensor *a = c->out;
-  struct kiln_tensor *m = kiln_expand(c->in[1], a->ndim, a->sizes);
+  struct kiln_tensor *m = kiln_layout_expand(c->in[1], a->ndim, a->sizes);
   if (!m) return kiln_error_code();
   char value[8];
   kiln_store_f64(value, a->dtype, c->scalar[0]);
@@ -183,7 +183,7 @@ int cpu_masked_select(const struct kiln_call *c) {
   int nd;
   int64_t shape[KILN_MAX_DIMS];
   kiln_broadcast_shapes("masked_select", a0->ndim, a0->sizes, m0->ndim, m0->sizes, &nd, shape);
-  struct kiln_tensor *a = kiln_expand(a0, nd, shape), *m = kiln_expand(m0, nd, shape);
+  struct kiln_tensor *a = kiln_layout_expand(a0, nd, shape), *m = kiln_layout_expand(m0, nd, shape);
   int rc = KILN_OK;
   if (!a || !m) { rc = kiln_error_code(); goto done; }
   const struct kiln_tensor *ts[2] = {a, m};

@@ -123,8 +123,8 @@ static void *data_or_null(const struct kiln_tensor *t) { return t ? kiln_tensor_
 int cpu_batch_norm(const struct kiln_call *c) {
   const struct kiln_norm_stats *st = c->extra;
   if (float_dtype("batch_norm", c->in[0])) return kiln_error_code();
-  struct kiln_tensor *x = kiln_contiguous(c->in[0]), *w = c->in[1] ? kiln_contiguous(c->in[1]) : NULL;
-  struct kiln_tensor *b = c->in[2] ? kiln_contiguous(c->in[2]) : NULL;
+  struct kiln_tensor *x = kiln_cpu_contiguous(c->in[0]), *w = c->in[1] ? kiln_cpu_contiguous(c->in[1]) : NULL;
+  struct kiln_tensor *b = c->in[2] ? kiln_cpu_contiguous(c->in[2]) : NULL;
   int rc = KILN_OK;
   if (!x || (c->in[1] && !w) || (c->in[2] && !b)) { rc = kiln_error_code(); goto done; }
   struct bn_job j = {.batch_stats = (int)c->ints[0], .update = (int)c->ints[1], .eps = c->scalar[0], .momentum = c->scalar[1]};
@@ -144,9 +144,9 @@ done:
 int cpu_batch_norm_backward(const struct kiln_call *c) {
   const struct kiln_norm_grads *gr = c->extra;
   if (float_dtype("batch_norm_backward", c->in[0])) return kiln_error_code();
-  struct kiln_tensor *gy = kiln_contiguous(c->in[0]), *x = kiln_contiguous(c->in[1]);
-  struct kiln_tensor *w = c->in[2] ? kiln_contiguous(c->in[2]) : NULL;
-  struct kiln_tensor *mean = kiln_contiguous(gr->mean), *invstd = kiln_contiguous(gr->invstd);
+  struct kiln_tensor *gy = kiln_cpu_contiguous(c->in[0]), *x = kiln_cpu_contiguous(c->in[1]);
+  struct kiln_tensor *w = c->in[2] ? kiln_cpu_contiguous(c->in[2]) : NULL;
+  struct kiln_tensor *mean = kiln_cpu_contiguous(gr->mean), *invstd = kiln_cpu_contiguous(gr->invstd);
   int rc = KILN_OK;
   if (!gy || !x || (c->in[2] && !w) || !mean || !invstd) { rc = kiln_error_code(); goto done; }
   struct bn_job j = {.batch_stats = (int)c->ints[0]};
@@ -291,8 +291,8 @@ int cpu_row_norm(const struct kiln_call *c) {
   const struct kiln_norm_stats *st = c->extra;
   const char *name = kiln_op_name(c->op);
   if (float_dtype(name, c->in[0])) return kiln_error_code();
-  struct kiln_tensor *x = kiln_contiguous(c->in[0]), *w = c->in[1] ? kiln_contiguous(c->in[1]) : NULL;
-  struct kiln_tensor *b = c->in[2] ? kiln_contiguous(c->in[2]) : NULL;
+  struct kiln_tensor *x = kiln_cpu_contiguous(c->in[0]), *w = c->in[1] ? kiln_cpu_contiguous(c->in[1]) : NULL;
+  struct kiln_tensor *b = c->in[2] ? kiln_cpu_contiguous(c->in[2]) : NULL;
   int rc = KILN_OK;
   if (!x || (c->in[1] && !w) || (c->in[2] && !b)) { rc = kiln_error_code(); goto done; }
   struct rn_job j = {.eps = c->scalar[0]};
@@ -310,9 +310,9 @@ int cpu_row_norm_backward(const struct kiln_call *c) {
   const struct kiln_norm_grads *gr = c->extra;
   const char *name = kiln_op_name(c->op);
   if (float_dtype(name, c->in[0])) return kiln_error_code();
-  struct kiln_tensor *gy = kiln_contiguous(c->in[0]), *x = kiln_contiguous(c->in[1]);
-  struct kiln_tensor *w = c->in[2] ? kiln_contiguous(c->in[2]) : NULL;
-  struct kiln_tensor *mean = kiln_contiguous(gr->mean), *invstd = kiln_contiguous(gr->invstd);
+  struct kiln_tensor *gy = kiln_cpu_contiguous(c->in[0]), *x = kiln_cpu_contiguous(c->in[1]);
+  struct kiln_tensor *w = c->in[2] ? kiln_cpu_contiguous(c->in[2]) : NULL;
+  struct kiln_tensor *mean = kiln_cpu_contiguous(gr->mean), *invstd = kiln_cpu_contiguous(gr->invstd);
   int rc = KILN_OK;
   if (!gy || !x || (c->in[2] && !w) || !mean || !invstd) { rc = kiln_error_code(); goto done; }
   struct rn_job j = {0};

@@ -100,7 +100,7 @@ int cpu_max_pool2d(const struct kiln_call *c) {
   struct kiln_tensor *y = c->out, *ind = (struct kiln_tensor *)c->extra;
   if (float_dtype("max_pool2d", c->in[0])) return kiln_error_code();
   if (y->numel == 0) return KILN_OK;
-  struct kiln_tensor *x = kiln_contiguous(c->in[0]);
+  struct kiln_tensor *x = kiln_cpu_contiguous(c->in[0]);
   if (!x) return kiln_error_code();
   struct pool_job j;
   memset(&j, 0, sizeof j);
@@ -116,7 +116,7 @@ int cpu_max_pool2d_backward(const struct kiln_call *c) {
   struct kiln_tensor *gx = c->out;
   if (float_dtype("max_pool2d_backward", c->in[0])) return kiln_error_code();
   if (gx->numel == 0) return KILN_OK;
-  struct kiln_tensor *gy = kiln_contiguous(c->in[0]), *ind = kiln_contiguous(c->in[1]);
+  struct kiln_tensor *gy = kiln_cpu_contiguous(c->in[0]), *ind = kiln_cpu_contiguous(c->in[1]);
   if (!gy || !ind) { kiln_tensor_release(gy); kiln_tensor_release(ind); return kiln_error_code(); }
   struct pool_job j;
   memset(&j, 0, sizeof j);
@@ -192,7 +192,7 @@ int cpu_avg_pool2d(const struct kiln_call *c) {
   struct kiln_tensor *y = c->out;
   if (float_dtype("avg_pool2d", c->in[0])) return kiln_error_code();
   if (y->numel == 0) return KILN_OK;
-  struct kiln_tensor *x = kiln_contiguous(c->in[0]);
+  struct kiln_tensor *x = kiln_cpu_contiguous(c->in[0]);
   if (!x) return kiln_error_code();
   struct pool_job j;
   memset(&j, 0, sizeof j);
@@ -208,7 +208,7 @@ int cpu_avg_pool2d_backward(const struct kiln_call *c) {
   struct kiln_tensor *gx = c->out;
   if (float_dtype("avg_pool2d_backward", c->in[0])) return kiln_error_code();
   if (gx->numel == 0) return KILN_OK;
-  struct kiln_tensor *gy = kiln_contiguous(c->in[0]);
+  struct kiln_tensor *gy = kiln_cpu_contiguous(c->in[0]);
   if (!gy) return kiln_error_code();
   struct pool_job j;
   memset(&j, 0, sizeof j);

@@ -278,7 +278,7 @@ int cpu_reduce(const struct kiln_call *c) {
   for (int d = 0; d < a->ndim; d++) if (!(mask & (1 << d))) { perm[n++] = d; M *= a->sizes[d]; }
   for (int d = 0; d < a->ndim; d++) if (mask & (1 << d)) { perm[n++] = d; R *= a->sizes[d]; }
   int rdtype = ints ? KILN_I64 : a->dtype == KILN_F64 ? KILN_F64 : a->dtype == KILN_F32 ? KILN_F32 : KILN_F64;
-  struct kiln_tensor *pv = kiln_permute(a, a->ndim, perm);
+  struct kiln_tensor *pv = kiln_layout_permute(a, a->ndim, perm);
   if (!pv) return kiln_error_code();
   struct kiln_tensor *rows = pv;
   if (!kiln_is_contiguous(pv) || pv->dtype != rdtype) {

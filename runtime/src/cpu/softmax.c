@@ -154,7 +154,7 @@ static int64_t line_grain(int64_t D) { return D >= 2048 ? 1 : 2048 / (D ? D : 1)
 int cpu_softmax(const struct kiln_call *c) {
   if (float_dtype(kiln_op_name(c->op), c->in[0])) return kiln_error_code();
   if (c->out->numel == 0) return KILN_OK;
-  struct kiln_tensor *x = kiln_contiguous(c->in[0]);
+  struct kiln_tensor *x = kiln_cpu_contiguous(c->in[0]);
   if (!x) return kiln_error_code();
   struct sm_job j = {.log = c->op == KILN_OP_LOG_SOFTMAX, .x = kiln_tensor_data(x), .y = kiln_tensor_data(c->out)};
   lines_of(x, (int)c->ints[0], &j);
@@ -166,7 +166,7 @@ int cpu_softmax(const struct kiln_call *c) {
 int cpu_softmax_backward(const struct kiln_call *c) {
   if (float_dtype(kiln_op_name(c->op), c->in[0])) return kiln_error_code();
   if (c->out->numel == 0) return KILN_OK;
-  struct kiln_tensor *gy = kiln_contiguous(c->in[0]), *y = kiln_contiguous(c->in[1]);
+  struct kiln_tensor *gy = kiln_cpu_contiguous(c->in[0]), *y = kiln_cpu_contiguous(c->in[1]);
   int rc = KILN_OK;
   if (!gy || !y) { rc = kiln_error_code(); goto done; }
   struct sm_job j = {.log = c->op == KILN_OP_LOG_SOFTMAX_BACKWARD, .x = kiln_tensor_data(y), .gy = kiln_tensor_data(gy),
@@ -259,8 +259,8 @@ static void nll_shape(const struct kiln_tensor *input, struct nll_job *j) {
 int cpu_nll_loss(const struct kiln_call *c) {
   struct kiln_nll_extra *ex = (struct kiln_nll_extra *)c->extra;
   if (float_dtype(kiln_op_name(c->op), c->in[0])) return kiln_error_code();
-  struct kiln_tensor *input = kiln_contiguous(c->in[0]), *target = kiln_contiguous(c->in[1]);
-  struct kiln_tensor *weight = c->in[2] ? kiln_contiguous(c->in[2]) : NULL, *losses = NULL;
+  struct kiln_tensor *input = kiln_cpu_contiguous(c->in[0]), *target = kiln_cpu_contiguous(c->in[1]);
+  struct kiln_tensor *weight = c->in[2] ? kiln_cpu_contiguous(c->in[2]) : NULL, *losses = NULL;
   int rc = KILN_OK;
   if (!input || !target || (c->in[2] && !weight)) { rc = kiln_error_code(); goto done; }
   struct nll_job j = {.reduction = (int)c->ints[0], .ignore = c->ints[1], .fused = (int)c->ints[2],
@@ -311,9 +311,9 @@ done:
 
 int cpu_nll_loss_backward(const struct kiln_call *c) {
   if (float_dtype(kiln_op_name(c->op), c->out)) return kiln_error_code();
-  struct kiln_tensor *g = kiln_contiguous(c->in[0]), *target = kiln_contiguous(c->in[1]);
-  struct kiln_tensor *weight = c->in[2] ? kiln_contiguous(c->in[2]) : NULL;
-  struct kiln_tensor *logp = c->in[3] ? kiln_contiguous(c->in[3]) : NULL;
+  struct kiln_tensor *g = kiln_cpu_contiguous(c->in[0]), *target = kiln_cpu_contiguous(c->in[1]);
+  struct kiln_tensor *weight = c->in[2] ? kiln_cpu_contiguous(c->in[2]) : NULL;
+  struct kiln_tensor *logp = c->in[3] ? kiln_cpu_contiguous(c->in[3]) : NULL;
   int rc = KILN_OK;
   if (!g || !target || (c->in[2] && !weight) || (c->in[3] && !logp)) { rc = kiln_error_code(); goto done; }
   struct nll_job j = {.reduction = (int)c->ints[0], .ignore = c->ints[1], .fused = (int)c->ints[2],
