@@ -15,7 +15,7 @@ local SHARED = {kiln_ops = true, kiln_op_info = true, kiln_op_has = true, kiln_o
 
 -- Crossings that are known and not yet undone, as "file -> symbol" (or "file -> include").
 -- The check fails on any crossing not listed here, and on a listed one that no longer happens,
--- so that this list only shrinks. docs/architecture.md says what remains and why.
+-- so that this list only shrinks.
 local KNOWN = dofile((arg[0]:match("^(.*)/") or ".") .. "/layers_known.lua")
 
 local build = arg[1] or "build"

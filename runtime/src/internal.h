@@ -118,6 +118,23 @@ void kiln_memory_count_alloc(int device_type, int64_t nbytes);
 void kiln_memory_count_free(int device_type, int64_t nbytes);
 
 /* Tensors (tensor.c). */
+/* The address of one element of a live cpu tensor at a storage offset inside it; else NULL and the
+   error naming op (tensor.c). */
+char *kiln_element_at(const char *op, const struct kiln_tensor *t, int64_t storage_offset);
+
+/* Device memory for the storages of core/tensor.c, given by dispatch: usable says (and sets the
+   error naming op) whether a device's backend is there; the pinned host memory of the CUDA backend
+   likewise. alloc returns NULL with the error set. */
+struct kiln_device_memory {
+  int (*usable)(struct kiln_device device, const char *op);
+  void *(*alloc)(int64_t nbytes, struct kiln_device device);
+  void (*free)(void *data, int64_t nbytes, struct kiln_device device);
+  int (*host_usable)(const char *op);
+  void *(*host_alloc)(int64_t nbytes);
+  void (*host_free)(void *data, int64_t nbytes);
+};
+void kiln_storage_set_memory(const struct kiln_device_memory *memory);
+
 /* Views for kernels, which record nothing and whose arguments the front end has checked
    (tensor.c): t itself, t broadcast to sizes (as kiln_expand), t's dims in the order perm. */
 struct kiln_tensor *kiln_layout_alias(const struct kiln_tensor *t);

@@ -93,3 +93,28 @@ KILN_API int kiln_set_float32_matmul_precision(int precision) {
 KILN_API int kiln_get_float32_matmul_precision(void) {
   return __atomic_load_n(&float32_matmul_precision, __ATOMIC_RELAXED);
 }
+
+/* ---- device memory for the core's storages ---- */
+
+static int memory_usable(struct kiln_device device, const char *op) { return kiln_backend_for(device, op) != NULL; }
+static void *memory_alloc(int64_t nbytes, struct kiln_device device) {
+  return kiln_backend_for(device, "empty")->alloc(nbytes, device.index);
+}
+static void memory_free(void *data, int64_t nbytes, struct kiln_device device) {
+  const struct kiln_backend *be = kiln_backend_for(device, "free");
+  if (be) be->free(data, nbytes, device.index);
+}
+static int host_usable(const char *op) { return kiln_pinned_backend(op) != NULL; }
+static void *host_alloc(int64_t nbytes) { return kiln_pinned_backend("pin_memory")->host_alloc(nbytes); }
+static void host_free(void *data, int64_t nbytes) {
+  /* only a loaded CUDA backend makes pinned storages; it tracks the copies still reading them */
+  const struct kiln_backend *be = kiln_pinned_backend("free");
+  if (be) be->host_free(data, nbytes);
+}
+
+static const struct kiln_device_memory device_memory = {
+  .usable = memory_usable, .alloc = memory_alloc, .free = memory_free,
+  .host_usable = host_usable, .host_alloc = host_alloc, .host_free = host_free,
+};
+
+__attribute__((constructor)) static void dispatch_init(void) { kiln_storage_set_memory(&device_memory); }
