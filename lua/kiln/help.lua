@@ -88,6 +88,9 @@ local aliases = {
 local function canonical(name)
   local method = name:match("^Tensor[.:]([%a_][%w_]*)$")
   if method then return "Tensor:" .. method end
+  -- kiln.F and kiln.functional are kiln.nn.functional, whose names the lines are filed under
+  local f = name:match("^kiln%.F%.(.+)$") or name:match("^kiln%.functional%.(.+)$") or name:match("^F%.(.+)$")
+  if f and docs["kiln.nn.functional." .. f] then return "kiln.nn.functional." .. f end
   if docs[name] or name:find("^kiln%.") then return name end
   if docs["kiln." .. name] then return "kiln." .. name end
   return name

@@ -46,6 +46,28 @@ enum kiln_op {
 
 /* "add", "argmax"; "?" for a bad value. */
 const char *kiln_op_name(int op);
+
+/* One row of the op table, as kiln reports it (docs/ops.md is generated from these). saves and
+   grad_inputs are bit sets: bit k for input k, bit 4 for the output; the dtype sets have bit d for
+   dtype d; autocast is "keep", "lower" (runs in bf16/f16), "f32" or "promote". */
+struct kiln_op_desc {
+  const char *name;
+  const char *family;
+  int arity;
+  int differentiable;
+  int keeps_integers;
+  int comparison;
+  int backward_kernel;      /* the backward half of a fused op, run by its derivative */
+  int variadic;
+  unsigned saves;
+  unsigned grad_inputs;
+  unsigned dtypes_cpu;
+  unsigned dtypes_cuda;
+  const char *autocast;
+  const char *derivative;   /* the derivative's function name, "" when none */
+};
+/* KILN_ERR_ARGUMENT for an op outside the enum. */
+int kiln_op_describe(int op, struct kiln_op_desc *out);
 /* 1 when the backend of that device type has a kernel for op. */
 int kiln_op_supported(int op, int device_type);
 

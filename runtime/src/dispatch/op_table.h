@@ -41,6 +41,9 @@ enum kiln_autocast_class {
 #define KILN_DT_F32_F64 (KILN_DT(KILN_F32) | KILN_DT(KILN_F64))
 #define KILN_DT_ALL (KILN_DT_FLOAT | KILN_DT(KILN_I64) | KILN_DT(KILN_I32) | KILN_DT(KILN_U8) | KILN_DT(KILN_BOOL))
 
+/* A row's derivative: the function and its name (for docs/ops.md). */
+#define KILN_DERIVATIVE(fn) .derivative = fn, .derivative_name = #fn
+
 /* gin[k] (new references, or NULL for a zero grad) from the output grad g of node n. */
 typedef int (*kiln_derivative_fn)(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin);
 
@@ -54,6 +57,7 @@ struct kiln_op_info {
   unsigned saves_rscalar;        /* and on the left (s op x) */
   unsigned grad_inputs;          /* bit k: input k can carry a gradient (not indices, masks, conditions) */
   kiln_derivative_fn derivative; /* beside the family's front end in ops/ */
+  const char *derivative_name;   /* set by KILN_DERIVATIVE */
   unsigned dtypes_cpu, dtypes_cuda;   /* what each backend's kernel accepts (KILN_DT masks) */
   int autocast;                  /* enum kiln_autocast_class */
 };
