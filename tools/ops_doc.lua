@@ -28,6 +28,7 @@ local function kernels(text, ew)
   local t = {}
   for op, fn in text:gmatch("%[KILN_OP_([%w_]+)%]%s*=%s*([%w_]+)") do if t[op] == nil then t[op] = fn end end
   for op in text:gmatch("EW%(KILN_OP_([%w_]+)%)") do t[op] = t[op] or ew end
+  t.elementwise = text:match("%.elementwise%s*=%s*([%w_]+)")   -- the kernel of the elementwise families
   return t
 end
 
@@ -84,8 +85,9 @@ derivative runs them.
       local helpline = d.backward_kernel == 1 and "—" or (help[lua] and "`" .. lua .. "`" or "none")
       local check = d.differentiable == 0 and "—" or d.backward_kernel == 1 and "—"
                     or (checks[name] and "yes" or "**missing**")
+      local elementwise = family == "unary" or family == "binary" or family == "ternary"
       local function kernel(t, mask)
-        local fn = t[up]
+        local fn = t[up] or (elementwise and t.elementwise)
         if not fn or fn == "NULL" then return "—" end
         return "`" .. fn .. "` (" .. dtypes(mask) .. ")"
       end

@@ -225,16 +225,25 @@ Tensor.tolist = Tensor.totable
 
 -- ---- elementwise ----
 
-local unary = {"neg", "abs", "sign", "sqrt", "rsqrt", "exp", "log", "log1p", "expm1", "sin", "cos", "tanh",
-               "sigmoid", "relu", "floor", "ceil", "round", "trunc", "reciprocal", "square", "erf", "logical_not"}
+-- The methods of the unary and binary ops are the op table's: t:<name>() for each row of those
+-- families (a new elementwise op needs no line here).
+local unary, binary = {}, {}
+do
+  local d = ffi.new("struct kiln_op_desc")
+  for op = 0, tonumber(C.KILN_OP_COUNT) - 1 do
+    if C.kiln_op_describe(op, d) == 0 then
+      local family = ffi.string(d.family)
+      if family == "unary" then unary[#unary + 1] = ffi.string(d.name)
+      elseif family == "binary" then binary[#binary + 1] = ffi.string(d.name) end
+    end
+  end
+end
 for _, name in ipairs(unary) do
-  local op = C["KILN_OP_" .. name:upper()]
+  local op = C["KILN_OP_" .. name:upper()]   -- the enum's name is the op's, in capitals
   Tensor[name] = function(t) return wrap_retry(C.kiln_unary, op, t.p) end
   Tensor[name .. "_"] = function(t) check(C.kiln_unary_(op, t.p)) return t end
 end
 
-local binary = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "remainder", "eq", "ne", "lt", "le",
-                "gt", "ge", "logical_and", "logical_or"}
 for _, name in ipairs(binary) do
   local op = C["KILN_OP_" .. name:upper()]
   Tensor[name] = function(a, b)

@@ -1,5 +1,6 @@
 /* cuda/elementwise.cu: the table's elementwise kernel (it routes to unary.cu and binary.cu), and
    the ternary ops where and clamp. */
+#include <string.h>
 #include "elementwise.cuh"
 
 using namespace kiln_ew;
@@ -37,7 +38,9 @@ extern "C" int cuda_ternary(const struct kiln_call *c, struct cuda_device *dev) 
 extern "C" int cuda_elementwise(const struct kiln_call *c) {
   struct cuda_device *dev = cuda_device_enter(c->out->device.index, kiln_op_name(c->op));
   if (!dev) return kiln_error_code();
-  if (c->op >= KILN_OP_NEG && c->op <= KILN_OP_LOGICAL_NOT) return cuda_unary(c, dev);
-  if (c->op >= KILN_OP_ADD && c->op <= KILN_OP_LOGICAL_OR) return cuda_binary(c, dev);
+  struct kiln_op_desc d;   /* the op's family, from libkiln's op table */
+  if (kiln_op_describe(c->op, &d)) return kiln_error_code();
+  if (strcmp(d.family, "unary") == 0) return cuda_unary(c, dev);
+  if (strcmp(d.family, "binary") == 0) return cuda_binary(c, dev);
   return cuda_ternary(c, dev);
 }

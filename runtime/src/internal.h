@@ -83,6 +83,9 @@ struct kiln_backend {
   /* CUDA only: 1 when the backend was built with cuDNN (convolutions, and the cuDNN algorithm of
      the recurrent layers, KILN_RNN_CUDNN). */
   int has_cudnn;
+  /* The kernel of every op of the elementwise families (unary, binary, ternary) that kernel[] leaves
+     NULL, or NULL: a new elementwise op then needs no entry in the table (API version 3). */
+  kiln_kernel elementwise;
 };
 
 /* The CUDA backend (cuda_loader.c). libkiln_cuda.so exports one entry, kiln_cuda_backend_open

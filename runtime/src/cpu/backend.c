@@ -29,23 +29,15 @@ static int cpu_memcpy(void *dst, const void *src, int64_t nbytes, int device_ind
   return KILN_OK;
 }
 
-#define EW(op) [op] = cpu_elementwise
 const struct kiln_backend kiln_cpu_backend = {
   .name = "cpu",
   .alloc = cpu_alloc,
   .free = cpu_free,
   .memcpy_to_host = cpu_memcpy,
   .memcpy_from_host = cpu_memcpy,
+  .elementwise = cpu_elementwise,   /* every op of the elementwise families */
   .kernel = {
     [KILN_OP_COPY] = cpu_copy, [KILN_OP_FILL] = cpu_fill,
-    EW(KILN_OP_NEG), EW(KILN_OP_ABS), EW(KILN_OP_SIGN), EW(KILN_OP_SQRT), EW(KILN_OP_RSQRT), EW(KILN_OP_EXP),
-    EW(KILN_OP_LOG), EW(KILN_OP_LOG1P), EW(KILN_OP_EXPM1), EW(KILN_OP_SIN), EW(KILN_OP_COS), EW(KILN_OP_TANH),
-    EW(KILN_OP_SIGMOID), EW(KILN_OP_RELU), EW(KILN_OP_FLOOR), EW(KILN_OP_CEIL), EW(KILN_OP_ROUND),
-    EW(KILN_OP_TRUNC), EW(KILN_OP_RECIPROCAL), EW(KILN_OP_SQUARE), EW(KILN_OP_ERF), EW(KILN_OP_LOGICAL_NOT),
-    EW(KILN_OP_ADD), EW(KILN_OP_SUB), EW(KILN_OP_MUL), EW(KILN_OP_DIV), EW(KILN_OP_POW), EW(KILN_OP_MAXIMUM),
-    EW(KILN_OP_MINIMUM), EW(KILN_OP_REMAINDER), EW(KILN_OP_EQ), EW(KILN_OP_NE), EW(KILN_OP_LT), EW(KILN_OP_LE),
-    EW(KILN_OP_GT), EW(KILN_OP_GE), EW(KILN_OP_LOGICAL_AND), EW(KILN_OP_LOGICAL_OR), EW(KILN_OP_WHERE),
-    EW(KILN_OP_CLAMP),
     [KILN_OP_SUM] = cpu_reduce, [KILN_OP_MEAN] = cpu_reduce, [KILN_OP_PROD] = cpu_reduce, [KILN_OP_MAX] = cpu_reduce,
     [KILN_OP_MIN] = cpu_reduce, [KILN_OP_ARGMAX] = cpu_reduce, [KILN_OP_ARGMIN] = cpu_reduce, [KILN_OP_VAR] = cpu_reduce,
     [KILN_OP_STD] = cpu_reduce, [KILN_OP_NORM] = cpu_reduce, [KILN_OP_LOGSUMEXP] = cpu_reduce,

@@ -22,10 +22,19 @@ static const struct kiln_backend *cuda_backend(void) {
   return __atomic_load_n(&backends[KILN_CUDA], __ATOMIC_ACQUIRE);
 }
 
+/* The kernel of op in a backend: its table's entry, else the backend's elementwise kernel for an op
+   of the elementwise families, else NULL. */
+static kiln_kernel kernel_of(const struct kiln_backend *be, int op) {
+  if (be->kernel[op]) return be->kernel[op];
+  int family = kiln_ops[op].family;
+  if (family == KILN_FAMILY_UNARY || family == KILN_FAMILY_BINARY || family == KILN_FAMILY_TERNARY) return be->elementwise;
+  return NULL;
+}
+
 KILN_API int kiln_op_supported(int op, int device_type) {
   if (op < 0 || op >= KILN_OP_COUNT || device_type < 0 || device_type >= KILN_DEVICE_TYPE_COUNT) return 0;
   const struct kiln_backend *be = device_type == KILN_CUDA ? cuda_backend() : backends[device_type];
-  return be && be->kernel[op] != NULL;
+  return be && kernel_of(be, op) != NULL;
 }
 
 const struct kiln_backend *kiln_backend_for(struct kiln_device device, const char *op) {
@@ -62,7 +71,7 @@ int kiln_dispatch(struct kiln_device device, const struct kiln_call *call) {
   const char *name = kiln_op_name(call->op);
   const struct kiln_backend *be = kiln_backend_for(device, name);
   if (!be) return kiln_error_code();
-  kiln_kernel k = be->kernel[call->op];
+  kiln_kernel k = call->op >= 0 && call->op < KILN_OP_COUNT ? kernel_of(be, call->op) : NULL;
   if (!k) return kiln_fail(KILN_ERR_UNSUPPORTED, "%s: not implemented on %s", name, kiln_device_name(device));
   kiln_kernel_enter();   /* ops that kernels run internally record no history */
   int rc = k(call);
