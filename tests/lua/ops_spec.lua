@@ -103,13 +103,14 @@ local UNARY = {
   square = {function(x) return x * x end, -3, 3, true},
   erf = {erf, -2.5, 2.5, false},
   logical_not = {function(x) return x == 0 and 1 or 0 end, -2, 2, true},
+  isnan = {function(x) return x ~= x and 1 or 0 end, -3, 3, true},
 }
 local UNARY_NAMES = {}
 for name in pairs(UNARY) do UNARY_NAMES[#UNARY_NAMES + 1] = name end
 table.sort(UNARY_NAMES)
 
 local function unary_result_dtype(name, dt)
-  if name == "logical_not" then return "bool" end
+  if name == "logical_not" or name == "isnan" then return "bool" end
   if UNARY[name][4] or FLOAT[dt] then return dt end
   return "f32"
 end
@@ -169,6 +170,19 @@ describe("unary elementwise ops", function()
     assert.same({0, 0, 3}, kiln.tensor{-2, 0, 3}:relu():totable())
     assert.same({-2, 2, 0, -0, 4, -4}, kiln.tensor{-2.5, 2.5, 0.5, -0.5, 3.5, -3.5}:round():totable())
     assert.same({false, true, false}, kiln.tensor{1, 0, -0.5}:logical_not():totable())
+  end)
+
+  it("isnan finds NaN in every float dtype, through views; never in an integer tensor", function()
+    local nan, inf = 0 / 0, math.huge
+    local v = {{1, nan, -inf}, {nan, 0, inf}}
+    local want = {{false, true, false}, {true, false, false}}
+    for _, dt in ipairs{"f32", "f64", "f16", "bf16"} do
+      local t = kiln.tensor(v, {dtype = dt})
+      assert.same(want, t:isnan():totable(), dt)
+      assert.same({{false, true}, {true, false}, {false, false}}, t:t():isnan():totable(), dt .. " transposed")
+    end
+    assert.same({false, false}, kiln.tensor({7, -3}, {dtype = "i64"}):isnan():totable())
+    assert.are.equal(0, kiln.zeros(0, 4):isnan():numel())
   end)
 
   it("neg of a bool tensor is an error that names logical_not", function()

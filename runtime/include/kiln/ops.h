@@ -1,4 +1,4 @@
-/* kiln/ops.h: the op table (an append-only enum) and the functions that run ops.
+/* kiln/ops.h: the ops (an append-only enum; the facts of each are its row in the op table) and the functions that run ops.
    Every op is checked here, then dispatched to the kernel of its inputs' device. */
 #ifndef KILN_OPS_H
 #define KILN_OPS_H
@@ -41,6 +41,8 @@ enum kiln_op {
   KILN_OP_RNN, KILN_OP_RNN_BACKWARD,
   /* connectionist temporal classification (kiln/nn.h) */
   KILN_OP_CTC_LOSS, KILN_OP_CTC_LOSS_BACKWARD,
+  /* added since; the enum only grows at its end, and an op's family is its row in the op table */
+  KILN_OP_ISNAN,
   KILN_OP_COUNT
 };
 

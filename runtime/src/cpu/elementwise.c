@@ -60,6 +60,20 @@ U_F32(erf, erff(x)) U_F64(erf, erf(x))
     uint8_t *o = o_; const T *a = in[0]; (void)sc; for (int64_t i = 0; i < n; i++) o[i] = a[i] == 0; }
 LNOT(float, f32) LNOT(double, f64) LNOT(int64_t, i64)
 
+/* isnan: true where x is NaN; an integer never is. */
+static void isnan_f32(int64_t n, void *o_, const void *const *in, const double *sc) {
+  uint8_t *o = o_; const float *a = in[0]; (void)sc;
+  for (int64_t i = 0; i < n; i++) o[i] = isnan(a[i]) != 0;
+}
+static void isnan_f64(int64_t n, void *o_, const void *const *in, const double *sc) {
+  uint8_t *o = o_; const double *a = in[0]; (void)sc;
+  for (int64_t i = 0; i < n; i++) o[i] = isnan(a[i]) != 0;
+}
+static void isnan_i64(int64_t n, void *o_, const void *const *in, const double *sc) {
+  (void)in; (void)sc;
+  memset(o_, 0, (size_t)n);
+}
+
 static int64_t ipow(int64_t base, int64_t e) {
   if (e < 0) return base == 1 ? 1 : base == -1 ? (e & 1 ? -1 : 1) : 0;
   uint64_t r = 1, b = (uint64_t)base;
@@ -117,6 +131,7 @@ static const ew_fn kernels[KILN_OP_COUNT][3] = {
   [KILN_OP_REMAINDER] = ROW(remainder), [KILN_OP_EQ] = ROW(eq), [KILN_OP_NE] = ROW(ne), [KILN_OP_LT] = ROW(lt),
   [KILN_OP_LE] = ROW(le), [KILN_OP_GT] = ROW(gt), [KILN_OP_GE] = ROW(ge), [KILN_OP_LOGICAL_AND] = ROW(logical_and),
   [KILN_OP_LOGICAL_OR] = ROW(logical_or), [KILN_OP_WHERE] = ROW(where), [KILN_OP_CLAMP] = ROW(clamp),
+  [KILN_OP_ISNAN] = ROW(isnan),
 };
 
 static int ctype_index(int ctype) { return ctype == KILN_F32 ? 0 : ctype == KILN_F64 ? 1 : 2; }
