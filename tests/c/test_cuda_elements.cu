@@ -1,4 +1,4 @@
-/* test_cuda_elements.cu: the CUDA kernels' element functions (runtime/cuda/elements.cuh), which
+/* test_cuda_elements.cu: the CUDA kernels' element functions (runtime/cuda/kernels/elements.cuh), which
    are __host__ __device__, run here on the CPU (no GPU needed) against libkiln's CPU kernels:
    every dtype conversion bit for bit, every elementwise op's semantics on edge values (NaN, inf,
    -0, integer wrap-around and division by zero), clamp and where, and the Philox mapping of the

@@ -1108,7 +1108,7 @@ end
 -- bidirectional modules (kiln.nn.RNN/GRU/LSTM moved with :to), forward and every grad ----
 
 -- Twice: kiln's own kernels (algorithm "gemm", rows rnn / rnn_backward) and cuDNN's RNN API
--- (algorithm "cudnn", runtime/cuda/rnn_cudnn.cu, rows "rnn (cudnn)" / "rnn_backward (cudnn)"),
+-- (algorithm "cudnn", runtime/cuda/kernels/rnn_cudnn.cu, rows "rnn (cudnn)" / "rnn_backward (cudnn)"),
 -- each against the CPU (where "cudnn" runs the GEMM path). Both run other products than the CPU's
 -- BLAS and, in f32, other activations than the CPU's polynomial exp and tanh: one tolerance for
 -- both. On the CPU these cases in f32 are within 2.3e-5 of f64 (the weight grads of the batch-64

@@ -1,5 +1,5 @@
 /* philox.h: Philox 4x32-10 (Salmon et al., SC'11), the generator behind every random draw of kiln,
-   written once for the CPU (cpu/random.c) and the CUDA kernels (runtime/cuda/elements.cuh), which
+   written once for the CPU (cpu/random.c) and the CUDA kernels (runtime/cuda/kernels/elements.cuh), which
    therefore draw the same bits. Block ctr under key: counter (ctr, 0), key (key low, key high). */
 #ifndef KILN_PHILOX_H
 #define KILN_PHILOX_H
