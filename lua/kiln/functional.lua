@@ -96,9 +96,10 @@ end
 
 -- conv_transpose2d(input [N,C,H,W], weight [C,O/groups,kh,kw], bias [O] or nil,
 --                  {stride, padding, output_padding, groups, dilation})
+local conv_transpose2d_options = set("stride", "padding", "output_padding", "groups", "dilation")   -- the options conv_transpose2d knows
 function F.conv_transpose2d(x, w, b, opts)
   b, opts = split_optional(b, opts)
-  opts = options(opts, set("stride", "padding", "output_padding", "groups", "dilation"), "conv_transpose2d")
+  opts = options(opts, conv_transpose2d_options, "conv_transpose2d")
   tensor(x, "input", "conv_transpose2d") tensor(w, "weight", "conv_transpose2d")
   local sh, sw = pair(opts.stride or 1, "conv_transpose2d: stride")
   local ph, pw = pair(opts.padding or 0, "conv_transpose2d: padding")
@@ -117,9 +118,10 @@ local function pool_args(stride, opts)
 end
 
 -- max_pool2d(input, kernel_size, [stride], {stride, padding, dilation, ceil_mode})
+local max_pool2d_options = set("stride", "padding", "dilation", "ceil_mode")   -- the options max_pool2d knows
 function F.max_pool2d(x, k, stride, opts)
   stride, opts = pool_args(stride, opts)
-  opts = options(opts, set("stride", "padding", "dilation", "ceil_mode"), "max_pool2d")
+  opts = options(opts, max_pool2d_options, "max_pool2d")
   tensor(x, "input", "max_pool2d")
   local kh, kw = pair(k, "max_pool2d: kernel_size")
   local sh, sw = pair(stride or opts.stride or {kh, kw}, "max_pool2d: stride")
@@ -129,9 +131,10 @@ function F.max_pool2d(x, k, stride, opts)
 end
 
 -- avg_pool2d(input, kernel_size, [stride], {stride, padding, ceil_mode, count_include_pad = true})
+local avg_pool2d_options = set("stride", "padding", "ceil_mode", "count_include_pad")   -- the options avg_pool2d knows
 function F.avg_pool2d(x, k, stride, opts)
   stride, opts = pool_args(stride, opts)
-  opts = options(opts, set("stride", "padding", "ceil_mode", "count_include_pad"), "avg_pool2d")
+  opts = options(opts, avg_pool2d_options, "avg_pool2d")
   tensor(x, "input", "avg_pool2d")
   local kh, kw = pair(k, "avg_pool2d: kernel_size")
   local sh, sw = pair(stride or opts.stride or {kh, kw}, "avg_pool2d: stride")
@@ -160,10 +163,11 @@ end
 
 -- batch_norm(input, running_mean, running_var, [weight, bias], {weight, bias, training = false, momentum = 0.1, eps = 1e-5})
 -- In training the running stats (when given) are updated in place.
+local batch_norm_options = set("weight", "bias", "training", "momentum", "eps")   -- the options batch_norm knows
 function F.batch_norm(x, rm, rv, w, b, opts)
   if opts == nil and type(b) == "table" and not is_tensor(b) then b, opts = nil, b end
   if opts == nil and b == nil and type(w) == "table" and not is_tensor(w) then w, opts = nil, w end
-  opts = options(opts, set("weight", "bias", "training", "momentum", "eps"), "batch_norm")
+  opts = options(opts, batch_norm_options, "batch_norm")
   tensor(x, "input", "batch_norm")
   w, b = w or opts.weight, b or opts.bias
   return wrap(C.kiln_batch_norm(x.p, optional_tensor(w, "weight", "batch_norm"), optional_tensor(b, "bias", "batch_norm"),
@@ -173,10 +177,11 @@ function F.batch_norm(x, rm, rv, w, b, opts)
 end
 
 -- layer_norm(input, normalized_shape, [weight, bias], {eps = 1e-5}): over the last #normalized_shape dims.
+local layer_norm_options = set("eps")   -- the options layer_norm knows
 function F.layer_norm(x, shape, w, b, opts)
   if opts == nil and type(b) == "table" and not is_tensor(b) then b, opts = nil, b end
   if opts == nil and b == nil and type(w) == "table" and not is_tensor(w) then w, opts = nil, w end
-  opts = options(opts, set("eps"), "layer_norm")
+  opts = options(opts, layer_norm_options, "layer_norm")
   tensor(x, "input", "layer_norm")
   if type(shape) == "number" then shape = {shape} end
   if type(shape) ~= "table" or #shape == 0 then raise("layer_norm: normalized_shape must be a number or a list of sizes") end
@@ -192,10 +197,11 @@ function F.layer_norm(x, shape, w, b, opts)
 end
 
 -- group_norm(input [N,C,...], num_groups, [weight, bias], {eps = 1e-5})
+local group_norm_options = set("eps")   -- the options group_norm knows
 function F.group_norm(x, groups, w, b, opts)
   if opts == nil and type(b) == "table" and not is_tensor(b) then b, opts = nil, b end
   if opts == nil and b == nil and type(w) == "table" and not is_tensor(w) then w, opts = nil, w end
-  opts = options(opts, set("eps"), "group_norm")
+  opts = options(opts, group_norm_options, "group_norm")
   tensor(x, "input", "group_norm")
   return wrap(C.kiln_group_norm(x.p, integer(groups, "group_norm: num_groups"), optional_tensor(w, "weight", "group_norm"),
                                 optional_tensor(b, "bias", "group_norm"), opts.eps or 1e-5))
@@ -237,9 +243,10 @@ local function ignore(opts, op)
 end
 
 -- nll_loss(log_probs [N,C] or [N,C,d1,...], target [N] or [N,d1,...], [weight], {weight, ignore_index, reduction = "mean"})
+local nll_loss_options = set("weight", "ignore_index", "reduction")   -- the options nll_loss knows
 function F.nll_loss(x, target, w, opts)
   w, opts = split_optional(w, opts)
-  opts = options(opts, set("weight", "ignore_index", "reduction"), "nll_loss")
+  opts = options(opts, nll_loss_options, "nll_loss")
   tensor(x, "input", "nll_loss")
   local t = c_target(target, "nll_loss")
   return wrap(C.kiln_nll_loss(x.p, t.p, optional_tensor(w or opts.weight, "weight", "nll_loss"), ignore(opts, "nll_loss"),
@@ -247,9 +254,10 @@ function F.nll_loss(x, target, w, opts)
 end
 
 -- cross_entropy(logits [N,C] or [N,C,d1,...], target, [weight], {weight, ignore_index, label_smoothing = 0, reduction = "mean"})
+local cross_entropy_options = set("weight", "ignore_index", "label_smoothing", "reduction")   -- the options cross_entropy knows
 function F.cross_entropy(x, target, w, opts)
   w, opts = split_optional(w, opts)
-  opts = options(opts, set("weight", "ignore_index", "label_smoothing", "reduction"), "cross_entropy")
+  opts = options(opts, cross_entropy_options, "cross_entropy")
   tensor(x, "input", "cross_entropy")
   local t = c_target(target, "cross_entropy")
   return wrap(C.kiln_cross_entropy(x.p, t.p, optional_tensor(w or opts.weight, "weight", "cross_entropy"),
@@ -278,12 +286,13 @@ end
 -- too, 1 by default), as an [N,S] tensor padded past each target's length, a 1-d tensor or list
 -- of the targets concatenated, or a list of lists (then target_lengths may be left out).
 -- Lengths: lists or integer tensors [N].
+local ctc_loss_options = set("blank", "reduction", "zero_infinity")   -- the options ctc_loss knows
 function F.ctc_loss(lp, targets, input_lengths, target_lengths, opts)
   if opts == nil and type(target_lengths) == "table" and not is_tensor(target_lengths) and target_lengths[1] == nil
      and next(target_lengths) ~= nil then
     target_lengths, opts = nil, target_lengths
   end
-  opts = options(opts, set("blank", "reduction", "zero_infinity"), "ctc_loss")
+  opts = options(opts, ctc_loss_options, "ctc_loss")
   tensor(lp, "log_probs", "ctc_loss")
   if type(targets) == "table" and not is_tensor(targets) and type(targets[1]) == "table" then
     local flat, lens = {}, {}
@@ -355,11 +364,12 @@ end
 -- its alignments ending in a blank and in a label; the beam keeps the most likely prefixes at each
 -- step. Gives, per sample, the best label list (from 1) and its log-probability (exact when the
 -- beam holds every prefix).
+local ctc_beam_decode_options = set("beam", "blank")   -- the options ctc_beam_decode knows
 function F.ctc_beam_decode(lp, input_lengths, opts)
   if opts == nil and type(input_lengths) == "table" and not is_tensor(input_lengths) and input_lengths[1] == nil then
     input_lengths, opts = nil, input_lengths
   end
-  opts = options(opts, set("beam", "blank"), "ctc_beam_decode")
+  opts = options(opts, ctc_beam_decode_options, "ctc_beam_decode")
   local lens, _, N = decode_input(lp, input_lengths, "ctc_beam_decode")
   local width = integer(opts.beam or 8, "ctc_beam_decode: beam")
   if width < 1 then raise("ctc_beam_decode: beam must be >= 1, got " .. width) end
@@ -424,12 +434,14 @@ end
 -- ---- dropout ----
 
 -- dropout(input, p = 0.5, [training = true]) or dropout(input, {p = 0.5, training = true})
+local dropout_options = set("p", "training")   -- the options dropout knows
+local dropout_training_options = set("training")   -- and after p
 function F.dropout(x, p, training)
   if type(p) == "table" then
-    local opts = options(p, set("p", "training"), "dropout")
+    local opts = options(p, dropout_options, "dropout")
     p, training = opts.p, opts.training
   elseif type(training) == "table" then
-    training = options(training, set("training"), "dropout").training
+    training = options(training, dropout_training_options, "dropout").training
   end
   tensor(x, "input", "dropout")
   if p == nil then p = 0.5 end
@@ -468,8 +480,9 @@ end
 -- rnn_layer(mode, input [T,B,I], h0 [B,H] or nil, c0 or nil, w_ih, w_hh, b_ih, b_hh,
 --           {lengths =, reverse =, algorithm =}) -> Z [T+S,B,H]: the outputs Z[1..T], the final
 -- hidden state Z[T+1] and, for an LSTM, the final cell state Z[T+2] (kiln/rnn.h).
+local rnn_layer_options = set("lengths", "reverse", "algorithm")   -- the options rnn_layer knows
 function F.rnn_layer(mode, x, h0, c0, w_ih, w_hh, b_ih, b_hh, opts)
-  opts = options(opts, set("lengths", "reverse", "algorithm"), "rnn_layer")
+  opts = options(opts, rnn_layer_options, "rnn_layer")
   local m = rnn_mode(mode, "rnn_layer")
   tensor(x, "input", mode) tensor(w_ih, "weight_ih", mode) tensor(w_hh, "weight_hh", mode)
   local lengths = F.rnn_lengths(opts.lengths, mode)

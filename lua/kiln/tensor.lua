@@ -194,11 +194,11 @@ function Tensor.free(t) C.kiln_tensor_free(t.p) end
 
 local dbl = ffi.typeof("double[?]")
 
+local item_out = dbl(1)   -- item() runs in training loops: it reads into one buffer, allocating nothing
 function Tensor.item(t)
-  local out = dbl(1)
-  check(C.kiln_tensor_item(t.p, out))
-  if t.p.dtype == C.KILN_BOOL then return out[0] ~= 0 end
-  return out[0]
+  check(C.kiln_tensor_item(t.p, item_out))
+  if t.p.dtype == C.KILN_BOOL then return item_out[0] ~= 0 end
+  return item_out[0]
 end
 
 -- Nested Lua tables in row-major order (a number for a 0-dim tensor).
@@ -413,11 +413,12 @@ function Tensor.mm(a, b) return wrap_retry(C.kiln_mm, a.p, tensor_arg(b, "mm", "
 function Tensor.bmm(a, b) return wrap_retry(C.kiln_bmm, a.p, tensor_arg(b, "bmm", "argument 2")) end
 function Tensor.dot(a, b) return wrap_retry(C.kiln_matmul, a.p, tensor_arg(b, "dot", "argument 2")) end
 -- c:addmm(a, b, {beta=1, alpha=1}) or c:addmm(a, b, beta, alpha) = beta * c + alpha * a @ b
+local addmm_options = core.set("beta", "alpha")   -- the options addmm knows
 function Tensor.addmm(c, a, b, opts, alpha)
   if type(opts) == "number" or type(alpha) == "number" then
     opts = {beta = number_arg(opts == nil and 1 or opts, "addmm", "beta"), alpha = number_arg(alpha == nil and 1 or alpha, "addmm", "alpha")}
   end
-  opts = core.options(opts, core.set("beta", "alpha"), "addmm")
+  opts = core.options(opts, addmm_options, "addmm")
   return wrap_retry(C.kiln_addmm, c.p, tensor_arg(a, "addmm", "argument 2"), tensor_arg(b, "addmm", "argument 3"),
                     opts.beta or 1, opts.alpha or 1)
 end

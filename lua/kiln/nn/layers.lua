@@ -27,7 +27,8 @@ return function(nn)
     return {v, v}
   end
   -- the options table of a constructor, with only the keys it knows (a misspelt one is an error)
-  local function need_opts(name, opts, ...) return core.options(opts, core.set(...), name) end
+  -- A module's options, checked once here; the functional op it hands them to on each call trusts them.
+  local function need_opts(name, opts, ...) return core.trust(core.options(opts, core.set(...), name)) end
   local function flag(name, what, v, default) return core.flag(v, default, name, what) end
   local reductions = {mean = true, sum = true, none = true}
   local function need_reduction(name, r)
