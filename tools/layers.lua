@@ -1,5 +1,6 @@
 -- tools/layers.lua: the runtime's layers, and the check that calls and includes only go down.
 -- usage: luajit tools/layers.lua BUILD_DIR [SOURCE_DIR]   (exit 1 and one line per crossing)
+-- The Lua library is checked the same way: its modules' requires, against LUA_LAYERS below.
 --
 -- The layers of libkiln, top to bottom; each is a folder of runtime/src (two folders in one layer
 -- are peers). A file may call functions and include headers of its own layer and of the layers
@@ -94,6 +95,59 @@ for _, layer in ipairs(folders) do
         end
         local to = target and layer_of(target)
         if to and rank[to] and rank[to] < rank[layer] then crossing(file, "#include " .. inc, layer, to) end
+      end
+    end
+    f:close()
+  end
+end
+
+-- ---- the Lua library ----
+-- Its modules in layers, top to bottom (peers share a line). A module requires only its own layer
+-- and those below; every require is at the top level of its file (a require inside a function
+-- hides a cycle), but for pcall(require, ...) of an optional module.
+local LUA_LAYERS = {
+  {"kiln", "kiln.repl", "kiln.testing"},
+  {"kiln.help"},
+  {"kiln.nn", "kiln.nn.layers", "kiln.nn.rnn", "kiln.nn.initializers", "kiln.optim", "kiln.optim.sgd",
+   "kiln.optim.adam", "kiln.optim.rmsprop", "kiln.optim.adagrad", "kiln.optim.lr_scheduler", "kiln.data",
+   "kiln.data.files", "kiln.data.datasets", "kiln.data.order", "kiln.data.batches", "kiln.data.transforms",
+   "kiln.data.loader", "kiln.checkpoint", "kiln.audio", "kiln.ui"},
+  {"kiln.metrics"},
+  {"kiln.json", "kiln.factory", "kiln.autograd", "kiln.io"},
+  {"kiln.tensor"},
+  {"kiln.functional", "kiln.format", "kiln.cuda"},
+  {"kiln.core", "kiln.docs"},
+  {"kiln.cdef"},
+}
+local lua_rank = {}
+for i, group in ipairs(LUA_LAYERS) do for _, m in ipairs(group) do lua_rank[m] = i end end
+local lua_root = (arg[2] or ".") .. "/lua/"
+local function module_of(path)   -- "kiln/nn/init.lua" -> "kiln.nn"
+  return (path:gsub("%.lua$", ""):gsub("/init$", ""):gsub("/", "."))
+end
+for _, path in ipairs(lines("cd " .. lua_root .. " && find kiln -name '*.lua' | sort")) do
+  local mod = module_of(path)
+  if not lua_rank[mod] then
+    problems[#problems + 1] = string.format("lua/%s: module %s has no layer in tools/layers.lua", path, mod)
+  else
+    local f = assert(io.open(lua_root .. path))
+    local n = 0
+    for l in f:lines() do
+      n = n + 1
+      local code = l:gsub("%-%-.*$", "")
+      for call in code:gmatch("%f[%w_]require%s*[%(\"'][^)]*") do
+        local target = call:match("[\"']([%w_.]+)[\"']")
+        local optional = code:find("pcall%(%s*require%s*,") ~= nil
+        if not optional and (l:match("^%s") or code:find("%f[%w_]function%f[^%w_].*require")) then
+          problems[#problems + 1] = string.format("lua/%s:%d: a require inside a block (%s); require at the top of the file", path, n, target or "?")
+        end
+        if target and target:match("^kiln") and not optional then
+          if not lua_rank[target] then
+            problems[#problems + 1] = string.format("lua/%s:%d: %s requires %s, which has no layer in tools/layers.lua", path, n, mod, target)
+          elseif lua_rank[target] < lua_rank[mod] then
+            problems[#problems + 1] = string.format("lua/%s:%d: %s requires %s, a layer above it", path, n, mod, target)
+          end
+        end
       end
     end
     f:close()

@@ -1,5 +1,6 @@
 -- kiln.autograd: grad mode, and gradcheck (f64 central differences against backward).
 local core = require "kiln.core"
+local factory = require "kiln.factory"
 local ffi, C = core.ffi, core.C
 
 local M = {}
@@ -48,7 +49,6 @@ function M.gradcheck(fn, inputs, opts)
     core.raise("gradcheck: argument 2 must be a list of input tensors, got " .. core.describe(inputs))
   end
   local eps, atol, rtol = opts.eps or 1e-6, opts.atol or 1e-5, opts.rtol or 1e-3
-  local kiln = require "kiln"
   local checked = {}
   for i, x in ipairs(inputs) do
     if core.is_tensor(x) and x.p.requires_grad == 1 then
@@ -68,7 +68,7 @@ function M.gradcheck(fn, inputs, opts)
   -- Fixed random projections, one per output.
   local outs = outputs()
   local vs = {}
-  for k, o in ipairs(outs) do vs[k] = kiln.randn(o:size(), {dtype = "f64"}) end
+  for k, o in ipairs(outs) do vs[k] = factory.randn(o:size(), {dtype = "f64"}) end
   local function loss(list)
     local total
     for k, o in ipairs(list) do

@@ -8,6 +8,8 @@
 -- Given a folder, files are named ckpt-<step>.safetensors and the last `keep` are kept.
 local core = require "kiln.core"
 local kio = require "kiln.io"
+local factory = require "kiln.factory"
+local autograd = require "kiln.autograd"
 local ffi = core.ffi
 local raise, is_tensor = core.raise, core.is_tensor
 
@@ -267,7 +269,7 @@ function M.save(where, state, opts)
     end
   end
   local rng = state.rng
-  if rng == nil then rng = require("kiln").get_rng_state() end
+  if rng == nil then rng = factory.get_rng_state() end
   local plain = {
     format = M.FORMAT,
     step = state.step, epoch = state.epoch, has_model = model ~= nil,
@@ -277,7 +279,7 @@ function M.save(where, state, opts)
     optimizer = state.optimizer ~= nil and to_plain(state_of(state.optimizer), "optimizer", tensors, {}) or nil,
     scheduler = state.scheduler ~= nil and to_plain(without_functions(state_of(state.scheduler)), "scheduler", tensors, {}) or nil,
   }
-  local metadata = {["kiln.checkpoint"] = M.FORMAT, ["kiln.state"] = json_text(plain), ["kiln.version"] = require("kiln").version}
+  local metadata = {["kiln.checkpoint"] = M.FORMAT, ["kiln.state"] = json_text(plain), ["kiln.version"] = ffi.string(core.C.kiln_version())}
   if state.step ~= nil then metadata.step = string.format("%d", state.step) end
   kio.save(path, tensors, metadata)
   if dir and keep then prune(dir, keep, path) end
@@ -338,7 +340,7 @@ function M.load(where, targets)
     else   -- a table of tensors, filled in place
       for k, t in pairs(targets.model) do
         if model[k] == nil then raise(string.format("checkpoint.load: %s has no tensor model.%s", path, tostring(k))) end
-        require("kiln").no_grad(function() t:copy_(model[k]) end)
+        autograd.no_grad(function() t:copy_(model[k]) end)
       end
     end
   end
@@ -347,7 +349,7 @@ function M.load(where, targets)
   if targets.data ~= nil and type(targets.data) == "table" and type(targets.data.load_state_dict) == "function" then
     restore("data", targets.data, plain.data)
   end
-  if targets.rng ~= false and plain.rng ~= nil then require("kiln").set_rng_state(plain.rng) end
+  if targets.rng ~= false and plain.rng ~= nil then factory.set_rng_state(plain.rng) end
   return state
 end
 

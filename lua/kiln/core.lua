@@ -6,6 +6,14 @@ local C = cdef.lib
 
 local M = {C = C, ffi = ffi}
 
+-- Seconds on a monotonic clock (clock_gettime under a name of kiln's own, so that no other cdef clashes).
+pcall(ffi.cdef, 'int kiln_core_clock_gettime(int clock, long *ts) __asm__("clock_gettime");')
+local clock_ts = ffi.new("long[2]")
+function M.clock()
+  ffi.C.kiln_core_clock_gettime(1, clock_ts)   -- CLOCK_MONOTONIC
+  return tonumber(clock_ts[0]) + tonumber(clock_ts[1]) * 1e-9
+end
+
 local cpu_stats = C.kiln_memory_stats(C.KILN_CPU)
 local cuda_stats = C.kiln_memory_stats(C.KILN_CUDA)
 -- A tensor in Lua is a struct kiln_ref holding the C pointer. A bare pointer would not do:

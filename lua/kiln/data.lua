@@ -596,7 +596,7 @@ local function lua_epoch(self, epoch, order, n, skip)
   local count = self.drop_last and math.floor(n / bs) or math.ceil(n / bs)
   self.nbatches = count
   local b = skip
-  local clock = require("kiln.ui").clock
+  local clock = core.clock
   return function()
     if b >= count then return nil end
     local t0 = clock()

@@ -474,7 +474,7 @@ function F.rnn_lengths(lengths, op)
   if lengths == nil then return nil end
   if is_tensor(lengths) then return lengths:to{dtype = "i64", device = "cpu"} end
   if type(lengths) ~= "table" then raise(string.format("%s: lengths must be a list of numbers or a tensor, got %s", op, type(lengths))) end
-  return require("kiln").tensor(lengths, {dtype = "i64"})
+  return core.from_table(lengths, "i64")
 end
 
 -- rnn_layer(mode, input [T,B,I], h0 [B,H] or nil, c0 or nil, w_ih, w_hh, b_ih, b_hh,

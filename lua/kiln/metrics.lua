@@ -6,7 +6,8 @@
 -- written so that they read back as the same double; lines are appended and flushed at once, so a
 -- run killed at any moment leaves every line it logged (a resumed run appends after them).
 local ffi = require "ffi"
-local ui = require "kiln.ui"
+local json = require "kiln.json"
+local ok_cjson, cjson = pcall(require, "cjson")   -- lua-cjson reads the files back (M.read)
 
 local M = {}
 
@@ -40,7 +41,7 @@ function Logger:log(fields)
   local row = {}
   for k, v in pairs(fields) do row[k] = v end
   if row.time == nil then row.time = M.time() end
-  local ok, line = pcall(ui.json_encode, row)
+  local ok, line = pcall(json.encode, row)
   if not ok then error("metrics:log: " .. tostring(line), 2) end
   self.file:write(line, "\n")
   self.file:flush()
@@ -54,7 +55,7 @@ end
 
 -- Every line of a metrics file, decoded (lua-cjson), for tests and reports.
 function M.read(path)
-  local cjson = require "cjson"
+  if not ok_cjson then error("metrics.read: lua-cjson is not installed (Debian: lua-cjson)", 2) end
   local rows = {}
   for line in io.lines(path) do
     if line:match("%S") then rows[#rows + 1] = cjson.decode(line) end

@@ -1,6 +1,9 @@
 -- kiln.tensor: the tensor metatype: operators, methods, indexing. Every method is a thin
 -- call into libkiln; dims and indices count from 1 here (-1 is the last) and from 0 in C.
 local core = require "kiln.core"
+local cuda = require "kiln.cuda"
+local functional = require "kiln.functional"
+local format = require "kiln.format"
 local ffi, C = core.ffi, core.C
 local wrap, check, cdim, fail, is_tensor, raise = core.wrap, core.check, core.cdim, core.fail, core.is_tensor, core.raise
 local wrap_retry, tensor_arg, number_arg = core.wrap_retry, core.tensor_arg, core.number_arg
@@ -185,7 +188,7 @@ end
 function Tensor.pin_memory(t) return wrap(C.kiln_tensor_pin_memory(t.p)) end
 -- t's memory is also used by work queued on CUDA stream s (kiln.cuda.Stream): its block is not
 -- reused until that work has finished, even after t is freed.
-function Tensor.record_stream(t, s) require("kiln.cuda").record_stream(t, s) end
+function Tensor.record_stream(t, s) cuda.record_stream(t, s) end
 function Tensor.is_pinned(t) return C.kiln_tensor_is_pinned(t.p) ~= 0 end
 
 function Tensor.free(t) C.kiln_tensor_free(t.p) end
@@ -395,8 +398,8 @@ Tensor.min = extreme("min", "argmin", Tensor.minimum)
 
 -- ---- softmax (kiln.functional has the other nn ops) ----
 
-function Tensor.softmax(t, dim) return require("kiln.functional").softmax(t, dim) end
-function Tensor.log_softmax(t, dim) return require("kiln.functional").log_softmax(t, dim) end
+function Tensor.softmax(t, dim) return functional.softmax(t, dim) end
+function Tensor.log_softmax(t, dim) return functional.log_softmax(t, dim) end
 
 -- ---- linear algebra ----
 
@@ -672,7 +675,7 @@ mt.__len = function(t)
   return tonumber(t.p.sizes[0])
 end
 
-mt.__tostring = function(t) return require("kiln.format").tensor(t) end
+mt.__tostring = function(t) return format.tensor(t) end
 mt.__concat = function(a, b) return tostring(a) .. tostring(b) end
 
 ffi.metatype(core.Ref, mt)

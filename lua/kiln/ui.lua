@@ -5,24 +5,23 @@
 --   bar:close()
 --   ui.json{epoch = 1, loss = 0.31, acc = 0.89}
 local ffi = require "ffi"
+local core = require "kiln.core"
+local json = require "kiln.json"
+local metrics = require "kiln.metrics"
 
 local ui = {}
 
 -- The C calls under names of our own, so that no other ffi.cdef of isatty or clock_gettime clashes.
 pcall(ffi.cdef, [[
 int kiln_ui_isatty(int fd) __asm__("isatty");
-int kiln_ui_clock_gettime(int clock, long *ts) __asm__("clock_gettime");
 int kiln_ui_ioctl(int fd, unsigned long request, ...) __asm__("ioctl");
 ]])
 local C = ffi.C
-local CLOCK_MONOTONIC, TIOCGWINSZ = 1, 0x5413
+local TIOCGWINSZ = 0x5413
+local is_tensor = core.is_tensor
 
-local ts = ffi.new("long[2]")
 -- Seconds on a monotonic clock.
-function ui.clock()
-  C.kiln_ui_clock_gettime(CLOCK_MONOTONIC, ts)
-  return tonumber(ts[0]) + tonumber(ts[1]) * 1e-9
-end
+ui.clock = core.clock
 
 -- Whether file descriptor fd (1: standard output) is a terminal.
 function ui.isatty(fd) return C.kiln_ui_isatty(fd or 1) == 1 end
@@ -35,72 +34,9 @@ end
 
 -- ---- JSON ----
 
-local function is_tensor(x) return type(x) == "cdata" and ffi.istype("struct kiln_ref", x) end
-
-local escapes = {['"'] = '\\"', ["\\"] = "\\\\", ["\b"] = "\\b", ["\f"] = "\\f", ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t"}
-local function encode_string(s)
-  return '"' .. s:gsub('[%c"\\]', function(c) return escapes[c] or string.format("\\u%04x", c:byte()) end) .. '"'
-end
-
--- The shortest of %.15g, %.16g, %.17g that reads back as the same double; integers without a point.
-local function encode_number(x)
-  if x ~= x or x == math.huge or x == -math.huge then return "null" end
-  if x == math.floor(x) and math.abs(x) < 2 ^ 53 then return string.format("%d", x) end
-  for digits = 15, 17 do
-    local s = string.format("%." .. digits .. "g", x)
-    if tonumber(s) == x then return s end
-  end
-end
-
-local encode
-
--- A table is an array when its keys are exactly 1..#t (and it is not empty); otherwise an object
--- with its keys sorted. An empty table is {}.
-local function encode_table(t, seen)
-  if seen[t] then error("json_encode: a table contains itself", 0) end
-  seen[t] = true
-  local n, count = #t, 0
-  for _ in pairs(t) do count = count + 1 end
-  local out = {}
-  if n > 0 and count == n then
-    for i = 1, n do out[i] = encode(t[i], seen) end
-    seen[t] = nil
-    return "[" .. table.concat(out, ",") .. "]"
-  end
-  local entries = {}
-  for k, v in pairs(t) do
-    if type(k) == "number" then k = encode_number(k)
-    elseif type(k) ~= "string" then error("json_encode: a key of type " .. type(k) .. " (keys must be strings or numbers)", 0) end
-    entries[#entries + 1] = {k, v}
-  end
-  table.sort(entries, function(a, b) return a[1] < b[1] end)
-  for i, e in ipairs(entries) do out[i] = encode_string(e[1]) .. ":" .. encode(e[2], seen) end
-  seen[t] = nil
-  return "{" .. table.concat(out, ",") .. "}"
-end
-
-function encode(v, seen)
-  local kind = type(v)
-  if v == nil then return "null" end
-  if kind == "boolean" then return v and "true" or "false" end
-  if kind == "number" then return encode_number(v) end
-  if kind == "string" then return encode_string(v) end
-  if kind == "table" then return encode_table(v, seen) end
-  if is_tensor(v) then
-    if v:dim() == 0 then return encode(v:item(), seen) end
-    return encode(v:totable(), seen)
-  end
-  if kind == "cdata" and tonumber(v) then return encode_number(tonumber(v)) end
-  error("json_encode: cannot encode a " .. kind, 0)
-end
-
--- One line of JSON: numbers (NaN and infinities become null), strings, booleans, nested tables
--- (arrays when keyed 1..n, else objects with sorted keys) and tensors (nested arrays).
-function ui.json_encode(v)
-  local ok, s = pcall(encode, v, {})
-  if not ok then error(s, 2) end
-  return s
-end
+-- One line of JSON (kiln.json): numbers (NaN and infinities become null), strings, booleans,
+-- nested tables and tensors.
+ui.json_encode = json.encode
 
 -- ---- output that knows about the bar on the terminal ----
 
@@ -132,7 +68,7 @@ end
 
 -- ui.metrics(path [, {mode = "a"}]): a logger appending one JSON line per log{...} call, each
 -- with a time field and flushed at once (kiln.metrics).
-function ui.metrics(path, opts) return require("kiln.metrics").open(path, opts) end
+ui.metrics = metrics.open
 
 -- ui.log(fmt, ...): a formatted line on standard output (fmt is printed as is when alone).
 function ui.log(fmt, ...)

@@ -3,7 +3,8 @@
 --   local Linear = nn.define("Linear")
 --   function Linear:init(n_in, n_out) self.weight = self:parameter(kiln.empty(n_out, n_in)) end
 --   function Linear:forward(x) return x:matmul(self.weight:t()) end
-local kiln = require "kiln"
+local factory = require "kiln.factory"
+local autograd = require "kiln.autograd"
 local core = require "kiln.core"
 
 local nn = {}
@@ -44,7 +45,7 @@ function Module.__newindex(self, k, v)
       if not self._children[k] then self._child_names[#self._child_names + 1] = k end
       self._children[k] = v
       rawset(v, "_key", k)
-    elseif kiln.is_tensor(v) and rawget(self, "_pending_param") == v then
+    elseif factory.is_tensor(v) and rawget(self, "_pending_param") == v then
       rawset(self, "_pending_param", nil)
       if self._params[k] == nil then self._param_names[#self._param_names + 1] = k end
       self._params[k] = v
@@ -56,7 +57,7 @@ end
 -- self.weight = self:parameter(t): t (detached) becomes a leaf that requires grad, registered
 -- under the field it is assigned to.
 function Module:parameter(t)
-  if not kiln.is_tensor(t) then error("parameter: expected a tensor, got " .. type(t), 2) end
+  if not factory.is_tensor(t) then error("parameter: expected a tensor, got " .. type(t), 2) end
   t = t:detach():requires_grad_()
   rawset(self, "_pending_param", t)
   return t
@@ -66,7 +67,7 @@ end
 -- the name and value a module registers: a string and a tensor (or nil)
 local function check_entry(what, name, t)
   if type(name) ~= "string" then core.raise(string.format("%s: the name must be a string, got %s", what, core.describe(name))) end
-  if t ~= nil and not kiln.is_tensor(t) then
+  if t ~= nil and not factory.is_tensor(t) then
     core.raise(string.format("%s: %s must be a tensor or nil, got %s", what, name, core.describe(t)))
   end
 end
@@ -189,7 +190,7 @@ end
 function Module:load_state_dict(sd, strict)
   if type(sd) ~= "table" then core.raise("load_state_dict: expected a table of named tensors, got " .. core.describe(sd)) end
   for name, v in pairs(sd) do
-    if not kiln.is_tensor(v) then core.raise(string.format("load_state_dict: %s is %s, not a tensor", tostring(name), core.describe(v))) end
+    if not factory.is_tensor(v) then core.raise(string.format("load_state_dict: %s is %s, not a tensor", tostring(name), core.describe(v))) end
   end
   if strict == nil then strict = true end
   local targets = {}
@@ -212,7 +213,7 @@ function Module:load_state_dict(sd, strict)
     if #mismatched > 0 then parts[#parts + 1] = "shape mismatch: " .. table.concat(mismatched, "; ") end
     error("load_state_dict: " .. table.concat(parts, "; "), 2)
   end
-  kiln.no_grad(function()
+  autograd.no_grad(function()
     for name, t in pairs(targets) do
       if sd[name] ~= nil then t:copy_(sd[name]) end
     end
@@ -226,7 +227,7 @@ function Module:to(what)
     for _, k in ipairs(m._param_names) do
       local p = m._params[k]
       if p then
-        local q = kiln.no_grad(function() return p:to(what) end)
+        local q = autograd.no_grad(function() return p:to(what) end)
         if q ~= p then q = q:detach():requires_grad_() end
         m._params[k] = q
         rawset(m, k, q)
@@ -257,7 +258,7 @@ local function describe_inputs(...)
   local parts = {}
   for i = 1, select("#", ...) do
     local x = select(i, ...)
-    parts[#parts + 1] = kiln.is_tensor(x) and tostring(x:size()):gsub(" ", "") or type(x)
+    parts[#parts + 1] = factory.is_tensor(x) and tostring(x:size()):gsub(" ", "") or type(x)
   end
   return table.concat(parts, ", ")
 end

@@ -1,5 +1,5 @@
 -- kiln.nn.init: weight initialisers, as PyTorch's torch.nn.init (in place, without grad).
-local kiln = require "kiln"
+local autograd = require "kiln.autograd"
 
 local init = {}
 
@@ -20,7 +20,7 @@ function init.calculate_gain(nonlinearity, param)
   return 1   -- linear, conv, sigmoid
 end
 
-local function no_grad(fn) return kiln.no_grad(fn) end
+local function no_grad(fn) return autograd.no_grad(fn) end
 
 function init.uniform_(t, a, b) no_grad(function() t:uniform_(a or 0, b or 1) end) return t end
 function init.normal_(t, mean, std) no_grad(function() t:normal_(mean or 0, std or 1) end) return t end

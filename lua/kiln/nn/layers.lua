@@ -1,11 +1,13 @@
 -- kiln.nn layers: linear, activations, dropout, embedding, flatten, losses; the convolution,
 -- pooling and normalisation layers call the fused ops of kiln.functional.
-local kiln = require "kiln"
+local factory = require "kiln.factory"
+local autograd = require "kiln.autograd"
+local functional = require "kiln.functional"
+local core = require "kiln.core"
 
 return function(nn)
   local init = nn.init
-  local function F() return require "kiln.functional" end
-  local core = require "kiln.core"
+  local function F() return functional end
 
   -- constructor arguments: an error at the caller's line for a size or option that cannot work
   local function need_int(name, what, v, min)
@@ -44,8 +46,8 @@ return function(nn)
     opts = need_opts("Linear", opts, "bias", "dtype")
     need_int("Linear", "in_features", in_features) need_int("Linear", "out_features", out_features)
     self.in_features, self.out_features = in_features, out_features
-    self.weight = self:parameter(kiln.empty(out_features, in_features, {dtype = opts.dtype}))
-    if flag("Linear", "bias", opts.bias, true) then self.bias = self:parameter(kiln.empty(out_features, {dtype = opts.dtype}))
+    self.weight = self:parameter(factory.empty(out_features, in_features, {dtype = opts.dtype}))
+    if flag("Linear", "bias", opts.bias, true) then self.bias = self:parameter(factory.empty(out_features, {dtype = opts.dtype}))
     else self:register_parameter("bias", nil) end
     self:reset_parameters()
   end
@@ -119,7 +121,7 @@ return function(nn)
     opts = need_opts("Embedding", opts, "dtype")
     need_int("Embedding", "num_embeddings", num) need_int("Embedding", "embedding_dim", dim)
     self.num_embeddings, self.embedding_dim = num, dim
-    self.weight = self:parameter(kiln.randn(num, dim, {dtype = opts.dtype}))
+    self.weight = self:parameter(factory.randn(num, dim, {dtype = opts.dtype}))
   end
   -- indices count from 1, like every index in kiln's Lua API
   function Embedding:forward(idx)
@@ -146,8 +148,8 @@ return function(nn)
     if cin % self.groups ~= 0 or cout % self.groups ~= 0 then
       error(string.format("Conv2d: %d in and %d out channels are not divisible by %d groups", cin, cout, self.groups), 3)
     end
-    self.weight = self:parameter(kiln.empty(cout, cin / self.groups, ks[1], ks[2], {dtype = opts.dtype}))
-    if flag("Conv2d", "bias", opts.bias, true) then self.bias = self:parameter(kiln.empty(cout, {dtype = opts.dtype}))
+    self.weight = self:parameter(factory.empty(cout, cin / self.groups, ks[1], ks[2], {dtype = opts.dtype}))
+    if flag("Conv2d", "bias", opts.bias, true) then self.bias = self:parameter(factory.empty(cout, {dtype = opts.dtype}))
     else self:register_parameter("bias", nil) end
     init.kaiming_uniform_(self.weight, {a = math.sqrt(5)})
     if self.bias then
@@ -202,8 +204,8 @@ return function(nn)
     self.in_channels, self.out_channels, self.kernel_size = cin, cout, ks
     self.stride, self.padding, self.output_padding = pair(opts.stride or 1), pair(opts.padding or 0), pair(opts.output_padding or 0)
     self.dilation, self.groups = pair(opts.dilation or 1), opts.groups or 1
-    self.weight = self:parameter(kiln.empty(cin, cout / self.groups, ks[1], ks[2], {dtype = opts.dtype}))
-    if flag("ConvTranspose2d", "bias", opts.bias, true) then self.bias = self:parameter(kiln.empty(cout, {dtype = opts.dtype}))
+    self.weight = self:parameter(factory.empty(cin, cout / self.groups, ks[1], ks[2], {dtype = opts.dtype}))
+    if flag("ConvTranspose2d", "bias", opts.bias, true) then self.bias = self:parameter(factory.empty(cout, {dtype = opts.dtype}))
     else self:register_parameter("bias", nil) end
     init.kaiming_uniform_(self.weight, {a = math.sqrt(5)})
     if self.bias then
@@ -261,13 +263,13 @@ return function(nn)
       self.affine = flag(name, "affine", opts.affine, true)
       self.track_running_stats = flag(name, "track_running_stats", opts.track_running_stats, true)
       if self.affine then
-        self.weight = self:parameter(kiln.ones(n, {dtype = opts.dtype}))
-        self.bias = self:parameter(kiln.zeros(n, {dtype = opts.dtype}))
+        self.weight = self:parameter(factory.ones(n, {dtype = opts.dtype}))
+        self.bias = self:parameter(factory.zeros(n, {dtype = opts.dtype}))
       end
       if self.track_running_stats then
-        self:register_buffer("running_mean", kiln.zeros(n, {dtype = opts.dtype}))
-        self:register_buffer("running_var", kiln.ones(n, {dtype = opts.dtype}))
-        self:register_buffer("num_batches_tracked", kiln.zeros({}, {dtype = "i64"}))
+        self:register_buffer("running_mean", factory.zeros(n, {dtype = opts.dtype}))
+        self:register_buffer("running_var", factory.ones(n, {dtype = opts.dtype}))
+        self:register_buffer("num_batches_tracked", factory.zeros({}, {dtype = "i64"}))
       end
     end
     function BN:forward(x)
@@ -276,7 +278,7 @@ return function(nn)
       end
       local training = self.training or not self.track_running_stats
       if self.training and self.track_running_stats then
-        kiln.no_grad(function() self.num_batches_tracked:add_(1) end)
+        autograd.no_grad(function() self.num_batches_tracked:add_(1) end)
       end
       return F().batch_norm(x, self.running_mean, self.running_var, {weight = self.weight, bias = self.bias,
                             training = training, momentum = self.momentum, eps = self.eps})
@@ -294,8 +296,8 @@ return function(nn)
     for _, n in ipairs(self.normalized_shape) do need_int("LayerNorm", "normalized_shape", n) end
     self.eps = opts.eps or 1e-5
     if flag("LayerNorm", "elementwise_affine", opts.elementwise_affine, true) then
-      self.weight = self:parameter(kiln.ones(self.normalized_shape, {dtype = opts.dtype}))
-      self.bias = self:parameter(kiln.zeros(self.normalized_shape, {dtype = opts.dtype}))
+      self.weight = self:parameter(factory.ones(self.normalized_shape, {dtype = opts.dtype}))
+      self.bias = self:parameter(factory.zeros(self.normalized_shape, {dtype = opts.dtype}))
     end
   end
   function LayerNorm:forward(x)
@@ -312,8 +314,8 @@ return function(nn)
     end
     self.num_groups, self.num_channels, self.eps = groups, channels, opts.eps or 1e-5
     if flag("GroupNorm", "affine", opts.affine, true) then
-      self.weight = self:parameter(kiln.ones(channels, {dtype = opts.dtype}))
-      self.bias = self:parameter(kiln.zeros(channels, {dtype = opts.dtype}))
+      self.weight = self:parameter(factory.ones(channels, {dtype = opts.dtype}))
+      self.bias = self:parameter(factory.zeros(channels, {dtype = opts.dtype}))
     end
   end
   function GroupNorm:forward(x)
@@ -355,7 +357,7 @@ return function(nn)
   end
 
   local function check_same(name, a, b)
-    if not kiln.is_tensor(a) or not kiln.is_tensor(b) then
+    if not factory.is_tensor(a) or not factory.is_tensor(b) then
       error(string.format("%s: input and target must be tensors, got %s and %s", name, core.describe(a), core.describe(b)), 3)
     end
     if tostring(a:size()) ~= tostring(b:size()) then
@@ -383,7 +385,7 @@ return function(nn)
     local beta = self.beta
     local quad = d:square() * (0.5 / beta)
     local lin = d - 0.5 * beta
-    return reduce(kiln.where(d:lt(beta), quad, lin), self.reduction)
+    return reduce(factory.where(d:lt(beta), quad, lin), self.reduction)
   end
 
   local BCELoss = nn.define("BCELoss")

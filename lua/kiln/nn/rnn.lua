@@ -4,13 +4,14 @@
 -- one fused kernel, and backward through time a C routine. Parameters carry PyTorch's names and
 -- layouts (weight_ih_l0, weight_hh_l0, bias_ih_l0, bias_hh_l0, ..._reverse; gates i,f,g,o for
 -- the LSTM and r,z,n for the GRU), so state dicts exchange with PyTorch.
-local kiln = require "kiln"
+local factory = require "kiln.factory"
+local functional = require "kiln.functional"
 local core = require "kiln.core"
 local raise = core.raise
 
 return function(nn)
   local init = nn.init
-  local function F() return require "kiln.functional" end
+  local function F() return functional end
   local gates = {rnn_tanh = 1, rnn_relu = 1, gru = 3, lstm = 4}
   local titles = {rnn_tanh = "RNN", rnn_relu = "RNN", gru = "GRU", lstm = "LSTM"}
 
@@ -63,11 +64,11 @@ return function(nn)
       local in_size = l == 0 and input_size or hidden_size * D
       for d = 0, D - 1 do
         local sfx = "_l" .. l .. (d == 1 and "_reverse" or "")
-        self["weight_ih" .. sfx] = self:parameter(kiln.empty(G * hidden_size, in_size, {dtype = opts.dtype}))
-        self["weight_hh" .. sfx] = self:parameter(kiln.empty(G * hidden_size, hidden_size, {dtype = opts.dtype}))
+        self["weight_ih" .. sfx] = self:parameter(factory.empty(G * hidden_size, in_size, {dtype = opts.dtype}))
+        self["weight_hh" .. sfx] = self:parameter(factory.empty(G * hidden_size, hidden_size, {dtype = opts.dtype}))
         if self.bias then
-          self["bias_ih" .. sfx] = self:parameter(kiln.empty(G * hidden_size, {dtype = opts.dtype}))
-          self["bias_hh" .. sfx] = self:parameter(kiln.empty(G * hidden_size, {dtype = opts.dtype}))
+          self["bias_ih" .. sfx] = self:parameter(factory.empty(G * hidden_size, {dtype = opts.dtype}))
+          self["bias_hh" .. sfx] = self:parameter(factory.empty(G * hidden_size, {dtype = opts.dtype}))
         end
       end
     end
@@ -90,7 +91,7 @@ return function(nn)
   -- The initial state of every layer and direction: nil, or [L*D,B,H] (2-d for an unbatched input).
   function RNNBase:initial(h, what, B, unbatched)
     if h == nil then return nil end
-    if not kiln.is_tensor(h) then raise(string.format("%s: %s must be a tensor, got %s", titles[self.mode], what, type(h))) end
+    if not factory.is_tensor(h) then raise(string.format("%s: %s must be a tensor, got %s", titles[self.mode], what, type(h))) end
     local LD = self.num_layers * (self.bidirectional and 2 or 1)
     if unbatched and h:dim() == 2 then h = h:unsqueeze(2) end
     if h:dim() ~= 3 or h:size(1) ~= LD or h:size(2) ~= B or h:size(3) ~= self.hidden_size then
@@ -105,7 +106,7 @@ return function(nn)
   -- lengths (a list or an i64 tensor, one per sequence) leave the steps past each end out.
   function RNNBase:forward(x, hx, lengths)
     local name = titles[self.mode]
-    if not kiln.is_tensor(x) then raise(string.format("%s: input must be a tensor, got %s", name, type(x))) end
+    if not factory.is_tensor(x) then raise(string.format("%s: input must be a tensor, got %s", name, type(x))) end
     local unbatched = x:dim() == 2
     if unbatched then x = x:unsqueeze(self.batch_first and 1 or 2) end
     if x:dim() ~= 3 then
@@ -119,7 +120,7 @@ return function(nn)
     local T, B, lstm = x:size(1), x:size(2), self.mode == "lstm"
     local h0, c0 = hx, nil
     if lstm and hx ~= nil then
-      if type(hx) ~= "table" or kiln.is_tensor(hx) then raise("LSTM: hx must be {h0, c0}") end
+      if type(hx) ~= "table" or factory.is_tensor(hx) then raise("LSTM: hx must be {h0, c0}") end
       h0, c0 = hx[1], hx[2]
     end
     h0 = self:initial(h0, "h0", B, unbatched)
@@ -138,11 +139,11 @@ return function(nn)
         hn[k] = z:select(1, T + 1)
         if lstm then cn[k] = z:select(1, T + 2) end
       end
-      input = D == 2 and kiln.cat(outs, 3) or outs[1]
+      input = D == 2 and factory.cat(outs, 3) or outs[1]
       if self.dropout > 0 and self.training and l < self.num_layers - 1 then input = F().dropout(input, self.dropout, true) end
     end
-    local out, h_n = input, kiln.stack(hn, 1)
-    local c_n = lstm and kiln.stack(cn, 1) or nil
+    local out, h_n = input, factory.stack(hn, 1)
+    local c_n = lstm and factory.stack(cn, 1) or nil
     if self.batch_first then out = out:transpose(1, 2) end
     if unbatched then
       out = out:squeeze(self.batch_first and 1 or 2)
@@ -191,11 +192,11 @@ return function(nn)
     size_check(name, hidden_size, "hidden_size")
     self.mode, self.input_size, self.hidden_size, self.bias = mode, input_size, hidden_size, flag(name, "bias", opts.bias, true)
     local G = gates[mode]
-    self.weight_ih = self:parameter(kiln.empty(G * hidden_size, input_size, {dtype = opts.dtype}))
-    self.weight_hh = self:parameter(kiln.empty(G * hidden_size, hidden_size, {dtype = opts.dtype}))
+    self.weight_ih = self:parameter(factory.empty(G * hidden_size, input_size, {dtype = opts.dtype}))
+    self.weight_hh = self:parameter(factory.empty(G * hidden_size, hidden_size, {dtype = opts.dtype}))
     if self.bias then
-      self.bias_ih = self:parameter(kiln.empty(G * hidden_size, {dtype = opts.dtype}))
-      self.bias_hh = self:parameter(kiln.empty(G * hidden_size, {dtype = opts.dtype}))
+      self.bias_ih = self:parameter(factory.empty(G * hidden_size, {dtype = opts.dtype}))
+      self.bias_hh = self:parameter(factory.empty(G * hidden_size, {dtype = opts.dtype}))
     end
     self:reset_parameters()
   end
@@ -204,7 +205,7 @@ return function(nn)
   -- forward(input [B,I] or [I], hx) -> h' (an LSTMCell: {h', c'}); hx is h (LSTMCell: {h, c}) or nil.
   function CellBase:forward(x, hx)
     local name = titles[self.mode] .. "Cell"
-    if not kiln.is_tensor(x) then raise(string.format("%s: input must be a tensor, got %s", name, type(x))) end
+    if not factory.is_tensor(x) then raise(string.format("%s: input must be a tensor, got %s", name, type(x))) end
     local unbatched = x:dim() == 1
     if unbatched then x = x:unsqueeze(1) end
     if x:dim() ~= 2 or x:size(2) ~= self.input_size then
@@ -213,15 +214,15 @@ return function(nn)
     local B, lstm = x:size(1), self.mode == "lstm"
     local h, c = hx, nil
     if lstm and hx ~= nil then
-      if type(hx) ~= "table" or kiln.is_tensor(hx) then raise("LSTMCell: hx must be {h, c}") end
+      if type(hx) ~= "table" or factory.is_tensor(hx) then raise("LSTMCell: hx must be {h, c}") end
       h, c = hx[1], hx[2]
     end
     local function state(s, what)
       if s == nil then return nil end
-      if unbatched and kiln.is_tensor(s) and s:dim() == 1 then s = s:unsqueeze(1) end
-      if not kiln.is_tensor(s) or s:dim() ~= 2 or s:size(1) ~= B or s:size(2) ~= self.hidden_size then
+      if unbatched and factory.is_tensor(s) and s:dim() == 1 then s = s:unsqueeze(1) end
+      if not factory.is_tensor(s) or s:dim() ~= 2 or s:size(1) ~= B or s:size(2) ~= self.hidden_size then
         raise(string.format("%s: %s is %s, expected [%d,%d] (batch, hidden_size)", name, what,
-                            kiln.is_tensor(s) and shape(s) or type(s), B, self.hidden_size))
+                            factory.is_tensor(s) and shape(s) or type(s), B, self.hidden_size))
       end
       return s
     end

@@ -1,6 +1,7 @@
 -- kiln.optim.adagrad: Adagrad (Duchi et al.) with learning-rate decay and weight decay, as
 -- PyTorch's torch.optim.Adagrad (whose state is made for every parameter at construction).
-local function full_like(p, v) return require("kiln.tensor").full_like(p, v) end
+local Tensor = require "kiln.tensor"
+local function full_like(p, v) return Tensor.full_like(p, v) end
 
 return {
   name = "Adagrad",

@@ -1,6 +1,7 @@
 -- kiln.optim.adam: Adam (Kingma & Ba) with L2 weight decay, and AdamW (Loshchilov & Hutter) with
 -- decoupled weight decay; AMSGrad for both. PyTorch's torch.optim.Adam / AdamW, defaults included.
-local function zeros_like(p) return require("kiln.tensor").zeros_like(p) end
+local Tensor = require "kiln.tensor"
+local function zeros_like(p) return Tensor.zeros_like(p) end
 
 local function check(g, fail)
   if type(g.lr) ~= "number" or g.lr < 0 then fail("invalid learning rate: " .. tostring(g.lr)) end

@@ -3,6 +3,7 @@
 -- (defaults, checks, state tensors, the C call); this file turns a spec into an optimizer whose
 -- step() makes one C call per parameter group over pointer arrays built once and reused.
 local core = require "kiln.core"
+local autograd = require "kiln.autograd"
 local Tensor = require "kiln.tensor"
 local ffi, C = core.ffi, core.C
 local raise, is_tensor = core.raise, core.is_tensor
@@ -252,7 +253,7 @@ function Optimizer:step(closure)
   if closure ~= nil and type(closure) ~= "function" then
     raise(string.format("%s.step: the closure must be a function, got %s", self._spec.name, core.describe(closure)))
   end
-  if closure then loss = require("kiln.autograd").enable_grad(closure) end
+  if closure then loss = autograd.enable_grad(closure) end
   for gi, group in ipairs(self.param_groups) do step_group(self, gi, group) end
   return loss
 end

@@ -1,6 +1,7 @@
 -- kiln.optim.rmsprop: RMSprop (Hinton's lecture 6e) with momentum, the centered variant and
 -- weight decay, as PyTorch's torch.optim.RMSprop.
-local function zeros_like(p) return require("kiln.tensor").zeros_like(p) end
+local Tensor = require "kiln.tensor"
+local function zeros_like(p) return Tensor.zeros_like(p) end
 
 return {
   name = "RMSprop",

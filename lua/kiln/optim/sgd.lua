@@ -1,6 +1,7 @@
 -- kiln.optim.sgd: stochastic gradient descent with momentum, dampening, Nesterov momentum and
 -- weight decay, as PyTorch's torch.optim.SGD (the momentum buffer starts as the first grad).
-local function zeros_like(p) return require("kiln.tensor").zeros_like(p) end
+local Tensor = require "kiln.tensor"
+local function zeros_like(p) return Tensor.zeros_like(p) end
 
 return {
   name = "SGD",
