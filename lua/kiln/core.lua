@@ -153,6 +153,13 @@ function M.opts_arg(opts, what)
   M.raise(string.format("%s: the options must be a table ({name = value, ...}), got %s", what, M.describe(opts)))
 end
 
+-- An integer argument name of op (an integer-valued number below 2^63), else an error naming both.
+function M.integer_arg(v, op, name)
+  if type(v) ~= "number" or v ~= math.floor(v) or v ~= v or math.abs(v) >= 2 ^ 63 then
+    M.raise(string.format("%s: %s must be an integer, got %s", op, name, tostring(v)))
+  end
+end
+
 -- A true/false option of op (nil: the default); anything else is an error naming it.
 function M.flag(v, default, op, name)
   if v == nil then return default end
