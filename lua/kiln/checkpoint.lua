@@ -289,7 +289,12 @@ end
 local function resolve(where, what)
   if type(where) ~= "string" then raise(what .. ": the path or folder must be a string, got " .. type(where)) end
   if is_file_path(where) and not is_dir(where) then return where end
-  if not is_dir(where) then raise(string.format("%s: %s is neither a checkpoint file nor a folder", what, where)) end
+  if not is_dir(where) then
+    -- something that exists but is no file (a FIFO, a device): say what it is
+    local mode = ok_lfs and lfs.attributes(where, "mode")
+    if mode and mode ~= "file" and core.C.kiln_file_check(what, where) ~= 0 then raise(ffi.string(core.C.kiln_error_message())) end
+    raise(string.format("%s: %s is neither a checkpoint file nor a folder", what, where))
+  end
   local path = M.latest(where)
   if not path then raise(string.format("%s: no checkpoint (ckpt-<step>.safetensors) in %s", what, where)) end
   return path

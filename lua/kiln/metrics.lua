@@ -7,6 +7,7 @@
 -- run killed at any moment leaves every line it logged (a resumed run appends after them).
 local ffi = require "ffi"
 local json = require "kiln.json"
+local core = require "kiln.core"
 local ok_cjson, cjson = pcall(require, "cjson")   -- lua-cjson reads the files back (M.read)
 
 local M = {}
@@ -29,6 +30,12 @@ function M.open(path, opts)
   if type(path) ~= "string" then error("metrics: the path must be a string, got " .. type(path), 2) end
   local mode = (opts and opts.mode) or "a"
   if mode ~= "a" and mode ~= "w" then error("metrics: mode must be \"a\" or \"w\", got " .. tostring(mode), 2) end
+  -- a FIFO, a directory or a device would block io.open or take the lines: only a regular file,
+  -- or one that does not exist yet
+  if core.C.kiln_file_check("metrics", path) ~= 0 then
+    local msg = ffi.string(core.C.kiln_error_message())
+    if not msg:find("No such file or directory", 1, true) then error(msg, 2) end
+  end
   local f, err = io.open(path, mode)
   if not f then error("metrics: cannot open " .. path .. ": " .. tostring(err), 2) end
   return setmetatable({path = path, file = f}, Logger)
@@ -56,6 +63,8 @@ end
 -- Every line of a metrics file, decoded (lua-cjson), for tests and reports.
 function M.read(path)
   if not ok_cjson then error("metrics.read: lua-cjson is not installed (Debian: lua-cjson)", 2) end
+  if type(path) ~= "string" then error("metrics.read: the path must be a string, got " .. type(path), 2) end
+  if core.C.kiln_file_check("metrics.read", path) ~= 0 then error(ffi.string(core.C.kiln_error_message()), 2) end
   local rows = {}
   for line in io.lines(path) do
     if line:match("%S") then rows[#rows + 1] = cjson.decode(line) end

@@ -121,6 +121,12 @@ void kiln_memory_count_alloc(int device_type, int64_t nbytes);
 void kiln_memory_count_free(int device_type, int64_t nbytes);
 
 /* Tensors (tensor.c). */
+/* Files (file.c): the kind of a file mode ("a directory", "a FIFO (named pipe)", ...), and a regular
+   file opened for reading without blocking on anything else: the fd, or -1 with the error naming
+   op, the path and what it is; *size gets the file's size when size is not NULL. */
+const char *kiln_file_kind(unsigned mode);
+int kiln_open_regular(const char *op, const char *path, int64_t *size);
+
 /* The address of one element of a live cpu tensor at a storage offset inside it; else NULL and the
    error naming op (tensor.c). */
 char *kiln_element_at(const char *op, const struct kiln_tensor *t, int64_t storage_offset);

@@ -649,7 +649,7 @@ describe("data.DataLoader on bad files", function()
     {"notimage.jpg", function(p) write(p, "hello, world") end, "not an image kiln reads"},
     {"dangling.png", function(p) os.execute("ln -s '" .. dir .. "/nowhere' '" .. path_of(p) .. "'") end,
      "a symbolic link to a missing file"},
-    {"fifo.png", function(p) os.execute("mkfifo '" .. path_of(p) .. "'") end, "a FIFO, not an image file"},
+    {"fifo.png", function(p) os.execute("mkfifo '" .. path_of(p) .. "'") end, "is a FIFO (named pipe), not a regular file"},
   }
 
   for k, case in ipairs(cases) do

@@ -10,6 +10,11 @@ struct kiln_tensor;
    KILN_I32; 0x0D f32 -> KILN_F32; 0x0E f64 -> KILN_F64. A new CPU tensor, or NULL with an error. */
 struct kiln_tensor *kiln_idx_read(const char *path);
 
+/* KILN_OK when path names a regular file kiln can open for reading; else the error names op, the
+   path and what it is ("a directory", "a FIFO (named pipe)", ...). Never blocks. Every reader of
+   kiln checks its file this way. */
+int kiln_file_check(const char *op, const char *path);
+
 /* safetensors (the format of Hugging Face and PyTorch): an 8-byte little-endian header length N,
    N bytes of JSON {"__metadata__": {key: value}, name: {"dtype", "shape", "data_offsets"}} padded
    with spaces, then the data, little-endian and row-major. dtypes: F32 F64 F16 BF16 I64 I32 U8 BOOL.

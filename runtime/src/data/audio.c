@@ -1,6 +1,7 @@
 /* audio.c: audio features (kiln/audio.h): the WAV reader, a mixed-radix FFT, power and log-mel
    spectrograms. Frames are transformed in parallel by kiln's thread pool; the arithmetic is double. */
 #include "internal.h"
+#include <unistd.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -116,8 +117,10 @@ static struct kiln_tensor *wav_decode(const char *path, const unsigned char *b, 
 
 KILN_API struct kiln_tensor *kiln_wav_read(const char *path, int32_t *sample_rate) {
   if (!path || !sample_rate) { kiln_fail(KILN_ERR_ARGUMENT, "wav_read: no path or no sample_rate given"); return NULL; }
-  FILE *f = fopen(path, "rb");
-  if (!f) { kiln_fail(KILN_ERR_IO, "wav_read: %s: cannot open: %s", path, strerror(errno)); return NULL; }
+  int fd = kiln_open_regular("wav_read", path, NULL);
+  if (fd < 0) return NULL;
+  FILE *f = fdopen(fd, "rb");
+  if (!f) { kiln_fail(KILN_ERR_IO, "wav_read: %s: cannot open: %s", path, strerror(errno)); close(fd); return NULL; }
   unsigned char *buf = NULL;
   long size = -1;
   if (fseek(f, 0, SEEK_END) == 0) size = ftell(f);

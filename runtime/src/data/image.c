@@ -51,48 +51,24 @@ static void *stb_memcpy(void *dst, const void *src, size_t n) { return n ? memcp
 
 /* ---- reading ---- */
 
-static const char *file_kind(mode_t m) {
-  if (S_ISDIR(m)) return "a directory";
-  if (S_ISFIFO(m)) return "a FIFO";
-  if (S_ISSOCK(m)) return "a socket";
-  if (S_ISCHR(m)) return "a character device";
-  if (S_ISBLK(m)) return "a block device";
-  return "not a regular file";
-}
-
 /* The whole file in a malloc'd buffer. Opened non-blocking so that a FIFO cannot hang the reader;
    anything but a regular file is refused. */
 static int read_file(const char *path, unsigned char **bytes, int64_t *n) {
   *bytes = NULL;
   *n = 0;
-  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) {
-    int e = errno;
-    struct stat lst;
-    if (e == ENOENT && lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode))
-      return kiln_fail(KILN_ERR_IO, "image: %s: cannot open: a symbolic link to a missing file", path);
-    return kiln_fail(KILN_ERR_IO, "image: %s: cannot open: %s", path, strerror(e));
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    int e = errno;
-    close(fd);
-    return kiln_fail(KILN_ERR_IO, "image: %s: cannot stat: %s", path, strerror(e));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    close(fd);
-    return kiln_fail(KILN_ERR_IO, "image: %s: cannot read: %s, not an image file", path, file_kind(st.st_mode));
-  }
-  if (st.st_size == 0) {
+  int64_t file_size = 0;
+  int fd = kiln_open_regular("image", path, &file_size);
+  if (fd < 0) return kiln_error_code();
+  if (file_size == 0) {
     close(fd);
     return kiln_fail(KILN_ERR_FORMAT, "image: %s: empty file (0 bytes)", path);
   }
-  if (st.st_size > KILN_IMAGE_MAX_FILE_BYTES) {
+  if (file_size > KILN_IMAGE_MAX_FILE_BYTES) {
     close(fd);
     return kiln_fail(KILN_ERR_FORMAT, "image: %s: the file has %lld bytes, more than the limit of %d "
-                     "(KILN_IMAGE_MAX_FILE_BYTES)", path, (long long)st.st_size, KILN_IMAGE_MAX_FILE_BYTES);
+                     "(KILN_IMAGE_MAX_FILE_BYTES)", path, (long long)file_size, KILN_IMAGE_MAX_FILE_BYTES);
   }
-  int64_t size = st.st_size;
+  int64_t size = file_size;
   unsigned char *buf = malloc((size_t)size);
   if (!buf) {
     close(fd);

@@ -215,24 +215,9 @@ KILN_API struct kiln_tensor *kiln_idx_read(const char *path) {
     kiln_fail(KILN_ERR_ARGUMENT, "read_idx: the path is missing (NULL)");
     return NULL;
   }
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    kiln_fail(KILN_ERR_IO, "read_idx: cannot open %s: %s", path, strerror(errno));
-    return NULL;
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    kiln_fail(KILN_ERR_IO, "read_idx: cannot stat %s: %s", path, strerror(errno));
-    close(fd);
-    return NULL;
-  }
-  if (S_ISDIR(st.st_mode)) {
-    kiln_fail(KILN_ERR_IO, "read_idx: %s is a directory", path);
-    close(fd);
-    return NULL;
-  }
-  /* The size is known for regular files; pipes and devices are read without the early checks. */
-  int64_t file_bytes = S_ISREG(st.st_mode) ? (int64_t)st.st_size : -1;
+  int64_t file_bytes = 0;
+  int fd = kiln_open_regular("read_idx", path, &file_bytes);
+  if (fd < 0) return NULL;
   unsigned char head[2] = {0, 0};
   ssize_t nhead = pread(fd, head, 2, 0);
   struct reader r = {.path = path, .gzip = nhead == 2 && head[0] == 0x1f && head[1] == 0x8b};

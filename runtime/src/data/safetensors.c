@@ -556,23 +556,9 @@ KILN_API struct kiln_safetensors *kiln_safetensors_open(const char *path, int fl
     kiln_fail(KILN_ERR_ARGUMENT, "load: the path is missing (NULL)");
     return NULL;
   }
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    kiln_fail(KILN_ERR_IO, "load: cannot open %s: %s", path, strerror(errno));
-    return NULL;
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    kiln_fail(KILN_ERR_IO, "load: cannot stat %s: %s", path, strerror(errno));
-    close(fd);
-    return NULL;
-  }
-  if (!S_ISREG(st.st_mode)) {
-    kiln_fail(KILN_ERR_IO, "load: %s is %s, not a regular file", path, S_ISDIR(st.st_mode) ? "a directory" : "a device or pipe");
-    close(fd);
-    return NULL;
-  }
-  int64_t size = (int64_t)st.st_size;
+  int64_t size = 0;
+  int fd = kiln_open_regular("load", path, &size);
+  if (fd < 0) return NULL;
   if (size < 8) {
     kiln_fail(KILN_ERR_FORMAT, "load: %s: truncated: %lld bytes, fewer than the 8 of the header length", path, (long long)size);
     close(fd);
