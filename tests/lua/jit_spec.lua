@@ -48,6 +48,8 @@ describe("the JIT", function()
     local grown = collectgarbage("count") - before
     collectgarbage("restart")
     assert.are.equal(2.5 * 20200, s)
-    assert.is_true(grown < 16, string.format("%.1f KB allocated by 20000 calls", grown))
+    -- a buffer made per call is 16 bytes or more (320 KB here); what the interpreter boxes while a
+    -- trace is being recorded or has exited (t.p) stays far below that
+    assert.is_true(grown < 100, string.format("%.1f KB allocated by 20000 calls", grown))
   end)
 end)
