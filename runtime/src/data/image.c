@@ -184,6 +184,81 @@ static int jpeg_huffman_tables_ok(const char *path, const unsigned char *b, int6
   return KILN_OK;
 }
 
+/* Binary PGM and PPM (P5, P6), read here rather than by stb_image, whose 2.27 reads 16-bit samples as
+   their low byte, ignores a maxval other than 255, accepts a maxval of 0, and overflows a signed int
+   on a size of many digits. The header: magic, width, height and maxval, separated by whitespace
+   and comments ("#" to the end of a line), then one whitespace byte and the samples: one byte each
+   when maxval < 256, else two, big-endian. Samples are scaled to 8 bits, v * 255 / maxval rounded
+   to nearest. */
+static int pnm_field(const char *path, const unsigned char *b, int64_t n, int64_t *pos, const char *name, int64_t *value) {
+  int64_t i = *pos;
+  int space = 0;
+  for (;;) {
+    if (i < n && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r' || b[i] == '\v' || b[i] == '\f')) { i++; space = 1; }
+    else if (i < n && b[i] == '#') { while (i < n && b[i] != '\n' && b[i] != '\r') i++; space = 1; }
+    else break;
+  }
+  if (i >= n)
+    return kiln_fail(KILN_ERR_FORMAT, "image: %s: truncated PNM: the header ends before the %s", path, name);
+  if (!space || b[i] < '0' || b[i] > '9')
+    return kiln_fail(KILN_ERR_FORMAT, "image: %s: corrupt PNM header: expected the %s at offset %lld", path, name, (long long)i);
+  int64_t v = 0;
+  for (; i < n && b[i] >= '0' && b[i] <= '9'; i++) {
+    v = v * 10 + (b[i] - '0');
+    if (v > INT32_MAX)
+      return kiln_fail(KILN_ERR_FORMAT, "image: %s: corrupt PNM header: the %s at offset %lld is larger than %d", path,
+                       name, (long long)*pos, INT32_MAX);
+  }
+  *pos = i;
+  *value = v;
+  return KILN_OK;
+}
+
+static int pnm_decode(const char *path, const unsigned char *b, int64_t n, int channels, struct kiln_u8_image *out) {
+  int comp = b[1] == '5' ? 1 : 3;
+  int64_t pos = 2, w, h, maxval;
+  int rc;
+  if ((rc = pnm_field(path, b, n, &pos, "width", &w)) || (rc = pnm_field(path, b, n, &pos, "height", &h)) ||
+      (rc = pnm_field(path, b, n, &pos, "maxval", &maxval)))
+    return rc;
+  if (w == 0 || h == 0)
+    return kiln_fail(KILN_ERR_FORMAT, "image: %s: the PNM header declares a zero size (%lld x %lld pixels)", path,
+                     (long long)w, (long long)h);
+  if (maxval < 1 || maxval > 65535)
+    return kiln_fail(KILN_ERR_FORMAT, "image: %s: corrupt PNM header: maxval %lld (expected 1 to 65535)", path,
+                     (long long)maxval);
+  if (pos >= n || !(b[pos] == ' ' || b[pos] == '\t' || b[pos] == '\n' || b[pos] == '\r' || b[pos] == '\v' || b[pos] == '\f'))
+    return kiln_fail(KILN_ERR_FORMAT, "image: %s: corrupt PNM header: no whitespace after the maxval at offset %lld",
+                     path, (long long)pos);
+  pos++;
+  int c = channels ? channels : comp;
+  int bytes_per = maxval > 255 ? 2 : 1;
+  if (w * h * (int64_t)(comp + c) > KILN_IMAGE_MAX_BYTES)
+    return kiln_fail(KILN_ERR_FORMAT, "image: %s: the PNM header declares %lld x %lld pixels (%d channels in the file, "
+                     "%d wanted): decoding them takes about %lld bytes, more than the limit of %d "
+                     "(KILN_IMAGE_MAX_BYTES); not decoded", path, (long long)w, (long long)h, comp, c,
+                     (long long)(w * h * (comp + c)), KILN_IMAGE_MAX_BYTES);
+  int64_t samples = w * h * comp;
+  if (n - pos < samples * bytes_per)
+    return kiln_fail(KILN_ERR_FORMAT, "image: %s: truncated PNM: %lld x %lld pixels of %d bytes need %lld bytes after the "
+                     "header, the file has %lld", path, (long long)w, (long long)h, comp * bytes_per,
+                     (long long)(samples * bytes_per), (long long)(n - pos));
+  unsigned char *pixels = STBI_MALLOC((size_t)samples);
+  if (!pixels) return kiln_fail(KILN_ERR_MEMORY, "image: %s: out of memory for %lld bytes", path, (long long)samples);
+  const unsigned char *d = b + pos;
+  for (int64_t k = 0; k < samples; k++) {
+    int64_t v = bytes_per == 1 ? d[k] : (int64_t)d[2 * k] << 8 | d[2 * k + 1];
+    if (v > maxval) v = maxval;   /* a sample above maxval is out of range: clip it to white */
+    pixels[k] = (unsigned char)(maxval == 255 ? v : (v * 255 + maxval / 2) / maxval);
+  }
+  if (comp != c) {
+    pixels = stbi__convert_format(pixels, comp, c, (unsigned)w, (unsigned)h);
+    if (!pixels) return kiln_fail(KILN_ERR_MEMORY, "image: %s: out of memory converting %d to %d channels", path, comp, c);
+  }
+  *out = (struct kiln_u8_image){pixels, (int)w, (int)h, c};
+  return KILN_OK;
+}
+
 int kiln_image_decode(const char *path, int channels, struct kiln_u8_image *out) {
   memset(out, 0, sizeof *out);
   if (!path) return kiln_fail(KILN_ERR_ARGUMENT, "image: the path is missing (NULL)");
@@ -195,6 +270,11 @@ int kiln_image_decode(const char *path, int channels, struct kiln_u8_image *out)
   int rc = read_file(path, &bytes, &n);
   if (rc) return rc;
   const char *kind = sniff(bytes, n);
+  if (n >= 2 && bytes[0] == 'P' && (bytes[1] == '5' || bytes[1] == '6')) {
+    rc = pnm_decode(path, bytes, n, channels, out);
+    free(bytes);
+    return rc;
+  }
   if (n >= 2 && bytes[0] == 0xFF && bytes[1] == 0xD8 && (rc = jpeg_huffman_tables_ok(path, bytes, n))) {
     free(bytes);
     return rc;
@@ -231,6 +311,8 @@ int kiln_image_decode(const char *path, int channels, struct kiln_u8_image *out)
     return rc;
   }
   if (!kind) kind = "TGA";
+  /* a BMP stored top-down has a negative height in its header; stb_image decodes it upright */
+  if (!strcmp(kind, "BMP") && h < 0 && h > INT32_MIN) h = -h;
   if (w <= 0 || h <= 0) {
     free(bytes);
     return kiln_fail(KILN_ERR_FORMAT, "image: %s: the %s header declares a zero size (%d x %d pixels)", path, kind, w, h);
@@ -254,11 +336,7 @@ int kiln_image_decode(const char *path, int channels, struct kiln_u8_image *out)
   }
   r = (struct mem_reader){bytes, n, 0, 0};
   int w2 = 0, h2 = 0, comp2 = 0;
-  /* stb_image 2.27 converts the channels of a 16-bit PNM as if it were 8-bit (reading past its
-     buffer; 2.28 fixed it): PNM comes out in its own channels and is converted here, by stb's code */
-  int pnm = n >= 2 && bytes[0] == 'P' && (bytes[1] == '5' || bytes[1] == '6');
-  unsigned char *pixels = stbi_load_from_callbacks(&mem_callbacks, &r, &w2, &h2, &comp2, pnm ? 0 : c);
-  if (pixels && pnm && comp2 != c) pixels = stbi__convert_format(pixels, comp2, c, (unsigned)w2, (unsigned)h2);
+  unsigned char *pixels = stbi_load_from_callbacks(&mem_callbacks, &r, &w2, &h2, &comp2, c);
   if (!pixels || r.overrun || w2 != w || h2 != h) {
     if (r.overrun)
       rc = kiln_fail(KILN_ERR_FORMAT, "image: %s: truncated %s: decoding %d x %d pixels needs more than the file's "
