@@ -126,6 +126,8 @@ void kiln_memory_count_free(int device_type, int64_t nbytes);
    op, the path and what it is; *size gets the file's size when size is not NULL. */
 const char *kiln_file_kind(unsigned mode);
 int kiln_open_regular(const char *op, const char *path, int64_t *size);
+/* The offset of the first byte of s[0..n) that is not valid UTF-8, or -1 (file.c). */
+int64_t kiln_utf8_invalid_at(const unsigned char *s, int64_t n);
 
 /* The address of one element of a live cpu tensor at a storage offset inside it; else NULL and the
    error naming op (tensor.c). */

@@ -1,4 +1,4 @@
-/* file.c: opening the files kiln reads. Only regular files are read: a FIFO, a directory, a device
+/* file.c: opening the files kiln reads, and checking the text in them. Only regular files are read: a FIFO, a directory, a device
    or a socket is refused with its kind named, and the open never blocks (a FIFO opened for reading
    without O_NONBLOCK waits for a writer, forever). */
 #define _GNU_SOURCE
@@ -59,4 +59,28 @@ KILN_API int kiln_file_check(const char *op, const char *path) {
   if (fd < 0) return kiln_error_code();
   close(fd);
   return KILN_OK;
+}
+
+/* The offset of the first byte of s[0..n) that is not valid UTF-8 (overlong forms, surrogates and
+   code points past U+10FFFF are invalid), or -1 when all of it is. */
+int64_t kiln_utf8_invalid_at(const unsigned char *s, int64_t n) {
+  int64_t i = 0;
+  while (i < n) {
+    unsigned c = s[i];
+    if (c < 0x80) { i++; continue; }
+    int len;
+    unsigned min, cp;
+    if (c >= 0xC2 && c <= 0xDF) { len = 2; min = 0x80; cp = c & 0x1F; }
+    else if (c >= 0xE0 && c <= 0xEF) { len = 3; min = 0x800; cp = c & 0x0F; }
+    else if (c >= 0xF0 && c <= 0xF4) { len = 4; min = 0x10000; cp = c & 0x07; }
+    else return i;
+    if (i + len > n) return i;
+    for (int k = 1; k < len; k++) {
+      if ((s[i + k] & 0xC0) != 0x80) return i;
+      cp = cp << 6 | (s[i + k] & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
+    i += len;
+  }
+  return -1;
 }

@@ -137,6 +137,10 @@ static void sync_folder(const char *path) {
 
 static int check_name(const char *path, const char *what, int i, const char *name) {
   if (!name) return kiln_fail(KILN_ERR_ARGUMENT, "save: %s: %s %d is missing (NULL)", path, what, i);
+  int64_t bad = kiln_utf8_invalid_at((const unsigned char *)name, (int64_t)strlen(name));
+  if (bad >= 0)
+    return kiln_fail(KILN_ERR_ARGUMENT, "save: %s: %s %d is not valid UTF-8 (at byte %lld); the header is UTF-8 JSON", path,
+                     what, i, (long long)bad);
   return KILN_OK;
 }
 
@@ -338,6 +342,10 @@ static int parse_entry(const char *path, const cJSON *v, struct entry *e, int64_
   if (!cJSON_IsObject(v))
     return kiln_fail(KILN_ERR_FORMAT, "load: %s: entry \"%s\" is %s, not an object with dtype, shape and data_offsets",
                      path, name, json_kind(v));
+  for (const cJSON *a = v->child; a; a = a->next)   /* JSON objects name each field once */
+    for (const cJSON *b = a->next; b; b = b->next)
+      if (strcmp(a->string, b->string) == 0)
+        return kiln_fail(KILN_ERR_FORMAT, "load: %s: entry \"%s\": the field \"%s\" appears twice", path, name, a->string);
   const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(v, "dtype");
   const cJSON *shape = cJSON_GetObjectItemCaseSensitive(v, "shape");
   const cJSON *offsets = cJSON_GetObjectItemCaseSensitive(v, "data_offsets");
@@ -433,6 +441,21 @@ static int parse_header(struct kiln_safetensors *f, const char *path) {
   const char *text = (const char *)p + 8;
   if (text[0] != '{')
     return kiln_fail(KILN_ERR_FORMAT, "load: %s: the header (at offset 8) does not start with '{': not a safetensors file", path);
+  /* The header is UTF-8 JSON: its bytes must be UTF-8, and no string may hold a NUL (\u0000), which
+     would cut a name short once decoded. */
+  int64_t bad = kiln_utf8_invalid_at((const unsigned char *)text, (int64_t)hlen);
+  if (bad >= 0)
+    return kiln_fail(KILN_ERR_FORMAT, "load: %s: the header is not valid UTF-8 at file offset %lld (byte %02X)", path,
+                     (long long)(8 + bad), (unsigned)(unsigned char)text[bad]);
+  for (int64_t i = 0, in_string = 0; i < (int64_t)hlen; i++) {
+    if (text[i] == '"') in_string = !in_string;
+    else if (in_string && text[i] == '\\') {
+      if (i + 5 < (int64_t)hlen && text[i + 1] == 'u' && !memcmp(text + i + 2, "0000", 4))
+        return kiln_fail(KILN_ERR_FORMAT, "load: %s: a string of the header holds a NUL (\\u0000 at file offset %lld); "
+                         "names and metadata may not", path, (long long)(8 + i));
+      i++;   /* the escaped character */
+    }
+  }
   const char *end = NULL;
   cJSON *root = cJSON_ParseWithLengthOpts(text, (size_t)hlen, &end, 0);
   if (!root) {
