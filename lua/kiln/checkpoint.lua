@@ -330,22 +330,30 @@ function M.load(where, targets)
   local state = {path = path, step = plain.step, epoch = plain.epoch, data = plain.data, extra = plain.extra,
                  rng = plain.rng, model = plain.has_model and model or nil, optimizer = plain.optimizer,
                  scheduler = plain.scheduler}
+  -- An error of restoring a part names the checkpoint and the part (the load_state_dict that failed
+  -- names the entry), raised at the caller's line.
+  local function checked(what, fn, ...)
+    local ok, err = pcall(fn, ...)
+    if not ok then
+      raise(string.format("checkpoint.load: %s: %s: %s", path, what, (tostring(err):gsub("^[^\n]-:%d+: ", ""))))
+    end
+  end
   local function restore(what, target, saved)
     if target == nil then return end
     if saved == nil then raise(string.format("checkpoint.load: %s holds no %s state", path, what)) end
     if type(target.load_state_dict) ~= "function" then
       raise(string.format("checkpoint.load: the %s given has no load_state_dict", what))
     end
-    target:load_state_dict(saved)
+    checked(what, target.load_state_dict, target, saved)
   end
   if targets.model ~= nil then
     if not plain.has_model then raise(string.format("checkpoint.load: %s holds no model", path)) end
     if type(targets.model.load_state_dict) == "function" then
-      targets.model:load_state_dict(model)
+      checked("model", targets.model.load_state_dict, targets.model, model)
     else   -- a table of tensors, filled in place
       for k, t in pairs(targets.model) do
         if model[k] == nil then raise(string.format("checkpoint.load: %s has no tensor model.%s", path, tostring(k))) end
-        autograd.no_grad(function() t:copy_(model[k]) end)
+        checked("model." .. tostring(k), autograd.no_grad, function() t:copy_(model[k]) end)
       end
     end
   end

@@ -549,6 +549,30 @@ describe("kiln.checkpoint", function()
     assert.matches("shape mismatch", err)
   end)
 
+  it("names the checkpoint and the entry when a tensor, a parameter or a buffer does not fit", function()
+    local model = small_model(1)
+    local opt = optim.SGD(model:parameters(), {lr = 0.1, momentum = 0.9})
+    train_steps(model, opt, nil, 1, 3)   -- momentum buffers exist
+    local path = checkpoint.save(path_of("names.safetensors"), {model = model, optimizer = opt, step = 1})
+    local function fails(targets, pattern)
+      local ok, err = pcall(checkpoint.load, path, targets)
+      assert.is_false(ok)
+      assert.matches("^[^\n]*io_spec%.lua:%d+: checkpoint%.load: ", tostring(err))   -- at the caller's line
+      assert.truthy(tostring(err):find(path, 1, true), tostring(err))
+      assert.matches(pattern, tostring(err))
+    end
+    -- a parameter the checkpoint lacks
+    fails({model = nn.Sequential({nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3), nn.Linear(3, 2)})}, "model: .*3%.weight")
+    -- a weight of the wrong shape
+    fails({model = nn.Sequential({nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 4)})}, "model: .*2%.weight")
+    -- a tensor of a plain table that the checkpoint lacks, and one of the wrong shape
+    fails({model = {["9.weight"] = kiln.zeros(2)}}, "has no tensor model%.9%.weight")
+    fails({model = {["0.weight"] = kiln.zeros(2, 2)}}, "model%.0%.weight: ")
+    -- a momentum buffer that does not fit the optimizer's parameters
+    local other = nn.Sequential({nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 4)})
+    fails({optimizer = optim.SGD(other:parameters(), {lr = 0.1, momentum = 0.9})}, "optimizer: ")
+  end)
+
   it("leaves the previous checkpoint intact when the process dies mid-write, or the write fails", function()
     local exe = kiln_exe()
     if not exe then pending("not running under the kiln launcher") return end
