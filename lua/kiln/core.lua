@@ -29,6 +29,9 @@ local function lua_message(msg)
   msg = msg:gsub("dim (%d+)", function(d) return "dim " .. (tonumber(d) + 1) end)
   msg = msg:gsub("index (%-?%d+) out of range", function(i) return "index " .. (tonumber(i) + 1) .. " out of range" end)
   msg = msg:gsub("start (%-?%d+), length", function(i) return "start " .. (tonumber(i) + 1) .. ", length" end)
+  -- "sample 3 (from 0; a.png) of batch 1 (from 0)" -> "sample 4 (a.png) of batch 2"
+  msg = msg:gsub("(%-?%d+) %(from 0; ", function(d) return tostring(tonumber(d) + 1) .. " (" end)
+  msg = msg:gsub("(%-?%d+) %(from 0%)", function(d) return tostring(tonumber(d) + 1) end)
   msg = msg:gsub("%(C counts from 0%)", "(counting from 1)")
   msg = msg:gsub("; C counts from 0%)", "; counting from 1)")
   return msg

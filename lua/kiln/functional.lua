@@ -276,10 +276,6 @@ local function lengths(v, what, op)
   return tensor(v, what, op)
 end
 
--- The C op names samples, positions and labels counting from 0 ("sample 2 (from 0)"); say them from 1.
-local function from_one(msg)
-  return (msg:gsub("(%-?%d+) %(from 0%)", function(d) return tostring(tonumber(d) + 1) end))
-end
 
 -- ctc_loss(log_probs [T,N,C], targets, input_lengths, target_lengths, {blank = 1, reduction = "mean", zero_infinity = false})
 -- log_probs: log_softmax over the classes. targets: labels counting from 1 (the blank is a class
@@ -309,7 +305,8 @@ function F.ctc_loss(lp, targets, input_lengths, target_lengths, opts)
   local tl = lengths(target_lengths, "target_lengths", "ctc_loss")
   local blank = integer(opts.blank or 1, "ctc_loss: blank") - 1
   local p = C.kiln_ctc_loss(lp.p, t.p, il.p, tl.p, blank, reduction(opts.reduction, "ctc_loss"), opts.zero_infinity and 1 or 0)
-  if p == nil then raise(core.lua_message(from_one(core.ffi.string(C.kiln_error_message())))) end
+  -- samples, positions and labels in the message count from 1 (core.lua_message)
+  if p == nil then raise(core.lua_message(core.ffi.string(C.kiln_error_message()))) end
   return wrap(p)
 end
 

@@ -670,6 +670,7 @@ describe("data.DataLoader on bad files", function()
         local msg = err(function() for _ in loader:epoch(0) do batches = batches + 1 end end)
         assert.are.equal(1, batches)
         assert_contains(msg, name .. "/a/3" .. case[1], case[3])
+        assert_contains(msg, "sample 4 (", "of batch 2, epoch 0")   -- counted from 1, as everything in Lua
         -- the next call of the epoch says it again; the loader is freed and a new one works
         loader:close()
         local ok = data.DataLoader{dataset = ds, batch_size = 2, workers = workers, sampler = function() return {1, 2, 3, 5, 6} end}
