@@ -36,13 +36,26 @@ function M.measure(fn, opts)
   return M.median(times)
 end
 
--- With --no-peer unset and python3 holding torch: runs `script` (bench/NAME.py, PyTorch's side)
--- at 1 and 2 threads, echoes its lines and calls on_line(line, threads) for each.
+-- The peer's python: KILN_PEER_PYTHON, else bench/.venv (PyTorch from PyPI, made by
+-- bench/peer-venv.sh), else Debian's python3 (python3-torch 1.13).
+local function peer_python()
+  local env = os.getenv("KILN_PEER_PYTHON")
+  if env and env ~= "" then return env end
+  local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "bench/"
+  local venv = here .. ".venv/bin/python"
+  local f = io.open(venv)
+  if f then f:close() return venv end
+  return "/usr/bin/python3"
+end
+M.peer_python = peer_python()
+
+-- With --no-peer unset and the peer's python holding torch: runs `script` (bench/NAME.py, PyTorch's
+-- side) at 1 and 2 threads, echoes its lines and calls on_line(line, threads) for each.
 function M.peer_lines(script, on_line)
-  if not M.peer or os.execute("/usr/bin/python3 -c 'import torch' 2>/dev/null") ~= 0 then return end
+  if not M.peer or os.execute(M.peer_python .. " -c 'import torch' 2>/dev/null") ~= 0 then return end
   for _, threads in ipairs{1, 2} do
-    local cmd = string.format("OMP_WAIT_POLICY=passive OMP_NUM_THREADS=%d OPENBLAS_NUM_THREADS=%d /usr/bin/python3 %s %d%s", threads, threads, script,
-                              threads, M.quick and " --quick" or "")
+    local cmd = string.format("OMP_WAIT_POLICY=passive OMP_NUM_THREADS=%d OPENBLAS_NUM_THREADS=%d %s %s %d%s", threads, threads,
+                              M.peer_python, script, threads, M.quick and " --quick" or "")
     local p = io.popen(cmd)
     for line in p:lines() do
       io.write(line, "\n")
