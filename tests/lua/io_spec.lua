@@ -601,6 +601,33 @@ describe("kiln.checkpoint", function()
     assert.are.equal(before, read_file(target))
     for name in require("lfs").dir(dir) do assert.is_nil(name:match("^crash%.safetensors%.tmp%."), "a failed write cleans up") end
   end)
+
+  it("reports a full disk (ENOSPC) and leaves the previous checkpoint loadable", function()
+    local exe = kiln_exe()
+    if not exe then pending("not running under the kiln launcher") return end
+    -- a 256 KB tmpfs in a mount namespace of the child's own (unshare -rm: no root needed where
+    -- user namespaces are allowed)
+    if os.execute("unshare -rm true 2>/dev/null") ~= 0 then pending("unshare -rm is not allowed here") return end
+    local mnt = path_of("small-disk")
+    execute("mkdir -p " .. mnt)
+    local script = write_file(path_of("enospc-child.lua"), string.format([[
+      local kiln = require "kiln"
+      local dir = %q
+      local first = kiln.checkpoint.save(dir .. "/ckpt.safetensors", {model = {w = kiln.ones(4, 4)}, step = 1})
+      local ok, err = pcall(kiln.checkpoint.save, dir .. "/ckpt.safetensors", {model = {w = kiln.ones(512, 512)}, step = 2})
+      print("second save:", ok, err)
+      print("loaded step:", kiln.checkpoint.load(first).step)
+      for name in require("lfs").dir(dir) do if name:match("%%.tmp%%.") then print("left behind:", name) end end
+    ]], mnt))
+    local log = path_of("enospc.log")
+    execute(string.format("unshare -rm sh -c 'mount -t tmpfs -o size=256k tmpfs %s && %s %s' > %s 2>&1", mnt, exe, script, log))
+    local out = read_file(log)
+    assert.matches("second save:%s+false", out)
+    assert.truthy(out:find(mnt .. "/ckpt.safetensors", 1, true), out)
+    assert.truthy(out:find("No space left on device", 1, true), out)
+    assert.matches("loaded step:%s+1", out)
+    assert.falsy(out:find("left behind:", 1, true), out)
+  end)
 end)
 
 describe("the metrics logger", function()
