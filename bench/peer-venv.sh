@@ -8,5 +8,5 @@ set -e
 cd "$(dirname "$0")"
 python3 -m venv .venv
 .venv/bin/pip install --quiet --upgrade pip
-.venv/bin/pip install --quiet "torch${1:+==$1}"
+.venv/bin/pip install --quiet "torch${1:+==$1}" numpy
 .venv/bin/python -c 'import torch; print("bench/.venv: torch", torch.__version__, torch.__config__.parallel_info().splitlines()[0])'
