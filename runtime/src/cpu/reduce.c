@@ -28,23 +28,32 @@ struct job {
    folded in a fixed tree at the end: the same order whatever the thread count, and no chain of
    dependent adds (one add in flight at a time ran at a quarter of the memory's speed). */
 enum { LANES = 32 };
-#define LANE_SUM(T, sfx, name, expr)                                                         \
-static double name##_##sfx(const T *x, int64_t n, double mean) {                             \
-  double l[LANES] = {0};                                                                     \
-  (void)mean;                                                                                \
-  int64_t i = 0;                                                                             \
-  for (; i + LANES <= n; i += LANES)                                                         \
-    for (int k = 0; k < LANES; k++) { double v = (double)x[i + k]; l[k] += (expr); }         \
-  for (int k = 0; i < n; i++, k++) { double v = (double)x[i]; l[k] += (expr); }             \
-  return kiln_fold_lanes(l, LANES);                                                          \
+enum lane_term { TERM_V, TERM_SQUARE, TERM_ABS, TERM_DEVIATION };
+
+/* Element i of an f32 or f64 chunk, as double. Inlined with dt a constant, it is one load. */
+static inline __attribute__((always_inline)) double load(const void *x, int dt, int64_t i) {
+  return dt == KILN_F32 ? (double)((const float *)x)[i] : ((const double *)x)[i];
 }
-#define LANE_SUMS(T, sfx)                                      \
-LANE_SUM(T, sfx, lsum, v)                                      \
-LANE_SUM(T, sfx, lsq, v * v)                                   \
-LANE_SUM(T, sfx, labs, fabs(v))                                \
-LANE_SUM(T, sfx, ldev, (v - mean) * (v - mean))
-LANE_SUMS(float, f32)
-LANE_SUMS(double, f64)
+
+static inline __attribute__((always_inline)) double lane_sum(const void *x, int dt, int64_t n, int term, double mean) {
+  double l[LANES] = {0};
+  int64_t i = 0;
+#define TERM(v) (term == TERM_V ? (v) : term == TERM_SQUARE ? (v) * (v) : term == TERM_ABS ? fabs(v) : ((v) - mean) * ((v) - mean))
+  for (; i + LANES <= n; i += LANES)
+    for (int k = 0; k < LANES; k++) { double v = load(x, dt, i + k); l[k] += TERM(v); }
+  for (int k = 0; i < n; i++, k++) { double v = load(x, dt, i); l[k] += TERM(v); }
+#undef TERM
+  return kiln_fold_lanes(l, LANES);
+}
+
+static double lsum_f32(const float *x, int64_t n) { return lane_sum(x, KILN_F32, n, TERM_V, 0); }
+static double lsum_f64(const double *x, int64_t n) { return lane_sum(x, KILN_F64, n, TERM_V, 0); }
+static double lsq_f32(const float *x, int64_t n) { return lane_sum(x, KILN_F32, n, TERM_SQUARE, 0); }
+static double lsq_f64(const double *x, int64_t n) { return lane_sum(x, KILN_F64, n, TERM_SQUARE, 0); }
+static double labs_f32(const float *x, int64_t n) { return lane_sum(x, KILN_F32, n, TERM_ABS, 0); }
+static double labs_f64(const double *x, int64_t n) { return lane_sum(x, KILN_F64, n, TERM_ABS, 0); }
+static double ldev_f32(const float *x, int64_t n, double mean) { return lane_sum(x, KILN_F32, n, TERM_DEVIATION, mean); }
+static double ldev_f64(const double *x, int64_t n, double mean) { return lane_sum(x, KILN_F64, n, TERM_DEVIATION, mean); }
 
 /* The max (or min) of an f32 chunk and the index of its first occurrence, in 16 vector lanes
    (element i in lane i % 16), each keeping its best value and where it was, then folded: a NaN
@@ -80,51 +89,72 @@ static void extreme_f32(const float *x, int64_t n, int want_max, float *value, i
   *index = bi[w];
 }
 
-#define CHUNK_FLOAT(T, sfx)                                                                     \
-static void chunk_##sfx(int op, const T *x, int64_t n, int64_t base, double p, struct acc *a) {  \
-  memset(a, 0, sizeof *a);                                                                       \
-  a->n = n;                                                                                      \
-  switch (op) {                                                                                  \
-  case KILN_OP_SUM: case KILN_OP_MEAN: a->s = lsum_##sfx(x, n, 0); break;                      \
-  case KILN_OP_PROD: { double s = 1; for (int64_t i = 0; i < n; i++) s *= x[i]; a->s = s; break; } \
-  case KILN_OP_MAX: case KILN_OP_ARGMAX: case KILN_OP_MIN: case KILN_OP_ARGMIN: {               \
-    int want_max = op == KILN_OP_MAX || op == KILN_OP_ARGMAX;                                    \
-    if (sizeof(T) == sizeof(float) && n >= 32) {                                                 \
-      float v; int64_t at;                                                                       \
-      extreme_f32((const float *)(const void *)x, n, want_max, &v, &at);                         \
-      a->s = v; a->idx = base + at; break;                                                       \
-    }                                                                                            \
-    double best = x[0]; int64_t bi = 0;                                                          \
-    for (int64_t i = 1; i < n && best == best; i++) {                                            \
-      double v = x[i];                                                                           \
-      if (v != v || (want_max ? v > best : v < best)) { best = v; bi = i; }                      \
-    }                                                                                            \
-    a->s = best; a->idx = base + bi; break;                                                      \
-  }                                                                                              \
-  case KILN_OP_VAR: case KILN_OP_STD: {                                                          \
-    double mean = n ? lsum_##sfx(x, n, 0) / (double)n : 0;                                       \
-    a->m = mean; a->q = ldev_##sfx(x, n, mean); break;                                           \
-  }                                                                                              \
-  case KILN_OP_NORM: {                                                                           \
-    double s = 0;                                                                                \
-    if (p == 2) s = lsq_##sfx(x, n, 0);                                                          \
-    else if (p == 1) s = labs_##sfx(x, n, 0);                                                    \
-    else if (p == INFINITY) for (int64_t i = 0; i < n; i++) { double v = fabs((double)x[i]); if (v > s || v != v) s = v; } \
-    else if (isinf(p)) { s = INFINITY; for (int64_t i = 0; i < n; i++) { double v = fabs((double)x[i]); if (v < s || v != v) { s = v; if (v != v) break; } } } \
-    else if (p == 0) for (int64_t i = 0; i < n; i++) s += x[i] != 0;                              \
-    else for (int64_t i = 0; i < n; i++) s += pow(fabs((double)x[i]), p);                         \
-    a->s = s; break;                                                                             \
-  }                                                                                              \
-  case KILN_OP_LOGSUMEXP: {                                                                      \
-    double m = -INFINITY; for (int64_t i = 0; i < n; i++) if (x[i] > m || x[i] != x[i]) m = x[i]; \
-    double s = 0;                                                                                \
-    if (isfinite(m)) for (int64_t i = 0; i < n; i++) s += exp(x[i] - m);                          \
-    a->m = m; a->s = s; break;                                                                   \
-  }                                                                                              \
-  }                                                                                              \
+/* The partial result of op over one chunk of an f32 or f64 row; base is the chunk's first index. */
+static inline __attribute__((always_inline)) void chunk_float(int op, const void *x, int dt, int64_t n, int64_t base,
+                                                             double p, struct acc *a) {
+  memset(a, 0, sizeof *a);
+  a->n = n;
+  switch (op) {
+  case KILN_OP_SUM: case KILN_OP_MEAN: a->s = dt == KILN_F32 ? lsum_f32(x, n) : lsum_f64(x, n); break;
+  case KILN_OP_PROD: { double s = 1; for (int64_t i = 0; i < n; i++) s *= load(x, dt, i); a->s = s; break; }
+  case KILN_OP_MAX: case KILN_OP_ARGMAX: case KILN_OP_MIN: case KILN_OP_ARGMIN: {
+    int want_max = op == KILN_OP_MAX || op == KILN_OP_ARGMAX;
+    if (dt == KILN_F32 && n >= 32) {
+      float v;
+      int64_t at;
+      extreme_f32(x, n, want_max, &v, &at);
+      a->s = v;
+      a->idx = base + at;
+      break;
+    }
+    double best = load(x, dt, 0);
+    int64_t bi = 0;
+    for (int64_t i = 1; i < n && best == best; i++) {
+      double v = load(x, dt, i);
+      if (v != v || (want_max ? v > best : v < best)) { best = v; bi = i; }
+    }
+    a->s = best;
+    a->idx = base + bi;
+    break;
+  }
+  case KILN_OP_VAR: case KILN_OP_STD: {
+    double mean = n ? (dt == KILN_F32 ? lsum_f32(x, n) : lsum_f64(x, n)) / (double)n : 0;
+    a->m = mean;
+    a->q = dt == KILN_F32 ? ldev_f32(x, n, mean) : ldev_f64(x, n, mean);
+    break;
+  }
+  case KILN_OP_NORM: {
+    double s = 0;
+    if (p == 2) s = dt == KILN_F32 ? lsq_f32(x, n) : lsq_f64(x, n);
+    else if (p == 1) s = dt == KILN_F32 ? labs_f32(x, n) : labs_f64(x, n);
+    else if (p == INFINITY) for (int64_t i = 0; i < n; i++) { double v = fabs(load(x, dt, i)); if (v > s || v != v) s = v; }
+    else if (isinf(p)) {
+      s = INFINITY;
+      for (int64_t i = 0; i < n; i++) { double v = fabs(load(x, dt, i)); if (v < s || v != v) { s = v; if (v != v) break; } }
+    }
+    else if (p == 0) for (int64_t i = 0; i < n; i++) s += load(x, dt, i) != 0;
+    else for (int64_t i = 0; i < n; i++) s += pow(fabs(load(x, dt, i)), p);
+    a->s = s;
+    break;
+  }
+  case KILN_OP_LOGSUMEXP: {
+    double m = -INFINITY;
+    for (int64_t i = 0; i < n; i++) { double v = load(x, dt, i); if (v > m || v != v) m = v; }
+    double s = 0;
+    if (isfinite(m)) for (int64_t i = 0; i < n; i++) s += exp(load(x, dt, i) - m);
+    a->m = m;
+    a->s = s;
+    break;
+  }
+  }
 }
-CHUNK_FLOAT(float, f32)
-CHUNK_FLOAT(double, f64)
+
+static void chunk_f32(int op, const float *x, int64_t n, int64_t base, double p, struct acc *a) {
+  chunk_float(op, x, KILN_F32, n, base, p, a);
+}
+static void chunk_f64(int op, const double *x, int64_t n, int64_t base, double p, struct acc *a) {
+  chunk_float(op, x, KILN_F64, n, base, p, a);
+}
 
 static void chunk_i64(int op, const int64_t *x, int64_t n, int64_t base, struct acc *a) {
   memset(a, 0, sizeof *a);
