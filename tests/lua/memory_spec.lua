@@ -123,6 +123,26 @@ describe("memory accounting", function()
   end)
 end)
 
+describe("an allocation larger than memory", function()
+  it("is an error naming the request and the bytes in use, and the process goes on", function()
+    local held = kiln.ones(10 * 1024 * 1024)   -- 40 MiB in use at least
+    local ok, err = pcall(kiln.empty, 1e14)      -- 400 TB of f32: more than any machine's memory
+    assert.is_false(ok)
+    assert.matches("empty: out of memory allocating 400000000000000 bytes on cpu %((%d+) bytes in use%)", tostring(err))
+    local in_use = tonumber(tostring(err):match("%((%d+) bytes in use%)"))
+    assert.is_true(in_use >= 40 * 1024 * 1024, tostring(err))
+    -- and a size that cannot even be counted names the sizes
+    ok, err = pcall(kiln.empty, 4e9, 4e9, 4e9)
+    assert.is_false(ok)
+    assert.matches("%[4000000000,4000000000,4000000000%] elements of f32 do not fit in memory", tostring(err))
+    -- the process is usable: the tensor held is intact, new ones work
+    assert.are.equal(10 * 1024 * 1024, held:sum():item())
+    assert.are.equal(6, kiln.ones(2, 3):sum():item())
+    held:free()
+    kiln.empty_cache()   -- the 40 MiB block leaves the CPU's cache, which the next specs measure
+  end)
+end)
+
 describe("the CPU's cache of large blocks", function()
   it("keeps a freed block of 32 MiB or more, reuses it for the same size, and empty_cache gives it back", function()
     kiln.empty_cache()
