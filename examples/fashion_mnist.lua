@@ -6,7 +6,8 @@
 -- --metrics appends one JSON line per step and per epoch. --checkpoint saves the whole training state
 -- to DIR/ckpt-<step>.safetensors every STEPS steps (default: each epoch), keeping the last N (3);
 -- --resume continues from the newest one at the exact batch; --pause-after stops after the
--- checkpoint of that step and waits to be killed (for the resume test).
+-- checkpoint of that step and waits to be killed (for the resume test). SIGTERM finishes the
+-- step, writes its checkpoint (with --checkpoint) and exits with status 143.
 -- --workers: the C loader's threads gathering batches ahead of the training loop (default 2; 0
 -- gathers them in the loop); each epoch reports data_wait_fraction, the share of its time spent
 -- waiting for them.
@@ -101,13 +102,16 @@ end
 local checkpoint_every = opt.checkpoint_every or steps_per_epoch
 
 local function save_checkpoint(epoch, batch, sum, count, seconds)
-  kiln.checkpoint.save(opt.checkpoint, {model = model, optimizer = sgd, scheduler = schedule, step = step, epoch = epoch,
+  return kiln.checkpoint.save(opt.checkpoint, {model = model, optimizer = sgd, scheduler = schedule, step = step, epoch = epoch,
                                         data = {epoch = epoch, batch = batch},
                                         extra = {sum = sum, count = count, train_seconds = seconds, config = config}},
                        {keep = opt.keep or 3})
 end
 
 pcall(require("ffi").cdef, "int kiln_example_pause(void) __asm__(\"pause\");")
+-- SIGTERM (a scheduler's stop) ends the current step, writes a checkpoint when --checkpoint is
+-- given, and exits with status 143; Ctrl-C (SIGINT) stops at once, as everywhere in kiln.
+kiln.catch_terminate()
 
 -- The batches of epoch e come in the order of (seed, e), gathered by opt.workers C threads.
 local loader = data.DataLoader{dataset = data.TensorDataset(train_x, train_y), batch_size = opt.batch_size,
@@ -145,7 +149,18 @@ for epoch = start_epoch, opt.epochs do
     end
     if opt.pause_after == step then
       ui.log("paused after step %d; waiting to be killed", step)
-      while true do require("ffi").C.kiln_example_pause() end
+      while not kiln.terminate_requested() do require("ffi").C.kiln_example_pause() end
+    end
+    -- SIGTERM: the step is done; save it where checkpoints go, and stop
+    if kiln.terminate_requested() then
+      bar:close()
+      if opt.checkpoint then
+        local path = save_checkpoint(epoch, b, sum, count, train_seconds + (now() - t0))
+        ui.log("terminated after step %d: checkpoint written to %s (--resume continues from it)", step, path)
+      else
+        ui.log("terminated after step %d (no --checkpoint: nothing saved)", step)
+      end
+      os.exit(143)
     end
   end
   bar:close()

@@ -37,6 +37,8 @@ return {
   ["kiln.io"] = "kiln.io: reading and writing tensors, state dicts (safetensors) and checkpoints",
   ["kiln.ui"] = "kiln.ui: progress bars, JSON-lines metrics (ui.metrics(path):log{step=, loss=, ...}) and plots",
   ["kiln.repl"] = "require \"kiln.repl\": the read-eval-print loop of the kiln command",
+  ["kiln.catch_terminate"] = "kiln.catch_terminate(): from now on SIGTERM does not end the process but makes kiln.terminate_requested() true (finish the step, save, exit)",
+  ["kiln.terminate_requested"] = "kiln.terminate_requested(): true once a SIGTERM came after kiln.catch_terminate()",
   ["kiln.info"] = "kiln.info(): what kiln runs on: {version, luajit, threads, cpu = {name, vendor, family, model, features = {...}}, blas = {name, core, state, note}, cuda}; state is detected, corrected (kiln reloaded a generic OpenBLAS core), from_env, generic or missing",
   ["kiln.help"] = "kiln.help(x): one line of help on a kiln function, tensor method or module",
   ["kiln.audio"] = "kiln.audio: speech features: load_wav(path) -> wave, rate; spectrogram(wave, {n_fft=, hop=}); log_mel(wave, {sample_rate=, n_mels=})",

@@ -118,6 +118,11 @@ function kiln.info()
   }
 end
 
+-- A SIGTERM that a training loop handles: after kiln.catch_terminate(), SIGTERM only makes
+-- kiln.terminate_requested() true, so the loop can finish its step, save a checkpoint and exit.
+function kiln.catch_terminate() check(C.kiln_terminate_catch()) end
+function kiln.terminate_requested() return C.kiln_terminate_requested() ~= 0 end
+
 -- Said once, when kiln loads: the CPU's GEMM runs on generic kernels and kiln could not fix it.
 if C.kiln_blas_state() >= C.KILN_BLAS_GENERIC and not core.blas_warned then
   core.blas_warned = true

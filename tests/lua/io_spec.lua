@@ -655,6 +655,42 @@ end)
 -- ---- resume after SIGKILL ----
 
 describe("examples/fashion_mnist.lua --resume", function()
+  it("on SIGTERM finishes the step, writes its checkpoint and exits with a message; the run resumes from it", function()
+    local exe = kiln_exe()
+    if not exe then pending("not running under the kiln launcher") return end
+    if not exists("examples/fashion_mnist.lua") then pending("run from the source tree") return end
+    local ok_data = pcall(function() return require("datasets.fashion_mnist").load{split = "test"} end)
+    if not ok_data then pending("Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)") return end
+    local run = path_of("run-term")
+    local common = string.format("%s examples/fashion_mnist.lua --model mlp --epochs 1 --limit 2048 --threads 2 "
+                                 .. "--checkpoint-every 1000 --checkpoint %s", exe, run)
+    -- it pauses after step 5 (no checkpoint is due before the epoch ends), and gets SIGTERM there
+    local pidfile = run .. ".pid"
+    execute(string.format("(%s --pause-after 5 > %s.log 2>&1; echo $? > %s.status) & echo $! > %s", common, run, run, pidfile))
+    local waited = 0
+    while not read_if_any(run .. ".log"):find("paused after step 5", 1, true) and waited < 600 do
+      execute("sleep 0.1")
+      waited = waited + 1
+    end
+    assert.is_false(exists(run .. "/ckpt-5.safetensors"), read_file(run .. ".log"))
+    local shell = read_file(pidfile):match("%d+")   -- the subshell; kiln is its child
+    local child = io.popen("pgrep -P " .. shell)
+    local pid = child:read("*l")
+    child:close()
+    assert.is_not_nil(pid, "no kiln under the subshell " .. tostring(shell))
+    assert.is_true(execute("kill -TERM " .. pid))
+    waited = 0
+    while not exists(run .. ".status") and waited < 600 do execute("sleep 0.1") waited = waited + 1 end
+    assert.are.equal("143", read_file(run .. ".status"):match("%d+"), read_file(run .. ".log"))
+    local log = read_file(run .. ".log")
+    assert.truthy(log:find("terminated after step 5: checkpoint written to " .. run .. "/ckpt-5.safetensors", 1, true), log)
+    assert.are.equal(5, checkpoint.load(run).step)
+    -- and --resume goes on from step 5 to the end of the epoch
+    assert.is_true(execute(string.format("%s --resume > %s.resumed.log 2>&1", common, run)), read_file(run .. ".resumed.log"))
+    assert.truthy(read_file(run .. ".resumed.log"):find("resumed from .*ckpt%-5%.safetensors: step 5, epoch 1, batch 5"))
+    assert.truthy(read_file(run .. ".resumed.log"):find('"test_accuracy":', 1, true))   -- the epoch's end
+  end)
+
   it("after SIGKILL at step 8 resumes to step 16 with bitwise-identical parameters and losses", function()
     local exe = kiln_exe()
     if not exe then pending("not running under the kiln launcher") return end

@@ -1,5 +1,6 @@
-/* kiln/system.h: what kiln runs on: the CPU's features (read once with cpuid) and the BLAS behind
-   the CPU's GEMM, with the kernels ("core") it uses and whether kiln had to correct its choice. */
+/* kiln/system.h: what kiln runs on: the CPU's features (read once with cpuid), the BLAS behind
+   the CPU's GEMM, with the kernels ("core") it uses and whether kiln had to correct its choice,
+   and a SIGTERM a training loop may ask about instead of dying at once. */
 #ifndef KILN_SYSTEM_H
 #define KILN_SYSTEM_H
 
@@ -29,5 +30,11 @@ const char *kiln_blas_name(void);
 const char *kiln_blas_core(void);
 int kiln_blas_state(void);
 const char *kiln_blas_note(void);
+
+/* From kiln_terminate_catch() on, SIGTERM no longer ends the process: it sets a flag that
+   kiln_terminate_requested() returns (1 after a SIGTERM), so that a training loop can finish its
+   step, write a checkpoint and exit. Without the call, SIGTERM keeps its default action. */
+int kiln_terminate_catch(void);
+int kiln_terminate_requested(void);
 
 #endif

@@ -10,6 +10,7 @@
 #define _GNU_SOURCE
 #include "internal.h"
 #include <dlfcn.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -260,3 +261,24 @@ void kiln_dgemm(int ta, int tb, int m, int n, int k, double alpha, const double 
                 double beta, double *c, int ldc) {
   blas.dgemm(KILN_BLAS_ROW_MAJOR, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
+
+/* ---- SIGTERM, caught on request ---- */
+
+static volatile sig_atomic_t terminate_requested;
+
+static void on_terminate(int sig) {
+  (void)sig;
+  terminate_requested = 1;
+}
+
+KILN_API int kiln_terminate_catch(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_terminate;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  if (sigaction(SIGTERM, &sa, NULL) != 0) return kiln_fail(KILN_ERR_STATE, "terminate_catch: sigaction failed");
+  return KILN_OK;
+}
+
+KILN_API int kiln_terminate_requested(void) { return terminate_requested != 0; }
