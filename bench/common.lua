@@ -36,6 +36,15 @@ function M.measure(fn, opts)
   return M.median(times)
 end
 
+-- The f32 multiply-add rate of a large square product (OpenBLAS, at the current thread count),
+-- GFLOP/s: a model's GEMM FLOP at this rate is the time no algorithm beats by much (its floor).
+function M.sgemm_gflops()
+  local kiln = kiln or require "kiln"
+  local n = 1024
+  local a, b = kiln.randn(n, n), kiln.randn(n, n)
+  return 2 * n ^ 3 / M.measure(function() kiln.matmul(a, b) end) / 1e9
+end
+
 -- The peer's python: KILN_PEER_PYTHON, else bench/.venv (PyTorch from PyPI, made by
 -- bench/peer-venv.sh), else Debian's python3 (python3-torch 1.13).
 local function peer_python()

@@ -19,11 +19,7 @@ local ours = {}
 -- The f32 multiply-add rate of a large square product (OpenBLAS), GFLOP/s: every FLOP of a layer
 -- at that rate is the time no algorithm of the recurrence beats by much (kiln's persistent
 -- products reach about 1.1x of it), so gemm_ms / floor_ms bounds the persistent speedup.
-local function peak_gflops()
-  local n = 1024
-  local a, b = kiln.randn(n, n), kiln.randn(n, n)
-  return 2 * n ^ 3 / common.measure(function() kiln.matmul(a, b) end) / 1e9
-end
+local peak_gflops = common.sgemm_gflops
 -- FLOP of one LSTM layer forward + backward: the input projection, the recurrent products, and
 -- backward their transposes and the two weight grads.
 local function lstm_flop(T, B, I, H) return 2 * T * B * 4 * H * 3 * (I + H) end

@@ -1,18 +1,28 @@
 -- bench/train_step.lua: median training-step time (forward, backward, SGD momentum update) of
 -- the MLP (784-512-256-10, batch 128) and the CNN (conv5x5 1->32, pool, conv5x5 32->64, pool,
 -- 1024-1024-10, batch 64), at 1 and 2 threads, beside PyTorch CPU in the same run when python3
--- has torch (bench/train_step.py; PyTorch with OMP_WAIT_POLICY=passive). One JSON line per result.
+-- has torch (bench/train_step.py; PyTorch with OMP_WAIT_POLICY=passive), and each step's floor: its
+-- GEMM FLOP at the rate of a 1024x1024 product in the same run. One JSON line per result.
 -- usage: kiln bench/train_step.lua [--quick] [--no-peer]
 local kiln = kiln or require "kiln"
 local nn, optim = kiln.nn, kiln.optim
 local common = require "bench.common"
 local quick, now, median = common.quick, common.now, common.median
 
+-- GEMM FLOP of one step (forward, grad of the input where it is needed, grad of the weight): a
+-- Linear of n_in -> n_out on a batch B is 2*B*n_in*n_out each; a convolution is its im2col product,
+-- 2*B*C_out*OH*OW*C_in*k*k each. The first layer's input needs no grad.
+local function linear_flop(B, n_in, n_out, first) return 2 * B * n_in * n_out * (first and 2 or 3) end
+local function conv_flop(B, c_in, c_out, oh, k, first) return 2 * B * c_out * oh * oh * c_in * k * k * (first and 2 or 3) end
+
 local models = {
-  {name = "mlp", batch = 128, make = function()
+  {name = "mlp", batch = 128, flop = linear_flop(128, 784, 512, true) + linear_flop(128, 512, 256) + linear_flop(128, 256, 10),
+   make = function()
     return nn.Sequential{nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 10)}
   end},
-  {name = "cnn", batch = 64, make = function()
+  {name = "cnn", batch = 64, flop = conv_flop(64, 1, 32, 24, 5, true) + conv_flop(64, 32, 64, 8, 5) +
+                                    linear_flop(64, 1024, 1024) + linear_flop(64, 1024, 10),
+   make = function()
     return nn.Sequential{nn.Conv2d(1, 32, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
                          nn.Flatten(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10)}
   end},
@@ -21,6 +31,8 @@ local models = {
 local ours = {}
 for _, threads in ipairs{1, 2} do
   kiln.set_num_threads(threads)
+  local peak = common.sgemm_gflops()
+  kiln.ui.json{bench = "sgemm_peak", n = 1024, threads = threads, gflops = peak}
   for _, m in ipairs(models) do
     kiln.manual_seed(0)
     local model = m.make()
@@ -46,6 +58,10 @@ for _, threads in ipairs{1, 2} do
     ours[m.name .. threads] = ms
     kiln.ui.json{bench = "train_step", impl = "kiln", model = m.name, batch = m.batch, threads = threads,
                  ms_per_step = ms, reps = reps, steps_per_rep = steps}
+    -- the floor: the step's GEMM FLOP at the rate of a large product, measured in this run
+    local floor = m.flop / peak / 1e6
+    kiln.ui.json{bench = "train_step_floor", model = m.name, threads = threads, gemm_gflop = m.flop / 1e9,
+                 floor_ms = floor, ms_per_step = ms, ratio_to_floor = ms / floor}
   end
 end
 
