@@ -14,51 +14,345 @@ typedef void (*ew_fn)(int64_t n, void *out, const void *const *in, const double 
 
 /* ---- kernels ---- */
 
-#define U_F32(name, expr) static void name##_f32(int64_t n, void *o_, const void *const *in, const double *sc) { \
-    float *o = o_; const float *a = in[0]; (void)sc; for (int64_t i = 0; i < n; i++) { float x = a[i]; o[i] = (expr); } }
-#define U_F64(name, expr) static void name##_f64(int64_t n, void *o_, const void *const *in, const double *sc) { \
-    double *o = o_; const double *a = in[0]; (void)sc; for (int64_t i = 0; i < n; i++) { double x = a[i]; o[i] = (expr); } }
-#define U_I64(name, expr) static void name##_i64(int64_t n, void *o_, const void *const *in, const double *sc) { \
-    int64_t *o = o_; const int64_t *a = in[0]; (void)sc; for (int64_t i = 0; i < n; i++) { int64_t x = a[i]; o[i] = (expr); } }
-#define B_F32(name, expr) static void name##_f32(int64_t n, void *o_, const void *const *in, const double *sc) { \
-    float *o = o_; const float *a = in[0], *b = in[1]; (void)sc; for (int64_t i = 0; i < n; i++) { float x = a[i], y = b[i]; o[i] = (expr); } }
-#define B_F64(name, expr) static void name##_f64(int64_t n, void *o_, const void *const *in, const double *sc) { \
-    double *o = o_; const double *a = in[0], *b = in[1]; (void)sc; for (int64_t i = 0; i < n; i++) { double x = a[i], y = b[i]; o[i] = (expr); } }
-#define B_I64(name, expr) static void name##_i64(int64_t n, void *o_, const void *const *in, const double *sc) { \
-    int64_t *o = o_; const int64_t *a = in[0], *b = in[1]; (void)sc; for (int64_t i = 0; i < n; i++) { int64_t x = a[i], y = b[i]; o[i] = (expr); } }
-/* Comparisons and logical ops write bool (one byte) from inputs in the compute dtype. */
-#define CMP(name, T, sfx, expr) static void name##_##sfx(int64_t n, void *o_, const void *const *in, const double *sc) { \
-    uint8_t *o = o_; const T *a = in[0], *b = in[1]; (void)sc; for (int64_t i = 0; i < n; i++) { T x = a[i], y = b[i]; o[i] = (expr); } }
-#define CMP3(name, expr) CMP(name, float, f32, expr) CMP(name, double, f64, expr) CMP(name, int64_t, i64, expr)
+/* The element functions, one switch per compute dtype (f32 and f64 arithmetic stay in their own
+   type); each kernel below is written out by name and inlines its switch with the op a constant,
+   so that the loop is the op's own and vectorises. */
+
+static inline __attribute__((always_inline)) float unary_f32(int op, float x) {
+  switch (op) {
+  case KILN_OP_NEG: return -x;
+  case KILN_OP_ABS: return fabsf(x);
+  case KILN_OP_SIGN: return (float)((x > 0) - (x < 0));
+  case KILN_OP_SQRT: return sqrtf(x);
+  case KILN_OP_RSQRT: return 1.0f / sqrtf(x);
+  case KILN_OP_EXP: return kiln_vexpf(x);
+  case KILN_OP_LOG: return logf(x);
+  case KILN_OP_LOG1P: return log1pf(x);
+  case KILN_OP_EXPM1: return expm1f(x);
+  case KILN_OP_SIN: return sinf(x);
+  case KILN_OP_COS: return cosf(x);
+  case KILN_OP_TANH: return tanhf(x);
+  case KILN_OP_SIGMOID: return 1.0f / (1.0f + expf(-x));
+  case KILN_OP_RELU: return x < 0 ? 0.0f : x;
+  case KILN_OP_FLOOR: return floorf(x);
+  case KILN_OP_CEIL: return ceilf(x);
+  case KILN_OP_ROUND: return nearbyintf(x);
+  case KILN_OP_TRUNC: return truncf(x);
+  case KILN_OP_RECIPROCAL: return 1.0f / x;
+  case KILN_OP_SQUARE: return x * x;
+  case KILN_OP_ERF: return erff(x);
+  }
+  return 0;
+}
+
+static inline __attribute__((always_inline)) double unary_f64(int op, double x) {
+  switch (op) {
+  case KILN_OP_NEG: return -x;
+  case KILN_OP_ABS: return fabs(x);
+  case KILN_OP_SIGN: return (double)((x > 0) - (x < 0));
+  case KILN_OP_SQRT: return sqrt(x);
+  case KILN_OP_RSQRT: return 1.0 / sqrt(x);
+  case KILN_OP_EXP: return exp(x);
+  case KILN_OP_LOG: return log(x);
+  case KILN_OP_LOG1P: return log1p(x);
+  case KILN_OP_EXPM1: return expm1(x);
+  case KILN_OP_SIN: return sin(x);
+  case KILN_OP_COS: return cos(x);
+  case KILN_OP_TANH: return tanh(x);
+  case KILN_OP_SIGMOID: return 1.0 / (1.0 + exp(-x));
+  case KILN_OP_RELU: return x < 0 ? 0.0 : x;
+  case KILN_OP_FLOOR: return floor(x);
+  case KILN_OP_CEIL: return ceil(x);
+  case KILN_OP_ROUND: return nearbyint(x);
+  case KILN_OP_TRUNC: return trunc(x);
+  case KILN_OP_RECIPROCAL: return 1.0 / x;
+  case KILN_OP_SQUARE: return x * x;
+  case KILN_OP_ERF: return erf(x);
+  }
+  return 0;
+}
+
+static inline __attribute__((always_inline)) int64_t unary_i64(int op, int64_t x) {
+  switch (op) {
+  case KILN_OP_NEG: return (int64_t)(0ull - (uint64_t)x);
+  case KILN_OP_ABS: return x < 0 ? (int64_t)(0ull - (uint64_t)x) : x;
+  case KILN_OP_SIGN: return (x > 0) - (x < 0);
+  case KILN_OP_RELU: return x < 0 ? 0 : x;
+  case KILN_OP_FLOOR: return x;
+  case KILN_OP_CEIL: return x;
+  case KILN_OP_ROUND: return x;
+  case KILN_OP_TRUNC: return x;
+  case KILN_OP_SQUARE: return (int64_t)((uint64_t)x * (uint64_t)x);
+  }
+  return 0;
+}
 
 /* Signed overflow is undefined in C; integer arithmetic wraps through unsigned. */
-#define WRAP(op) ((int64_t)((uint64_t)x op (uint64_t)y))
+static int64_t ipow(int64_t base, int64_t e) {
+  if (e < 0) return base == 1 ? 1 : base == -1 ? (e & 1 ? -1 : 1) : 0;
+  uint64_t r = 1, b = (uint64_t)base;
+  while (e) { if (e & 1) r *= b; b *= b; e >>= 1; }
+  return (int64_t)r;
+}
+static float fremf(float x, float y) { float r = fmodf(x, y); return r != 0 && ((r < 0) != (y < 0)) ? r + y : r; }
+static double frem(double x, double y) { double r = fmod(x, y); return r != 0 && ((r < 0) != (y < 0)) ? r + y : r; }
+static int64_t irem(int64_t x, int64_t y) {
+  if (y == 0 || y == -1) return 0;   /* x % 0 is undefined; x % -1 is 0 (and INT64_MIN % -1 traps) */
+  int64_t r = x % y;
+  return r != 0 && ((r < 0) != (y < 0)) ? r + y : r;
+}
 
-U_F32(neg, -x) U_F64(neg, -x) U_I64(neg, (int64_t)(0ull - (uint64_t)x))
-U_F32(abs, fabsf(x)) U_F64(abs, fabs(x)) U_I64(abs, x < 0 ? (int64_t)(0ull - (uint64_t)x) : x)
-U_F32(sign, (float)((x > 0) - (x < 0))) U_F64(sign, (double)((x > 0) - (x < 0))) U_I64(sign, (x > 0) - (x < 0))
-U_F32(sqrt, sqrtf(x)) U_F64(sqrt, sqrt(x))
-U_F32(rsqrt, 1.0f / sqrtf(x)) U_F64(rsqrt, 1.0 / sqrt(x))
-U_F32(exp, kiln_vexpf(x)) U_F64(exp, exp(x))   /* f32: vectorised, within 1 ulp (cpu/vexp.h) */
-U_F32(log, logf(x)) U_F64(log, log(x))
-U_F32(log1p, log1pf(x)) U_F64(log1p, log1p(x))
-U_F32(expm1, expm1f(x)) U_F64(expm1, expm1(x))
-U_F32(sin, sinf(x)) U_F64(sin, sin(x))
-U_F32(cos, cosf(x)) U_F64(cos, cos(x))
-U_F32(tanh, tanhf(x)) U_F64(tanh, tanh(x))
-U_F32(sigmoid, 1.0f / (1.0f + expf(-x))) U_F64(sigmoid, 1.0 / (1.0 + exp(-x)))
-U_F32(relu, x < 0 ? 0.0f : x) U_F64(relu, x < 0 ? 0.0 : x) U_I64(relu, x < 0 ? 0 : x)
-U_F32(floor, floorf(x)) U_F64(floor, floor(x)) U_I64(floor, x)
-U_F32(ceil, ceilf(x)) U_F64(ceil, ceil(x)) U_I64(ceil, x)
-U_F32(round, nearbyintf(x)) U_F64(round, nearbyint(x)) U_I64(round, x)
-U_F32(trunc, truncf(x)) U_F64(trunc, trunc(x)) U_I64(trunc, x)
-U_F32(reciprocal, 1.0f / x) U_F64(reciprocal, 1.0 / x)
-U_F32(square, x * x) U_F64(square, x * x) U_I64(square, (int64_t)((uint64_t)x * (uint64_t)x))
-U_F32(erf, erff(x)) U_F64(erf, erf(x))
+static inline __attribute__((always_inline)) float binary_f32(int op, float x, float y) {
+  switch (op) {
+  case KILN_OP_ADD: return x + y;
+  case KILN_OP_SUB: return x - y;
+  case KILN_OP_MUL: return x * y;
+  case KILN_OP_DIV: return x / y;
+  case KILN_OP_POW: return powf(x, y);
+  case KILN_OP_MAXIMUM: return (x != x || x > y) ? x : y;
+  case KILN_OP_MINIMUM: return (x != x || x < y) ? x : y;
+  case KILN_OP_REMAINDER: return fremf(x, y);
+  }
+  return 0;
+}
 
-#define LNOT(T, sfx) static void logical_not_##sfx(int64_t n, void *o_, const void *const *in, const double *sc) { \
-    uint8_t *o = o_; const T *a = in[0]; (void)sc; for (int64_t i = 0; i < n; i++) o[i] = a[i] == 0; }
-LNOT(float, f32) LNOT(double, f64) LNOT(int64_t, i64)
+static inline __attribute__((always_inline)) double binary_f64(int op, double x, double y) {
+  switch (op) {
+  case KILN_OP_ADD: return x + y;
+  case KILN_OP_SUB: return x - y;
+  case KILN_OP_MUL: return x * y;
+  case KILN_OP_DIV: return x / y;
+  case KILN_OP_POW: return pow(x, y);
+  case KILN_OP_MAXIMUM: return (x != x || x > y) ? x : y;
+  case KILN_OP_MINIMUM: return (x != x || x < y) ? x : y;
+  case KILN_OP_REMAINDER: return frem(x, y);
+  }
+  return 0;
+}
+
+static inline __attribute__((always_inline)) int64_t binary_i64(int op, int64_t x, int64_t y) {
+  switch (op) {
+  case KILN_OP_ADD: return (int64_t)((uint64_t)x + (uint64_t)y);
+  case KILN_OP_SUB: return (int64_t)((uint64_t)x - (uint64_t)y);
+  case KILN_OP_MUL: return (int64_t)((uint64_t)x * (uint64_t)y);
+  case KILN_OP_POW: return ipow(x, y);
+  case KILN_OP_MAXIMUM: return x > y ? x : y;
+  case KILN_OP_MINIMUM: return x < y ? x : y;
+  case KILN_OP_REMAINDER: return irem(x, y);
+  }
+  return 0;
+}
+
+static inline __attribute__((always_inline)) uint8_t compare_f32(int op, float x, float y) {
+  switch (op) {
+  case KILN_OP_EQ: return x == y;
+  case KILN_OP_NE: return x != y;
+  case KILN_OP_LT: return x < y;
+  case KILN_OP_LE: return x <= y;
+  case KILN_OP_GT: return x > y;
+  case KILN_OP_GE: return x >= y;
+  case KILN_OP_LOGICAL_AND: return x != 0 && y != 0;
+  case KILN_OP_LOGICAL_OR: return x != 0 || y != 0;
+  }
+  return 0;
+}
+
+static inline __attribute__((always_inline)) uint8_t compare_f64(int op, double x, double y) {
+  switch (op) {
+  case KILN_OP_EQ: return x == y;
+  case KILN_OP_NE: return x != y;
+  case KILN_OP_LT: return x < y;
+  case KILN_OP_LE: return x <= y;
+  case KILN_OP_GT: return x > y;
+  case KILN_OP_GE: return x >= y;
+  case KILN_OP_LOGICAL_AND: return x != 0 && y != 0;
+  case KILN_OP_LOGICAL_OR: return x != 0 || y != 0;
+  }
+  return 0;
+}
+
+static inline __attribute__((always_inline)) uint8_t compare_i64(int op, int64_t x, int64_t y) {
+  switch (op) {
+  case KILN_OP_EQ: return x == y;
+  case KILN_OP_NE: return x != y;
+  case KILN_OP_LT: return x < y;
+  case KILN_OP_LE: return x <= y;
+  case KILN_OP_GT: return x > y;
+  case KILN_OP_GE: return x >= y;
+  case KILN_OP_LOGICAL_AND: return x != 0 && y != 0;
+  case KILN_OP_LOGICAL_OR: return x != 0 || y != 0;
+  }
+  return 0;
+}
+
+/* The loops: out[i] = op(a[i]) or op(a[i], b[i]) over contiguous buffers. */
+static inline __attribute__((always_inline)) void unary_loop_f32(int op, int64_t n, void *o_, const void *const *in) {
+  float *o = o_;
+  const float *a = in[0];
+  for (int64_t i = 0; i < n; i++) o[i] = unary_f32(op, a[i]);
+}
+static inline __attribute__((always_inline)) void binary_loop_f32(int op, int64_t n, void *o_, const void *const *in) {
+  float *o = o_;
+  const float *a = in[0], *b = in[1];
+  for (int64_t i = 0; i < n; i++) o[i] = binary_f32(op, a[i], b[i]);
+}
+static inline __attribute__((always_inline)) void compare_loop_f32(int op, int64_t n, void *o_, const void *const *in) {
+  uint8_t *o = o_;   /* comparisons and logical ops write bool (one byte) */
+  const float *a = in[0], *b = in[1];
+  for (int64_t i = 0; i < n; i++) o[i] = compare_f32(op, a[i], b[i]);
+}
+
+static inline __attribute__((always_inline)) void unary_loop_f64(int op, int64_t n, void *o_, const void *const *in) {
+  double *o = o_;
+  const double *a = in[0];
+  for (int64_t i = 0; i < n; i++) o[i] = unary_f64(op, a[i]);
+}
+static inline __attribute__((always_inline)) void binary_loop_f64(int op, int64_t n, void *o_, const void *const *in) {
+  double *o = o_;
+  const double *a = in[0], *b = in[1];
+  for (int64_t i = 0; i < n; i++) o[i] = binary_f64(op, a[i], b[i]);
+}
+static inline __attribute__((always_inline)) void compare_loop_f64(int op, int64_t n, void *o_, const void *const *in) {
+  uint8_t *o = o_;   /* comparisons and logical ops write bool (one byte) */
+  const double *a = in[0], *b = in[1];
+  for (int64_t i = 0; i < n; i++) o[i] = compare_f64(op, a[i], b[i]);
+}
+
+static inline __attribute__((always_inline)) void unary_loop_i64(int op, int64_t n, void *o_, const void *const *in) {
+  int64_t *o = o_;
+  const int64_t *a = in[0];
+  for (int64_t i = 0; i < n; i++) o[i] = unary_i64(op, a[i]);
+}
+static inline __attribute__((always_inline)) void binary_loop_i64(int op, int64_t n, void *o_, const void *const *in) {
+  int64_t *o = o_;
+  const int64_t *a = in[0], *b = in[1];
+  for (int64_t i = 0; i < n; i++) o[i] = binary_i64(op, a[i], b[i]);
+}
+static inline __attribute__((always_inline)) void compare_loop_i64(int op, int64_t n, void *o_, const void *const *in) {
+  uint8_t *o = o_;   /* comparisons and logical ops write bool (one byte) */
+  const int64_t *a = in[0], *b = in[1];
+  for (int64_t i = 0; i < n; i++) o[i] = compare_i64(op, a[i], b[i]);
+}
+
+/* The kernels, by name. */
+static void neg_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f32(KILN_OP_NEG, n, o, in); }
+static void neg_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f64(KILN_OP_NEG, n, o, in); }
+static void neg_i64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_i64(KILN_OP_NEG, n, o, in); }
+static void abs_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f32(KILN_OP_ABS, n, o, in); }
+static void abs_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f64(KILN_OP_ABS, n, o, in); }
+static void abs_i64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_i64(KILN_OP_ABS, n, o, in); }
+static void sign_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f32(KILN_OP_SIGN, n, o, in); }
+static void sign_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f64(KILN_OP_SIGN, n, o, in); }
+static void sign_i64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_i64(KILN_OP_SIGN, n, o, in); }
+static void sqrt_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f32(KILN_OP_SQRT, n, o, in); }
+static void sqrt_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f64(KILN_OP_SQRT, n, o, in); }
+static void rsqrt_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f32(KILN_OP_RSQRT, n, o, in); }
+static void rsqrt_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f64(KILN_OP_RSQRT, n, o, in); }
+static void exp_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f32(KILN_OP_EXP, n, o, in); }
+static void exp_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f64(KILN_OP_EXP, n, o, in); }
+static void log_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f32(KILN_OP_LOG, n, o, in); }
+static void log_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f64(KILN_OP_LOG, n, o, in); }
+static void log1p_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f32(KILN_OP_LOG1P, n, o, in); }
+static void log1p_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f64(KILN_OP_LOG1P, n, o, in); }
+static void expm1_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f32(KILN_OP_EXPM1, n, o, in); }
+static void expm1_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f64(KILN_OP_EXPM1, n, o, in); }
+static void sin_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f32(KILN_OP_SIN, n, o, in); }
+static void sin_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f64(KILN_OP_SIN, n, o, in); }
+static void cos_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f32(KILN_OP_COS, n, o, in); }
+static void cos_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f64(KILN_OP_COS, n, o, in); }
+static void tanh_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f32(KILN_OP_TANH, n, o, in); }
+static void tanh_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f64(KILN_OP_TANH, n, o, in); }
+static void sigmoid_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f32(KILN_OP_SIGMOID, n, o, in); }
+static void sigmoid_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f64(KILN_OP_SIGMOID, n, o, in); }
+static void relu_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f32(KILN_OP_RELU, n, o, in); }
+static void relu_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f64(KILN_OP_RELU, n, o, in); }
+static void relu_i64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_i64(KILN_OP_RELU, n, o, in); }
+static void floor_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f32(KILN_OP_FLOOR, n, o, in); }
+static void floor_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f64(KILN_OP_FLOOR, n, o, in); }
+static void floor_i64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_i64(KILN_OP_FLOOR, n, o, in); }
+static void ceil_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f32(KILN_OP_CEIL, n, o, in); }
+static void ceil_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f64(KILN_OP_CEIL, n, o, in); }
+static void ceil_i64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_i64(KILN_OP_CEIL, n, o, in); }
+static void round_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f32(KILN_OP_ROUND, n, o, in); }
+static void round_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f64(KILN_OP_ROUND, n, o, in); }
+static void round_i64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_i64(KILN_OP_ROUND, n, o, in); }
+static void trunc_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f32(KILN_OP_TRUNC, n, o, in); }
+static void trunc_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f64(KILN_OP_TRUNC, n, o, in); }
+static void trunc_i64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_i64(KILN_OP_TRUNC, n, o, in); }
+static void reciprocal_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f32(KILN_OP_RECIPROCAL, n, o, in); }
+static void reciprocal_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f64(KILN_OP_RECIPROCAL, n, o, in); }
+static void square_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f32(KILN_OP_SQUARE, n, o, in); }
+static void square_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f64(KILN_OP_SQUARE, n, o, in); }
+static void square_i64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_i64(KILN_OP_SQUARE, n, o, in); }
+static void erf_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f32(KILN_OP_ERF, n, o, in); }
+static void erf_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f64(KILN_OP_ERF, n, o, in); }
+static void add_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_f32(KILN_OP_ADD, n, o, in); }
+static void add_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_f64(KILN_OP_ADD, n, o, in); }
+static void add_i64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_i64(KILN_OP_ADD, n, o, in); }
+static void sub_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_f32(KILN_OP_SUB, n, o, in); }
+static void sub_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_f64(KILN_OP_SUB, n, o, in); }
+static void sub_i64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_i64(KILN_OP_SUB, n, o, in); }
+static void mul_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_f32(KILN_OP_MUL, n, o, in); }
+static void mul_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_f64(KILN_OP_MUL, n, o, in); }
+static void mul_i64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_i64(KILN_OP_MUL, n, o, in); }
+static void div_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_f32(KILN_OP_DIV, n, o, in); }
+static void div_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_f64(KILN_OP_DIV, n, o, in); }
+static void pow_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_f32(KILN_OP_POW, n, o, in); }
+static void pow_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_f64(KILN_OP_POW, n, o, in); }
+static void pow_i64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_i64(KILN_OP_POW, n, o, in); }
+static void maximum_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_f32(KILN_OP_MAXIMUM, n, o, in); }
+static void maximum_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_f64(KILN_OP_MAXIMUM, n, o, in); }
+static void maximum_i64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_i64(KILN_OP_MAXIMUM, n, o, in); }
+static void minimum_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_f32(KILN_OP_MINIMUM, n, o, in); }
+static void minimum_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_f64(KILN_OP_MINIMUM, n, o, in); }
+static void minimum_i64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_i64(KILN_OP_MINIMUM, n, o, in); }
+static void remainder_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_f32(KILN_OP_REMAINDER, n, o, in); }
+static void remainder_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_f64(KILN_OP_REMAINDER, n, o, in); }
+static void remainder_i64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_i64(KILN_OP_REMAINDER, n, o, in); }
+static void eq_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; compare_loop_f32(KILN_OP_EQ, n, o, in); }
+static void eq_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; compare_loop_f64(KILN_OP_EQ, n, o, in); }
+static void eq_i64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; compare_loop_i64(KILN_OP_EQ, n, o, in); }
+static void ne_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; compare_loop_f32(KILN_OP_NE, n, o, in); }
+static void ne_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; compare_loop_f64(KILN_OP_NE, n, o, in); }
+static void ne_i64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; compare_loop_i64(KILN_OP_NE, n, o, in); }
+static void lt_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; compare_loop_f32(KILN_OP_LT, n, o, in); }
+static void lt_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; compare_loop_f64(KILN_OP_LT, n, o, in); }
+static void lt_i64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; compare_loop_i64(KILN_OP_LT, n, o, in); }
+static void le_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; compare_loop_f32(KILN_OP_LE, n, o, in); }
+static void le_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; compare_loop_f64(KILN_OP_LE, n, o, in); }
+static void le_i64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; compare_loop_i64(KILN_OP_LE, n, o, in); }
+static void gt_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; compare_loop_f32(KILN_OP_GT, n, o, in); }
+static void gt_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; compare_loop_f64(KILN_OP_GT, n, o, in); }
+static void gt_i64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; compare_loop_i64(KILN_OP_GT, n, o, in); }
+static void ge_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; compare_loop_f32(KILN_OP_GE, n, o, in); }
+static void ge_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; compare_loop_f64(KILN_OP_GE, n, o, in); }
+static void ge_i64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; compare_loop_i64(KILN_OP_GE, n, o, in); }
+static void logical_and_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; compare_loop_f32(KILN_OP_LOGICAL_AND, n, o, in); }
+static void logical_and_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; compare_loop_f64(KILN_OP_LOGICAL_AND, n, o, in); }
+static void logical_and_i64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; compare_loop_i64(KILN_OP_LOGICAL_AND, n, o, in); }
+static void logical_or_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; compare_loop_f32(KILN_OP_LOGICAL_OR, n, o, in); }
+static void logical_or_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; compare_loop_f64(KILN_OP_LOGICAL_OR, n, o, in); }
+static void logical_or_i64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; compare_loop_i64(KILN_OP_LOGICAL_OR, n, o, in); }
+
+/* logical_not writes bool: true where x is 0. */
+static void logical_not_f32(int64_t n, void *o_, const void *const *in, const double *sc) {
+  uint8_t *o = o_;
+  const float *a = in[0];
+  (void)sc;
+  for (int64_t i = 0; i < n; i++) o[i] = a[i] == 0;
+}
+static void logical_not_f64(int64_t n, void *o_, const void *const *in, const double *sc) {
+  uint8_t *o = o_;
+  const double *a = in[0];
+  (void)sc;
+  for (int64_t i = 0; i < n; i++) o[i] = a[i] == 0;
+}
+static void logical_not_i64(int64_t n, void *o_, const void *const *in, const double *sc) {
+  uint8_t *o = o_;
+  const int64_t *a = in[0];
+  (void)sc;
+  for (int64_t i = 0; i < n; i++) o[i] = a[i] == 0;
+}
 
 /* isnan: true where x is NaN; an integer never is. */
 static void isnan_f32(int64_t n, void *o_, const void *const *in, const double *sc) {
@@ -74,30 +368,6 @@ static void isnan_i64(int64_t n, void *o_, const void *const *in, const double *
   memset(o_, 0, (size_t)n);
 }
 
-static int64_t ipow(int64_t base, int64_t e) {
-  if (e < 0) return base == 1 ? 1 : base == -1 ? (e & 1 ? -1 : 1) : 0;
-  uint64_t r = 1, b = (uint64_t)base;
-  while (e) { if (e & 1) r *= b; b *= b; e >>= 1; }
-  return (int64_t)r;
-}
-static float fremf(float x, float y) { float r = fmodf(x, y); return r != 0 && ((r < 0) != (y < 0)) ? r + y : r; }
-static double frem(double x, double y) { double r = fmod(x, y); return r != 0 && ((r < 0) != (y < 0)) ? r + y : r; }
-static int64_t irem(int64_t x, int64_t y) {
-  if (y == 0 || y == -1) return 0;   /* x % 0 is undefined; x % -1 is 0 (and INT64_MIN % -1 traps) */
-  int64_t r = x % y;
-  return r != 0 && ((r < 0) != (y < 0)) ? r + y : r;
-}
-
-B_F32(add, x + y) B_F64(add, x + y) B_I64(add, WRAP(+))
-B_F32(sub, x - y) B_F64(sub, x - y) B_I64(sub, WRAP(-))
-B_F32(mul, x * y) B_F64(mul, x * y) B_I64(mul, WRAP(*))
-B_F32(div, x / y) B_F64(div, x / y)
-B_F32(pow, powf(x, y)) B_F64(pow, pow(x, y)) B_I64(pow, ipow(x, y))
-B_F32(maximum, (x != x || x > y) ? x : y) B_F64(maximum, (x != x || x > y) ? x : y) B_I64(maximum, x > y ? x : y)
-B_F32(minimum, (x != x || x < y) ? x : y) B_F64(minimum, (x != x || x < y) ? x : y) B_I64(minimum, x < y ? x : y)
-B_F32(remainder, fremf(x, y)) B_F64(remainder, frem(x, y)) B_I64(remainder, irem(x, y))
-CMP3(eq, x == y) CMP3(ne, x != y) CMP3(lt, x < y) CMP3(le, x <= y) CMP3(gt, x > y) CMP3(ge, x >= y)
-CMP3(logical_and, x != 0 && y != 0) CMP3(logical_or, x != 0 || y != 0)
 
 #define WHERE(T, sfx) static void where_##sfx(int64_t n, void *o_, const void *const *in, const double *sc) { \
     T *o = o_; const T *c = in[0], *a = in[1], *b = in[2]; (void)sc; for (int64_t i = 0; i < n; i++) o[i] = c[i] != 0 ? a[i] : b[i]; }
