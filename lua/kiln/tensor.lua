@@ -558,9 +558,10 @@ function Tensor.requires_grad_(t, on)
 end
 
 -- backward(), backward(grad), backward{retain_graph = true}, backward(grad, {retain_graph = true})
+local backward_options = core.set("retain_graph")   -- the options backward knows
 function Tensor.backward(t, grad, opts)
   if type(grad) == "table" and not is_tensor(grad) then opts, grad = grad, nil end
-  opts = core.opts_arg(opts, "backward")
+  opts = core.options(opts, backward_options, "backward")
   check(C.kiln_backward(t.p, grad ~= nil and tensor_arg(grad, "backward", "the gradient") or nil, opts.retain_graph and 1 or 0))
 end
 

@@ -224,8 +224,28 @@ describe("arguments of the wrong kind", function()
       {function() return kiln.data.DataLoader{dataset = ds, shuffle = 1} end, "DataLoader: shuffle must be true or false, got the number 1"},
       {function() return kiln.data.num_batches(ds, {batch_size = 2, drop_last = "yes"}) end, "num_batches: drop_last must be true or false"},
       {function() return kiln.data.permutation(4, {sed = 1}) end, 'permutation: unknown option "sed"'},
+      -- load_state_dict takes PyTorch's keyword as an option; backward's and the transforms' too
+      {function() local m = nn.Linear(2, 3) return m:load_state_dict(m:state_dict(), {stirct = false}) end,
+       'load_state_dict: unknown option "stirct" (known: strict)'},
+      {function() local m = nn.Linear(2, 3) return m:load_state_dict(m:state_dict(), "no") end,
+       "load_state_dict: strict must be true or false, got a string"},
+      {function() return (p * 2):sum():backward{retain_grahp = true} end,
+       'backward: unknown option "retain_grahp" (known: retain_graph)'},
+      {function() return kiln.data.transforms.RandomCrop{32, pading = 4} end,
+       'RandomCrop: unknown option "pading" (known: fill, padding, size)'},
+      {function() return kiln.data.transforms.RandomAffine{10, translat = {0.1, 0.1}} end,
+       'RandomAffine: unknown option "translat"'},
+      {function() return kiln.data.transforms.Normalize{mean = {0.5}, sdt = {0.2}} end, 'Normalize: unknown option "sdt"'},
     }
     check_cases(cases)
+    -- strict = false as an option is honoured: an unexpected key no longer fails
+    local m = nn.Linear(2, 3)
+    local sd = m:state_dict()
+    sd.extra = kiln.ones(1)
+    assert.has_error(function() m:load_state_dict(sd) end)
+    m:load_state_dict(sd, {strict = false})
+    m:load_state_dict(sd, false)
+    assert.equal(4, kiln.data.transforms.RandomCrop{32, padding = 4}.padding)
     -- the right spellings still work, schedulers' keys in a group too
     assert.equal(0.5, kiln.optim.SGD({{params = {p}, lr = 0.5, initial_lr = 0.5}}).param_groups[1].lr)
     assert.is_nil(nn.Linear(2, 3, {bias = false}).bias)

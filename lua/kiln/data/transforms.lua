@@ -25,6 +25,21 @@ end
 
 local function is_transform(t) return getmetatable(t) == Transform end
 
+-- The named fields of a transform's table must be known ones (its positional entries are not
+-- checked here): a misspelt option is an error, never ignored.
+local function known_fields(o, what, ...)
+  if type(o) ~= "table" then return end
+  local known = {}
+  for _, k in ipairs{...} do known[k] = true end
+  for k in pairs(o) do
+    if type(k) ~= "number" and not known[k] then
+      local names = {...}
+      table.sort(names)
+      raise(string.format("%s: unknown option %q (known: %s)", what, tostring(k), table.concat(names, ", ")))
+    end
+  end
+end
+
 -- size: n (n x n) or {h, w}.
 local function two_sides(v, what)
   if type(v) == "number" then check_integer(v, what, "size") return v, v end
@@ -58,6 +73,7 @@ function transforms.RandomCrop(a, b)
   if type(a) == "table" then size, o = a.size or a[1], a
     if type(size) == "number" and type(a[2]) == "number" then size = {a[1], a[2]} end
   else size, o = a, b or {} end
+  known_fields(o, "RandomCrop", "size", "padding", "fill")
   local h, w = two_sides(size, "RandomCrop")
   local padding = o.padding or 0
   check_integer(padding, "RandomCrop", "padding")
@@ -79,6 +95,7 @@ function transforms.RandomVerticalFlip(a) return transform("vflip", {p = probabi
 -- (counter-clockwise as displayed) and a shift of whole pixels up to fx * width, fy * height.
 function transforms.RandomAffine(a, b)
   local o = type(a) == "table" and a or (b or {})
+  known_fields(o, "RandomAffine", "degrees", "translate", "fill")
   local degrees = type(a) == "table" and (a.degrees or a[1]) or a
   if type(degrees) ~= "number" then raise("RandomAffine: degrees must be a number, got " .. tostring(degrees)) end
   local translate = o.translate or {0, 0}
@@ -102,6 +119,7 @@ end
 -- Normalize{mean, std}: (x - mean[c]) / std[c]; one number, or one per channel.
 function transforms.Normalize(a, b)
   local mean, std
+  if type(a) == "table" and not (type(a[1]) == "number" and b ~= nil) then known_fields(a, "Normalize", "mean", "std") end
   if type(a) == "table" and (a.mean ~= nil or a.std ~= nil) then mean, std = a.mean, a.std
   elseif type(a) == "table" and b == nil then mean, std = a[1], a[2]
   else mean, std = a, b end

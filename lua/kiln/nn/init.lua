@@ -187,12 +187,16 @@ end
 
 -- Copy values into the existing tensors (so optimizers keep their references). strict (default):
 -- missing, unexpected and mis-shaped keys are an error listing all of them.
+local load_options = core.set("strict")   -- the options load_state_dict knows
 function Module:load_state_dict(sd, strict)
   if type(sd) ~= "table" then core.raise("load_state_dict: expected a table of named tensors, got " .. core.describe(sd)) end
   for name, v in pairs(sd) do
     if not factory.is_tensor(v) then core.raise(string.format("load_state_dict: %s is %s, not a tensor", tostring(name), core.describe(v))) end
   end
+  -- strict: true (the default) or false, or PyTorch's keyword as an option, {strict = false}
+  if type(strict) == "table" then strict = core.options(strict, load_options, "load_state_dict").strict end
   if strict == nil then strict = true end
+  if type(strict) ~= "boolean" then core.raise("load_state_dict: strict must be true or false, got " .. core.describe(strict)) end
   local targets = {}
   for _, np in ipairs(self:named_parameters()) do targets[np[1]] = np[2] end
   for _, nb in ipairs(self:named_buffers()) do targets[nb[1]] = nb[2] end
