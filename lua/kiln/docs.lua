@@ -202,6 +202,8 @@ return {
   ["Tensor:round"] = "t:round(): rounds to the nearest integer elementwise (halves to even)",
   ["Tensor:trunc"] = "t:trunc(): rounds toward 0 elementwise",
   ["Tensor:isnan"] = "t:isnan(): true where t is NaN, as bool (never for integer tensors)",
+  ["Tensor:isinf"] = "t:isinf(): true where t is +inf or -inf, as bool (never for integer tensors)",
+  ["Tensor:isfinite"] = "t:isfinite(): true where t is neither inf nor NaN, as bool (always for integer tensors)",
   ["Tensor:logical_not"] = "t:logical_not(): not t elementwise, as bool",
   ["Tensor:logical_and"] = "t:logical_and(x): t and x elementwise, as bool",
   ["Tensor:logical_or"] = "t:logical_or(x): t or x elementwise, as bool",

@@ -104,13 +104,15 @@ local UNARY = {
   erf = {erf, -2.5, 2.5, false},
   logical_not = {function(x) return x == 0 and 1 or 0 end, -2, 2, true},
   isnan = {function(x) return x ~= x and 1 or 0 end, -3, 3, true},
+  isinf = {function(x) return (x == math.huge or x == -math.huge) and 1 or 0 end, -3, 3, true},
+  isfinite = {function(x) return (x == x and x ~= math.huge and x ~= -math.huge) and 1 or 0 end, -3, 3, true},
 }
 local UNARY_NAMES = {}
 for name in pairs(UNARY) do UNARY_NAMES[#UNARY_NAMES + 1] = name end
 table.sort(UNARY_NAMES)
 
 local function unary_result_dtype(name, dt)
-  if name == "logical_not" or name == "isnan" then return "bool" end
+  if name == "logical_not" or name == "isnan" or name == "isinf" or name == "isfinite" then return "bool" end
   if UNARY[name][4] or FLOAT[dt] then return dt end
   return "f32"
 end
@@ -172,7 +174,7 @@ describe("unary elementwise ops", function()
     assert.same({false, true, false}, kiln.tensor{1, 0, -0.5}:logical_not():totable())
   end)
 
-  it("isnan finds NaN in every float dtype, through views; never in an integer tensor", function()
+  it("isnan, isinf and isfinite in every float dtype, through views; integers are finite", function()
     local nan, inf = 0 / 0, math.huge
     local v = {{1, nan, -inf}, {nan, 0, inf}}
     local want = {{false, true, false}, {true, false, false}}
@@ -183,6 +185,17 @@ describe("unary elementwise ops", function()
     end
     assert.same({false, false}, kiln.tensor({7, -3}, {dtype = "i64"}):isnan():totable())
     assert.are.equal(0, kiln.zeros(0, 4):isnan():numel())
+    -- isinf and isfinite on the same values
+    for _, dt in ipairs{"f32", "f64", "f16", "bf16"} do
+      local t = kiln.tensor(v, {dtype = dt})
+      assert.same({{false, false, true}, {false, false, true}}, t:isinf():totable(), dt)
+      assert.same({{true, false, false}, {false, true, false}}, t:isfinite():totable(), dt)
+    end
+    assert.same({false, false}, kiln.tensor({7, -3}, {dtype = "i32"}):isinf():totable())
+    assert.same({true, true}, kiln.tensor({7, -3}, {dtype = "i32"}):isfinite():totable())
+    -- f16 overflows to inf: 70000 is inf in f16, finite in f32
+    assert.same({true}, kiln.tensor({70000}, {dtype = "f16"}):isinf():totable())
+    assert.same({false}, kiln.tensor({70000}, {dtype = "f32"}):isinf():totable())
   end)
 
   it("neg of a bool tensor is an error that names logical_not", function()

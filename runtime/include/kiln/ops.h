@@ -42,7 +42,7 @@ enum kiln_op {
   /* connectionist temporal classification (kiln/nn.h) */
   KILN_OP_CTC_LOSS, KILN_OP_CTC_LOSS_BACKWARD,
   /* added since; the enum only grows at its end, and an op's family is its row in the op table */
-  KILN_OP_ISNAN,
+  KILN_OP_ISNAN, KILN_OP_ISINF, KILN_OP_ISFINITE,
   KILN_OP_COUNT
 };
 

@@ -368,6 +368,33 @@ static void isnan_i64(int64_t n, void *o_, const void *const *in, const double *
   memset(o_, 0, (size_t)n);
 }
 
+/* isinf: true where x is +inf or -inf; isfinite: true where it is neither inf nor NaN. Integers
+   are always finite. */
+static void isinf_f32(int64_t n, void *o_, const void *const *in, const double *sc) {
+  uint8_t *o = o_; const float *a = in[0]; (void)sc;
+  for (int64_t i = 0; i < n; i++) o[i] = isinf(a[i]) != 0;
+}
+static void isinf_f64(int64_t n, void *o_, const void *const *in, const double *sc) {
+  uint8_t *o = o_; const double *a = in[0]; (void)sc;
+  for (int64_t i = 0; i < n; i++) o[i] = isinf(a[i]) != 0;
+}
+static void isinf_i64(int64_t n, void *o_, const void *const *in, const double *sc) {
+  (void)in; (void)sc;
+  memset(o_, 0, (size_t)n);
+}
+static void isfinite_f32(int64_t n, void *o_, const void *const *in, const double *sc) {
+  uint8_t *o = o_; const float *a = in[0]; (void)sc;
+  for (int64_t i = 0; i < n; i++) o[i] = isfinite(a[i]) != 0;
+}
+static void isfinite_f64(int64_t n, void *o_, const void *const *in, const double *sc) {
+  uint8_t *o = o_; const double *a = in[0]; (void)sc;
+  for (int64_t i = 0; i < n; i++) o[i] = isfinite(a[i]) != 0;
+}
+static void isfinite_i64(int64_t n, void *o_, const void *const *in, const double *sc) {
+  (void)in; (void)sc;
+  memset(o_, 1, (size_t)n);
+}
+
 
 #define WHERE(T, sfx) static void where_##sfx(int64_t n, void *o_, const void *const *in, const double *sc) { \
     T *o = o_; const T *c = in[0], *a = in[1], *b = in[2]; (void)sc; for (int64_t i = 0; i < n; i++) o[i] = c[i] != 0 ? a[i] : b[i]; }
@@ -401,7 +428,7 @@ static const ew_fn kernels[KILN_OP_COUNT][3] = {
   [KILN_OP_REMAINDER] = ROW(remainder), [KILN_OP_EQ] = ROW(eq), [KILN_OP_NE] = ROW(ne), [KILN_OP_LT] = ROW(lt),
   [KILN_OP_LE] = ROW(le), [KILN_OP_GT] = ROW(gt), [KILN_OP_GE] = ROW(ge), [KILN_OP_LOGICAL_AND] = ROW(logical_and),
   [KILN_OP_LOGICAL_OR] = ROW(logical_or), [KILN_OP_WHERE] = ROW(where), [KILN_OP_CLAMP] = ROW(clamp),
-  [KILN_OP_ISNAN] = ROW(isnan),
+  [KILN_OP_ISNAN] = ROW(isnan), [KILN_OP_ISINF] = ROW(isinf), [KILN_OP_ISFINITE] = ROW(isfinite),
 };
 
 static int ctype_index(int ctype) { return ctype == KILN_F32 ? 0 : ctype == KILN_F64 ? 1 : 2; }

@@ -99,6 +99,8 @@ const struct kiln_op_info kiln_ops[] = {
   [KILN_OP_CTC_LOSS] = {.name = "ctc_loss", .family = KILN_FAMILY_CTC, .arity = 1, .flags = KILN_OPF_DIFFERENTIABLE, .grad_inputs = ~0u, KILN_DERIVATIVE(kiln_ctc_derivative), .dtypes_cpu = KILN_DT_F32_F64, .dtypes_cuda = KILN_DT_F32_F64, .autocast = KILN_AUTOCAST_F32},
   [KILN_OP_CTC_LOSS_BACKWARD] = {.name = "ctc_loss_backward", .family = KILN_FAMILY_CTC, .arity = 1, .flags = KILN_OPF_BACKWARD, .dtypes_cpu = KILN_DT_F32_F64, .dtypes_cuda = KILN_DT_F32_F64, .autocast = KILN_AUTOCAST_F32},
   [KILN_OP_ISNAN] = {.name = "isnan", .family = KILN_FAMILY_UNARY, .arity = 1, .flags = KILN_OPF_COMPARISON, .dtypes_cpu = KILN_DT_ALL, .dtypes_cuda = 0, .autocast = KILN_AUTOCAST_KEEP},
+  [KILN_OP_ISINF] = {.name = "isinf", .family = KILN_FAMILY_UNARY, .arity = 1, .flags = KILN_OPF_COMPARISON, .dtypes_cpu = KILN_DT_ALL, .dtypes_cuda = 0, .autocast = KILN_AUTOCAST_KEEP},
+  [KILN_OP_ISFINITE] = {.name = "isfinite", .family = KILN_FAMILY_UNARY, .arity = 1, .flags = KILN_OPF_COMPARISON, .dtypes_cpu = KILN_DT_ALL, .dtypes_cuda = 0, .autocast = KILN_AUTOCAST_KEEP},
 };
 _Static_assert(sizeof kiln_ops / sizeof kiln_ops[0] == KILN_OP_COUNT, "the op table must have one row per op");
 
