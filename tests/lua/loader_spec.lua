@@ -397,6 +397,24 @@ describe("data.DataLoader with workers", function()
     assert.is_true(loader.wait_seconds >= 0)
   end)
 
+  it("iterates as `for x, y in loader do`: each loop the next epoch, a break ends it", function()
+    local ds = data.TensorDataset(kiln.arange(10):float(), kiln.arange(10))
+    for _, workers in ipairs{0, 2} do
+      local loader = data.DataLoader{dataset = ds, batch_size = 4, shuffle = true, seed = 5, workers = workers}
+      local ref = data.DataLoader{dataset = ds, batch_size = 4, shuffle = true, seed = 5, workers = 0}
+      local function labels(iter)
+        local r = {}
+        for _, y in iter do for _, v in ipairs(y:totable()) do r[#r + 1] = v end end
+        return r
+      end
+      assert.same(labels(ref:epoch(0)), labels(loader))
+      assert.same(labels(ref:epoch(1)), labels(loader))
+      for _ in loader do break end                       -- epoch 2, left after one batch
+      assert.same(labels(ref:epoch(3)), labels(loader))  -- a new loop: the whole of epoch 3
+      loader:close()
+    end
+  end)
+
   it("joins its workers when closed mid-epoch, and when collected", function()
     local x = kiln.rand(1000, 4)
     collectgarbage()

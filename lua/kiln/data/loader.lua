@@ -25,6 +25,24 @@ DataLoader.__index = function(self, k)
   return DataLoader_methods[k]
 end
 
+-- for x, y in loader do ... end: one epoch, as PyTorch's `for x, y in loader`; each such loop is
+-- the next epoch (0, 1, 2, ...), so a shuffled order changes from loop to loop as loader:epoch(e)'s
+-- does. The generic for calls the loader for each batch with the batch before as its control
+-- value: nil means a new loop (also after a break out of the last one).
+DataLoader.__call = function(self, _, control)
+  local it = rawget(self, "_loop")
+  if control == nil or not it then
+    local e = rawget(self, "_loop_epoch") or 0
+    rawset(self, "_loop_epoch", e + 1)
+    it = self:epoch(e)
+    rawset(self, "_loop", it)
+  end
+  return (function(...)
+    if select(1, ...) == nil then rawset(self, "_loop", nil) end
+    return ...
+  end)(it())
+end
+
 -- The C dataset of src, the tensors' count and the label offset (1 for image folders), or nil for
 -- a dataset that only has len/get.
 local function c_dataset(src)
