@@ -236,6 +236,11 @@ describe("arguments of the wrong kind", function()
       {function() return kiln.data.transforms.RandomAffine{10, translat = {0.1, 0.1}} end,
        'RandomAffine: unknown option "translat"'},
       {function() return kiln.data.transforms.Normalize{mean = {0.5}, sdt = {0.2}} end, 'Normalize: unknown option "sdt"'},
+      -- a tensor given twice to an optimizer would be stepped twice
+      {function() return kiln.optim.SGD({p, kiln.randn(2, {requires_grad = true}), p}) end,
+       "SGD: group 1: parameters 1 and 3 are the same tensor [2]; give each parameter once"},
+      {function() local m = nn.Linear(2, 2) local ps = m:parameters() ps[#ps + 1] = m.weight return kiln.optim.Adam(ps) end,
+       "Adam: group 1: parameters 1 and 3 are the same tensor [2, 2]"},
     }
     check_cases(cases)
     -- strict = false as an option is honoured: an unexpected key no longer fails

@@ -38,11 +38,19 @@ M.Optimizer = Optimizer
 local function check_params(name, list, where)
   if is_tensor(list) then return {list} end
   if type(list) ~= "table" then raise(string.format("%s: %s must be a list of tensors, got a %s", name, where, type(list))) end
-  local out = {}
+  local out, seen = {}, {}
   for i, p in ipairs(list) do
     if not is_tensor(p) then
       raise(string.format("%s: %s: element %d is a %s, not a tensor", name, where, i, type(p)))
     end
+    -- a tensor given twice would be stepped twice each step (by the same C tensor, whatever Lua
+    -- value holds it)
+    local key = tonumber(ffi.cast("intptr_t", p.p))
+    if seen[key] then
+      raise(string.format("%s: %s: parameters %d and %d are the same tensor %s; give each parameter once", name, where,
+                          seen[key], i, shape_string(p)))
+    end
+    seen[key] = i
     if p.p.grad_fn ~= nil then
       raise(string.format("%s: %s: parameter %d %s is not a leaf (the result of an op); optimize leaves, or detach() it",
                           name, where, i, shape_string(p)))
