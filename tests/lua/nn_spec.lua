@@ -71,6 +71,50 @@ describe("Module", function()
     assert.are.same({"0.weight", "2.bias"}, r.missing)
   end)
 
+  it("ties weights the PyTorch way: decoder.weight = encoder.weight", function()
+    kiln.manual_seed(3)
+    local model = nn.Sequential{nn.Embedding(10, 4), nn.Linear(4, 10, {bias = false})}
+    local enc, dec = model["0"], model["1"]
+    local old = dec.weight
+    dec.weight = enc.weight
+    -- one parameter, not two; the old decoder weight is gone from every listing
+    assert.are.equal(1, #model:parameters())
+    assert.are.equal(40, model:num_parameters())
+    assert.is_true(rawequal(model:parameters()[1], enc.weight))
+    local sd = model:state_dict()
+    assert.is_not_nil(sd["0.weight"])
+    assert.is_not_nil(sd["1.weight"])   -- both names, as PyTorch saves them, sharing the values
+    assert.same(sd["0.weight"]:totable(), sd["1.weight"]:totable())
+    assert.are_not.same(old:totable(), sd["1.weight"]:totable())
+    -- a step updates the shared tensor once, with the sum of both grads
+    local opt = kiln.optim.SGD(model:parameters(), {lr = 0.5})
+    local before = enc.weight:clone()
+    local idx = kiln.tensor({1, 3}, {dtype = "i64"})
+    local loss = model(idx):sum()
+    loss:backward()
+    local g = enc.weight.grad:clone()
+    opt:step()
+    assert.are.equal(0, (enc.weight - (before - g * 0.5)):abs():max():item())
+    assert.is_true(rawequal(dec.weight, enc.weight))
+    -- loading its own state dict keeps it tied; to() moves the shared tensor once
+    model:load_state_dict(model:state_dict())
+    model:to("f64")
+    assert.are.equal("f64", enc.weight:dtype())
+    assert.is_true(rawequal(dec.weight, enc.weight))
+    assert.are.equal(1, #model:parameters())
+  end)
+
+  it("makes a leaf that requires grad, assigned to a new field, a parameter", function()
+    local M = nn.define("ScaleByHand")
+    function M:init() self.scale = kiln.ones(3):requires_grad_() self.cache = kiln.zeros(3) end
+    function M:forward(x) return x * self.scale end
+    local m = nn.ScaleByHand()
+    local names = {}
+    for _, np in ipairs(m:named_parameters()) do names[#names + 1] = np[1] end
+    assert.same({"scale"}, names)   -- the plain tensor (no grad) stays a field
+    assert.is_not_nil(m:state_dict().scale)
+  end)
+
   it("switches train and eval through the tree", function()
     local m = nn.Sequential{nn.Linear(2, 2), nn.Sequential{nn.Dropout(0.5)}}
     m:eval()

@@ -38,20 +38,32 @@ end
 nn.is_module = is_module
 
 -- Assigning to a new field registers what it holds: a module becomes a child (its key names it in
--- errors and state dicts), a tensor made by self:parameter() becomes a parameter.
+-- errors and state dicts); a tensor made by self:parameter(), or any leaf tensor that requires
+-- grad (PyTorch's nn.Parameter), becomes a parameter.
 function Module.__newindex(self, k, v)
   if type(k) == "string" and k:sub(1, 1) ~= "_" then
     if is_module(v) then
       if not self._children[k] then self._child_names[#self._child_names + 1] = k end
       self._children[k] = v
       rawset(v, "_key", k)
-    elseif factory.is_tensor(v) and rawget(self, "_pending_param") == v then
-      rawset(self, "_pending_param", nil)
+    elseif factory.is_tensor(v) and (rawget(self, "_pending_param") == v or (v.requires_grad and v.is_leaf)) then
+      if rawget(self, "_pending_param") == v then rawset(self, "_pending_param", nil) end
       if self._params[k] == nil then self._param_names[#self._param_names + 1] = k end
       self._params[k] = v
     end
   end
   rawset(self, k, v)
+end
+
+-- A registered parameter's tensor as the field holds it now (false when the field holds none):
+-- m.weight = other.weight after registration ties the two, and every listing follows the field.
+local function param_of(m, k)
+  local v = rawget(m, k)
+  if factory.is_tensor(v) then
+    m._params[k] = v
+    return v
+  end
+  return false
 end
 
 -- self.weight = self:parameter(t): t (detached) becomes a leaf that requires grad, registered
@@ -114,17 +126,20 @@ function Module:children()
   return list
 end
 
--- Parameters with PyTorch's names: "weight", "0.bias", "features.3.weight".
-function Module:named_parameters(prefix, seen, list)
+-- Parameters with PyTorch's names: "weight", "0.bias", "features.3.weight". A tensor shared
+-- by two modules (tied weights) comes once, under its first name, unless with_duplicates.
+function Module:named_parameters(prefix, seen, list, with_duplicates)
   prefix, seen, list = prefix or "", seen or {}, list or {}
   for _, k in ipairs(self._param_names) do
-    local p = self._params[k]
-    if p and not seen[p] then
+    local p = param_of(self, k)
+    if p and (with_duplicates or not seen[p]) then
       seen[p] = true
       list[#list + 1] = {prefix .. k, p}
     end
   end
-  for _, k in ipairs(self._child_names) do self._children[k]:named_parameters(prefix .. k .. ".", seen, list) end
+  for _, k in ipairs(self._child_names) do
+    self._children[k]:named_parameters(prefix .. k .. ".", seen, list, with_duplicates)
+  end
   return list
 end
 
@@ -180,7 +195,8 @@ end
 -- Parameters and buffers by name (persistent buffers only), as tensors sharing their storage.
 function Module:state_dict()
   local sd, order = {}, {}
-  for _, np in ipairs(self:named_parameters()) do sd[np[1]] = np[2]:detach() order[#order + 1] = np[1] end
+  -- every name, tied ones too (their entries share storage), as PyTorch's state_dict has them
+  for _, np in ipairs(self:named_parameters(nil, nil, nil, true)) do sd[np[1]] = np[2]:detach() order[#order + 1] = np[1] end
   for _, nb in ipairs(self:named_buffers()) do sd[nb[1]] = nb[2] order[#order + 1] = nb[1] end
   return setmetatable(sd, {__index = {keys = function() return order end}})
 end
@@ -198,7 +214,7 @@ function Module:load_state_dict(sd, strict)
   if strict == nil then strict = true end
   if type(strict) ~= "boolean" then core.raise("load_state_dict: strict must be true or false, got " .. core.describe(strict)) end
   local targets = {}
-  for _, np in ipairs(self:named_parameters()) do targets[np[1]] = np[2] end
+  for _, np in ipairs(self:named_parameters(nil, nil, nil, true)) do targets[np[1]] = np[2] end
   for _, nb in ipairs(self:named_buffers()) do targets[nb[1]] = nb[2] end
   local missing, unexpected, mismatched = {}, {}, {}
   for name, t in pairs(targets) do
@@ -227,12 +243,17 @@ end
 
 -- Move or convert every parameter and buffer (new tensors; make optimizers afterwards).
 function Module:to(what)
+  local moved = {}   -- a tensor tied between modules is moved once, and stays tied
   for _, m in ipairs(self:modules()) do
     for _, k in ipairs(m._param_names) do
-      local p = m._params[k]
+      local p = param_of(m, k)
       if p then
-        local q = autograd.no_grad(function() return p:to(what) end)
-        if q ~= p then q = q:detach():requires_grad_() end
+        local q = moved[p]
+        if not q then
+          q = autograd.no_grad(function() return p:to(what) end)
+          if q ~= p then q = q:detach():requires_grad_() end
+          moved[p] = q
+        end
         m._params[k] = q
         rawset(m, k, q)
       end
