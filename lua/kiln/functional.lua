@@ -497,4 +497,74 @@ function F.rnn_algorithm(mode, batch, hidden, opts)
   return rnn_algo_names[tonumber(a)], ffi.string(why)
 end
 
+-- ---- composites: ops written with the ops above, their derivatives those of their parts ----
+
+-- linear(x [*, in], weight [out, in], bias [out] or nil): x weight^T + bias, as nn.Linear.
+function F.linear(x, w, b)
+  tensor(x, "input", "linear") tensor(w, "weight", "linear")
+  if b ~= nil then tensor(b, "bias", "linear") end
+  local y = x:matmul(w:t())
+  if b ~= nil then y = y + b end
+  return y
+end
+
+local loss_options = set("reduction")
+local function reduced(v, r, op)
+  if r == nil or r == "mean" then return v:mean() end
+  if r == "sum" then return v:sum() end
+  if r == "none" then return v end
+  raise(string.format('%s: reduction %q (expected "none", "mean" or "sum")', op, tostring(r)))
+end
+local function same_shape(op, x, y)
+  tensor(x, "input", op) tensor(y, "target", op)
+  if tostring(x:size()) ~= tostring(y:size()) then
+    raise(string.format("%s: input %s and target %s differ in shape", op, tostring(x:size()), tostring(y:size())))
+  end
+end
+
+-- mse_loss(input, target, {reduction = "mean"}) and l1_loss: the mean (or sum) of (x - y)^2, |x - y|.
+function F.mse_loss(x, y, opts)
+  opts = options(opts, loss_options, "mse_loss")
+  same_shape("mse_loss", x, y)
+  return reduced((x - y):square(), opts.reduction, "mse_loss")
+end
+function F.l1_loss(x, y, opts)
+  opts = options(opts, loss_options, "l1_loss")
+  same_shape("l1_loss", x, y)
+  return reduced((x - y):abs(), opts.reduction, "l1_loss")
+end
+
+-- gelu(x, {approximate = "none"}): x * Phi(x) with the error function, or "tanh" for the
+-- tanh approximation, as PyTorch's.
+local gelu_options = set("approximate")
+function F.gelu(x, opts)
+  opts = options(opts, gelu_options, "gelu")
+  tensor(x, "input", "gelu")
+  local a = opts.approximate or "none"
+  if a == "none" then return x * ((x * (1 / math.sqrt(2))):erf() + 1) * 0.5 end
+  if a == "tanh" then return x * ((x + x:square() * x * 0.044715) * math.sqrt(2 / math.pi)):tanh():add(1) * 0.5 end
+  raise(string.format('gelu: approximate %q (expected "none" or "tanh")', tostring(a)))
+end
+
+function F.relu(x) return tensor(x, "input", "relu"):relu() end
+function F.sigmoid(x) return tensor(x, "input", "sigmoid"):sigmoid() end
+function F.tanh(x) return tensor(x, "input", "tanh"):tanh() end
+
+-- one_hot(labels, num_classes): i64 [..., num_classes] with a 1 at each label (labels count from
+-- 1, as everywhere in kiln; num_classes defaults to the largest label).
+function F.one_hot(labels, num_classes)
+  tensor(labels, "labels", "one_hot")
+  if labels:dtype() ~= "i64" and labels:dtype() ~= "i32" and labels:dtype() ~= "u8" then
+    raise("one_hot: labels must be an integer tensor, got " .. labels:dtype())
+  end
+  local n = num_classes or (labels:numel() > 0 and labels:max():item() or 0)
+  integer(n, "one_hot: num_classes")
+  if labels:numel() > 0 and (labels:min():item() < 1 or labels:max():item() > n) then
+    raise(string.format("one_hot: labels must be in 1..%d (counting from 1), got %d..%d", n, labels:min():item(),
+                        labels:max():item()))
+  end
+  local classes = wrap(C.kiln_tensor_arange(1, n + 1, 1, C.KILN_I64, labels.p.device))
+  return labels:to("i64"):unsqueeze(-1):eq(classes):to("i64")
+end
+
 return F

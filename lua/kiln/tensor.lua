@@ -567,6 +567,45 @@ end
 
 function Tensor.detach(t) return wrap(C.kiln_detach(t.p)) end
 
+-- ---- composites ----
+
+-- t:flip(d1, d2, ...) or t:flip{d1, ...}: the order of each dim given reversed (a copy).
+function Tensor.flip(t, ...)
+  local dims = select("#", ...) == 1 and type(...) == "table" and ... or {...}
+  if #dims == 0 then raise("flip: give the dims to reverse (dims count from 1)") end
+  local r = t
+  for _, d in ipairs(dims) do
+    local n = r:size(d)
+    r = r:index_select(d, wrap(C.kiln_tensor_arange(n, 0, -1, C.KILN_I64, r.p.device)))
+  end
+  return r
+end
+
+-- t:tril(k = 0) and t:triu(k = 0): the lower (upper) triangle of the last two dims, from the k-th
+-- diagonal (k > 0 above the main one), the rest 0.
+local function triangle(t, k, op, keep)
+  k = k or 0
+  number_arg(k, op, "the diagonal")
+  if t:dim() < 2 then raise(string.format("%s: needs a tensor of at least 2 dims, got %s", op, tostring(t:size()))) end
+  local rows, cols = t:size(-2), t:size(-1)
+  local r = wrap(C.kiln_tensor_arange(0, rows, 1, C.KILN_I64, t.p.device)):view(rows, 1)
+  local c = wrap(C.kiln_tensor_arange(0, cols, 1, C.KILN_I64, t.p.device)):view(1, cols)
+  local d = c - r   -- the diagonal of each element
+  return t:masked_fill(keep == "lower" and d:gt(k) or d:lt(k), 0)
+end
+function Tensor.tril(t, k) return triangle(t, k, "tril", "lower") end
+function Tensor.triu(t, k) return triangle(t, k, "triu", "upper") end
+
+-- t:any([dim[, keepdim]]) and t:all(...): whether any (all) elements are non-zero, as bool.
+function Tensor.any(t, dim, keepdim)
+  local n = dim == nil and t:ne(0):sum() or t:ne(0):sum(dim, keepdim)
+  return n:gt(0)
+end
+function Tensor.all(t, dim, keepdim)
+  local n = dim == nil and t:eq(0):sum() or t:eq(0):sum(dim, keepdim)
+  return n:eq(0)
+end
+
 -- Fields read like PyTorch's: t.grad, t.requires_grad, t.is_leaf, t.grad_fn.
 local properties = {
   grad = function(t)

@@ -494,4 +494,23 @@ function M.capture(cmd)
   return body or out, status == "0"
 end
 
+-- erf by its Taylor series near 0 (accurate to ~1e-13 for |x| <= 2.5), and beyond by the
+-- continued fraction of erfc.
+function M.erf(x)
+  if math.abs(x) > 2.5 then
+    local a = math.abs(x)
+    local t = a
+    for k = 60, 1, -1 do t = a + (k / 2) / t end
+    local erfc = math.exp(-a * a) / math.sqrt(math.pi) / t
+    return x > 0 and 1 - erfc or erfc - 1
+  end
+  local sum, term, n = 0, x, 0
+  while n < 80 do
+    sum = sum + term / (2 * n + 1)
+    n = n + 1
+    term = -term * x * x / n
+  end
+  return 2 / math.sqrt(math.pi) * sum
+end
+
 return M

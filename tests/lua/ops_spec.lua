@@ -57,24 +57,7 @@ local function round_half_even(x)
   return f % 2 == 0 and f or f + 1
 end
 
--- erf by its Taylor series near 0 (accurate to ~1e-13 for |x| <= 2.5), and beyond by the
--- continued fraction of erfc.
-local function erf(x)
-  if math.abs(x) > 2.5 then
-    local a = math.abs(x)
-    local t = a
-    for k = 60, 1, -1 do t = a + (k / 2) / t end
-    local erfc = math.exp(-a * a) / math.sqrt(math.pi) / t
-    return x > 0 and 1 - erfc or erfc - 1
-  end
-  local sum, term, n = 0, x, 0
-  while n < 80 do
-    sum = sum + term / (2 * n + 1)
-    n = n + 1
-    term = -term * x * x / n
-  end
-  return 2 / math.sqrt(math.pi) * sum
-end
+local erf = H.erf
 
 local function trunc(x) return x >= 0 and math.floor(x) or math.ceil(x) end
 local function sign(x) return x > 0 and 1 or x < 0 and -1 or 0 end
