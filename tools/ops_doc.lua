@@ -56,14 +56,13 @@ local function saves(mask)
   return #list > 0 and table.concat(list, " ") or "—"
 end
 
-return (function(root)
-  local function generate(root)
-    root = root or "./"
-    local help = dofile(root .. "lua/kiln/docs.lua")
-    local checks = dofile(root .. "tests/lua/op_gradchecks.lua").checks
-    local cpu = kernels(read(root .. "runtime/src/cpu/backend.c"), "cpu_elementwise")
-    local cuda = kernels(read(root .. "runtime/cuda/backend.c"), "cuda_elementwise")
-    local out = {[[
+local function generate(root)
+  root = root or "./"
+  local help = dofile(root .. "lua/kiln/docs.lua")
+  local checks = dofile(root .. "tests/lua/op_gradchecks.lua").checks
+  local cpu = kernels(read(root .. "runtime/src/cpu/backend.c"), "cpu_elementwise")
+  local cuda = kernels(read(root .. "runtime/cuda/backend.c"), "cuda_elementwise")
+  local out = {[[
 # The ops
 
 Generated from the op table (`runtime/src/dispatch/op_table.c`) by `tools/ops_doc.lua`; do not edit
@@ -75,40 +74,39 @@ names; the tensors backward saves (inN: input N, out: the output); the class und
 (`?name` in the REPL). `*_backward` ops are the backward kernels of fused ops: their forward's
 derivative runs them.
 ]]}
-    local family_rows, order = {}, {}
-    local d = ffi.new("struct kiln_op_desc")
-    for op = 0, tonumber(C.KILN_OP_COUNT) - 1 do
-      assert(C.kiln_op_describe(op, d) == 0)
-      local name, family = ffi.string(d.name), ffi.string(d.family)
-      local up = name:upper()
-      local lua = LUA_NAME[name] or (FUNCTIONAL[name] and "kiln.nn.functional." .. name) or "Tensor:" .. name
-      local helpline = d.backward_kernel == 1 and "—" or (help[lua] and "`" .. lua .. "`" or "none")
-      local check = d.differentiable == 0 and "—" or d.backward_kernel == 1 and "—"
-                    or (checks[name] and "yes" or "**missing**")
-      local elementwise = family == "unary" or family == "binary" or family == "ternary"
-      local function kernel(t, mask)
-        local fn = t[up] or (elementwise and t.elementwise)
-        if not fn or fn == "NULL" then return "—" end
-        return "`" .. fn .. "` (" .. dtypes(mask) .. ")"
-      end
-      if not family_rows[family] then family_rows[family] = {} order[#order + 1] = family end
-      local rows = family_rows[family]
-      rows[#rows + 1] = string.format("| `%s` | %s%s | %s | %s | %s | %s | %s | %s | %s |", name, d.arity,
-        d.variadic == 1 and "+" or "", kernel(cpu, d.dtypes_cpu), kernel(cuda, d.dtypes_cuda),
-        ffi.string(d.derivative) ~= "" and "`" .. ffi.string(d.derivative) .. "`" or "—",
-        d.differentiable == 1 and saves(d.saves) or "—", ffi.string(d.autocast), check, helpline)
+  local family_rows, order = {}, {}
+  local d = ffi.new("struct kiln_op_desc")
+  for op = 0, tonumber(C.KILN_OP_COUNT) - 1 do
+    assert(C.kiln_op_describe(op, d) == 0)
+    local name, family = ffi.string(d.name), ffi.string(d.family)
+    local up = name:upper()
+    local lua = LUA_NAME[name] or (FUNCTIONAL[name] and "kiln.nn.functional." .. name) or "Tensor:" .. name
+    local helpline = d.backward_kernel == 1 and "—" or (help[lua] and "`" .. lua .. "`" or "none")
+    local check = d.differentiable == 0 and "—" or d.backward_kernel == 1 and "—"
+                  or (checks[name] and "yes" or "**missing**")
+    local elementwise = family == "unary" or family == "binary" or family == "ternary"
+    local function kernel(t, mask)
+      local fn = t[up] or (elementwise and t.elementwise)
+      if not fn or fn == "NULL" then return "—" end
+      return "`" .. fn .. "` (" .. dtypes(mask) .. ")"
     end
-    for _, family in ipairs(order) do
-      out[#out + 1] = "## " .. family .. "\n"
-      out[#out + 1] = "| op | inputs | CPU | CUDA | derivative | saves | autocast | gradcheck | help |"
-      out[#out + 1] = "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
-      for _, r in ipairs(family_rows[family]) do out[#out + 1] = r end
-      out[#out + 1] = ""
-    end
-    return table.concat(out, "\n")
+    if not family_rows[family] then family_rows[family] = {} order[#order + 1] = family end
+    local rows = family_rows[family]
+    rows[#rows + 1] = string.format("| `%s` | %s%s | %s | %s | %s | %s | %s | %s | %s |", name, d.arity,
+      d.variadic == 1 and "+" or "", kernel(cpu, d.dtypes_cpu), kernel(cuda, d.dtypes_cuda),
+      ffi.string(d.derivative) ~= "" and "`" .. ffi.string(d.derivative) .. "`" or "—",
+      d.differentiable == 1 and saves(d.saves) or "—", ffi.string(d.autocast), check, helpline)
   end
-  if arg and arg[0] and arg[0]:match("ops_doc%.lua$") then
-    io.write(generate((arg[0]:match("^(.*/)tools/ops_doc%.lua$")) or "./"))
+  for _, family in ipairs(order) do
+    out[#out + 1] = "## " .. family .. "\n"
+    out[#out + 1] = "| op | inputs | CPU | CUDA | derivative | saves | autocast | gradcheck | help |"
+    out[#out + 1] = "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    for _, r in ipairs(family_rows[family]) do out[#out + 1] = r end
+    out[#out + 1] = ""
   end
-  return generate
-end)()
+  return table.concat(out, "\n")
+end
+if arg and arg[0] and arg[0]:match("ops_doc%.lua$") then
+  io.write(generate((arg[0]:match("^(.*/)tools/ops_doc%.lua$")) or "./"))
+end
+return generate

@@ -156,6 +156,16 @@ function M.opts_arg(opts, what)
   M.raise(string.format("%s: the options must be a table ({name = value, ...}), got %s", what, M.describe(opts)))
 end
 
+-- kiln.f(t, ...) for a method t:f(...): the same, after checking that t is a tensor.
+function M.function_of_tensor(name, fn)
+  return function(t, ...)
+    if not M.is_tensor(t) then
+      M.raise(string.format("kiln.%s: argument 1 must be a tensor, got %s", name, M.describe(t)))
+    end
+    return fn(t, ...)
+  end
+end
+
 -- An integer argument name of op (an integer-valued number below 2^63), else an error naming both.
 function M.integer_arg(v, op, name)
   if type(v) ~= "number" or v ~= math.floor(v) or v ~= v or math.abs(v) >= 2 ^ 63 then

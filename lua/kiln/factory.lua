@@ -97,15 +97,7 @@ function M.randint(low, high, sizes, opts)
   return core.factory_done(t, opts)
 end
 
--- kiln.f(t, ...) for a method t:f(...): the same, after checking that t is a tensor.
-local function function_of_tensor(name, fn)
-  return function(t, ...)
-    if not core.is_tensor(t) then
-      core.raise(string.format("kiln.%s: argument 1 must be a tensor, got %s", name, core.describe(t)))
-    end
-    return fn(t, ...)
-  end
-end
+local function_of_tensor = core.function_of_tensor
 
 M.zeros_like, M.ones_like = function_of_tensor("zeros_like", Tensor.zeros_like), function_of_tensor("ones_like", Tensor.ones_like)
 M.full_like = function_of_tensor("full_like", Tensor.full_like)
@@ -167,8 +159,5 @@ function M.set_rng_state(s)
   C.kiln_random_set_state(s.seed, s.offset)
 end
 
--- kiln.f(t, ...) for every method t:f(...) not made above (kiln.exp(t), kiln.sum(t, 2)), after
--- checking that t is a tensor.
-M.function_of_tensor = function_of_tensor
 
 return M

@@ -23,10 +23,8 @@ kiln.is_tensor = core.is_tensor
 -- ---- creation (kiln.factory) ----
 
 local factory = require "kiln.factory"
-for name, fn in pairs(factory) do
-  if name ~= "function_of_tensor" then kiln[name] = fn end
-end
-local function_of_tensor = factory.function_of_tensor
+for name, fn in pairs(factory) do kiln[name] = fn end
+local function_of_tensor = core.function_of_tensor
 
 -- ---- functions ----
 

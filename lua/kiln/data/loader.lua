@@ -29,6 +29,10 @@ end
 -- the next epoch (0, 1, 2, ...), so a shuffled order changes from loop to loop as loader:epoch(e)'s
 -- does. The generic for calls the loader for each batch with the batch before as its control
 -- value: nil means a new loop (also after a break out of the last one).
+local function loop_batch(self, ...)   -- the batch, or nil at the epoch's end (then forgotten)
+  if ... == nil then rawset(self, "_loop", nil) end
+  return ...
+end
 DataLoader.__call = function(self, _, control)
   local it = rawget(self, "_loop")
   if control == nil or not it then
@@ -37,10 +41,7 @@ DataLoader.__call = function(self, _, control)
     it = self:epoch(e)
     rawset(self, "_loop", it)
   end
-  return (function(...)
-    if select(1, ...) == nil then rawset(self, "_loop", nil) end
-    return ...
-  end)(it())
+  return loop_batch(self, it())
 end
 
 -- The C dataset of src, the tensors' count and the label offset (1 for image folders), or nil for

@@ -334,67 +334,64 @@ static void logical_or_f32(int64_t n, void *o, const void *const *in, const doub
 static void logical_or_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; compare_loop_f64(KILN_OP_LOGICAL_OR, n, o, in); }
 static void logical_or_i64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; compare_loop_i64(KILN_OP_LOGICAL_OR, n, o, in); }
 
-/* logical_not writes bool: true where x is 0. */
-static void logical_not_f32(int64_t n, void *o_, const void *const *in, const double *sc) {
+/* The tests of one operand, written as bool: logical_not (x is 0), isnan, isinf, isfinite (an
+   integer is never NaN nor inf). */
+static inline __attribute__((always_inline)) uint8_t test_f32(int op, float x) {
+  (void)x;
+  switch (op) {
+  case KILN_OP_LOGICAL_NOT: return x == 0;
+  case KILN_OP_ISNAN: return isnan(x) != 0;
+  case KILN_OP_ISINF: return isinf(x) != 0;
+  case KILN_OP_ISFINITE: return isfinite(x) != 0;
+  }
+  return 0;
+}
+static inline __attribute__((always_inline)) void test_loop_f32(int op, int64_t n, void *o_, const void *const *in) {
   uint8_t *o = o_;
   const float *a = in[0];
-  (void)sc;
-  for (int64_t i = 0; i < n; i++) o[i] = a[i] == 0;
+  for (int64_t i = 0; i < n; i++) o[i] = test_f32(op, a[i]);
 }
-static void logical_not_f64(int64_t n, void *o_, const void *const *in, const double *sc) {
+static inline __attribute__((always_inline)) uint8_t test_f64(int op, double x) {
+  (void)x;
+  switch (op) {
+  case KILN_OP_LOGICAL_NOT: return x == 0;
+  case KILN_OP_ISNAN: return isnan(x) != 0;
+  case KILN_OP_ISINF: return isinf(x) != 0;
+  case KILN_OP_ISFINITE: return isfinite(x) != 0;
+  }
+  return 0;
+}
+static inline __attribute__((always_inline)) void test_loop_f64(int op, int64_t n, void *o_, const void *const *in) {
   uint8_t *o = o_;
   const double *a = in[0];
-  (void)sc;
-  for (int64_t i = 0; i < n; i++) o[i] = a[i] == 0;
+  for (int64_t i = 0; i < n; i++) o[i] = test_f64(op, a[i]);
 }
-static void logical_not_i64(int64_t n, void *o_, const void *const *in, const double *sc) {
+static inline __attribute__((always_inline)) uint8_t test_i64(int op, int64_t x) {
+  (void)x;
+  switch (op) {
+  case KILN_OP_LOGICAL_NOT: return x == 0;
+  case KILN_OP_ISNAN: case KILN_OP_ISINF: return 0;
+  case KILN_OP_ISFINITE: return 1;
+  }
+  return 0;
+}
+static inline __attribute__((always_inline)) void test_loop_i64(int op, int64_t n, void *o_, const void *const *in) {
   uint8_t *o = o_;
   const int64_t *a = in[0];
-  (void)sc;
-  for (int64_t i = 0; i < n; i++) o[i] = a[i] == 0;
+  for (int64_t i = 0; i < n; i++) o[i] = test_i64(op, a[i]);
 }
-
-/* isnan: true where x is NaN; an integer never is. */
-static void isnan_f32(int64_t n, void *o_, const void *const *in, const double *sc) {
-  uint8_t *o = o_; const float *a = in[0]; (void)sc;
-  for (int64_t i = 0; i < n; i++) o[i] = isnan(a[i]) != 0;
-}
-static void isnan_f64(int64_t n, void *o_, const void *const *in, const double *sc) {
-  uint8_t *o = o_; const double *a = in[0]; (void)sc;
-  for (int64_t i = 0; i < n; i++) o[i] = isnan(a[i]) != 0;
-}
-static void isnan_i64(int64_t n, void *o_, const void *const *in, const double *sc) {
-  (void)in; (void)sc;
-  memset(o_, 0, (size_t)n);
-}
-
-/* isinf: true where x is +inf or -inf; isfinite: true where it is neither inf nor NaN. Integers
-   are always finite. */
-static void isinf_f32(int64_t n, void *o_, const void *const *in, const double *sc) {
-  uint8_t *o = o_; const float *a = in[0]; (void)sc;
-  for (int64_t i = 0; i < n; i++) o[i] = isinf(a[i]) != 0;
-}
-static void isinf_f64(int64_t n, void *o_, const void *const *in, const double *sc) {
-  uint8_t *o = o_; const double *a = in[0]; (void)sc;
-  for (int64_t i = 0; i < n; i++) o[i] = isinf(a[i]) != 0;
-}
-static void isinf_i64(int64_t n, void *o_, const void *const *in, const double *sc) {
-  (void)in; (void)sc;
-  memset(o_, 0, (size_t)n);
-}
-static void isfinite_f32(int64_t n, void *o_, const void *const *in, const double *sc) {
-  uint8_t *o = o_; const float *a = in[0]; (void)sc;
-  for (int64_t i = 0; i < n; i++) o[i] = isfinite(a[i]) != 0;
-}
-static void isfinite_f64(int64_t n, void *o_, const void *const *in, const double *sc) {
-  uint8_t *o = o_; const double *a = in[0]; (void)sc;
-  for (int64_t i = 0; i < n; i++) o[i] = isfinite(a[i]) != 0;
-}
-static void isfinite_i64(int64_t n, void *o_, const void *const *in, const double *sc) {
-  (void)in; (void)sc;
-  memset(o_, 1, (size_t)n);
-}
-
+static void logical_not_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; test_loop_f32(KILN_OP_LOGICAL_NOT, n, o, in); }
+static void logical_not_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; test_loop_f64(KILN_OP_LOGICAL_NOT, n, o, in); }
+static void logical_not_i64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; test_loop_i64(KILN_OP_LOGICAL_NOT, n, o, in); }
+static void isnan_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; test_loop_f32(KILN_OP_ISNAN, n, o, in); }
+static void isnan_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; test_loop_f64(KILN_OP_ISNAN, n, o, in); }
+static void isnan_i64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; test_loop_i64(KILN_OP_ISNAN, n, o, in); }
+static void isinf_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; test_loop_f32(KILN_OP_ISINF, n, o, in); }
+static void isinf_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; test_loop_f64(KILN_OP_ISINF, n, o, in); }
+static void isinf_i64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; test_loop_i64(KILN_OP_ISINF, n, o, in); }
+static void isfinite_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; test_loop_f32(KILN_OP_ISFINITE, n, o, in); }
+static void isfinite_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; test_loop_f64(KILN_OP_ISFINITE, n, o, in); }
+static void isfinite_i64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; test_loop_i64(KILN_OP_ISFINITE, n, o, in); }
 
 #define WHERE(T, sfx) static void where_##sfx(int64_t n, void *o_, const void *const *in, const double *sc) { \
     T *o = o_; const T *c = in[0], *a = in[1], *b = in[2]; (void)sc; for (int64_t i = 0; i < n; i++) o[i] = c[i] != 0 ? a[i] : b[i]; }

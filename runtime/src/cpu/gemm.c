@@ -50,6 +50,17 @@ static void gemm_range(void *ctx, int64_t begin, int64_t end) {
 /* Run job j (a, b, c, strides and layouts set) in the pool: split by batch, or into row or column
    panels of c when the batch is smaller than the pool. */
 static void gemm_run(struct gemm_job *j) {
+  if (j->k <= 0) {   /* BLAS wants k >= 1: the product is zero, only beta * C remains */
+    int es = j->dtype == KILN_F32 ? 4 : 8;
+    for (int64_t bi = 0; bi < j->nbatch; bi++)
+      for (int64_t r = 0; r < j->n; r++)
+        for (int64_t q = 0; q < j->m; q++) {
+          char *p = j->c + (bi * j->sc + r * j->ldc + q) * es;
+          if (es == 4) *(float *)p = j->beta != 0 ? (float)(j->beta * *(float *)p) : 0.0f;
+          else *(double *)p = j->beta != 0 ? j->beta * *(double *)p : 0.0;
+        }
+    return;
+  }
   int nt = kiln_get_num_threads();
   double flops = 2.0 * (double)j->n * (double)j->m * (double)j->k;
   int64_t tasks;
@@ -73,16 +84,6 @@ void kiln_cpu_gemm_raw(int dtype, int trans_a, int trans_b, int64_t n, int64_t m
                        .a = a, .b = b, .c = c, .ta = trans_a ? KILN_BLAS_TRANS : KILN_BLAS_NO_TRANS,
                        .tb = trans_b ? KILN_BLAS_TRANS : KILN_BLAS_NO_TRANS, .lda = lda, .ldb = ldb, .ldc = ldc,
                        .alpha = alpha, .beta = beta};
-  if (k <= 0) {   /* BLAS wants k >= 1: only beta * C remains */
-    int es = j.dtype == KILN_F32 ? 4 : 8;
-    for (int64_t r = 0; r < n; r++)
-      for (int64_t q = 0; q < m; q++) {
-        char *p = (char *)c + (r * ldc + q) * es;
-        if (es == 4) *(float *)p = beta != 0 ? (float)(beta * *(float *)p) : 0.0f;
-        else *(double *)p = beta != 0 ? beta * *(double *)p : 0.0;
-      }
-    return;
-  }
   gemm_run(&j);
 }
 
@@ -148,18 +149,7 @@ int cpu_gemm(const struct kiln_call *c) {
   j.sb = Bm->sizes[0] > 1 ? Bm->strides[0] : 0;
   j.sc = C->strides[0];
   j.ldc = C->strides[1] > 0 ? C->strides[1] : 1;
-  if (j.k == 0) {  /* BLAS wants k >= 1: the product is zero, only beta * C remains */
-    int es = dt == KILN_F32 ? 4 : 8;
-    for (int64_t bi = 0; bi < j.nbatch; bi++)
-      for (int64_t r = 0; r < j.n; r++)
-        for (int64_t q = 0; q < j.m; q++) {
-          char *p = j.c + (bi * j.sc + r * j.ldc + q) * es;
-          if (es == 4) *(float *)p = beta != 0 ? (float)(beta * *(float *)p) : 0.0f;
-          else *(double *)p = beta != 0 ? beta * *(double *)p : 0.0;
-        }
-  } else {
-    gemm_run(&j);
-  }
+  gemm_run(&j);
   if (!direct_out) kiln_cpu_copy(out, C);
 done:
   kiln_tensor_release(A); kiln_tensor_release(Bm); kiln_tensor_release(C);

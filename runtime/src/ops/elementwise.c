@@ -192,9 +192,8 @@ KILN_API struct kiln_tensor *kiln_clamp(const struct kiln_tensor *a, double lo, 
 
 int kiln_unary_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
   struct scope sc = {0}, *s = &sc;
-  struct kiln_tensor *x = n->saved[0], *y = n->saved[1], *out = n->saved[3];
+  struct kiln_tensor *x = n->saved[0], *out = n->saved[3];
   struct kiln_tensor *r[4] = {0};
-  (void)x; (void)y; (void)out;
   switch (n->kind) {
   case KILN_OP_NEG: r[0] = U(s, KILN_OP_NEG, g); break;
   case KILN_OP_ABS: r[0] = B(s, KILN_OP_MUL, g, U(s, KILN_OP_SIGN, x)); break;
@@ -226,7 +225,6 @@ int kiln_binary_derivative(struct kiln_node *n, struct kiln_tensor *g, struct ki
   struct scope sc = {0}, *s = &sc;
   struct kiln_tensor *x = n->saved[0], *y = n->saved[1], *out = n->saved[3];
   struct kiln_tensor *r[4] = {0};
-  (void)x; (void)y; (void)out;
   int scalar_rhs = n->nin == 1;   /* x op s, or s op x when reverse */
   double sv = n->scalar[0];
   int reverse = n->nints > 1 && n->ints[1];
@@ -293,9 +291,8 @@ int kiln_binary_derivative(struct kiln_node *n, struct kiln_tensor *g, struct ki
 
 int kiln_ternary_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
   struct scope sc = {0}, *s = &sc;
-  struct kiln_tensor *x = n->saved[0], *y = n->saved[1], *out = n->saved[3];
+  struct kiln_tensor *x = n->saved[0];
   struct kiln_tensor *r[4] = {0};
-  (void)x; (void)y; (void)out;
   switch (n->kind) {
   case KILN_OP_WHERE: {
     struct kiln_tensor *zero = zeros(s, 0, NULL, g->dtype, g->device);

@@ -223,9 +223,8 @@ int kiln_cat_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_
 
 int kiln_index_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
   struct scope sc = {0}, *s = &sc;
-  struct kiln_tensor *x = n->saved[0], *y = n->saved[1], *out = n->saved[3];
+  struct kiln_tensor *y = n->saved[1];
   struct kiln_tensor *r[4] = {0};
-  (void)x; (void)y; (void)out;
   switch (n->kind) {
   case KILN_OP_INDEX_SELECT: {   /* scatter the rows back: index expanded along the other dims */
     const struct edge *e = &n->in[0];

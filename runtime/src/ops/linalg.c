@@ -162,9 +162,8 @@ KILN_API struct kiln_tensor *kiln_addmm(const struct kiln_tensor *c, const struc
 
 int kiln_gemm_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
   struct scope sc = {0}, *s = &sc;
-  struct kiln_tensor *x = n->saved[0], *y = n->saved[1], *out = n->saved[3];
+  struct kiln_tensor *x = n->saved[0], *y = n->saved[1];
   struct kiln_tensor *r[4] = {0};
-  (void)x; (void)y; (void)out;
   switch (n->kind) {
   case KILN_OP_GEMM: {   /* out = alpha * x @ y (3-d): dx = alpha g y^T, dy = alpha x^T g */
     double alpha = n->scalar[0];

@@ -70,9 +70,8 @@ KILN_API struct kiln_tensor *kiln_reduce(int op, const struct kiln_tensor *a, in
 
 int kiln_reduce_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
   struct scope sc = {0}, *s = &sc;
-  struct kiln_tensor *x = n->saved[0], *y = n->saved[1], *out = n->saved[3];
+  struct kiln_tensor *x = n->saved[0], *out = n->saved[3];
   struct kiln_tensor *r[4] = {0};
-  (void)x; (void)y; (void)out;
   switch (n->kind) {
   case KILN_OP_SUM: {
     struct kiln_tensor *gu = unreduce(s, g, n);
