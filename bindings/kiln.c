@@ -19,6 +19,7 @@
 
 #include <kiln/error.h>
 #include <kiln/system.h>
+#include <kiln/dist.h>
 
 #define HISTORY_MAX_LINES 1000
 
@@ -28,6 +29,7 @@ static void print_usage(FILE *f)
 {
   fprintf(f,
           "usage: %s [options] [script [args...]]\n"
+          "       %s launch -n N [--hosts h1,h2] script [args...]   (a distributed job: docs/distributed.md)\n"
           "  -e code        run code (may be repeated)\n"
           "  -l name        require library name into the global name\n"
           "  -i             enter the REPL after running the script and -e code\n"
@@ -38,7 +40,7 @@ static void print_usage(FILE *f)
           "With no script and no -e: the REPL when stdin is a terminal, else stdin runs as a script.\n"
           "Environment: KILN_LUA_PATH (';'-separated directories searched first for Lua modules),\n"
           "             KILN_HISTORY (the REPL history file, default ~/.kiln_history).\n",
-          progname);
+          progname, progname);
 }
 
 /* ---- running chunks: error reports with a traceback, and Ctrl-C as a Lua error ---- */
@@ -494,10 +496,15 @@ static int luaopen_kiln_readline(lua_State *L)
 
 struct options {
   int script;       /* argv index of the script (or "-"), 0 when none */
+  int command;      /* argv index of a subcommand word (kiln launch ...), 0 when none */
   int interactive;  /* -i */
   int has_code;     /* some -e or -l */
   int version, help;
 };
+
+/* Subcommands: `kiln WORD args...` runs require(module).main(args...), whose number is the exit
+   status. A script of the same name is run as `kiln ./WORD`. */
+static const struct { const char *word, *module; } commands[] = {{"launch", "kiln.launch"}};
 
 /* Reads the options; -1 on a bad one. Like luajit: options stop at the script name. */
 static int collect_options(int argc, char **argv, struct options *o)
@@ -506,6 +513,8 @@ static int collect_options(int argc, char **argv, struct options *o)
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (a[0] != '-' || strcmp(a, "-") == 0) {
+      for (size_t c = 0; c < sizeof commands / sizeof commands[0]; c++)
+        if (strcmp(a, commands[c].word) == 0) o->command = i;
       o->script = i;
       return 0;
     }
@@ -594,6 +603,29 @@ static int run_script(lua_State *L, int argc, char **argv, int script)
   return report(L, docall(L, narg, 0));
 }
 
+/* Runs the subcommand at argv[command]: require(module).main(args after it). */
+static int run_command(lua_State *L, int argc, char **argv, int command)
+{
+  const char *module = NULL;
+  for (size_t c = 0; c < sizeof commands / sizeof commands[0]; c++)
+    if (strcmp(argv[command], commands[c].word) == 0) module = commands[c].module;
+  lua_getglobal(L, "require");
+  lua_pushstring(L, module);
+  int status = docall(L, 1, 1);
+  if (status != 0)
+    return report(L, status);
+  lua_getfield(L, -1, "main");
+  lua_remove(L, -2);
+  for (int i = command + 1; i < argc; i++)
+    lua_pushstring(L, argv[i]);
+  status = docall(L, argc - command - 1, 1);
+  if (status != 0)
+    return report(L, status);
+  int code = lua_isnumber(L, -1) ? (int)lua_tointeger(L, -1) : 0;
+  lua_pop(L, 1);
+  return code;
+}
+
 /* Loads the kiln library into the global `kiln`, and kiln.help when kiln has none yet. */
 static int load_kiln(lua_State *L)
 {
@@ -653,6 +685,8 @@ static int run(lua_State *L, int argc, char **argv, const struct options *o)
   create_arg_table(L, argc, argv, o->script);
   if (run_options(L, argc, argv, o->script > 0 ? o->script : argc) != 0)
     return 1;
+  if (o->command > 0)
+    return run_command(L, argc, argv, o->command);
   int stdin_tty = isatty(STDIN_FILENO);
   if (o->script > 0 || (!o->has_code && !o->interactive && !stdin_tty)) {
     if (run_script(L, argc, argv, o->script) != 0)
@@ -691,6 +725,17 @@ int main(int argc, char **argv)
   global_L = L;
   install_signal_handlers();
   int status = run(L, argc, argv, &o);
+  /* A rank of a distributed job: a clean end lets the others finish too; a failed one ends the
+     whole job at once, rather than leaving the others to wait for it until their deadline. */
+  if (kiln_dist_is_initialized()) {
+    if (status != 0) {
+      fflush(stdout);
+      fflush(stderr);
+      kiln_dist_abort(status);
+    }
+    if (kiln_dist_finalize() != 0)
+      fprintf(stderr, "%s: %s\n", progname, kiln_error_message());
+  }
   lua_close(L);
   return status;
 }

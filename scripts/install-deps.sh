@@ -4,7 +4,7 @@
 set -e
 PACKAGES="build-essential cmake pkg-config luajit libluajit-5.1-dev libopenblas-dev zlib1g-dev libstb-dev \
 lua-busted libreadline-dev tmux dataset-fashion-mnist libcjson-dev lua-cjson lua-filesystem clang libclang-rt-14-dev \
-fortunes bible-kjv espeak-ng"
+fortunes bible-kjv espeak-ng openmpi-bin libopenmpi-dev"
 missing=""
 for p in $PACKAGES; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -8,10 +8,12 @@ package.path = (arg[0]:match("^(.*/)") or "./") .. "?.lua;" .. package.path
 local abi = require "abi"
 
 -- Functions a sweep must not call: they change what every later call sees in a way that is not
--- an error (the thread pool, the seed, grad mode, thresholds) or wait on purpose.
+-- an error (the thread pool, the seed, grad mode, thresholds), wait on purpose, or end the process
+-- by design (kiln_dist_abort).
 local skip = {
   kiln_set_num_threads = true, kiln_manual_seed = true, kiln_set_grad_enabled = true, kiln_random_set_state = true,
   kiln_memory_set_threshold = true, kiln_set_float32_matmul_precision = true, kiln_parallel_for = true,
+  kiln_dist_abort = true, kiln_dist_set_timeout = true,
 }
 
 local function arguments(params)

@@ -7,7 +7,7 @@
 -- below it, never above. runtime/src/internal.h, the runtime's private declarations, is shared by
 -- every layer. The op front ends and autograd are peers: a front end records its node in the graph,
 -- and the backward walk adds gradients with the elementwise ops.
-local LAYERS = {{"data"}, {"ops", "autograd"}, {"dispatch"}, {"cpu"}, {"core"}}
+local LAYERS = {{"dist", "data"}, {"ops", "autograd"}, {"dispatch"}, {"cpu"}, {"core"}}
 
 -- Symbols every layer may use wherever they are defined: the op table is data that every layer
 -- reads (an op's name, family and flags), and it names each op's derivative in ops/ by pointer.
@@ -106,12 +106,12 @@ end
 -- and those below; every require is at the top level of its file (a require inside a function
 -- hides a cycle), but for pcall(require, ...) of an optional module.
 local LUA_LAYERS = {
-  {"kiln", "kiln.repl", "kiln.testing"},
+  {"kiln", "kiln.repl", "kiln.testing", "kiln.launch"},
   {"kiln.help"},
   {"kiln.nn", "kiln.nn.layers", "kiln.nn.rnn", "kiln.nn.initializers", "kiln.optim", "kiln.optim.sgd",
    "kiln.optim.adam", "kiln.optim.rmsprop", "kiln.optim.adagrad", "kiln.optim.lr_scheduler", "kiln.data",
    "kiln.data.files", "kiln.data.datasets", "kiln.data.order", "kiln.data.batches", "kiln.data.transforms",
-   "kiln.data.loader", "kiln.checkpoint", "kiln.audio", "kiln.ui"},
+   "kiln.data.loader", "kiln.checkpoint", "kiln.audio", "kiln.ui", "kiln.dist"},
   {"kiln.metrics"},
   {"kiln.json", "kiln.factory", "kiln.autograd", "kiln.io"},
   {"kiln.tensor"},

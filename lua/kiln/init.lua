@@ -140,5 +140,6 @@ kiln.checkpoint = require "kiln.checkpoint"
 
 kiln.cuda = require "kiln.cuda"
 kiln.audio = require "kiln.audio"
+kiln.dist = require "kiln.dist"
 
 return kiln

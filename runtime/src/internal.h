@@ -247,6 +247,17 @@ struct kiln_node {
 
 int kiln_autograd_check_inplace(const char *op, const struct kiln_tensor *target, const struct kiln_tensor *src);
 void kiln_node_release(void *node);
+/* Listeners of backward (autograd.c), for the gradient reducer of data parallelism (dist/): during
+   a backward, leaf_ready(ctx, leaf) when a leaf's grad is final (no edge left to add into it), and
+   done(ctx, rc) at the end, whose non-zero status the backward returns. At most 16 at once. */
+struct kiln_backward_hooks {
+  void (*leaf_ready)(void *ctx, struct kiln_tensor *leaf);
+  int (*done)(void *ctx, int rc);
+  void *ctx;
+};
+int kiln_backward_hooks_add(const struct kiln_backward_hooks *hooks);
+void kiln_backward_hooks_remove(void *ctx);
+
 /* Set by autograd (before its first node): how kiln_tensor_release lets go of a grad_fn. */
 void kiln_tensor_set_grad_fn_release(void (*release)(void *node));
 void kiln_kernel_enter(void);

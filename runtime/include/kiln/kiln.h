@@ -19,6 +19,7 @@
 #include <kiln/io.h>
 #include <kiln/loader.h>
 #include <kiln/audio.h>
+#include <kiln/dist.h>
 
 /* The public headers above, concatenated as they are on disk (the FFI loader strips their
    preprocessor lines and feeds the rest to ffi.cdef). */

@@ -314,6 +314,65 @@ static int accumulate(struct kiln_tensor **acc, struct kiln_tensor *g, int in_pl
   return KILN_OK;
 }
 
+/* ---- listeners: when each leaf's grad is final ---- */
+
+enum { MAX_HOOKS = 16 };
+static struct kiln_backward_hooks hooks[MAX_HOOKS];
+static int nhooks;
+
+int kiln_backward_hooks_add(const struct kiln_backward_hooks *h) {
+  if (nhooks == MAX_HOOKS) return kiln_fail(KILN_ERR_STATE, "backward: more than %d listeners", MAX_HOOKS);
+  hooks[nhooks++] = *h;
+  return KILN_OK;
+}
+
+void kiln_backward_hooks_remove(void *ctx) {
+  for (int i = 0; i < nhooks; i++)
+    if (hooks[i].ctx == ctx) { hooks[i] = hooks[--nhooks]; i--; }
+}
+
+/* Edges still to come into each leaf of one backward: open addressing on the leaf's address. */
+struct leaf_counts {
+  struct kiln_tensor **leaf;
+  int *left;
+  int cap, n;
+};
+
+static int *leaf_slot(struct leaf_counts *lc, struct kiln_tensor *t, int add) {
+  if (add && 2 * (lc->n + 1) > lc->cap) {
+    struct leaf_counts bigger = {calloc((size_t)(lc->cap ? 2 * lc->cap : 64), sizeof(void *)),
+                                 calloc((size_t)(lc->cap ? 2 * lc->cap : 64), sizeof(int)), lc->cap ? 2 * lc->cap : 64, 0};
+    if (!bigger.leaf || !bigger.left) { free(bigger.leaf); free(bigger.left); return NULL; }
+    for (int i = 0; i < lc->cap; i++)
+      if (lc->leaf[i]) *leaf_slot(&bigger, lc->leaf[i], 1) = lc->left[i];
+    free(lc->leaf);
+    free(lc->left);
+    *lc = bigger;
+  }
+  if (!lc->cap) return NULL;
+  unsigned i = (unsigned)(((uintptr_t)t >> 4) * 2654435761u) & (unsigned)(lc->cap - 1);
+  while (lc->leaf[i] && lc->leaf[i] != t) i = (i + 1) & (unsigned)(lc->cap - 1);
+  if (!lc->leaf[i]) {
+    if (!add) return NULL;
+    lc->leaf[i] = t;
+    lc->n++;
+  }
+  return &lc->left[i];
+}
+
+static void tell_ready(struct kiln_tensor *leaf) {
+  for (int i = 0; i < nhooks; i++) if (hooks[i].leaf_ready) hooks[i].leaf_ready(hooks[i].ctx, leaf);
+}
+
+static int tell_done(int rc) {
+  for (int i = 0; i < nhooks; i++)
+    if (hooks[i].done) {
+      int r = hooks[i].done(hooks[i].ctx, rc);
+      if (!rc) rc = r;
+    }
+  return rc;
+}
+
 KILN_API int kiln_backward(struct kiln_tensor *root, const struct kiln_tensor *grad, int retain_graph) {
   if (kiln_check_live("backward", root)) return kiln_error_code();
   if (!root->requires_grad)
@@ -336,9 +395,14 @@ KILN_API int kiln_backward(struct kiln_tensor *root, const struct kiln_tensor *g
   if (!root->grad_fn) {   /* a leaf: its grad is the given grad */
     rc = accumulate(&root->grad, g0, 1);
     kiln_tensor_release(g0);
+    if (nhooks) {
+      if (!rc) tell_ready(root);
+      rc = tell_done(rc);
+    }
     kiln_set_grad_enabled(prev);
     return rc;
   }
+  struct leaf_counts leaves = {0};
   /* Count, for each reachable node, the edges that lead into it. */
   struct nodelist all = {0}, ready = {0};
   struct kiln_node *start = root->grad_fn;
@@ -348,6 +412,11 @@ KILN_API int kiln_backward(struct kiln_tensor *root, const struct kiln_tensor *g
     struct kiln_node *n = all.items[i];
     for (int k = 0; k < n->nin; k++) {
       struct kiln_node *m = n->in[k].node;
+      if (nhooks && n->in[k].leaf) {
+        int *left = leaf_slot(&leaves, n->in[k].leaf, 1);
+        if (!left) { rc = kiln_fail(KILN_ERR_MEMORY, "backward: out of memory"); break; }
+        ++*left;
+      }
       if (!m) continue;
       m->pending++;
       if (!m->visited) { m->visited = 1; rc = push(&all, m); if (rc) break; }
@@ -385,6 +454,10 @@ KILN_API int kiln_backward(struct kiln_tensor *root, const struct kiln_tensor *g
       }
       kiln_tensor_release(gin[k]);
       if (e->node && --e->node->pending == 0 && !rc) rc = push(&ready, e->node);
+      if (nhooks && e->leaf && !rc) {
+        int *left = leaf_slot(&leaves, e->leaf, 0);
+        if (left && --*left == 0) tell_ready(e->leaf);
+      }
     }
     if (gin != gin_small) free(gin);
     if (!retain_graph) { node_free_saved(n); n->released = 1; }
@@ -397,7 +470,10 @@ KILN_API int kiln_backward(struct kiln_tensor *root, const struct kiln_tensor *g
   }
   free(all.items);
   free(ready.items);
+  free(leaves.leaf);
+  free(leaves.left);
   kiln_tensor_release(g0);
+  if (nhooks) rc = tell_done(rc);
   kiln_set_grad_enabled(prev);
   return rc;
 }

@@ -1,0 +1,230 @@
+/* dist/reducer.c: the gradient reducer of data parallelism (kiln/dist.h).
+   Parameters go into buckets in reverse order (backward makes the last layer's grads first), one
+   dtype per bucket. Autograd says when each parameter's grad is final; a bucket whose grads are
+   all final is packed into one flat tensor and its all-reduce (mean) is queued at once, in bucket
+   order on every rank, so the communication thread works while backward goes on. At the end of
+   backward the reducer waits for its buckets and writes the means back into the grads. */
+#include "../internal.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct bucket {
+  int first, count;              /* into order[] */
+  int64_t numel;
+  int dtype;
+  int ready;                     /* params of this bucket whose grad is final */
+  struct kiln_tensor *flat;
+  struct kiln_work *work;
+};
+
+struct kiln_reducer {
+  struct kiln_group *group;
+  struct kiln_tensor **params;   /* retained */
+  int n;
+  int *order;                    /* bucket order: params from last to first */
+  int *bucket_of;                /* [n], by param index */
+  int64_t *offset;               /* [n]: where the param sits in its bucket's flat tensor */
+  char *is_ready;                /* [n], this backward */
+  struct kiln_tensor *used;      /* u8 [n]: had a grad when packed; all-reduced (max) at the end */
+  struct bucket *b;
+  int nb, next;                  /* buckets; the next one to start */
+  int enabled, active, early, last_early, failed;
+  char error[1024];
+};
+
+static int find(const struct kiln_reducer *r, const struct kiln_tensor *t) {
+  for (int i = 0; i < r->n; i++) if (r->params[i] == t) return i;
+  return -1;
+}
+
+static void note_error(struct kiln_reducer *r) {
+  if (r->failed) return;
+  r->failed = kiln_error_code() ? kiln_error_code() : KILN_ERR_STATE;
+  snprintf(r->error, sizeof r->error, "%s", kiln_error_message());
+}
+
+/* Pack bucket k's grads (zeros where a param has none) and queue its all-reduce. */
+static void start(struct kiln_reducer *r, int k) {
+  struct bucket *b = &r->b[k];
+  char *flat = kiln_tensor_data(b->flat);
+  size_t es = (size_t)kiln_dtype_size(b->dtype);
+  for (int j = b->first; j < b->first + b->count; j++) {
+    int i = r->order[j];
+    struct kiln_tensor *p = r->params[i], *g = p->grad;
+    char *dst = flat + (size_t)r->offset[i] * es;
+    ((uint8_t *)kiln_tensor_data(r->used))[i] = g != NULL;
+    if (!g) { memset(dst, 0, (size_t)p->numel * es); continue; }
+    if (g->device.type != KILN_CPU || g->dtype != b->dtype || !kiln_is_contiguous(g) || g->numel != p->numel) {
+      kiln_fail(KILN_ERR_STATE, "DataParallel: the grad of parameter %d (%s %s) is not a contiguous CPU tensor of its "
+                "parameter's dtype and size", i + 1, kiln_shape_string(p), kiln_dtype_name(p->dtype));
+      note_error(r);
+      return;
+    }
+    memcpy(dst, kiln_tensor_data(g), (size_t)p->numel * es);
+  }
+  if (kiln_all_reduce(r->group, b->flat, KILN_REDUCE_MEAN, &b->work)) { b->work = NULL; note_error(r); }
+}
+
+static void start_full(struct kiln_reducer *r) {
+  while (r->next < r->nb && r->b[r->next].ready == r->b[r->next].count && !r->failed) start(r, r->next++);
+}
+
+static void leaf_ready(void *ctx, struct kiln_tensor *leaf) {
+  struct kiln_reducer *r = ctx;
+  if (!r->enabled) return;
+  int i = find(r, leaf);
+  if (i < 0 || r->is_ready[i]) return;
+  r->active = 1;
+  r->is_ready[i] = 1;
+  r->b[r->bucket_of[i]].ready++;
+  int before = r->next;
+  start_full(r);
+  r->early += r->next - before;
+}
+
+/* The end of a backward: the params that got no grad count as zeros, the remaining buckets start,
+   and every bucket's mean goes back into the grads, but for params that had no grad on any rank
+   (their grad stays as it was, as in one process). */
+static int done(void *ctx, int rc) {
+  struct kiln_reducer *r = ctx;
+  if (!r->enabled || !r->active) return KILN_OK;
+  for (int i = 0; i < r->n; i++)
+    if (!r->is_ready[i]) { r->is_ready[i] = 1; r->b[r->bucket_of[i]].ready++; }
+  if (!rc) start_full(r);
+  struct kiln_work *used = NULL;
+  if (!rc && !r->failed && kiln_all_reduce(r->group, r->used, KILN_REDUCE_MAX, &used)) note_error(r);
+  if (used) {
+    if (kiln_work_wait(used)) note_error(r);
+    kiln_work_release(used);
+  }
+  const uint8_t *any = kiln_tensor_data(r->used);
+  for (int k = 0; k < r->nb; k++) {
+    struct bucket *b = &r->b[k];
+    if (!b->work) continue;
+    if (kiln_work_wait(b->work)) note_error(r);
+    kiln_work_release(b->work);
+    b->work = NULL;
+    if (r->failed || rc) continue;
+    const char *flat = kiln_tensor_data(b->flat);
+    size_t es = (size_t)kiln_dtype_size(b->dtype);
+    for (int j = b->first; j < b->first + b->count; j++) {
+      struct kiln_tensor *p = r->params[r->order[j]];
+      if (!any[r->order[j]]) continue;
+      if (!p->grad) {
+        p->grad = kiln_tensor_empty(p->ndim, p->sizes, p->dtype, p->device);
+        if (!p->grad) { note_error(r); break; }
+      }
+      memcpy(kiln_tensor_data(p->grad), flat + (size_t)r->offset[r->order[j]] * es, (size_t)p->numel * es);
+      p->grad->storage->version++;
+    }
+  }
+  r->last_early = r->early;
+  r->early = r->active = r->next = 0;
+  memset(r->is_ready, 0, (size_t)r->n);
+  for (int k = 0; k < r->nb; k++) r->b[k].ready = 0;
+  if (r->failed && !rc) {
+    r->failed = 0;
+    return kiln_fail(KILN_ERR_STATE, "%s", r->error);
+  }
+  r->failed = 0;
+  return KILN_OK;
+}
+
+KILN_API void kiln_reducer_free(struct kiln_reducer *r) {
+  if (!r) return;
+  kiln_backward_hooks_remove(r);
+  for (int k = 0; k < r->nb; k++) {
+    if (r->b[k].work) { kiln_work_wait(r->b[k].work); kiln_work_release(r->b[k].work); }
+    kiln_tensor_release(r->b[k].flat);
+  }
+  for (int i = 0; i < r->n; i++) kiln_tensor_release(r->params[i]);
+  kiln_tensor_release(r->used);
+  free(r->params);
+  free(r->order);
+  free(r->bucket_of);
+  free(r->offset);
+  free(r->is_ready);
+  free(r->b);
+  free(r);
+}
+
+KILN_API struct kiln_reducer *kiln_reducer_new(struct kiln_group *g, struct kiln_tensor **params, int n, int64_t bucket_bytes,
+                                               int64_t first_bucket_bytes) {
+  if (!kiln_dist_is_initialized()) { kiln_fail(KILN_ERR_STATE, "DataParallel: kiln.dist is not initialised (call kiln.dist.init() first)"); return NULL; }
+  if (!g || kiln_group_rank(g) < 0) { kiln_fail(KILN_ERR_ARGUMENT, "DataParallel: no group, or this rank is not in it"); return NULL; }
+  if (n < 1 || !params) { kiln_fail(KILN_ERR_ARGUMENT, "DataParallel: no parameters given"); return NULL; }
+  if (bucket_bytes < 1 || first_bucket_bytes < 1) {
+    kiln_fail(KILN_ERR_ARGUMENT, "DataParallel: bucket sizes must be > 0 bytes (got %lld and %lld)", (long long)bucket_bytes,
+              (long long)first_bucket_bytes);
+    return NULL;
+  }
+  for (int i = 0; i < n; i++) {
+    if (kiln_check_live("DataParallel", params[i])) return NULL;
+    if (params[i]->device.type != KILN_CPU || !kiln_dtype_is_float(params[i]->dtype) || params[i]->grad_fn) {
+      kiln_fail(KILN_ERR_ARGUMENT, "DataParallel: parameter %d (%s %s on %s) must be a float CPU leaf tensor", i + 1,
+                kiln_shape_string(params[i]), kiln_dtype_name(params[i]->dtype), kiln_device_name(params[i]->device));
+      return NULL;
+    }
+    for (int j = 0; j < i; j++)
+      if (params[j] == params[i]) { kiln_fail(KILN_ERR_ARGUMENT, "DataParallel: parameter %d is parameter %d again", i + 1, j + 1); return NULL; }
+  }
+  struct kiln_reducer *r = calloc(1, sizeof *r);
+  if (!r) { kiln_fail(KILN_ERR_MEMORY, "DataParallel: out of memory"); return NULL; }
+  r->group = g;
+  r->n = n;
+  r->enabled = 1;
+  r->params = calloc((size_t)n, sizeof *r->params);
+  r->order = calloc((size_t)n, sizeof *r->order);
+  r->bucket_of = calloc((size_t)n, sizeof *r->bucket_of);
+  r->offset = calloc((size_t)n, sizeof *r->offset);
+  r->is_ready = calloc((size_t)n, 1);
+  r->b = calloc((size_t)n, sizeof *r->b);
+  if (!r->params || !r->order || !r->bucket_of || !r->offset || !r->is_ready || !r->b) {
+    kiln_reducer_free(r);
+    kiln_fail(KILN_ERR_MEMORY, "DataParallel: out of memory");
+    return NULL;
+  }
+  for (int i = 0; i < n; i++) { r->params[i] = params[i]; kiln_tensor_retain(params[i]); }
+  /* Buckets, from the last param back: a bucket closes when it reaches its size or the dtype changes. */
+  int64_t bytes = 0;
+  for (int j = 0; j < n; j++) {
+    int i = n - 1 - j;
+    struct kiln_tensor *p = params[i];
+    int64_t size = p->numel * kiln_dtype_size(p->dtype);
+    struct bucket *b = r->nb ? &r->b[r->nb - 1] : NULL;
+    int64_t limit = r->nb == 1 ? first_bucket_bytes : bucket_bytes;
+    if (!b || b->dtype != p->dtype || bytes >= limit) {
+      b = &r->b[r->nb++];
+      b->first = j;
+      b->dtype = p->dtype;
+      bytes = 0;
+    }
+    r->order[j] = i;
+    r->bucket_of[i] = r->nb - 1;
+    r->offset[i] = b->numel;
+    b->numel += p->numel;
+    b->count++;
+    bytes += size;
+  }
+  for (int k = 0; k < r->nb; k++) {
+    int64_t sizes[1] = {r->b[k].numel};
+    r->b[k].flat = kiln_tensor_empty(1, sizes, r->b[k].dtype, (struct kiln_device){KILN_CPU, 0});
+    if (!r->b[k].flat) { kiln_reducer_free(r); return NULL; }
+  }
+  int64_t nparams[1] = {n};
+  r->used = kiln_tensor_empty(1, nparams, KILN_U8, (struct kiln_device){KILN_CPU, 0});
+  if (!r->used) { kiln_reducer_free(r); return NULL; }
+  struct kiln_backward_hooks h = {leaf_ready, done, r};
+  if (kiln_backward_hooks_add(&h)) { kiln_reducer_free(r); return NULL; }
+  return r;
+}
+
+KILN_API int kiln_reducer_set_enabled(struct kiln_reducer *r, int enabled) {
+  if (!r) return kiln_fail(KILN_ERR_ARGUMENT, "DataParallel: no reducer");
+  r->enabled = enabled != 0;
+  return KILN_OK;
+}
+
+KILN_API int kiln_reducer_bucket_count(const struct kiln_reducer *r) { return r ? r->nb : 0; }
+KILN_API int kiln_reducer_started_early(const struct kiln_reducer *r) { return r ? r->last_early : 0; }

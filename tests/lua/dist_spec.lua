@@ -1,0 +1,56 @@
+-- kiln.dist in a process no launcher started (the collectives themselves run under tests/dist/,
+-- through kiln launch): every call says how to launch; the launcher's command line is checked.
+local kiln = require "kiln"
+local launch = require "kiln.launch"
+
+describe("kiln.dist outside a launcher", function()
+  it("says how to launch, from init and from every collective", function()
+    assert.is_false(kiln.dist.launched())
+    for _, f in ipairs{function() kiln.dist.init() end, function() kiln.dist.all_reduce(kiln.ones(2)) end,
+                       function() kiln.dist.rank() end, function() kiln.dist.barrier() end,
+                       function() kiln.dist.DataParallel(kiln.nn.Linear(2, 2)) end} do
+      local ok, e = pcall(f)
+      assert.is_false(ok)
+      assert.truthy(tostring(e):find("kiln launch -n 2 script.lua", 1, true), tostring(e))
+    end
+    assert.is_false(kiln.dist.is_initialized())
+    assert.are.equal(2, kiln.ones(2):sum():item())   -- the process goes on
+  end)
+
+  it("refuses a deadline that is not a number of seconds > 0", function()
+    local before = kiln.dist.timeout()
+    assert.has_error(function() kiln.dist.set_timeout(0) end)
+    assert.has_error(function() kiln.dist.set_timeout("5") end)
+    assert.are.equal(before, kiln.dist.timeout())
+    kiln.dist.set_timeout(42)
+    assert.are.equal(42, kiln.dist.timeout())
+    kiln.dist.set_timeout(before)
+  end)
+end)
+
+describe("kiln launch's command line", function()
+  it("builds mpirun's, with the rank count, oversubscription, the deadline and the script's arguments", function()
+    local o = assert(launch.parse{"-n", "4", "--timeout", "30", "train.lua", "--lr", "0.1", "-n", "7"})
+    assert.are.same({"--lr", "0.1", "-n", "7"}, o.args)   -- what follows the script is the script's
+    local cmd = launch.command(o, "/usr/bin/mpirun")
+    assert.truthy(cmd:find("'/usr/bin/mpirun' -np 4 --tag-output --oversubscribe", 1, true), cmd)
+    assert.truthy(cmd:find("'KILN_DIST_TIMEOUT=30'", 1, true), cmd)
+    local tail = "'train.lua' '--lr' '0.1' '-n' '7'"
+    assert.are.equal(tail, cmd:sub(-#tail))
+  end)
+
+  it("names what is wrong in a bad command line", function()
+    local cases = {
+      {{"train.lua"}, "give the number of ranks with %-n"},
+      {{"-n", "zero", "train.lua"}, "%-n needs a number of ranks >= 1"},
+      {{"-n", "2"}, "no script given"},
+      {{"-n", "2", "--bogus", "train.lua"}, "unknown option %-%-bogus"},
+      {{"-n", "2", "--timeout", "-1", "t.lua"}, "%-%-timeout needs a number of seconds > 0"},
+    }
+    for _, c in ipairs(cases) do
+      local o, e = launch.parse(c[1])
+      assert.is_nil(o)
+      assert.truthy(e:find(c[2]), e)
+    end
+  end)
+end)
