@@ -70,6 +70,7 @@ bench: build
 	$(BUILD)/bin/kiln bench/train_step.lua
 	$(BUILD)/bin/kiln bench/loader.lua
 	$(BUILD)/bin/kiln bench/rnn.lua
+	$(BUILD)/bin/kiln bench/dist.lua
 
 install: build
 	cmake --install $(BUILD)

@@ -2,7 +2,7 @@
 -- evaluate on the test set after every epoch, and end with one JSON line of results.
 -- usage: kiln examples/fashion_mnist.lua [--model mlp|lenet|resnet] [--epochs N] [--batch-size N]
 --        [--lr X] [--threads N] [--seed N] [--limit N] [--workers N] [--metrics FILE]
---        [--checkpoint DIR [--checkpoint-every STEPS] [--keep N] [--resume] [--pause-after STEPS]]
+--        [--checkpoint DIR [--checkpoint-every STEPS] [--keep N] [--resume] [--pause-after STEPS]] [--dist]
 -- --metrics appends one JSON line per step and per epoch. --checkpoint saves the whole training state
 -- to DIR/ckpt-<step>.safetensors every STEPS steps (default: each epoch), keeping the last N (3);
 -- --resume continues from the newest one at the exact batch; --pause-after stops after the
@@ -11,6 +11,10 @@
 -- --workers: the C loader's threads gathering batches ahead of the training loop (default 2; 0
 -- gathers them in the loop); each epoch reports data_wait_fraction, the share of its time spent
 -- waiting for them.
+-- --dist: one rank of a data-parallel job (`kiln launch -n 2 examples/fashion_mnist.lua --dist`):
+-- each global batch of --batch-size is shared out among the ranks (kiln.dist.sampler), gradients
+-- are averaged (kiln.dist.DataParallel), the test set is split among them, and rank 0 logs, writes
+-- checkpoints and the JSON line.
 local kiln = kiln or require "kiln"
 local nn, optim, data, ui = kiln.nn, kiln.optim, kiln.data, kiln.ui
 local fashion = require "datasets.fashion_mnist"
@@ -21,7 +25,7 @@ local defaults = {
   resnet = {epochs = 5, batch_size = 128, lr = 0.1, weight_decay = 5e-4},
 }
 
-local flags = {resume = true}   -- options without a value
+local flags = {resume = true, dist = true}   -- options without a value
 
 local function parse(args)
   local o = ui.parse_args(args, {name = "fashion_mnist", flags = flags, defaults = {model = "lenet", seed = 1, workers = 2}})
@@ -32,6 +36,11 @@ local function parse(args)
 end
 
 local opt = parse(arg or {})
+local dist = opt.dist and kiln.dist
+if dist then dist.init() end
+local rank, ranks = dist and dist.rank() or 0, dist and dist.world_size() or 1
+local lead = rank == 0
+local function log(...) if lead then ui.log(...) end end
 if opt.threads then kiln.set_num_threads(opt.threads) end
 kiln.manual_seed(opt.seed)
 
@@ -43,24 +52,33 @@ if opt.limit then
 end
 
 local model = require("models." .. opt.model)()
+local net = dist and dist.DataParallel(model) or model
 local params = model:parameters()
 local sgd = optim.SGD(params, {lr = opt.lr, momentum = 0.9, weight_decay = opt.weight_decay or 0, nesterov = true})
-local steps_per_epoch = math.ceil(train_x:size(1) / opt.batch_size)
+-- (a data-parallel job drops the last global batch when it is not full: every rank has as many)
+local steps_per_epoch = dist and math.floor(train_x:size(1) / opt.batch_size) or math.ceil(train_x:size(1) / opt.batch_size)
 local schedule = optim.lr_scheduler.CosineAnnealingLR(sgd, {T_max = opt.epochs * steps_per_epoch})
 local criterion = nn.CrossEntropyLoss()
 
-ui.log("kiln %s: %s (%d parameters), %d training images, %d threads, seed %d", kiln.version, opt.model,
-       model:num_parameters(), train_x:size(1), kiln.get_num_threads(), opt.seed)
+log("kiln %s: %s (%d parameters), %d training images, %d threads, seed %d%s", kiln.version, opt.model,
+    model:num_parameters(), train_x:size(1), kiln.get_num_threads(), opt.seed,
+    dist and string.format(", %d ranks (%s)", ranks, dist.engine()) or "")
 
+-- In a data-parallel job each rank takes its own block of the test set (every image once) and the
+-- counts are summed over ranks.
 local function evaluate()
   model:eval()
   local correct = 0
+  local first, n = 1, test.images:size(1)
+  if dist then first, n = dist.shard(n) end
+  local images, labels = test.images:narrow(1, first, n), test.labels:narrow(1, first, n)
   kiln.no_grad(function()
-    for _, x, y in data.batches({test.images, test.labels}, {batch_size = 1000, shuffle = false}) do
+    for _, x, y in data.batches({images, labels}, {batch_size = 1000, shuffle = false}) do
       correct = correct + model(x):argmax(2):eq(y):sum():item()
     end
   end)
   model:train()
+  if dist then correct = dist.all_reduce(kiln.tensor{correct}):item() end
   return correct / test.images:size(1)
 end
 
@@ -94,14 +112,15 @@ if opt.resume then
     end
     step, start_epoch, done_batches = resumed.step, resumed.data.epoch, resumed.data.batch
     train_seconds = resumed.extra.train_seconds
-    ui.log("resumed from %s: step %d, epoch %d, batch %d", resumed.path, step, start_epoch, done_batches)
+    log("resumed from %s: step %d, epoch %d, batch %d", resumed.path, step, start_epoch, done_batches)
   else
-    ui.log("no checkpoint in %s: starting afresh", opt.checkpoint)
+    log("no checkpoint in %s: starting afresh", opt.checkpoint)
   end
 end
 local checkpoint_every = opt.checkpoint_every or steps_per_epoch
 
 local function save_checkpoint(epoch, batch, sum, count, seconds)
+  if not lead then return opt.checkpoint end   -- rank 0 writes for the job
   return kiln.checkpoint.save(opt.checkpoint, {model = model, optimizer = sgd, scheduler = schedule, step = step, epoch = epoch,
                                         data = {epoch = epoch, batch = batch},
                                         extra = {sum = sum, count = count, train_seconds = seconds, config = config}},
@@ -114,12 +133,15 @@ pcall(require("ffi").cdef, "int kiln_example_pause(void) __asm__(\"pause\");")
 kiln.catch_terminate()
 
 -- The batches of epoch e come in the order of (seed, e), gathered by opt.workers C threads.
-local loader = data.DataLoader{dataset = data.TensorDataset(train_x, train_y), batch_size = opt.batch_size,
-                               shuffle = true, seed = opt.seed, workers = opt.workers}
+local loader = data.DataLoader{dataset = data.TensorDataset(train_x, train_y), batch_size = opt.batch_size / ranks,
+                               shuffle = true, seed = opt.seed, workers = opt.workers,
+                               sampler = dist and dist.sampler{batch_size = opt.batch_size, seed = opt.seed} or nil}
+local silent = {update = function() end, close = function() end}
 local loop_seconds, wait_seconds = 0, 0
 
 for epoch = start_epoch, opt.epochs do
-  local bar = ui.progress{total = train_x:size(1), desc = string.format("epoch %d/%d", epoch, opt.epochs)}
+  local bar = lead and ui.progress{total = steps_per_epoch * opt.batch_size, desc = string.format("epoch %d/%d", epoch, opt.epochs)}
+              or silent
   local t0 = now()
   local sum, count = 0, 0
   local skip = epoch == start_epoch and done_batches or 0
@@ -130,7 +152,7 @@ for epoch = start_epoch, opt.epochs do
     b = b + 1
     local t_step = now()
     local lr = sgd.param_groups[1].lr
-    local loss = criterion(model(x), y)
+    local loss = criterion(net(x), y)
     sgd:zero_grad()
     loss:backward()
     sgd:step()
@@ -140,7 +162,7 @@ for epoch = start_epoch, opt.epochs do
     losses[#losses + 1] = l
     sum, count = sum + l, count + 1
     step = step + 1
-    bar:update(x:size(1), {loss = string.format("%.4f", sum / count)})
+    bar:update(x:size(1) * ranks, {loss = string.format("%.4f", sum / count)})
     if metrics then
       metrics:log{step = step, epoch = epoch, batch = b, loss = l, lr = lr, samples_per_s = x:size(1) / (now() - t_step)}
     end
@@ -148,7 +170,7 @@ for epoch = start_epoch, opt.epochs do
       save_checkpoint(epoch, b, sum, count, train_seconds + (now() - t0))
     end
     if opt.pause_after == step then
-      ui.log("paused after step %d; waiting to be killed", step)
+      log("paused after step %d; waiting to be killed", step)
       while not kiln.terminate_requested() do require("ffi").C.kiln_example_pause() end
     end
     -- SIGTERM: the step is done; save it where checkpoints go, and stop
@@ -156,9 +178,9 @@ for epoch = start_epoch, opt.epochs do
       bar:close()
       if opt.checkpoint then
         local path = save_checkpoint(epoch, b, sum, count, train_seconds + (now() - t0))
-        ui.log("terminated after step %d: checkpoint written to %s (--resume continues from it)", step, path)
+        log("terminated after step %d: checkpoint written to %s (--resume continues from it)", step, path)
       else
-        ui.log("terminated after step %d (no --checkpoint: nothing saved)", step)
+        log("terminated after step %d (no --checkpoint: nothing saved)", step)
       end
       os.exit(143)
     end
@@ -169,12 +191,16 @@ for epoch = start_epoch, opt.epochs do
   train_seconds = train_seconds + (now() - t0)
   accuracy = evaluate()
   last_loss = sum / count
-  ui.log("epoch %d: train loss %.4f, test accuracy %.4f, %.1f s, data_wait_fraction %.4f", epoch, last_loss, accuracy,
+  if dist then last_loss = dist.all_reduce(kiln.tensor({last_loss}, {dtype = "f64"}), "mean"):item() end
+  log("epoch %d: train loss %.4f, test accuracy %.4f, %.1f s, data_wait_fraction %.4f", epoch, last_loss, accuracy,
          now() - t0, epoch_wait / epoch_seconds)
   if metrics then metrics:log{step = step, epoch = epoch, train_loss = last_loss, accuracy = accuracy} end
 end
 
-ui.json{model = opt.model, epochs = opt.epochs, batch_size = opt.batch_size, lr = opt.lr, threads = kiln.get_num_threads(),
-        seed = opt.seed, train_loss = last_loss, test_accuracy = accuracy, train_seconds = train_seconds,
-        workers = opt.workers, data_wait_fraction = loop_seconds > 0 and wait_seconds / loop_seconds or 0}
+if lead then
+  ui.json{model = opt.model, epochs = opt.epochs, batch_size = opt.batch_size, lr = opt.lr, threads = kiln.get_num_threads(),
+          seed = opt.seed, train_loss = last_loss, test_accuracy = accuracy, train_seconds = train_seconds,
+          workers = opt.workers, data_wait_fraction = loop_seconds > 0 and wait_seconds / loop_seconds or 0,
+          ranks = dist and ranks or nil}
+end
 return {accuracy = accuracy, losses = losses}

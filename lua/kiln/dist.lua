@@ -11,6 +11,7 @@
 local core = require "kiln.core"
 local factory = require "kiln.factory"
 local nn = require "kiln.nn"
+local order = require "kiln.data.order"
 local ffi, C = core.ffi, core.C
 local raise, is_tensor, check = core.raise, core.is_tensor, core.check
 
@@ -287,6 +288,51 @@ function DataParallel:load_state_dict(sd, strict) return self.module:load_state_
 -- the buckets whose all-reduce started before backward ended.
 function DataParallel:buckets() return C.kiln_reducer_bucket_count(self._reducer) end
 function DataParallel:started_early() return C.kiln_reducer_started_early(self._reducer) end
+
+-- ---- samplers ----
+
+local sampler_options = core.set("batch_size", "shuffle", "seed", "rank", "world_size")
+
+-- sampler{batch_size = B, shuffle = true, seed = 1[, rank, world_size]}: a DataLoader sampler for
+-- training that shards each epoch by global sample index. The epoch's order (from seed and epoch,
+-- the same on every rank) is cut into global batches of B; rank r takes the r-th of world_size
+-- equal shares of each. Give the DataLoader batch_size = B / world_size: its batch k on rank r is
+-- share r of global batch k, whatever the number of ranks, so a job's global batches do not depend
+-- on it. The last global batch is dropped when it is not full (so every rank has as many batches).
+function M.sampler(opts)
+  opts = core.options(opts, sampler_options, "dist.sampler")
+  local B = opts.batch_size
+  if type(B) ~= "number" or B < 1 or B ~= math.floor(B) then raise("dist.sampler: batch_size (the global batch) must be an integer >= 1") end
+  local rank = opts.rank or (M.is_initialized() and M.rank() or 0)
+  local size = opts.world_size or (M.is_initialized() and M.world_size() or 1)
+  if B % size ~= 0 then
+    raise(string.format("dist.sampler: the global batch %d does not split into %d equal shares", B, size))
+  end
+  local per, seed, shuffle = B / size, opts.seed or 1, opts.shuffle ~= false
+  return function(epoch, n)
+    local perm = order.order0(n, shuffle, seed, epoch)   -- 0-based
+    local all = ffi.cast("int64_t *", perm.p.storage.data) + perm.p.offset
+    local batches = math.floor(n / B)
+    local mine = factory.empty({batches * per}, {dtype = "i64"})
+    local out = ffi.cast("int64_t *", mine.p.storage.data) + mine.p.offset
+    for b = 0, batches - 1 do
+      for k = 0, per - 1 do out[b * per + k] = all[b * B + rank * per + k] + 1 end
+    end
+    return mine
+  end
+end
+
+-- shard(n[, {rank, world_size}]): first, count: this rank's contiguous block of n samples for
+-- evaluation (the first n % world_size ranks take one more); every sample on exactly one rank, none
+-- twice, so that summing counts over ranks gives exact metrics.
+function M.shard(n, opts)
+  opts = core.options(opts, core.set("rank", "world_size"), "dist.shard")
+  local rank = opts.rank or (M.is_initialized() and M.rank() or 0)
+  local size = opts.world_size or (M.is_initialized() and M.world_size() or 1)
+  local base, extra = math.floor(n / size), n % size
+  local first = rank * base + math.min(rank, extra) + 1
+  return first, base + (rank < extra and 1 or 0)
+end
 
 M.Group, M.Work = Group, Work
 return M

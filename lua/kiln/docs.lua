@@ -70,6 +70,8 @@ return {
   ["kiln.dist.send"] = "kiln.dist.send(t, dst[, {tag = 0, group, async}]): send t to rank dst",
   ["kiln.dist.recv"] = "kiln.dist.recv(t, src[, {tag = 0, group, async}]): fill t with what rank src sends",
   ["kiln.dist.raw_all_reduce"] = "kiln.dist.raw_all_reduce(t[, {group}]): the engine's own all-reduce (sum), with no arrival check: the peer of bench/dist.lua",
+  ["kiln.dist.sampler"] = "kiln.dist.sampler{batch_size = B, shuffle = true, seed = 1[, rank, world_size]}: a DataLoader sampler giving this rank its share of each global batch of B (loader batch_size = B / ranks)",
+  ["kiln.dist.shard"] = "kiln.dist.shard(n[, {rank, world_size}]): first, count of this rank's block of n samples (every sample on one rank), for exact evaluation",
   ["kiln.dist.DataParallel"] = "kiln.dist.DataParallel(model[, {bucket_mb = 25, first_bucket_mb = 1, group, broadcast = true}]): model with its gradients averaged over ranks while backward runs; dp:no_sync(fn) accumulates",
   ["kiln.audio"] = "kiln.audio: speech features: load_wav(path) -> wave, rate; spectrogram(wave, {n_fft=, hop=}); log_mel(wave, {sample_rate=, n_mels=})",
   ["kiln.audio.load_wav"] = "kiln.audio.load_wav(path): the samples of a WAV file (f32 [samples], mono, in [-1, 1)) and its sample rate",

@@ -139,12 +139,13 @@ Bar.__index = Bar
 -- ui.progress{total = n, desc = "train", unit = "it", out = io.stdout, tty = (auto), interval = 10,
 --             width = (the terminal's), clock = ui.clock}: on a terminal a one-line bar redrawn with \r (done/total,
 -- percentage, items/s, ETA, fields); elsewhere a plain line at most every `interval` seconds or
--- every 10%, and a final line at close.
+-- every 10%, and a final line at close. Under kiln launch (a rank's output is a terminal that
+-- mpirun forwards line by line, prefixed) it is the plain form.
 function ui.progress(opts)
   opts = opts or {}
   local out = opts.out or io.stdout
   local tty = opts.tty
-  if tty == nil then tty = out == io.stdout and ui.isatty(1) end
+  if tty == nil then tty = out == io.stdout and ui.isatty(1) and not os.getenv("KILN_LAUNCHED") end
   local clock = opts.clock or ui.clock
   local self = setmetatable({
     total = opts.total, desc = opts.desc, unit = opts.unit or "it", out = out, tty = tty, clock = clock,

@@ -28,6 +28,41 @@ describe("kiln.dist outside a launcher", function()
   end)
 end)
 
+describe("kiln.dist's samplers", function()
+  it("share out each global batch by index, the same batches for any number of ranks", function()
+    local n, B = 103, 12
+    local whole = kiln.dist.sampler{batch_size = B, seed = 5, rank = 0, world_size = 1}(3, n):totable()
+    assert.are.equal(8 * B, #whole)   -- the 9th global batch (7 samples) is dropped
+    local seen = {}
+    for _, i in ipairs(whole) do assert.is_nil(seen[i]) seen[i] = true assert.truthy(i >= 1 and i <= n) end
+    for _, size in ipairs{2, 3, 4} do
+      local per = B / size
+      local shares = {}
+      for r = 0, size - 1 do shares[r] = kiln.dist.sampler{batch_size = B, seed = 5, rank = r, world_size = size}(3, n):totable() end
+      for b = 0, 7 do
+        for r = 0, size - 1 do
+          for k = 1, per do assert.are.equal(whole[b * B + r * per + k], shares[r][b * per + k]) end
+        end
+      end
+    end
+    -- another epoch, another order
+    assert.are_not.same(whole, kiln.dist.sampler{batch_size = B, seed = 5, rank = 0, world_size = 1}(4, n):totable())
+    assert.has_error(function() kiln.dist.sampler{batch_size = 10, rank = 0, world_size = 4} end,
+                     "dist.sampler: the global batch 10 does not split into 4 equal shares")
+  end)
+
+  it("shard the test set so that every sample is on exactly one rank", function()
+    for _, size in ipairs{1, 2, 3, 7} do
+      local count = {}
+      for r = 0, size - 1 do
+        local first, n = kiln.dist.shard(100, {rank = r, world_size = size})
+        for i = first, first + n - 1 do count[i] = (count[i] or 0) + 1 end
+      end
+      for i = 1, 100 do assert.are.equal(1, count[i]) end
+    end
+  end)
+end)
+
 describe("kiln launch's command line", function()
   it("builds mpirun's, with the rank count, oversubscription, the deadline and the script's arguments", function()
     local o = assert(launch.parse{"-n", "4", "--timeout", "30", "train.lua", "--lr", "0.1", "-n", "7"})
