@@ -59,20 +59,24 @@ end
 local lenet = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "bench/") .. "../models/lenet.lua")
 local F = kiln.nn.functional
 local global = 128
-local function step_time(ranks)
+local function step_time(ranks, deterministic)
   local group = ranks == size and dist.world() or dist.new_group({0})
   local ms
   if rank < ranks then
     kiln.manual_seed(1)
     local model = lenet()
-    local net = ranks > 1 and dist.DataParallel(model, {group = group}) or model
+    local net = (ranks > 1 or deterministic) and dist.DataParallel(model, {group = group, deterministic = deterministic}) or model
     local opt = kiln.optim.SGD(model:parameters(), {lr = 0.01, momentum = 0.9})
     local per = global / ranks
     local x, y = kiln.randn(per, 1, 28, 28), kiln.randint(1, 11, {per})
     local function step()
       opt:zero_grad()
-      local loss = F.cross_entropy(net(x), y)
-      loss:backward()
+      if deterministic then
+        net:backward(function(m, xs, ys) return F.cross_entropy(m(xs), ys) end, x, y)
+      else
+        local loss = F.cross_entropy(net(x), y)
+        loss:backward()
+      end
       opt:step()
     end
     for _ = 1, 3 do step() end
@@ -89,9 +93,12 @@ local function step_time(ranks)
 end
 local one = step_time(1)
 local two = step_time(2)
+local det = step_time(2, true)
 if rank == 0 then
 json{bench = "dp_step", model = "lenet", global_batch = global, threads_per_rank = 1, ranks = 1, ms = one,
      samples_per_s = global / one * 1e3}
 json{bench = "dp_step", model = "lenet", global_batch = global, threads_per_rank = 1, ranks = 2, ms = two,
      samples_per_s = global / two * 1e3, speedup = one / two, efficiency = one / two / 2}
+json{bench = "dp_step_deterministic", model = "lenet", global_batch = global, threads_per_rank = 1, ranks = 2, shards = 4,
+     ms = det, samples_per_s = global / det * 1e3, cost_vs_usual = det / two}
 end

@@ -241,7 +241,7 @@ end
 -- checkpoint loads in one process.
 local DataParallel = nn.define("DataParallel")
 M.DataParallel, nn.DataParallel = nn.DataParallel, nil   -- kiln.dist's, not kiln.nn's
-local dp_options = core.set("bucket_mb", "first_bucket_mb", "group", "broadcast")
+local dp_options = core.set("bucket_mb", "first_bucket_mb", "group", "broadcast", "deterministic", "shards")
 local TensorList = ffi.typeof("struct kiln_tensor *[?]")
 
 function DataParallel:init(model, opts)
@@ -261,6 +261,18 @@ function DataParallel:init(model, opts)
   local params = {}
   for _, p in ipairs(model:parameters()) do if p.requires_grad then params[#params + 1] = p end end
   if #params == 0 then raise("DataParallel: the model has no parameter that requires grad") end
+  rawset(self, "_params_list", params)
+  if opts.deterministic then
+    local S, n = opts.shards or 4, group:size()
+    local function pow2(k) return k >= 1 and k == 2 ^ math.floor(math.log(k) / math.log(2) + 0.5) end
+    if not pow2(S) or not pow2(n) or S % n ~= 0 then
+      raise(string.format("DataParallel: the deterministic mode needs shards (%s) and ranks (%d) powers of 2, "
+                          .. "with ranks dividing shards", tostring(S), n))
+    end
+    rawset(self, "_shards", S)
+    rawset(self, "_group", group)
+    return   -- no reducer: dp:backward sums the shards' gradients in a fixed tree
+  end
   local arr = TensorList(#params)
   for i, p in ipairs(params) do arr[i - 1] = p.p end
   local mb = 1024 * 1024
@@ -271,6 +283,63 @@ function DataParallel:init(model, opts)
 end
 
 function DataParallel:forward(...) return self.module(...) end
+
+-- Sum a list of tensors (length a power of 2) in the fixed tree ((1+2)+(3+4))+...
+local function tree_sum(list)
+  while #list > 1 do
+    local next = {}
+    for i = 1, #list, 2 do next[#next + 1] = list[i] + list[i + 1] end
+    list = next
+  end
+  return list[1]
+end
+
+-- dp:backward(loss_fn, x, y): the deterministic mode's step. x and y are this rank's share of the
+-- global batch (dist.sampler's); it is cut into shards / ranks equal shards, and loss_fn(model, xs,
+-- ys) gives each shard's mean loss, whose gradient is computed on its own. The shards' gradients are
+-- added in a fixed binary tree over the global shard order (this rank's subtree here, then the
+-- ranks' sums, gathered, in the same tree on every rank) and divided by the shard count. So 1, 2 or
+-- 4 ranks reach bitwise the same gradients, hence parameters, from the same global batch (each rank
+-- with the same thread count). Returns the global batch's mean loss, a number.
+function DataParallel:backward(loss_fn, x, y)
+  local S = rawget(self, "_shards")
+  if not S then raise("DataParallel:backward: only in the deterministic mode (DataParallel(model, {deterministic = true}))") end
+  local group = self._group
+  local n = group:size()
+  local local_shards = S / n
+  local rows = x:size(1)
+  if rows % local_shards ~= 0 then
+    raise(string.format("DataParallel:backward: this rank's batch of %d does not split into %d equal shards", rows, local_shards))
+  end
+  local per = rows / local_shards
+  local params = self._params_list
+  local sums, losses = {}, {}
+  for k = 0, local_shards - 1 do
+    for _, p in ipairs(params) do p.grad = nil end
+    local loss = loss_fn(self.module, x:narrow(1, k * per + 1, per), y and y:narrow(1, k * per + 1, per))
+    loss:backward()
+    local flat = {}
+    for i, p in ipairs(params) do
+      local g = p.grad
+      flat[i] = g and g:reshape(-1) or factory.zeros({p:numel()}, {dtype = p:dtype()})
+    end
+    sums[#sums + 1] = factory.cat(flat, 1)
+    losses[#losses + 1] = loss:detach():double():reshape(1)
+  end
+  local mine = tree_sum(sums)
+  local loss_sum = tree_sum(losses)
+  local all = M.all_gather(factory.cat({mine, loss_sum:to(mine:dtype())}, 1):view(1, -1), {group = group})
+  local rows_of = {}
+  for r = 1, n do rows_of[r] = all[r] end
+  local total = tree_sum(rows_of) / S
+  local at = 0
+  for _, p in ipairs(params) do
+    local numel = p:numel()
+    p.grad = total:narrow(1, at + 1, numel):view(p:size()):clone()
+    at = at + numel
+  end
+  return total[at + 1]   -- indexing a 1-d tensor gives the number
+end
 
 -- dp:no_sync(fn, ...): run fn with the gradient averaging off (gradient accumulation); the first
 -- backward after it averages everything accumulated.
