@@ -355,8 +355,14 @@ function DataParallel:state_dict() return self.module:state_dict() end
 function DataParallel:load_state_dict(sd, strict) return self.module:load_state_dict(sd, strict) end
 -- buckets(): how many buckets the gradients travel in; started_early(): of the last backward,
 -- the buckets whose all-reduce started before backward ended.
-function DataParallel:buckets() return C.kiln_reducer_bucket_count(self._reducer) end
-function DataParallel:started_early() return C.kiln_reducer_started_early(self._reducer) end
+function DataParallel:buckets() return self._reducer and C.kiln_reducer_bucket_count(self._reducer) or 0 end
+-- bucket_sizes(): the elements of each bucket, in the order they travel
+function DataParallel:bucket_sizes()
+  local sizes = {}
+  for k = 0, self:buckets() - 1 do sizes[#sizes + 1] = tonumber(C.kiln_reducer_bucket_numel(self._reducer, k)) end
+  return sizes
+end
+function DataParallel:started_early() return self._reducer and C.kiln_reducer_started_early(self._reducer) or 0 end
 
 -- ---- samplers ----
 

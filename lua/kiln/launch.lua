@@ -70,7 +70,10 @@ end
 
 -- The mpirun command line for opts.
 function M.command(o, mpirun)
-  local parts = {quote(mpirun), "-np", tostring(o.n), "--tag-output", "--oversubscribe", "-x", "KILN_LAUNCHED=1"}
+  -- mpi_yield_when_idle: a rank waiting in a collective gives its core away instead of spinning on
+  -- it, which matters when the ranks' computing threads and their communication threads share cores
+  local parts = {quote(mpirun), "-np", tostring(o.n), "--tag-output", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1",
+                 "-x", "KILN_LAUNCHED=1"}
   if ffi.C.geteuid() == 0 then parts[#parts + 1] = "--allow-run-as-root" end
   if o.hosts then parts[#parts + 1] = "--host" parts[#parts + 1] = quote(o.hosts) end
   if o.timeout then parts[#parts + 1] = "-x" parts[#parts + 1] = quote("KILN_DIST_TIMEOUT=" .. o.timeout) end

@@ -68,7 +68,7 @@ describe("kiln launch's command line", function()
     local o = assert(launch.parse{"-n", "4", "--timeout", "30", "train.lua", "--lr", "0.1", "-n", "7"})
     assert.are.same({"--lr", "0.1", "-n", "7"}, o.args)   -- what follows the script is the script's
     local cmd = launch.command(o, "/usr/bin/mpirun")
-    assert.truthy(cmd:find("'/usr/bin/mpirun' -np 4 --tag-output --oversubscribe", 1, true), cmd)
+    assert.truthy(cmd:find("'/usr/bin/mpirun' -np 4 --tag-output --oversubscribe --mca mpi_yield_when_idle 1", 1, true), cmd)
     assert.truthy(cmd:find("'KILN_DIST_TIMEOUT=30'", 1, true), cmd)
     local tail = "'train.lua' '--lr' '0.1' '-n' '7'"
     assert.are.equal(tail, cmd:sub(-#tail))

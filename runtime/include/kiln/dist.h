@@ -70,6 +70,8 @@ struct kiln_reducer *kiln_reducer_new(struct kiln_group *g, struct kiln_tensor *
    reduces what has accumulated. */
 int kiln_reducer_set_enabled(struct kiln_reducer *r, int enabled);
 int kiln_reducer_bucket_count(const struct kiln_reducer *r);
+/* Elements in bucket k (from 0), -1 when there is none. */
+int64_t kiln_reducer_bucket_numel(const struct kiln_reducer *r, int k);
 /* Of the last backward: buckets started before its last node had run. */
 int kiln_reducer_started_early(const struct kiln_reducer *r);
 void kiln_reducer_free(struct kiln_reducer *r);

@@ -227,4 +227,7 @@ KILN_API int kiln_reducer_set_enabled(struct kiln_reducer *r, int enabled) {
 }
 
 KILN_API int kiln_reducer_bucket_count(const struct kiln_reducer *r) { return r ? r->nb : 0; }
+KILN_API int64_t kiln_reducer_bucket_numel(const struct kiln_reducer *r, int k) {
+  return r && k >= 0 && k < r->nb ? r->b[k].numel : -1;
+}
 KILN_API int kiln_reducer_started_early(const struct kiln_reducer *r) { return r ? r->last_early : 0; }
