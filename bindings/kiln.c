@@ -28,6 +28,7 @@ static void print_usage(FILE *f)
 {
   fprintf(f,
           "usage: %s [options] [script [args...]]\n"
+          "       %s nb run|convert FILE ...  (notebooks: %s nb --help)\n"
           "  -e code        run code (may be repeated)\n"
           "  -l name        require library name into the global name\n"
           "  -i             enter the REPL after running the script and -e code\n"
@@ -38,7 +39,7 @@ static void print_usage(FILE *f)
           "With no script and no -e: the REPL when stdin is a terminal, else stdin runs as a script.\n"
           "Environment: KILN_LUA_PATH (';'-separated directories searched first for Lua modules),\n"
           "             KILN_HISTORY (the REPL history file, default ~/.kiln_history).\n",
-          progname);
+          progname, progname, progname);
 }
 
 /* ---- running chunks: error reports with a traceback, and Ctrl-C as a Lua error ---- */
@@ -54,9 +55,16 @@ static lua_State *global_L;
 static volatile sig_atomic_t interrupt_pending;
 enum { INTERRUPT_MASK = LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT };
 
+/* A time limit (kiln nb run --timeout): 1 while armed, 2 once it has fired and the hook is set.
+   When the hook has not fired TIMEOUT_GRACE seconds later (a JIT-compiled loop), kiln ends with
+   status 124, as timeout(1) does. */
+static volatile sig_atomic_t timeout_stage;
+enum { TIMEOUT_GRACE = 2 };
+
 static void interrupt_done(lua_State *L)
 {
   interrupt_pending = 0;
+  timeout_stage = 0;
   alarm(0);
   lua_sethook(L, NULL, 0, 0);
 }
@@ -70,7 +78,7 @@ static void interrupt_hook(lua_State *L, lua_Debug *ar)
     lua_sethook(L, NULL, 0, 0);
     return;
   }
-  luaL_error(L, "interrupted");
+  luaL_error(L, timeout_stage == 2 ? "timed out" : "interrupted");
 }
 
 /* SIGINT while Lua runs. Only a hook can be set safely from a signal handler; a second
@@ -79,6 +87,7 @@ static void interrupt_hook(lua_State *L, lua_Debug *ar)
 static void on_sigint_eval(int sig)
 {
   signal(sig, SIG_DFL);
+  timeout_stage = 0;   /* Ctrl-C takes over from a time limit */
   interrupt_pending = 1;
   lua_sethook(global_L, interrupt_hook, INTERRUPT_MASK, 1);
   alarm(1);
@@ -87,6 +96,19 @@ static void on_sigint_eval(int sig)
 static void on_interrupt_slow(int sig)
 {
   (void)sig;
+  if (timeout_stage == 1) {   /* the time limit: interrupt as Ctrl-C does, then wait for the hook */
+    timeout_stage = 2;
+    interrupt_pending = 1;
+    lua_sethook(global_L, interrupt_hook, INTERRUPT_MASK, 1);
+    alarm(TIMEOUT_GRACE);
+    return;
+  }
+  if (timeout_stage == 2) {
+    static const char late[] = "\nkiln: timed out, and a JIT-compiled loop does not see it: kiln ends here\n";
+    ssize_t n = write(STDERR_FILENO, late, sizeof late - 1);
+    (void)n;
+    _exit(124);
+  }
   static const char msg[] =
     "\nkiln: still running (a JIT-compiled loop does not see Ctrl-C); press Ctrl-C again to quit kiln\n";
   ssize_t n = write(STDERR_FILENO, msg, sizeof msg - 1);  /* async-signal-safe, unlike stdio */
@@ -465,6 +487,23 @@ static int lrl_interrupt_caught(lua_State *L)
   return 0;
 }
 
+/* kiln.readline.interrupt_after(seconds): after that many seconds (a whole number, at least 1),
+   the running Lua code gets the error "timed out" as it would "interrupted" on Ctrl-C; 0 cancels. */
+static int lrl_interrupt_after(lua_State *L)
+{
+  lua_Number s = luaL_checknumber(L, 1);
+  if (!(s >= 0 && s <= 1e6))
+    return luaL_argerror(L, 1, "seconds from 0 to 1e6");
+  unsigned secs = (unsigned)s;
+  if (secs == 0 && s > 0)
+    secs = 1;
+  alarm(0);
+  timeout_stage = secs > 0 ? 1 : 0;
+  if (secs > 0)
+    alarm(secs);
+  return 0;
+}
+
 /* kiln.readline.history_file() -> path | nil */
 static int lrl_history_file(lua_State *L)
 {
@@ -484,6 +523,7 @@ static int luaopen_kiln_readline(lua_State *L)
     {"save_history", lrl_save_history},
     {"history_file", lrl_history_file},
     {"interrupt_caught", lrl_interrupt_caught},
+    {"interrupt_after", lrl_interrupt_after},
     {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, functions);
@@ -638,6 +678,23 @@ static int run_repl(lua_State *L)
   return report(L, docall(L, 2, 0));
 }
 
+/* `kiln nb ...`: require("kiln.nb").main(arg) with arg[1..] the words after "nb"; its result is
+   the exit status. */
+static int run_nb(lua_State *L)
+{
+  static const char code[] = "local s = require('kiln.nb').main(arg) return type(s) == 'number' and s or 0";
+  int status = luaL_loadbuffer(L, code, sizeof code - 1, "=kiln nb");
+  if (status == 0)
+    status = docall(L, 0, 1);
+  if (status != 0) {
+    report(L, status);
+    return 1;
+  }
+  int rc = (int)lua_tointeger(L, -1);
+  lua_pop(L, 1);
+  return rc;
+}
+
 /* Everything after the state exists; returns the exit status. */
 static int run(lua_State *L, int argc, char **argv, const struct options *o)
 {
@@ -651,6 +708,8 @@ static int run(lua_State *L, int argc, char **argv, const struct options *o)
   if (load_kiln(L) != 0)
     return 1;
   create_arg_table(L, argc, argv, o->script);
+  if (o->script == 1 && strcmp(argv[1], "nb") == 0)
+    return run_nb(L);
   if (run_options(L, argc, argv, o->script > 0 ? o->script : argc) != 0)
     return 1;
   int stdin_tty = isatty(STDIN_FILENO);

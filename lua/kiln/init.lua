@@ -132,6 +132,7 @@ kiln.F = kiln.functional
 kiln.nn = require "kiln.nn"
 kiln.data = require "kiln.data"
 kiln.ui = require "kiln.ui"
+kiln.display = require "kiln.display"
 kiln.optim = require "kiln.optim"
 
 kiln.io = require "kiln.io"
