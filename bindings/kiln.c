@@ -28,7 +28,7 @@ static void print_usage(FILE *f)
 {
   fprintf(f,
           "usage: %s [options] [script [args...]]\n"
-          "       %s nb run|convert FILE ...  (notebooks: %s nb --help)\n"
+          "       %s nb run|sweep|convert FILE ...  (notebooks: %s nb --help)\n"
           "  -e code        run code (may be repeated)\n"
           "  -l name        require library name into the global name\n"
           "  -i             enter the REPL after running the script and -e code\n"

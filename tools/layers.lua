@@ -107,7 +107,7 @@ end
 -- hides a cycle), but for pcall(require, ...) of an optional module.
 local LUA_LAYERS = {
   {"kiln.nb"},
-  {"kiln.nb.run"},
+  {"kiln.nb.run", "kiln.nb.sweep"},
   {"kiln.nb.cells", "kiln.nb.params", "kiln.nb.report"},
   {"kiln", "kiln.repl", "kiln.testing"},
   {"kiln.help"},

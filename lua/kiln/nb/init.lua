@@ -3,21 +3,26 @@
 local cells = require "kiln.nb.cells"
 local params = require "kiln.nb.params"
 local runner = require "kiln.nb.run"
+local sweep = require "kiln.nb.sweep"
 
 local nb = {}
 
 nb.read = cells.read
 nb.run = runner.run
+nb.sweep = sweep.sweep
 nb.parse_literal = params.parse
 
 nb.usage = [[
 usage: kiln nb run FILE [-p name=value ...] [-o OUT] [--timeout SECONDS] [--index FILE]
+       kiln nb sweep FILE -p name=v1,v2,... [-p ...] [-o DIR] [--timeout SECONDS]
        kiln nb convert FILE [-o OUT.ipynb]
 FILE is a cell script (a .lua file with "-- %%" cell markers, jupytext's percent format) or an
 .ipynb. Values are Lua literals: -p lr=0.01 -p model='"lenet"' -p sizes={64,32}.
 run writes OUT/<name>.ipynb, OUT/<name>.html and OUT/<name>.metrics.jsonl (OUT defaults to
 runs/<name>; -o X.ipynb names the notebook) and appends a line to OUT/runs.jsonl (or --index).
 --timeout stops a cell that runs longer (Ctrl-C stops one too); the files keep every output so far.
+sweep runs every combination of the lists, each in its own kiln, into DIR (runs/<name>-sweep),
+and writes DIR/sweep.html comparing them.
 ]]
 
 -- kiln nb's arguments -> command, file, options; errors say what is wrong.
@@ -25,8 +30,8 @@ function nb.parse_args(argv)
   local o = {params = {}}
   local command = argv[1]
   if command == nil or command == "-h" or command == "--help" or command == "help" then return "help" end
-  if command ~= "run" and command ~= "convert" then
-    error("kiln nb: unknown command " .. tostring(command) .. " (run or convert; kiln nb --help)", 0)
+  if command ~= "run" and command ~= "sweep" and command ~= "convert" then
+    error("kiln nb: unknown command " .. tostring(command) .. " (run, sweep or convert; kiln nb --help)", 0)
   end
   local i, file = 2, nil
   while i <= #argv do
@@ -67,6 +72,8 @@ function nb.main(argv)
       local r = runner.run(file, o)
       io.stderr:write(string.format("kiln nb: %s: %s in %.1f s; %s, %s\n", file, r.status, r.seconds, r.paths.notebook, r.paths.report))
       return r.exit
+    elseif command == "sweep" then
+      return sweep.sweep(file, o).exit
     else
       local book = cells.read(file)
       book.from_script = not file:match("%.ipynb$")
