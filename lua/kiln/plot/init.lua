@@ -324,7 +324,8 @@ local function finite(v) return v == v and v ~= math.huge and v ~= -math.huge en
 -- plot.line(series[, opts]): series is {x = {...}, y = {...}, label = "..."} or a list of them (x may
 -- be left out: 1, 2, ...). opts: title, xlabel, ylabel, log (a log y axis), logx, smooth (0 to 1:
 -- the weight of an exponential moving average; the raw curve is drawn faintly under it), points
--- (the downsampling target, default 1000), ylim = {lo, hi}, width (640), height (360), legend.
+-- (the downsampling target, default 1000), ylim = {lo, hi}, width (640), height (360), legend,
+-- markers (series of at most this many points, 30, get a dot at each; false for none).
 function plot.line(series, opts)
   opts = opts or {}
   if type(series) ~= "table" then fail("line", "expected a series {x =, y =} or a list of them, got " .. type(series)) end
@@ -335,6 +336,7 @@ function plot.line(series, opts)
   if smooth ~= nil and (type(smooth) ~= "number" or smooth < 0 or smooth >= 1) then fail("line", "smooth must be a number in [0, 1)") end
   local points = opts.points or 1000
   if type(points) ~= "number" or not (points >= 2) then fail("line", "points must be a number, at least 2") end
+  if opts.markers ~= nil and opts.markers ~= false and type(opts.markers) ~= "number" then fail("line", "markers must be a number or false") end
   local p = new_plot(opts.width, opts.height, "line")
   p.title, p.kind = opts.title, "line chart"
   local prepared = {}
@@ -382,6 +384,10 @@ function plot.line(series, opts)
       poly(e.xs, e.sy, 1, 2)
     else
       poly(e.xs, e.ys, 1, 2)
+    end
+    -- a few points: each marked, so that one point alone shows
+    if opts.markers ~= false and #e.xs <= (opts.markers or 30) then
+      for i = 1, #e.xs do p:add{kind = "circle", x = ax:px(e.xs[i]), y = ax:py(e.ys[i]), r = 3, color = e.color} end
     end
     if e.label then legend[#legend + 1] = {label = tostring(e.label), color = e.color} end
   end
