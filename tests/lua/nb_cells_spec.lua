@@ -103,3 +103,26 @@ describe("kiln.nb.params", function()
                 params.declared("local lr = 0.1 -- the rate\nlocal a, b = 1, 2\nseed = 1\nif seed == 2 then end"))
   end)
 end)
+
+describe("help", function()
+  it("has a line for every public name of kiln.nb, kiln.display and kiln.plot", function()
+    local help = require "kiln.help"
+    local nb = require "kiln.nb"
+    local missing = {}
+    local function check(prefix, t)
+      for k, v in pairs(t) do
+        if type(k) == "string" and k:sub(1, 1) ~= "_" and (type(v) == "function" or (type(v) == "table" and getmetatable(v) == nil and k ~= "colors")) then
+          if not help.lookup(prefix .. "." .. k) then missing[#missing + 1] = prefix .. "." .. k end
+        end
+      end
+    end
+    check("kiln.nb", nb)
+    check("kiln.display", kiln.display)
+    check("kiln.plot", kiln.plot)
+    table.sort(missing)
+    assert.same({}, missing)
+    for _, name in ipairs{"kiln.nb", "kiln.display", "kiln.plot", "kiln.plot.colors"} do assert.truthy(help.lookup(name), name) end
+    assert.equal(help.lookup("kiln.plot.line"), help.help(kiln.plot.line))
+  end)
+end)
+

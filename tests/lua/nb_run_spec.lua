@@ -132,6 +132,21 @@ describe("kiln nb run", function()
     assert.truthy(out:find("warning: rate is not set in the parameters cell", 1, true), out)
   end)
 
+  it("converts a cell script to a notebook that nbformat validates", function()
+    if not exe then pending("not running under the kiln launcher") return end
+    local out, status = N.sh(string.format("cd %s && %s nb convert book.lua -o converted.ipynb", dir, exe))
+    assert.equal(0, status, out)
+    local nb = N.json(dir .. "/converted.ipynb")
+    assert.equal(5, #nb.cells)
+    assert.same({}, nb.cells[4].outputs)
+    local py = N.python_with("nbformat")
+    if py then
+      out, status = N.sh(py .. " -c \"import nbformat, sys; nbformat.validate(nbformat.read(sys.argv[1], as_version=4))\" "
+                         .. dir .. "/converted.ipynb")
+      assert.equal(0, status, out)
+    end
+  end)
+
   it("says what is wrong with a malformed .ipynb", function()
     if not exe then pending("not running under the kiln launcher") return end
     N.write(dir .. "/broken.ipynb", '{"nbformat": 4, "cells": [{"cell_type": "code", "source": "x = 1"}, {"source": "y"}]}')
