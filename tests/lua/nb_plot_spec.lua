@@ -103,6 +103,15 @@ describe("kiln.plot", function()
     assert.truthy(err:find("kiln.plot.metrics: no rows hold accuracy", 1, true), err)
   end)
 
+  it("draws scatter points in their group's colour", function()
+    local p = plot.scatter({1, 2, 3}, {3, 1, 2}, {groups = {1, 2, 3}, size = 4})
+    local img = p:raster()
+    for i, xy in ipairs{{1, 3}, {2, 1}, {3, 2}} do
+      assert.truthy(near(pixel(img, p:to_pixel(xy[1], xy[2])), plot.colors[i], 50), "point " .. i)
+    end
+    assert.truthy(near(pixel(img, p:to_pixel(1, 1)), {255, 255, 255}, 30))
+  end)
+
   it("counts a histogram's bins, and draws a confusion matrix darkest at its largest count", function()
     local values = {}
     for i = 1, 1000 do values[i] = (i % 10) + 0.5 end   -- 100 in each of 10 unit bins
