@@ -8,12 +8,15 @@ BUILD_FUZZ ?= build-fuzz
 FUZZ_SECONDS ?= 10
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps configure build demo test test-c test-lua test-asan test-repl fuzz bench install clean
+.PHONY: all deps deps-test configure build demo test test-c test-lua test-asan test-repl fuzz bench install clean
 
 all: build
 
 deps:
 	@sh scripts/install-deps.sh
+
+deps-test:
+	@sh scripts/install-deps.sh --test
 
 $(BUILD)/CMakeCache.txt: | deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
@@ -26,7 +29,7 @@ build: deps configure
 demo: build
 	$(BUILD)/bin/kiln examples/fashion_mnist.lua
 
-test: build test-asan
+test: deps-test build test-asan
 	ctest --test-dir $(BUILD) --output-on-failure
 	sh tests/repl/tmux_check.sh $(BUILD)/bin/kiln
 	$(MAKE) fuzz

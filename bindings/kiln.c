@@ -30,6 +30,7 @@ static void print_usage(FILE *f)
   fprintf(f,
           "usage: %s [options] [script [args...]]\n"
           "       %s launch -n N [--hosts h1,h2] script [args...]   (a distributed job: docs/distributed.md)\n"
+          "       %s nb run|sweep|convert FILE ...  (notebooks: %s nb --help)\n"
           "  -e code        run code (may be repeated)\n"
           "  -l name        require library name into the global name\n"
           "  -i             enter the REPL after running the script and -e code\n"
@@ -40,7 +41,7 @@ static void print_usage(FILE *f)
           "With no script and no -e: the REPL when stdin is a terminal, else stdin runs as a script.\n"
           "Environment: KILN_LUA_PATH (';'-separated directories searched first for Lua modules),\n"
           "             KILN_HISTORY (the REPL history file, default ~/.kiln_history).\n",
-          progname, progname);
+          progname, progname, progname, progname);
 }
 
 /* ---- running chunks: error reports with a traceback, and Ctrl-C as a Lua error ---- */
@@ -56,9 +57,16 @@ static lua_State *global_L;
 static volatile sig_atomic_t interrupt_pending;
 enum { INTERRUPT_MASK = LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT };
 
+/* A time limit (kiln nb run --timeout): 1 while armed, 2 once it has fired and the hook is set.
+   When the hook has not fired TIMEOUT_GRACE seconds later (a JIT-compiled loop), kiln ends with
+   status 124, as timeout(1) does. */
+static volatile sig_atomic_t timeout_stage;
+enum { TIMEOUT_GRACE = 2 };
+
 static void interrupt_done(lua_State *L)
 {
   interrupt_pending = 0;
+  timeout_stage = 0;
   alarm(0);
   lua_sethook(L, NULL, 0, 0);
 }
@@ -72,7 +80,7 @@ static void interrupt_hook(lua_State *L, lua_Debug *ar)
     lua_sethook(L, NULL, 0, 0);
     return;
   }
-  luaL_error(L, "interrupted");
+  luaL_error(L, timeout_stage == 2 ? "timed out" : "interrupted");
 }
 
 /* SIGINT while Lua runs. Only a hook can be set safely from a signal handler; a second
@@ -81,6 +89,7 @@ static void interrupt_hook(lua_State *L, lua_Debug *ar)
 static void on_sigint_eval(int sig)
 {
   signal(sig, SIG_DFL);
+  timeout_stage = 0;   /* Ctrl-C takes over from a time limit */
   interrupt_pending = 1;
   lua_sethook(global_L, interrupt_hook, INTERRUPT_MASK, 1);
   alarm(1);
@@ -89,6 +98,19 @@ static void on_sigint_eval(int sig)
 static void on_interrupt_slow(int sig)
 {
   (void)sig;
+  if (timeout_stage == 1) {   /* the time limit: interrupt as Ctrl-C does, then wait for the hook */
+    timeout_stage = 2;
+    interrupt_pending = 1;
+    lua_sethook(global_L, interrupt_hook, INTERRUPT_MASK, 1);
+    alarm(TIMEOUT_GRACE);
+    return;
+  }
+  if (timeout_stage == 2) {
+    static const char late[] = "\nkiln: timed out, and a JIT-compiled loop does not see it: kiln ends here\n";
+    ssize_t n = write(STDERR_FILENO, late, sizeof late - 1);
+    (void)n;
+    _exit(124);
+  }
   static const char msg[] =
     "\nkiln: still running (a JIT-compiled loop does not see Ctrl-C); press Ctrl-C again to quit kiln\n";
   ssize_t n = write(STDERR_FILENO, msg, sizeof msg - 1);  /* async-signal-safe, unlike stdio */
@@ -467,6 +489,23 @@ static int lrl_interrupt_caught(lua_State *L)
   return 0;
 }
 
+/* kiln.readline.interrupt_after(seconds): after that many seconds (a whole number, at least 1),
+   the running Lua code gets the error "timed out" as it would "interrupted" on Ctrl-C; 0 cancels. */
+static int lrl_interrupt_after(lua_State *L)
+{
+  lua_Number s = luaL_checknumber(L, 1);
+  if (!(s >= 0 && s <= 1e6))
+    return luaL_argerror(L, 1, "seconds from 0 to 1e6");
+  unsigned secs = (unsigned)s;
+  if (secs == 0 && s > 0)
+    secs = 1;
+  alarm(0);
+  timeout_stage = secs > 0 ? 1 : 0;
+  if (secs > 0)
+    alarm(secs);
+  return 0;
+}
+
 /* kiln.readline.history_file() -> path | nil */
 static int lrl_history_file(lua_State *L)
 {
@@ -486,6 +525,7 @@ static int luaopen_kiln_readline(lua_State *L)
     {"save_history", lrl_save_history},
     {"history_file", lrl_history_file},
     {"interrupt_caught", lrl_interrupt_caught},
+    {"interrupt_after", lrl_interrupt_after},
     {NULL, NULL}};
   lua_newtable(L);
   luaL_register(L, NULL, functions);
@@ -502,9 +542,9 @@ struct options {
   int version, help;
 };
 
-/* Subcommands: `kiln WORD args...` runs require(module).main(args...), whose number is the exit
-   status. A script of the same name is run as `kiln ./WORD`. */
-static const struct { const char *word, *module; } commands[] = {{"launch", "kiln.launch"}};
+/* Subcommands: `kiln WORD args...` runs require(module).main(arg), arg[1..] being the words after
+   WORD; the number it returns is the exit status. A script of the same name runs as `kiln ./WORD`. */
+static const struct { const char *word, *module; } commands[] = {{"launch", "kiln.launch"}, {"nb", "kiln.nb"}};
 
 /* Reads the options; -1 on a bad one. Like luajit: options stop at the script name. */
 static int collect_options(int argc, char **argv, struct options *o)
@@ -603,8 +643,8 @@ static int run_script(lua_State *L, int argc, char **argv, int script)
   return report(L, docall(L, narg, 0));
 }
 
-/* Runs the subcommand at argv[command]: require(module).main(args after it). */
-static int run_command(lua_State *L, int argc, char **argv, int command)
+/* Runs the subcommand at argv[command]: require(module).main(arg). */
+static int run_command(lua_State *L, char **argv, int command)
 {
   const char *module = NULL;
   for (size_t c = 0; c < sizeof commands / sizeof commands[0]; c++)
@@ -616,9 +656,8 @@ static int run_command(lua_State *L, int argc, char **argv, int command)
     return report(L, status);
   lua_getfield(L, -1, "main");
   lua_remove(L, -2);
-  for (int i = command + 1; i < argc; i++)
-    lua_pushstring(L, argv[i]);
-  status = docall(L, argc - command - 1, 1);
+  lua_getglobal(L, "arg");
+  status = docall(L, 1, 1);
   if (status != 0)
     return report(L, status);
   int code = lua_isnumber(L, -1) ? (int)lua_tointeger(L, -1) : 0;
@@ -670,6 +709,8 @@ static int run_repl(lua_State *L)
   return report(L, docall(L, 2, 0));
 }
 
+/* `kiln nb ...`: require("kiln.nb").main(arg) with arg[1..] the words after "nb"; its result is
+   the exit status. */
 /* Everything after the state exists; returns the exit status. */
 static int run(lua_State *L, int argc, char **argv, const struct options *o)
 {
@@ -686,7 +727,7 @@ static int run(lua_State *L, int argc, char **argv, const struct options *o)
   if (run_options(L, argc, argv, o->script > 0 ? o->script : argc) != 0)
     return 1;
   if (o->command > 0)
-    return run_command(L, argc, argv, o->command);
+    return run_command(L, argv, o->command);
   int stdin_tty = isatty(STDIN_FILENO);
   if (o->script > 0 || (!o->has_code && !o->interactive && !stdin_tty)) {
     if (run_script(L, argc, argv, o->script) != 0)

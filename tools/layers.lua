@@ -106,12 +106,16 @@ end
 -- and those below; every require is at the top level of its file (a require inside a function
 -- hides a cycle), but for pcall(require, ...) of an optional module.
 local LUA_LAYERS = {
+  {"kiln.nb"},
+  {"kiln.nb.run", "kiln.nb.sweep"},
+  {"kiln.nb.cells", "kiln.nb.params", "kiln.nb.report"},
   {"kiln", "kiln.repl", "kiln.testing", "kiln.launch"},
   {"kiln.help"},
   {"kiln.nn", "kiln.nn.layers", "kiln.nn.rnn", "kiln.nn.initializers", "kiln.optim", "kiln.optim.sgd",
    "kiln.optim.adam", "kiln.optim.rmsprop", "kiln.optim.adagrad", "kiln.optim.lr_scheduler", "kiln.data",
    "kiln.data.files", "kiln.data.datasets", "kiln.data.order", "kiln.data.batches", "kiln.data.transforms",
-   "kiln.data.loader", "kiln.checkpoint", "kiln.audio", "kiln.ui", "kiln.dist"},
+   "kiln.data.loader", "kiln.checkpoint", "kiln.audio", "kiln.ui", "kiln.dist", "kiln.display", "kiln.plot",
+   "kiln.plot.raster", "kiln.plot.font"},
   {"kiln.metrics"},
   {"kiln.json", "kiln.factory", "kiln.autograd", "kiln.io"},
   {"kiln.tensor"},

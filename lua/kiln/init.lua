@@ -132,6 +132,8 @@ kiln.F = kiln.functional
 kiln.nn = require "kiln.nn"
 kiln.data = require "kiln.data"
 kiln.ui = require "kiln.ui"
+kiln.display = require "kiln.display"
+kiln.plot = require "kiln.plot"
 kiln.optim = require "kiln.optim"
 
 kiln.io = require "kiln.io"

@@ -84,8 +84,11 @@ function M.command(o, mpirun)
   return table.concat(parts, " ")
 end
 
-function M.main(...)
-  local o, err = M.parse({...})
+-- main(argv): argv[1..] are the words after `kiln launch`.
+function M.main(argv)
+  local words = {}
+  for i = 1, #(argv or {}) do words[i] = argv[i] end
+  local o, err = M.parse(words)
   if not o then
     io.stderr:write(err, "\n")
     return err == USAGE and 0 or 2

@@ -12,6 +12,10 @@ local ok_cjson, cjson = pcall(require, "cjson")   -- lua-cjson reads the files b
 
 local M = {}
 
+-- Called as on_log(path, row) after each line a logger writes, when set (kiln nb run collects the
+-- metrics of a notebook this way).
+M.on_log = nil
+
 pcall(ffi.cdef, "int kiln_metrics_clock_gettime(int clock, long *ts) __asm__(\"clock_gettime\");")
 local CLOCK_REALTIME = 0
 local ts = ffi.new("long[2]")
@@ -52,6 +56,7 @@ function Logger:log(fields)
   if not ok then error("metrics:log: " .. tostring(line), 2) end
   self.file:write(line, "\n")
   self.file:flush()
+  if M.on_log then M.on_log(self.path, row) end
   return line
 end
 
