@@ -364,6 +364,174 @@ function DataParallel:bucket_sizes()
 end
 function DataParallel:started_early() return self._reducer and C.kiln_reducer_started_early(self._reducer) or 0 end
 
+-- ---- ZeRO stage 1: optimizer state sharded across ranks ----
+
+-- ShardedOptimizer(make, params, opts[, {group}]): the optimizer make (optim.SGD, optim.Adam, ...)
+-- over params, with its state split among the group's ranks: each parameter belongs to one rank
+-- (greedily by size, in order, the same on every rank), whose optimizer alone keeps its state and
+-- steps it; after each step every parameter is broadcast from its owner. The gradients must be the
+-- same on every rank (DataParallel's). param_groups holds every parameter and the hyperparameters
+-- (so learning-rate schedulers work on it); state_dict() gathers every rank's state into the
+-- unsharded optimizer's format (so a checkpoint resumes at any number of ranks, or in one process
+-- with make itself), and load_state_dict takes that format.
+local Sharded = {}
+Sharded.__index = Sharded
+
+function M.ShardedOptimizer(make, params, opts, dist_opts)
+  need_init("ShardedOptimizer")
+  if type(make) ~= "function" then raise("ShardedOptimizer: expected an optimizer constructor (optim.Adam, ...), got " .. type(make)) end
+  if type(params) ~= "table" or #params == 0 then raise("ShardedOptimizer: expected a list of parameters") end
+  dist_opts = core.options(dist_opts, core.set("group"), "ShardedOptimizer")
+  local group = dist_opts.group or M.world()
+  local n, me = group:size(), group:rank()
+  local load, owner = {}, {}
+  for r = 0, n - 1 do load[r] = 0 end
+  local mine = {}
+  for i, p in ipairs(params) do
+    if not is_tensor(p) then raise("ShardedOptimizer: parameter " .. i .. " is not a tensor") end
+    local best = 0
+    for r = 1, n - 1 do if load[r] < load[best] then best = r end end
+    owner[i] = best
+    load[best] = load[best] + p:numel()
+    if best == me then mine[#mine + 1] = p end
+  end
+  local inner = #mine > 0 and make(mine, opts) or nil
+  -- the hyperparameters of the one group, as the optimizer would have them
+  local probe = inner or make({params[1]}, opts)
+  local g = {}
+  for k, v in pairs(probe.param_groups[1]) do if k ~= "params" then g[k] = v end end
+  g.params = params
+  return setmetatable({inner = inner, make = make, opts = opts, group = group, owner = owner, params = params,
+                       param_groups = {g}, defaults = probe.defaults}, Sharded)
+end
+
+-- The numbers of state elements this rank keeps (its share), and the whole optimizer's.
+function Sharded:state_numel()
+  local mine = 0
+  if self.inner then
+    for _, st in pairs(self.inner.state) do
+      for _, v in pairs(st) do if is_tensor(v) then mine = mine + v:numel() end end
+    end
+  end
+  return mine
+end
+
+function Sharded:zero_grad()
+  for _, p in ipairs(self.params) do p.grad = nil end
+end
+
+function Sharded:step()
+  if self.inner then
+    local mine = self.inner.param_groups[1]
+    for k, v in pairs(self.param_groups[1]) do if k ~= "params" then mine[k] = v end end
+    self.inner:step()
+  end
+  local works = {}
+  for i, p in ipairs(self.params) do
+    works[#works + 1] = M.broadcast(p:detach(), self.owner[i], {group = self.group, async = true})
+  end
+  for _, w in ipairs(works) do w:wait() end
+end
+
+-- Send a description (a string) from rank root to all: its length, then its bytes.
+local function broadcast_string(text, root, group)
+  local len = factory.tensor({text and #text or 0}, {dtype = "i64"})
+  M.broadcast(len, root, {group = group})
+  local n = len[1]
+  if n == 0 then return "" end
+  local buf = factory.zeros({n}, {dtype = "u8"})
+  if text then ffi.copy(ffi.cast("uint8_t *", buf.p.storage.data) + buf.p.offset, text, n) end
+  M.broadcast(buf, root, {group = group})
+  return ffi.string(ffi.cast("uint8_t *", buf.p.storage.data) + buf.p.offset, n)
+end
+
+function Sharded:state_dict()
+  local me = self.group:rank()
+  local inner_sd = self.inner and self.inner:state_dict()
+  local local_index = {}   -- global index -> the inner optimizer's 0-based index
+  local k = 0
+  for i = 1, #self.params do
+    if self.owner[i] == me then local_index[i] = k k = k + 1 end
+  end
+  local state = {}
+  for i = 1, #self.params do
+    local root = self.owner[i]
+    local st = root == me and inner_sd.state[local_index[i]] or nil
+    -- "name=t:f32:2x3;step=n;..." then the numbers, then the tensors in that order
+    local desc
+    if root == me and st then
+      local parts = {}
+      local keys = {}
+      for key in pairs(st) do keys[#keys + 1] = key end
+      table.sort(keys)
+      for _, key in ipairs(keys) do
+        local v = st[key]
+        if is_tensor(v) then parts[#parts + 1] = key .. "=t:" .. v:dtype() .. ":" .. table.concat(v:size(), "x")
+        elseif type(v) == "number" then parts[#parts + 1] = key .. "=n"
+        elseif type(v) == "boolean" then parts[#parts + 1] = key .. "=b" .. (v and "1" or "0") end
+      end
+      desc = table.concat(parts, ";")
+    elseif root == me then
+      desc = ""
+    end
+    desc = broadcast_string(desc, root, self.group)
+    if desc ~= "" then
+      local s, numbers = {}, {}
+      for item in desc:gmatch("[^;]+") do
+        local key, kind = item:match("^(.-)=(.*)$")
+        if kind == "n" then numbers[#numbers + 1] = key
+        elseif kind:sub(1, 1) == "b" then s[key] = kind == "b1"
+        else
+          local dt, shape = kind:match("^t:([^:]+):(.*)$")
+          local sizes = {}
+          for d in shape:gmatch("%d+") do sizes[#sizes + 1] = tonumber(d) end
+          local t = root == me and st[key]:contiguous() or factory.zeros(sizes, {dtype = dt})
+          M.broadcast(t, root, {group = self.group})
+          s[key] = t
+        end
+      end
+      if #numbers > 0 then
+        local vals = factory.zeros({#numbers}, {dtype = "f64"})
+        if root == me then for j, key in ipairs(numbers) do vals[j] = st[key] end end
+        M.broadcast(vals, root, {group = self.group})
+        for j, key in ipairs(numbers) do s[key] = vals[j] end
+      end
+      state[i - 1] = s
+    end
+  end
+  local g = {}
+  for key, v in pairs(self.param_groups[1]) do if key ~= "params" then g[key] = v end end
+  g.params = {}
+  for i = 1, #self.params do g.params[i] = i - 1 end
+  return {state = state, param_groups = {g}}
+end
+
+function Sharded:load_state_dict(sd)
+  if type(sd) ~= "table" or type(sd.state) ~= "table" or type(sd.param_groups) ~= "table" or #sd.param_groups ~= 1 then
+    raise("ShardedOptimizer.load_state_dict: expected the state dict of an optimizer with one parameter group")
+  end
+  local me = self.group:rank()
+  local saved = sd.param_groups[1]
+  if type(saved.params) ~= "table" or #saved.params ~= #self.params then
+    raise(string.format("ShardedOptimizer.load_state_dict: the state dict has %d parameters, the optimizer %d",
+                        type(saved.params) == "table" and #saved.params or 0, #self.params))
+  end
+  for key, v in pairs(saved) do if key ~= "params" then self.param_groups[1][key] = v end end
+  if not self.inner then return end
+  local inner_state, ids, k = {}, {}, 0
+  for i = 1, #self.params do
+    if self.owner[i] == me then
+      inner_state[k] = sd.state[saved.params[i]]
+      ids[#ids + 1] = k
+      k = k + 1
+    end
+  end
+  local g = {}
+  for key, v in pairs(saved) do if key ~= "params" then g[key] = v end end
+  g.params = ids
+  self.inner:load_state_dict({state = inner_state, param_groups = {g}})
+end
+
 -- ---- samplers ----
 
 local sampler_options = core.set("batch_size", "shuffle", "seed", "rank", "world_size")

@@ -95,6 +95,7 @@ return {
   ["kiln.dist.recv"] = "kiln.dist.recv(t, src[, {tag = 0, group, async}]): fill t with what rank src sends",
   ["kiln.dist.raw_all_reduce"] = "kiln.dist.raw_all_reduce(t[, {group}]): the engine's own all-reduce (sum), with no arrival check: the peer of bench/dist.lua",
   ["kiln.dist.DataParallel.backward"] = "dp:backward(loss_fn, x, y): the deterministic mode's step: loss_fn(model, xs, ys) per shard, gradients added in a fixed tree, the same bits at 1, 2 or 4 ranks; returns the mean loss",
+  ["kiln.dist.ShardedOptimizer"] = "kiln.dist.ShardedOptimizer(optim.Adam, params, {lr = ...}[, {group}]): ZeRO stage 1: each rank keeps and steps its share of the optimizer state; state_dict() gathers the unsharded format",
   ["kiln.dist.sampler"] = "kiln.dist.sampler{batch_size = B, shuffle = true, seed = 1[, rank, world_size]}: a DataLoader sampler giving this rank its share of each global batch of B (loader batch_size = B / ranks)",
   ["kiln.dist.shard"] = "kiln.dist.shard(n[, {rank, world_size}]): first, count of this rank's block of n samples (every sample on one rank), for exact evaluation",
   ["kiln.dist.DataParallel"] = "kiln.dist.DataParallel(model[, {bucket_mb = 25, first_bucket_mb = 1, group, broadcast = true, deterministic = false, shards = 4}]): model with its gradients averaged over ranks while backward runs; dp:no_sync(fn) accumulates",
