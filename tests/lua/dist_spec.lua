@@ -63,6 +63,37 @@ describe("kiln.dist's samplers", function()
   end)
 end)
 
+describe("kiln.dist's scaling model", function()
+  local links = {nvlink = {alpha = 1e-6, beta = 1e-9}, infiniband = {alpha = 1e-5, beta = 1e-8}}
+  it("times an all-reduce by the alpha-beta model", function()
+    -- one node of 4: a ring, 2*3 steps, 2*3/4 of the bytes
+    local t, algo = kiln.dist.all_reduce_time(1000, 4, {links = links, gpus_per_node = 8})
+    assert.are.equal("ring", algo)
+    assert.near(6 * 1e-6 + 1.5 * 1000 * 1e-9, t, 1e-15)
+    -- 4 nodes of 2: ring across (the slow link) or the tree (2 inside, log2(4) = 2 levels across)
+    local ring = kiln.dist.all_reduce_time(1000, 8, {links = links, gpus_per_node = 2, algorithm = "ring"})
+    assert.near(14 * 1e-5 + 2 * 7 / 8 * 1000 * 1e-8, ring, 1e-15)
+    local tree = kiln.dist.all_reduce_time(1000, 8, {links = links, gpus_per_node = 2, algorithm = "tree"})
+    assert.near((2 * 1e-6 + 1000 * 1e-9) + 4 * 1e-5 + 2 * 1000 * 1e-8 / 2, tree, 1e-15)
+    assert.are.equal(0, kiln.dist.all_reduce_time(1000, 1))
+  end)
+
+  it("lays buckets out as DataParallel does and overlaps them with backward", function()
+    local mb = 2 ^ 20
+    local b = kiln.dist.buckets_of({10 * mb, 10 * mb, 10 * mb, 2 * mb}, {bucket_mb = 15, first_bucket_mb = 1})
+    assert.are.same({{bytes = 2 * mb, ready = 2 / 32}, {bytes = 20 * mb, ready = 22 / 32}, {bytes = 10 * mb, ready = 1}}, b)
+    -- step 0.3 s: forward 0.1, backward 0.2; all-reduces of 0.05 s each (alpha only)
+    local slow = {nvlink = {alpha = 0.05 / 6, beta = 0}, infiniband = {alpha = 1, beta = 0}}
+    local rows = kiln.dist.simulate{step_s = 0.3, buckets = {{bytes = 1, ready = 0.5}, {bytes = 1, ready = 1}}, gpus = {4},
+                                    links = slow}
+    -- bucket 1 at 0.2, done 0.25; bucket 2 at 0.3 (end of backward), done 0.35
+    assert.near(0.35, rows[1].step_s, 1e-12)
+    assert.near(0.3 / 0.35, rows[1].efficiency, 1e-12)
+    local jit = kiln.dist.simulate{step_s = 0.3, jitter = 0.1, buckets = {}, gpus = {8}}
+    assert.near(0.3 + 0.03 * math.sqrt(2 * math.log(8)), jit[1].step_s, 1e-12)
+  end)
+end)
+
 describe("kiln launch's command line", function()
   it("builds mpirun's, with the rank count, oversubscription, the deadline and the script's arguments", function()
     local o = assert(launch.parse{"-n", "4", "--timeout", "30", "train.lua", "--lr", "0.1", "-n", "7"})
