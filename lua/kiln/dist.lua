@@ -32,11 +32,14 @@ end
 
 -- ---- set-up ----
 
--- init([{timeout = seconds}]): join the job. Outside a launcher it is an error that says how to launch.
+-- init([{timeout = seconds, single = false}]): join the job. Outside a launcher it is an error that
+-- says how to launch, but with single = true: a world of one rank, without MPI (distributed code
+-- run alone).
 function M.init(opts)
-  opts = core.options(opts, core.set("timeout"), "dist.init")
-  if C.kiln_dist_launched() == 0 then raise("dist.init: this process was not started by a launcher; " .. LAUNCH_HINT) end
+  opts = core.options(opts, core.set("timeout", "single"), "dist.init")
   if opts.timeout then check(C.kiln_dist_set_timeout(opts.timeout)) end
+  if opts.single then check(C.kiln_dist_init_single()) return end
+  if C.kiln_dist_launched() == 0 then raise("dist.init: this process was not started by a launcher; " .. LAUNCH_HINT) end
   check(C.kiln_dist_init())
 end
 

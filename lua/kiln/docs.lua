@@ -74,7 +74,7 @@ return {
   ["kiln.info"] = "kiln.info(): what kiln runs on: {version, luajit, threads, cpu = {name, vendor, family, model, features = {...}}, blas = {name, core, state, note}, cuda}; state is detected, corrected (kiln reloaded a generic OpenBLAS core), from_env, generic or missing",
   ["kiln.help"] = "kiln.help(x): one line of help on a kiln function, tensor method or module",
   ["kiln.dist"] = "kiln.dist: a job of several processes (kiln launch -n N script.lua): init(), rank(), world_size(), all_reduce, broadcast, all_gather, reduce_scatter, barrier, send, recv, new_group, DataParallel (docs/distributed.md)",
-  ["kiln.dist.init"] = "kiln.dist.init([{timeout = seconds}]): join the job started by kiln launch or mpirun (outside one: an error that says how to launch)",
+  ["kiln.dist.init"] = "kiln.dist.init([{timeout = seconds, single = false}]): join the job started by kiln launch or mpirun (outside one: an error that says how to launch; single = true: a world of one rank without MPI)",
   ["kiln.dist.is_initialized"] = "kiln.dist.is_initialized(): true once init() has run",
   ["kiln.dist.launched"] = "kiln.dist.launched(): true when a launcher (kiln launch, mpirun) started this process",
   ["kiln.dist.finalize"] = "kiln.dist.finalize(): let queued collectives finish and leave the job (kiln does it at the end of a script)",

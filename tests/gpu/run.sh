@@ -114,6 +114,15 @@ if [ ! -e "$CUDA_LIB/libcudnn.so.9" ] && [ ! -e "$CUDA_ROOT/lib/libcudnn.so.9" ]
     RUN_ENV+=("LD_LIBRARY_PATH=$DNN/lib:${NV:+$NV/lib:}${LIBS:-}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
   fi
 fi
+# NCCL (libkiln_nccl.so: collectives of CUDA tensors) from PyTorch's wheels when the toolkit lacks it.
+if [ ! -e "$CUDA_LIB/libnccl.so" ] && [ ! -e "$CUDA_ROOT/lib/libnccl.so" ] && command -v python3 >/dev/null; then
+  NCCL=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)
+  if [ -n "$NCCL" ] && [ -e "$NCCL/lib/libnccl.so.2" ] && [ -e "$NCCL/include/nccl.h" ]; then
+    echo "NCCL from PyTorch: $NCCL"
+    CMAKE_DEPS+=(-DNCCL_INCLUDE_DIR="$NCCL/include" -DNCCL_LIBRARY="$NCCL/lib/libnccl.so.2")
+    RUN_ENV+=("LD_LIBRARY_PATH=$NCCL/lib:${DNN:+$DNN/lib:}${NV:+$NV/lib:}${LIBS:-}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+  fi
+fi
 run() { env ${RUN_ENV[@]+"${RUN_ENV[@]}"} "$@"; }
 
 # ---- build ----
@@ -178,6 +187,13 @@ rm -f "$RESULTS/train_check.txt"
 TRAIN_DATA=()
 [ -d "$DEPS/usr/share/datasets/fashion-mnist" ] && TRAIN_DATA=(--root "$DEPS/usr/share/datasets/fashion-mnist")
 run timeout 120 "$KILN" tests/gpu/train_check.lua ${TRAIN_DATA[@]+"${TRAIN_DATA[@]}"} || fail "train_check.lua"
+
+step "distributed: a one-rank NCCL group, every collective and dtype, DataParallel on cuda (tests/gpu/dist_nccl.lua)"
+if [ -e "$BUILD/lib/libkiln_nccl.so" ]; then
+  run timeout 120 "$KILN" tests/gpu/dist_nccl.lua || fail "dist_nccl.lua"
+else
+  echo "skipped: no libkiln_nccl.so in this build (NCCL not found)"
+fi
 
 # ---- benchmarks ----
 step "GEMM (kiln)"

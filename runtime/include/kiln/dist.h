@@ -16,6 +16,8 @@ struct kiln_work;
 /* Start the engine (once; later calls return KILN_OK). Outside a launcher the process is a world
    of one rank. */
 int kiln_dist_init(void);
+/* A world of one rank without a launcher or MPI (distributed code run alone; one GPU's checks). */
+int kiln_dist_init_single(void);
 int kiln_dist_is_initialized(void);
 /* Let every queued collective finish, then stop the engine. */
 int kiln_dist_finalize(void);

@@ -13,7 +13,9 @@
 
 struct kiln_engine {
   int version;
-  const char *name;                                   /* "Open MPI v4.1.4, ..." after init */
+  const char *name;                                   /* "Open MPI v4.1.4", "NCCL 2.28.3" */
+  int device_buffers;                                 /* 1: buffers are CUDA device memory (NCCL) */
+  int native_mean;                                    /* 1: all_reduce and reduce_scatter take KILN_REDUCE_MEAN */
   int (*init)(int *rank, int *size, char *err, size_t n);
   void (*finalize)(void);
   void (*abort)(int code);
@@ -40,6 +42,10 @@ struct kiln_engine {
   void (*cancel)(void *req);
   /* The library's own all-reduce, timed by bench/dist.lua as the peer (no arrival check). */
   int (*raw_all_reduce)(void *comm, void *buf, int64_t count, int dtype, char *err, size_t n);
+  /* NCCL only (NULL for MPI): a new unique id (nbytes at id), made by a group's rank 0 and carried
+     to the others by the MPI engine; and the communicator of rank of nranks on a CUDA device. */
+  int (*unique_id)(void *id, int nbytes, char *err, size_t n);
+  int (*comm_from_id)(const void *id, int nranks, int rank, int device, void **out, char *err, size_t n);
 };
 
 typedef const struct kiln_engine *(*kiln_engine_open_fn)(int version);

@@ -25,6 +25,8 @@ static const char *const op_names[] = {"sum", "max", "min", "prod", "mean"};
 
 struct kiln_group {
   void *comm, *ctl;       /* the engine's communicator, and its duplicate for the arrival check */
+  void *nccl;             /* the NCCL communicator, made on the first collective of a CUDA tensor */
+  int nccl_device;
   int rank, size;         /* this process's rank in the group (-1: not a member) */
   int *world_ranks;       /* [size] */
   int64_t seq;            /* collectives entered so far (comm thread only) */
@@ -49,12 +51,12 @@ struct kiln_work {
 
 struct header {   /* what a rank enters, sent to every other rank of the group */
   int64_t seq;
-  int32_t kind, dtype, op, root, ndim, pad;
+  int32_t kind, dtype, op, root, ndim, device;   /* device: its type, CPU or CUDA */
   int64_t numel;
   int64_t sizes[KILN_MAX_DIMS];
 };
 
-static const struct kiln_engine *engine;
+static const struct kiln_engine *engine, *nccl;
 static int world_rank, world_size = 1, initialized, launched_checked, launched;
 static double timeout_s = 300;
 static struct kiln_group *world;
@@ -72,29 +74,87 @@ static double now(void) {
 
 /* ---- the engine library ---- */
 
-static int open_engine(void) {
-  const char *env = getenv("KILN_MPI_LIB");
-  char path[600] = "libkiln_mpi.so";
+/* Open an engine library: $env, else file next to libkiln, else file on the library path. */
+static const struct kiln_engine *open_library(const char *env_name, const char *file, const char *what, const char *why) {
+  const char *env = getenv(env_name);
+  char path[600];
+  snprintf(path, sizeof path, "%s", file);
   if (env && *env) snprintf(path, sizeof path, "%s", env);
   else {
     Dl_info info;
     if (dladdr((void *)kiln_dist_init, &info) && info.dli_fname && strchr(info.dli_fname, '/')) {
       snprintf(path, sizeof path, "%s", info.dli_fname);
-      snprintf(strrchr(path, '/') + 1, sizeof path - (size_t)(strrchr(path, '/') + 1 - path), "libkiln_mpi.so");
-      if (access(path, F_OK) != 0) snprintf(path, sizeof path, "libkiln_mpi.so");
+      snprintf(strrchr(path, '/') + 1, sizeof path - (size_t)(strrchr(path, '/') + 1 - path), "%s", file);
+      if (access(path, F_OK) != 0) snprintf(path, sizeof path, "%s", file);
     }
   }
   /* RTLD_GLOBAL: Open MPI opens its own plugins, which look for libmpi's symbols globally. */
   void *h = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
-  if (!h)
-    return kiln_fail(KILN_ERR_UNSUPPORTED, "dist.init: cannot load the MPI engine (%s): %s; kiln was built without "
-                     "Open MPI, or libopenmpi3 is not installed", path, dlerror());
+  if (!h) {
+    kiln_fail(KILN_ERR_UNSUPPORTED, "%s: cannot load %s: %s; %s", what, path, dlerror(), why);
+    return NULL;
+  }
   kiln_engine_open_fn open_fn;
   void *sym = dlsym(h, "kiln_engine_open");
   memcpy(&open_fn, &sym, sizeof open_fn);
-  engine = open_fn ? open_fn(KILN_ENGINE_VERSION) : NULL;
-  if (!engine) return kiln_fail(KILN_ERR_UNSUPPORTED, "dist.init: %s is not an engine of this kiln (version %d)", path, KILN_ENGINE_VERSION);
-  return KILN_OK;
+  const struct kiln_engine *e = open_fn ? open_fn(KILN_ENGINE_VERSION) : NULL;
+  if (!e) kiln_fail(KILN_ERR_UNSUPPORTED, "%s: %s is not an engine of this kiln (version %d)", what, path, KILN_ENGINE_VERSION);
+  return e;
+}
+
+/* ---- the engine of a world of one rank (kiln_dist_init_single): no peer, no MPI ---- */
+
+static int self_init(int *rank, int *size, char *err, size_t n) { (void)err; (void)n; *rank = 0; *size = 1; return 0; }
+static void self_finalize(void) {}
+static void self_abort(int code) { _exit(code); }
+static void *self_world(void) { return (void *)&self_world; }
+static int self_comm_create(void *parent, const int *ranks, int n, void **out, char *err, size_t nerr) {
+  (void)ranks; (void)n; (void)err; (void)nerr;
+  *out = parent;
+  return 0;
+}
+static int self_comm_dup(void *comm, void **out, char *err, size_t n) { (void)err; (void)n; *out = comm; return 0; }
+static void self_comm_free(void *comm) { (void)comm; }
+static int self_all_reduce(void *comm, const void *in, void *out, int64_t count, int dtype, int op, char *err, size_t n) {
+  (void)comm; (void)op; (void)err; (void)n;
+  if (in != out) memcpy(out, in, (size_t)count * (size_t)kiln_dtype_size(dtype));
+  return 0;
+}
+static int self_broadcast(void *comm, void *buf, int64_t count, int dtype, int root, char *err, size_t n) {
+  (void)comm; (void)buf; (void)count; (void)dtype; (void)root; (void)err; (void)n;
+  return 0;
+}
+static int self_all_gather(void *comm, const void *in, void *out, int64_t count, int dtype, char *err, size_t n) {
+  return self_all_reduce(comm, in, out, count, dtype, 0, err, n);
+}
+static int self_reduce_scatter(void *comm, const void *in, void *out, int64_t count, int dtype, int op, char *err, size_t n) {
+  return self_all_reduce(comm, in, out, count, dtype, op, err, n);
+}
+static int self_barrier(void *comm, char *err, size_t n) { (void)comm; (void)err; (void)n; return 0; }
+static int self_no_peer(char *err, size_t n) { snprintf(err, n, "a world of one rank has no other rank"); return 1; }
+static int self_send(void *comm, const void *buf, int64_t count, int dtype, int dst, int tag, char *err, size_t n) {
+  (void)comm; (void)buf; (void)count; (void)dtype; (void)dst; (void)tag;
+  return self_no_peer(err, n);
+}
+static int self_recv(void *comm, void *buf, int64_t count, int dtype, int src, int tag, char *err, size_t n) {
+  (void)comm; (void)buf; (void)count; (void)dtype; (void)src; (void)tag;
+  return self_no_peer(err, n);
+}
+static int self_raw(void *comm, void *buf, int64_t count, int dtype, char *err, size_t n) {
+  return self_all_reduce(comm, buf, buf, count, dtype, 0, err, n);
+}
+static const struct kiln_engine self_engine = {
+  .version = KILN_ENGINE_VERSION, .name = "one rank (no engine)", .init = self_init, .finalize = self_finalize,
+  .abort = self_abort, .world = self_world, .comm_create = self_comm_create, .comm_dup = self_comm_dup,
+  .comm_free = self_comm_free, .all_reduce = self_all_reduce, .broadcast = self_broadcast, .all_gather = self_all_gather,
+  .reduce_scatter = self_reduce_scatter, .barrier = self_barrier, .send = self_send, .recv = self_recv,
+  .raw_all_reduce = self_raw,
+};
+
+static int open_engine(void) {
+  engine = open_library("KILN_MPI_LIB", "libkiln_mpi.so", "dist.init",
+                        "kiln was built without Open MPI, or libopenmpi3 is not installed");
+  return engine ? KILN_OK : kiln_error_code();
 }
 
 /* ---- describing a collective ---- */
@@ -123,7 +183,8 @@ static void describe_header(const struct header *h, char *out, size_t n) {
   if (k == W_ALL_REDUCE || k == W_REDUCE_SCATTER) at += snprintf(out + at, n - (size_t)at, " (%s)", op_names[h->op % 5]);
   if (k == W_BROADCAST) at += snprintf(out + at, n - (size_t)at, " from rank %d", h->root);
   if (k != W_BARRIER && k != W_NEW_GROUP)
-    snprintf(out + at, n - (size_t)at, " of %s %s", kiln_dtype_name(h->dtype), kiln_sizes_string(h->ndim, h->sizes));
+    snprintf(out + at, n - (size_t)at, " of %s %s%s", kiln_dtype_name(h->dtype), kiln_sizes_string(h->ndim, h->sizes),
+             h->device == KILN_CUDA ? " on cuda" : "");
 }
 
 /* ---- the arrival check (comm thread) ---- */
@@ -136,6 +197,7 @@ static int arrival_check(struct kiln_work *w) {
   struct header mine = {.seq = ++g->seq, .kind = w->kind, .op = w->op, .root = w->root};
   if (t) {
     mine.dtype = t->dtype;
+    mine.device = t->device.type;
     mine.ndim = t->ndim;
     mine.numel = t->numel;
     memcpy(mine.sizes, t->sizes, sizeof(int64_t) * (size_t)t->ndim);
@@ -198,7 +260,7 @@ static int arrival_check(struct kiln_work *w) {
       struct header *h = &theirs[r];
       if (r == g->rank) continue;
       int same = h->seq == mine.seq && h->kind == mine.kind && h->dtype == mine.dtype && h->op == mine.op &&
-                 h->root == mine.root && h->numel == mine.numel;
+                 h->root == mine.root && h->numel == mine.numel && h->device == mine.device;
       if (!same) {
         char other[256];
         describe_header(h, other, sizeof other);
@@ -243,22 +305,44 @@ static int run(struct kiln_work *w) {
     if (rc) return rc;
   }
   void *data = w->t ? kiln_tensor_data(w->t) : NULL;
-  int op = w->op == KILN_REDUCE_MEAN ? KILN_REDUCE_SUM : w->op;
+  /* CUDA tensors travel by NCCL, over the group's NCCL communicator (made now, the first time:
+     rank 0's unique id carried to the others by MPI) */
+  const struct kiln_engine *en = engine;
+  void *comm = g ? g->comm : NULL;
+  if (w->t && w->t->device.type == KILN_CUDA) {
+    if (!g->nccl) {
+      unsigned char id[128] = {0};
+      if (g->rank == 0) bad = nccl->unique_id(id, (int)sizeof id, e, sizeof e);
+      if (!bad) bad = engine->broadcast(g->comm, id, (int64_t)sizeof id, KILN_U8, 0, e, sizeof e);
+      if (!bad) bad = nccl->comm_from_id(id, g->size, g->rank, w->t->device.index, &g->nccl, e, sizeof e);
+      if (!bad) g->nccl_device = w->t->device.index;
+      if (bad) { snprintf(w->err, sizeof w->err, "%s: making the NCCL communicator: %s", w->what, e); return KILN_ERR_STATE; }
+    }
+    if (g->nccl_device != w->t->device.index) {
+      snprintf(w->err, sizeof w->err, "%s: the group's NCCL communicator is on cuda:%d, the tensor on cuda:%d (one device per "
+               "rank)", w->what, g->nccl_device, w->t->device.index);
+      return KILN_ERR_DEVICE;
+    }
+    en = nccl;
+    comm = g->nccl;
+  }
+  int mean_here = w->op == KILN_REDUCE_MEAN && !en->native_mean;
+  int op = mean_here ? KILN_REDUCE_SUM : w->op;
   switch (w->kind) {
   case W_ALL_REDUCE:
-    bad = engine->all_reduce(g->comm, data, data, w->t->numel, w->t->dtype, op, e, sizeof e);
-    if (!bad && w->op == KILN_REDUCE_MEAN) divide(w->t, g->size);
+    bad = en->all_reduce(comm, data, data, w->t->numel, w->t->dtype, op, e, sizeof e);
+    if (!bad && mean_here) divide(w->t, g->size);
     break;
-  case W_RAW_ALL_REDUCE: bad = engine->raw_all_reduce(g->comm, data, w->t->numel, w->t->dtype, e, sizeof e); break;
-  case W_BROADCAST: bad = engine->broadcast(g->comm, data, w->t->numel, w->t->dtype, w->root, e, sizeof e); break;
-  case W_ALL_GATHER: bad = engine->all_gather(g->comm, kiln_tensor_data(w->in), data, w->in->numel, w->in->dtype, e, sizeof e); break;
+  case W_RAW_ALL_REDUCE: bad = en->raw_all_reduce(comm, data, w->t->numel, w->t->dtype, e, sizeof e); break;
+  case W_BROADCAST: bad = en->broadcast(comm, data, w->t->numel, w->t->dtype, w->root, e, sizeof e); break;
+  case W_ALL_GATHER: bad = en->all_gather(comm, kiln_tensor_data(w->in), data, w->in->numel, w->in->dtype, e, sizeof e); break;
   case W_REDUCE_SCATTER:
-    bad = engine->reduce_scatter(g->comm, kiln_tensor_data(w->in), data, w->t->numel, w->t->dtype, op, e, sizeof e);
-    if (!bad && w->op == KILN_REDUCE_MEAN) divide(w->t, g->size);
+    bad = en->reduce_scatter(comm, kiln_tensor_data(w->in), data, w->t->numel, w->t->dtype, op, e, sizeof e);
+    if (!bad && mean_here) divide(w->t, g->size);
     break;
   case W_BARRIER: bad = engine->barrier(g->comm, e, sizeof e); break;
-  case W_SEND: bad = engine->send(g->comm, data, w->t->numel, w->t->dtype, w->peer, w->tag, e, sizeof e); break;
-  case W_RECV: bad = engine->recv(g->comm, data, w->t->numel, w->t->dtype, w->peer, w->tag, e, sizeof e); break;
+  case W_SEND: bad = en->send(comm, data, w->t->numel, w->t->dtype, w->peer, w->tag, e, sizeof e); break;
+  case W_RECV: bad = en->recv(comm, data, w->t->numel, w->t->dtype, w->peer, w->tag, e, sizeof e); break;
   case W_NEW_GROUP: {   /* nranks 0: the world's own control channel */
     void *comm = w->nranks ? NULL : world->comm, *ctl = NULL;
     if (w->nranks) bad = engine->comm_create(world->comm, w->ranks, w->nranks, &comm, e, sizeof e);
@@ -347,6 +431,11 @@ static int wait_locked(struct kiln_work *w) {
 
 static int submit(struct kiln_work *w, struct kiln_work **out) {
   describe(w);
+  /* the device's queued work that makes (or still reads) the buffers ends before the transfer */
+  for (int k = 0; k < 2; k++) {
+    const struct kiln_tensor *t = k ? w->in : w->t;
+    if (t && t->device.type == KILN_CUDA && kiln_cuda_synchronize(t->device.index)) { free(w); return kiln_error_code(); }
+  }
   enqueue(w);
   if (out) { *out = w; return KILN_OK; }
   pthread_mutex_lock(&mu);
@@ -403,7 +492,19 @@ static struct kiln_group *group_new(int size, const int *world_ranks, const char
   return g;
 }
 
-KILN_API int kiln_dist_init(void) {
+static int init_with(const struct kiln_engine *chosen);
+
+KILN_API int kiln_dist_init(void) { return init_with(NULL); }
+
+/* A world of one rank, with no launcher and no MPI: distributed code run alone, and the NCCL
+   engine's checks on one GPU. */
+KILN_API int kiln_dist_init_single(void) {
+  if (initialized && engine != &self_engine)
+    return kiln_fail(KILN_ERR_STATE, "dist.init: already initialised with %s", engine->name);
+  return init_with(&self_engine);
+}
+
+static int init_with(const struct kiln_engine *chosen) {
   if (initialized) return KILN_OK;
   const char *t = getenv("KILN_DIST_TIMEOUT");
   if (t && *t) {
@@ -412,6 +513,7 @@ KILN_API int kiln_dist_init(void) {
     if (*end || !(v > 0)) return kiln_fail(KILN_ERR_ARGUMENT, "dist.init: KILN_DIST_TIMEOUT=%s is not a number of seconds > 0", t);
     timeout_s = v;
   }
+  if (chosen) engine = chosen;
   if (!engine && open_engine()) return kiln_error_code();
   if (!thread && pthread_create(&thread, NULL, comm_thread, NULL) != 0)
     return kiln_fail(KILN_ERR_STATE, "dist.init: cannot start the communication thread");
@@ -540,9 +642,14 @@ static int check_group(const char *op, struct kiln_group *g) {
 
 static int check_tensor(const char *op, const char *role, const struct kiln_tensor *t) {
   if (kiln_check_live(op, t)) return kiln_error_code();
-  if (t->device.type != KILN_CPU)
-    return kiln_fail(KILN_ERR_DEVICE, "%s: %s %s %s is on %s; the MPI engine carries CPU tensors (the NCCL engine, for CUDA "
-                     "tensors, is not in this build)", op, role, kiln_shape_string(t), kiln_dtype_name(t->dtype), kiln_device_name(t->device));
+  if (t->device.type == KILN_CUDA && !nccl) {
+    nccl = open_library("KILN_NCCL_LIB", "libkiln_nccl.so", op, "the NCCL engine carries CUDA tensors; kiln was built without it "
+                        "(no CUDA toolkit or NCCL), or NCCL is not on the library path");
+    if (!nccl) return kiln_error_code();
+  }
+  if (t->device.type != KILN_CPU && t->device.type != KILN_CUDA)
+    return kiln_fail(KILN_ERR_DEVICE, "%s: %s %s %s is on %s, which no engine carries", op, role, kiln_shape_string(t),
+                     kiln_dtype_name(t->dtype), kiln_device_name(t->device));
   if (!kiln_is_contiguous(t))
     return kiln_fail(KILN_ERR_ARGUMENT, "%s: %s %s is not contiguous (call :contiguous() first)", op, role, kiln_shape_string(t));
   return KILN_OK;
@@ -588,6 +695,7 @@ KILN_API int kiln_all_gather(struct kiln_group *g, struct kiln_tensor *out, cons
     return kiln_error_code();
   if (out->dtype != in->dtype)
     return kiln_fail(KILN_ERR_DTYPE, "all_gather: output is %s, input %s", kiln_dtype_name(out->dtype), kiln_dtype_name(in->dtype));
+  if (kiln_check_same_device("all_gather", out, in)) return kiln_error_code();
   if (out->numel != in->numel * g->size)
     return kiln_fail(KILN_ERR_SHAPE, "all_gather: output %s must hold %d x %lld elements (the input %s from each rank of group %s)",
                      kiln_shape_string(out), g->size, (long long)in->numel, kiln_shape_string(in), g->name);
@@ -605,6 +713,7 @@ KILN_API int kiln_reduce_scatter(struct kiln_group *g, struct kiln_tensor *out, 
     return kiln_error_code();
   if (out->dtype != in->dtype)
     return kiln_fail(KILN_ERR_DTYPE, "reduce_scatter: output is %s, input %s", kiln_dtype_name(out->dtype), kiln_dtype_name(in->dtype));
+  if (kiln_check_same_device("reduce_scatter", out, in)) return kiln_error_code();
   if (in->numel != out->numel * g->size)
     return kiln_fail(KILN_ERR_SHAPE, "reduce_scatter: input %s must hold %d x %lld elements (one output %s per rank of group %s)",
                      kiln_shape_string(in), g->size, (long long)out->numel, kiln_shape_string(out), g->name);

@@ -44,24 +44,55 @@ static void note_error(struct kiln_reducer *r) {
   snprintf(r->error, sizeof r->error, "%s", kiln_error_message());
 }
 
+/* The part of bucket b's flat tensor that holds param i, shaped as the param (a view). */
+static struct kiln_tensor *slot(struct kiln_reducer *r, struct bucket *b, int i) {
+  struct kiln_tensor *p = r->params[i];
+  struct kiln_tensor *part = kiln_narrow(b->flat, 0, r->offset[i], p->numel);
+  if (!part) return NULL;
+  struct kiln_tensor *v = kiln_view(part, p->ndim, p->sizes);
+  kiln_tensor_release(part);
+  return v;
+}
+
+/* Copy between a grad and its slot: memcpy on the CPU, the device's copy on CUDA. */
+static int move(struct kiln_reducer *r, struct bucket *b, int i, struct kiln_tensor *grad, int into_flat) {
+  struct kiln_tensor *p = r->params[i];
+  if (b->flat->device.type == KILN_CPU && kiln_is_contiguous(grad) && grad->device.type == KILN_CPU && grad->dtype == b->dtype) {
+    char *at = (char *)kiln_tensor_data(b->flat) + (size_t)r->offset[i] * (size_t)kiln_dtype_size(b->dtype);
+    size_t bytes = (size_t)p->numel * (size_t)kiln_dtype_size(b->dtype);
+    if (into_flat) memcpy(at, kiln_tensor_data(grad), bytes); else memcpy(kiln_tensor_data(grad), at, bytes);
+    return KILN_OK;
+  }
+  struct kiln_tensor *v = slot(r, b, i);
+  if (!v) return kiln_error_code();
+  int prev = kiln_set_grad_enabled(0);
+  int rc = into_flat ? kiln_copy_(v, grad) : kiln_copy_(grad, v);
+  kiln_set_grad_enabled(prev);
+  kiln_tensor_release(v);
+  return rc;
+}
+
 /* Pack bucket k's grads (zeros where a param has none) and queue its all-reduce. */
 static void start(struct kiln_reducer *r, int k) {
   struct bucket *b = &r->b[k];
-  char *flat = kiln_tensor_data(b->flat);
-  size_t es = (size_t)kiln_dtype_size(b->dtype);
   for (int j = b->first; j < b->first + b->count; j++) {
     int i = r->order[j];
     struct kiln_tensor *p = r->params[i], *g = p->grad;
-    char *dst = flat + (size_t)r->offset[i] * es;
     ((uint8_t *)kiln_tensor_data(r->used))[i] = g != NULL;
-    if (!g) { memset(dst, 0, (size_t)p->numel * es); continue; }
-    if (g->device.type != KILN_CPU || g->dtype != b->dtype || !kiln_is_contiguous(g) || g->numel != p->numel) {
-      kiln_fail(KILN_ERR_STATE, "DataParallel: the grad of parameter %d (%s %s) is not a contiguous CPU tensor of its "
-                "parameter's dtype and size", i + 1, kiln_shape_string(p), kiln_dtype_name(p->dtype));
+    if (g && (g->numel != p->numel || g->device.type != p->device.type)) {
+      kiln_fail(KILN_ERR_STATE, "DataParallel: the grad of parameter %d (%s %s) is %s %s on %s", i + 1, kiln_shape_string(p),
+                kiln_dtype_name(p->dtype), kiln_shape_string(g), kiln_dtype_name(g->dtype), kiln_device_name(g->device));
       note_error(r);
       return;
     }
-    memcpy(dst, kiln_tensor_data(g), (size_t)p->numel * es);
+    int rc;
+    if (g) rc = move(r, b, i, g, 1);
+    else {
+      struct kiln_tensor *v = slot(r, b, i);
+      rc = v ? kiln_fill_(v, 0) : kiln_error_code();
+      kiln_tensor_release(v);
+    }
+    if (rc) { note_error(r); return; }
   }
   if (kiln_all_reduce(r->group, b->flat, KILN_REDUCE_MEAN, &b->work)) { b->work = NULL; note_error(r); }
 }
@@ -106,16 +137,15 @@ static int done(void *ctx, int rc) {
     kiln_work_release(b->work);
     b->work = NULL;
     if (r->failed || rc) continue;
-    const char *flat = kiln_tensor_data(b->flat);
-    size_t es = (size_t)kiln_dtype_size(b->dtype);
     for (int j = b->first; j < b->first + b->count; j++) {
-      struct kiln_tensor *p = r->params[r->order[j]];
-      if (!any[r->order[j]]) continue;
+      int i = r->order[j];
+      struct kiln_tensor *p = r->params[i];
+      if (!any[i]) continue;
       if (!p->grad) {
         p->grad = kiln_tensor_empty(p->ndim, p->sizes, p->dtype, p->device);
         if (!p->grad) { note_error(r); break; }
       }
-      memcpy(kiln_tensor_data(p->grad), flat + (size_t)r->offset[r->order[j]] * es, (size_t)p->numel * es);
+      if (move(r, b, i, p->grad, 0)) { note_error(r); break; }
       p->grad->storage->version++;
     }
   }
@@ -161,9 +191,11 @@ KILN_API struct kiln_reducer *kiln_reducer_new(struct kiln_group *g, struct kiln
   }
   for (int i = 0; i < n; i++) {
     if (kiln_check_live("DataParallel", params[i])) return NULL;
-    if (params[i]->device.type != KILN_CPU || !kiln_dtype_is_float(params[i]->dtype) || params[i]->grad_fn) {
-      kiln_fail(KILN_ERR_ARGUMENT, "DataParallel: parameter %d (%s %s on %s) must be a float CPU leaf tensor", i + 1,
-                kiln_shape_string(params[i]), kiln_dtype_name(params[i]->dtype), kiln_device_name(params[i]->device));
+    if (!kiln_dtype_is_float(params[i]->dtype) || params[i]->grad_fn ||
+        params[i]->device.type != params[0]->device.type || params[i]->device.index != params[0]->device.index) {
+      kiln_fail(KILN_ERR_ARGUMENT, "DataParallel: parameter %d (%s %s on %s) must be a float leaf tensor on the device of "
+                "the first (%s)", i + 1, kiln_shape_string(params[i]), kiln_dtype_name(params[i]->dtype),
+                kiln_device_name(params[i]->device), kiln_device_name(params[0]->device));
       return NULL;
     }
     for (int j = 0; j < i; j++)
@@ -209,7 +241,7 @@ KILN_API struct kiln_reducer *kiln_reducer_new(struct kiln_group *g, struct kiln
   }
   for (int k = 0; k < r->nb; k++) {
     int64_t sizes[1] = {r->b[k].numel};
-    r->b[k].flat = kiln_tensor_empty(1, sizes, r->b[k].dtype, (struct kiln_device){KILN_CPU, 0});
+    r->b[k].flat = kiln_tensor_empty(1, sizes, r->b[k].dtype, params[0]->device);
     if (!r->b[k].flat) { kiln_reducer_free(r); return NULL; }
   }
   int64_t nparams[1] = {n};
