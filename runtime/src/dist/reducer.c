@@ -3,7 +3,10 @@
    dtype per bucket. Autograd says when each parameter's grad is final; a bucket whose grads are
    all final is packed into one flat tensor and its all-reduce (mean) is queued at once, in bucket
    order on every rank, so the communication thread works while backward goes on. At the end of
-   backward the reducer waits for its buckets and writes the means back into the grads. */
+   backward the reducer waits for its buckets and writes the means back into the grads. Each
+   bucket ends with one flag per parameter (1 where the rank had a grad to give), averaged with the
+   grads: a parameter whose flag comes back 0 had no grad on any rank, and keeps its grad as it was,
+   without a collective of its own. */
 #include "../internal.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,7 +14,7 @@
 
 struct bucket {
   int first, count;              /* into order[] */
-  int64_t numel;
+  int64_t numel;                 /* of the grads; the count flags follow them */
   int dtype;
   int ready;                     /* params of this bucket whose grad is final */
   struct kiln_tensor *flat;
@@ -26,7 +29,7 @@ struct kiln_reducer {
   int *bucket_of;                /* [n], by param index */
   int64_t *offset;               /* [n]: where the param sits in its bucket's flat tensor */
   char *is_ready;                /* [n], this backward */
-  struct kiln_tensor *used;      /* u8 [n]: had a grad when packed; all-reduced (max) at the end */
+  char *any;                     /* [n], after a backward: some rank had a grad of the param */
   struct bucket *b;
   int nb, next;                  /* buckets; the next one to start */
   int enabled, active, early, last_early, failed;
@@ -72,13 +75,41 @@ static int move(struct kiln_reducer *r, struct bucket *b, int i, struct kiln_ten
   return rc;
 }
 
+/* The bucket's flags: 1 for each param that has a grad on this rank, else 0. */
+static int set_flags(struct kiln_reducer *r, struct bucket *b) {
+  int64_t one[1] = {b->count};
+  double *v = malloc(sizeof(double) * (size_t)b->count);
+  if (!v) return kiln_fail(KILN_ERR_MEMORY, "DataParallel: out of memory");
+  for (int j = 0; j < b->count; j++) v[j] = r->params[r->order[b->first + j]]->grad != NULL;
+  struct kiln_tensor *host = kiln_tensor_from_f64(1, one, v, b->dtype, (struct kiln_device){KILN_CPU, 0});
+  free(v);
+  struct kiln_tensor *flags = host ? kiln_narrow(b->flat, 0, b->numel, b->count) : NULL;
+  int rc = flags ? kiln_copy_(flags, host) : kiln_error_code();
+  kiln_tensor_release(flags);
+  kiln_tensor_release(host);
+  return rc;
+}
+
+/* After the all-reduce: which params of bucket b had a grad on some rank. */
+static int read_flags(struct kiln_reducer *r, struct bucket *b) {
+  struct kiln_tensor *flags = kiln_narrow(b->flat, 0, b->numel, b->count);
+  struct kiln_tensor *host = flags ? kiln_to_device(flags, (struct kiln_device){KILN_CPU, 0}) : NULL;
+  struct kiln_tensor *f64 = host ? kiln_to_dtype(host, KILN_F64) : NULL;
+  kiln_tensor_release(flags);
+  kiln_tensor_release(host);
+  if (!f64) return kiln_error_code();
+  const double *v = kiln_tensor_data(f64);
+  for (int j = 0; j < b->count; j++) r->any[r->order[b->first + j]] = v[j] > 0;
+  kiln_tensor_release(f64);
+  return KILN_OK;
+}
+
 /* Pack bucket k's grads (zeros where a param has none) and queue its all-reduce. */
 static void start(struct kiln_reducer *r, int k) {
   struct bucket *b = &r->b[k];
   for (int j = b->first; j < b->first + b->count; j++) {
     int i = r->order[j];
     struct kiln_tensor *p = r->params[i], *g = p->grad;
-    ((uint8_t *)kiln_tensor_data(r->used))[i] = g != NULL;
     if (g && (g->numel != p->numel || g->device.type != p->device.type)) {
       kiln_fail(KILN_ERR_STATE, "DataParallel: the grad of parameter %d (%s %s) is %s %s on %s", i + 1, kiln_shape_string(p),
                 kiln_dtype_name(p->dtype), kiln_shape_string(g), kiln_dtype_name(g->dtype), kiln_device_name(g->device));
@@ -94,6 +125,7 @@ static void start(struct kiln_reducer *r, int k) {
     }
     if (rc) { note_error(r); return; }
   }
+  if (set_flags(r, b)) { note_error(r); return; }
   if (kiln_all_reduce(r->group, b->flat, KILN_REDUCE_MEAN, &b->work)) { b->work = NULL; note_error(r); }
 }
 
@@ -123,13 +155,7 @@ static int done(void *ctx, int rc) {
   for (int i = 0; i < r->n; i++)
     if (!r->is_ready[i]) { r->is_ready[i] = 1; r->b[r->bucket_of[i]].ready++; }
   if (!rc) start_full(r);
-  struct kiln_work *used = NULL;
-  if (!rc && !r->failed && kiln_all_reduce(r->group, r->used, KILN_REDUCE_MAX, &used)) note_error(r);
-  if (used) {
-    if (kiln_work_wait(used)) note_error(r);
-    kiln_work_release(used);
-  }
-  const uint8_t *any = kiln_tensor_data(r->used);
+  const char *any = r->any;
   for (int k = 0; k < r->nb; k++) {
     struct bucket *b = &r->b[k];
     if (!b->work) continue;
@@ -137,6 +163,7 @@ static int done(void *ctx, int rc) {
     kiln_work_release(b->work);
     b->work = NULL;
     if (r->failed || rc) continue;
+    if (read_flags(r, b)) { note_error(r); continue; }
     for (int j = b->first; j < b->first + b->count; j++) {
       int i = r->order[j];
       struct kiln_tensor *p = r->params[i];
@@ -169,7 +196,7 @@ KILN_API void kiln_reducer_free(struct kiln_reducer *r) {
     kiln_tensor_release(r->b[k].flat);
   }
   for (int i = 0; i < r->n; i++) kiln_tensor_release(r->params[i]);
-  kiln_tensor_release(r->used);
+  free(r->any);
   free(r->params);
   free(r->order);
   free(r->bucket_of);
@@ -240,13 +267,12 @@ KILN_API struct kiln_reducer *kiln_reducer_new(struct kiln_group *g, struct kiln
     bytes += size;
   }
   for (int k = 0; k < r->nb; k++) {
-    int64_t sizes[1] = {r->b[k].numel};
+    int64_t sizes[1] = {r->b[k].numel + r->b[k].count};
     r->b[k].flat = kiln_tensor_empty(1, sizes, r->b[k].dtype, params[0]->device);
     if (!r->b[k].flat) { kiln_reducer_free(r); return NULL; }
   }
-  int64_t nparams[1] = {n};
-  r->used = kiln_tensor_empty(1, nparams, KILN_U8, (struct kiln_device){KILN_CPU, 0});
-  if (!r->used) { kiln_reducer_free(r); return NULL; }
+  r->any = calloc((size_t)n, 1);
+  if (!r->any) { kiln_reducer_free(r); kiln_fail(KILN_ERR_MEMORY, "DataParallel: out of memory"); return NULL; }
   struct kiln_backward_hooks h = {leaf_ready, done, r};
   if (kiln_backward_hooks_add(&h)) { kiln_reducer_free(r); return NULL; }
   return r;
