@@ -103,6 +103,7 @@ return {
   ["kiln.dist.sampler"] = "kiln.dist.sampler{batch_size = B, shuffle = true, seed = 1[, rank, world_size]}: a DataLoader sampler giving this rank its share of each global batch of B (loader batch_size = B / ranks)",
   ["kiln.dist.shard"] = "kiln.dist.shard(n[, {rank, world_size}]): first, count of this rank's block of n samples (every sample on one rank), for exact evaluation",
   ["kiln.dist.DataParallel"] = "kiln.dist.DataParallel(model[, {bucket_mb = 25, first_bucket_mb = 1, group, broadcast = true, deterministic = false, shards = 4}]): model with its gradients averaged over ranks while backward runs; dp:no_sync(fn) accumulates",
+  ["kiln.data.read_image"] = "kiln.data.read_image(path[, channels = 3]) or (path, {channels = 3, depth = 8}): a PNG, JPEG, BMP, GIF, TGA or PNM file as a u8 tensor [C,H,W]; depth = 16: an i32 tensor of 16-bit samples",
   ["kiln.audio"] = "kiln.audio: speech features: load_wav(path) -> wave, rate; spectrogram(wave, {n_fft=, hop=}); log_mel(wave, {sample_rate=, n_mels=})",
   ["kiln.audio.load_wav"] = "kiln.audio.load_wav(path): the samples of a WAV file (f32 [samples], mono, in [-1, 1)) and its sample rate",
   ["kiln.audio.spectrogram"] = "kiln.audio.spectrogram(wave[, {n_fft = 400, hop = 160, win = n_fft, log = false, eps = 1e-6}]): the power of each Hann-windowed frame, [frames, n_fft/2 + 1]",

@@ -34,6 +34,33 @@ local function topdown_bmp(rows, bits)
 end
 
 local function be16(v) return string.char(math.floor(v / 256), v % 256) end
+local function be32(v) return string.char(math.floor(v / 2 ^ 24) % 256, math.floor(v / 2 ^ 16) % 256, math.floor(v / 256) % 256, v % 256) end
+
+-- A 16-bit greyscale PNG of samples (row by row), its IDAT one stored (uncompressed) deflate block.
+local bit = require "bit"
+local function crc32(s)
+  local c = 0xffffffff
+  for i = 1, #s do
+    c = bit.bxor(c, s:byte(i))
+    for _ = 1, 8 do c = bit.band(c, 1) ~= 0 and bit.bxor(bit.rshift(c, 1), 0xedb88320) or bit.rshift(c, 1) end
+  end
+  c = bit.bnot(c)
+  return c < 0 and c + 2 ^ 32 or c
+end
+local function chunk(kind, body) return be32(#body) .. kind .. body .. be32(crc32(kind .. body)) end
+local function png16_grey(w, h, samples)
+  local raw = {}
+  for y = 0, h - 1 do
+    raw[#raw + 1] = "\0"   -- filter: none
+    for x = 1, w do raw[#raw + 1] = be16(samples[y * w + x]) end
+  end
+  raw = table.concat(raw)
+  local a, b = 1, 0
+  for i = 1, #raw do a = (a + raw:byte(i)) % 65521 b = (b + a) % 65521 end
+  local n = #raw
+  local z = "\120\1" .. "\1" .. string.char(n % 256, math.floor(n / 256), 255 - n % 256, 255 - math.floor(n / 256)) .. raw .. be32(b * 65536 + a)
+  return "\137PNG\r\n\26\n" .. chunk("IHDR", be32(w) .. be32(h) .. "\16\0\0\0\0") .. chunk("IDAT", z) .. chunk("IEND", "")
+end
 
 describe("image formats", function()
   it("reads top-down BMPs, 24- and 32-bit, upright", function()
@@ -45,6 +72,25 @@ describe("image formats", function()
       assert.same({3, 2, 3}, {img:size(1), img:size(2), img:size(3)})
       assert.same(want, img:totable(), bits .. "-bit")
     end
+  end)
+
+  it("keeps 16-bit samples where asked (depth = 16): PNM of any maxval, 16-bit PNG, 8-bit files widened", function()
+    local pgm16 = "P5 4 1 65535\n" .. be16(65535) .. be16(32768) .. be16(257) .. be16(0)
+    local img = data.read_image(file("k16.pgm", pgm16), {channels = 1, depth = 16})
+    assert.are.equal("i32", img:dtype())
+    assert.same({{{65535, 32768, 257, 0}}}, img:totable())
+    -- maxval 1000: 1000, 500, 1 -> 65535, 32768 (32767.5 rounded up), 66 (65.535)
+    local ppm16 = "P6\n1 1\n1000\n" .. be16(1000) .. be16(500) .. be16(1)
+    assert.same({{{65535}}, {{32768}}, {{66}}}, data.read_image(file("k16.ppm", ppm16), {channels = 3, depth = 16}):totable())
+    -- an 8-bit file: v * 257
+    assert.same({{{0, 257 * 128, 65535}}}, data.read_image(file("k8.pgm", "P5\n3 1\n255\n\0\128\255"), {channels = 1, depth = 16}):totable())
+    -- a 16-bit grey PNG written here (stored deflate blocks): its samples, and their high bytes at depth 8
+    local png = png16_grey(3, 2, {0, 1, 65535, 4660, 43981, 256})
+    local path = file("g16.png", png)
+    assert.same({{{0, 1, 65535}, {4660, 43981, 256}}}, data.read_image(path, {channels = 1, depth = 16}):totable())
+    assert.same({{{0, 0, 255}, {18, 171, 1}}}, data.read_image(path, 1):totable())
+    assert.has_error(function() data.read_image(path, {depth = 12}) end, "image: " .. path .. ": a depth of 12 bits requested (expected 8 or 16)")
+    assert.has_error(function() data.read_image(path, {dept = 16}) end)
   end)
 
   it("reads PGM and PPM of any maxval, scaling to 8 bits with rounding", function()

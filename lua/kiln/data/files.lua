@@ -15,10 +15,19 @@ function M.read_idx(path)
 end
 
 -- One decoded image as a u8 tensor [C,H,W] (channels: 1 grey, 3 RGB (the default), 4 RGBA, 0 the file's).
+-- read_image(path[, channels = 3]) or read_image(path, {channels = 3, depth = 8}): depth 16 keeps
+-- 16-bit samples, in an i32 tensor (0 to 65535).
+local image_options = core.set("channels", "depth")
 function M.read_image(path, channels)
   if type(path) ~= "string" then raise("read_image: the path must be a string, got " .. type(path)) end
+  local depth = 8
+  if type(channels) == "table" then
+    local o = core.options(channels, image_options, "read_image")
+    channels, depth = o.channels, o.depth or 8
+    check_integer(depth, "read_image", "depth")
+  end
   if channels ~= nil then check_integer(channels, "read_image", "channels") end
-  return wrap(C.kiln_image_read(path, channels or 3))
+  return wrap(C.kiln_image_read_depth(path, channels or 3, depth))
 end
 
 -- Writes a u8 image [C,H,W] or [H,W] as a PNG file.

@@ -25,6 +25,9 @@ enum kiln_loader_limits {
    (width x height x (the file's channels + channels), more for GIF and 16-bit files); an empty,
    truncated or corrupt file is an error naming the file. */
 struct kiln_tensor *kiln_image_read(const char *path, int channels);
+/* The same at depth 8 (u8, as kiln_image_read) or 16 bits: an i32 tensor of samples 0 to 65535 (a
+   16-bit PNG or PNM keeps its samples; an 8-bit file is scaled by 257, a PNM of any maxval to 65535). */
+struct kiln_tensor *kiln_image_read_depth(const char *path, int channels, int depth);
 /* Writes a u8 tensor [C,H,W] (C 1 to 4) or [H,W] as a PNG file (stb_image_write). */
 int kiln_image_write_png(const char *path, const struct kiln_tensor *image);
 

@@ -5,13 +5,18 @@
 #include "internal.h"
 #include <kiln/loader.h>
 
-/* A decoded file: h x w x c bytes, interleaved (stb_image's layout); free with kiln_image_free. */
+/* A decoded file: h x w x c samples, interleaved (stb_image's layout), of 8 bits (bytes) or 16
+   (uint16_t, by kiln_image_decode_depth); free with kiln_image_free. */
 struct kiln_u8_image {
   unsigned char *pixels;
   int w, h, c;
+  int bits;
 };
-/* Reads and decodes path (image.c); errors name the file. */
+/* Reads and decodes path (image.c) into 8-bit samples; errors name the file. */
 int kiln_image_decode(const char *path, int channels, struct kiln_u8_image *out);
+/* The same into samples of depth bits, 8 or 16: a 16-bit file keeps its samples, an 8-bit one is
+   scaled (v * 257), a PNM of any maxval to 65535. */
+int kiln_image_decode_depth(const char *path, int channels, int depth, struct kiln_u8_image *out);
 void kiln_image_free(struct kiln_u8_image *img);
 
 /* An image as planar f32: data[(ch * h + y) * w + x]. */

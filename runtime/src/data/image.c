@@ -214,7 +214,7 @@ static int pnm_field(const char *path, const unsigned char *b, int64_t n, int64_
   return KILN_OK;
 }
 
-static int pnm_decode(const char *path, const unsigned char *b, int64_t n, int channels, struct kiln_u8_image *out) {
+static int pnm_decode(const char *path, const unsigned char *b, int64_t n, int channels, int depth, struct kiln_u8_image *out) {
   int comp = b[1] == '5' ? 1 : 3;
   int64_t pos = 2, w, h, maxval;
   int rc;
@@ -243,25 +243,35 @@ static int pnm_decode(const char *path, const unsigned char *b, int64_t n, int c
     return kiln_fail(KILN_ERR_FORMAT, "image: %s: truncated PNM: %lld x %lld pixels of %d bytes need %lld bytes after the "
                      "header, the file has %lld", path, (long long)w, (long long)h, comp * bytes_per,
                      (long long)(samples * bytes_per), (long long)(n - pos));
-  unsigned char *pixels = STBI_MALLOC((size_t)samples);
+  int64_t top = depth == 16 ? 65535 : 255;
+  unsigned char *pixels = STBI_MALLOC((size_t)(samples * (depth / 8)));
   if (!pixels) return kiln_fail(KILN_ERR_MEMORY, "image: %s: out of memory for %lld bytes", path, (long long)samples);
   const unsigned char *d = b + pos;
   for (int64_t k = 0; k < samples; k++) {
     int64_t v = bytes_per == 1 ? d[k] : (int64_t)d[2 * k] << 8 | d[2 * k + 1];
     if (v > maxval) v = maxval;   /* a sample above maxval is out of range: clip it to white */
-    pixels[k] = (unsigned char)(maxval == 255 ? v : (v * 255 + maxval / 2) / maxval);
+    int64_t scaled = maxval == top ? v : (v * top + maxval / 2) / maxval;
+    if (depth == 16) ((uint16_t *)pixels)[k] = (uint16_t)scaled;
+    else pixels[k] = (unsigned char)scaled;
   }
   if (comp != c) {
-    pixels = stbi__convert_format(pixels, comp, c, (unsigned)w, (unsigned)h);
+    pixels = depth == 16 ? (unsigned char *)stbi__convert_format16((stbi__uint16 *)pixels, comp, c, (unsigned)w, (unsigned)h)
+                         : stbi__convert_format(pixels, comp, c, (unsigned)w, (unsigned)h);
     if (!pixels) return kiln_fail(KILN_ERR_MEMORY, "image: %s: out of memory converting %d to %d channels", path, comp, c);
   }
-  *out = (struct kiln_u8_image){pixels, (int)w, (int)h, c};
+  *out = (struct kiln_u8_image){pixels, (int)w, (int)h, c, depth};
   return KILN_OK;
 }
 
 int kiln_image_decode(const char *path, int channels, struct kiln_u8_image *out) {
+  return kiln_image_decode_depth(path, channels, 8, out);
+}
+
+int kiln_image_decode_depth(const char *path, int channels, int depth, struct kiln_u8_image *out) {
   memset(out, 0, sizeof *out);
   if (!path) return kiln_fail(KILN_ERR_ARGUMENT, "image: the path is missing (NULL)");
+  if (depth != 8 && depth != 16)
+    return kiln_fail(KILN_ERR_ARGUMENT, "image: %s: a depth of %d bits requested (expected 8 or 16)", path, depth);
   if (channels < 0 || channels > 4)
     return kiln_fail(KILN_ERR_ARGUMENT, "image: %s: %d channels requested (expected 1 grey, 2 grey+alpha, 3 RGB, "
                      "4 RGBA, or 0 for the file's own)", path, channels);
@@ -271,7 +281,7 @@ int kiln_image_decode(const char *path, int channels, struct kiln_u8_image *out)
   if (rc) return rc;
   const char *kind = sniff(bytes, n);
   if (n >= 2 && bytes[0] == 'P' && (bytes[1] == '5' || bytes[1] == '6')) {
-    rc = pnm_decode(path, bytes, n, channels, out);
+    rc = pnm_decode(path, bytes, n, channels, depth, out);
     free(bytes);
     return rc;
   }
@@ -321,11 +331,11 @@ int kiln_image_decode(const char *path, int channels, struct kiln_u8_image *out)
   /* The limit covers about what stb_image allocates on the way, not only the result: the pixels in
      the file's own channels (2 bytes each at 16 bits) and converted; for a GIF its frame and
      background (4 bytes a pixel each) and history (1). */
-  int64_t per_pixel = comp + c;
-  if (!strcmp(kind, "GIF")) per_pixel = 9;
+  int64_t per_pixel = comp + c * (depth / 8);
+  if (!strcmp(kind, "GIF")) per_pixel = 9 + (depth == 16 ? 2 * c : 0);
   else {
     r = (struct mem_reader){bytes, n, 0, 0};
-    if (stbi_is_16_bit_from_callbacks(&mem_callbacks, &r)) per_pixel = 2 * comp + c;
+    if (stbi_is_16_bit_from_callbacks(&mem_callbacks, &r)) per_pixel = 2 * comp + c * (depth / 8);
   }
   int64_t need = (int64_t)w * h * per_pixel;
   if (need > KILN_IMAGE_MAX_BYTES) {
@@ -336,7 +346,9 @@ int kiln_image_decode(const char *path, int channels, struct kiln_u8_image *out)
   }
   r = (struct mem_reader){bytes, n, 0, 0};
   int w2 = 0, h2 = 0, comp2 = 0;
-  unsigned char *pixels = stbi_load_from_callbacks(&mem_callbacks, &r, &w2, &h2, &comp2, c);
+  /* at 16 bits stb_image keeps a 16-bit file's samples and widens an 8-bit one (v * 257) */
+  unsigned char *pixels = depth == 16 ? (unsigned char *)stbi_load_16_from_callbacks(&mem_callbacks, &r, &w2, &h2, &comp2, c)
+                                      : stbi_load_from_callbacks(&mem_callbacks, &r, &w2, &h2, &comp2, c);
   if (!pixels || r.overrun || w2 != w || h2 != h) {
     if (r.overrun)
       rc = kiln_fail(KILN_ERR_FORMAT, "image: %s: truncated %s: decoding %d x %d pixels needs more than the file's "
@@ -351,7 +363,7 @@ int kiln_image_decode(const char *path, int channels, struct kiln_u8_image *out)
     return rc;
   }
   free(bytes);
-  *out = (struct kiln_u8_image){pixels, w, h, c};
+  *out = (struct kiln_u8_image){pixels, w, h, c, depth};
   return KILN_OK;
 }
 
@@ -360,16 +372,26 @@ void kiln_image_free(struct kiln_u8_image *img) {
   img->pixels = NULL;
 }
 
-KILN_API struct kiln_tensor *kiln_image_read(const char *path, int channels) {
+KILN_API struct kiln_tensor *kiln_image_read(const char *path, int channels) { return kiln_image_read_depth(path, channels, 8); }
+
+/* [C,H,W]: u8 at 8 bits; i32 at 16 (kiln has no u16 dtype), each sample 0 to 65535. */
+KILN_API struct kiln_tensor *kiln_image_read_depth(const char *path, int channels, int depth) {
   struct kiln_u8_image img;
-  if (kiln_image_decode(path, channels, &img)) return NULL;
+  if (kiln_image_decode_depth(path, channels, depth, &img)) return NULL;
   int64_t sizes[3] = {img.c, img.h, img.w};
-  struct kiln_tensor *t = kiln_tensor_empty(3, sizes, KILN_U8, (struct kiln_device){KILN_CPU, 0});
+  struct kiln_tensor *t = kiln_tensor_empty(3, sizes, depth == 16 ? KILN_I32 : KILN_U8, (struct kiln_device){KILN_CPU, 0});
   if (t) {
-    unsigned char *dst = kiln_tensor_data(t);
     int64_t plane = (int64_t)img.h * img.w;
-    for (int64_t i = 0; i < plane; i++)
-      for (int ch = 0; ch < img.c; ch++) dst[ch * plane + i] = img.pixels[i * img.c + ch];
+    if (depth == 16) {
+      int32_t *dst = kiln_tensor_data(t);
+      const uint16_t *src = (const uint16_t *)img.pixels;
+      for (int64_t i = 0; i < plane; i++)
+        for (int ch = 0; ch < img.c; ch++) dst[ch * plane + i] = src[i * img.c + ch];
+    } else {
+      unsigned char *dst = kiln_tensor_data(t);
+      for (int64_t i = 0; i < plane; i++)
+        for (int ch = 0; ch < img.c; ch++) dst[ch * plane + i] = img.pixels[i * img.c + ch];
+    }
   }
   kiln_image_free(&img);
   return t;
