@@ -712,6 +712,27 @@ describe("data.DataLoader on bad files", function()
     end)
   end
 
+  it("stops its 2 workers at a corrupt file mid-epoch: no thread is left running", function()
+    png = png or (function()
+      local p = write_png("good.png", good)
+      local f = io.open(p, "rb") local s = f:read("*a") f:close() return s
+    end)()
+    mkdir("stopping/a")
+    for i = 1, 9 do write_png(string.format("stopping/a/%d.png", i), good) end
+    write("stopping/a/5corrupt.png", "\137PNG\r\n\26\n" .. string.rep("garbage!", 8))   -- sample 6
+    collectgarbage()
+    collectgarbage()
+    local before = threads()
+    if not before then pending("no /proc/self/status") return end
+    local loader = data.DataLoader{dataset = data.ImageFolder(path_of("stopping")), batch_size = 2, workers = 2}
+    assert.are.equal(before + 2, threads())
+    local msg = err(function() for _ in loader:epoch(0) do end end)
+    assert_contains(msg, "stopping/a/5corrupt.png", "corrupt PNG", "sample 6 (", "of batch 3, epoch 0")
+    -- the loader is still referenced: its workers stopped on their own at the error
+    assert.are.equal(before, threads_settled(before))
+    assert.truthy(loader)
+  end)
+
   it("searches folders named like images (and linked folders) rather than reading them", function()
     mkdir("baddir/a/x.png")
     write_png("baddir/a/y.png", good)

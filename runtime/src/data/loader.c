@@ -654,6 +654,24 @@ static void stop_workers(struct kiln_loader *l) {
   l->started = 0;
 }
 
+/* Start the worker threads (at construction, and for an epoch after one that failed). */
+static int start_workers(struct kiln_loader *l) {
+  l->stop = 0;
+  for (int i = 0; i < l->nworkers; i++) {
+    l->workers[i].l = l;
+    int e = pthread_create(&l->workers[i].thread, NULL, worker_main, &l->workers[i]);
+    if (e) {
+      stop_workers(l);
+      return kiln_fail(KILN_ERR_MEMORY, "loader: cannot start worker %d of %d: %s", i, l->nworkers, strerror(e));
+    }
+    l->started = i + 1;
+    char name[16];
+    snprintf(name, sizeof name, "kiln-loader-%d", i < 99 ? i : 99);   /* as top and debuggers show it */
+    pthread_setname_np(l->workers[i].thread, name);
+  }
+  return KILN_OK;
+}
+
 KILN_API void kiln_loader_free(struct kiln_loader *l) {
   if (!l) return;
   stop_workers(l);
@@ -717,18 +735,9 @@ KILN_API struct kiln_loader *kiln_loader_new(struct kiln_dataset *dataset, int64
     return NULL;
   }
   for (int i = 0; i < prefetch; i++) l->slots[i].batch = -1;
-  for (int i = 0; i < workers; i++) {
-    l->workers[i].l = l;
-    int e = pthread_create(&l->workers[i].thread, NULL, worker_main, &l->workers[i]);
-    if (e) {
-      kiln_loader_free(l);
-      kiln_fail(KILN_ERR_MEMORY, "loader: cannot start worker %d of %d: %s", i, workers, strerror(e));
-      return NULL;
-    }
-    l->started = i + 1;
-    char name[16];
-    snprintf(name, sizeof name, "kiln-loader-%d", i < 99 ? i : 99);   /* as top and debuggers show it */
-    pthread_setname_np(l->workers[i].thread, name);
+  if (start_workers(l)) {
+    kiln_loader_free(l);
+    return NULL;
   }
   return l;
 }
@@ -803,6 +812,7 @@ KILN_API int kiln_loader_start_epoch_at(struct kiln_loader *l, int64_t epoch, co
   l->active = 1;
   pthread_cond_broadcast(&l->work);
   pthread_mutex_unlock(&l->lock);
+  if (l->started == 0 && l->nworkers > 0 && start_workers(l)) return kiln_error_code();   /* after a failed epoch */
   return KILN_OK;
 }
 
@@ -841,6 +851,7 @@ KILN_API int kiln_loader_next_all(struct kiln_loader *l, int n, struct kiln_tens
   if (!l->active) return kiln_fail(KILN_ERR_STATE, "loader: next: no epoch is running (call start_epoch first)");
   if (l->consumed >= l->nbatches) return KILN_OK;
   if (l->nworkers == 0) return next_inline(l, n, out);
+  if (l->failed_message) return kiln_fail(l->failed_code, "%s", l->failed_message);
 
   pthread_mutex_lock(&l->lock);
   int64_t b = l->consumed;
@@ -849,11 +860,14 @@ KILN_API int kiln_loader_next_all(struct kiln_loader *l, int n, struct kiln_tens
   while (!(s->batch == b && (s->state == SLOT_READY || s->state == SLOT_FAILED))) pthread_cond_wait(&l->ready, &l->lock);
   l->wait += now_seconds() - t0;
   if (s->state == SLOT_FAILED) {
-    /* the slot keeps its error: every later call of this epoch fails the same way */
+    /* The epoch has failed: every later call of it fails the same way, and the workers stop now,
+       rather than go on with batches nobody will take (the next epoch starts them again). */
     int code = s->code;
-    kiln_fail(code, "%s", s->message ? s->message : "loader: unknown error");
+    l->failed_code = code;
+    l->failed_message = strdup(s->message ? s->message : "loader: unknown error");
     pthread_mutex_unlock(&l->lock);
-    return code;
+    stop_workers(l);
+    return kiln_fail(code, "%s", l->failed_message ? l->failed_message : "loader: unknown error (and out of memory)");
   }
   for (int k = 0; k < l->ntensors; k++) {
     out[k] = s->out[k];
