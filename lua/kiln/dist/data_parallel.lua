@@ -1,237 +1,15 @@
--- kiln.dist: process groups and collectives across the ranks of a job started by `kiln launch`
--- or `mpirun`, and data parallelism (kiln.dist.DataParallel).
---   local dist = kiln.dist
---   dist.init()
---   dist.all_reduce(t, "mean")          -- t changes in place on every rank
---   if dist.rank() == 0 then print(t) end
--- Ranks are the engine's, from 0 (rank 0 is the root that broadcasts parameters and writes
--- checkpoints); they are names of processes, not positions in a Lua table. Tensors are CPU
--- tensors; each collective has a deadline (set_timeout), after which it raises an error naming the
--- collective, the group, the shape and the ranks that had not arrived.
+-- kiln.dist.data_parallel: DataParallel (gradients averaged over ranks while backward runs, and the
+-- deterministic mode), ShardedOptimizer (ZeRO stage 1), and the samplers that share out global
+-- batches by sample index.
 local core = require "kiln.core"
 local factory = require "kiln.factory"
 local nn = require "kiln.nn"
 local order = require "kiln.data.order"
+local dist = require "kiln.dist.collectives"
 local ffi, C = core.ffi, core.C
 local raise, is_tensor, check = core.raise, core.is_tensor, core.check
 
 local M = {}
-
-local OPS = {sum = C.KILN_REDUCE_SUM, max = C.KILN_REDUCE_MAX, min = C.KILN_REDUCE_MIN, prod = C.KILN_REDUCE_PROD,
-             mean = C.KILN_REDUCE_MEAN}
-local LAUNCH_HINT = "start the job with `kiln launch -n 2 script.lua` (or `mpirun -np 2 kiln script.lua`)"
-
-local function need_init(what)
-  if C.kiln_dist_is_initialized() == 0 then
-    if C.kiln_dist_launched() == 0 then
-      raise(what .. ": this process was not started by a launcher; " .. LAUNCH_HINT .. ", then call kiln.dist.init()")
-    end
-    raise(what .. ": call kiln.dist.init() first")
-  end
-end
-
--- ---- set-up ----
-
--- init([{timeout = seconds, single = false}]): join the job. Outside a launcher it is an error that
--- says how to launch, but with single = true: a world of one rank, without MPI (distributed code
--- run alone).
-function M.init(opts)
-  opts = core.options(opts, core.set("timeout", "single"), "dist.init")
-  if opts.timeout then check(C.kiln_dist_set_timeout(opts.timeout)) end
-  if opts.single then check(C.kiln_dist_init_single()) return end
-  if C.kiln_dist_launched() == 0 then raise("dist.init: this process was not started by a launcher; " .. LAUNCH_HINT) end
-  check(C.kiln_dist_init())
-end
-
-function M.is_initialized() return C.kiln_dist_is_initialized() ~= 0 end
-function M.launched() return C.kiln_dist_launched() ~= 0 end
-function M.finalize() check(C.kiln_dist_finalize()) end
--- abort([code]): end every rank of the job now.
-function M.abort(code) C.kiln_dist_abort(code or 1) end
-function M.engine() return ffi.string(C.kiln_dist_engine_name()) end
-function M.set_timeout(seconds)
-  if type(seconds) ~= "number" then raise("dist.set_timeout: expected a number of seconds, got " .. type(seconds)) end
-  check(C.kiln_dist_set_timeout(seconds))
-end
-function M.timeout() return tonumber(C.kiln_dist_timeout()) end
-
--- ---- groups ----
-
-local Group = {}
-Group.__index = Group
-local world
-
-local function wrap_group(p) return setmetatable({p = p}, Group) end
-
-function M.world()
-  need_init("dist.world")
-  if not world then world = wrap_group(C.kiln_dist_world()) end
-  return world
-end
-
--- rank([group]): this process's rank (in group, or the world); world_size([group]).
-function M.rank(group)
-  need_init("dist.rank")
-  return C.kiln_group_rank((group or M.world()).p)
-end
-function M.world_size(group)
-  need_init("dist.world_size")
-  return C.kiln_group_size((group or M.world()).p)
-end
-function Group:rank() return C.kiln_group_rank(self.p) end
-function Group:size() return C.kiln_group_size(self.p) end
-function Group:__tostring() return "kiln.dist group " .. ffi.string(C.kiln_group_name(self.p)) end
-
--- new_group(ranks): a group of the world ranks listed; every rank of the world calls it.
-function M.new_group(ranks)
-  need_init("dist.new_group")
-  if type(ranks) ~= "table" then raise("dist.new_group: expected a list of world ranks, got " .. type(ranks)) end
-  local arr = ffi.new("int[?]", #ranks)
-  for i, r in ipairs(ranks) do
-    if type(r) ~= "number" or r ~= math.floor(r) then raise("dist.new_group: rank " .. i .. " is not an integer") end
-    arr[i - 1] = r
-  end
-  local p = C.kiln_dist_new_group(arr, #ranks)
-  if p == nil then check(C.kiln_error_code()) end
-  return wrap_group(p)
-end
-
--- ---- work handles ----
-
-local Work = {}
-Work.__index = Work
-local WorkPtr = ffi.typeof("struct kiln_work *[1]")
-
-local function work_of(box, result)
-  local w = setmetatable({p = ffi.gc(box[0], C.kiln_work_release), result = result}, Work)
-  return w
-end
-
--- work:wait(): the result (the tensor the collective wrote), once it is there.
-function Work:wait()
-  check(C.kiln_work_wait(self.p))
-  return self.result
-end
-function Work:is_completed() return C.kiln_work_is_done(self.p) ~= 0 end
-
--- ---- collectives ----
-
-local function tensor_arg(op, t, role)
-  if not is_tensor(t) then raise(string.format("dist.%s: %s must be a tensor, got %s", op, role or "the first argument", type(t))) end
-  return t
-end
-
-local function parse(op, opts, fields)
-  if opts == nil then return {} end
-  if type(opts) ~= "table" then raise("dist." .. op .. ": options must be a table, got " .. type(opts)) end
-  fields.group, fields.async = true, true
-  return core.options(opts, fields, "dist." .. op)
-end
-
-local function reduce_op(op, name)
-  local v = OPS[name or "sum"]
-  if not v then raise(string.format("dist.%s: op %q is not sum, mean, max, min or prod", op, tostring(name))) end
-  return v
-end
-
--- Run a collective: with async, return a Work; else wait and return result.
-local function go(opts, result, call)
-  local box = opts.async and WorkPtr() or nil
-  check(call(box))
-  if box then return work_of(box, result) end
-  return result
-end
-
-local function group_of(opts) return (opts.group or M.world()).p end
-
--- all_reduce(t[, op = "sum"][, {op, group, async}]): every rank's t becomes the reduction over ranks.
-function M.all_reduce(t, op, opts)
-  need_init("dist.all_reduce")
-  tensor_arg("all_reduce", t)
-  if type(op) == "table" then op, opts = nil, op end
-  opts = parse("all_reduce", opts, {op = "string"})
-  local o = reduce_op("all_reduce", op or opts.op)
-  return go(opts, t, function(box) return C.kiln_all_reduce(group_of(opts), t.p, o, box) end)
-end
-
--- broadcast(t[, src = 0][, {src, group, async}]): t of rank src is copied into t on every rank.
-function M.broadcast(t, src, opts)
-  need_init("dist.broadcast")
-  tensor_arg("broadcast", t)
-  if type(src) == "table" then src, opts = nil, src end
-  opts = parse("broadcast", opts, {src = "number"})
-  local root = src or opts.src or 0
-  return go(opts, t, function(box) return C.kiln_broadcast(group_of(opts), t.p, root, box) end)
-end
-
--- all_gather(t[, {out, group, async}]): a tensor [size * n, ...] of every rank's t, in rank order.
-function M.all_gather(t, opts)
-  need_init("dist.all_gather")
-  tensor_arg("all_gather", t)
-  opts = parse("all_gather", opts, {out = "cdata"})
-  local out = opts.out
-  if not out then
-    local sizes = t:size()
-    local n = C.kiln_group_size(group_of(opts))
-    if #sizes == 0 then sizes = {n} else sizes[1] = sizes[1] * n end
-    out = factory.empty(sizes, {dtype = t:dtype()})
-  end
-  return go(opts, out, function(box) return C.kiln_all_gather(group_of(opts), out.p, t.p, box) end)
-end
-
--- reduce_scatter(t[, op = "sum"][, {op, out, group, async}]): rank r gets the reduction of block r
--- of t (t's first dim split in size equal blocks).
-function M.reduce_scatter(t, op, opts)
-  need_init("dist.reduce_scatter")
-  tensor_arg("reduce_scatter", t)
-  if type(op) == "table" then op, opts = nil, op end
-  opts = parse("reduce_scatter", opts, {op = "string", out = "cdata"})
-  local o = reduce_op("reduce_scatter", op or opts.op)
-  local out = opts.out
-  if not out then
-    local n = C.kiln_group_size(group_of(opts))
-    local sizes = t:size()
-    if #sizes == 0 or sizes[1] % n ~= 0 then
-      raise(string.format("dist.reduce_scatter: the first dim of %s does not split into %d equal blocks", "[" .. table.concat(t:size(), ", ") .. "]", n))
-    end
-    sizes[1] = sizes[1] / n
-    out = factory.empty(sizes, {dtype = t:dtype()})
-  end
-  return go(opts, out, function(box) return C.kiln_reduce_scatter(group_of(opts), out.p, t.p, o, box) end)
-end
-
--- barrier([{group, async}]): returns when every rank of the group has entered it.
-function M.barrier(opts)
-  need_init("dist.barrier")
-  opts = parse("barrier", opts, {})
-  return go(opts, nil, function(box) return C.kiln_barrier(group_of(opts), box) end)
-end
-
--- send(t, dst[, {tag = 0, group, async}]) and recv(t, src[, {tag, group, async}]): t is filled by recv.
-function M.send(t, dst, opts)
-  need_init("dist.send")
-  tensor_arg("send", t)
-  if type(dst) ~= "number" then raise("dist.send: the destination rank must be a number, got " .. type(dst)) end
-  opts = parse("send", opts, {tag = "number"})
-  return go(opts, t, function(box) return C.kiln_send(group_of(opts), t.p, dst, opts.tag or 0, box) end)
-end
-
-function M.recv(t, src, opts)
-  need_init("dist.recv")
-  tensor_arg("recv", t)
-  if type(src) ~= "number" then raise("dist.recv: the source rank must be a number, got " .. type(src)) end
-  opts = parse("recv", opts, {tag = "number"})
-  return go(opts, t, function(box) return C.kiln_recv(group_of(opts), t.p, src, opts.tag or 0, box) end)
-end
-
--- raw_all_reduce(t[, {group}]): the engine's own all-reduce (sum), for benchmarks.
-function M.raw_all_reduce(t, opts)
-  need_init("dist.raw_all_reduce")
-  tensor_arg("raw_all_reduce", t)
-  opts = parse("raw_all_reduce", opts, {})
-  check(C.kiln_dist_raw_all_reduce(group_of(opts), t.p))
-  return t
-end
 
 -- ---- data parallelism ----
 
@@ -248,18 +26,18 @@ local dp_options = core.set("bucket_mb", "first_bucket_mb", "group", "broadcast"
 local TensorList = ffi.typeof("struct kiln_tensor *[?]")
 
 function DataParallel:init(model, opts)
-  need_init("DataParallel")
+  dist.need_init("DataParallel")
   if not nn.is_module(model) then raise("DataParallel: expected a module, got " .. core.describe(model)) end
   opts = core.options(opts, dp_options, "DataParallel")
-  local group = opts.group or M.world()
+  local group = opts.group or dist.world()
   self.module = model
   if opts.broadcast ~= false then
     for _, np in ipairs(model:named_parameters()) do
       local p = np[2]
       if not p:is_contiguous() then raise("DataParallel: parameter " .. np[1] .. " is not contiguous") end
-      M.broadcast(p.requires_grad and p:detach() or p, 0, {group = group})
+      dist.broadcast(p.requires_grad and p:detach() or p, 0, {group = group})
     end
-    for _, nb in ipairs(model:named_buffers()) do M.broadcast(nb[2], 0, {group = group}) end
+    for _, nb in ipairs(model:named_buffers()) do dist.broadcast(nb[2], 0, {group = group}) end
   end
   local params = {}
   for _, p in ipairs(model:parameters()) do if p.requires_grad then params[#params + 1] = p end end
@@ -331,7 +109,7 @@ function DataParallel:backward(loss_fn, x, y)
   end
   local mine = tree_sum(sums)
   local loss_sum = tree_sum(losses)
-  local all = M.all_gather(factory.cat({mine, loss_sum:to(mine:dtype())}, 1):view(1, -1), {group = group})
+  local all = dist.all_gather(factory.cat({mine, loss_sum:to(mine:dtype())}, 1):view(1, -1), {group = group})
   local rows_of = {}
   for r = 1, n do rows_of[r] = all[r] end
   local total = tree_sum(rows_of) / S
@@ -381,11 +159,11 @@ local Sharded = {}
 Sharded.__index = Sharded
 
 function M.ShardedOptimizer(make, params, opts, dist_opts)
-  need_init("ShardedOptimizer")
+  dist.need_init("ShardedOptimizer")
   if type(make) ~= "function" then raise("ShardedOptimizer: expected an optimizer constructor (optim.Adam, ...), got " .. type(make)) end
   if type(params) ~= "table" or #params == 0 then raise("ShardedOptimizer: expected a list of parameters") end
   dist_opts = core.options(dist_opts, core.set("group"), "ShardedOptimizer")
-  local group = dist_opts.group or M.world()
+  local group = dist_opts.group or dist.world()
   local n, me = group:size(), group:rank()
   local load, owner = {}, {}
   for r = 0, n - 1 do load[r] = 0 end
@@ -431,7 +209,7 @@ function Sharded:step()
   end
   local works = {}
   for i, p in ipairs(self.params) do
-    works[#works + 1] = M.broadcast(p:detach(), self.owner[i], {group = self.group, async = true})
+    works[#works + 1] = dist.broadcast(p:detach(), self.owner[i], {group = self.group, async = true})
   end
   for _, w in ipairs(works) do w:wait() end
 end
@@ -439,12 +217,12 @@ end
 -- Send a description (a string) from rank root to all: its length, then its bytes.
 local function broadcast_string(text, root, group)
   local len = factory.tensor({text and #text or 0}, {dtype = "i64"})
-  M.broadcast(len, root, {group = group})
+  dist.broadcast(len, root, {group = group})
   local n = len[1]
   if n == 0 then return "" end
   local buf = factory.zeros({n}, {dtype = "u8"})
   if text then ffi.copy(ffi.cast("uint8_t *", buf.p.storage.data) + buf.p.offset, text, n) end
-  M.broadcast(buf, root, {group = group})
+  dist.broadcast(buf, root, {group = group})
   return ffi.string(ffi.cast("uint8_t *", buf.p.storage.data) + buf.p.offset, n)
 end
 
@@ -489,14 +267,14 @@ function Sharded:state_dict()
           local sizes = {}
           for d in shape:gmatch("%d+") do sizes[#sizes + 1] = tonumber(d) end
           local t = root == me and st[key]:contiguous() or factory.zeros(sizes, {dtype = dt})
-          M.broadcast(t, root, {group = self.group})
+          dist.broadcast(t, root, {group = self.group})
           s[key] = t
         end
       end
       if #numbers > 0 then
         local vals = factory.zeros({#numbers}, {dtype = "f64"})
         if root == me then for j, key in ipairs(numbers) do vals[j] = st[key] end end
-        M.broadcast(vals, root, {group = self.group})
+        dist.broadcast(vals, root, {group = self.group})
         for j, key in ipairs(numbers) do s[key] = vals[j] end
       end
       state[i - 1] = s
@@ -535,91 +313,6 @@ function Sharded:load_state_dict(sd)
   self.inner:load_state_dict({state = inner_state, param_groups = {g}})
 end
 
--- ---- the scaling model ----
-
--- Links written in, per GPU, as alpha (s per message step) and beta (s per byte at the bus
--- bandwidth a collective reaches). Leads, not measurements: NVLink 4 on an 8-GPU H100/H200 board
--- (NCCL's all-reduce bus bandwidth there is of the order of 350-450 GB/s) and one 400 Gb/s
--- InfiniBand NDR port per GPU (50 GB/s, of which about 45 reached).
-M.links = {
-  nvlink = {alpha = 4e-6, beta = 1 / 400e9},
-  infiniband = {alpha = 8e-6, beta = 1 / 45e9},
-}
-
--- The all-reduce time of `bytes` over n GPUs, gpus_per_node to a node. ring: 2(n-1) steps, each
--- at the slowest link's latency, moving 2(n-1)/n of the bytes at the slowest link's bandwidth;
--- tree (NCCL's double binary tree across nodes, a ring inside each): 2 log2(nodes) steps across,
--- the bytes twice at the inter-node bandwidth, plus the intra-node reduce and broadcast.
-function M.all_reduce_time(bytes, n, opts)
-  opts = opts or {}
-  local links, g = opts.links or M.links, math.min(opts.gpus_per_node or 8, n)
-  local nodes = math.ceil(n / g)
-  local intra, inter = links.nvlink, links.infiniband
-  if n == 1 then return 0 end
-  local slow = nodes > 1 and inter or intra
-  local ring = 2 * (n - 1) * slow.alpha + 2 * (n - 1) / n * bytes * slow.beta
-  if nodes == 1 then return ring, "ring" end
-  local inside = 2 * (g - 1) * intra.alpha + 2 * (g - 1) / g * bytes * intra.beta
-  local tree = inside + 2 * math.log(nodes) / math.log(2) * inter.alpha + 2 * bytes * inter.beta / g
-  if opts.algorithm == "ring" then return ring, "ring" end
-  if opts.algorithm == "tree" then return tree, "tree" end
-  if tree < ring then return tree, "tree" end
-  return ring, "ring"
-end
-
--- simulate{step_s =, jitter = 0, forward_fraction = 1/3, buckets = {{bytes =, ready =}, ...},
---          gpus = {8, ...}, gpus_per_node = 8, links =, algorithm = "best"|"ring"|"tree", optimizer_s = 0}:
--- the step at each GPU count, with the batch per GPU fixed (weak scaling). Forward takes
--- forward_fraction of the measured single-GPU step, backward the rest; bucket k is ready at the
--- fraction `ready` of backward and its all-reduce starts then or when the previous one ends,
--- whichever is later (one at a time, in order, as kiln and PyTorch's DDP run them). The step ends
--- when backward and the last all-reduce are both done, then the optimizer runs. Every all-reduce
--- waits for the slowest of the n GPUs: with step times of coefficient of variation `jitter`, the
--- expected maximum of n is about the mean plus jitter * step * sqrt(2 ln n), which the step pays
--- once. Efficiency is the single-GPU step over the step at n.
-function M.simulate(o)
-  if type(o) ~= "table" or type(o.step_s) ~= "number" or type(o.buckets) ~= "table" then
-    raise("dist.simulate: expected {step_s = seconds, buckets = {{bytes =, ready =}, ...}, gpus = {...}}")
-  end
-  local fwd = o.step_s * (o.forward_fraction or 1 / 3)
-  local bwd = o.step_s - fwd
-  local rows = {}
-  for _, n in ipairs(o.gpus or {8, 16, 32, 64, 128, 256}) do
-    local t_comm, algo = fwd, nil
-    for _, b in ipairs(o.buckets) do
-      local d
-      d, algo = M.all_reduce_time(b.bytes, n, o)
-      t_comm = math.max(t_comm, fwd + b.ready * bwd) + d
-    end
-    local straggle = (o.jitter or 0) * o.step_s * math.sqrt(2 * math.log(n))
-    local step = math.max(fwd + bwd, t_comm) + straggle + (o.optimizer_s or 0)
-    local single = o.step_s + (o.optimizer_s or 0)
-    rows[#rows + 1] = {gpus = n, step_s = step, efficiency = single / step, exposed_comm_s = step - single - straggle,
-                       straggler_s = straggle, algorithm = algo or "none"}
-  end
-  return rows
-end
-
--- buckets_of(param_bytes, {bucket_mb = 25, first_bucket_mb = 1}): DataParallel's buckets for
--- parameters of these sizes (in the model's order), each ready when backward has reached its last
--- parameter, taking backward to go through the parameters evenly by size, last first.
-function M.buckets_of(param_bytes, opts)
-  opts = opts or {}
-  local cap, first = (opts.bucket_mb or 25) * 2 ^ 20, (opts.first_bucket_mb or 1) * 2 ^ 20
-  local total = 0
-  for _, b in ipairs(param_bytes) do total = total + b end
-  local buckets, bytes, done = {}, 0, 0
-  for i = #param_bytes, 1, -1 do
-    bytes, done = bytes + param_bytes[i], done + param_bytes[i]
-    local limit = #buckets == 0 and first or cap
-    if bytes >= limit or i == 1 then
-      buckets[#buckets + 1] = {bytes = bytes, ready = done / total}
-      bytes = 0
-    end
-  end
-  return buckets
-end
-
 -- ---- samplers ----
 
 local sampler_options = core.set("batch_size", "shuffle", "seed", "rank", "world_size")
@@ -634,8 +327,8 @@ function M.sampler(opts)
   opts = core.options(opts, sampler_options, "dist.sampler")
   local B = opts.batch_size
   if type(B) ~= "number" or B < 1 or B ~= math.floor(B) then raise("dist.sampler: batch_size (the global batch) must be an integer >= 1") end
-  local rank = opts.rank or (M.is_initialized() and M.rank() or 0)
-  local size = opts.world_size or (M.is_initialized() and M.world_size() or 1)
+  local rank = opts.rank or (dist.is_initialized() and dist.rank() or 0)
+  local size = opts.world_size or (dist.is_initialized() and dist.world_size() or 1)
   if B % size ~= 0 then
     raise(string.format("dist.sampler: the global batch %d does not split into %d equal shares", B, size))
   end
@@ -658,12 +351,11 @@ end
 -- twice, so that summing counts over ranks gives exact metrics.
 function M.shard(n, opts)
   opts = core.options(opts, core.set("rank", "world_size"), "dist.shard")
-  local rank = opts.rank or (M.is_initialized() and M.rank() or 0)
-  local size = opts.world_size or (M.is_initialized() and M.world_size() or 1)
+  local rank = opts.rank or (dist.is_initialized() and dist.rank() or 0)
+  local size = opts.world_size or (dist.is_initialized() and dist.world_size() or 1)
   local base, extra = math.floor(n / size), n % size
   local first = rank * base + math.min(rank, extra) + 1
   return first, base + (rank < extra and 1 or 0)
 end
 
-M.Group, M.Work = Group, Work
 return M
