@@ -20,7 +20,8 @@ static inline __attribute__((always_inline)) void dt_store(void *x, int dt, int6
   else ((double *)x)[i] = v;
 }
 
-/* The address of element i of an f32 or f64 buffer. */
+/* The size of an element, and the address of element i of an f32 or f64 buffer. */
+static inline __attribute__((always_inline)) size_t dt_size(int dt) { return dt == KILN_F32 ? sizeof(float) : sizeof(double); }
 static inline __attribute__((always_inline)) void *dt_at(const void *x, int dt, int64_t i) {
   return dt == KILN_F32 ? (void *)((const float *)x + i) : (void *)((const double *)x + i);
 }
