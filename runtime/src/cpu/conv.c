@@ -142,23 +142,13 @@ static void col2im_f64(const struct geom *g, const double *restrict col, int64_t
   col2im(KILN_F64, g, col, n0, nb, c0, gx, lo, hi);
 }
 
-/* bias[i], or 0 where there is no bias, as the dtype holds it (the choice is made in the dtype, so
-   that gcc keeps the arithmetic that adds it in the dtype). */
-static inline __attribute__((always_inline)) double bias_at(const void *bias, int dt, int64_t i) {
-  if (dt == KILN_F32) {
-    float b = bias ? ((const float *)bias)[i] : 0.0f;
-    return b;
-  }
-  return bias ? ((const double *)bias)[i] : 0.0;
-}
-
 /* y[n0+i, o0+o, :] = buf[o, i*P : (i+1)*P] + bias[o0+o] (bias may be NULL). */
 static inline __attribute__((always_inline)) void scatter(int dt, const struct geom *g, const void *buf, int64_t n0, int64_t nb,
                                                           int64_t o0, int64_t no, int64_t O, const void *bias, void *y) {
   int64_t P = g->P, ld = nb * P;
   for (int64_t i = 0; i < nb; i++)
     for (int64_t o = 0; o < no; o++) {
-      double b = bias_at(bias, dt, o0 + o);
+      double b = dt_load_or(bias, dt, o0 + o, 0);
       void *d = dt_at(y, dt, ((n0 + i) * O + o0 + o) * P);
       const void *s = dt_at(buf, dt, o * ld + i * P);
       for (int64_t p = 0; p < P; p++) dt_store(d, dt, p, dt_add(dt, dt_load(s, dt, p), b));

@@ -5,7 +5,10 @@
    binary64 and rounded to binary32 gives the float result exactly, and gcc narrows the pair back to
    the float instruction (and contracts a multiply and an add into an FMA as it would in float), so
    the f32 code is the float code, bit for bit and instruction for instruction. A value carried
-   across loop iterations in double is not narrowed: keep such accumulators in their own type. */
+   across loop iterations in double is not narrowed: keep such accumulators in their own type.
+   Where two products meet in one sum, compute them into locals in the order of the expression
+   written in T: gcc fuses the first product computed into an FMA with the add, and it does not
+   compute a call's arguments in the order they are written. */
 #ifndef KILN_CPU_DTYPE_MATH_H
 #define KILN_CPU_DTYPE_MATH_H
 #include "../internal.h"
@@ -24,6 +27,16 @@ static inline __attribute__((always_inline)) void dt_store(void *x, int dt, int6
 static inline __attribute__((always_inline)) size_t dt_size(int dt) { return dt == KILN_F32 ? sizeof(float) : sizeof(double); }
 static inline __attribute__((always_inline)) void *dt_at(const void *x, int dt, int64_t i) {
   return dt == KILN_F32 ? (void *)((const float *)x + i) : (void *)((const double *)x + i);
+}
+
+/* x[i], or the value given where x is NULL (an optional weight or bias), chosen in the dtype: so
+   the arithmetic that uses it stays in the dtype. */
+static inline __attribute__((always_inline)) double dt_load_or(const void *x, int dt, int64_t i, double otherwise) {
+  if (dt == KILN_F32) {
+    float v = x ? ((const float *)x)[i] : (float)otherwise;
+    return v;
+  }
+  return x ? ((const double *)x)[i] : otherwise;
 }
 
 /* v rounded to the dtype: a scalar argument as the kernel's T would hold it. Round a negated scalar
