@@ -61,7 +61,7 @@ static inline __attribute__((always_inline)) double dt_select(int dt, int c, dou
   return c ? a : b;
 }
 
-/* libm in the dtype: sqrtf, expf, logf for f32. */
+/* sqrt in the dtype: sqrtf for f32 (libm stays the dtype's own). */
 static inline __attribute__((always_inline)) double dt_sqrt(int dt, double a) {
   return dt == KILN_F32 ? (double)sqrtf((float)a) : sqrt(a);
 }

@@ -15,8 +15,8 @@ static int float_dtype(const char *op, const struct kiln_tensor *t) {
                    kiln_dtype_name(t->dtype), kiln_shape_string(t));
 }
 
-/* Each kernel is one body over dt (cpu/dtype_math.h), with a named function per dtype that the
-   pool calls; the statistics are double whatever the dtype. */
+/* Each kernel is one body over dt (cpu/dtype_math.h), with a named function per dtype that
+   kiln_parallel_for calls; the statistics are double whatever the dtype. */
 
 /* Sums in double over eight lanes (the loops vectorise; the order is fixed): of x, of (x - m)^2,
    or of g * (x - m). */

@@ -38,8 +38,8 @@ static int float_dtype(const char *op, const struct kiln_tensor *t) {
 
 /* ---- max pooling ---- */
 
-/* Each kernel is one body over dt (cpu/dtype_math.h), with a named function per dtype that the
-   pool calls. */
+/* Each kernel is one body over dt (cpu/dtype_math.h), with a named function per dtype that
+   kiln_parallel_for calls. */
 
 /* best, at = v, i where v is larger or NaN: compared and chosen in the dtype, which gcc vectorises. */
 static inline __attribute__((always_inline)) void take(int dt, double *best, int64_t *at, double v, int64_t i) {

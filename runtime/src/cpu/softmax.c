@@ -25,8 +25,8 @@ struct sm_job {
   void *y;
 };
 
-/* Each kernel is one body over dt (cpu/dtype_math.h), with a named function per dtype that the
-   pool calls. */
+/* Each kernel is one body over dt (cpu/dtype_math.h), with a named function per dtype that
+   kiln_parallel_for calls. */
 
 /* exp in the dtype: f32 through kiln_vexpf, within 3e-7 of exp (cpu/vexp.h), so that loops over it
    vectorise. */
