@@ -22,13 +22,16 @@ static int float_dtype(const char *op, const struct kiln_tensor *t) {
    or of g * (x - m). */
 enum lane_term { TERM_X, TERM_SQUARE, TERM_DOT };
 
+static inline __attribute__((always_inline)) double lane_value(int dt, int term, const void *g, const void *x, int64_t i,
+                                                             double m) {
+  if (term == TERM_X) return dt_load(x, dt, i);
+  if (term == TERM_SQUARE) return (dt_load(x, dt, i) - m) * (dt_load(x, dt, i) - m);
+  return dt_load(g, dt, i) * (dt_load(x, dt, i) - m);
+}
 static inline __attribute__((always_inline)) double lanes(int dt, int term, const void *g, const void *x, int64_t n, double m) {
   double l[8] = {0}; int64_t i = 0;
-#define TERM(i) (term == TERM_X ? dt_load(x, dt, i) : term == TERM_SQUARE ? (dt_load(x, dt, i) - m) * (dt_load(x, dt, i) - m) \
-                                                    : dt_load(g, dt, i) * (dt_load(x, dt, i) - m))
-  for (; i + 8 <= n; i += 8) for (int k = 0; k < 8; k++) l[k] += TERM(i + k);
-  for (; i < n; i++) l[0] += TERM(i);
-#undef TERM
+  for (; i + 8 <= n; i += 8) for (int k = 0; k < 8; k++) l[k] += lane_value(dt, term, g, x, i + k, m);
+  for (; i < n; i++) l[0] += lane_value(dt, term, g, x, i, m);
   return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 static double sum_f32(const float *x, int64_t n) { return lanes(KILN_F32, TERM_X, NULL, x, n, 0); }

@@ -38,17 +38,20 @@ enum { SM_LANES = 16 };
 enum sm_term { SM_V, SM_EXP, SM_DOT };
 /* The lane sums of a line of D elements at stride st: of v = x[d], of exp(v - c) (v - c in the
    dtype), or of x[d] * z[d] (the softmax backward's sum of gy * y). */
+static inline __attribute__((always_inline)) double sm_value(int dt, int term, const void *x, const void *z, int64_t i,
+                                                           double cr) {
+  if (term == SM_V) return dt_load(x, dt, i);
+  if (term == SM_EXP) return sm_exp(dt, dt_sub(dt, dt_load(x, dt, i), cr));
+  return dt_load(x, dt, i) * dt_load(z, dt, i);
+}
 static inline __attribute__((always_inline)) double sm_lanes(int dt, int term, const void *x, const void *z, int64_t D,
                                                             int64_t st, double c) {
   double l[SM_LANES] = {0};
   const double cr = dt_round(dt, c);
   int64_t d = 0;
-#define TERM(i) (term == SM_V ? dt_load(x, dt, i) : term == SM_EXP ? sm_exp(dt, dt_sub(dt, dt_load(x, dt, i), cr)) \
-                                                  : dt_load(x, dt, i) * dt_load(z, dt, i))
   for (; d + SM_LANES <= D; d += SM_LANES)
-    for (int k = 0; k < SM_LANES; k++) l[k] += TERM((d + k) * st);
-  for (int k = 0; d < D; d++, k++) l[k] += TERM(d * st);
-#undef TERM
+    for (int k = 0; k < SM_LANES; k++) l[k] += sm_value(dt, term, x, z, (d + k) * st, cr);
+  for (int k = 0; d < D; d++, k++) l[k] += sm_value(dt, term, x, z, d * st, cr);
   return kiln_fold_lanes(l, SM_LANES);
 }
 static double sm_sum_f32(const float *x, int64_t D, int64_t st) { return sm_lanes(KILN_F32, SM_V, x, NULL, D, st, 0); }
