@@ -6,6 +6,7 @@
    grad weight by GEMM into one partial per part, the partials added in order; grad bias by a
    sum. Every result is therefore bitwise the same at any thread count. */
 #include "cpu.h"
+#include "dtype_math.h"
 #include "nn_calls.h"
 #include <stdlib.h>
 #include <string.h>
@@ -59,111 +60,129 @@ static void kernel_cols(const struct geom *g, int64_t *lo, int64_t *hi) {
   for (int64_t kj = 0; kj < g->kw; kj++) ow_range(g, kj * g->dw - g->pw, &lo[kj], &hi[kj]);
 }
 
+/* Each kernel below is one body over dt (cpu/dtype_math.h), with a named function per dtype that
+   the convolution calls. */
+
 /* col [K, nb*P] from images n0..n0+nb-1, input channels c0..c0+Cg-1 of x [N,C,H,W]. Each input
    row is read once for all kernel columns kj; rows outside the image give zeros. */
-#define IM2COL(T, sfx)                                                                               \
-NO_MEMCPY static void im2col_##sfx(const struct geom *g, const T *restrict x, int64_t n0, int64_t nb, int64_t c0, \
-                         T *restrict col, int64_t *lo, int64_t *hi) {                                 \
-  const int64_t ld = nb * g->P, OH = g->OH, OW = g->OW, H = g->H, W = g->W, kh = g->kh, kw = g->kw;  \
-  const int64_t sh = g->sh, sw = g->sw, ph = g->ph, pw = g->pw, dh = g->dh, dw = g->dw;             \
-  for (int64_t c = 0; c < g->Cg; c++)                                                                \
-    for (int64_t ki = 0; ki < kh; ki++) {                                                            \
-      T *rows = col + (c * kh + ki) * kw * ld;                                                       \
-      for (int64_t i = 0; i < nb; i++) {                                                             \
-        const T *plane = x + ((n0 + i) * g->C + c0 + c) * H * W;                                     \
-        for (int64_t oh = 0; oh < OH; oh++) {                                                        \
-          int64_t ih = oh * sh - ph + ki * dh, at = i * g->P + oh * OW;                              \
-          if (ih < 0 || ih >= H) {                                                                   \
-            for (int64_t kj = 0; kj < kw; kj++) memset(rows + kj * ld + at, 0, sizeof(T) * (size_t)OW); \
-            continue;                                                                                \
-          }                                                                                          \
-          const T *s = plane + ih * W;                                                               \
-          for (int64_t kj = 0; kj < kw; kj++) {                                                      \
-            T *d = rows + kj * ld + at;                                                              \
-            int64_t a = lo[kj], b = hi[kj], off = kj * dw - pw;                                      \
-            if (sw == 1 && a == 0 && b == OW && (OW & 7) == 0) {   /* whole rows, in blocks of 8 */  \
-              for (int64_t ow = 0; ow < OW; ow += 8)                                                 \
-                for (int k = 0; k < 8; k++) d[ow + k] = s[ow + k + off];                             \
-              continue;                                                                              \
-            }                                                                                        \
-            for (int64_t ow = 0; ow < a; ow++) d[ow] = 0;                                            \
-            if (sw == 1) for (int64_t ow = a; ow < b; ow++) d[ow] = s[ow + off];                     \
-            else for (int64_t ow = a; ow < b; ow++) d[ow] = s[ow * sw + off];                        \
-            for (int64_t ow = b; ow < OW; ow++) d[ow] = 0;                                           \
-          }                                                                                          \
-        }                                                                                            \
-      }                                                                                              \
-    }                                                                                                \
+NO_MEMCPY static inline __attribute__((always_inline)) void im2col(int dt, const struct geom *g, const void *restrict x,
+                                                                  int64_t n0, int64_t nb, int64_t c0, void *restrict col,
+                                                                  int64_t *lo, int64_t *hi) {
+  const int64_t ld = nb * g->P, OH = g->OH, OW = g->OW, H = g->H, W = g->W, kh = g->kh, kw = g->kw;
+  const int64_t sh = g->sh, sw = g->sw, ph = g->ph, pw = g->pw, dh = g->dh, dw = g->dw;
+  for (int64_t c = 0; c < g->Cg; c++)
+    for (int64_t ki = 0; ki < kh; ki++) {
+      void *rows = dt_at(col, dt, (c * kh + ki) * kw * ld);
+      for (int64_t i = 0; i < nb; i++) {
+        const void *plane = dt_at(x, dt, ((n0 + i) * g->C + c0 + c) * H * W);
+        for (int64_t oh = 0; oh < OH; oh++) {
+          int64_t ih = oh * sh - ph + ki * dh, at = i * g->P + oh * OW;
+          if (ih < 0 || ih >= H) {
+            for (int64_t kj = 0; kj < kw; kj++) memset(dt_at(rows, dt, kj * ld + at), 0, dt_size(dt) * (size_t)OW);
+            continue;
+          }
+          const void *s = dt_at(plane, dt, ih * W);
+          for (int64_t kj = 0; kj < kw; kj++) {
+            void *d = dt_at(rows, dt, kj * ld + at);
+            int64_t a = lo[kj], b = hi[kj], off = kj * dw - pw;
+            if (sw == 1 && a == 0 && b == OW && (OW & 7) == 0) {   /* whole rows, in blocks of 8 */
+              for (int64_t ow = 0; ow < OW; ow += 8)
+                for (int k = 0; k < 8; k++) dt_store(d, dt, ow + k, dt_load(s, dt, ow + k + off));
+              continue;
+            }
+            for (int64_t ow = 0; ow < a; ow++) dt_store(d, dt, ow, 0);
+            if (sw == 1) for (int64_t ow = a; ow < b; ow++) dt_store(d, dt, ow, dt_load(s, dt, ow + off));
+            else for (int64_t ow = a; ow < b; ow++) dt_store(d, dt, ow, dt_load(s, dt, ow * sw + off));
+            for (int64_t ow = b; ow < OW; ow++) dt_store(d, dt, ow, 0);
+          }
+        }
+      }
+    }
 }
-IM2COL(float, f32)
-IM2COL(double, f64)
+NO_MEMCPY static void im2col_f32(const struct geom *g, const float *restrict x, int64_t n0, int64_t nb, int64_t c0,
+                                 float *restrict col, int64_t *lo, int64_t *hi) {
+  im2col(KILN_F32, g, x, n0, nb, c0, col, lo, hi);
+}
+NO_MEMCPY static void im2col_f64(const struct geom *g, const double *restrict x, int64_t n0, int64_t nb, int64_t c0,
+                                 double *restrict col, int64_t *lo, int64_t *hi) {
+  im2col(KILN_F64, g, x, n0, nb, c0, col, lo, hi);
+}
 
 /* The adjoint of im2col: add col [K, nb*P] into images n0.. of gx [N,C,H,W]. The kernel column kj
    is the outer loop: neighbouring kj write overlapping stretches of a row, and a load right
    after an overlapping store would stall on store forwarding. */
-#define COL2IM(T, sfx)                                                                               \
-static void col2im_##sfx(const struct geom *g, const T *restrict col, int64_t n0, int64_t nb, int64_t c0, \
-                         T *restrict gx, int64_t *lo, int64_t *hi) {                                  \
-  const int64_t ld = nb * g->P, OH = g->OH, OW = g->OW, H = g->H, W = g->W, kh = g->kh, kw = g->kw;  \
-  const int64_t sh = g->sh, sw = g->sw, ph = g->ph, pw = g->pw, dh = g->dh, dw = g->dw;             \
-  for (int64_t c = 0; c < g->Cg; c++)                                                                \
-    for (int64_t ki = 0; ki < kh; ki++)                                                              \
-      for (int64_t kj = 0; kj < kw; kj++) {                                                          \
-        const T *row = col + ((c * kh + ki) * kw + kj) * ld;                                         \
-        int64_t a = lo[kj], b = hi[kj], off = kj * dw - pw;                                          \
-        for (int64_t i = 0; i < nb; i++) {                                                           \
-          T *plane = gx + ((n0 + i) * g->C + c0 + c) * H * W;                                        \
-          for (int64_t oh = 0; oh < OH; oh++) {                                                      \
-            int64_t ih = oh * sh - ph + ki * dh;                                                     \
-            if (ih < 0 || ih >= H) continue;                                                         \
-            const T *d = row + i * g->P + oh * OW;                                                   \
-            T *s = plane + ih * W;                                                                   \
-            if (sw == 1) for (int64_t ow = a; ow < b; ow++) s[ow + off] += d[ow];                    \
-            else for (int64_t ow = a; ow < b; ow++) s[ow * sw + off] += d[ow];                       \
-          }                                                                                          \
-        }                                                                                            \
-      }                                                                                              \
+static inline __attribute__((always_inline)) void col2im(int dt, const struct geom *g, const void *restrict col, int64_t n0,
+                                                         int64_t nb, int64_t c0, void *restrict gx, int64_t *lo, int64_t *hi) {
+  const int64_t ld = nb * g->P, OH = g->OH, OW = g->OW, H = g->H, W = g->W, kh = g->kh, kw = g->kw;
+  const int64_t sh = g->sh, sw = g->sw, ph = g->ph, pw = g->pw, dh = g->dh, dw = g->dw;
+  for (int64_t c = 0; c < g->Cg; c++)
+    for (int64_t ki = 0; ki < kh; ki++)
+      for (int64_t kj = 0; kj < kw; kj++) {
+        const void *row = dt_at(col, dt, ((c * kh + ki) * kw + kj) * ld);
+        int64_t a = lo[kj], b = hi[kj], off = kj * dw - pw;
+        for (int64_t i = 0; i < nb; i++) {
+          void *plane = dt_at(gx, dt, ((n0 + i) * g->C + c0 + c) * H * W);
+          for (int64_t oh = 0; oh < OH; oh++) {
+            int64_t ih = oh * sh - ph + ki * dh;
+            if (ih < 0 || ih >= H) continue;
+            const void *d = dt_at(row, dt, i * g->P + oh * OW);
+            void *s = dt_at(plane, dt, ih * W);
+            if (sw == 1) for (int64_t ow = a; ow < b; ow++) dt_store(s, dt, ow + off, dt_add(dt, dt_load(s, dt, ow + off), dt_load(d, dt, ow)));
+            else for (int64_t ow = a; ow < b; ow++) dt_store(s, dt, ow * sw + off, dt_add(dt, dt_load(s, dt, ow * sw + off), dt_load(d, dt, ow)));
+          }
+        }
+      }
 }
-COL2IM(float, f32)
-COL2IM(double, f64)
+static void col2im_f32(const struct geom *g, const float *restrict col, int64_t n0, int64_t nb, int64_t c0,
+                       float *restrict gx, int64_t *lo, int64_t *hi) {
+  col2im(KILN_F32, g, col, n0, nb, c0, gx, lo, hi);
+}
+static void col2im_f64(const struct geom *g, const double *restrict col, int64_t n0, int64_t nb, int64_t c0,
+                       double *restrict gx, int64_t *lo, int64_t *hi) {
+  col2im(KILN_F64, g, col, n0, nb, c0, gx, lo, hi);
+}
 
 /* y[n0+i, o0+o, :] = buf[o, i*P : (i+1)*P] + bias[o0+o] (bias may be NULL). */
-#define SCATTER(T, sfx)                                                                              \
-static void scatter_##sfx(const struct geom *g, const T *buf, int64_t n0, int64_t nb, int64_t o0, int64_t no, \
-                          int64_t O, const T *bias, T *y) {                                          \
-  int64_t P = g->P, ld = nb * P;                                                                     \
-  for (int64_t i = 0; i < nb; i++)                                                                   \
-    for (int64_t o = 0; o < no; o++) {                                                               \
-      T b = bias ? bias[o0 + o] : 0, *d = y + ((n0 + i) * O + o0 + o) * P;                           \
-      const T *s = buf + o * ld + i * P;                                                             \
-      for (int64_t p = 0; p < P; p++) d[p] = s[p] + b;                                               \
-    }                                                                                                \
+static inline __attribute__((always_inline)) void scatter(int dt, const struct geom *g, const void *buf, int64_t n0, int64_t nb,
+                                                          int64_t o0, int64_t no, int64_t O, const void *bias, void *y) {
+  int64_t P = g->P, ld = nb * P;
+  for (int64_t i = 0; i < nb; i++)
+    for (int64_t o = 0; o < no; o++) {
+      double b = dt_load_or(bias, dt, o0 + o, 0);
+      void *d = dt_at(y, dt, ((n0 + i) * O + o0 + o) * P);
+      const void *s = dt_at(buf, dt, o * ld + i * P);
+      for (int64_t p = 0; p < P; p++) dt_store(d, dt, p, dt_add(dt, dt_load(s, dt, p), b));
+    }
 }
-SCATTER(float, f32)
-SCATTER(double, f64)
+static void scatter_f32(const struct geom *g, const float *buf, int64_t n0, int64_t nb, int64_t o0, int64_t no,
+                        int64_t O, const float *bias, float *y) {
+  scatter(KILN_F32, g, buf, n0, nb, o0, no, O, bias, y);
+}
+static void scatter_f64(const struct geom *g, const double *buf, int64_t n0, int64_t nb, int64_t o0, int64_t no,
+                        int64_t O, const double *bias, double *y) {
+  scatter(KILN_F64, g, buf, n0, nb, o0, no, O, bias, y);
+}
 
-/* y[o, :] += bias[o] for the rows of one image's block [no, P]. */
-#define BIAS_ROWS(T, sfx)                                                                            \
-static void bias_rows_##sfx(const T *bias, int64_t no, int64_t P, T *y) {                            \
-  for (int64_t o = 0; o < no; o++) {                                                                 \
-    T b = bias[o], *d = y + o * P;                                                                   \
-    for (int64_t p = 0; p < P; p++) d[p] += b;                                                       \
-  }                                                                                                  \
+/* x[n, c, :] += bias[c] for images n0.. of x [N, C, HW]; with one image and C the block's rows,
+   y[o, :] += bias[o] for the rows of one image's block [no, P]. */
+static inline __attribute__((always_inline)) void add_bias(int dt, const void *bias, int64_t n0, int64_t nb, int64_t C,
+                                                           int64_t HW, void *x) {
+  for (int64_t i = 0; i < nb; i++)
+    for (int64_t c = 0; c < C; c++) {
+      double b = dt_load(bias, dt, c);
+      void *d = dt_at(x, dt, ((n0 + i) * C + c) * HW);
+      for (int64_t p = 0; p < HW; p++) dt_store(d, dt, p, dt_add(dt, dt_load(d, dt, p), b));
+    }
 }
-BIAS_ROWS(float, f32)
-BIAS_ROWS(double, f64)
-
-/* x[n, c, :] += bias[c] for images n0.. (the bias of conv_transpose2d). */
-#define ADD_BIAS(T, sfx)                                                                             \
-static void add_bias_##sfx(const T *bias, int64_t n0, int64_t nb, int64_t C, int64_t HW, T *x) {    \
-  for (int64_t i = 0; i < nb; i++)                                                                   \
-    for (int64_t c = 0; c < C; c++) {                                                                \
-      T b = bias[c], *d = x + ((n0 + i) * C + c) * HW;                                               \
-      for (int64_t p = 0; p < HW; p++) d[p] += b;                                                    \
-    }                                                                                                \
+static void bias_rows_f32(const float *bias, int64_t no, int64_t P, float *y) { add_bias(KILN_F32, bias, 0, 1, no, P, y); }
+static void bias_rows_f64(const double *bias, int64_t no, int64_t P, double *y) { add_bias(KILN_F64, bias, 0, 1, no, P, y); }
+/* the bias of conv_transpose2d */
+static void add_bias_f32(const float *bias, int64_t n0, int64_t nb, int64_t C, int64_t HW, float *x) {
+  add_bias(KILN_F32, bias, n0, nb, C, HW, x);
 }
-ADD_BIAS(float, f32)
-ADD_BIAS(double, f64)
+static void add_bias_f64(const double *bias, int64_t n0, int64_t nb, int64_t C, int64_t HW, double *x) {
+  add_bias(KILN_F64, bias, n0, nb, C, HW, x);
+}
 
 /* c = op(a) @ op(b) + beta * c, row-major. */
 static void gemm(int dt, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *a,

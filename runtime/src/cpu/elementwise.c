@@ -393,9 +393,18 @@ static void isfinite_f32(int64_t n, void *o, const void *const *in, const double
 static void isfinite_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; test_loop_f64(KILN_OP_ISFINITE, n, o, in); }
 static void isfinite_i64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; test_loop_i64(KILN_OP_ISFINITE, n, o, in); }
 
-#define WHERE(T, sfx) static void where_##sfx(int64_t n, void *o_, const void *const *in, const double *sc) { \
-    T *o = o_; const T *c = in[0], *a = in[1], *b = in[2]; (void)sc; for (int64_t i = 0; i < n; i++) o[i] = c[i] != 0 ? a[i] : b[i]; }
-WHERE(float, f32) WHERE(double, f64) WHERE(int64_t, i64)
+static void where_f32(int64_t n, void *o_, const void *const *in, const double *sc) {
+  float *o = o_; const float *c = in[0], *a = in[1], *b = in[2]; (void)sc;
+  for (int64_t i = 0; i < n; i++) o[i] = c[i] != 0 ? a[i] : b[i];
+}
+static void where_f64(int64_t n, void *o_, const void *const *in, const double *sc) {
+  double *o = o_; const double *c = in[0], *a = in[1], *b = in[2]; (void)sc;
+  for (int64_t i = 0; i < n; i++) o[i] = c[i] != 0 ? a[i] : b[i];
+}
+static void where_i64(int64_t n, void *o_, const void *const *in, const double *sc) {
+  int64_t *o = o_; const int64_t *c = in[0], *a = in[1], *b = in[2]; (void)sc;
+  for (int64_t i = 0; i < n; i++) o[i] = c[i] != 0 ? a[i] : b[i];
+}
 
 static void clamp_f32(int64_t n, void *o_, const void *const *in, const double *sc) {
   float *o = o_; const float *a = in[0]; float lo = (float)sc[0], hi = (float)sc[1];
@@ -411,32 +420,58 @@ static void clamp_i64(int64_t n, void *o_, const void *const *in, const double *
   for (int64_t i = 0; i < n; i++) { int64_t x = a[i] < lo ? lo : a[i]; o[i] = x > hi ? hi : x; }
 }
 
-#define ROW(name) {name##_f32, name##_f64, name##_i64}
-#define ROWF(name) {name##_f32, name##_f64, NULL}
+/* The kernels of each op for the compute dtypes f32, f64 and i64 (NULL: not for integers). */
 static const ew_fn kernels[KILN_OP_COUNT][3] = {
-  [KILN_OP_NEG] = ROW(neg), [KILN_OP_ABS] = ROW(abs), [KILN_OP_SIGN] = ROW(sign), [KILN_OP_SQRT] = ROWF(sqrt),
-  [KILN_OP_RSQRT] = ROWF(rsqrt), [KILN_OP_EXP] = ROWF(exp), [KILN_OP_LOG] = ROWF(log), [KILN_OP_LOG1P] = ROWF(log1p),
-  [KILN_OP_EXPM1] = ROWF(expm1), [KILN_OP_SIN] = ROWF(sin), [KILN_OP_COS] = ROWF(cos), [KILN_OP_TANH] = ROWF(tanh),
-  [KILN_OP_SIGMOID] = ROWF(sigmoid), [KILN_OP_RELU] = ROW(relu), [KILN_OP_FLOOR] = ROW(floor), [KILN_OP_CEIL] = ROW(ceil),
-  [KILN_OP_ROUND] = ROW(round), [KILN_OP_TRUNC] = ROW(trunc), [KILN_OP_RECIPROCAL] = ROWF(reciprocal),
-  [KILN_OP_SQUARE] = ROW(square), [KILN_OP_ERF] = ROWF(erf), [KILN_OP_LOGICAL_NOT] = ROW(logical_not),
-  [KILN_OP_ADD] = ROW(add), [KILN_OP_SUB] = ROW(sub), [KILN_OP_MUL] = ROW(mul), [KILN_OP_DIV] = ROWF(div),
-  [KILN_OP_POW] = ROW(pow), [KILN_OP_MAXIMUM] = ROW(maximum), [KILN_OP_MINIMUM] = ROW(minimum),
-  [KILN_OP_REMAINDER] = ROW(remainder), [KILN_OP_EQ] = ROW(eq), [KILN_OP_NE] = ROW(ne), [KILN_OP_LT] = ROW(lt),
-  [KILN_OP_LE] = ROW(le), [KILN_OP_GT] = ROW(gt), [KILN_OP_GE] = ROW(ge), [KILN_OP_LOGICAL_AND] = ROW(logical_and),
-  [KILN_OP_LOGICAL_OR] = ROW(logical_or), [KILN_OP_WHERE] = ROW(where), [KILN_OP_CLAMP] = ROW(clamp),
-  [KILN_OP_ISNAN] = ROW(isnan), [KILN_OP_ISINF] = ROW(isinf), [KILN_OP_ISFINITE] = ROW(isfinite),
+  [KILN_OP_NEG] = {neg_f32, neg_f64, neg_i64}, [KILN_OP_ABS] = {abs_f32, abs_f64, abs_i64},
+  [KILN_OP_SIGN] = {sign_f32, sign_f64, sign_i64}, [KILN_OP_SQRT] = {sqrt_f32, sqrt_f64, NULL},
+  [KILN_OP_RSQRT] = {rsqrt_f32, rsqrt_f64, NULL}, [KILN_OP_EXP] = {exp_f32, exp_f64, NULL},
+  [KILN_OP_LOG] = {log_f32, log_f64, NULL}, [KILN_OP_LOG1P] = {log1p_f32, log1p_f64, NULL},
+  [KILN_OP_EXPM1] = {expm1_f32, expm1_f64, NULL}, [KILN_OP_SIN] = {sin_f32, sin_f64, NULL},
+  [KILN_OP_COS] = {cos_f32, cos_f64, NULL}, [KILN_OP_TANH] = {tanh_f32, tanh_f64, NULL},
+  [KILN_OP_SIGMOID] = {sigmoid_f32, sigmoid_f64, NULL}, [KILN_OP_RELU] = {relu_f32, relu_f64, relu_i64},
+  [KILN_OP_FLOOR] = {floor_f32, floor_f64, floor_i64}, [KILN_OP_CEIL] = {ceil_f32, ceil_f64, ceil_i64},
+  [KILN_OP_ROUND] = {round_f32, round_f64, round_i64}, [KILN_OP_TRUNC] = {trunc_f32, trunc_f64, trunc_i64},
+  [KILN_OP_RECIPROCAL] = {reciprocal_f32, reciprocal_f64, NULL},
+  [KILN_OP_SQUARE] = {square_f32, square_f64, square_i64}, [KILN_OP_ERF] = {erf_f32, erf_f64, NULL},
+  [KILN_OP_LOGICAL_NOT] = {logical_not_f32, logical_not_f64, logical_not_i64},
+  [KILN_OP_ADD] = {add_f32, add_f64, add_i64}, [KILN_OP_SUB] = {sub_f32, sub_f64, sub_i64},
+  [KILN_OP_MUL] = {mul_f32, mul_f64, mul_i64}, [KILN_OP_DIV] = {div_f32, div_f64, NULL},
+  [KILN_OP_POW] = {pow_f32, pow_f64, pow_i64}, [KILN_OP_MAXIMUM] = {maximum_f32, maximum_f64, maximum_i64},
+  [KILN_OP_MINIMUM] = {minimum_f32, minimum_f64, minimum_i64},
+  [KILN_OP_REMAINDER] = {remainder_f32, remainder_f64, remainder_i64},
+  [KILN_OP_EQ] = {eq_f32, eq_f64, eq_i64}, [KILN_OP_NE] = {ne_f32, ne_f64, ne_i64},
+  [KILN_OP_LT] = {lt_f32, lt_f64, lt_i64}, [KILN_OP_LE] = {le_f32, le_f64, le_i64},
+  [KILN_OP_GT] = {gt_f32, gt_f64, gt_i64}, [KILN_OP_GE] = {ge_f32, ge_f64, ge_i64},
+  [KILN_OP_LOGICAL_AND] = {logical_and_f32, logical_and_f64, logical_and_i64},
+  [KILN_OP_LOGICAL_OR] = {logical_or_f32, logical_or_f64, logical_or_i64},
+  [KILN_OP_WHERE] = {where_f32, where_f64, where_i64}, [KILN_OP_CLAMP] = {clamp_f32, clamp_f64, clamp_i64},
+  [KILN_OP_ISNAN] = {isnan_f32, isnan_f64, isnan_i64}, [KILN_OP_ISINF] = {isinf_f32, isinf_f64, isinf_i64},
+  [KILN_OP_ISFINITE] = {isfinite_f32, isfinite_f64, isfinite_i64},
 };
 
 static int ctype_index(int ctype) { return ctype == KILN_F32 ? 0 : ctype == KILN_F64 ? 1 : 2; }
 
-/* Copy and fill: byte moves of one element size. */
-#define MOVE(bits) static void move##bits(int64_t n, void *o, const void *const *in, const double *sc) { \
-    (void)sc; memcpy(o, in[0], (size_t)n * (bits / 8)); }
-MOVE(8) MOVE(16) MOVE(32) MOVE(64)
-#define FILL(T, bits) static void fill##bits(int64_t n, void *o_, const void *const *in, const double *sc) { \
-    T *o = o_; T v; (void)in; memcpy(&v, sc, sizeof v); for (int64_t i = 0; i < n; i++) o[i] = v; }
-FILL(uint8_t, 8) FILL(uint16_t, 16) FILL(uint32_t, 32) FILL(uint64_t, 64)
+/* Copy and fill: byte moves of one element size. Each is one body over the size, a constant at
+   each call, with a named function per size. */
+static inline __attribute__((always_inline)) void move_elements(int64_t n, void *o, const void *in, size_t size) {
+  memcpy(o, in, (size_t)n * size);
+}
+static void move8(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; move_elements(n, o, in[0], 1); }
+static void move16(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; move_elements(n, o, in[0], 2); }
+static void move32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; move_elements(n, o, in[0], 4); }
+static void move64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; move_elements(n, o, in[0], 8); }
+
+/* n copies of the first size bytes of v; with size a constant each copy is one store (of a local,
+   which no store to o can change). */
+static inline __attribute__((always_inline)) void fill_elements(int64_t n, void *o, const void *v, size_t size) {
+  uint64_t bits;
+  memcpy(&bits, v, sizeof bits);
+  for (int64_t i = 0; i < n; i++) memcpy((char *)o + i * (int64_t)size, &bits, size);
+}
+static void fill8(int64_t n, void *o, const void *const *in, const double *sc) { (void)in; fill_elements(n, o, sc, 1); }
+static void fill16(int64_t n, void *o, const void *const *in, const double *sc) { (void)in; fill_elements(n, o, sc, 2); }
+static void fill32(int64_t n, void *o, const void *const *in, const double *sc) { (void)in; fill_elements(n, o, sc, 4); }
+static void fill64(int64_t n, void *o, const void *const *in, const double *sc) { (void)in; fill_elements(n, o, sc, 8); }
 
 /* ---- the engine ---- */
 
@@ -624,17 +659,26 @@ struct tiled {
   int64_t outer, qtiles;   /* work units: outer index (the dims but q and the last) x tile of dim q */
 };
 
-#define TILE_MOVE(T)                                                                                     \
-static void tile_##T(T *dst, const T *src, int64_t ni, int64_t nj, int64_t dq, int64_t sl) {           \
-  for (int64_t j0 = 0; j0 < nj; j0 += TILE) {                                                          \
-    int64_t mj = nj - j0 < TILE ? nj - j0 : TILE;                                                      \
-    for (int64_t i = 0; i < ni; i++)                                                                   \
-      for (int64_t j = j0; j < j0 + mj; j++) dst[i * dq + j] = src[i + j * sl];                        \
-  }                                                                                                    \
+/* One tile: dst[i * dq + j] = src[i + j * sl] for elements of size bytes (a constant at each call:
+   each element is one load and one store). */
+static inline __attribute__((always_inline)) void tile(size_t size, void *dst, const void *src, int64_t ni, int64_t nj,
+                                                       int64_t dq, int64_t sl) {
+  for (int64_t j0 = 0; j0 < nj; j0 += TILE) {
+    int64_t mj = nj - j0 < TILE ? nj - j0 : TILE;
+    for (int64_t i = 0; i < ni; i++)
+      for (int64_t j = j0; j < j0 + mj; j++)
+        memcpy((char *)dst + (i * dq + j) * (int64_t)size, (const char *)src + (i + j * sl) * (int64_t)size, size);
+  }
 }
-TILE_MOVE(uint8_t)
-TILE_MOVE(uint16_t)
-TILE_MOVE(uint64_t)
+static void tile_u8(uint8_t *dst, const uint8_t *src, int64_t ni, int64_t nj, int64_t dq, int64_t sl) {
+  tile(1, dst, src, ni, nj, dq, sl);
+}
+static void tile_u16(uint16_t *dst, const uint16_t *src, int64_t ni, int64_t nj, int64_t dq, int64_t sl) {
+  tile(2, dst, src, ni, nj, dq, sl);
+}
+static void tile_u64(uint64_t *dst, const uint64_t *src, int64_t ni, int64_t nj, int64_t dq, int64_t sl) {
+  tile(8, dst, src, ni, nj, dq, sl);
+}
 
 /* 4-byte elements (f32, i32) in 8x8 blocks transposed in registers: each block reads 8 rows of 8
    from the source and writes 8 rows of 8, whole 32-byte pieces on both sides. */
@@ -664,7 +708,7 @@ static inline void block8_u32(uint32_t *dst, int64_t dq, const uint32_t *src, in
 }
 #endif
 
-static void tile_uint32_t(uint32_t *dst, const uint32_t *src, int64_t ni, int64_t nj, int64_t dq, int64_t sl) {
+static void tile_u32(uint32_t *dst, const uint32_t *src, int64_t ni, int64_t nj, int64_t dq, int64_t sl) {
   int64_t i8 = ni & ~(int64_t)7, j8 = nj & ~(int64_t)7;
   for (int64_t j0 = 0; j0 < j8; j0 += 8)
     for (int64_t i0 = 0; i0 < i8; i0 += 8) block8_u32(dst + i0 * dq + j0, dq, src + i0 + j0 * sl, sl);
@@ -690,10 +734,10 @@ static void tiled_range(void *ctx, int64_t begin, int64_t end) {
     int64_t ni = t->sizes[t->q] - i0 < TILE ? t->sizes[t->q] - i0 : TILE, nj = t->sizes[last];
     int64_t dq = t->dstrides[t->q], sl = t->sstrides[last];
     switch (t->esize) {
-    case 1: tile_uint8_t((uint8_t *)t->dst + doff, (const uint8_t *)t->src + soff, ni, nj, dq, sl); break;
-    case 2: tile_uint16_t((uint16_t *)t->dst + doff, (const uint16_t *)t->src + soff, ni, nj, dq, sl); break;
-    case 4: tile_uint32_t((uint32_t *)t->dst + doff, (const uint32_t *)t->src + soff, ni, nj, dq, sl); break;
-    default: tile_uint64_t((uint64_t *)t->dst + doff, (const uint64_t *)t->src + soff, ni, nj, dq, sl); break;
+    case 1: tile_u8((uint8_t *)t->dst + doff, (const uint8_t *)t->src + soff, ni, nj, dq, sl); break;
+    case 2: tile_u16((uint16_t *)t->dst + doff, (const uint16_t *)t->src + soff, ni, nj, dq, sl); break;
+    case 4: tile_u32((uint32_t *)t->dst + doff, (const uint32_t *)t->src + soff, ni, nj, dq, sl); break;
+    default: tile_u64((uint64_t *)t->dst + doff, (const uint64_t *)t->src + soff, ni, nj, dq, sl); break;
     }
   }
 }

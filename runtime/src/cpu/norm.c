@@ -3,6 +3,7 @@
    depend on the thread count. Batch norm runs one task per channel, layer and group norm one
    per row; the weight and bias grads of layer and group norm run per column / channel. */
 #include "cpu.h"
+#include "dtype_math.h"
 #include "nn_calls.h"
 #include <math.h>
 #include <stdlib.h>
@@ -14,28 +15,64 @@ static int float_dtype(const char *op, const struct kiln_tensor *t) {
                    kiln_dtype_name(t->dtype), kiln_shape_string(t));
 }
 
-/* Sums in double over eight lanes (the loops vectorise; the order is fixed). */
-#define SUMS(T, sfx)                                                                                \
-static double sum_##sfx(const T *x, int64_t n) {                                                    \
-  double l[8] = {0}; int64_t i = 0;                                                                 \
-  for (; i + 8 <= n; i += 8) for (int k = 0; k < 8; k++) l[k] += x[i + k];                          \
-  for (; i < n; i++) l[0] += x[i];                                                                  \
-  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));                         \
-}                                                                                                   \
-static double sumsq_##sfx(const T *x, int64_t n, double m) {      /* sum (x - m)^2 */              \
-  double l[8] = {0}; int64_t i = 0;                                                                 \
-  for (; i + 8 <= n; i += 8) for (int k = 0; k < 8; k++) { double d = x[i + k] - m; l[k] += d * d; } \
-  for (; i < n; i++) { double d = x[i] - m; l[0] += d * d; }                                        \
-  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));                         \
-}                                                                                                   \
-static double dot_##sfx(const T *g, const T *x, int64_t n, double m) {   /* sum g * (x - m) */     \
-  double l[8] = {0}; int64_t i = 0;                                                                 \
-  for (; i + 8 <= n; i += 8) for (int k = 0; k < 8; k++) l[k] += (double)g[i + k] * (x[i + k] - m); \
-  for (; i < n; i++) l[0] += (double)g[i] * (x[i] - m);                                             \
-  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));                         \
+/* Each kernel is one body over dt (cpu/dtype_math.h), with a named function per dtype that
+   kiln_parallel_for calls; the statistics are double whatever the dtype. */
+
+/* Sums in double over eight lanes (the loops vectorise; the order is fixed): of x, of (x - m)^2,
+   or of g * (x - m). */
+enum lane_term { TERM_X, TERM_SQUARE, TERM_DOT };
+
+static inline __attribute__((always_inline)) double lane_value(int dt, int term, const void *g, const void *x, int64_t i,
+                                                             double m) {
+  if (term == TERM_X) return dt_load(x, dt, i);
+  if (term == TERM_SQUARE) return (dt_load(x, dt, i) - m) * (dt_load(x, dt, i) - m);
+  return dt_load(g, dt, i) * (dt_load(x, dt, i) - m);
 }
-SUMS(float, f32)
-SUMS(double, f64)
+static inline __attribute__((always_inline)) double lanes(int dt, int term, const void *g, const void *x, int64_t n, double m) {
+  double l[8] = {0}; int64_t i = 0;
+  for (; i + 8 <= n; i += 8) for (int k = 0; k < 8; k++) l[k] += lane_value(dt, term, g, x, i + k, m);
+  for (; i < n; i++) l[0] += lane_value(dt, term, g, x, i, m);
+  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+static double sum_f32(const float *x, int64_t n) { return lanes(KILN_F32, TERM_X, NULL, x, n, 0); }
+static double sum_f64(const double *x, int64_t n) { return lanes(KILN_F64, TERM_X, NULL, x, n, 0); }
+static double sumsq_f32(const float *x, int64_t n, double m) { return lanes(KILN_F32, TERM_SQUARE, NULL, x, n, m); }
+static double sumsq_f64(const double *x, int64_t n, double m) { return lanes(KILN_F64, TERM_SQUARE, NULL, x, n, m); }
+static double dot_f32(const float *g, const float *x, int64_t n, double m) { return lanes(KILN_F32, TERM_DOT, g, x, n, m); }
+static double dot_f64(const double *g, const double *x, int64_t n, double m) { return lanes(KILN_F64, TERM_DOT, g, x, n, m); }
+
+/* sum x, sum (x - m)^2 and sum g * (x - m) of n elements from element at of x (and g). */
+static inline __attribute__((always_inline)) double sum(int dt, const void *x, int64_t at, int64_t n) {
+  return dt == KILN_F32 ? sum_f32(dt_at(x, dt, at), n) : sum_f64(dt_at(x, dt, at), n);
+}
+static inline __attribute__((always_inline)) double sumsq(int dt, const void *x, int64_t at, int64_t n, double m) {
+  return dt == KILN_F32 ? sumsq_f32(dt_at(x, dt, at), n, m) : sumsq_f64(dt_at(x, dt, at), n, m);
+}
+static inline __attribute__((always_inline)) double dot(int dt, const void *g, const void *x, int64_t at, int64_t n, double m) {
+  return dt == KILN_F32 ? dot_f32(dt_at(g, dt, at), dt_at(x, dt, at), n, m) : dot_f64(dt_at(g, dt, at), dt_at(x, dt, at), n, m);
+}
+
+/* out[i] = x[i] * scale + shift, and out[i] = t1 * g[i] + t2 * x[i] + t3, in the dtype (the scalars
+   rounded to it) for n elements from element at. */
+static inline __attribute__((always_inline)) void scale_shift(int dt, void *out, const void *x, int64_t at, int64_t n,
+                                                              double scale, double shift) {
+  void *o = dt_at(out, dt, at);
+  const void *xs = dt_at(x, dt, at);
+  scale = dt_round(dt, scale); shift = dt_round(dt, shift);
+  for (int64_t i = 0; i < n; i++) dt_store(o, dt, i, dt_add(dt, dt_mul(dt, dt_load(xs, dt, i), scale), shift));
+}
+static inline __attribute__((always_inline)) void input_grad(int dt, void *gx, const void *g, const void *x, int64_t at, int64_t n,
+                                                             double t1, double t2, double t3) {
+  void *o = dt_at(gx, dt, at);
+  const void *gs = dt_at(g, dt, at), *xs = dt_at(x, dt, at);
+  t1 = dt_round(dt, t1); t2 = dt_round(dt, t2); t3 = dt_round(dt, t3);
+  for (int64_t i = 0; i < n; i++) {
+    /* the products in this order: gcc fuses the first into an FMA with the add */
+    double a = dt_mul(dt, t1, dt_load(gs, dt, i));
+    double b = dt_mul(dt, t2, dt_load(xs, dt, i));
+    dt_store(o, dt, i, dt_add(dt, dt_add(dt, a, b), t3));
+  }
+}
 
 /* ---- batch norm: x [N, C, S] ---- */
 
@@ -49,69 +86,57 @@ struct bn_job {
   int64_t rms, rvs;
 };
 
-#define BATCH_NORM(T, sfx)                                                                          \
-static void bn_forward_##sfx(void *ctx, int64_t begin, int64_t end) {                               \
-  const struct bn_job *j = ctx;                                                                     \
-  int64_t N = j->N, C = j->C, S = j->S;                                                             \
-  const T *x = j->x, *w = j->w, *b = j->b;                                                          \
-  T *y = j->y, *rm = j->rmean, *rv = j->rvar;                                                       \
-  for (int64_t c = begin; c < end; c++) {                                                           \
-    double mean, invstd;                                                                            \
-    if (j->batch_stats) {                                                                           \
-      double s = 0, q = 0, M = (double)(N * S);                                                     \
-      for (int64_t n = 0; n < N; n++) s += sum_##sfx(x + (n * C + c) * S, S);                       \
-      mean = M > 0 ? s / M : 0;   /* an empty batch: 0 and 1/sqrt(eps), as layer norm's rows */   \
-      for (int64_t n = 0; n < N; n++) q += sumsq_##sfx(x + (n * C + c) * S, S, mean);               \
-      double var = M > 0 ? q / M : 0;                                                               \
-      invstd = 1.0 / sqrt(var + j->eps);                                                            \
-      if (j->update) {                                                                              \
-        double m = j->momentum, unbiased = M > 1 ? q / (M - 1) : var;                               \
-        rm[c * j->rms] = (T)((1 - m) * rm[c * j->rms] + m * mean);                                  \
-        rv[c * j->rvs] = (T)((1 - m) * rv[c * j->rvs] + m * unbiased);                              \
-      }                                                                                             \
-    } else {                                                                                        \
-      mean = rm[c * j->rms];                                                                        \
-      invstd = 1.0 / sqrt((double)rv[c * j->rvs] + j->eps);                                         \
-    }                                                                                               \
-    ((T *)j->mean)[c] = (T)mean;                                                                    \
-    ((T *)j->invstd)[c] = (T)invstd;                                                                \
-    double a = invstd * (w ? w[c] : 1);                                                             \
-    T scale = (T)a, shift = (T)((b ? b[c] : 0) - mean * a);                                         \
-    for (int64_t n = 0; n < N; n++) {                                                               \
-      const T *xs = x + (n * C + c) * S;                                                            \
-      T *ys = y + (n * C + c) * S;                                                                  \
-      for (int64_t s = 0; s < S; s++) ys[s] = xs[s] * scale + shift;                                \
-    }                                                                                               \
-  }                                                                                                 \
-}                                                                                                   \
-static void bn_backward_##sfx(void *ctx, int64_t begin, int64_t end) {                              \
-  const struct bn_job *j = ctx;                                                                     \
-  int64_t N = j->N, C = j->C, S = j->S;                                                             \
-  const T *x = j->x, *w = j->w, *gy = j->gy;                                                        \
-  for (int64_t c = begin; c < end; c++) {                                                           \
-    double mean = ((const T *)j->mean)[c], invstd = ((const T *)j->invstd)[c], M = (double)(N * S);  \
-    double sg = 0, sgx = 0;                                                                         \
-    for (int64_t n = 0; n < N; n++) {                                                               \
-      sg += sum_##sfx(gy + (n * C + c) * S, S);                                                     \
-      sgx += dot_##sfx(gy + (n * C + c) * S, x + (n * C + c) * S, S, mean);                         \
-    }                                                                                               \
-    if (j->gw) ((T *)j->gw)[c] = (T)(sgx * invstd);                                                 \
-    if (j->gb) ((T *)j->gb)[c] = (T)sg;                                                             \
-    if (!j->gx) continue;                                                                           \
-    double a = invstd * (w ? w[c] : 1);                                                             \
-    /* gx = a * (gy - sg/M - (x - mean) * invstd^2 * sgx/M) = k1 * gy + k2 * x + k3 */             \
-    double k1 = a, k2 = j->batch_stats ? -a * invstd * invstd * sgx / M : 0;                        \
-    double k3 = j->batch_stats ? -a * sg / M - k2 * mean : 0;                                       \
-    T t1 = (T)k1, t2 = (T)k2, t3 = (T)k3;                                                           \
-    for (int64_t n = 0; n < N; n++) {                                                               \
-      const T *xs = x + (n * C + c) * S, *gs = gy + (n * C + c) * S;                                \
-      T *o = (T *)j->gx + (n * C + c) * S;                                                          \
-      for (int64_t s = 0; s < S; s++) o[s] = t1 * gs[s] + t2 * xs[s] + t3;                          \
-    }                                                                                               \
-  }                                                                                                 \
+static inline __attribute__((always_inline)) void bn_forward(int dt, const struct bn_job *j, int64_t begin, int64_t end) {
+  int64_t N = j->N, C = j->C, S = j->S;
+  for (int64_t c = begin; c < end; c++) {
+    double mean, invstd;
+    if (j->batch_stats) {
+      double s = 0, q = 0, M = (double)(N * S);
+      for (int64_t n = 0; n < N; n++) s += sum(dt, j->x, (n * C + c) * S, S);
+      mean = M > 0 ? s / M : 0;   /* an empty batch: 0 and 1/sqrt(eps), as layer norm's rows */
+      for (int64_t n = 0; n < N; n++) q += sumsq(dt, j->x, (n * C + c) * S, S, mean);
+      double var = M > 0 ? q / M : 0;
+      invstd = 1.0 / sqrt(var + j->eps);
+      if (j->update) {
+        double m = j->momentum, unbiased = M > 1 ? q / (M - 1) : var;
+        dt_store(j->rmean, dt, c * j->rms, (1 - m) * dt_load(j->rmean, dt, c * j->rms) + m * mean);
+        dt_store(j->rvar, dt, c * j->rvs, (1 - m) * dt_load(j->rvar, dt, c * j->rvs) + m * unbiased);
+      }
+    } else {
+      mean = dt_load(j->rmean, dt, c * j->rms);
+      invstd = 1.0 / sqrt(dt_load(j->rvar, dt, c * j->rvs) + j->eps);
+    }
+    dt_store(j->mean, dt, c, mean);
+    dt_store(j->invstd, dt, c, invstd);
+    double a = invstd * (j->w ? dt_load(j->w, dt, c) : 1);
+    double shift = (j->b ? dt_load(j->b, dt, c) : 0) - mean * a;
+    for (int64_t n = 0; n < N; n++) scale_shift(dt, j->y, j->x, (n * C + c) * S, S, a, shift);
+  }
 }
-BATCH_NORM(float, f32)
-BATCH_NORM(double, f64)
+static void bn_forward_f32(void *ctx, int64_t begin, int64_t end) { bn_forward(KILN_F32, ctx, begin, end); }
+static void bn_forward_f64(void *ctx, int64_t begin, int64_t end) { bn_forward(KILN_F64, ctx, begin, end); }
+
+static inline __attribute__((always_inline)) void bn_backward(int dt, const struct bn_job *j, int64_t begin, int64_t end) {
+  int64_t N = j->N, C = j->C, S = j->S;
+  for (int64_t c = begin; c < end; c++) {
+    double mean = dt_load(j->mean, dt, c), invstd = dt_load(j->invstd, dt, c), M = (double)(N * S);
+    double sg = 0, sgx = 0;
+    for (int64_t n = 0; n < N; n++) {
+      sg += sum(dt, j->gy, (n * C + c) * S, S);
+      sgx += dot(dt, j->gy, j->x, (n * C + c) * S, S, mean);
+    }
+    if (j->gw) dt_store(j->gw, dt, c, sgx * invstd);
+    if (j->gb) dt_store(j->gb, dt, c, sg);
+    if (!j->gx) continue;
+    double a = invstd * (j->w ? dt_load(j->w, dt, c) : 1);
+    /* gx = a * (gy - sg/M - (x - mean) * invstd^2 * sgx/M) = k1 * gy + k2 * x + k3 */
+    double k1 = a, k2 = j->batch_stats ? -a * invstd * invstd * sgx / M : 0;
+    double k3 = j->batch_stats ? -a * sg / M - k2 * mean : 0;
+    for (int64_t n = 0; n < N; n++) input_grad(dt, j->gx, j->gy, j->x, (n * C + c) * S, S, k1, k2, k3);
+  }
+}
+static void bn_backward_f32(void *ctx, int64_t begin, int64_t end) { bn_backward(KILN_F32, ctx, begin, end); }
+static void bn_backward_f64(void *ctx, int64_t begin, int64_t end) { bn_backward(KILN_F64, ctx, begin, end); }
 
 static void bn_shape(const struct kiln_tensor *x, struct bn_job *j) {
   j->N = x->sizes[0]; j->C = x->ndim > 1 ? x->sizes[1] : 1; j->S = 1;
@@ -176,96 +201,95 @@ struct rn_job {
 };
 
 /* The channel of element i of row r: layer norm: i; group norm: (r % G) * (C / G) + i / S. */
-#define ROW_NORM(T, sfx)                                                                            \
-static void rn_forward_##sfx(void *ctx, int64_t begin, int64_t end) {                               \
-  const struct rn_job *j = ctx;                                                                     \
-  int64_t L = j->L;                                                                                 \
-  const T *w = j->w, *b = j->b;                                                                     \
-  for (int64_t r = begin; r < end; r++) {                                                           \
-    const T *x = (const T *)j->x + r * L;                                                           \
-    T *y = (T *)j->y + r * L;                                                                       \
-    double mean = L ? sum_##sfx(x, L) / (double)L : 0;                                              \
-    double invstd = 1.0 / sqrt((L ? sumsq_##sfx(x, L, mean) / (double)L : 0) + j->eps);            \
-    ((T *)j->mean)[r] = (T)mean;                                                                    \
-    ((T *)j->invstd)[r] = (T)invstd;                                                                \
-    T m = (T)mean, is = (T)invstd;                                                                  \
-    if (!j->group) {                                                                                \
-      for (int64_t i = 0; i < L; i++) {                                                             \
-        T v = (x[i] - m) * is;                                                                      \
-        y[i] = v * (w ? w[i] : 1) + (b ? b[i] : 0);                                                 \
-      }                                                                                             \
-    } else {                                                                                        \
-      int64_t Cg = j->C / j->G, c0 = (r % j->G) * Cg, S = j->S;                                     \
-      for (int64_t c = 0; c < Cg; c++) {                                                            \
-        double a = invstd * (w ? w[c0 + c] : 1);                                                    \
-        T scale = (T)a, shift = (T)((b ? b[c0 + c] : 0) - mean * a);                                \
-        for (int64_t s = 0; s < S; s++) y[c * S + s] = x[c * S + s] * scale + shift;                \
-      }                                                                                             \
-    }                                                                                               \
-  }                                                                                                 \
-}                                                                                                   \
-static void rn_backward_rows_##sfx(void *ctx, int64_t begin, int64_t end) {                         \
-  const struct rn_job *j = ctx;                                                                     \
-  int64_t L = j->L, S = j->group ? j->S : 1, Cg = j->group ? j->C / j->G : L;                       \
-  const T *w = j->w;                                                                                \
-  for (int64_t r = begin; r < end; r++) {                                                           \
-    const T *x = (const T *)j->x + r * L, *gy = (const T *)j->gy + r * L;                           \
-    T *gx = (T *)j->gx + r * L;                                                                     \
-    double mean = ((const T *)j->mean)[r], invstd = ((const T *)j->invstd)[r];                      \
-    int64_t c0 = j->group ? (r % j->G) * Cg : 0;                                                    \
-    double a = 0, bs = 0;       /* sum of gy*w, and of gy*w*(x - mean) */                           \
-    for (int64_t c = 0; c < Cg; c++) {                                                              \
-      double wc = w ? w[c0 + c] : 1;                                                                \
-      a += wc * sum_##sfx(gy + c * S, S);                                                           \
-      bs += wc * dot_##sfx(gy + c * S, x + c * S, S, mean);                                         \
-    }                                                                                               \
-    double k2 = -invstd * invstd * invstd * bs / (double)L;                                         \
-    double k3 = -invstd * a / (double)L - k2 * mean;                                                \
-    T t2 = (T)k2, t3 = (T)k3;                                                                       \
-    for (int64_t c = 0; c < Cg; c++) {                                                              \
-      T t1 = (T)(invstd * (w ? w[c0 + c] : 1));                                                     \
-      const T *xs = x + c * S, *gs = gy + c * S;                                                    \
-      T *o = gx + c * S;                                                                            \
-      for (int64_t s = 0; s < S; s++) o[s] = t1 * gs[s] + t2 * xs[s] + t3;                          \
-    }                                                                                               \
-  }                                                                                                 \
-}                                                                                                   \
-/* Layer norm's weight and bias grads: columns [begin, end), rows in order. */                     \
-static void ln_backward_cols_##sfx(void *ctx, int64_t begin, int64_t end) {                         \
-  const struct rn_job *j = ctx;                                                                     \
-  int64_t L = j->L, n = end - begin;                                                                \
-  double *acc = calloc((size_t)(2 * n), sizeof(double)), *accb = acc + n;                           \
-  if (!acc) { __atomic_store_n((int *)&j->failed, 1, __ATOMIC_RELAXED); return; }                   \
-  for (int64_t r = 0; r < j->rows; r++) {                                                           \
-    const T *x = (const T *)j->x + r * L + begin, *gy = (const T *)j->gy + r * L + begin;           \
-    double mean = ((const T *)j->mean)[r], invstd = ((const T *)j->invstd)[r];                      \
-    for (int64_t i = 0; i < n; i++) { acc[i] += gy[i] * ((x[i] - mean) * invstd); accb[i] += gy[i]; } \
-  }                                                                                                 \
-  for (int64_t i = 0; i < n; i++) {                                                                 \
-    if (j->gw) ((T *)j->gw)[begin + i] = (T)acc[i];                                                 \
-    if (j->gb) ((T *)j->gb)[begin + i] = (T)accb[i];                                                \
-  }                                                                                                 \
-  free(acc);                                                                                        \
-}                                                                                                   \
-/* Group norm's weight and bias grads: channels [begin, end), images in order. */                  \
-static void gn_backward_channels_##sfx(void *ctx, int64_t begin, int64_t end) {                     \
-  const struct rn_job *j = ctx;                                                                     \
-  int64_t C = j->C, S = j->S, Cg = C / j->G, N = j->rows / j->G;                                    \
-  for (int64_t c = begin; c < end; c++) {                                                           \
-    double sw = 0, sb = 0;                                                                          \
-    for (int64_t n = 0; n < N; n++) {                                                               \
-      int64_t r = n * j->G + c / Cg;                                                                \
-      double mean = ((const T *)j->mean)[r], invstd = ((const T *)j->invstd)[r];                    \
-      const T *x = (const T *)j->x + (n * C + c) * S, *gy = (const T *)j->gy + (n * C + c) * S;     \
-      sw += invstd * dot_##sfx(gy, x, S, mean);                                                     \
-      sb += sum_##sfx(gy, S);                                                                       \
-    }                                                                                               \
-    if (j->gw) ((T *)j->gw)[c] = (T)sw;                                                             \
-    if (j->gb) ((T *)j->gb)[c] = (T)sb;                                                             \
-  }                                                                                                 \
+static inline __attribute__((always_inline)) void rn_forward(int dt, const struct rn_job *j, int64_t begin, int64_t end) {
+  int64_t L = j->L;
+  for (int64_t r = begin; r < end; r++) {
+    const void *x = dt_at(j->x, dt, r * L);
+    void *y = dt_at(j->y, dt, r * L);
+    double mean = L ? sum(dt, x, 0, L) / (double)L : 0;
+    double invstd = 1.0 / sqrt((L ? sumsq(dt, x, 0, L, mean) / (double)L : 0) + j->eps);
+    dt_store(j->mean, dt, r, mean);
+    dt_store(j->invstd, dt, r, invstd);
+    double m = dt_round(dt, mean), is = dt_round(dt, invstd);
+    if (!j->group) {
+      for (int64_t i = 0; i < L; i++) {
+        double v = dt_mul(dt, dt_sub(dt, dt_load(x, dt, i), m), is);
+        dt_store(y, dt, i, dt_add(dt, dt_mul(dt, v, dt_load_or(j->w, dt, i, 1)), dt_load_or(j->b, dt, i, 0)));
+      }
+    } else {
+      int64_t Cg = j->C / j->G, c0 = (r % j->G) * Cg, S = j->S;
+      for (int64_t c = 0; c < Cg; c++) {
+        double a = invstd * (j->w ? dt_load(j->w, dt, c0 + c) : 1);
+        scale_shift(dt, y, x, c * S, S, a, (j->b ? dt_load(j->b, dt, c0 + c) : 0) - mean * a);
+      }
+    }
+  }
 }
-ROW_NORM(float, f32)
-ROW_NORM(double, f64)
+static void rn_forward_f32(void *ctx, int64_t begin, int64_t end) { rn_forward(KILN_F32, ctx, begin, end); }
+static void rn_forward_f64(void *ctx, int64_t begin, int64_t end) { rn_forward(KILN_F64, ctx, begin, end); }
+
+static inline __attribute__((always_inline)) void rn_backward_rows(int dt, const struct rn_job *j, int64_t begin, int64_t end) {
+  int64_t L = j->L, S = j->group ? j->S : 1, Cg = j->group ? j->C / j->G : L;
+  for (int64_t r = begin; r < end; r++) {
+    const void *x = dt_at(j->x, dt, r * L), *gy = dt_at(j->gy, dt, r * L);
+    void *gx = dt_at(j->gx, dt, r * L);
+    double mean = dt_load(j->mean, dt, r), invstd = dt_load(j->invstd, dt, r);
+    int64_t c0 = j->group ? (r % j->G) * Cg : 0;
+    double a = 0, bs = 0;       /* sum of gy*w, and of gy*w*(x - mean) */
+    for (int64_t c = 0; c < Cg; c++) {
+      double wc = j->w ? dt_load(j->w, dt, c0 + c) : 1;
+      a += wc * sum(dt, gy, c * S, S);
+      bs += wc * dot(dt, gy, x, c * S, S, mean);
+    }
+    double k2 = -invstd * invstd * invstd * bs / (double)L;
+    double k3 = -invstd * a / (double)L - k2 * mean;
+    for (int64_t c = 0; c < Cg; c++)
+      input_grad(dt, gx, gy, x, c * S, S, invstd * (j->w ? dt_load(j->w, dt, c0 + c) : 1), k2, k3);
+  }
+}
+static void rn_backward_rows_f32(void *ctx, int64_t begin, int64_t end) { rn_backward_rows(KILN_F32, ctx, begin, end); }
+static void rn_backward_rows_f64(void *ctx, int64_t begin, int64_t end) { rn_backward_rows(KILN_F64, ctx, begin, end); }
+
+/* Layer norm's weight and bias grads: columns [begin, end), rows in order. */
+static inline __attribute__((always_inline)) void ln_backward_cols(int dt, const struct rn_job *j, int64_t begin, int64_t end) {
+  int64_t L = j->L, n = end - begin;
+  double *acc = calloc((size_t)(2 * n), sizeof(double)), *accb = acc + n;
+  if (!acc) { __atomic_store_n((int *)&j->failed, 1, __ATOMIC_RELAXED); return; }
+  for (int64_t r = 0; r < j->rows; r++) {
+    const void *x = dt_at(j->x, dt, r * L + begin), *gy = dt_at(j->gy, dt, r * L + begin);
+    double mean = dt_load(j->mean, dt, r), invstd = dt_load(j->invstd, dt, r);
+    for (int64_t i = 0; i < n; i++) {
+      double g = dt_load(gy, dt, i);
+      acc[i] += g * ((dt_load(x, dt, i) - mean) * invstd);
+      accb[i] += g;
+    }
+  }
+  for (int64_t i = 0; i < n; i++) {
+    if (j->gw) dt_store(j->gw, dt, begin + i, acc[i]);
+    if (j->gb) dt_store(j->gb, dt, begin + i, accb[i]);
+  }
+  free(acc);
+}
+static void ln_backward_cols_f32(void *ctx, int64_t begin, int64_t end) { ln_backward_cols(KILN_F32, ctx, begin, end); }
+static void ln_backward_cols_f64(void *ctx, int64_t begin, int64_t end) { ln_backward_cols(KILN_F64, ctx, begin, end); }
+
+/* Group norm's weight and bias grads: channels [begin, end), images in order. */
+static inline __attribute__((always_inline)) void gn_backward_channels(int dt, const struct rn_job *j, int64_t begin, int64_t end) {
+  int64_t C = j->C, S = j->S, Cg = C / j->G, N = j->rows / j->G;
+  for (int64_t c = begin; c < end; c++) {
+    double sw = 0, sb = 0;
+    for (int64_t n = 0; n < N; n++) {
+      int64_t r = n * j->G + c / Cg;
+      double mean = dt_load(j->mean, dt, r), invstd = dt_load(j->invstd, dt, r);
+      sw += invstd * dot(dt, j->gy, j->x, (n * C + c) * S, S, mean);
+      sb += sum(dt, j->gy, (n * C + c) * S, S);
+    }
+    if (j->gw) dt_store(j->gw, dt, c, sw);
+    if (j->gb) dt_store(j->gb, dt, c, sb);
+  }
+}
+static void gn_backward_channels_f32(void *ctx, int64_t begin, int64_t end) { gn_backward_channels(KILN_F32, ctx, begin, end); }
+static void gn_backward_channels_f64(void *ctx, int64_t begin, int64_t end) { gn_backward_channels(KILN_F64, ctx, begin, end); }
 
 /* Rows and their layout for layer norm (ints[0] = normalized_ndim) or group norm (ints[0] = groups). */
 static void rn_shape(const struct kiln_call *c, const struct kiln_tensor *x, struct rn_job *j) {

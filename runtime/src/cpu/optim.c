@@ -4,6 +4,7 @@
    algorithms operation by operation, in the parameter's dtype, and are written to vectorise:
    choices that change which buffers are read or written are hoisted out of the loops. */
 #include "cpu.h"
+#include "dtype_math.h"
 #include "optim_calls.h"
 #include <math.h>
 
@@ -14,139 +15,157 @@ enum { GRAIN = 32768 };
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
+/* Each update is one body over dt (cpu/dtype_math.h: f32 arithmetic stays f32) with a named
+   wrapper per dtype, cpu_<op>_f32 and cpu_<op>_f64, that the driver calls. A choice that changes
+   which buffers are read or written is a constant argument; a value the job's settings choose
+   inside the loop is met with dt_select. */
+
 /* PyTorch's lerp: start + w * (end - start) for a small weight, else end - (end - start) * (1 - w). */
-#define LERP(start, end, w, small) ((small) ? (start) + (w) * ((end) - (start)) : (end) - ((end) - (start)) * (1 - (w)))
+ALWAYS_INLINE double lerp(int dt, double start, double end, double w, int small) {
+  return dt_select(dt, small, dt_add(dt, start, dt_mul(dt, w, dt_sub(dt, end, start))),
+                   dt_sub(dt, end, dt_mul(dt, dt_sub(dt, end, start), dt_sub(dt, 1, w))));
+}
 
 /* ---- SGD: kind 0 without momentum, 1 the first step (buf = d), 2 later steps ---- */
 
-#define SGD_LOOPS(T, sfx)                                                                                 \
-ALWAYS_INLINE void sgd_loop_##sfx(int64_t n, T *restrict p, const T *restrict g, T *restrict buf,         \
-                                  const struct kiln_optim_job *j, const int kind) {                       \
-  const T lr = (T)j->lr, wd = (T)j->weight_decay, mom = (T)j->momentum, damp1 = (T)(1.0 - j->dampening);  \
-  const int has_wd = j->weight_decay != 0, nesterov = j->nesterov;                                        \
-  for (int64_t i = 0; i < n; i++) {                                                                       \
-    T d = g[i];                                                                                           \
-    if (has_wd) d = d + wd * p[i];                                                                        \
-    if (kind == 1) buf[i] = d;                                                                            \
-    if (kind == 2) { T b = buf[i] * mom; buf[i] = b + damp1 * d; }                                        \
-    if (kind != 0) d = nesterov ? d + mom * buf[i] : buf[i];                                              \
-    p[i] = p[i] + (-lr) * d;                                                                              \
-  }                                                                                                       \
-}                                                                                                         \
-static void cpu_sgd_##sfx(int64_t n, const struct kiln_optim_entry *e, int64_t at,                        \
-                          const struct kiln_optim_job *j) {                                               \
-  T *p = (T *)e->param + at, *buf = e->state[0] ? (T *)e->state[0] + at : NULL;                           \
-  const T *g = (const T *)e->grad + at;                                                                   \
-  if (j->momentum == 0) sgd_loop_##sfx(n, p, g, NULL, j, 0);                                              \
-  else if (j->first_step) sgd_loop_##sfx(n, p, g, buf, j, 1);                                             \
-  else sgd_loop_##sfx(n, p, g, buf, j, 2);                                                                \
+ALWAYS_INLINE void sgd_loop(int dt, int64_t n, void *restrict p, const void *restrict g, void *restrict buf,
+                            const struct kiln_optim_job *j, const int kind) {
+  const double nlr = dt_round(dt, -j->lr), wd = dt_round(dt, j->weight_decay), mom = dt_round(dt, j->momentum);
+  const double damp1 = dt_round(dt, 1.0 - j->dampening);
+  const int has_wd = j->weight_decay != 0, nesterov = j->nesterov;
+  for (int64_t i = 0; i < n; i++) {
+    double d = dt_load(g, dt, i);
+    d = dt_select(dt, has_wd, dt_add(dt, d, dt_mul(dt, wd, dt_load(p, dt, i))), d);
+    if (kind == 1) dt_store(buf, dt, i, d);
+    if (kind == 2) { double b = dt_mul(dt, dt_load(buf, dt, i), mom); dt_store(buf, dt, i, dt_add(dt, b, dt_mul(dt, damp1, d))); }
+    if (kind != 0) d = dt_select(dt, nesterov, dt_add(dt, d, dt_mul(dt, mom, dt_load(buf, dt, i))), dt_load(buf, dt, i));
+    dt_store(p, dt, i, dt_add(dt, dt_load(p, dt, i), dt_mul(dt, nlr, d)));
+  }
 }
-SGD_LOOPS(float, f32)
-SGD_LOOPS(double, f64)
+ALWAYS_INLINE void sgd(int dt, int64_t n, const struct kiln_optim_entry *e, int64_t at, const struct kiln_optim_job *j) {
+  void *p = dt_at(e->param, dt, at), *buf = e->state[0] ? dt_at(e->state[0], dt, at) : NULL;
+  const void *g = dt_at(e->grad, dt, at);
+  if (j->momentum == 0) sgd_loop(dt, n, p, g, NULL, j, 0);
+  else if (j->first_step) sgd_loop(dt, n, p, g, buf, j, 1);
+  else sgd_loop(dt, n, p, g, buf, j, 2);
+}
+static void cpu_sgd_f32(int64_t n, const struct kiln_optim_entry *e, int64_t at, const struct kiln_optim_job *j) {
+  sgd(KILN_F32, n, e, at, j);
+}
+static void cpu_sgd_f64(int64_t n, const struct kiln_optim_entry *e, int64_t at, const struct kiln_optim_job *j) {
+  sgd(KILN_F64, n, e, at, j);
+}
 
 /* ---- Adam and AdamW ---- */
 
-#define ADAM_LOOPS(T, sfx, SQRT)                                                                          \
-ALWAYS_INLINE void adam_loop_##sfx(int64_t n, T *restrict p, const T *restrict g, T *restrict m,          \
-                                   T *restrict v, T *restrict vmax, const struct kiln_optim_job *j,       \
-                                   const int amsgrad) {                                                   \
-  const T wd = (T)j->weight_decay, decay = (T)j->decay, w1 = (T)(1.0 - j->beta1), beta2 = (T)j->beta2;    \
-  const T c2 = (T)(1.0 - j->beta2), bc2 = (T)j->bias_correction2_sqrt, eps = (T)j->eps;                   \
-  const T nstep = (T)(-j->lr);                                                                            \
-  const int l2 = j->weight_decay != 0 && !j->decoupled, decoupled = j->weight_decay != 0 && j->decoupled; \
-  const int small = fabs((double)w1) < 0.5;                                                               \
-  for (int64_t i = 0; i < n; i++) {                                                                       \
-    T x = p[i], d = g[i];                                                                                 \
-    if (decoupled) x = x * decay;                                                                         \
-    if (l2) d = d + wd * x;                                                                               \
-    T mi = LERP(m[i], d, w1, small);                                                                      \
-    m[i] = mi;                                                                                            \
-    T vi = v[i] * beta2;                                                                                  \
-    vi = vi + c2 * d * d;                                                                                 \
-    v[i] = vi;                                                                                            \
-    if (amsgrad) { T a = vmax[i]; vi = (a != a || a > vi) ? a : vi; vmax[i] = vi; }                       \
-    T den = SQRT(vi) / bc2 + eps;                                                                         \
-    p[i] = x + nstep * mi / den;                                                                          \
-  }                                                                                                       \
-}                                                                                                         \
-static void cpu_adam_##sfx(int64_t n, const struct kiln_optim_entry *e, int64_t at,                       \
-                           const struct kiln_optim_job *j) {                                              \
-  T *p = (T *)e->param + at, *m = (T *)e->state[0] + at, *v = (T *)e->state[1] + at;                      \
-  const T *g = (const T *)e->grad + at;                                                                   \
-  if (j->amsgrad) adam_loop_##sfx(n, p, g, m, v, (T *)e->state[2] + at, j, 1);                            \
-  else adam_loop_##sfx(n, p, g, m, v, NULL, j, 0);                                                        \
+ALWAYS_INLINE void adam_loop(int dt, int64_t n, void *restrict p, const void *restrict g, void *restrict m,
+                             void *restrict v, void *restrict vmax, const struct kiln_optim_job *j,
+                             const int amsgrad) {
+  const double wd = dt_round(dt, j->weight_decay), decay = dt_round(dt, j->decay), w1 = dt_round(dt, 1.0 - j->beta1);
+  const double beta2 = dt_round(dt, j->beta2), c2 = dt_round(dt, 1.0 - j->beta2);
+  const double bc2 = dt_round(dt, j->bias_correction2_sqrt), eps = dt_round(dt, j->eps), nstep = dt_round(dt, -j->lr);
+  const int l2 = j->weight_decay != 0 && !j->decoupled, decoupled = j->weight_decay != 0 && j->decoupled;
+  const int small = fabs(w1) < 0.5;
+  for (int64_t i = 0; i < n; i++) {
+    double x = dt_load(p, dt, i), d = dt_load(g, dt, i);
+    x = dt_select(dt, decoupled, dt_mul(dt, x, decay), x);
+    d = dt_select(dt, l2, dt_add(dt, d, dt_mul(dt, wd, x)), d);
+    double mi = lerp(dt, dt_load(m, dt, i), d, w1, small);
+    dt_store(m, dt, i, mi);
+    double vi = dt_mul(dt, dt_load(v, dt, i), beta2);
+    vi = dt_add(dt, vi, dt_mul(dt, dt_mul(dt, c2, d), d));
+    dt_store(v, dt, i, vi);
+    if (amsgrad) { double a = dt_load(vmax, dt, i); vi = dt_select(dt, a != a || a > vi, a, vi); dt_store(vmax, dt, i, vi); }
+    double den = dt_add(dt, dt_div(dt, dt_sqrt(dt, vi), bc2), eps);
+    dt_store(p, dt, i, dt_add(dt, x, dt_div(dt, dt_mul(dt, nstep, mi), den)));
+  }
 }
-ADAM_LOOPS(float, f32, sqrtf)
-ADAM_LOOPS(double, f64, sqrt)
+ALWAYS_INLINE void adam(int dt, int64_t n, const struct kiln_optim_entry *e, int64_t at, const struct kiln_optim_job *j) {
+  void *p = dt_at(e->param, dt, at), *m = dt_at(e->state[0], dt, at), *v = dt_at(e->state[1], dt, at);
+  void *vmax = j->amsgrad ? dt_at(e->state[2], dt, at) : NULL;
+  const void *g = dt_at(e->grad, dt, at);
+  if (j->amsgrad) adam_loop(dt, n, p, g, m, v, vmax, j, 1);
+  else adam_loop(dt, n, p, g, m, v, NULL, j, 0);
+}
+static void cpu_adam_f32(int64_t n, const struct kiln_optim_entry *e, int64_t at, const struct kiln_optim_job *j) {
+  adam(KILN_F32, n, e, at, j);
+}
+static void cpu_adam_f64(int64_t n, const struct kiln_optim_entry *e, int64_t at, const struct kiln_optim_job *j) {
+  adam(KILN_F64, n, e, at, j);
+}
 
 /* ---- RMSprop: alpha travels as beta2 ---- */
 
-#define RMSPROP_LOOPS(T, sfx, SQRT)                                                                       \
-ALWAYS_INLINE void rmsprop_loop_##sfx(int64_t n, T *restrict p, const T *restrict g, T *restrict sq,      \
-                                      T *restrict buf, T *restrict ga, const struct kiln_optim_job *j,    \
-                                      const int has_momentum, const int centered) {                       \
-  const T lr = (T)j->lr, wd = (T)j->weight_decay, alpha = (T)j->beta2, c = (T)(1.0 - j->beta2);           \
-  const T eps = (T)j->eps, mom = (T)j->momentum;                                                          \
-  const int has_wd = j->weight_decay != 0, small = fabs(1.0 - j->beta2) < 0.5;                            \
-  for (int64_t i = 0; i < n; i++) {                                                                       \
-    T x = p[i], d = g[i];                                                                                 \
-    if (has_wd) d = d + wd * x;                                                                           \
-    T s = sq[i] * alpha;                                                                                  \
-    s = s + c * d * d;                                                                                    \
-    sq[i] = s;                                                                                            \
-    T avg;                                                                                                \
-    if (centered) {                                                                                       \
-      T a = LERP(ga[i], d, c, small);                                                                     \
-      ga[i] = a;                                                                                          \
-      avg = SQRT(s + (T)-1 * a * a);                                                                      \
-    } else {                                                                                              \
-      avg = SQRT(s);                                                                                      \
-    }                                                                                                     \
-    avg = avg + eps;                                                                                      \
-    if (has_momentum) {                                                                                   \
-      T b = buf[i] * mom;                                                                                 \
-      b = b + d / avg;                                                                                    \
-      buf[i] = b;                                                                                         \
-      p[i] = x + (-lr) * b;                                                                               \
-    } else {                                                                                              \
-      p[i] = x + (-lr) * d / avg;                                                                         \
-    }                                                                                                     \
-  }                                                                                                       \
-}                                                                                                         \
-static void cpu_rmsprop_##sfx(int64_t n, const struct kiln_optim_entry *e, int64_t at,                    \
-                              const struct kiln_optim_job *j) {                                           \
-  T *p = (T *)e->param + at, *sq = (T *)e->state[0] + at;                                                 \
-  T *buf = e->state[1] ? (T *)e->state[1] + at : NULL, *ga = e->state[2] ? (T *)e->state[2] + at : NULL;  \
-  const T *g = (const T *)e->grad + at;                                                                   \
-  int mom = j->momentum > 0;                                                                              \
-  if (mom && j->centered) rmsprop_loop_##sfx(n, p, g, sq, buf, ga, j, 1, 1);                              \
-  else if (mom) rmsprop_loop_##sfx(n, p, g, sq, buf, NULL, j, 1, 0);                                      \
-  else if (j->centered) rmsprop_loop_##sfx(n, p, g, sq, NULL, ga, j, 0, 1);                               \
-  else rmsprop_loop_##sfx(n, p, g, sq, NULL, NULL, j, 0, 0);                                              \
+ALWAYS_INLINE void rmsprop_loop(int dt, int64_t n, void *restrict p, const void *restrict g, void *restrict sq,
+                                void *restrict buf, void *restrict ga, const struct kiln_optim_job *j,
+                                const int has_momentum, const int centered) {
+  const double nlr = dt_round(dt, -j->lr), wd = dt_round(dt, j->weight_decay), alpha = dt_round(dt, j->beta2);
+  const double c = dt_round(dt, 1.0 - j->beta2), eps = dt_round(dt, j->eps), mom = dt_round(dt, j->momentum);
+  const int has_wd = j->weight_decay != 0, small = fabs(1.0 - j->beta2) < 0.5;
+  for (int64_t i = 0; i < n; i++) {
+    double x = dt_load(p, dt, i), d = dt_load(g, dt, i);
+    d = dt_select(dt, has_wd, dt_add(dt, d, dt_mul(dt, wd, x)), d);
+    double s = dt_mul(dt, dt_load(sq, dt, i), alpha);
+    s = dt_add(dt, s, dt_mul(dt, dt_mul(dt, c, d), d));
+    dt_store(sq, dt, i, s);
+    double avg;
+    if (centered) {
+      double a = lerp(dt, dt_load(ga, dt, i), d, c, small);
+      dt_store(ga, dt, i, a);
+      avg = dt_sqrt(dt, dt_sub(dt, s, dt_mul(dt, a, a)));   /* s + (-1 * a) * a, exactly */
+    } else {
+      avg = dt_sqrt(dt, s);
+    }
+    avg = dt_add(dt, avg, eps);
+    if (has_momentum) {
+      double b = dt_mul(dt, dt_load(buf, dt, i), mom);
+      b = dt_add(dt, b, dt_div(dt, d, avg));
+      dt_store(buf, dt, i, b);
+      dt_store(p, dt, i, dt_add(dt, x, dt_mul(dt, nlr, b)));
+    } else {
+      dt_store(p, dt, i, dt_add(dt, x, dt_div(dt, dt_mul(dt, nlr, d), avg)));
+    }
+  }
 }
-RMSPROP_LOOPS(float, f32, sqrtf)
-RMSPROP_LOOPS(double, f64, sqrt)
+ALWAYS_INLINE void rmsprop(int dt, int64_t n, const struct kiln_optim_entry *e, int64_t at, const struct kiln_optim_job *j) {
+  void *p = dt_at(e->param, dt, at), *sq = dt_at(e->state[0], dt, at);
+  void *buf = e->state[1] ? dt_at(e->state[1], dt, at) : NULL, *ga = e->state[2] ? dt_at(e->state[2], dt, at) : NULL;
+  const void *g = dt_at(e->grad, dt, at);
+  int mom = j->momentum > 0;
+  if (mom && j->centered) rmsprop_loop(dt, n, p, g, sq, buf, ga, j, 1, 1);
+  else if (mom) rmsprop_loop(dt, n, p, g, sq, buf, NULL, j, 1, 0);
+  else if (j->centered) rmsprop_loop(dt, n, p, g, sq, NULL, ga, j, 0, 1);
+  else rmsprop_loop(dt, n, p, g, sq, NULL, NULL, j, 0, 0);
+}
+static void cpu_rmsprop_f32(int64_t n, const struct kiln_optim_entry *e, int64_t at, const struct kiln_optim_job *j) {
+  rmsprop(KILN_F32, n, e, at, j);
+}
+static void cpu_rmsprop_f64(int64_t n, const struct kiln_optim_entry *e, int64_t at, const struct kiln_optim_job *j) {
+  rmsprop(KILN_F64, n, e, at, j);
+}
 
 /* ---- Adagrad: j->lr is already decayed ---- */
 
-#define ADAGRAD_LOOPS(T, sfx, SQRT)                                                                       \
-static void cpu_adagrad_##sfx(int64_t n, const struct kiln_optim_entry *e, int64_t at,                    \
-                              const struct kiln_optim_job *j) {                                           \
-  T *restrict p = (T *)e->param + at, *restrict sum = (T *)e->state[0] + at;                              \
-  const T *restrict g = (const T *)e->grad + at;                                                          \
-  const T nlr = (T)(-j->lr), wd = (T)j->weight_decay, eps = (T)j->eps;                                    \
-  const int has_wd = j->weight_decay != 0;                                                                \
-  for (int64_t i = 0; i < n; i++) {                                                                       \
-    T x = p[i], d = g[i];                                                                                 \
-    if (has_wd) d = d + wd * x;                                                                           \
-    T s = sum[i] + (T)1 * d * d;                                                                          \
-    sum[i] = s;                                                                                           \
-    T std = SQRT(s) + eps;                                                                                \
-    p[i] = x + nlr * d / std;                                                                             \
-  }                                                                                                       \
+ALWAYS_INLINE void adagrad(int dt, int64_t n, const struct kiln_optim_entry *e, int64_t at, const struct kiln_optim_job *j) {
+  void *restrict p = dt_at(e->param, dt, at), *restrict sum = dt_at(e->state[0], dt, at);
+  const void *restrict g = dt_at(e->grad, dt, at);
+  const double nlr = dt_round(dt, -j->lr), wd = dt_round(dt, j->weight_decay), eps = dt_round(dt, j->eps);
+  const int has_wd = j->weight_decay != 0;
+  for (int64_t i = 0; i < n; i++) {
+    double x = dt_load(p, dt, i), d = dt_load(g, dt, i);
+    d = dt_select(dt, has_wd, dt_add(dt, d, dt_mul(dt, wd, x)), d);
+    double s = dt_add(dt, dt_load(sum, dt, i), dt_mul(dt, dt_mul(dt, 1, d), d));
+    dt_store(sum, dt, i, s);
+    double std = dt_add(dt, dt_sqrt(dt, s), eps);
+    dt_store(p, dt, i, dt_add(dt, x, dt_div(dt, dt_mul(dt, nlr, d), std)));
+  }
 }
-ADAGRAD_LOOPS(float, f32, sqrtf)
-ADAGRAD_LOOPS(double, f64, sqrt)
+static void cpu_adagrad_f32(int64_t n, const struct kiln_optim_entry *e, int64_t at, const struct kiln_optim_job *j) {
+  adagrad(KILN_F32, n, e, at, j);
+}
+static void cpu_adagrad_f64(int64_t n, const struct kiln_optim_entry *e, int64_t at, const struct kiln_optim_job *j) {
+  adagrad(KILN_F64, n, e, at, j);
+}
 
 /* ---- the driver ---- */
 

@@ -2,6 +2,7 @@
    channel of one image) is independent; kiln's pool takes the planes in ranges. Max pooling saves
    the index (h * W + w) of each window's maximum; its backward adds grad there. */
 #include "cpu.h"
+#include "dtype_math.h"
 #include "nn_calls.h"
 #include <math.h>
 #include <string.h>
@@ -37,64 +38,75 @@ static int float_dtype(const char *op, const struct kiln_tensor *t) {
 
 /* ---- max pooling ---- */
 
-#define MAX_POOL(T, sfx)                                                                            \
-static void max_pool_planes_##sfx(void *ctx, int64_t begin, int64_t end) {                          \
-  const struct pool_job *j = ctx;                                                                   \
-  int64_t H = j->H, W = j->W, OH = j->OH, OW = j->OW;                                               \
-  for (int64_t p = begin; p < end; p++) {                                                           \
-    const T *x = (const T *)j->in + p * H * W;                                                      \
-    T *y = (T *)j->out + p * OH * OW;                                                               \
-    int64_t *idx = j->idx + p * OH * OW;                                                            \
-    if (j->kh == 2 && j->kw == 2 && j->sh == 2 && j->sw == 2 && j->ph == 0 && j->pw == 0 &&         \
-        j->dh == 1 && j->dw == 1 && 2 * OH <= H && 2 * OW <= W) {   /* the common case, unchecked */  \
-      for (int64_t oh = 0; oh < OH; oh++) {                                                         \
-        const T *r0 = x + 2 * oh * W, *r1 = r0 + W;                                                 \
-        for (int64_t ow = 0; ow < OW; ow++) {                                                       \
-          int64_t w0 = 2 * ow;                                                                      \
-          T best = r0[w0]; int64_t bi = 2 * oh * W + w0;                                            \
-          if (r0[w0 + 1] > best || r0[w0 + 1] != r0[w0 + 1]) { best = r0[w0 + 1]; bi = 2 * oh * W + w0 + 1; } \
-          if (r1[w0] > best || r1[w0] != r1[w0]) { best = r1[w0]; bi = (2 * oh + 1) * W + w0; }   \
-          if (r1[w0 + 1] > best || r1[w0 + 1] != r1[w0 + 1]) { best = r1[w0 + 1]; bi = (2 * oh + 1) * W + w0 + 1; } \
-          y[oh * OW + ow] = best; idx[oh * OW + ow] = bi;                                           \
-        }                                                                                           \
-      }                                                                                             \
-      continue;                                                                                     \
-    }                                                                                               \
-    for (int64_t oh = 0; oh < OH; oh++) {                                                           \
-      int64_t hs = oh * j->sh - j->ph;                                                              \
-      for (int64_t ow = 0; ow < OW; ow++) {                                                         \
-        int64_t ws = ow * j->sw - j->pw;                                                            \
-        T best = -INFINITY; int64_t bi = -1;                                                        \
-        for (int64_t ki = 0; ki < j->kh; ki++) {                                                    \
-          int64_t ih = hs + ki * j->dh;                                                             \
-          if (ih < 0 || ih >= H) continue;                                                          \
-          for (int64_t kj = 0; kj < j->kw; kj++) {                                                  \
-            int64_t iw = ws + kj * j->dw;                                                           \
-            if (iw < 0 || iw >= W) continue;                                                        \
-            T v = x[ih * W + iw];                                                                   \
-            if (bi < 0 || v > best || v != v) { best = v; bi = ih * W + iw; }                       \
-            if (v != v) goto found_##sfx;   /* NaN wins, as in PyTorch */                          \
-          }                                                                                         \
-        }                                                                                           \
-      found_##sfx:                                                                                  \
-        y[oh * OW + ow] = best; idx[oh * OW + ow] = bi < 0 ? 0 : bi;                                \
-      }                                                                                             \
-    }                                                                                               \
-  }                                                                                                 \
-}                                                                                                   \
-static void max_pool_back_planes_##sfx(void *ctx, int64_t begin, int64_t end) {                     \
-  const struct pool_job *j = ctx;                                                                   \
-  int64_t HW = j->H * j->W, OHW = j->OH * j->OW;                                                    \
-  for (int64_t p = begin; p < end; p++) {                                                           \
-    const T *gy = (const T *)j->in + p * OHW;                                                       \
-    const int64_t *idx = j->idx + p * OHW;                                                          \
-    T *gx = (T *)j->out + p * HW;                                                                   \
-    memset(gx, 0, sizeof(T) * (size_t)HW);                                                          \
-    for (int64_t o = 0; o < OHW; o++) gx[idx[o]] += gy[o];                                          \
-  }                                                                                                 \
+/* Each kernel is one body over dt (cpu/dtype_math.h), with a named function per dtype that
+   kiln_parallel_for calls. */
+
+/* best, at = v, i where v is larger or NaN: compared and chosen in the dtype, which gcc vectorises. */
+static inline __attribute__((always_inline)) void take(int dt, double *best, int64_t *at, double v, int64_t i) {
+  int t = dt == KILN_F32 ? (float)v > (float)*best || (float)v != (float)v : v > *best || v != v;
+  *best = dt_select(dt, t, v, *best);
+  *at = t ? i : *at;
 }
-MAX_POOL(float, f32)
-MAX_POOL(double, f64)
+
+static inline __attribute__((always_inline)) void max_pool_planes(int dt, const struct pool_job *j, int64_t begin, int64_t end) {
+  int64_t H = j->H, W = j->W, OH = j->OH, OW = j->OW;
+  for (int64_t p = begin; p < end; p++) {
+    const void *x = dt_at(j->in, dt, p * H * W);
+    void *y = dt_at(j->out, dt, p * OH * OW);
+    int64_t *idx = j->idx + p * OH * OW;
+    if (j->kh == 2 && j->kw == 2 && j->sh == 2 && j->sw == 2 && j->ph == 0 && j->pw == 0 &&
+        j->dh == 1 && j->dw == 1 && 2 * OH <= H && 2 * OW <= W) {   /* the common case, unchecked */
+      for (int64_t oh = 0; oh < OH; oh++) {
+        int64_t r0 = 2 * oh * W, r1 = r0 + W;   /* the window's two rows */
+        for (int64_t ow = 0; ow < OW; ow++) {
+          int64_t w0 = 2 * ow;
+          double best = dt_load(x, dt, r0 + w0);
+          int64_t bi = r0 + w0;
+          take(dt, &best, &bi, dt_load(x, dt, r0 + w0 + 1), r0 + w0 + 1);
+          take(dt, &best, &bi, dt_load(x, dt, r1 + w0), r1 + w0);
+          take(dt, &best, &bi, dt_load(x, dt, r1 + w0 + 1), r1 + w0 + 1);
+          dt_store(y, dt, oh * OW + ow, best); idx[oh * OW + ow] = bi;
+        }
+      }
+      continue;
+    }
+    for (int64_t oh = 0; oh < OH; oh++) {
+      int64_t hs = oh * j->sh - j->ph;
+      for (int64_t ow = 0; ow < OW; ow++) {
+        int64_t ws = ow * j->sw - j->pw;
+        double best = -INFINITY; int64_t bi = -1;
+        for (int64_t ki = 0; ki < j->kh; ki++) {
+          int64_t ih = hs + ki * j->dh;
+          if (ih < 0 || ih >= H) continue;
+          for (int64_t kj = 0; kj < j->kw; kj++) {
+            int64_t iw = ws + kj * j->dw;
+            if (iw < 0 || iw >= W) continue;
+            double v = dt_load(x, dt, ih * W + iw);
+            if (bi < 0 || v > best || v != v) { best = v; bi = ih * W + iw; }
+            if (v != v) goto found;   /* NaN wins, as in PyTorch */
+          }
+        }
+      found:
+        dt_store(y, dt, oh * OW + ow, best); idx[oh * OW + ow] = bi < 0 ? 0 : bi;
+      }
+    }
+  }
+}
+static void max_pool_planes_f32(void *ctx, int64_t begin, int64_t end) { max_pool_planes(KILN_F32, ctx, begin, end); }
+static void max_pool_planes_f64(void *ctx, int64_t begin, int64_t end) { max_pool_planes(KILN_F64, ctx, begin, end); }
+
+static inline __attribute__((always_inline)) void max_pool_back_planes(int dt, const struct pool_job *j, int64_t begin, int64_t end) {
+  int64_t HW = j->H * j->W, OHW = j->OH * j->OW;
+  for (int64_t p = begin; p < end; p++) {
+    const void *gy = dt_at(j->in, dt, p * OHW);
+    const int64_t *idx = j->idx + p * OHW;
+    void *gx = dt_at(j->out, dt, p * HW);
+    memset(gx, 0, dt_size(dt) * (size_t)HW);
+    for (int64_t o = 0; o < OHW; o++) dt_store(gx, dt, idx[o], dt_add(dt, dt_load(gx, dt, idx[o]), dt_load(gy, dt, o)));
+  }
+}
+static void max_pool_back_planes_f32(void *ctx, int64_t begin, int64_t end) { max_pool_back_planes(KILN_F32, ctx, begin, end); }
+static void max_pool_back_planes_f64(void *ctx, int64_t begin, int64_t end) { max_pool_back_planes(KILN_F64, ctx, begin, end); }
 
 int cpu_max_pool2d(const struct kiln_call *c) {
   struct kiln_tensor *y = c->out, *ind = (struct kiln_tensor *)c->extra;
@@ -145,48 +157,61 @@ static int64_t window(const struct pool_job *j, int64_t o, int64_t on, int64_t n
   return j->count_include_pad ? padded : *e - *s;
 }
 
-#define AVG_POOL(T, sfx)                                                                            \
-static void avg_pool_planes_##sfx(void *ctx, int64_t begin, int64_t end) {                         \
-  const struct pool_job *j = ctx;                                                                   \
-  int64_t H = j->H, W = j->W, OH = j->OH, OW = j->OW;                                               \
-  for (int64_t p = begin; p < end; p++) {                                                           \
-    const T *x = (const T *)j->in + p * H * W;                                                      \
-    T *y = (T *)j->out + p * OH * OW;                                                               \
-    for (int64_t oh = 0; oh < OH; oh++) {                                                           \
-      int64_t hs, he, ch = window(j, oh, OH, H, j->kh, j->sh, j->ph, &hs, &he);                     \
-      for (int64_t ow = 0; ow < OW; ow++) {                                                         \
-        int64_t ws, we, cw = window(j, ow, OW, W, j->kw, j->sw, j->pw, &ws, &we);                   \
-        int64_t count = j->count_include_pad || j->adaptive ? ch * cw : (he - hs) * (we - ws);      \
-        T s = 0;                                                                                    \
-        for (int64_t ih = hs; ih < he; ih++)                                                        \
-          for (int64_t iw = ws; iw < we; iw++) s += x[ih * W + iw];                                 \
-        y[oh * OW + ow] = count > 0 ? s / (T)count : 0;                                             \
-      }                                                                                             \
-    }                                                                                               \
-  }                                                                                                 \
-}                                                                                                   \
-static void avg_pool_back_planes_##sfx(void *ctx, int64_t begin, int64_t end) {                    \
-  const struct pool_job *j = ctx;                                                                   \
-  int64_t H = j->H, W = j->W, OH = j->OH, OW = j->OW;                                               \
-  for (int64_t p = begin; p < end; p++) {                                                           \
-    const T *gy = (const T *)j->in + p * OH * OW;                                                   \
-    T *gx = (T *)j->out + p * H * W;                                                                \
-    memset(gx, 0, sizeof(T) * (size_t)(H * W));                                                     \
-    for (int64_t oh = 0; oh < OH; oh++) {                                                           \
-      int64_t hs, he, ch = window(j, oh, OH, H, j->kh, j->sh, j->ph, &hs, &he);                     \
-      for (int64_t ow = 0; ow < OW; ow++) {                                                         \
-        int64_t ws, we, cw = window(j, ow, OW, W, j->kw, j->sw, j->pw, &ws, &we);                   \
-        int64_t count = j->count_include_pad || j->adaptive ? ch * cw : (he - hs) * (we - ws);      \
-        if (count <= 0) continue;                                                                   \
-        T g = gy[oh * OW + ow] / (T)count;                                                          \
-        for (int64_t ih = hs; ih < he; ih++)                                                        \
-          for (int64_t iw = ws; iw < we; iw++) gx[ih * W + iw] += g;                                \
-      }                                                                                             \
-    }                                                                                               \
-  }                                                                                                 \
+/* The sum of rows [hs, he) x columns [ws, we) of a plane W wide. The sum is carried in the dtype's
+   own type, which gcc does not narrow from double across a loop: one function per dtype. */
+static float window_sum_f32(const float *x, int64_t W, int64_t hs, int64_t he, int64_t ws, int64_t we) {
+  float s = 0;
+  for (int64_t ih = hs; ih < he; ih++)
+    for (int64_t iw = ws; iw < we; iw++) s += x[ih * W + iw];
+  return s;
 }
-AVG_POOL(float, f32)
-AVG_POOL(double, f64)
+static double window_sum_f64(const double *x, int64_t W, int64_t hs, int64_t he, int64_t ws, int64_t we) {
+  double s = 0;
+  for (int64_t ih = hs; ih < he; ih++)
+    for (int64_t iw = ws; iw < we; iw++) s += x[ih * W + iw];
+  return s;
+}
+
+static inline __attribute__((always_inline)) void avg_pool_planes(int dt, const struct pool_job *j, int64_t begin, int64_t end) {
+  int64_t H = j->H, W = j->W, OH = j->OH, OW = j->OW;
+  for (int64_t p = begin; p < end; p++) {
+    const void *x = dt_at(j->in, dt, p * H * W);
+    void *y = dt_at(j->out, dt, p * OH * OW);
+    for (int64_t oh = 0; oh < OH; oh++) {
+      int64_t hs, he, ch = window(j, oh, OH, H, j->kh, j->sh, j->ph, &hs, &he);
+      for (int64_t ow = 0; ow < OW; ow++) {
+        int64_t ws, we, cw = window(j, ow, OW, W, j->kw, j->sw, j->pw, &ws, &we);
+        int64_t count = j->count_include_pad || j->adaptive ? ch * cw : (he - hs) * (we - ws);
+        double s = dt == KILN_F32 ? window_sum_f32(x, W, hs, he, ws, we) : window_sum_f64(x, W, hs, he, ws, we);
+        dt_store(y, dt, oh * OW + ow, count > 0 ? dt_div(dt, s, dt_round(dt, (double)count)) : 0);
+      }
+    }
+  }
+}
+static void avg_pool_planes_f32(void *ctx, int64_t begin, int64_t end) { avg_pool_planes(KILN_F32, ctx, begin, end); }
+static void avg_pool_planes_f64(void *ctx, int64_t begin, int64_t end) { avg_pool_planes(KILN_F64, ctx, begin, end); }
+
+static inline __attribute__((always_inline)) void avg_pool_back_planes(int dt, const struct pool_job *j, int64_t begin, int64_t end) {
+  int64_t H = j->H, W = j->W, OH = j->OH, OW = j->OW;
+  for (int64_t p = begin; p < end; p++) {
+    const void *gy = dt_at(j->in, dt, p * OH * OW);
+    void *gx = dt_at(j->out, dt, p * H * W);
+    memset(gx, 0, dt_size(dt) * (size_t)(H * W));
+    for (int64_t oh = 0; oh < OH; oh++) {
+      int64_t hs, he, ch = window(j, oh, OH, H, j->kh, j->sh, j->ph, &hs, &he);
+      for (int64_t ow = 0; ow < OW; ow++) {
+        int64_t ws, we, cw = window(j, ow, OW, W, j->kw, j->sw, j->pw, &ws, &we);
+        int64_t count = j->count_include_pad || j->adaptive ? ch * cw : (he - hs) * (we - ws);
+        if (count <= 0) continue;
+        double g = dt_div(dt, dt_load(gy, dt, oh * OW + ow), dt_round(dt, (double)count));
+        for (int64_t ih = hs; ih < he; ih++)
+          for (int64_t iw = ws; iw < we; iw++) dt_store(gx, dt, ih * W + iw, dt_add(dt, dt_load(gx, dt, ih * W + iw), g));
+      }
+    }
+  }
+}
+static void avg_pool_back_planes_f32(void *ctx, int64_t begin, int64_t end) { avg_pool_back_planes(KILN_F32, ctx, begin, end); }
+static void avg_pool_back_planes_f64(void *ctx, int64_t begin, int64_t end) { avg_pool_back_planes(KILN_F64, ctx, begin, end); }
 
 int cpu_avg_pool2d(const struct kiln_call *c) {
   struct kiln_tensor *y = c->out;

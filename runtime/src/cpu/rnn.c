@@ -1,8 +1,9 @@
 /* cpu/rnn.c: one recurrent layer on the CPU (kiln/rnn.h), forward and backward through time, on
    two paths: a GEMM per timestep followed by one fused gate kernel, or a persistent team of
    threads that each keep a slice of the recurrent weights in their core's cache and meet at a
-   spinning barrier once per step. rnn_impl.h holds the code, once per element type. */
+   spinning barrier once per step. */
 #include "cpu.h"
+#include "dtype_math.h"
 #include "rnn_calls.h"
 #include "vexp.h"
 #include <math.h>
@@ -88,26 +89,734 @@ static inline void transpose8_f32(float *dst, int64_t ld, const float *const *ro
    the largest panel of packed weights (bytes) it does it with. */
 enum { KILN_RNN_FOLD_MIN_BATCH = 8, KILN_RNN_FOLD_MAX_PANEL = 64 << 10 };
 
-#define R float
-#define FN(name) name##_f32
-#define DT KILN_F32
-#define EXP kiln_vexpf
-#define TANH gate_tanhf
-#include "rnn_impl.h"
-#undef R
-#undef FN
-#undef DT
-#undef EXP
-#undef TANH
-#undef LANES
-#undef PW
+/* ---- one recurrent layer, each function one body over dt (cpu/dtype_math.h), a constant at
+   each call, with a named function per dtype where the entry points, the pool and the team call
+   in ----
 
-#define R double
-#define FN(name) name##_f64
-#define DT KILN_F64
-#define EXP exp
-#define TANH tanh
-#include "rnn_impl.h"
+   Layout: rows of the time-major buffers are (t, b) = t * B + b. A step s of sequence b works on
+   time t = s (forward) or lengths[b] - 1 - s (reverse), and only while s < lengths[b]; the state
+   of a sequence past its length is carried unchanged and its outputs there stay zero. */
+
+/* The gates' sigmoid and tanh in the dtype: f32 through kiln_vexpf and gate_tanhf, f64 through
+   libm. */
+static inline __attribute__((always_inline)) double gate_sigmoid(int dt, double x) {
+  if (dt == KILN_F32) {
+    float v = (float)x;
+    return 1.0f / (1.0f + kiln_vexpf(-v));
+  }
+  return 1.0 / (1.0 + exp(-x));
+}
+static inline __attribute__((always_inline)) double gate_tanh(int dt, double x) {
+  return dt == KILN_F32 ? (double)gate_tanhf((float)x) : tanh(x);
+}
+
+/* The persistent path's products: y[b][0:n] = sum_k x[b][k] a[k][c] for a matrix a [K][n] that
+   stays in the thread's cache, packed once per call in panels of PW columns (panel p holds
+   columns p*PW.. for every k, contiguous, zeros past n), so that a step streams it in order;
+   NB sequences at a time against one panel (NB x 4 vector accumulators of 32 bytes: LANES
+   elements, PW = 4 * LANES). */
+enum { LANES_F32 = 8, PW_F32 = 4 * LANES_F32, LANES_F64 = 4, PW_F64 = 4 * LANES_F64 };
+
+/* 32 bytes of the dtype's elements: a vector of each type, of which a body over dt uses the one
+   of its dtype (the other is never set, and compiled away). */
+typedef float vec_f32 __attribute__((vector_size(32)));
+typedef double vec_f64 __attribute__((vector_size(32)));
+struct vec { vec_f32 f; vec_f64 d; };
+
+static inline __attribute__((always_inline)) struct vec vec_load(int dt, const void *p) {
+  struct vec v = {{0}, {0}};
+  if (dt == KILN_F32) memcpy(&v.f, p, sizeof v.f);
+  else memcpy(&v.d, p, sizeof v.d);
+  return v;
+}
+/* acc += x * w, and a += b, in the dtype */
+static inline __attribute__((always_inline)) void vec_fma(int dt, struct vec *acc, double x, struct vec w) {
+  if (dt == KILN_F32) acc->f += (float)x * w.f;
+  else acc->d += x * w.d;
+}
+static inline __attribute__((always_inline)) void vec_add(int dt, struct vec *a, struct vec b) {
+  if (dt == KILN_F32) a->f += b.f;
+  else a->d += b.d;
+}
+
+static inline __attribute__((always_inline)) int64_t panel_width(int dt) { return dt == KILN_F32 ? PW_F32 : PW_F64; }
+static inline __attribute__((always_inline)) int64_t panels(int dt, int64_t n) {
+  return (n + panel_width(dt) - 1) / panel_width(dt);
+}
+
+/* Pack a [K][n] matrix whose column c is cols[c][k] (forward: rows of w_hh, read along) as rows
+   koff.. of panels KP rows tall, or whose row k is rows + k * ld (backward: a column slice of
+   w_hh, read row by row). */
+static inline __attribute__((always_inline)) void pack_cols(int dt, void *packed, int64_t KP, int64_t koff, int64_t K,
+                                                            int64_t n, const void *const *cols) {
+  const int64_t PW = panel_width(dt);
+  for (int64_t p = 0; p < panels(dt, n); p++) {
+    int64_t c0 = p * PW, m = n - c0 < PW ? n - c0 : PW, k0 = 0;
+    void *panel = dt_at(packed, dt, (p * KP + koff) * PW);
+#if defined(__AVX__)
+    /* f32 in 8 x 8 blocks transposed in registers: 8 source rows read along, 8 packed rows
+       written whole (a scalar loop over this transpose costs several steps of the layer) */
+    if (dt == KILN_F32 && m == PW)
+      for (; k0 + 8 <= K; k0 += 8)
+        for (int64_t v0 = 0; v0 < PW; v0 += 8)
+          transpose8_f32((float *)panel + k0 * PW + v0, PW, (const float *const *)cols + c0 + v0, k0);
+#endif
+    for (int64_t v = 0; v < PW; v++)
+      for (int64_t k = k0; k < K; k++) dt_store(panel, dt, k * PW + v, v < m ? dt_load(cols[c0 + v], dt, k) : 0);
+  }
+}
+static void pack_cols_f32(float *packed, int64_t KP, int64_t koff, int64_t K, int64_t n, const void *const *cols) {
+  pack_cols(KILN_F32, packed, KP, koff, K, n, cols);
+}
+static void pack_cols_f64(double *packed, int64_t KP, int64_t koff, int64_t K, int64_t n, const void *const *cols) {
+  pack_cols(KILN_F64, packed, KP, koff, K, n, cols);
+}
+
+static inline __attribute__((always_inline)) void pack_rows(int dt, void *packed, int64_t K, int64_t n, const void *rows,
+                                                            int64_t ld) {
+  const int64_t PW = panel_width(dt);
+  for (int64_t k = 0; k < K; k++)
+    for (int64_t p = 0; p < panels(dt, n); p++) {
+      void *dst = dt_at(packed, dt, (p * K + k) * PW);
+      int64_t c0 = p * PW, m = n - c0 < PW ? n - c0 : PW;
+      memcpy(dst, dt_at(rows, dt, k * ld + c0), dt_size(dt) * (size_t)m);
+      for (int64_t v = m; v < PW; v++) dt_store(dst, dt, v, 0);
+    }
+}
+
+/* Panel p of the products for NB sequences, written at y[q] + out (for columns p * PW on). */
+static inline __attribute__((always_inline)) void times_block(int dt, const int NB, const void *packed, int64_t K, int64_t n,
+                                                              int64_t p, const void *const *x, void *const *y, int64_t out) {
+  const int64_t LANES = dt == KILN_F32 ? LANES_F32 : LANES_F64, PW = 4 * LANES;
+  const void *ap = dt_at(packed, dt, p * K * PW);
+  struct vec acc[4][4] = {{{{0}, {0}}}};
+  int64_t k = 0;
+  if (NB == 1) {   /* one sequence: a second set of accumulators for odd k hides the FMA latency */
+    struct vec odd[4] = {{{0}, {0}}};
+    for (; k + 2 <= K; k += 2) {
+      const void *ak = dt_at(ap, dt, k * PW);
+      double x0 = dt_load(x[0], dt, k), x1 = dt_load(x[0], dt, k + 1);
+      for (int v = 0; v < 4; v++) {
+        vec_fma(dt, &acc[0][v], x0, vec_load(dt, dt_at(ak, dt, v * LANES)));
+        vec_fma(dt, &odd[v], x1, vec_load(dt, dt_at(ak, dt, PW + v * LANES)));
+      }
+    }
+    for (int v = 0; v < 4; v++) vec_add(dt, &acc[0][v], odd[v]);
+  }
+  for (; k < K; k++) {
+    const void *ak = dt_at(ap, dt, k * PW);
+    struct vec w0 = vec_load(dt, ak), w1 = vec_load(dt, dt_at(ak, dt, LANES)), w2 = vec_load(dt, dt_at(ak, dt, 2 * LANES));
+    struct vec w3 = vec_load(dt, dt_at(ak, dt, 3 * LANES));
+    /* the four weight vectors are loaded once for the NB sequences: without this the compiler
+       folds a load into every FMA, and the loop waits on the load ports instead of the FMAs */
+#if defined(__AVX__)
+    if (dt == KILN_F32) __asm__("" : "+x"(w0.f), "+x"(w1.f), "+x"(w2.f), "+x"(w3.f));
+    else __asm__("" : "+x"(w0.d), "+x"(w1.d), "+x"(w2.d), "+x"(w3.d));
+#endif
+    for (int q = 0; q < NB; q++) {
+      double xv = dt_load(x[q], dt, k);
+      vec_fma(dt, &acc[q][0], xv, w0); vec_fma(dt, &acc[q][1], xv, w1);
+      vec_fma(dt, &acc[q][2], xv, w2); vec_fma(dt, &acc[q][3], xv, w3);
+    }
+  }
+  int64_t c0 = p * PW, m = n - c0 < PW ? n - c0 : PW;
+  for (int q = 0; q < NB; q++) {
+    char vals[4 * 32];
+    for (int v = 0; v < 4; v++)
+      if (dt == KILN_F32) memcpy(vals + 32 * v, &acc[q][v].f, 32);
+      else memcpy(vals + 32 * v, &acc[q][v].d, 32);
+    memcpy(dt_at(y[q], dt, out), vals, dt_size(dt) * (size_t)m);
+  }
+}
+
+/* ys[q] = xs[q] a for na rows. Panel by panel, each panel against all of them in blocks of 4,
+   so that the weights are read once a step whatever the batch (from L2 or further out when they
+   do not fit), and a panel is reused from L1 or L2 by the blocks after the first. With span > 0
+   (a multiple of PW), column c goes to (c / span) * stride + c % span of ys[q]: the forward's
+   gates straight into their places in a row of w_hh h. */
+static inline __attribute__((always_inline)) void times_rows(int dt, const void *packed, int64_t K, int64_t n, int64_t na,
+                                                             const void **xs, void **ys, int64_t span, int64_t stride) {
+  for (int64_t p = 0; p < panels(dt, n); p++) {
+    int64_t c0 = p * panel_width(dt), out = span ? (c0 / span) * stride + c0 % span : c0, q = 0;
+    for (; q + 4 <= na; q += 4) times_block(dt, 4, packed, K, n, p, xs + q, ys + q, out);
+    if (na - q == 3) times_block(dt, 3, packed, K, n, p, xs + q, ys + q, out);
+    else if (na - q == 2) times_block(dt, 2, packed, K, n, p, xs + q, ys + q, out);
+    else if (na - q == 1) times_block(dt, 1, packed, K, n, p, xs + q, ys + q, out);
+  }
+}
+static void times_rows_f32(const float *packed, int64_t K, int64_t n, int64_t na, const void **xs, void **ys, int64_t span,
+                           int64_t stride) {
+  times_rows(KILN_F32, packed, K, n, na, xs, ys, span, stride);
+}
+static void times_rows_f64(const double *packed, int64_t K, int64_t n, int64_t na, const void **xs, void **ys, int64_t span,
+                           int64_t stride) {
+  times_rows(KILN_F64, packed, K, n, na, xs, ys, span, stride);
+}
+
+/* A layer's buffers, of its dtype. */
+struct layer {
+  int mode, reverse, G, RS;
+  int padded;                    /* some sequence is shorter than T: rows past its end stay 0 */
+  int64_t T, B, I, H, GH;
+  const int64_t *len;            /* [B] */
+  const void *x, *h0, *c0;       /* h0, c0: [B,H], zeros when the layer has none */
+  const void *w_ih, *w_hh, *b_hh;   /* b_hh: zeros when the layer has none */
+  void *z, *res;                 /* Z [T+S,B,H]; reserve [T,B,RS*H] */
+  void *xp;                      /* forward: [T,B,GH] input projection (b_ih is added in the gates);
+                                    NULL when the persistent team folds it into its products */
+  const void *b_ih;              /* zeros when the layer has none */
+  const void *zero;              /* GH zeros */
+  void *hh;                      /* [B,GH]: the recurrent products of the current step */
+  void *h, *hnext, *c;           /* [B,H] state; hnext: the persistent path's second buffer */
+  /* backward */
+  const void *gz;
+  void *dgx, *dgh;               /* [T,B,GH] pre-activation grads (dgh: as seen by w_hh; = dgx but for GRU) */
+  void *dgs;                     /* [B,GH]: the GEMM path's rows of this step, when dgh has them apart */
+  void *dh, *dc, *tmp;           /* [B,H] */
+  struct barrier bar;
+};
+
+static inline int64_t step_time(const struct layer *L, int64_t s, int64_t b) {
+  return L->reverse ? L->len[b] - 1 - s : s;
+}
+/* The time of the step before s (s > 0). */
+static inline int64_t prev_time(const struct layer *L, int64_t t) { return L->reverse ? t + 1 : t - 1; }
+
+/* The state before step s of sequence b: h0/c0 at s = 0, else the previous step's output/cell. */
+static inline __attribute__((always_inline)) const void *h_before(int dt, const struct layer *L, int64_t s, int64_t b,
+                                                                  int64_t t) {
+  return s == 0 ? dt_at(L->h0, dt, b * L->H) : dt_at(L->z, dt, (prev_time(L, t) * L->B + b) * L->H);
+}
+
+/* A gate's input, xp + bi + hh + bh at element k, in the dtype. */
+static inline __attribute__((always_inline)) double gate_in(int dt, const void *xp, const void *bi, const void *hh,
+                                                            const void *bh, int64_t k) {
+  return dt_add(dt, dt_add(dt, dt_add(dt, dt_load(xp, dt, k), dt_load(bi, dt, k)), dt_load(hh, dt, k)), dt_load(bh, dt, k));
+}
+
+/* The gate loops over n units, with restrict pointers (at the first unit; gates are H apart) so
+   that they vectorise. Where two products meet in a sum they are computed in this order: gcc
+   fuses the first into an FMA. */
+static inline __attribute__((always_inline)) void lstm_forward(int dt, int64_t H, int64_t n, const void *restrict xp,
+                                                               const void *restrict bi, const void *restrict hh,
+                                                               const void *restrict bh, void *restrict c,
+                                                               void *restrict res, void *restrict ho, void *restrict y) {
+#pragma GCC ivdep   /* gate rows are H >= n apart: no overlap */
+  for (int64_t j = 0; j < n; j++) {
+    double i = gate_sigmoid(dt, gate_in(dt, xp, bi, hh, bh, j));
+    double f = gate_sigmoid(dt, gate_in(dt, xp, bi, hh, bh, H + j));
+    double g = gate_tanh(dt, gate_in(dt, xp, bi, hh, bh, 2 * H + j));
+    double o = gate_sigmoid(dt, gate_in(dt, xp, bi, hh, bh, 3 * H + j));
+    double fc = dt_mul(dt, f, dt_load(c, dt, j));
+    double ig = dt_mul(dt, i, g);
+    double cn = dt_add(dt, fc, ig);
+    double hn = dt_mul(dt, o, gate_tanh(dt, cn));
+    dt_store(res, dt, j, i); dt_store(res, dt, H + j, f); dt_store(res, dt, 2 * H + j, g);
+    dt_store(res, dt, 3 * H + j, o); dt_store(res, dt, 4 * H + j, cn);
+    dt_store(c, dt, j, cn); dt_store(ho, dt, j, hn); dt_store(y, dt, j, hn);
+  }
+}
+
+static inline __attribute__((always_inline)) void gru_forward(int dt, int64_t H, int64_t n, const void *restrict xp,
+                                                              const void *restrict bi, const void *restrict hh,
+                                                              const void *restrict bh, const void *restrict hp,
+                                                              void *restrict res, void *restrict ho, void *restrict y) {
+#pragma GCC ivdep   /* gate rows are H >= n apart: no overlap */
+  for (int64_t j = 0; j < n; j++) {
+    double r = gate_sigmoid(dt, gate_in(dt, xp, bi, hh, bh, j));
+    double zg = gate_sigmoid(dt, gate_in(dt, xp, bi, hh, bh, H + j));
+    double hn = dt_add(dt, dt_load(hh, dt, 2 * H + j), dt_load(bh, dt, 2 * H + j));
+    double nn = gate_tanh(dt, dt_add(dt, dt_add(dt, dt_load(xp, dt, 2 * H + j), dt_load(bi, dt, 2 * H + j)), dt_mul(dt, r, hn)));
+    double a = dt_mul(dt, dt_sub(dt, 1, zg), nn);
+    double b = dt_mul(dt, zg, dt_load(hp, dt, j));
+    double h = dt_add(dt, a, b);
+    dt_store(res, dt, j, r); dt_store(res, dt, H + j, zg); dt_store(res, dt, 2 * H + j, nn); dt_store(res, dt, 3 * H + j, hn);
+    dt_store(ho, dt, j, h); dt_store(y, dt, j, h);
+  }
+}
+
+static inline __attribute__((always_inline)) void plain_forward(int dt, const int relu, int64_t n, const void *restrict xp,
+                                                                const void *restrict bi, const void *restrict hh,
+                                                                const void *restrict bh, void *restrict ho,
+                                                                void *restrict y) {
+#pragma GCC ivdep   /* gate rows are H >= n apart: no overlap */
+  for (int64_t j = 0; j < n; j++) {
+    double p = gate_in(dt, xp, bi, hh, bh, j);
+    double h = relu ? dt_select(dt, p > 0, p, 0) : gate_tanh(dt, p);
+    dt_store(ho, dt, j, h); dt_store(y, dt, j, h);
+  }
+}
+
+static inline __attribute__((always_inline)) void lstm_backward(int dt, int64_t H, int64_t n, const void *restrict gy,
+                                                                const void *restrict res, const void *restrict cp,
+                                                                void *restrict dh, void *restrict dc, void *restrict dgx) {
+#pragma GCC ivdep   /* gate rows are H >= n apart: no overlap */
+  for (int64_t j = 0; j < n; j++) {
+    double d = dt_add(dt, dt_load(dh, dt, j), dt_load(gy, dt, j));
+    dt_store(dh, dt, j, d);
+    double i = dt_load(res, dt, j), f = dt_load(res, dt, H + j), g = dt_load(res, dt, 2 * H + j);
+    double o = dt_load(res, dt, 3 * H + j), tc = gate_tanh(dt, dt_load(res, dt, 4 * H + j));
+    double dct = dt_add(dt, dt_load(dc, dt, j), dt_mul(dt, dt_mul(dt, d, o), dt_sub(dt, 1, dt_mul(dt, tc, tc))));
+    double di = dt_mul(dt, dt_mul(dt, dt_mul(dt, dct, g), i), dt_sub(dt, 1, i));
+    double df = dt_mul(dt, dt_mul(dt, dt_mul(dt, dct, dt_load(cp, dt, j)), f), dt_sub(dt, 1, f));
+    double dg = dt_mul(dt, dt_mul(dt, dct, i), dt_sub(dt, 1, dt_mul(dt, g, g)));
+    double dout = dt_mul(dt, dt_mul(dt, dt_mul(dt, d, tc), o), dt_sub(dt, 1, o));
+    dt_store(dc, dt, j, dt_mul(dt, dct, f));
+    dt_store(dgx, dt, j, di);
+    dt_store(dgx, dt, H + j, df);
+    dt_store(dgx, dt, 2 * H + j, dg);
+    dt_store(dgx, dt, 3 * H + j, dout);
+  }
+}
+
+static inline __attribute__((always_inline)) void gru_backward(int dt, int64_t H, int64_t n, const void *restrict gy,
+                                                               const void *restrict res, const void *restrict hp,
+                                                               void *restrict dh, void *restrict dgx, void *restrict dgh) {
+#pragma GCC ivdep   /* gate rows are H >= n apart: no overlap */
+  for (int64_t j = 0; j < n; j++) {
+    double d = dt_add(dt, dt_load(dh, dt, j), dt_load(gy, dt, j));
+    dt_store(dh, dt, j, d);
+    double r = dt_load(res, dt, j), zg = dt_load(res, dt, H + j), nn = dt_load(res, dt, 2 * H + j);
+    double hn = dt_load(res, dt, 3 * H + j);
+    double dn = dt_mul(dt, dt_mul(dt, d, dt_sub(dt, 1, zg)), dt_sub(dt, 1, dt_mul(dt, nn, nn)));
+    double dr = dt_mul(dt, dt_mul(dt, dt_mul(dt, dn, hn), r), dt_sub(dt, 1, r));
+    double dz = dt_mul(dt, dt_mul(dt, dt_mul(dt, d, dt_sub(dt, dt_load(hp, dt, j), nn)), zg), dt_sub(dt, 1, zg));
+    dt_store(dgx, dt, j, dr); dt_store(dgh, dt, j, dr);
+    dt_store(dgx, dt, H + j, dz); dt_store(dgh, dt, H + j, dz);
+    dt_store(dgx, dt, 2 * H + j, dn);
+    dt_store(dgh, dt, 2 * H + j, dt_mul(dt, dn, r));
+  }
+}
+
+static inline __attribute__((always_inline)) void plain_backward(int dt, const int relu, int64_t n, const void *restrict gy,
+                                                                 const void *restrict y, void *restrict dh,
+                                                                 void *restrict dgx) {
+#pragma GCC ivdep   /* gate rows are H >= n apart: no overlap */
+  for (int64_t j = 0; j < n; j++) {
+    double d = dt_add(dt, dt_load(dh, dt, j), dt_load(gy, dt, j));
+    dt_store(dh, dt, j, d);
+    double yj = dt_load(y, dt, j);
+    double p = relu ? dt_select(dt, yj > 0, d, 0) : dt_mul(dt, d, dt_sub(dt, 1, dt_mul(dt, yj, yj)));
+    dt_store(dgx, dt, j, p);
+  }
+}
+
+/* Gates of units [j0, j1) of sequence b at step s: reads hh[b] (w_hh h) and the state in hin[b]
+   (and c[b]), writes the new state to hout[b] (another buffer) and c[b], the output to Z and the
+   reserve. */
+static inline __attribute__((always_inline)) void cell_forward(int dt, struct layer *L, int64_t s, int64_t b, int64_t j0,
+                                                               int64_t j1, const void *hin, void *hout) {
+  int64_t H = L->H, t = step_time(L, s, b), row = t * L->B + b, n = j1 - j0;
+  const void *xp = L->xp ? dt_at(L->xp, dt, row * L->GH + j0) : dt_at(L->zero, dt, j0);
+  const void *bi = dt_at(L->b_ih, dt, j0), *hh = dt_at(L->hh, dt, b * L->GH + j0), *bh = dt_at(L->b_hh, dt, j0);
+  void *y = dt_at(L->z, dt, row * H + j0), *ho = dt_at(hout, dt, b * H + j0);
+  void *res = L->res ? dt_at(L->res, dt, row * L->RS * H + j0) : NULL;
+  if (L->mode == KILN_RNN_LSTM) lstm_forward(dt, H, n, xp, bi, hh, bh, dt_at(L->c, dt, b * H + j0), res, ho, y);
+  else if (L->mode == KILN_RNN_GRU) gru_forward(dt, H, n, xp, bi, hh, bh, dt_at(hin, dt, b * H + j0), res, ho, y);
+  else if (L->mode == KILN_RNN_RELU) plain_forward(dt, 1, n, xp, bi, hh, bh, ho, y);
+  else plain_forward(dt, 0, n, xp, bi, hh, bh, ho, y);
+}
+static void cell_forward_f32(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1, const void *hin, void *hout) {
+  cell_forward(KILN_F32, L, s, b, j0, j1, hin, hout);
+}
+static void cell_forward_f64(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1, const void *hin, void *hout) {
+  cell_forward(KILN_F64, L, s, b, j0, j1, hin, hout);
+}
+
+/* The grads of units [j0, j1) of sequence b at step s: dh[b] holds the grad of the step's output
+   state (the output's grad added here), dc[b] that of its cell. Writes the pre-activation grads
+   to dgx and dgh (time rows; dgh is dgx but for the GRU), and dc[b] for the step before. */
+static inline __attribute__((always_inline)) void cell_backward(int dt, struct layer *L, int64_t s, int64_t b, int64_t j0,
+                                                                int64_t j1) {
+  int64_t H = L->H, t = step_time(L, s, b), row = t * L->B + b, GH = L->GH, n = j1 - j0;
+  const void *gy = dt_at(L->gz, dt, row * H + j0), *res = L->res ? dt_at(L->res, dt, row * L->RS * H + j0) : NULL;
+  void *dh = dt_at(L->dh, dt, b * H + j0), *dgx = dt_at(L->dgx, dt, row * GH + j0);
+  if (L->mode == KILN_RNN_LSTM) {
+    const void *cp = s == 0 ? dt_at(L->c0, dt, b * H) : dt_at(L->res, dt, (prev_time(L, t) * L->B + b) * L->RS * H + 4 * H);
+    lstm_backward(dt, H, n, gy, res, dt_at(cp, dt, j0), dh, dt_at(L->dc, dt, b * H + j0), dgx);
+  } else if (L->mode == KILN_RNN_GRU) {
+    gru_backward(dt, H, n, gy, res, dt_at(h_before(dt, L, s, b, t), dt, j0), dh, dgx, dt_at(L->dgh, dt, row * GH + j0));
+  } else if (L->mode == KILN_RNN_RELU) {
+    plain_backward(dt, 1, n, gy, dt_at(L->z, dt, row * H + j0), dh, dgx);
+  } else {
+    plain_backward(dt, 0, n, gy, dt_at(L->z, dt, row * H + j0), dh, dgx);
+  }
+}
+static void cell_backward_f32(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1) {
+  cell_backward(KILN_F32, L, s, b, j0, j1);
+}
+static void cell_backward_f64(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1) {
+  cell_backward(KILN_F64, L, s, b, j0, j1);
+}
+
+/* The grad of the state before step s for units [k0, k1) of sequence b, from prod[k - k0] (its
+   dgh row times w_hh); GRU adds the direct path h = ... + z h_prev. */
+static inline __attribute__((always_inline)) void carry_back(int dt, struct layer *L, int64_t s, int64_t b, int64_t k0,
+                                                             int64_t k1, const void *prod) {
+  void *dh = dt_at(L->dh, dt, b * L->H);
+  if (L->mode == KILN_RNN_GRU) {
+    const void *zg = dt_at(L->res, dt, (step_time(L, s, b) * L->B + b) * L->RS * L->H + L->H);
+    for (int64_t k = k0; k < k1; k++)
+      dt_store(dh, dt, k, dt_add(dt, dt_load(prod, dt, k - k0), dt_mul(dt, dt_load(dh, dt, k), dt_load(zg, dt, k))));
+  } else {
+    for (int64_t k = k0; k < k1; k++) dt_store(dh, dt, k, dt_load(prod, dt, k - k0));
+  }
+}
+static void carry_back_f32(struct layer *L, int64_t s, int64_t b, int64_t k0, int64_t k1, const float *prod) {
+  carry_back(KILN_F32, L, s, b, k0, k1, prod);
+}
+static void carry_back_f64(struct layer *L, int64_t s, int64_t b, int64_t k0, int64_t k1, const double *prod) {
+  carry_back(KILN_F64, L, s, b, k0, k1, prod);
+}
+
+/* ---- the GEMM path: one product per step over the batch, then the fused gates ---- */
+
+struct rows { struct layer *L; int64_t s; };
+
+static inline __attribute__((always_inline)) void forward_rows(int dt, const struct rows *r, int64_t b0, int64_t b1) {
+  struct layer *L = r->L;
+  for (int64_t b = b0; b < b1; b++)
+    if (r->s < L->len[b]) dt == KILN_F32 ? cell_forward_f32(L, r->s, b, 0, L->H, L->h, L->hnext)
+                                         : cell_forward_f64(L, r->s, b, 0, L->H, L->h, L->hnext);
+    else memcpy(dt_at(L->hnext, dt, b * L->H), dt_at(L->h, dt, b * L->H), dt_size(dt) * (size_t)L->H);   /* past its end: carry */
+}
+static void forward_rows_f32(void *ctx, int64_t b0, int64_t b1) { forward_rows(KILN_F32, ctx, b0, b1); }
+static void forward_rows_f64(void *ctx, int64_t b0, int64_t b1) { forward_rows(KILN_F64, ctx, b0, b1); }
+
+static inline __attribute__((always_inline)) void backward_rows(int dt, const struct rows *r, int64_t b0, int64_t b1) {
+  struct layer *L = r->L;
+  for (int64_t b = b0; b < b1; b++)
+    if (r->s < L->len[b]) dt == KILN_F32 ? cell_backward_f32(L, r->s, b, 0, L->H) : cell_backward_f64(L, r->s, b, 0, L->H);
+}
+static void backward_rows_f32(void *ctx, int64_t b0, int64_t b1) { backward_rows(KILN_F32, ctx, b0, b1); }
+static void backward_rows_f64(void *ctx, int64_t b0, int64_t b1) { backward_rows(KILN_F64, ctx, b0, b1); }
+
+static int64_t row_grain(const struct layer *L) {
+  int64_t per_row = L->GH * 8;   /* rough work of a row of gates */
+  return per_row >= 16384 ? 1 : 16384 / per_row + 1;
+}
+
+static void forward_gemm(int dt, struct layer *L) {
+  for (int64_t s = 0; s < L->T; s++) {
+    kiln_cpu_gemm_raw(dt, 0, 1, L->B, L->GH, L->H, 1.0, L->h, L->H, L->w_hh, L->H, 0.0, L->hh, L->GH);
+    struct rows r = {L, s};
+    kiln_parallel_for(L->B, row_grain(L), dt == KILN_F32 ? forward_rows_f32 : forward_rows_f64, &r);
+    void *swap = L->h; L->h = L->hnext; L->hnext = swap;
+  }
+}
+
+static inline __attribute__((always_inline)) void backward_gemm(int dt, struct layer *L) {
+  for (int64_t s = L->T - 1; s >= 0; s--) {
+    struct rows r = {L, s};
+    kiln_parallel_for(L->B, row_grain(L), dt == KILN_F32 ? backward_rows_f32 : backward_rows_f64, &r);
+    /* this step's dgh rows: the B rows of one time, in place (rows past a sequence's end are 0),
+       unless reversed sequences of several lengths put them at different times */
+    const void *rows = dt_at(L->dgh, dt, (L->B ? step_time(L, s, 0) : 0) * L->B * L->GH);
+    if (L->reverse && L->padded) {
+      for (int64_t b = 0; b < L->B; b++) {
+        void *dst = dt_at(L->dgs, dt, b * L->GH);
+        if (s < L->len[b]) memcpy(dst, dt_at(L->dgh, dt, (step_time(L, s, b) * L->B + b) * L->GH), dt_size(dt) * (size_t)L->GH);
+        else memset(dst, 0, dt_size(dt) * (size_t)L->GH);
+      }
+      rows = L->dgs;
+    }
+    kiln_cpu_gemm_raw(dt, 0, 0, L->B, L->H, L->GH, 1.0, rows, L->GH, L->w_hh, L->H, 0.0, L->tmp, L->H);
+    for (int64_t b = 0; b < L->B; b++)
+      if (s < L->len[b])
+        dt == KILN_F32 ? carry_back_f32(L, s, b, 0, L->H, dt_at(L->tmp, dt, b * L->H))
+                       : carry_back_f64(L, s, b, 0, L->H, dt_at(L->tmp, dt, b * L->H));
+  }
+}
+static void backward_gemm_f32(struct layer *L) { backward_gemm(KILN_F32, L); }
+static void backward_gemm_f64(struct layer *L) { backward_gemm(KILN_F64, L); }
+
+/* ---- the persistent path: each thread of a team owns hidden units [j0, j1) for the whole
+   sequence, with its rows of w_hh (forward) or its columns (backward) packed in its own memory ---- */
+
+static void slice(int64_t H, int id, int nteam, int64_t *j0, int64_t *j1) {
+  *j0 = H * id / nteam;
+  *j1 = H * (id + 1) / nteam;
+}
+
+static inline __attribute__((always_inline)) void forward_team(int dt, struct layer *L, int id, int nteam) {
+  int64_t j0, j1, H = L->H, G = L->G, B = L->B;
+  slice(H, id, nteam, &j0, &j1);
+  int64_t nj = j1 - j0;
+  int sense = 0;
+  const size_t es = dt_size(dt);
+  /* rows g*H + j of w_hh for the own units as the columns of a packed [H][G*nj] (and below them
+     the same rows of w_ih when the input projection is folded in: [H+I][G*nj] against [h | x]);
+     their products [B][G*nj] */
+  int64_t nq = G * nj, I = L->xp ? 0 : L->I, K = H + I;
+  void *w = malloc(es * (size_t)(panels(dt, nq) * panel_width(dt) * K + 1));
+  const void **cols = malloc(sizeof(void *) * (size_t)(nq + 1));
+  void *prod = malloc(es * (size_t)(B * nq + 1));
+  void *hx = I ? malloc(es * (size_t)(B * K + 1)) : NULL;
+  unsigned char *active = malloc((size_t)B);
+  const void **xs = malloc(sizeof(void *) * (size_t)(B + 1));
+  void **ys = malloc(sizeof(void *) * (size_t)(B + 1));
+  if (!w || !cols || !prod || (I && !hx) || !active || !xs || !ys) __atomic_store_n(&L->bar.failed, 1, __ATOMIC_RELAXED);
+  barrier_wait(&L->bar, &sense);
+  if (__atomic_load_n(&L->bar.failed, __ATOMIC_RELAXED)) {
+    free(w); free(cols); free(prod); free(hx); free(active); free(xs); free(ys);
+    return;
+  }
+  for (int64_t q = 0; q < nq; q++) cols[q] = dt_at(L->w_hh, dt, ((q / nj) * H + j0 + q % nj) * H);
+  dt == KILN_F32 ? pack_cols_f32(w, K, 0, H, nq, cols) : pack_cols_f64(w, K, 0, H, nq, cols);
+  if (I) {
+    for (int64_t q = 0; q < nq; q++) cols[q] = dt_at(L->w_ih, dt, ((q / nj) * H + j0 + q % nj) * I);
+    dt == KILN_F32 ? pack_cols_f32(w, K, H, I, nq, cols) : pack_cols_f64(w, K, H, I, nq, cols);
+  }
+  free(cols);
+  void *hcur = L->h, *hnext = L->hnext;
+  /* when whole panels fall within one gate, the products go straight to their places in hh
+     (gate g of unit j at g * H + j); else through prod */
+  int direct = nj % panel_width(dt) == 0;
+  for (int64_t s = 0; s < L->T; s++) {
+    int64_t na = 0;
+    for (int64_t b = 0; b < B; b++) {
+      active[b] = s < L->len[b];
+      if (!active[b]) continue;
+      if (I) {   /* [h | x] of the step */
+        memcpy(dt_at(hx, dt, na * K), dt_at(hcur, dt, b * H), es * (size_t)H);
+        memcpy(dt_at(hx, dt, na * K + H), dt_at(L->x, dt, (step_time(L, s, b) * B + b) * I), es * (size_t)I);
+      }
+      xs[na] = I ? dt_at(hx, dt, na * K) : dt_at(hcur, dt, b * H);
+      ys[na] = direct ? dt_at(L->hh, dt, b * L->GH + j0) : dt_at(prod, dt, b * nq);
+      na++;
+    }
+    if (dt == KILN_F32) times_rows_f32(w, K, nq, na, xs, ys, direct ? nj : 0, H);
+    else times_rows_f64(w, K, nq, na, xs, ys, direct ? nj : 0, H);
+    for (int64_t b = 0; b < B; b++) {
+      if (!active[b]) {   /* past its end: carry the state */
+        memcpy(dt_at(hnext, dt, b * H + j0), dt_at(hcur, dt, b * H + j0), es * (size_t)nj);
+        continue;
+      }
+      void *hh = dt_at(L->hh, dt, b * L->GH);
+      if (!direct)
+        for (int64_t g = 0; g < G; g++) memcpy(dt_at(hh, dt, g * H + j0), dt_at(prod, dt, b * nq + g * nj), es * (size_t)nj);
+      dt == KILN_F32 ? cell_forward_f32(L, s, b, j0, j1, hcur, hnext) : cell_forward_f64(L, s, b, j0, j1, hcur, hnext);
+    }
+    void *swap = hcur; hcur = hnext; hnext = swap;
+    barrier_wait(&L->bar, &sense);
+  }
+  free(w); free(prod); free(hx); free(active); free(xs); free(ys);
+}
+static void forward_team_f32(void *ctx, int id, int nteam) { forward_team(KILN_F32, ctx, id, nteam); }
+static void forward_team_f64(void *ctx, int id, int nteam) { forward_team(KILN_F64, ctx, id, nteam); }
+
+static inline __attribute__((always_inline)) void backward_team(int dt, struct layer *L, int id, int nteam) {
+  int64_t j0, j1, H = L->H, GH = L->GH, B = L->B;
+  slice(H, id, nteam, &j0, &j1);
+  int64_t nj = j1 - j0;
+  int sense = 0;
+  const size_t es = dt_size(dt);
+  /* columns j0..j1 of w_hh, packed [GH][nj]; the products [B][nj] */
+  void *wc = malloc(es * (size_t)(panels(dt, nj) * panel_width(dt) * GH + 1));
+  void *prod = malloc(es * (size_t)(B * nj + 1));
+  unsigned char *active = malloc((size_t)B);
+  const void **xs = malloc(sizeof(void *) * (size_t)(B + 1));
+  void **ys = malloc(sizeof(void *) * (size_t)(B + 1));
+  if (!wc || !prod || !active || !xs || !ys) __atomic_store_n(&L->bar.failed, 1, __ATOMIC_RELAXED);
+  barrier_wait(&L->bar, &sense);
+  if (__atomic_load_n(&L->bar.failed, __ATOMIC_RELAXED)) {
+    free(wc); free(prod); free(active); free(xs); free(ys);
+    return;
+  }
+  pack_rows(dt, wc, GH, nj, dt_at(L->w_hh, dt, j0), H);
+  for (int64_t s = L->T - 1; s >= 0; s--) {
+    for (int64_t b = 0; b < B; b++) {
+      active[b] = s < L->len[b];
+      if (active[b]) dt == KILN_F32 ? cell_backward_f32(L, s, b, j0, j1) : cell_backward_f64(L, s, b, j0, j1);
+    }
+    barrier_wait(&L->bar, &sense);
+    /* this step's rows are read where they are in dgh, by time, so that the next step may write
+       its own rows while other threads still read these: one barrier per step */
+    int64_t na = 0;
+    for (int64_t b = 0; b < B; b++)
+      if (active[b]) { xs[na] = dt_at(L->dgh, dt, (step_time(L, s, b) * B + b) * GH); ys[na] = dt_at(prod, dt, b * nj); na++; }
+    if (dt == KILN_F32) times_rows_f32(wc, GH, nj, na, xs, ys, 0, 0);
+    else times_rows_f64(wc, GH, nj, na, xs, ys, 0, 0);
+    for (int64_t b = 0; b < B; b++)
+      if (active[b])
+        dt == KILN_F32 ? carry_back_f32(L, s, b, j0, j1, dt_at(prod, dt, b * nj)) : carry_back_f64(L, s, b, j0, j1, dt_at(prod, dt, b * nj));
+  }
+  free(wc); free(prod); free(active); free(xs); free(ys);
+}
+static void backward_team_f32(void *ctx, int id, int nteam) { backward_team(KILN_F32, ctx, id, nteam); }
+static void backward_team_f64(void *ctx, int id, int nteam) { backward_team(KILN_F64, ctx, id, nteam); }
+
+/* ---- the layer ---- */
+
+static int setup(int dt, struct layer *L, int mode, int reverse, const struct kiln_rnn_tensors *t, void **zeros) {
+  L->mode = mode; L->reverse = reverse;
+  L->G = kiln_rnn_gates(mode); L->RS = kiln_rnn_reserve(mode);
+  L->T = t->x->sizes[0]; L->B = t->x->sizes[1]; L->I = t->x->sizes[2];
+  L->H = t->w_hh->sizes[1]; L->GH = L->G * L->H;
+  L->x = kiln_tensor_data(t->x);
+  L->w_ih = kiln_tensor_data(t->w_ih); L->w_hh = kiln_tensor_data(t->w_hh);
+  int64_t nz = L->GH > L->B * L->H ? L->GH : L->B * L->H;
+  *zeros = calloc((size_t)nz, dt_size(dt));
+  int64_t *len = malloc(sizeof(int64_t) * (size_t)(L->B > 0 ? L->B : 1));
+  if (!*zeros || !len) { free(len); return kiln_fail(KILN_ERR_MEMORY, "rnn: out of memory"); }
+  for (int64_t b = 0; b < L->B; b++) {
+    len[b] = t->lengths ? ((const int64_t *)kiln_tensor_data(t->lengths))[b] : L->T;
+    if (len[b] < L->T) L->padded = 1;
+  }
+  L->len = len;
+  L->h0 = t->h0 ? kiln_tensor_data(t->h0) : *zeros;
+  L->c0 = t->c0 ? kiln_tensor_data(t->c0) : *zeros;
+  L->b_hh = t->b_hh ? kiln_tensor_data(t->b_hh) : *zeros;
+  L->b_ih = t->b_ih ? kiln_tensor_data(t->b_ih) : *zeros;
+  return KILN_OK;
+}
+
+static inline __attribute__((always_inline)) int forward(int dt, const struct kiln_call *c) {
+  const struct kiln_rnn_forward *f = c->extra;
+  struct layer L = {0};
+  void *zeros = NULL;
+  if (setup(dt, &L, (int)c->ints[0], (int)c->ints[1], &f->t, &zeros)) return kiln_error_code();
+  int64_t T = L.T, B = L.B, H = L.H, GH = L.GH;
+  const size_t es = dt_size(dt);
+  L.z = kiln_tensor_data(c->out);
+  L.res = f->reserve ? kiln_tensor_data(f->reserve) : NULL;
+  /* The persistent team folds the input projection into its products when each weight serves
+     enough sequences a step and a panel of [w_hh | w_ih] is small (LSTM and plain
+     RNN: a GRU's n gate keeps the two apart) */
+  int fold = c->ints[2] == KILN_RNN_PERSISTENT && L.mode != KILN_RNN_GRU && B >= KILN_RNN_FOLD_MIN_BATCH &&
+             (H + L.I) * panel_width(dt) * (int64_t)es <= KILN_RNN_FOLD_MAX_PANEL;
+  size_t nxp = es * (size_t)(T * B * GH > 0 ? T * B * GH : 1);   /* large: from the block cache */
+  L.xp = fold ? NULL : kiln_cpu_alloc(nxp);
+  L.zero = zeros;
+  L.hh = calloc((size_t)(B * GH > 0 ? B * GH : 1), es);
+  L.h = malloc(es * (size_t)(B * H > 0 ? B * H : 1));
+  L.hnext = malloc(es * (size_t)(B * H > 0 ? B * H : 1));
+  L.c = malloc(es * (size_t)(B * H > 0 ? B * H : 1));
+  int rc = KILN_OK;
+  if ((!fold && !L.xp) || !L.hh || !L.h || !L.hnext || !L.c) {
+    rc = kiln_fail(KILN_ERR_MEMORY, "rnn: out of memory for the layer's buffers");
+    goto done;
+  }
+  if (L.padded) memset(L.z, 0, es * (size_t)c->out->numel);   /* else every row is written */
+  /* the input projection of every step: one GEMM */
+  if (!fold) kiln_cpu_gemm_raw(dt, 0, 1, T * B, GH, L.I, 1.0, L.x, L.I, L.w_ih, L.I, 0.0, L.xp, GH);
+  memcpy(L.h, L.h0, es * (size_t)(B * H));
+  memcpy(L.c, L.c0, es * (size_t)(B * H));
+  if (c->ints[2] == KILN_RNN_PERSISTENT) {
+    barrier_init(&L.bar, kiln_parallel_team_size());
+    kiln_parallel_team(dt == KILN_F32 ? forward_team_f32 : forward_team_f64, &L);
+    if (L.bar.failed) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn: out of memory for the persistent threads' weights"); goto done; }
+    /* the team swapped the buffers T times: after an odd count the final state is in hnext */
+    if (T % 2) { void *swap = L.h; L.h = L.hnext; L.hnext = swap; }
+  } else {
+    forward_gemm(dt, &L);
+  }
+  memcpy(dt_at(L.z, dt, T * B * H), L.h, es * (size_t)(B * H));
+  if (L.mode == KILN_RNN_LSTM) memcpy(dt_at(L.z, dt, (T + 1) * B * H), L.c, es * (size_t)(B * H));
+done:
+  kiln_cpu_free(L.xp, nxp); free(L.hh);
+  free(L.h); free(L.hnext); free(L.c);
+  free((void *)L.len); free(zeros);
+  return rc;
+}
+static int forward_f32(const struct kiln_call *c) { return forward(KILN_F32, c); }
+static int forward_f64(const struct kiln_call *c) { return forward(KILN_F64, c); }
+
+/* A large buffer from the block cache, zeroed when some rows will not be written. */
+static void *scratch(size_t nbytes, int zero) {
+  void *p = kiln_cpu_alloc(nbytes);
+  if (p && zero) memset(p, 0, nbytes);
+  return p;
+}
+
+/* The bias grads: dst[q] = the sum over rows r of src[r * GH + q], rows in order. */
+static inline __attribute__((always_inline)) void bias_grad(int dt, void *dst, const void *src, int64_t rows, int64_t GH) {
+  memset(dst, 0, dt_size(dt) * (size_t)GH);
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t q = 0; q < GH; q++) dt_store(dst, dt, q, dt_add(dt, dt_load(dst, dt, q), dt_load(src, dt, r * GH + q)));
+}
+
+static inline __attribute__((always_inline)) int backward(int dt, const struct kiln_call *c) {
+  const struct kiln_rnn_backward *bw = c->extra;
+  struct layer L = {0};
+  void *zeros = NULL;
+  if (setup(dt, &L, (int)c->ints[0], (int)c->ints[1], &bw->t, &zeros)) return kiln_error_code();
+  int64_t T = L.T, B = L.B, H = L.H, GH = L.GH, I = L.I;
+  const size_t es = dt_size(dt);
+  L.z = kiln_tensor_data(bw->z);
+  L.res = bw->reserve ? kiln_tensor_data(bw->reserve) : NULL;
+  L.gz = kiln_tensor_data(bw->gz);
+  /* the large buffers come from the block cache, zeroed when rows past a sequence's end must stay 0 */
+  size_t nbig = es * (size_t)(T * B * GH > 0 ? T * B * GH : 1), nbh = (size_t)(B * H > 0 ? B * H : 1);
+  size_t nprev = es * (size_t)(T * B * H > 0 ? T * B * H : 1);
+  L.dgx = scratch(nbig, L.padded);
+  L.dgh = L.mode == KILN_RNN_GRU ? scratch(nbig, L.padded) : L.dgx;
+  /* the GEMM path's rows of a step, gathered when reversed sequences of several lengths put them
+     at different times (backward_gemm) */
+  int gather_rows = c->ints[2] != KILN_RNN_PERSISTENT && L.reverse && L.padded;
+  L.dgs = gather_rows ? malloc(es * (size_t)(B * GH)) : NULL;
+  L.dh = malloc(es * nbh);
+  L.dc = malloc(es * nbh);
+  L.tmp = malloc(es * nbh);
+  /* the states before each step, for w_hh's grad: gathered only when sequences of several lengths
+     scatter them (else they are h0 and the output rows, read in place) */
+  int gather = L.padded || T * B == 0;
+  void *hprev = bw->gw_hh && gather ? scratch(nprev, L.padded) : NULL;
+  int rc = KILN_OK;
+  if (!L.dgx || !L.dgh || (gather_rows && !L.dgs) || !L.dh || !L.dc || !L.tmp || (bw->gw_hh && gather && !hprev)) {
+    rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory for the layer's buffers");
+    goto done;
+  }
+  memcpy(L.dh, dt_at(L.gz, dt, T * B * H), es * (size_t)(B * H));
+  if (L.mode == KILN_RNN_LSTM) memcpy(L.dc, dt_at(L.gz, dt, (T + 1) * B * H), es * (size_t)(B * H));
+  else memset(L.dc, 0, es * (size_t)(B * H));
+  if (c->ints[2] == KILN_RNN_PERSISTENT) {
+    barrier_init(&L.bar, kiln_parallel_team_size());
+    kiln_parallel_team(dt == KILN_F32 ? backward_team_f32 : backward_team_f64, &L);
+    if (L.bar.failed) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory for the persistent threads' weights"); goto done; }
+  } else if (dt == KILN_F32) {
+    backward_gemm_f32(&L);
+  } else {
+    backward_gemm_f64(&L);
+  }
+  if (bw->gh0) memcpy(kiln_tensor_data(bw->gh0), L.dh, es * (size_t)(B * H));
+  if (bw->gc0) memcpy(kiln_tensor_data(bw->gc0), L.dc, es * (size_t)(B * H));
+  if (bw->gx) kiln_cpu_gemm_raw(dt, 0, 0, T * B, I, GH, 1.0, L.dgx, GH, L.w_ih, I, 0.0, kiln_tensor_data(bw->gx), I);
+  if (bw->gw_ih) kiln_cpu_gemm_raw(dt, 1, 0, GH, I, T * B, 1.0, L.dgx, GH, L.x, I, 0.0, kiln_tensor_data(bw->gw_ih), I);
+  if (bw->gw_hh && !gather) {
+    /* rows of the step whose state before is h0 (the first, or the last when reversed), then the
+       rest against the outputs of the steps before them */
+    void *gw = kiln_tensor_data(bw->gw_hh);
+    const void *first = L.reverse ? dt_at(L.dgh, dt, (T - 1) * B * GH) : L.dgh;
+    const void *rest = L.reverse ? L.dgh : dt_at(L.dgh, dt, B * GH);
+    kiln_cpu_gemm_raw(dt, 1, 0, GH, H, B, 1.0, first, GH, L.h0, H, 0.0, gw, H);
+    if (T > 1)
+      kiln_cpu_gemm_raw(dt, 1, 0, GH, H, (T - 1) * B, 1.0, rest, GH, L.reverse ? dt_at(L.z, dt, B * H) : L.z, H, 1.0, gw, H);
+  } else if (bw->gw_hh) {
+    for (int64_t b = 0; b < B; b++)
+      for (int64_t s = 0; s < L.len[b]; s++) {
+        int64_t t = step_time(&L, s, b);
+        memcpy(dt_at(hprev, dt, (t * B + b) * H), h_before(dt, &L, s, b, t), es * (size_t)H);
+      }
+    kiln_cpu_gemm_raw(dt, 1, 0, GH, H, T * B, 1.0, L.dgh, GH, hprev, H, 0.0, kiln_tensor_data(bw->gw_hh), H);
+  }
+  for (int k = 0; k < 2; k++) {
+    struct kiln_tensor *gb = k ? bw->gb_hh : bw->gb_ih;
+    if (!gb) continue;
+    if (k == 1 && bw->gb_ih && L.dgh == L.dgx)   /* the same sums as b_ih's */
+      memcpy(kiln_tensor_data(gb), kiln_tensor_data(bw->gb_ih), es * (size_t)GH);
+    else
+      bias_grad(dt, kiln_tensor_data(gb), k ? L.dgh : L.dgx, T * B, GH);
+  }
+done:
+  if (L.dgh != L.dgx) kiln_cpu_free(L.dgh, nbig);
+  kiln_cpu_free(L.dgx, nbig); kiln_cpu_free(hprev, nprev);
+  free(L.dgs); free(L.dh); free(L.dc); free(L.tmp);
+  free((void *)L.len); free(zeros);
+  return rc;
+}
+static int backward_f32(const struct kiln_call *c) { return backward(KILN_F32, c); }
+static int backward_f64(const struct kiln_call *c) { return backward(KILN_F64, c); }
 
 int cpu_rnn(const struct kiln_call *c) {
   return c->out->dtype == KILN_F64 ? forward_f64(c) : forward_f32(c);

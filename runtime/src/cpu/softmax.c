@@ -5,6 +5,7 @@
    and the lanes fold in a fixed tree (whatever the layout or the thread count), which keeps
    SM_LANES adds in flight instead of one. */
 #include "cpu.h"
+#include "dtype_math.h"
 #include "nn_calls.h"
 #include "vexp.h"
 #include <math.h>
@@ -24,76 +25,97 @@ struct sm_job {
   void *y;
 };
 
+/* Each kernel is one body over dt (cpu/dtype_math.h), with a named function per dtype that
+   kiln_parallel_for calls. */
+
+/* exp in the dtype: f32 through kiln_vexpf, within 3e-7 of exp (cpu/vexp.h), so that loops over it
+   vectorise. */
+static inline __attribute__((always_inline)) double sm_exp(int dt, double v) {
+  return dt == KILN_F32 ? (double)kiln_vexpf((float)v) : exp(v);
+}
+
 enum { SM_LANES = 16 };
-/* the lane sums of a line of D elements at stride st: of EXPR(v) for v = x[d] */
-#define SM_LANE_SUM(name, T, EXPR)                                                                    \
-static double name(const T *x, int64_t D, int64_t st, double c) {                                     \
-  double l[SM_LANES] = {0};                                                                           \
-  (void)c;                                                                                            \
-  int64_t d = 0;                                                                                      \
-  for (; d + SM_LANES <= D; d += SM_LANES)                                                            \
-    for (int k = 0; k < SM_LANES; k++) { T v = x[(d + k) * st]; l[k] += (EXPR); }                     \
-  for (int k = 0; d < D; d++, k++) { T v = x[d * st]; l[k] += (EXPR); }                               \
-  return kiln_fold_lanes(l, SM_LANES);                                                                                  \
+enum sm_term { SM_V, SM_EXP, SM_DOT };
+/* The lane sums of a line of D elements at stride st: of v = x[d], of exp(v - c) (v - c in the
+   dtype), or of x[d] * z[d] (the softmax backward's sum of gy * y). */
+static inline __attribute__((always_inline)) double sm_value(int dt, int term, const void *x, const void *z, int64_t i,
+                                                           double cr) {
+  if (term == SM_V) return dt_load(x, dt, i);
+  if (term == SM_EXP) return sm_exp(dt, dt_sub(dt, dt_load(x, dt, i), cr));
+  return dt_load(x, dt, i) * dt_load(z, dt, i);
 }
-/* the same for products of two lines (the softmax backward's sum of gy * y) */
-#define SM_LANE_DOT(name, T)                                                                          \
-static double name(const T *x, const T *z, int64_t D, int64_t st) {                                   \
-  double l[SM_LANES] = {0};                                                                           \
-  int64_t d = 0;                                                                                      \
-  for (; d + SM_LANES <= D; d += SM_LANES)                                                            \
-    for (int k = 0; k < SM_LANES; k++) l[k] += (double)x[(d + k) * st] * z[(d + k) * st];            \
-  for (int k = 0; d < D; d++, k++) l[k] += (double)x[d * st] * z[d * st];                            \
-  return kiln_fold_lanes(l, SM_LANES);                                                                                  \
+static inline __attribute__((always_inline)) double sm_lanes(int dt, int term, const void *x, const void *z, int64_t D,
+                                                            int64_t st, double c) {
+  double l[SM_LANES] = {0};
+  const double cr = dt_round(dt, c);
+  int64_t d = 0;
+  for (; d + SM_LANES <= D; d += SM_LANES)
+    for (int k = 0; k < SM_LANES; k++) l[k] += sm_value(dt, term, x, z, (d + k) * st, cr);
+  for (int k = 0; d < D; d++, k++) l[k] += sm_value(dt, term, x, z, d * st, cr);
+  return kiln_fold_lanes(l, SM_LANES);
 }
-SM_LANE_SUM(sm_sum_f32, float, (double)v)
-SM_LANE_SUM(sm_sum_f64, double, v)
-SM_LANE_SUM(sm_sumexp_f32, float, (double)kiln_vexpf(v - (float)c))
-SM_LANE_SUM(sm_sumexp_f64, double, exp(v - c))
-SM_LANE_DOT(sm_dot_f32, float)
-SM_LANE_DOT(sm_dot_f64, double)
+static double sm_sum_f32(const float *x, int64_t D, int64_t st) { return sm_lanes(KILN_F32, SM_V, x, NULL, D, st, 0); }
+static double sm_sum_f64(const double *x, int64_t D, int64_t st) { return sm_lanes(KILN_F64, SM_V, x, NULL, D, st, 0); }
+static double sm_sumexp_f32(const float *x, int64_t D, int64_t st, double c) { return sm_lanes(KILN_F32, SM_EXP, x, NULL, D, st, c); }
+static double sm_sumexp_f64(const double *x, int64_t D, int64_t st, double c) { return sm_lanes(KILN_F64, SM_EXP, x, NULL, D, st, c); }
+static double sm_dot_f32(const float *x, const float *z, int64_t D, int64_t st) { return sm_lanes(KILN_F32, SM_DOT, x, z, D, st, 0); }
+static double sm_dot_f64(const double *x, const double *z, int64_t D, int64_t st) { return sm_lanes(KILN_F64, SM_DOT, x, z, D, st, 0); }
+
+/* The max of a line (NaN if it holds one), carried in the dtype's own type: gcc does not narrow a
+   value carried across a loop in double, so one function per dtype. */
+static inline __attribute__((always_inline)) float line_max_f32(const float *x, int64_t D, int64_t st) {
+  float m = -INFINITY;
+  for (int64_t d = 0; d < D; d++) if (x[d * st] > m || x[d * st] != x[d * st]) m = x[d * st];
+  return m;
+}
+static inline __attribute__((always_inline)) double line_max_f64(const double *x, int64_t D, int64_t st) {
+  double m = -INFINITY;
+  for (int64_t d = 0; d < D; d++) if (x[d * st] > m || x[d * st] != x[d * st]) m = x[d * st];
+  return m;
+}
 
 /* One line: D elements at stride st. */
-#define SOFTMAX_LINE(T, sfx, EXP, LOGFN)                                                              \
-static void softmax_line_##sfx(int want_log, const T *x, T *y, int64_t D, int64_t st) {                  \
-  T m = -INFINITY;                                                                                  \
-  for (int64_t d = 0; d < D; d++) if (x[d * st] > m || x[d * st] != x[d * st]) m = x[d * st];       \
-  double s = sm_sumexp_##sfx(x, D, st, m);                                                          \
-  if (want_log) {                                                                                   \
-    T ls = (T)LOGFN(s) + m;                                                                           \
-    for (int64_t d = 0; d < D; d++) y[d * st] = x[d * st] - ls;                                     \
-  } else {                                                                                          \
-    for (int64_t d = 0; d < D; d++) y[d * st] = EXP(x[d * st] - m);                                 \
-    T inv = (T)(1.0 / s);                                                                           \
-    for (int64_t d = 0; d < D; d++) y[d * st] *= inv;                                               \
-  }                                                                                                 \
-}                                                                                                   \
-static void softmax_lines_##sfx(void *ctx, int64_t begin, int64_t end) {                            \
-  const struct sm_job *j = ctx;                                                                     \
-  for (int64_t l = begin; l < end; l++) {                                                           \
-    int64_t o = l / j->inner, i = l % j->inner, off = o * j->D * j->inner + i;                      \
-    softmax_line_##sfx(j->log, (const T *)j->x + off, (T *)j->y + off, j->D, j->inner);             \
-  }                                                                                                 \
-}                                                                                                   \
-/* softmax: gx = y * (gy - sum(gy * y)); log_softmax: gx = gy - exp(y) * sum(gy). */               \
-static void softmax_back_lines_##sfx(void *ctx, int64_t begin, int64_t end) {                       \
-  const struct sm_job *j = ctx;                                                                     \
-  int64_t D = j->D, st = j->inner;                                                                  \
-  for (int64_t l = begin; l < end; l++) {                                                           \
-    int64_t o = l / j->inner, i = l % j->inner, off = o * D * st + i;                               \
-    const T *y = (const T *)j->x + off, *gy = (const T *)j->gy + off;                               \
-    T *gx = (T *)j->y + off;                                                                        \
-    if (j->log) {                                                                                   \
-      T ts = (T)sm_sum_##sfx(gy, D, st, 0);                                                         \
-      for (int64_t d = 0; d < D; d++) gx[d * st] = gy[d * st] - EXP(y[d * st]) * ts;                \
-    } else {                                                                                        \
-      T ts = (T)sm_dot_##sfx(gy, y, D, st);                                                         \
-      for (int64_t d = 0; d < D; d++) gx[d * st] = y[d * st] * (gy[d * st] - ts);                   \
-    }                                                                                               \
-  }                                                                                                 \
+static inline __attribute__((always_inline)) void softmax_line(int dt, int want_log, const void *x, void *y, int64_t D, int64_t st) {
+  double m = dt == KILN_F32 ? line_max_f32(x, D, st) : line_max_f64(x, D, st);
+  double s = dt == KILN_F32 ? sm_sumexp_f32(x, D, st, m) : sm_sumexp_f64(x, D, st, m);
+  if (want_log) {
+    double ls = dt_add(dt, dt_round(dt, log(s)), m);
+    for (int64_t d = 0; d < D; d++) dt_store(y, dt, d * st, dt_sub(dt, dt_load(x, dt, d * st), ls));
+  } else {
+    for (int64_t d = 0; d < D; d++) dt_store(y, dt, d * st, sm_exp(dt, dt_sub(dt, dt_load(x, dt, d * st), m)));
+    double inv = dt_round(dt, 1.0 / s);
+    for (int64_t d = 0; d < D; d++) dt_store(y, dt, d * st, dt_mul(dt, dt_load(y, dt, d * st), inv));
+  }
 }
-SOFTMAX_LINE(float, f32, kiln_vexpf, log)   /* f32: exp within 3e-7 (cpu/vexp.h) */
-SOFTMAX_LINE(double, f64, exp, log)
+static inline __attribute__((always_inline)) void softmax_lines(int dt, const struct sm_job *j, int64_t begin, int64_t end) {
+  for (int64_t l = begin; l < end; l++) {
+    int64_t o = l / j->inner, i = l % j->inner, off = o * j->D * j->inner + i;
+    softmax_line(dt, j->log, dt_at(j->x, dt, off), dt_at(j->y, dt, off), j->D, j->inner);
+  }
+}
+static void softmax_lines_f32(void *ctx, int64_t begin, int64_t end) { softmax_lines(KILN_F32, ctx, begin, end); }
+static void softmax_lines_f64(void *ctx, int64_t begin, int64_t end) { softmax_lines(KILN_F64, ctx, begin, end); }
+
+/* softmax: gx = y * (gy - sum(gy * y)); log_softmax: gx = gy - exp(y) * sum(gy). */
+static inline __attribute__((always_inline)) void softmax_back_lines(int dt, const struct sm_job *j, int64_t begin, int64_t end) {
+  int64_t D = j->D, st = j->inner;
+  for (int64_t l = begin; l < end; l++) {
+    int64_t o = l / j->inner, i = l % j->inner, off = o * D * st + i;
+    const void *y = dt_at(j->x, dt, off), *gy = dt_at(j->gy, dt, off);
+    void *gx = dt_at(j->y, dt, off);
+    if (j->log) {
+      double ts = dt_round(dt, dt == KILN_F32 ? sm_sum_f32(gy, D, st) : sm_sum_f64(gy, D, st));
+      for (int64_t d = 0; d < D; d++)
+        dt_store(gx, dt, d * st, dt_sub(dt, dt_load(gy, dt, d * st), dt_mul(dt, sm_exp(dt, dt_load(y, dt, d * st)), ts)));
+    } else {
+      double ts = dt_round(dt, dt == KILN_F32 ? sm_dot_f32(gy, y, D, st) : sm_dot_f64(gy, y, D, st));
+      for (int64_t d = 0; d < D; d++)
+        dt_store(gx, dt, d * st, dt_mul(dt, dt_load(y, dt, d * st), dt_sub(dt, dt_load(gy, dt, d * st), ts)));
+    }
+  }
+}
+static void softmax_back_lines_f32(void *ctx, int64_t begin, int64_t end) { softmax_back_lines(KILN_F32, ctx, begin, end); }
+static void softmax_back_lines_f64(void *ctx, int64_t begin, int64_t end) { softmax_back_lines(KILN_F64, ctx, begin, end); }
 
 /* An f32 line of stride 1 (the class dim of cross entropy, the last dim): the same exps as above,
    vectorised a block at a time, then summed in double in order as above. */
@@ -194,62 +216,62 @@ struct nll_job {
   void *gx;
 };
 
-#define NLL(T, sfx, EXPLP)                                                                          \
-static void nll_positions_##sfx(void *ctx, int64_t begin, int64_t end) {                            \
-  const struct nll_job *j = ctx;                                                                    \
-  int64_t C = j->C, S = j->S;                                                                       \
-  const T *w = j->weight;                                                                           \
-  double eps = j->smoothing;                                                                        \
-  for (int64_t q = begin; q < end; q++) {                                                           \
-    int64_t n = q / S, s = q % S, t = j->target[q];                                                 \
-    const T *lp = (const T *)j->logp + n * C * S + s;                                               \
-    double l = 0;                                                                                   \
-    if (t != j->ignore) {                                                                           \
-      l = -(w ? (double)w[t] : 1.0) * lp[t * S];                                                    \
-      if (eps != 0) {                                                                               \
-        double sm = 0;                                                                              \
-        for (int64_t c = 0; c < C; c++) sm -= (w ? (double)w[c] : 1.0) * lp[c * S];                 \
-        l = (1 - eps) * l + eps / (double)C * sm;                                                   \
-      }                                                                                             \
-    }                                                                                               \
-    ((T *)j->loss)[q] = (T)l;                                                                       \
-  }                                                                                                 \
-}                                                                                                   \
-static void nll_back_positions_##sfx(void *ctx, int64_t begin, int64_t end) {                       \
-  const struct nll_job *j = ctx;                                                                    \
-  int64_t C = j->C, S = j->S;                                                                       \
-  const T *w = j->weight;                                                                           \
-  double eps = j->smoothing;                                                                        \
-  for (int64_t q = begin; q < end; q++) {                                                           \
-    int64_t n = q / S, s = q % S, t = j->target[q];                                                 \
-    T *gx = (T *)j->gx + n * C * S + s;                                                             \
-    double g = j->reduction == KILN_REDUCTION_NONE ? (double)((const T *)j->g)[q] : (double)((const T *)j->g)[0]; \
-    if (j->reduction == KILN_REDUCTION_MEAN) g /= j->total_weight;                                  \
-    if (t == j->ignore) { for (int64_t c = 0; c < C; c++) gx[c * S] = 0; continue; }                \
-    double wt = w ? (double)w[t] : 1.0;                                                             \
-    if (!j->fused) {                                                                                \
-      for (int64_t c = 0; c < C; c++) gx[c * S] = 0;                                                \
-      gx[t * S] = (T)(-wt * g);                                                                     \
-      continue;                                                                                     \
-    }                                                                                               \
-    /* d/dz_c = (1-eps) wt (p_c - [c = t]) + eps/C (p_c W - w_c), W = sum of the weights */         \
-    const T *lp = (const T *)j->logp + n * C * S + s;                                               \
-    double a = (1 - eps) * wt + eps / (double)C * j->weight_sum, e = eps / (double)C;               \
-    if (S == 1 && !w && eps == 0) {   /* the common case, in T so that it vectorises */             \
-      T ga = (T)(g * a);                                                                            \
-      for (int64_t c = 0; c < C; c++) gx[c] = ga * (T)EXPLP(lp[c]);                                 \
-      gx[t] = (T)((double)gx[t] - g * wt);                                                          \
-      continue;                                                                                     \
-    }                                                                                               \
-    for (int64_t c = 0; c < C; c++) {                                                               \
-      double p = EXPLP(lp[c * S]);                                                                  \
-      gx[c * S] = (T)(g * (a * p - e * (w ? (double)w[c] : 1.0)));                                  \
-    }                                                                                               \
-    gx[t * S] = (T)((double)gx[t * S] - g * (1 - eps) * wt);                                        \
-  }                                                                                                 \
+static inline __attribute__((always_inline)) void nll_positions(int dt, const struct nll_job *j, int64_t begin, int64_t end) {
+  int64_t C = j->C, S = j->S;
+  const void *w = j->weight;
+  double eps = j->smoothing;
+  for (int64_t q = begin; q < end; q++) {
+    int64_t n = q / S, s = q % S, t = j->target[q];
+    const void *lp = dt_at(j->logp, dt, n * C * S + s);
+    double l = 0;
+    if (t != j->ignore) {
+      l = -(w ? dt_load(w, dt, t) : 1.0) * dt_load(lp, dt, t * S);
+      if (eps != 0) {
+        double sm = 0;
+        for (int64_t c = 0; c < C; c++) sm -= (w ? dt_load(w, dt, c) : 1.0) * dt_load(lp, dt, c * S);
+        l = (1 - eps) * l + eps / (double)C * sm;
+      }
+    }
+    dt_store(j->loss, dt, q, l);
+  }
 }
-NLL(float, f32, (double)kiln_vexpf)   /* within 3e-7 of exp: the grad is f32 */
-NLL(double, f64, exp)
+static void nll_positions_f32(void *ctx, int64_t begin, int64_t end) { nll_positions(KILN_F32, ctx, begin, end); }
+static void nll_positions_f64(void *ctx, int64_t begin, int64_t end) { nll_positions(KILN_F64, ctx, begin, end); }
+
+static inline __attribute__((always_inline)) void nll_back_positions(int dt, const struct nll_job *j, int64_t begin, int64_t end) {
+  int64_t C = j->C, S = j->S;
+  const void *w = j->weight;
+  double eps = j->smoothing;
+  for (int64_t q = begin; q < end; q++) {
+    int64_t n = q / S, s = q % S, t = j->target[q];
+    void *gx = dt_at(j->gx, dt, n * C * S + s);
+    double g = j->reduction == KILN_REDUCTION_NONE ? dt_load(j->g, dt, q) : dt_load(j->g, dt, 0);
+    if (j->reduction == KILN_REDUCTION_MEAN) g /= j->total_weight;
+    if (t == j->ignore) { for (int64_t c = 0; c < C; c++) dt_store(gx, dt, c * S, 0); continue; }
+    double wt = w ? dt_load(w, dt, t) : 1.0;
+    if (!j->fused) {
+      for (int64_t c = 0; c < C; c++) dt_store(gx, dt, c * S, 0);
+      dt_store(gx, dt, t * S, -wt * g);
+      continue;
+    }
+    /* d/dz_c = (1-eps) wt (p_c - [c = t]) + eps/C (p_c W - w_c), W = sum of the weights */
+    const void *lp = dt_at(j->logp, dt, n * C * S + s);
+    double a = (1 - eps) * wt + eps / (double)C * j->weight_sum, e = eps / (double)C;
+    if (S == 1 && !w && eps == 0) {   /* the common case, in the dtype so that it vectorises */
+      double ga = dt_round(dt, g * a);
+      for (int64_t c = 0; c < C; c++) dt_store(gx, dt, c, dt_mul(dt, ga, sm_exp(dt, dt_load(lp, dt, c))));
+      dt_store(gx, dt, t, dt_load(gx, dt, t) - g * wt);
+      continue;
+    }
+    for (int64_t c = 0; c < C; c++) {
+      double p = sm_exp(dt, dt_load(lp, dt, c * S));
+      dt_store(gx, dt, c * S, g * (a * p - e * (w ? dt_load(w, dt, c) : 1.0)));
+    }
+    dt_store(gx, dt, t * S, dt_load(gx, dt, t * S) - g * (1 - eps) * wt);
+  }
+}
+static void nll_back_positions_f32(void *ctx, int64_t begin, int64_t end) { nll_back_positions(KILN_F32, ctx, begin, end); }
+static void nll_back_positions_f64(void *ctx, int64_t begin, int64_t end) { nll_back_positions(KILN_F64, ctx, begin, end); }
 
 static void nll_shape(const struct kiln_tensor *input, struct nll_job *j) {
   j->N = input->sizes[0]; j->C = input->sizes[1]; j->S = 1;
