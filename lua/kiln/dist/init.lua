@@ -3,8 +3,7 @@
 -- (kiln.dist.data_parallel), model-parallel layers (kiln.dist.model_parallel) and the scaling model
 -- (kiln.dist.simulate), under one name. docs/distributed.md.
 local M = {}
-for _, part in ipairs{require "kiln.dist.collectives", require "kiln.dist.data_parallel", require "kiln.dist.model_parallel",
-                      require "kiln.dist.simulate"} do
+for _, part in ipairs{require "kiln.dist.collectives", require "kiln.dist.data_parallel", require "kiln.dist.simulate"} do
   for k, v in pairs(part) do if k ~= "need_init" then M[k] = v end end
 end
 return M
