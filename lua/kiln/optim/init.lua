@@ -364,6 +364,7 @@ end
 local function class(spec)
   local cls = setmetatable({}, {__index = Optimizer})
   cls.__index = cls
+  cls.__name = spec.name   -- help(opt) finds optim.<name>'s line by it
   cls.__tostring = function(self)
     local lines = {spec.name .. " ("}
     for gi, g in ipairs(self.param_groups) do
