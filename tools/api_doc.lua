@@ -74,8 +74,9 @@ M.DOCS = {
     {"Functions (kiln.nn.functional, also kiln.F)", {"^kiln%.nn%.functional"}},
   },
   ["docs/autograd.md"] = {
-    {"Grad mode and gradient checks", {"^kiln%.autograd", "^kiln%.no_grad$", "^kiln%.enable_grad$",
+    {"Grad mode and gradient checks", {"^kiln%.autograd$", "^kiln%.autograd%.[%l_]+$", "^kiln%.no_grad$", "^kiln%.enable_grad$",
                                        "^kiln%.set_grad_enabled$", "^kiln%.is_grad_enabled$", "^kiln%.gradcheck$"}},
+    {"Custom functions", {"^kiln%.autograd%.Function"}},
     {"Tensors and the graph", {"^Tensor:backward$", "^Tensor:detach", "^Tensor:requires_grad", "^Tensor:grad$",
                                "^Tensor:retain_grad$", "^Tensor:register_hook$"}},
   },

@@ -153,7 +153,6 @@ return {
   ["kiln.set_gc_threshold"] = "kiln.set_gc_threshold(bytes[, device]): tensor bytes allocated between forced garbage collections",
   ["kiln.rand_like"] = "kiln.rand_like(t): uniform samples on [0, 1) with the sizes, dtype and device of t",
   ["kiln.randn_like"] = "kiln.randn_like(t): standard normal samples with the sizes, dtype and device of t",
-  ["kiln.autograd"] = "kiln.autograd: grad mode (no_grad, enable_grad, set_grad_enabled) and gradcheck",
   ["kiln.enable_grad"] = "kiln.enable_grad(f, ...): calls f with the autograd graph recorded (inside no_grad)",
   ["kiln.set_grad_enabled"] = "kiln.set_grad_enabled(on): turns recording of the autograd graph on or off; returns the previous mode",
   ["kiln.is_grad_enabled"] = "kiln.is_grad_enabled(): true when operations are recorded for autograd",
@@ -452,6 +451,11 @@ return {
   ["kiln.autograd.is_grad_enabled"] = "kiln.autograd.is_grad_enabled(): true when operations are recorded",
   ["kiln.autograd.gradcheck"] = "kiln.autograd.gradcheck(fn, inputs[, {eps = 1e-6, atol = 1e-5, rtol = 1e-3}]): backward against f64 central differences; returns ok, report; e.g. kiln.gradcheck(function(x) return x:exp() end, {kiln.randn(3, {dtype = \"f64\"}):requires_grad_()})",
 
+  ["kiln.autograd.Function"] = "kiln.autograd.Function(name): a custom op with a Lua forward and backward; define F.forward(ctx, ...) and F.backward(ctx, grad_outputs...) (one grad or nil per input), then y = F.apply(x) or F(x); e.g. local Exp = kiln.autograd.Function(\"Exp\"); function Exp.forward(ctx, x) local y = x:exp() ctx:save_for_backward(y) return y end; function Exp.backward(ctx, g) return g * ctx.saved_tensors[1] end",
+  ["kiln.autograd.FunctionContext"] = "ctx, the first argument of a Function's forward and backward: ctx:save_for_backward(t, ...), ctx.saved_tensors (a list), ctx.needs_input_grad (a boolean per argument), ctx:mark_non_differentiable(t, ...); other fields are yours",
+  ["kiln.autograd.FunctionContext.save_for_backward"] = "ctx:save_for_backward(t1, t2, ...): the tensors backward reads, as ctx.saved_tensors; one changed in place before backward is an error there that names it",
+  ["kiln.autograd.FunctionContext.mark_non_differentiable"] = "ctx:mark_non_differentiable(t, ...): outputs of forward that get no grad (indices, masks): they do not require grad",
+  ["kiln.autograd"] = "kiln.autograd: grad mode (no_grad, enable_grad, set_grad_enabled), gradcheck, and Function for custom ops with a Lua backward",
   -- the rest of kiln
   ["kiln.F"] = "kiln.F: kiln.nn.functional, the layers as functions (F.conv2d, F.cross_entropy, ...)",
   ["kiln.functional"] = "kiln.functional: kiln.nn.functional, the layers as functions (F.conv2d, F.cross_entropy, ...)",

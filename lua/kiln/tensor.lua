@@ -562,7 +562,12 @@ local backward_options = core.set("retain_graph")   -- the options backward know
 function Tensor.backward(t, grad, opts)
   if type(grad) == "table" and not is_tensor(grad) then opts, grad = grad, nil end
   opts = core.options(opts, backward_options, "backward")
-  check(C.kiln_backward(t.p, grad ~= nil and tensor_arg(grad, "backward", "the gradient") or nil, opts.retain_graph and 1 or 0))
+  local gp = grad ~= nil and tensor_arg(grad, "backward", "the gradient") or nil
+  -- a graph with custom functions (kiln.autograd.Function) is walked from Lua, which runs their backward
+  if core.function_backward and C.kiln_function_nodes_live() > 0 then
+    return core.function_backward(t, gp, opts.retain_graph)
+  end
+  check(C.kiln_backward(t.p, gp, opts.retain_graph and 1 or 0))
 end
 
 function Tensor.detach(t) return wrap(C.kiln_detach(t.p)) end
