@@ -131,15 +131,38 @@ end
 function Tensor.contiguous(t) return wrap(C.kiln_contiguous(t.p)) end
 function Tensor.clone(t) return wrap_retry(C.kiln_clone, t.p) end
 
+-- ---- in-place ops under autograd ----
+
+-- Whether an in-place op on t (with b) is one autograd must see: grad mode on, and t or b requires grad.
+local function recorded(t, b)
+  if t.p.requires_grad == 0 and (b == nil or type(b) == "number" or b.p.requires_grad == 0) then return false end
+  return C.kiln_grad_enabled() == 1
+end
+
+-- t takes the values and the history of r, the in-place op's result computed out of place
+-- (kiln_autograd_assign: refused for a leaf that requires grad and for a view with history).
+local function assign(t, r, op)
+  if r.p.dtype ~= t.p.dtype then r = r:to(core.dtype_names[t.p.dtype]) end
+  check(C.kiln_autograd_assign(t.p, r.p, op))
+  return t
+end
+
 -- ---- copies, dtypes, devices ----
 
 function Tensor.copy_(t, src)
-  if type(src) == "number" then check(C.kiln_fill_(t.p, src)) return t end
-  check(C.kiln_copy_(t.p, tensor_arg(src, "copy_", "the source")))
+  if type(src) == "number" then return Tensor.fill_(t, src) end
+  local sp = tensor_arg(src, "copy_", "the source")
+  if recorded(t, src) then return assign(t, src:expand(Tensor.size(t)):clone(), "copy_") end
+  check(C.kiln_copy_(t.p, sp))
   return t
 end
-function Tensor.fill_(t, v) check(C.kiln_fill_(t.p, number_arg(v, "fill_", "the value"))) return t end
-function Tensor.zero_(t) check(C.kiln_fill_(t.p, 0)) return t end
+function Tensor.fill_(t, v)
+  number_arg(v, "fill_", "the value")
+  if recorded(t) then return assign(t, Tensor.full_like(t, v), "fill_") end
+  check(C.kiln_fill_(t.p, v))
+  return t
+end
+function Tensor.zero_(t) return Tensor.fill_(t, 0) end
 
 -- to("f64"), to("cuda"), to{dtype=..., device=..., non_blocking=...}, to(other_tensor), to("cuda", {non_blocking = true}).
 -- non_blocking: an upload from a pinned tensor (t:pin_memory()) is queued on the device's stream and
@@ -244,7 +267,12 @@ end
 for _, name in ipairs(unary) do
   local op = C["KILN_OP_" .. name:upper()]   -- the enum's name is the op's, in capitals
   Tensor[name] = function(t) return wrap_retry(C.kiln_unary, op, t.p) end
-  Tensor[name .. "_"] = function(t) check(C.kiln_unary_(op, t.p)) return t end
+  local out_of_place = Tensor[name]
+  Tensor[name .. "_"] = function(t)
+    if recorded(t) then return assign(t, out_of_place(t), name .. "_") end
+    check(C.kiln_unary_(op, t.p))
+    return t
+  end
 end
 
 for _, name in ipairs(binary) do
@@ -256,6 +284,7 @@ for _, name in ipairs(binary) do
   end
   Tensor[name .. "_"] = function(a, b)
     b = scalar_or_tensor(b, name .. "_")
+    if recorded(a, b) then return assign(a, Tensor[name](a, b), name .. "_") end
     if type(b) == "number" then check(C.kiln_binary_scalar_(op, a.p, b)) else check(C.kiln_binary_(op, a.p, b.p)) end
     return a
   end
@@ -510,6 +539,7 @@ function Tensor.scatter_add(t, dim, idx, src)
                     tensor_arg(src, "scatter_add", "the source"))
 end
 function Tensor.scatter_add_(t, dim, idx, src)
+  if is_tensor(src) and recorded(t, src) then return assign(t, Tensor.scatter_add(t, dim, idx, src), "scatter_add_") end
   check(C.kiln_scatter_add_(t.p, cdim(t, dim, "scatter_add_"), c_indices(idx, "scatter_add_").p,
                                tensor_arg(src, "scatter_add_", "the source")))
   return t
@@ -519,6 +549,7 @@ function Tensor.masked_fill(t, mask, v)
   return wrap_retry(C.kiln_masked_fill, t.p, tensor_arg(mask, "masked_fill", "the mask"), number_arg(v, "masked_fill", "the value"))
 end
 function Tensor.masked_fill_(t, mask, v)
+  if recorded(t) then return assign(t, Tensor.masked_fill(t, mask, v), "masked_fill_") end
   check(C.kiln_masked_fill_(t.p, tensor_arg(mask, "masked_fill_", "the mask"), number_arg(v, "masked_fill_", "the value")))
   return t
 end

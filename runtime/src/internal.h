@@ -240,6 +240,7 @@ struct kiln_node {
   int out_ndim;
   int64_t out_sizes[KILN_MAX_DIMS];
   int released;
+  int explicit_saved;          /* saved[] holds what the front end chose (kiln_autograd_record_saved) */
   /* backward walk state */
   int pending;
   int visited;

@@ -41,6 +41,13 @@ struct kiln_tensor *kiln_backward_output_grad(struct kiln_backward_walk *w, int 
 int kiln_backward_input_grad(struct kiln_backward_walk *w, int k, const struct kiln_tensor *grad);
 void kiln_backward_end(struct kiln_backward_walk *w);
 
+/* An in-place op on a tensor with history (t:relu_() after a layer), as the caller runs it: r is
+   the op's result computed out of place (and recorded); t takes r's values and r's history, so that
+   backward goes through the op. Tensors r's node saved that share t's storage are copied first, so
+   they keep the values the derivative needs. Refused for a leaf that requires grad (change those
+   under no_grad) and for a view of a tensor with history (its base would not see the op). */
+int kiln_autograd_assign(struct kiln_tensor *t, struct kiln_tensor *r, const char *op);
+
 /* A view of t that shares its storage but not its history. */
 struct kiln_tensor *kiln_detach(const struct kiln_tensor *t);
 /* Replace t's grad (NULL clears it). */

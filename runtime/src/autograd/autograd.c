@@ -93,11 +93,76 @@ int kiln_autograd_wanted(int n, const struct kiln_tensor *const *inputs) {
 int kiln_autograd_check_inplace(const char *op, const struct kiln_tensor *target, const struct kiln_tensor *src) {
   if (!kiln_autograd_active()) return KILN_OK;
   size_t len = strlen(op);
+  const char *u = len && op[len - 1] == '_' ? "" : "_";
+  if (target->requires_grad && !target->grad_fn)
+    return kiln_fail(KILN_ERR_STATE,
+                     "%s%s: in-place change of %s, a leaf that requires grad (a parameter): backward would lose the "
+                     "value it had; update parameters under no_grad, as optimizers do, or change a clone()",
+                     op, u, kiln_shape_string(target));
   if (target->requires_grad || (src && src->requires_grad))
     return kiln_fail(KILN_ERR_STATE,
-                     "%s%s: in-place change of %s, which %s grad; use an out-of-place op, or run it under no_grad",
-                     op, len && op[len - 1] == '_' ? "" : "_", kiln_shape_string(target),
-                     target->requires_grad ? "requires" : "would then need");
+                     "%s%s: in-place change of %s, which %s grad: this C call does not record it; use the out-of-place "
+                     "op (the Lua methods record in-place ops: kiln_autograd_assign)",
+                     op, u, kiln_shape_string(target), target->requires_grad ? "requires" : "would then need");
+  return KILN_OK;
+}
+
+KILN_API int kiln_autograd_assign(struct kiln_tensor *t, struct kiln_tensor *r, const char *op) {
+  if (kiln_check_live("assign", t) || kiln_check_live("assign", r)) return kiln_error_code();
+  if (!op) op = "in-place op";
+  if (t->ndim != r->ndim || memcmp(t->sizes, r->sizes, sizeof(int64_t) * (size_t)t->ndim) != 0)
+    return kiln_fail(KILN_ERR_SHAPE, "%s: the result %s does not fit in place into %s", op, kiln_shape_string(r),
+                     kiln_shape_string(t));
+  if (t->requires_grad && !t->grad_fn && kiln_grad_enabled())
+    return kiln_fail(KILN_ERR_STATE,
+                     "%s: in-place change of %s, a leaf that requires grad (a parameter): backward would lose the "
+                     "value it had; update parameters under no_grad, as optimizers do, or change a clone()",
+                     op, kiln_shape_string(t));
+  struct kiln_node *old = t->grad_fn;
+  /* a view is changed like any tensor when nothing else sees its storage (a view an op made of a
+     temporary, as matmul does): only t and what t's own node saved of it hold the storage */
+  int view = old && old->kind >= KILN_VIEW_BASE && old->kind <= KILN_VIEW_ALIAS;
+  int holders = 1;
+  for (int k = 0; view && k < MAX_SAVED; k++) holders += old->saved[k] && old->saved[k]->storage == t->storage;
+  if (view && __atomic_load_n(&t->storage->refcount, __ATOMIC_RELAXED) == holders) view = 0;
+  else if (view) view = 2;
+  if (view == 2 && kiln_grad_enabled())
+    return kiln_fail(KILN_ERR_STATE,
+                     "%s: in-place change of %s, a view of a tensor with history: the tensor it views would not see "
+                     "the change in backward; use the out-of-place op, or change the tensor itself",
+                     op, kiln_shape_string(t));
+  struct kiln_node *n = r->grad_fn;
+  int prev = kiln_set_grad_enabled(0);
+  int rc = KILN_OK;
+  /* what r's node saved from t's storage must keep its values: a copy */
+  for (int k = 0; n && k < MAX_SAVED && !rc; k++) {
+    struct kiln_tensor *sv = n->saved[k];
+    if (!sv || sv->storage != t->storage) continue;
+    struct kiln_tensor *copy = kiln_clone(sv);
+    if (!copy) { rc = kiln_error_code(); break; }
+    kiln_tensor_release(sv);
+    n->saved[k] = copy;
+    n->saved_version[k] = copy->storage->version;
+  }
+  if (!rc && t->dtype != r->dtype)
+    rc = kiln_fail(KILN_ERR_DTYPE, "%s: the result is %s, %s cannot hold it in place", op, kiln_dtype_name(r->dtype),
+                   kiln_dtype_name(t->dtype));
+  if (!rc) rc = kiln_copy_(t, r);
+  kiln_set_grad_enabled(prev);
+  if (rc) return rc;
+  /* t's own view node saved its base, which nothing else sees, only to notice changes of it: t's
+     history accounts for this one and the later ones */
+  for (int k = 0; old && old->kind >= KILN_VIEW_BASE && old->kind <= KILN_VIEW_ALIAS && k < MAX_SAVED; k++)
+    if (old->saved[k] && old->saved[k]->storage == t->storage) {
+      kiln_tensor_release(old->saved[k]);
+      old->saved[k] = NULL;
+    }
+  if (kiln_grad_enabled() && (n || old)) {   /* t's history becomes r's (none: t no longer depends on it) */
+    if (n) __atomic_add_fetch(&n->refcount, 1, __ATOMIC_RELAXED);
+    t->grad_fn = n;
+    t->requires_grad = n != NULL;
+    if (old) node_release(old);
+  }
   return KILN_OK;
 }
 
@@ -164,6 +229,9 @@ int kiln_autograd_record(int kind, struct kiln_tensor *out, int n, const struct 
     if (which & (1u << k)) node->saved[k] = save(k < n ? inputs[k] : NULL);
   if (which & KILN_SAVE_OUT) node->saved[3] = save(out);
   if (extra) node->saved[2] = save(extra);
+  /* a view reads its base: changed in place after the view was taken, the view's grad would be wrong */
+  if (kind >= KILN_VIEW_BASE && kind <= KILN_VIEW_ALIAS && n > 0 && inputs[0] && inputs[0]->storage == out->storage)
+    node->saved[0] = save(inputs[0]);
   (void)slot;
   for (int k = 0; k < MAX_SAVED; k++)
     if (node->saved[k]) node->saved_version[k] = node->saved[k]->storage->version;
@@ -180,6 +248,7 @@ int kiln_autograd_record_saved(int kind, struct kiln_tensor *out, int n, const s
   struct kiln_node *node = out->grad_fn;
   if (rc || !node || node->kind != kind) return rc;
   node_free_saved(node);
+  node->explicit_saved = 1;
   for (int k = 0; k < nsaved && k < MAX_SAVED; k++) {
     if (!saved[k]) continue;
     /* the output itself is saved detached, like every saved tensor, so it holds no cycle */
@@ -502,6 +571,27 @@ KILN_API int kiln_function_record(int64_t id, const char *name, int nin, struct 
 
 /* ---- the backward walk ---- */
 
+/* The error of a saved tensor changed in place: what was saved, by which op. */
+static int saved_changed(const struct kiln_node *n, int k) {
+  const char *what = kind_name(n->kind);
+  char op[64];
+  snprintf(op, sizeof op, "%s", n->kind == KILN_FUNCTION ? node_name(n) : what);
+  if (n->kind >= KILN_VIEW_BASE && n->kind <= KILN_VIEW_ALIAS)
+    return kiln_fail(KILN_ERR_STATE,
+                     "backward: tensor %s was changed in place after a view of it was taken (by %s), and the view's "
+                     "grad would be wrong; take the view after the in-place op, or change a clone()",
+                     kiln_shape_string(n->saved[k]), op);
+  char role[32] = "";
+  if (!n->explicit_saved && n->kind < KILN_VIEW_BASE) {
+    if (k == 3) snprintf(role, sizeof role, "its output ");
+    else if (k < 2) snprintf(role, sizeof role, "its input %d ", k + 1);
+  }
+  return kiln_fail(KILN_ERR_STATE,
+                   "backward: %s saved %s%s for its derivative, and it was changed in place afterwards (by an "
+                   "in-place op such as relu_ or add_); use the out-of-place op there, or apply it to a clone()",
+                   op, role, kiln_shape_string(n->saved[k]));
+}
+
 struct kiln_backward_walk {
   struct nodelist all, ready;
   struct leaf_counts leaves;
@@ -656,8 +746,7 @@ KILN_API int kiln_backward_step(struct kiln_backward_walk *w, int64_t *function_
     }
     for (int k = 0; k < MAX_SAVED; k++)
       if (n->saved[k] && n->saved[k]->storage->version != n->saved_version[k]) {
-        rc = kiln_fail(KILN_ERR_STATE, "backward: a tensor %s saved by %s was changed in place after it was used",
-                       kiln_shape_string(n->saved[k]), node_name(n));
+        rc = saved_changed(n, k);
         break;
       }
     if (rc) break;
