@@ -663,6 +663,14 @@ local properties = {
 
 local rawget = rawget
 
+-- What t.<k> gives for a misspelt method k: a function that raises naming the one meant. (Its own
+-- function, so that __index captures nothing and stays compiled.)
+local function misspelt_method(k, near)
+  return function()
+    raise(string.format("t:%s: a tensor has no method or field %s; did you mean t:%s?", k, k, near))
+  end
+end
+
 mt.__index = function(t, k)
   local m = Tensor[k]
   if m ~= nil then return m end
@@ -693,6 +701,11 @@ mt.__index = function(t, k)
     if k.p.dtype == C.KILN_BOOL then return Tensor.masked_select(t, k) end
     if k.p.dtype == C.KILN_I64 or k.p.dtype == C.KILN_I32 then return Tensor.index_select(t, 1, k) end
     raise(string.format("index: an index tensor must be bool (a mask) or i64/i32 (rows, from 1), got %s", core.dtype_names[k.p.dtype]))
+  end
+  -- t:vew(2): no such method, but one close to it: a function that says so when called
+  if type(k) == "string" and k:sub(1, 1) ~= "_" then
+    local near = core.closest(k, Tensor) or core.closest(k, properties)
+    if near then return misspelt_method(k, near) end
   end
   return nil
 end
