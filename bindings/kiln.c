@@ -276,7 +276,9 @@ static void executable_dir(char *out, size_t size)
 }
 
 /* Prepends, in order: $KILN_LUA_PATH dirs, the source tree's lua/ and the source tree
-   itself (for `require "models.mlp"`), then the installed share/lua/5.1 directories. */
+   itself (for `require "models.mlp"`), then the installed share/lua/5.1 directories. An
+   installed kiln (a share/lua/5.1/kiln next to its bin/) skips the source tree: it runs the
+   library it was installed with, wherever it was built. */
 static void set_package_path(lua_State *L)
 {
   luaL_Buffer b;
@@ -288,10 +290,14 @@ static void set_package_path(lua_State *L)
     add_lua_dir(&b, env, len);
     env = end ? end + 1 : NULL;
   }
-  add_lua_dir(&b, KILN_SOURCE_DIR "/lua", strlen(KILN_SOURCE_DIR "/lua"));
-  add_lua_dir(&b, KILN_SOURCE_DIR, strlen(KILN_SOURCE_DIR));
   char exe_dir[PATH_MAX];
   executable_dir(exe_dir, sizeof exe_dir);
+  char installed[PATH_MAX + 64];
+  snprintf(installed, sizeof installed, "%s/../share/lua/5.1/kiln/init.lua", exe_dir);
+  if (exe_dir[0] == '\0' || access(installed, R_OK) != 0) {
+    add_lua_dir(&b, KILN_SOURCE_DIR "/lua", strlen(KILN_SOURCE_DIR "/lua"));
+    add_lua_dir(&b, KILN_SOURCE_DIR, strlen(KILN_SOURCE_DIR));
+  }
   if (exe_dir[0] != '\0') {
     luaL_addstring(&b, exe_dir);
     luaL_addstring(&b, "/../share/lua/5.1/?.lua;");
