@@ -456,6 +456,16 @@ return {
   ["kiln.autograd.FunctionContext.save_for_backward"] = "ctx:save_for_backward(t1, t2, ...): the tensors backward reads, as ctx.saved_tensors; one changed in place before backward is an error there that names it",
   ["kiln.autograd.FunctionContext.mark_non_differentiable"] = "ctx:mark_non_differentiable(t, ...): outputs of forward that get no grad (indices, masks): they do not require grad",
   ["kiln.autograd"] = "kiln.autograd: grad mode (no_grad, enable_grad, set_grad_enabled), gradcheck, and Function for custom ops with a Lua backward",
+  -- kiln.ui
+  ["kiln.ui.parse_args"] = "ui.parse_args(arg, {name, defaults, flags, strict, numbers}): --key value, --key=value and --flag into a table (dashes become underscores); --help prints the script's opening comment and its options; a bad argument is one line and exit status 2; e.g. local opt = kiln.ui.parse_args(arg, {name = \"train\", defaults = {lr = 0.1, epochs = 3}, strict = true})",
+  ["kiln.ui.usage_error"] = "ui.usage_error(name, message): \"name: message (--help lists the options)\" on standard error and exit status 2, for a bad command line",
+  ["kiln.ui.progress"] = "ui.progress{total, desc = \"train\", unit = \"it\", interval = 10}: a progress bar (plain lines when the output is not a terminal); bar:update(n, {loss = ...}), bar:close()",
+  ["kiln.ui.json"] = "ui.json(tbl[, file]): tbl as one line of JSON on standard output (or appended to file)",
+  ["kiln.ui.json_encode"] = "ui.json_encode(value): value as one line of JSON (tensors as nested lists, NaN as null)",
+  ["kiln.ui.metrics"] = "ui.metrics(path[, {mode = \"a\"}]): a logger appending one JSON line per log:log{step =, loss =, ...} call, with a time field",
+  ["kiln.ui.log"] = "ui.log(fmt, ...): a formatted line on standard output that does not tear a progress bar",
+  ["kiln.ui.clock"] = "ui.clock(): seconds on a monotonic clock",
+  ["kiln.ui.isatty"] = "ui.isatty([fd = 1]): whether file descriptor fd is a terminal",
   -- the rest of kiln
   ["kiln.F"] = "kiln.F: kiln.nn.functional, the layers as functions (F.conv2d, F.cross_entropy, ...)",
   ["kiln.functional"] = "kiln.functional: kiln.nn.functional, the layers as functions (F.conv2d, F.cross_entropy, ...)",

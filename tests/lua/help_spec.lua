@@ -24,6 +24,7 @@ local NAMESPACES = {
   {"kiln.audio", function() return kiln.audio end},
   {"kiln.checkpoint", function() return kiln.checkpoint end},
   {"kiln.autograd", function() return kiln.autograd end},
+  {"kiln.ui", function() return kiln.ui end},
   {"kiln.autograd.FunctionContext", function() return kiln.autograd.FunctionContext end},
 }
 
