@@ -68,7 +68,7 @@ M.DOCS = {
   ["docs/nn.md"] = {
     {"Defining modules", {"^kiln%.nn%.define$", "^kiln%.nn%.is_module$", "^kiln%.nn%.Module$"}},
     {"Module methods", {"^kiln%.nn%.Module%."}},
-    {"Containers", {"^kiln%.nn%.Sequential$", "^kiln%.nn%.ModuleList$"}},
+    {"Containers", {"^kiln%.nn%.Sequential", "^kiln%.nn%.ModuleList"}},
     {"Layers and losses", {"^kiln%.nn%.%u[%w]*$"}, CONTAINERS},
     {"Initialisation (nn.init)", {"^kiln%.nn%.init"}},
     {"Functions (kiln.nn.functional, also kiln.F)", {"^kiln%.nn%.functional"}},
@@ -86,7 +86,8 @@ M.DOCS = {
     {"Learning-rate schedulers", {"^kiln%.optim%.lr_scheduler"}},
   },
   ["docs/data.md"] = {
-    {"Datasets and loaders", {"^kiln%.data$", "^kiln%.data%.%a[%w_]*$"}, {["kiln.data.transforms"] = true}},
+    {"Datasets and loaders", {"^kiln%.data$", "^kiln%.data%.%a[%w_]*$", "^kiln%.data%.DataLoader%.",
+                              "^kiln%.data%.TensorDataset%.", "^kiln%.data%.ImageFolder%."}, {["kiln.data.transforms"] = true}},
     {"Transforms (kiln.data.transforms)", {"^kiln%.data%.transforms"}},
   },
 }

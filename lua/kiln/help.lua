@@ -139,6 +139,28 @@ function instance_doc(x)
   end
 end
 
+-- The line of method `method` of object obj (?loader:epoch, ?seq:add): looked up along obj's class
+-- chain, each class by its name in kiln (kiln.nn.Module) or its __name (DataLoader).
+function M.method(obj, method)
+  if type(obj) ~= "table" or type(method) ~= "string" then return nil end
+  local class = getmetatable(obj)
+  for _ = 1, 8 do
+    if type(class) ~= "table" then return nil end
+    local names = {}
+    local known = name_of(class)
+    if known then names[#names + 1] = known end
+    local class_name = rawget(class, "__name")
+    if type(class_name) == "string" then
+      for _, home in ipairs(class_homes) do names[#names + 1] = home .. class_name end
+    end
+    for _, n in ipairs(names) do
+      if docs[n .. "." .. method] then return docs[n .. "." .. method] end
+    end
+    local mt = getmetatable(class)
+    class = type(mt) == "table" and rawget(mt, "__index") or nil
+  end
+end
+
 -- help(x [, name]) -> one line. name (the text the user typed) is used when x is not known.
 function M.help(x, name)
   if x == nil and name == nil then return docs.help end

@@ -193,6 +193,14 @@ end
 function repl.help_text(state, expr)
   if expr == "" then return help.help() end
   if help.lookup(expr) then return help.help(expr) end
+  -- "loader:epoch", "seq.add": a method of an object, by the object's class
+  local obj_expr, method = expr:match("^(.+)[.:]([%a_][%w_]*)$")
+  if obj_expr then
+    local get = compile(state, "return " .. obj_expr)
+    local ok, obj = pcall(get or error)
+    local line = ok and help.method(obj, method)
+    if line then return line end
+  end
   -- "t:view" names the method that t.view holds.
   local fn = compile(state, "return " .. expr:gsub("^(.+):([%a_][%w_]*)$", "%1.%2"))
   if fn then

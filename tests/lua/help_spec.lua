@@ -84,6 +84,42 @@ describe("help", function()
     assert.equal(docs["kiln.data.DataLoader"], kiln.help(loader))
   end)
 
+  it("answers for the methods of kiln's objects, by their class (?loader:epoch, ?seq:add)", function()
+    local repl = require "kiln.repl"
+    local ds = kiln.data.TensorDataset(kiln.zeros(4, 2), kiln.zeros(4))
+    local env = setmetatable({kiln = kiln, seq = kiln.nn.Sequential{kiln.nn.Linear(2, 2)}, list = kiln.nn.ModuleList{},
+                              loader = kiln.data.DataLoader{dataset = ds, batch_size = 2}, ds = ds,
+                              opt = kiln.optim.SGD(kiln.nn.Linear(2, 2):parameters()),
+                              sched = nil}, {__index = _G})
+    env.sched = kiln.optim.StepLR(env.opt, {step_size = 1})
+    local state = repl.new{env = env}
+    -- every method of each object's class (and its bases) has a line
+    local missing = {}
+    local objects = {seq = env.seq, list = env.list, ds = env.ds, opt = env.opt, sched = env.sched,
+                     loader = getmetatable(env.loader).methods}
+    for oname, obj in pairs(objects) do
+      local methods = {}
+      local class = oname == "loader" and obj or getmetatable(obj)
+      for _ = 1, 4 do
+        if type(class) ~= "table" then break end
+        for k, v in pairs(class) do if type(k) == "string" and type(v) == "function" and not k:find("^_") then methods[k] = true end end
+        local mt = getmetatable(class)
+        class = type(mt) == "table" and rawget(mt, "__index") or nil
+      end
+      for m in pairs(methods) do
+        local _, line = repl.eval_line(state, "?" .. oname .. ":" .. m)
+        if line:find("^no help") then missing[#missing + 1] = oname .. ":" .. m end
+      end
+    end
+    table.sort(missing)
+    assert.are.same({}, missing, "methods without a help line: " .. table.concat(missing, " "))
+    assert.equal(docs["kiln.data.DataLoader.epoch"], select(2, repl.eval_line(state, "?loader:epoch")))
+    assert.equal(docs["kiln.nn.Sequential.add"], select(2, repl.eval_line(state, "?seq:add")))
+    assert.equal(docs["kiln.nn.Module.parameters"], select(2, repl.eval_line(state, "?seq:parameters")))
+    assert.equal(docs["kiln.optim.Optimizer.step"], select(2, repl.eval_line(state, "?opt:step")))
+    assert.equal(docs["kiln.data.TensorDataset.get"], select(2, repl.eval_line(state, "?ds:get")))
+  end)
+
   it("starts each line of a function with its call, which the docs split off", function()
     local api_doc = dofile(root .. "tools/api_doc.lua")
     local call, what = api_doc.split(docs["kiln.nn.Conv2d"])

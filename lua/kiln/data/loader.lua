@@ -17,6 +17,7 @@ local function flag(what, name, v, default) return core.flag(v, default, what, n
 
 local DataLoader = {__name = "DataLoader"}   -- help(loader) finds data.DataLoader's line by it
 local DataLoader_methods = {}
+DataLoader.methods = DataLoader_methods       -- for ?loader:epoch
 DataLoader.__index = function(self, k)
   if k == "wait_seconds" then
     local c = rawget(self, "c")
