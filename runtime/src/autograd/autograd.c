@@ -482,7 +482,7 @@ KILN_API int kiln_function_released(int64_t *ids, int cap) {
   if (!ids || cap <= 0) return 0;
   pthread_mutex_lock(&released_lock);
   int n = released_n < cap ? released_n : cap;
-  memcpy(ids, released_ids + (released_n - n), sizeof *ids * (size_t)n);
+  if (n > 0) memcpy(ids, released_ids + (released_n - n), sizeof *ids * (size_t)n);
   released_n -= n;
   pthread_mutex_unlock(&released_lock);
   return n;
