@@ -141,9 +141,16 @@ end
 
 -- t takes the values and the history of r, the in-place op's result computed out of place
 -- (kiln_autograd_assign: refused for a leaf that requires grad and for a view with history).
+-- A view is refused while something else sees its storage; a temporary that Lua has not collected
+-- yet (the base of (x * 2):view(-1)) is not something else: collect, and try once more, so that
+-- the answer depends on what the program can still reach, not on when the collector last ran.
 local function assign(t, r, op)
   if r.p.dtype ~= t.p.dtype then r = r:to(core.dtype_names[t.p.dtype]) end
-  check(C.kiln_autograd_assign(t.p, r.p, op))
+  if C.kiln_autograd_assign(t.p, r.p, op) ~= 0 then
+    if not ffi.string(C.kiln_error_message()):find("a view of a tensor with history", 1, true) then fail() end
+    collectgarbage()
+    check(C.kiln_autograd_assign(t.p, r.p, op))
+  end
   return t
 end
 
