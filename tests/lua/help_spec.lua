@@ -25,6 +25,10 @@ local NAMESPACES = {
   {"kiln.checkpoint", function() return kiln.checkpoint end},
   {"kiln.autograd", function() return kiln.autograd end},
   {"kiln.ui", function() return kiln.ui end},
+  {"kiln.io", function() return kiln.io end},
+  {"kiln.cuda", function() return kiln.cuda end},
+  {"kiln.dist", function() return kiln.dist end},
+  {"kiln.plot", function() return kiln.plot end},
   {"kiln.autograd.FunctionContext", function() return kiln.autograd.FunctionContext end},
 }
 
