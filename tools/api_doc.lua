@@ -53,10 +53,12 @@ local function markdown_text(s)
   return (s:gsub("([*_<>|])", "\\%1"))
 end
 
+-- "- `call`: what it does; e.g. `example`" (the example, Lua after "; e.g. ", as code)
 local function entry(key)
   local call, what = M.split(docs[key])
-  if call then return string.format("- `%s`: %s", call, markdown_text(what)) end
-  return string.format("- `%s`: %s", short(key), markdown_text(what))
+  local text, example = what:match("^(.-); e%.g%. (.*)$")
+  what = example and (markdown_text(text) .. "; e.g. `" .. example .. "`") or markdown_text(what)
+  return string.format("- `%s`: %s", call or short(key), what)
 end
 
 local CONTAINERS = {["kiln.nn.Sequential"] = true, ["kiln.nn.ModuleList"] = true, ["kiln.nn.Module"] = true,

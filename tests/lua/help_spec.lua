@@ -124,6 +124,34 @@ describe("help", function()
     assert.equal(docs["kiln.data.TensorDataset.get"], select(2, repl.eval_line(state, "?ds:get")))
   end)
 
+  it("runs the example of every line that has one (\"; e.g. CODE [-- [sizes]]\")", function()
+    local nn = kiln.nn
+    local nn_before = {}
+    for k in pairs(nn) do nn_before[k] = true end
+    local model = nn.Sequential{nn.Linear(4, 2)}
+    local count = 0
+    for key, line in pairs(docs) do
+      local example = line:match("; e%.g%. (.*)$")
+      if example then
+        count = count + 1
+        local code, sizes = example:match("^(.-)%s*%-%- (%[[%d, ]*%])$")
+        code = code or example
+        local env = setmetatable({kiln = kiln, nn = nn, F = kiln.F, optim = kiln.optim, data = kiln.data,
+                                  T = kiln.data.transforms, model = model, arg = {},
+                                  opt = kiln.optim.SGD(model:parameters(), {lr = 0.1}),
+                                  X = kiln.randn(70, 4), Y = kiln.randint(1, 3, {70})}, {__index = _G})
+        local fn = loadstring("return " .. code, "=" .. key) or loadstring(code, "=" .. key)
+        assert.truthy(fn, key .. ": the example does not compile: " .. code)
+        setfenv(fn, env)
+        local ok, value = pcall(fn)
+        assert.is_true(ok, key .. ": " .. tostring(value))
+        if sizes then assert.equal(sizes, tostring(value:size()), key) end
+      end
+    end
+    assert.is_true(count >= 10, count .. " examples")
+    for k in pairs(nn) do if not nn_before[k] then nn[k] = nil end end   -- nn.define's example made a class
+  end)
+
   it("starts each line of a function with its call, which the docs split off", function()
     local api_doc = dofile(root .. "tools/api_doc.lua")
     local call, what = api_doc.split(docs["kiln.nn.Conv2d"])
