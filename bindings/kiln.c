@@ -83,12 +83,18 @@ static void interrupt_hook(lua_State *L, lua_Debug *ar)
   luaL_error(L, timeout_stage == 2 ? "timed out" : "interrupted");
 }
 
-/* SIGINT while Lua runs. Only a hook can be set safely from a signal handler; a second
-   Ctrl-C before the interrupt is through gets the default action and ends the process, as in
-   lua.c. JIT-compiled loops never call hooks, so an alarm says so if the hook has not fired soon. */
+/* 1 while the REPL runs: a prompt can come back, so a second Ctrl-C does not end kiln. */
+static int repl_mode;
+
+/* SIGINT while Lua runs. Only a hook can be set safely from a signal handler. In a script, a
+   second Ctrl-C before the interrupt is through gets the default action and ends the process, as
+   in lua.c; in the REPL it sets the hook again (the REPL compiles what is typed with the JIT off,
+   so a loop typed there sees the hook). JIT-compiled loops never call hooks, so an alarm says so
+   if the hook has not fired soon. */
 static void on_sigint_eval(int sig)
 {
-  signal(sig, SIG_DFL);
+  if (!repl_mode)
+    signal(sig, SIG_DFL);
   timeout_stage = 0;   /* Ctrl-C takes over from a time limit */
   interrupt_pending = 1;
   lua_sethook(global_L, interrupt_hook, INTERRUPT_MASK, 1);
@@ -113,7 +119,10 @@ static void on_interrupt_slow(int sig)
   }
   static const char msg[] =
     "\nkiln: still running (a JIT-compiled loop does not see Ctrl-C); press Ctrl-C again to quit kiln\n";
-  ssize_t n = write(STDERR_FILENO, msg, sizeof msg - 1);  /* async-signal-safe, unlike stdio */
+  static const char msg_repl[] =
+    "\nkiln: still running (a JIT-compiled loop in a library does not see Ctrl-C); Ctrl-\\ quits kiln\n";
+  ssize_t n = repl_mode ? write(STDERR_FILENO, msg_repl, sizeof msg_repl - 1)
+                        : write(STDERR_FILENO, msg, sizeof msg - 1);  /* async-signal-safe, unlike stdio */
   (void)n;
 }
 
@@ -135,8 +144,66 @@ static void install_eval_sigint(void)
   sigaction(SIGINT, &sa, NULL);
 }
 
+/* A frame of kiln's own Lua library (in the source tree or installed), which a traceback leaves
+   out: the user's frames are what tell where their code went wrong. */
+static int is_library_frame(const char *line, size_t len)
+{
+  static const char *marks[] = {"/lua/kiln/", "/lua/5.1/kiln/", "/share/lua/5.1/kiln/"};
+  for (size_t m = 0; m < sizeof marks / sizeof marks[0]; m++) {
+    size_t ml = strlen(marks[m]);
+    for (size_t i = 0; i + ml <= len; i++)
+      if (memcmp(line + i, marks[m], ml) == 0)
+        return 1;
+  }
+  return 0;
+}
+
+static int is_c_frame(const char *line, size_t len)
+{
+  size_t i = 0;
+  while (i < len && (line[i] == ' ' || line[i] == '\t'))
+    i++;
+  return len - i >= 4 && memcmp(line + i, "[C]:", 4) == 0;
+}
+
+/* The traceback on top of the stack without kiln's library frames, the C functions they called
+   (error, pcall) and the launcher's own frame at the bottom; no "stack traceback:" when nothing
+   is left. */
+static void filter_traceback(lua_State *L)
+{
+  size_t len;
+  const char *tb = lua_tolstring(L, -1, &len);
+  const char *head = strstr(tb, "\nstack traceback:\n");
+  if (tb == NULL || head == NULL)
+    return;
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  luaL_addlstring(&b, tb, (size_t)(head - tb));
+  const char *p = head + strlen("\nstack traceback:\n");
+  const char *end = tb + len;
+  int kept = 0;
+  while (p < end) {
+    const char *nl = memchr(p, '\n', (size_t)(end - p));
+    const char *line_end = nl ? nl : end;
+    size_t ll = (size_t)(line_end - p);
+    const char *next = nl ? nl + 1 : end;
+    const char *next_end = next < end ? memchr(next, '\n', (size_t)(end - next)) : NULL;
+    size_t nll = next < end ? (size_t)((next_end ? next_end : end) - next) : 0;
+    int drop = is_library_frame(p, ll) || (is_c_frame(p, ll) && nll > 0 && is_library_frame(next, nll)) ||
+               (is_c_frame(p, ll) && next >= end);
+    if (!drop) {
+      luaL_addstring(&b, kept ? "\n" : "\nstack traceback:\n");
+      luaL_addlstring(&b, p, ll);
+      kept++;
+    }
+    p = next;
+  }
+  luaL_pushresult(&b);
+  lua_remove(L, -2);
+}
+
 /* Message handler of docall: the message (or what __tostring makes of a non-string error)
-   followed by a traceback. */
+   followed by a traceback of the user's frames. */
 static int message_handler(lua_State *L)
 {
   interrupt_done(L);   /* an interrupt has reached the top */
@@ -148,6 +215,7 @@ static int message_handler(lua_State *L)
       msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
   }
   luaL_traceback(L, L, msg, 1);
+  filter_traceback(L);
   return 1;
 }
 
@@ -208,7 +276,9 @@ static void executable_dir(char *out, size_t size)
 }
 
 /* Prepends, in order: $KILN_LUA_PATH dirs, the source tree's lua/ and the source tree
-   itself (for `require "models.mlp"`), then the installed share/lua/5.1 directories. */
+   itself (for `require "models.mlp"`), then the installed share/lua/5.1 directories. An
+   installed kiln (a share/lua/5.1/kiln next to its bin/) skips the source tree: it runs the
+   library it was installed with, wherever it was built. */
 static void set_package_path(lua_State *L)
 {
   luaL_Buffer b;
@@ -220,10 +290,14 @@ static void set_package_path(lua_State *L)
     add_lua_dir(&b, env, len);
     env = end ? end + 1 : NULL;
   }
-  add_lua_dir(&b, KILN_SOURCE_DIR "/lua", strlen(KILN_SOURCE_DIR "/lua"));
-  add_lua_dir(&b, KILN_SOURCE_DIR, strlen(KILN_SOURCE_DIR));
   char exe_dir[PATH_MAX];
   executable_dir(exe_dir, sizeof exe_dir);
+  char installed[PATH_MAX + 64];
+  snprintf(installed, sizeof installed, "%s/../share/lua/5.1/kiln/init.lua", exe_dir);
+  if (exe_dir[0] == '\0' || access(installed, R_OK) != 0) {
+    add_lua_dir(&b, KILN_SOURCE_DIR "/lua", strlen(KILN_SOURCE_DIR "/lua"));
+    add_lua_dir(&b, KILN_SOURCE_DIR, strlen(KILN_SOURCE_DIR));
+  }
   if (exe_dir[0] != '\0') {
     luaL_addstring(&b, exe_dir);
     luaL_addstring(&b, "/../share/lua/5.1/?.lua;");
@@ -702,6 +776,7 @@ static int run_repl(lua_State *L)
     return report(L, status);
   lua_getfield(L, -1, "run");
   lua_remove(L, -2);
+  repl_mode = 1;
   luaopen_kiln_readline(L);
   lua_getfield(L, -1, "readline");
   lua_getfield(L, -2, "add_history");
@@ -724,17 +799,21 @@ static int run(lua_State *L, int argc, char **argv, const struct options *o)
   if (load_kiln(L) != 0)
     return 1;
   create_arg_table(L, argc, argv, o->script);
-  if (run_options(L, argc, argv, o->script > 0 ? o->script : argc) != 0)
+  /* with -i, an error in the -e code or the script is reported and the REPL starts anyway, with
+     what ran so far (its globals) there to look at */
+  int failed = run_options(L, argc, argv, o->script > 0 ? o->script : argc) != 0;
+  if (failed && !o->interactive)
     return 1;
   if (o->command > 0)
     return run_command(L, argv, o->command);
   int stdin_tty = isatty(STDIN_FILENO);
-  if (o->script > 0 || (!o->has_code && !o->interactive && !stdin_tty)) {
-    if (run_script(L, argc, argv, o->script) != 0)
+  if (!failed && (o->script > 0 || (!o->has_code && !o->interactive && !stdin_tty))) {
+    failed = run_script(L, argc, argv, o->script) != 0;
+    if (failed && !o->interactive)
       return 1;
   }
   if (o->interactive || (o->script == 0 && !o->has_code && stdin_tty))
-    return run_repl(L) != 0;
+    return run_repl(L) != 0 || failed;
   return 0;
 }
 

@@ -21,7 +21,7 @@ local defaults = {minutes = 10, hidden = 256, embedding = 64, layers = 1, seq = 
                   dropout = 0, seed = 1, corpus = "/usr/share/games/fortunes", save = "char_lm.safetensors", eval_every = 250,
                   length = 400, temperature = 0.8, prime = "The "}
 local opt = ui.parse_args(arg, {name = "char_lm", defaults = defaults,
-                                strict = {"threads", "steps", "metrics", "sample"}})
+                                strict = {"threads", "steps", "metrics", "sample"}, numbers = {"threads", "steps"}})
 if opt.threads then kiln.set_num_threads(opt.threads) end
 kiln.manual_seed(opt.seed)
 

@@ -1,6 +1,7 @@
 -- examples/demo.lua: a short tour of kiln's tensors (the main job until training lands).
 -- usage: kiln examples/demo.lua
 local kiln = kiln or require "kiln"
+kiln.ui.parse_args(arg or {}, {name = "demo", strict = true})   -- no options: --help says so
 
 print(string.format("kiln %s on %d threads", kiln.version, kiln.get_num_threads()))
 kiln.manual_seed(7)

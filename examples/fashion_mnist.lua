@@ -28,9 +28,13 @@ local defaults = {
 local flags = {resume = true, dist = true}   -- options without a value
 
 local function parse(args)
-  local o = ui.parse_args(args, {name = "fashion_mnist", flags = flags, defaults = {model = "lenet", seed = 1, workers = 2}})
+  local o = ui.parse_args(args, {name = "fashion_mnist", flags = flags, defaults = {model = "lenet", seed = 1, workers = 2},
+                                 strict = {"epochs", "batch_size", "lr", "weight_decay", "threads", "limit", "metrics",
+                                           "checkpoint", "checkpoint_every", "keep", "pause_after"},
+                                 numbers = {"epochs", "batch_size", "lr", "weight_decay", "threads", "limit",
+                                            "checkpoint_every", "keep", "pause_after"}})
   local d = defaults[o.model]
-  if not d then error("fashion_mnist: unknown model " .. tostring(o.model) .. " (mlp, lenet, resnet)", 0) end
+  if not d then ui.usage_error("fashion_mnist", "unknown model " .. tostring(o.model) .. " (mlp, lenet, resnet)") end
   for k, v in pairs(d) do if o[k] == nil then o[k] = v end end
   return o
 end

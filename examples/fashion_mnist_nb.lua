@@ -19,6 +19,17 @@ local threads = 2
 local metrics_file = nil     -- a file to keep the metrics' JSON lines in (nil: a temporary one)
 
 -- %%
+-- Run as a script, the parameters also come from its command line
+-- (kiln examples/fashion_mnist_nb.lua --epochs 3 --model-name lenet); `kiln nb run` sets them with -p.
+if arg and type(arg[0]) == "string" and arg[0]:match("fashion_mnist_nb%.lua$") then
+  local o = require("kiln.ui").parse_args(arg, {name = "fashion_mnist_nb", strict = {"metrics_file"},
+    defaults = {model_name = model_name, epochs = epochs, train_size = train_size, test_size = test_size,
+                batch_size = batch_size, lr = lr, seed = seed, threads = threads}})
+  model_name, epochs, train_size, test_size = o.model_name, o.epochs, o.train_size, o.test_size
+  batch_size, lr, seed, threads, metrics_file = o.batch_size, o.lr, o.seed, o.threads, o.metrics_file or metrics_file
+end
+
+-- %%
 local kiln = kiln or require "kiln"
 local fashion = require "datasets.fashion_mnist"
 local nn, data, plot = kiln.nn, kiln.data, kiln.plot

@@ -21,7 +21,7 @@ local defaults = {epochs = 12, batch_size = 32, lr = 2e-3, seed = 1, data_seed =
                   beam = 0}
 
 local opt = ui.parse_args(arg, {name = "speech_digits", flags = flags, defaults = defaults,
-                                strict = {"threads", "metrics", "save"}})
+                                strict = {"threads", "metrics", "save"}, numbers = {"threads"}})
 if opt.threads then kiln.set_num_threads(opt.threads) end
 kiln.manual_seed(opt.seed)
 

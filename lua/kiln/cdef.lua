@@ -22,6 +22,12 @@ local function candidates()
     -- installed: <prefix>/share/lua/5.1/kiln/cdef.lua -> <prefix>/lib/libkiln.so
     list[#list + 1] = dirname(dirname(dirname(dirname(kiln_dir)))) .. "/lib/libkiln.so"
   end
+  -- a LuaRocks tree: libkiln beside the C modules (package.cpath)
+  for template in package.cpath:gmatch("[^;]+") do
+    local path = template:gsub("%?", "libkiln")
+    local f = io.open(path)
+    if f then f:close() list[#list + 1] = path end
+  end
   list[#list + 1] = "kiln"                               -- the dynamic linker's own search
   return list
 end

@@ -314,8 +314,48 @@ end
 local trusted = setmetatable({}, {__mode = "k"})
 function M.trust(opts) trusted[opts] = true return opts end
 
+-- The edit distance of two short strings (insertions, deletions, substitutions, swaps of neighbours).
+local function distance(a, b)
+  local prev2, prev, cur = {}, {}, {}
+  for j = 0, #b do prev[j] = j end
+  for i = 1, #a do
+    cur = {[0] = i}
+    for j = 1, #b do
+      local cost = a:byte(i) == b:byte(j) and 0 or 1
+      local d = math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
+      if i > 1 and j > 1 and a:byte(i) == b:byte(j - 1) and a:byte(i - 1) == b:byte(j) then d = math.min(d, prev2[j - 2] + 1) end
+      cur[j] = d
+    end
+    prev2, prev = prev, cur
+  end
+  return prev[#b]
+end
+
+-- The candidate closest to word, when close enough to be a misspelling of it (nil otherwise).
+-- candidates: a list, or a set (names as keys).
+function M.closest(word, candidates)
+  if type(word) ~= "string" then return nil end
+  local best, best_d
+  local function try(c)
+    if type(c) ~= "string" or c == word then return end
+    local d = distance(word:lower(), c:lower())
+    if d <= math.max(1, math.floor(#word / 3)) and (not best_d or d < best_d or (d == best_d and c < best)) then
+      best, best_d = c, d
+    end
+  end
+  if candidates[1] ~= nil then for _, c in ipairs(candidates) do try(c) end
+  else for c in pairs(candidates) do try(c) end end
+  return best
+end
+
+-- "; did you mean x?" for a misspelt word, else "".
+function M.did_you_mean(word, candidates)
+  local c = M.closest(word, candidates)
+  return c and string.format("; did you mean %s?", c) or ""
+end
+
 -- A trailing options table of op: nil gives {}, a key outside known (a set) is an error naming
--- the known ones.
+-- the known ones (and the one meant, for a misspelling).
 function M.options(opts, known, op)
   if opts == nil then return {} end
   if trusted[opts] then return opts end
@@ -325,7 +365,8 @@ function M.options(opts, known, op)
       local names = {}
       for n in pairs(known) do names[#names + 1] = n end
       table.sort(names)
-      M.raise(string.format("%s: unknown option %q (known: %s)", op, tostring(k), table.concat(names, ", ")))
+      M.raise(string.format("%s: unknown option %q (known: %s)%s", op, tostring(k), table.concat(names, ", "),
+                            M.did_you_mean(k, known)))
     end
   end
   return opts

@@ -1,5 +1,5 @@
 -- kiln.format: tostring of tensors, in the manner of Torch7: aligned columns, one format for
--- the whole tensor, 2-d slices of larger tensors labelled (i,.,.), and a summary of big ones.
+-- the whole tensor, vectors on one line (wrapped at linewidth), 2-d slices of larger tensors labelled (i,.,.), and a summary of big ones.
 local core = require "kiln.core"
 local C = core.C
 
@@ -102,8 +102,17 @@ function M.tensor(t)
     end
   end
   if t.p.ndim == 1 then
-    -- A vector prints as a column, like Torch7.
-    for _, i in ipairs(shown(#values, cut[1])) do lines[#lines + 1] = i and (" " .. cell(values[i])) or " ..." end
+    -- A vector prints as a row (as NumPy and PyTorch print it), wrapped at linewidth.
+    local line = ""
+    for _, i in ipairs(shown(#values, cut[1])) do
+      local c = " " .. (i and cell(values[i]) or "...")
+      if #line > 0 and #line + #c > M.options.linewidth then
+        lines[#lines + 1] = line
+        line = ""
+      end
+      line = line .. c
+    end
+    lines[#lines + 1] = line
   elseif t.p.ndim == 2 then
     matrix(values)
   else

@@ -6,6 +6,7 @@ local docs = require "kiln.docs"
 local M = {}
 
 local index   -- value -> list of names, weak keys
+local instance_doc
 
 local function kiln_table()
   local k = rawget(_G, "kiln") or package.loaded.kiln
@@ -103,6 +104,12 @@ function M.lookup(name)
   name = canonical(name:match("^%s*(.-)%s*$"))
   if docs[name] then return docs[name], name end
   if aliases[name] then return docs[aliases[name]], aliases[name] end
+  -- kiln.exp(t) is t:exp()
+  local method = name:match("^kiln%.([%a_][%w_]*)$")
+  if method and (docs["Tensor:" .. method] or aliases["Tensor:" .. method] or method:sub(-1) == "_") then
+    local doc = M.lookup("Tensor:" .. method)
+    if doc then return doc, "Tensor:" .. method end
+  end
   local base = name:match("^(Tensor:[%a_][%w_]*)_$")
   if base and docs[base] then
     return docs[base] .. "; " .. name:gsub("^Tensor:", "t:") .. " does it in place, into t", name
@@ -120,6 +127,40 @@ local function is_tensor(v)
   return ok and type(v) == "cdata" and tostring(ffi.typeof(v)):find("struct kiln_", 1, true) ~= nil
 end
 
+-- An object made by a class (a module, an optimizer, a scheduler, a DataLoader): the line of its
+-- class, found by the class's __name.
+local class_homes = {"kiln.nn.", "kiln.optim.", "kiln.optim.lr_scheduler.", "kiln.data."}
+function instance_doc(x)
+  local mt = getmetatable(x)
+  local class_name = type(mt) == "table" and rawget(mt, "__name")
+  if type(class_name) ~= "string" then return nil end
+  for _, home in ipairs(class_homes) do
+    if docs[home .. class_name] then return docs[home .. class_name] end
+  end
+end
+
+-- The line of method `method` of object obj (?loader:epoch, ?seq:add): looked up along obj's class
+-- chain, each class by its name in kiln (kiln.nn.Module) or its __name (DataLoader).
+function M.method(obj, method)
+  if type(obj) ~= "table" or type(method) ~= "string" then return nil end
+  local class = getmetatable(obj)
+  for _ = 1, 8 do
+    if type(class) ~= "table" then return nil end
+    local names = {}
+    local known = name_of(class)
+    if known then names[#names + 1] = known end
+    local class_name = rawget(class, "__name")
+    if type(class_name) == "string" then
+      for _, home in ipairs(class_homes) do names[#names + 1] = home .. class_name end
+    end
+    for _, n in ipairs(names) do
+      if docs[n .. "." .. method] then return docs[n .. "." .. method] end
+    end
+    local mt = getmetatable(class)
+    class = type(mt) == "table" and rawget(mt, "__index") or nil
+  end
+end
+
 -- help(x [, name]) -> one line. name (the text the user typed) is used when x is not known.
 function M.help(x, name)
   if x == nil and name == nil then return docs.help end
@@ -132,6 +173,8 @@ function M.help(x, name)
     return "no help for " .. x
   end
   if is_tensor(x) then return docs.Tensor end
+  local class_doc = type(x) == "table" and instance_doc(x)
+  if class_doc then return class_doc end
   local known = (type(x) == "function" or type(x) == "table") and name_of(x)
   local doc = known and M.lookup(known) or M.lookup(name)
   if doc then return doc end

@@ -125,12 +125,22 @@ end
 -- The frames that belong to the user: from below the `error` call (C frames on top) to the
 -- REPL's own xpcall. When no Lua function of the user's is among them, the traceback adds
 -- nothing to the message and is left out.
+-- A frame of kiln's own Lua library (source tree or installed): left out, with the C functions
+-- it called (error, pcall), so that the frames shown are the user's.
+local function library_frame(frame)
+  return frame:find("/lua/kiln/", 1, true) or frame:find("/lua/5.1/kiln/", 1, true)
+end
+
 local function user_traceback(tb)
   local frames, interesting = {}, false
-  for frame in tb:gmatch("[^\n]+") do
+  local lines = {}
+  for frame in tb:gmatch("[^\n]+") do lines[#lines + 1] = frame end
+  for n, frame in ipairs(lines) do
     if frame:find("in function 'xpcall'", 1, true) or frame:find("kiln/repl.lua", 1, true) then break end
     local c_frame = frame:find("^%s*%[C%]") or frame:find("^%s*%[builtin#")
-    if frame ~= "stack traceback:" and not (c_frame and #frames == 0) then
+    local called_by_library = c_frame and lines[n + 1] and library_frame(lines[n + 1])
+    if frame ~= "stack traceback:" and not (c_frame and #frames == 0) and not library_frame(frame)
+       and not called_by_library then
       frames[#frames + 1] = frame
       if not c_frame and not frame:find("^%s*stdin:%d+: in main chunk") then interesting = true end
     end
@@ -160,10 +170,13 @@ function repl.new(opts)
 end
 
 -- fn, or nil, message, incomplete (the chunk could go on: lua.c's "<eof>" test).
+-- What is typed runs with the JIT off (and so do the functions it defines), so that Ctrl-C's
+-- debug hook stops a loop typed at the prompt; kiln's library and scripts keep the JIT.
 local function compile(state, chunk)
   local fn, err = loadstring(chunk, "=stdin")
   if fn then
     if state.env ~= _G then setfenv(fn, state.env) end
+    if jit and jit.off then jit.off(fn, true) end
     return fn
   end
   return nil, err, err:sub(-7) == "'<eof>'"
@@ -180,6 +193,14 @@ end
 function repl.help_text(state, expr)
   if expr == "" then return help.help() end
   if help.lookup(expr) then return help.help(expr) end
+  -- "loader:epoch", "seq.add": a method of an object, by the object's class
+  local obj_expr, method = expr:match("^(.+)[.:]([%a_][%w_]*)$")
+  if obj_expr then
+    local get = compile(state, "return " .. obj_expr)
+    local ok, obj = pcall(get or error)
+    local line = ok and help.method(obj, method)
+    if line then return line end
+  end
   -- "t:view" names the method that t.view holds.
   local fn = compile(state, "return " .. expr:gsub("^(.+):([%a_][%w_]*)$", "%1.%2"))
   if fn then

@@ -131,15 +131,45 @@ end
 function Tensor.contiguous(t) return wrap(C.kiln_contiguous(t.p)) end
 function Tensor.clone(t) return wrap_retry(C.kiln_clone, t.p) end
 
+-- ---- in-place ops under autograd ----
+
+-- Whether an in-place op on t (with b) is one autograd must see: grad mode on, and t or b requires grad.
+local function recorded(t, b)
+  if t.p.requires_grad == 0 and (b == nil or type(b) == "number" or b.p.requires_grad == 0) then return false end
+  return C.kiln_grad_enabled() == 1
+end
+
+-- t takes the values and the history of r, the in-place op's result computed out of place
+-- (kiln_autograd_assign: refused for a leaf that requires grad and for a view with history).
+-- A view is refused while something else sees its storage; a temporary that Lua has not collected
+-- yet (the base of (x * 2):view(-1)) is not something else: collect, and try once more, so that
+-- the answer depends on what the program can still reach, not on when the collector last ran.
+local function assign(t, r, op)
+  if r.p.dtype ~= t.p.dtype then r = r:to(core.dtype_names[t.p.dtype]) end
+  if C.kiln_autograd_assign(t.p, r.p, op) ~= 0 then
+    if not ffi.string(C.kiln_error_message()):find("a view of a tensor with history", 1, true) then fail() end
+    collectgarbage()
+    check(C.kiln_autograd_assign(t.p, r.p, op))
+  end
+  return t
+end
+
 -- ---- copies, dtypes, devices ----
 
 function Tensor.copy_(t, src)
-  if type(src) == "number" then check(C.kiln_fill_(t.p, src)) return t end
-  check(C.kiln_copy_(t.p, tensor_arg(src, "copy_", "the source")))
+  if type(src) == "number" then return Tensor.fill_(t, src) end
+  local sp = tensor_arg(src, "copy_", "the source")
+  if recorded(t, src) then return assign(t, src:expand(Tensor.size(t)):clone(), "copy_") end
+  check(C.kiln_copy_(t.p, sp))
   return t
 end
-function Tensor.fill_(t, v) check(C.kiln_fill_(t.p, number_arg(v, "fill_", "the value"))) return t end
-function Tensor.zero_(t) check(C.kiln_fill_(t.p, 0)) return t end
+function Tensor.fill_(t, v)
+  number_arg(v, "fill_", "the value")
+  if recorded(t) then return assign(t, Tensor.full_like(t, v), "fill_") end
+  check(C.kiln_fill_(t.p, v))
+  return t
+end
+function Tensor.zero_(t) return Tensor.fill_(t, 0) end
 
 -- to("f64"), to("cuda"), to{dtype=..., device=..., non_blocking=...}, to(other_tensor), to("cuda", {non_blocking = true}).
 -- non_blocking: an upload from a pinned tensor (t:pin_memory()) is queued on the device's stream and
@@ -244,7 +274,12 @@ end
 for _, name in ipairs(unary) do
   local op = C["KILN_OP_" .. name:upper()]   -- the enum's name is the op's, in capitals
   Tensor[name] = function(t) return wrap_retry(C.kiln_unary, op, t.p) end
-  Tensor[name .. "_"] = function(t) check(C.kiln_unary_(op, t.p)) return t end
+  local out_of_place = Tensor[name]
+  Tensor[name .. "_"] = function(t)
+    if recorded(t) then return assign(t, out_of_place(t), name .. "_") end
+    check(C.kiln_unary_(op, t.p))
+    return t
+  end
 end
 
 for _, name in ipairs(binary) do
@@ -256,6 +291,7 @@ for _, name in ipairs(binary) do
   end
   Tensor[name .. "_"] = function(a, b)
     b = scalar_or_tensor(b, name .. "_")
+    if recorded(a, b) then return assign(a, Tensor[name](a, b), name .. "_") end
     if type(b) == "number" then check(C.kiln_binary_scalar_(op, a.p, b)) else check(C.kiln_binary_(op, a.p, b.p)) end
     return a
   end
@@ -510,6 +546,7 @@ function Tensor.scatter_add(t, dim, idx, src)
                     tensor_arg(src, "scatter_add", "the source"))
 end
 function Tensor.scatter_add_(t, dim, idx, src)
+  if is_tensor(src) and recorded(t, src) then return assign(t, Tensor.scatter_add(t, dim, idx, src), "scatter_add_") end
   check(C.kiln_scatter_add_(t.p, cdim(t, dim, "scatter_add_"), c_indices(idx, "scatter_add_").p,
                                tensor_arg(src, "scatter_add_", "the source")))
   return t
@@ -519,6 +556,7 @@ function Tensor.masked_fill(t, mask, v)
   return wrap_retry(C.kiln_masked_fill, t.p, tensor_arg(mask, "masked_fill", "the mask"), number_arg(v, "masked_fill", "the value"))
 end
 function Tensor.masked_fill_(t, mask, v)
+  if recorded(t) then return assign(t, Tensor.masked_fill(t, mask, v), "masked_fill_") end
   check(C.kiln_masked_fill_(t.p, tensor_arg(mask, "masked_fill_", "the mask"), number_arg(v, "masked_fill_", "the value")))
   return t
 end
@@ -562,7 +600,12 @@ local backward_options = core.set("retain_graph")   -- the options backward know
 function Tensor.backward(t, grad, opts)
   if type(grad) == "table" and not is_tensor(grad) then opts, grad = grad, nil end
   opts = core.options(opts, backward_options, "backward")
-  check(C.kiln_backward(t.p, grad ~= nil and tensor_arg(grad, "backward", "the gradient") or nil, opts.retain_graph and 1 or 0))
+  local gp = grad ~= nil and tensor_arg(grad, "backward", "the gradient") or nil
+  -- a graph with custom functions (kiln.autograd.Function) is walked from Lua, which runs their backward
+  if core.function_backward and C.kiln_function_nodes_live() > 0 then
+    return core.function_backward(t, gp, opts.retain_graph)
+  end
+  check(C.kiln_backward(t.p, gp, opts.retain_graph and 1 or 0))
 end
 
 function Tensor.detach(t) return wrap(C.kiln_detach(t.p)) end
@@ -627,6 +670,14 @@ local properties = {
 
 local rawget = rawget
 
+-- What t.<k> gives for a misspelt method k: a function that raises naming the one meant. (Its own
+-- function, so that __index captures nothing and stays compiled.)
+local function misspelt_method(k, near)
+  return function()
+    raise(string.format("t:%s: a tensor has no method or field %s; did you mean t:%s?", k, k, near))
+  end
+end
+
 mt.__index = function(t, k)
   local m = Tensor[k]
   if m ~= nil then return m end
@@ -657,6 +708,11 @@ mt.__index = function(t, k)
     if k.p.dtype == C.KILN_BOOL then return Tensor.masked_select(t, k) end
     if k.p.dtype == C.KILN_I64 or k.p.dtype == C.KILN_I32 then return Tensor.index_select(t, 1, k) end
     raise(string.format("index: an index tensor must be bool (a mask) or i64/i32 (rows, from 1), got %s", core.dtype_names[k.p.dtype]))
+  end
+  -- t:vew(2): no such method, but one close to it: a function that says so when called
+  if type(k) == "string" and k:sub(1, 1) ~= "_" then
+    local near = core.closest(k, Tensor) or core.closest(k, properties)
+    if near then return misspelt_method(k, near) end
   end
   return nil
 end

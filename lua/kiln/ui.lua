@@ -78,13 +78,72 @@ end
 
 -- ---- command-line options ----
 
--- ui.parse_args(arg, {name =, defaults =, flags =, strict =}) -> options: "--key value" and
--- "--key=value" (dashes in keys become underscores, numbers become numbers), and for the keys in
--- flags "--key" alone (true). defaults fill what is not given; with strict, a key that is neither
--- in defaults nor in flags nor in strict (a list of further keys) is an error naming it.
+-- The usage of the script that called parse_args: its opening comment block (every script under
+-- examples/ starts with one, usage lines included), without the comment marks; nil when none.
+local function script_usage(source)
+  if type(source) ~= "string" or source:sub(1, 1) ~= "@" then return nil end
+  local f = io.open(source:sub(2))
+  if not f then return nil end
+  local lines = {}
+  for line in f:lines() do
+    if (#lines == 0 and line:match("^#!")) or line:match("^%-%- %%%%") then -- a shebang line, a cell marker
+    elseif line:match("^%-%-") then lines[#lines + 1] = (line:gsub("^%-%- ?", ""))
+    else break end
+  end
+  f:close()
+  return #lines > 0 and table.concat(lines, "\n") or nil
+end
+
+local function numbers_set(list)
+  local set = {}
+  for _, k in ipairs(list) do set[k] = true end
+  return set
+end
+
+-- The help of parse_args' spec: the script's usage, then every option with its default.
+local function help_text(spec, source)
+  local name, defaults, flags = spec.name or "kiln", spec.defaults or {}, spec.flags or {}
+  local out = {script_usage(source) or ("usage: kiln " .. name .. ".lua [--option value ...]"), "", "options:"}
+  local keys, seen = {}, {}
+  local function add(k) if not seen[k] then seen[k] = true keys[#keys + 1] = k end end
+  for k in pairs(defaults) do add(k) end
+  for k in pairs(flags) do add((k:gsub("%-", "_"))) end
+  if type(spec.strict) == "table" then for _, k in ipairs(spec.strict) do add(k) end end
+  table.sort(keys)
+  for _, k in ipairs(keys) do
+    local opt = "--" .. k:gsub("_", "-")
+    if flags[k] or flags[opt:sub(3)] then out[#out + 1] = "  " .. opt
+    elseif defaults[k] ~= nil then out[#out + 1] = string.format("  %s %s (default %s)", opt, type(defaults[k]) == "number" and "N" or "VALUE", tostring(defaults[k]))
+    else out[#out + 1] = string.format("  %s %s", opt, (spec.numbers and numbers_set(spec.numbers)[k]) and "N" or "VALUE") end
+  end
+  out[#out + 1] = "  --help, -h (this text)"
+  return table.concat(out, "\n")
+end
+
+-- A bad command line: one line on standard error naming the problem, and exit status 2 (no
+-- traceback: the user typed it, no code of theirs failed).
+function ui.usage_error(name, msg)
+  io.stderr:write(string.format("%s: %s (--help lists the options)\n", name or "kiln", msg))
+  io.stderr:flush()
+  os.exit(2)
+end
+
+-- ui.parse_args(arg, {name =, defaults =, flags =, strict =, numbers =, raise =}) -> options: "--key value"
+-- and "--key=value" (dashes in keys become underscores, numbers become numbers), and for the keys in
+-- flags "--key" alone (true). defaults fill what is not given, and a key whose default is a number
+-- (or that numbers lists) takes numbers only; with strict, a key that is neither in defaults nor in flags nor in strict (a
+-- list of further keys) is an error naming it (and the one meant). --help or -h prints the calling
+-- script's opening comment and the options with their defaults, and exits. A bad argument is one
+-- line on standard error and exit status 2 (ui.usage_error); with raise = true, an error instead.
 function ui.parse_args(args, spec)
   spec = spec or {}
   local name, flags, defaults = spec.name or "kiln", spec.flags or {}, spec.defaults or {}
+  local numbers = {}
+  for _, k in ipairs(spec.numbers or {}) do numbers[k] = true end
+  local function fail(msg)
+    if spec.raise then error(name .. ": " .. msg, 0) end
+    ui.usage_error(name, msg)
+  end
   local known
   if spec.strict then
     known = {}
@@ -95,13 +154,25 @@ function ui.parse_args(args, spec)
   local o, i = {}, 1
   args = args or {}
   while i <= #args do
+    if args[i] == "--help" or args[i] == "-h" then
+      if spec.raise then error(name .. ": --help", 0) end
+      io.stdout:write(help_text(spec, debug.getinfo(2, "S").source), "\n")
+      io.stdout:flush()
+      os.exit(0)
+    end
     local k, v = args[i]:match("^%-%-([%w%-]+)=?(.*)$")
-    if not k then error(name .. ": unexpected argument " .. args[i], 0) end
-    if v == "" and flags[k] then v = "true"
-    elseif v == "" then i = i + 1 v = args[i] end
-    if v == nil then error(name .. ": --" .. k .. " needs a value", 0) end
+    if not k then fail("unexpected argument " .. args[i]) end
     local key = k:gsub("%-", "_")
-    if known and not known[key] then error(name .. ": unknown option --" .. k, 0) end
+    if known and not known[key] then
+      local near = core.closest(key, known)
+      fail("unknown option --" .. k .. (near and ("; did you mean --" .. near:gsub("_", "-") .. "?") or ""))
+    end
+    if v == "" and (flags[k] or flags[key]) then v = "true"
+    elseif v == "" then i = i + 1 v = args[i] end
+    if v == nil then fail("--" .. k .. " needs a value") end
+    if (type(defaults[key]) == "number" or numbers[key]) and tonumber(v) == nil then
+      fail(string.format("--%s needs a number, got %q", k, v))
+    end
     o[key] = tonumber(v) or v
     i = i + 1
   end

@@ -199,7 +199,9 @@ enum kiln_view_kind {
   KILN_VIEW_RESHAPE = KILN_VIEW_BASE, KILN_VIEW_TRANSPOSE, KILN_VIEW_PERMUTE, KILN_VIEW_NARROW,
   KILN_VIEW_SELECT, KILN_VIEW_EXPAND, KILN_VIEW_ALIAS,
   KILN_GRAD_CLONE,    /* clone, contiguous, to_dtype, to_device: the grad goes back converted */
-  KILN_GRAD_ADDMM_UNUSED
+  KILN_GRAD_ADDMM_UNUSED,
+  KILN_FUNCTION,        /* a custom function: its derivative runs above C (kiln_backward_step stops at it) */
+  KILN_FUNCTION_OUTPUT  /* output ints[0] of the KILN_FUNCTION node its one edge leads to */
 };
 int kiln_autograd_active(void);
 int kiln_autograd_wanted(int n, const struct kiln_tensor *const *inputs);
@@ -238,10 +240,16 @@ struct kiln_node {
   int out_ndim;
   int64_t out_sizes[KILN_MAX_DIMS];
   int released;
+  int explicit_saved;          /* saved[] holds what the front end chose (kiln_autograd_record_saved) */
   /* backward walk state */
   int pending;
   int visited;
   struct kiln_tensor *grad;
+  /* KILN_FUNCTION only: the caller's id, the name of its grad_fn, and one grad per output */
+  int64_t function_id;
+  char *function_name;
+  int nout;
+  struct kiln_tensor **out_grads;
 };
 
 

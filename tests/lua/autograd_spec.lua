@@ -226,6 +226,102 @@ describe("the graph", function()
     assert.are.same({2, 2, 2}, w:totable())
   end)
 
+  it("records in-place ops on activations: the grads of the same computation out of place", function()
+    kiln.manual_seed(3)
+    local x = kiln.randn(4, 3, {dtype = "f64"}):requires_grad_()
+    local w = kiln.randn(5, 3, {dtype = "f64"}):requires_grad_()
+    local b = kiln.randn(5, {dtype = "f64"}):requires_grad_()
+    local c = kiln.rand(4, 5, {dtype = "f64"}) + 0.5
+    local function in_place(x_, w_, b_)
+      local h = x_:matmul(w_:t())
+      h:add_(b_)                 -- a tensor that requires grad, into an activation
+      h:relu_()
+      h:mul_(c)                  -- a tensor that does not
+      h:tanh_()
+      return h
+    end
+    local function out_of_place(x_, w_, b_)
+      local h = (x_:matmul(w_:t()) + b_):relu()
+      return (h * c):tanh()
+    end
+    local y = in_place(x, w, b)
+    assert.equal("TanhBackward", y.grad_fn)
+    y:pow(2):sum():backward()
+    local gx, gw, gb = x.grad:clone(), w.grad:clone(), b.grad:clone()
+    x.grad, w.grad, b.grad = nil, nil, nil
+    out_of_place(x, w, b):pow(2):sum():backward()
+    assert.is_true((gx - x.grad):abs():max():item() < 1e-12)
+    assert.is_true((gw - w.grad):abs():max():item() < 1e-12)
+    assert.is_true((gb - b.grad):abs():max():item() < 1e-12)
+    local ok, report = kiln.gradcheck(in_place, {x, w, b})
+    assert.is_true(ok, report)
+  end)
+
+  it("keeps what the in-place op's own derivative reads (t:mul_(u) with u requiring grad)", function()
+    local x = kiln.randn(6, {dtype = "f64"}):requires_grad_()
+    local u = kiln.randn(6, {dtype = "f64"}):requires_grad_()
+    local ok, report = kiln.gradcheck(function(x_, u_)
+      local h = x_:sin()
+      h:mul_(u_)                 -- mul saves h before the change: d/du needs the old h
+      h:masked_fill_(u_:detach():gt(1), 0)
+      return h
+    end, {x, u})
+    assert.is_true(ok, report)
+  end)
+
+  it("gives a plain tensor the history of what is added into it in place", function()
+    local x = kiln.randn(3, {dtype = "f64"}):requires_grad_()
+    local acc = kiln.zeros(3, {dtype = "f64"})
+    acc:add_(x * 2)
+    acc:add_(x:exp())
+    assert.is_true(acc.requires_grad)
+    acc:sum():backward()
+    assert.is_true((x.grad - (x:exp() + 2)):abs():max():item() < 1e-12)
+    -- fill_ cuts what came before: no grad flows through it
+    local y = x * 3
+    y:fill_(1)
+    assert.is_false(y.requires_grad)
+  end)
+
+  it("refuses at backward only a tensor that backward really saved, naming the op", function()
+    local x = kiln.randn(2, 3):requires_grad_()
+    local h = x * 2          -- mul by a number saves nothing: relu_ after it is fine
+    h:relu_()
+    h:sum():backward()
+    local e = x:exp()        -- exp saves its output
+    e:relu_()
+    local ok, err = pcall(function() e:sum():backward() end)
+    assert.is_false(ok)
+    assert.matches("backward: exp saved its output %[2,3%] for its derivative, and it was changed in place", err)
+    assert.falsy(err:find("no_grad", 1, true))
+    -- a view taken before an in-place change of its base
+    local a = x * 1
+    local v = a:narrow(2, 1, 2)
+    a:add_(1)
+    ok, err = pcall(function() v:sum():backward() end)
+    assert.is_false(ok)
+    assert.matches("changed in place after a view of it was taken %(by Narrow%)", err)
+  end)
+
+  it("refuses in place on a view with history, and on a leaf that requires grad", function()
+    local x = kiln.randn(2, 3):requires_grad_()
+    local base = x * 2
+    local v = base:view(-1)
+    local ok, err = pcall(function() v:relu_() end)
+    assert.is_false(ok)
+    assert.matches("relu_: in%-place change of %[6%], a view of a tensor with history", err)
+    -- a view of a temporary nothing else can reach is changed like any tensor (whenever the
+    -- collector last ran): its grads are those of the out-of-place relu
+    local w = (x * 2):view(-1)
+    w:relu_()
+    w:sum():backward()
+    assert.are.same((x:gt(0):double() * 2):totable(), x.grad:double():totable())
+    local _ = base
+    ok, err = pcall(function() x:relu_() end)
+    assert.is_false(ok)
+    assert.matches("relu_: in%-place change of %[2,3%], a leaf that requires grad", err)
+  end)
+
   it("only float tensors can require grad", function()
     local ok, err = pcall(function() kiln.ones(2, {dtype = "i64"}):requires_grad_() end)
     assert.is_false(ok)

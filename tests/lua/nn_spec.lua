@@ -123,6 +123,21 @@ describe("Module", function()
     for _, sub in ipairs(m:modules()) do assert.is_true(sub.training) end
   end)
 
+  it("indexes a Sequential and a ModuleList from 1: seq[1] is the child PyTorch names \"0\"", function()
+    local a, b, c = nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1)
+    local m = nn.Sequential{a, b, c}
+    assert.equal(a, m[1])
+    assert.equal(a, m["0"])
+    assert.equal(c, m[3])
+    assert.equal(c, m[-1])
+    assert.is_nil(m[4])
+    assert.equal(tostring(m[3].weight:size()), tostring(m:state_dict()["2.weight"]:size()))
+    local l = nn.ModuleList{b, c}
+    assert.equal(b, l[1])
+    assert.equal(c, l[2])
+    assert.error_matches(function() return m[1.5] end, "the index must be an integer")
+  end)
+
   it("zero_grad clears the grads", function()
     local m = mlp()
     m(kiln.randn(2, 4)):sum():backward()

@@ -165,6 +165,31 @@ describe("kiln.repl evaluation", function()
     assert.falsy(msg:find("xpcall", 1, true))
   end)
 
+  it("leaves kiln's own library frames out of a traceback", function()
+    if not have_kiln then return end
+    repl.eval_line(state, "function layer(x) return x:matmul(kiln.zeros(4, 5)) + 1 end")
+    local status, msg = repl.eval_line(state, "layer(kiln.zeros(2, 3))")
+    assert.equal("error", status)
+    assert.truthy(msg:find("^stdin:1: matmul: %[2,3%] @ %[4,5%]"), msg)
+    assert.truthy(msg:find("in function 'layer'", 1, true), msg)
+    assert.falsy(msg:find("kiln/core.lua", 1, true), msg)
+    assert.falsy(msg:find("kiln/tensor.lua", 1, true), msg)
+    assert.falsy(msg:find("function 'error'", 1, true), msg)
+  end)
+
+  it("runs what is typed with the JIT off, so that a debug hook stops a loop typed there", function()
+    if not jit then return end
+    local fired = 0
+    debug.sethook(function()
+      fired = fired + 1
+      if fired > 1000 then debug.sethook() error("stopped by the hook", 0) end
+    end, "", 1000)
+    local status, msg = repl.eval_line(state, "local i = 0 while true do i = i + 1 end")
+    debug.sethook()
+    assert.equal("error", status)
+    assert.equal("stopped by the hook", msg:match("^[^\n]*"))   -- a compiled loop never calls the hook
+  end)
+
   it("reports error objects that are not strings", function()
     local status, msg = repl.eval_line(state, "error({code = 1})")
     assert.equal("error", status)

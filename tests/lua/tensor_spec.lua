@@ -456,15 +456,27 @@ describe("tostring", function()
     assert.equal(" 1 2 3\n 4 5 6\n[kiln.Tensor f32 of size 2x3]", tostring(kiln.tensor{{1, 2, 3}, {4, 5, 6}}))
     assert.equal("  1.5000 -2.0000\n 10.0000  0.2500\n[kiln.Tensor f64 of size 2x2]",
                  tostring(kiln.tensor({{1.5, -2}, {10, 0.25}}, {dtype = "f64"})))
-    assert.equal(" 10\n -3\n  0\n[kiln.Tensor i32 of size 3]", tostring(kiln.tensor({10, -3, 0}, {dtype = "i32"})))
+    assert.equal(" 10 -3  0\n[kiln.Tensor i32 of size 3]", tostring(kiln.tensor({10, -3, 0}, {dtype = "i32"})))
+  end)
+
+  it("prints a vector on one line, wrapped at the line width", function()
+    assert.equal(" 1 2 3\n[kiln.Tensor f32 of size 3]", tostring(kiln.tensor{1, 2, 3}))
+    local s = tostring(kiln.arange(60))
+    local lines = {}
+    for l in s:gmatch("[^\n]+") do lines[#lines + 1] = l end
+    assert.equal(3, #lines)   -- 60 cells of 3 characters: two lines of at most 100, then the footer
+    assert.is_true(#lines[1] <= 100 and #lines[1] > 90)
+    assert.equal("  0  1  2", lines[1]:sub(1, 9))
+    assert.equal(" 59", lines[2]:sub(-3))
+    assert.equal(" 0 1 2 ... 1997 1998 1999", (tostring(kiln.arange(2000)):match("^[^\n]+"):gsub("%s+", " ")))
   end)
 
   it("prints scalars, booleans, special values and empty tensors", function()
     assert.equal("3\n[kiln.Tensor f32 of size []]", tostring(kiln.tensor(3)))
-    assert.equal("  true\n false\n[kiln.Tensor bool of size 2]", tostring(kiln.tensor{true, false}))
-    assert.equal("    nan\n    inf\n   -inf\n 1.5000\n[kiln.Tensor f32 of size 4]",
+    assert.equal("  true false\n[kiln.Tensor bool of size 2]", tostring(kiln.tensor{true, false}))
+    assert.equal("    nan    inf   -inf 1.5000\n[kiln.Tensor f32 of size 4]",
                  tostring(kiln.tensor{0 / 0, 1 / 0, -1 / 0, 1.5}))
-    assert.equal(" 1.0000e-05\n 1.0000e+00\n[kiln.Tensor f32 of size 2]", tostring(kiln.tensor{1e-5, 1}))
+    assert.equal(" 1.0000e-05 1.0000e+00\n[kiln.Tensor f32 of size 2]", tostring(kiln.tensor{1e-5, 1}))
     local e = tostring(kiln.zeros(0, 3))
     assert_contains(e, "no elements", "0x3")
   end)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Drives the real kiln REPL through tmux, as a person at a terminal would: evaluation,
-# an error and recovery, Tab completion, Ctrl-C, a multi-line function, Ctrl-D and history.
+# an error and recovery, Tab completion, Ctrl-C (also in a pure-Lua loop, twice), a multi-line
+# function, Ctrl-D and history, and kiln -i after a script's error.
 # usage: tests/repl/tmux_check.sh [path/to/kiln]   (default: build/bin/kiln)
 # Exits 0 when every check passes (or tmux is missing: skipped), 1 otherwise.
 set -u
@@ -115,6 +116,23 @@ wait_for "Ctrl-C interrupts a running evaluation" -F "interrupted"
 type_line 'x - 1'
 wait_for "the REPL continues after the interrupt" -x "2"
 
+clear_screen
+# A pure-Lua loop, which the JIT would compile: what is typed runs with the JIT off, so the hook
+# stops it; a second Ctrl-C does not end kiln, and the session's variables are still there.
+type_line 'keep = 41; n = 0'
+type_line 'while true do n = n + 1 end'
+sleep 1
+tm send-keys -t repl C-c
+wait_for "Ctrl-C stops a pure-Lua loop" -F "interrupted"
+type_line 'while true do n = n + 1 end'
+sleep 1
+tm send-keys -t repl C-c
+sleep 0.2
+tm send-keys -t repl C-c
+sleep 0.5
+type_line 'keep + 1, n > 0'
+wait_for "after two Ctrl-C the REPL is still there with its variables" -E "^42[[:space:]]+true$"
+
 tm send-keys -t repl C-d
 # The pane runs "kiln; sleep 30": once kiln has exited, sleep is its command.
 exited=0
@@ -133,6 +151,18 @@ else
   fail "the history file $home/.kiln_history after exit"
   cat "$home/.kiln_history" 2>/dev/null
 fi
+
+# kiln -i script.lua: an error in the script is reported, and the REPL starts with its globals.
+script=$home/fails.lua
+printf 'before = 7\nerror("script failed")\n' >"$script"
+tm kill-session -t repl 2>/dev/null
+tm new-session -d -s repl -x 160 -y 40 \
+  "env -u KILN_HISTORY HOME='$home' INPUTRC=/dev/null TERM=xterm '$kiln' -i '$script'; sleep 30"
+wait_for "kiln -i reports the script's error" -F "script failed"
+wait_for "and shows the prompt" -F "kiln> "
+type_line 'before * 6'
+wait_for "with the script's globals" -x "42"
+tm send-keys -t repl C-d
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures check(s) failed"

@@ -10,6 +10,7 @@ local M = {}
 
 local TensorDataset = {}
 TensorDataset.__index = TensorDataset
+TensorDataset.__name = "TensorDataset"   -- help(ds) and ?ds:get find data.TensorDataset's lines by it
 
 -- TensorDataset(x, y, ...) or TensorDataset{x, y, ...}: sample i is (x[i], y[i], ...).
 function M.TensorDataset(...)
@@ -56,6 +57,7 @@ M.tensors_of = tensors_of
 
 local ImageFolder = {}
 ImageFolder.__index = ImageFolder
+ImageFolder.__name = "ImageFolder"
 
 -- ImageFolder(root, {channels = 3, transform =}): the images under root/<class>/ (sub-folders
 -- included), classes sorted by name, files sorted by path. Sample i is (f32 [C,H,W] in [0, 1]

@@ -15,8 +15,9 @@ local tensors_of, order0, default_seed = datasets.tensors_of, order.order0, orde
 local pipeline = transforms.pipeline
 local function flag(what, name, v, default) return core.flag(v, default, what, name) end
 
-local DataLoader = {}
+local DataLoader = {__name = "DataLoader"}   -- help(loader) finds data.DataLoader's line by it
 local DataLoader_methods = {}
+DataLoader.methods = DataLoader_methods       -- for ?loader:epoch
 DataLoader.__index = function(self, k)
   if k == "wait_seconds" then
     local c = rawget(self, "c")

@@ -35,7 +35,8 @@ local function known_fields(o, what, ...)
     if type(k) ~= "number" and not known[k] then
       local names = {...}
       table.sort(names)
-      raise(string.format("%s: unknown option %q (known: %s)", what, tostring(k), table.concat(names, ", ")))
+      raise(string.format("%s: unknown option %q (known: %s)%s", what, tostring(k), table.concat(names, ", "),
+                          core.did_you_mean(k, known)))
     end
   end
 end

@@ -368,6 +368,19 @@ local function child_index(what, i)
   return tostring(i - 1)
 end
 function Sequential:get(i) return self._children[child_index("Sequential:get", i)] end
+-- seq[i] (i a number, from 1; -1 the last) is the i-th child, as seq:get(i); seq["0"] is the child
+-- named "0" (PyTorch's name, the same module as seq[1]).
+local function indexed_class(class)
+  class.__index = function(self, k)
+    if type(k) == "number" then
+      local n = #rawget(self, "_child_names")
+      if k < 0 and k == math.floor(k) then k = n + 1 + k end
+      return rawget(self, "_children")[child_index(class.__name, k)]
+    end
+    return class[k]
+  end
+end
+indexed_class(Sequential)
 
 local ModuleList = nn.define("ModuleList")
 function ModuleList:init(list)
@@ -381,6 +394,7 @@ function ModuleList:append(m)
   return self
 end
 function ModuleList:get(i) return self._children[child_index("ModuleList:get", i)] end
+indexed_class(ModuleList)
 function ModuleList:forward() error("ModuleList: has no forward; call its modules", 2) end
 
 nn.init = require "kiln.nn.initializers"

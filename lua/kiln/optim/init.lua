@@ -79,8 +79,8 @@ function Optimizer:add_param_group(group)
       local names = {}
       for n in pairs(self.defaults) do names[#names + 1] = n end
       table.sort(names)
-      raise(string.format("%s: unknown option %q in a parameter group (known: params, %s)", spec.name, tostring(k),
-                          table.concat(names, ", ")))
+      raise(string.format("%s: unknown option %q in a parameter group (known: params, %s)%s", spec.name, tostring(k),
+                          table.concat(names, ", "), core.did_you_mean(k, self.defaults)))
     end
     if k ~= "params" then g[k] = copy(v) end
   end
@@ -105,7 +105,13 @@ function M.define(spec)
     opts = core.opts_arg(opts, spec.name)
     local defaults = copy(spec.defaults)
     for k, v in pairs(opts) do
-      if not allowed[k] then raise(string.format("%s: unknown option %q", spec.name, tostring(k))) end
+      if not allowed[k] then
+        local names = {}
+        for n in pairs(allowed) do names[#names + 1] = n end
+        table.sort(names)
+        raise(string.format("%s: unknown option %q (known: %s)%s", spec.name, tostring(k), table.concat(names, ", "),
+                            core.did_you_mean(k, allowed)))
+      end
       defaults[k] = copy(v)
     end
     if spec.fixed then for k, v in pairs(spec.fixed) do defaults[k] = v end end
@@ -364,6 +370,7 @@ end
 local function class(spec)
   local cls = setmetatable({}, {__index = Optimizer})
   cls.__index = cls
+  cls.__name = spec.name   -- help(opt) finds optim.<name>'s line by it
   cls.__tostring = function(self)
     local lines = {spec.name .. " ("}
     for gi, g in ipairs(self.param_groups) do

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 
 /* ---- nodes ---- */
 
@@ -15,10 +16,13 @@ static void node_free_saved(struct kiln_node *n) {
   for (int i = 0; i < MAX_SAVED; i++) { kiln_tensor_release(n->saved[i]); n->saved[i] = NULL; }
 }
 
+static void function_node_freed(struct kiln_node *n);
+
 static void node_release(struct kiln_node *n) {
   while (n && __atomic_sub_fetch(&n->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
     node_free_saved(n);
     kiln_tensor_release(n->grad);
+    if (n->kind == KILN_FUNCTION) function_node_freed(n);
     struct kiln_node *tail = NULL;
     for (int i = 0; i < n->nin; i++) {
       kiln_tensor_release(n->in[i].leaf);
@@ -45,14 +49,22 @@ static const char *kind_name(int kind) {
   case KILN_VIEW_EXPAND: return "Expand";
   case KILN_VIEW_ALIAS: return "Alias";
   case KILN_GRAD_CLONE: return "Copy";
+  case KILN_FUNCTION: case KILN_FUNCTION_OUTPUT: return "Function";
   default: return kiln_op_name(kind);
   }
+}
+
+/* A node's name in messages: a custom function by the name it was given. */
+static const char *node_name(const struct kiln_node *n) {
+  if (n->kind == KILN_FUNCTION_OUTPUT && n->nin == 1 && n->in[0].node) n = n->in[0].node;
+  if (n->kind == KILN_FUNCTION && n->function_name) return n->function_name;
+  return kind_name(n->kind);
 }
 
 KILN_API const char *kiln_grad_fn_name(const struct kiln_tensor *t) {
   static _Thread_local char buf[64];
   if (!t || !t->grad_fn) return NULL;
-  const char *k = kind_name(((struct kiln_node *)t->grad_fn)->kind);
+  const char *k = node_name(t->grad_fn);
   snprintf(buf, sizeof buf, "%c%sBackward", k[0] >= 'a' && k[0] <= 'z' ? k[0] - 32 : k[0], k + 1);
   return buf;
 }
@@ -81,11 +93,76 @@ int kiln_autograd_wanted(int n, const struct kiln_tensor *const *inputs) {
 int kiln_autograd_check_inplace(const char *op, const struct kiln_tensor *target, const struct kiln_tensor *src) {
   if (!kiln_autograd_active()) return KILN_OK;
   size_t len = strlen(op);
+  const char *u = len && op[len - 1] == '_' ? "" : "_";
+  if (target->requires_grad && !target->grad_fn)
+    return kiln_fail(KILN_ERR_STATE,
+                     "%s%s: in-place change of %s, a leaf that requires grad (a parameter): backward would lose the "
+                     "value it had; update parameters under no_grad, as optimizers do, or change a clone()",
+                     op, u, kiln_shape_string(target));
   if (target->requires_grad || (src && src->requires_grad))
     return kiln_fail(KILN_ERR_STATE,
-                     "%s%s: in-place change of %s, which %s grad; use an out-of-place op, or run it under no_grad",
-                     op, len && op[len - 1] == '_' ? "" : "_", kiln_shape_string(target),
-                     target->requires_grad ? "requires" : "would then need");
+                     "%s%s: in-place change of %s, which %s grad: this C call does not record it; use the out-of-place "
+                     "op (the Lua methods record in-place ops: kiln_autograd_assign)",
+                     op, u, kiln_shape_string(target), target->requires_grad ? "requires" : "would then need");
+  return KILN_OK;
+}
+
+KILN_API int kiln_autograd_assign(struct kiln_tensor *t, struct kiln_tensor *r, const char *op) {
+  if (kiln_check_live("assign", t) || kiln_check_live("assign", r)) return kiln_error_code();
+  if (!op) op = "in-place op";
+  if (t->ndim != r->ndim || memcmp(t->sizes, r->sizes, sizeof(int64_t) * (size_t)t->ndim) != 0)
+    return kiln_fail(KILN_ERR_SHAPE, "%s: the result %s does not fit in place into %s", op, kiln_shape_string(r),
+                     kiln_shape_string(t));
+  if (t->requires_grad && !t->grad_fn && kiln_grad_enabled())
+    return kiln_fail(KILN_ERR_STATE,
+                     "%s: in-place change of %s, a leaf that requires grad (a parameter): backward would lose the "
+                     "value it had; update parameters under no_grad, as optimizers do, or change a clone()",
+                     op, kiln_shape_string(t));
+  struct kiln_node *old = t->grad_fn;
+  /* a view is changed like any tensor when nothing else sees its storage (a view an op made of a
+     temporary, as matmul does): only t and what t's own node saved of it hold the storage */
+  int view = old && old->kind >= KILN_VIEW_BASE && old->kind <= KILN_VIEW_ALIAS;
+  int holders = 1;
+  for (int k = 0; view && k < MAX_SAVED; k++) holders += old->saved[k] && old->saved[k]->storage == t->storage;
+  if (view && __atomic_load_n(&t->storage->refcount, __ATOMIC_RELAXED) == holders) view = 0;
+  else if (view) view = 2;
+  if (view == 2 && kiln_grad_enabled())
+    return kiln_fail(KILN_ERR_STATE,
+                     "%s: in-place change of %s, a view of a tensor with history: the tensor it views would not see "
+                     "the change in backward; use the out-of-place op, or change the tensor itself",
+                     op, kiln_shape_string(t));
+  struct kiln_node *n = r->grad_fn;
+  int prev = kiln_set_grad_enabled(0);
+  int rc = KILN_OK;
+  /* what r's node saved from t's storage must keep its values: a copy */
+  for (int k = 0; n && k < MAX_SAVED && !rc; k++) {
+    struct kiln_tensor *sv = n->saved[k];
+    if (!sv || sv->storage != t->storage) continue;
+    struct kiln_tensor *copy = kiln_clone(sv);
+    if (!copy) { rc = kiln_error_code(); break; }
+    kiln_tensor_release(sv);
+    n->saved[k] = copy;
+    n->saved_version[k] = copy->storage->version;
+  }
+  if (!rc && t->dtype != r->dtype)
+    rc = kiln_fail(KILN_ERR_DTYPE, "%s: the result is %s, %s cannot hold it in place", op, kiln_dtype_name(r->dtype),
+                   kiln_dtype_name(t->dtype));
+  if (!rc) rc = kiln_copy_(t, r);
+  kiln_set_grad_enabled(prev);
+  if (rc) return rc;
+  /* t's own view node saved its base, which nothing else sees, only to notice changes of it: t's
+     history accounts for this one and the later ones */
+  for (int k = 0; old && old->kind >= KILN_VIEW_BASE && old->kind <= KILN_VIEW_ALIAS && k < MAX_SAVED; k++)
+    if (old->saved[k] && old->saved[k]->storage == t->storage) {
+      kiln_tensor_release(old->saved[k]);
+      old->saved[k] = NULL;
+    }
+  if (kiln_grad_enabled() && (n || old)) {   /* t's history becomes r's (none: t no longer depends on it) */
+    if (n) __atomic_add_fetch(&n->refcount, 1, __ATOMIC_RELAXED);
+    t->grad_fn = n;
+    t->requires_grad = n != NULL;
+    if (old) node_release(old);
+  }
   return KILN_OK;
 }
 
@@ -152,6 +229,9 @@ int kiln_autograd_record(int kind, struct kiln_tensor *out, int n, const struct 
     if (which & (1u << k)) node->saved[k] = save(k < n ? inputs[k] : NULL);
   if (which & KILN_SAVE_OUT) node->saved[3] = save(out);
   if (extra) node->saved[2] = save(extra);
+  /* a view reads its base: changed in place after the view was taken, the view's grad would be wrong */
+  if (kind >= KILN_VIEW_BASE && kind <= KILN_VIEW_ALIAS && n > 0 && inputs[0] && inputs[0]->storage == out->storage)
+    node->saved[0] = save(inputs[0]);
   (void)slot;
   for (int k = 0; k < MAX_SAVED; k++)
     if (node->saved[k]) node->saved_version[k] = node->saved[k]->storage->version;
@@ -168,6 +248,7 @@ int kiln_autograd_record_saved(int kind, struct kiln_tensor *out, int n, const s
   struct kiln_node *node = out->grad_fn;
   if (rc || !node || node->kind != kind) return rc;
   node_free_saved(node);
+  node->explicit_saved = 1;
   for (int k = 0; k < nsaved && k < MAX_SAVED; k++) {
     if (!saved[k]) continue;
     /* the output itself is saved detached, like every saved tensor, so it holds no cycle */
@@ -373,107 +454,381 @@ static int tell_done(int rc) {
   return rc;
 }
 
-KILN_API int kiln_backward(struct kiln_tensor *root, const struct kiln_tensor *grad, int retain_graph) {
-  if (kiln_check_live("backward", root)) return kiln_error_code();
-  if (!root->requires_grad)
-    return kiln_fail(KILN_ERR_STATE, "backward: tensor %s does not require grad (no op on it recorded a graph)", kiln_shape_string(root));
+/* ---- custom functions ---- */
+
+static int64_t functions_live;
+static pthread_mutex_t released_lock = PTHREAD_MUTEX_INITIALIZER;
+static int64_t *released_ids;
+static int released_n, released_cap;
+
+static void function_node_freed(struct kiln_node *n) {
+  for (int k = 0; k < n->nout; k++) kiln_tensor_release(n->out_grads[k]);
+  free(n->out_grads);
+  free(n->function_name);
+  __atomic_sub_fetch(&functions_live, 1, __ATOMIC_RELAXED);
+  pthread_mutex_lock(&released_lock);
+  if (released_n == released_cap) {
+    int cap = released_cap ? 2 * released_cap : 64;
+    int64_t *p = realloc(released_ids, sizeof *p * (size_t)cap);
+    if (p) { released_ids = p; released_cap = cap; }
+  }
+  if (released_n < released_cap) released_ids[released_n++] = n->function_id;   /* else lost: the caller keeps a little more */
+  pthread_mutex_unlock(&released_lock);
+}
+
+KILN_API int64_t kiln_function_nodes_live(void) { return __atomic_load_n(&functions_live, __ATOMIC_RELAXED); }
+
+KILN_API int kiln_function_released(int64_t *ids, int cap) {
+  if (!ids || cap <= 0) return 0;
+  pthread_mutex_lock(&released_lock);
+  int n = released_n < cap ? released_n : cap;
+  if (n > 0) memcpy(ids, released_ids + (released_n - n), sizeof *ids * (size_t)n);
+  released_n -= n;
+  pthread_mutex_unlock(&released_lock);
+  return n;
+}
+
+KILN_API int kiln_function_record(int64_t id, const char *name, int nin, struct kiln_tensor *const *inputs, int nout,
+                                  struct kiln_tensor *const *outputs) {
+  if (nin < 0 || nout < 1 || (nin > 0 && !inputs) || !outputs || id <= 0)
+    return kiln_fail(KILN_ERR_ARGUMENT, "function: bad arguments (%d inputs, %d outputs, id %lld)", nin, nout, (long long)id);
+  for (int k = 0; k < nin; k++)
+    if (inputs[k] && kiln_check_live("function", inputs[k])) return kiln_error_code();
+  for (int k = 0; k < nout; k++) {
+    if (!outputs[k]) continue;
+    if (kiln_check_live("function", outputs[k])) return kiln_error_code();
+    if (outputs[k]->grad_fn || outputs[k]->requires_grad)
+      return kiln_fail(KILN_ERR_STATE, "function: output %d %s already has a history; give a fresh tensor (detach() it)",
+                       k, kiln_shape_string(outputs[k]));
+  }
+  if (!kiln_autograd_wanted(nin, (const struct kiln_tensor *const *)inputs)) return KILN_OK;
+  /* the node: an edge to each input, like an op's */
+  kiln_tensor_set_grad_fn_release(kiln_node_release);
+  struct kiln_node *node = calloc(1, sizeof *node);
+  struct edge *edges = calloc((size_t)(nin > 0 ? nin : 1), sizeof *edges);
+  struct kiln_tensor **grads = calloc((size_t)nout, sizeof *grads);
+  char *label = strdup(name && *name ? name : "Function");
+  if (!node || !edges || !grads || !label) {
+    free(node); free(edges); free(grads); free(label);
+    return kiln_fail(KILN_ERR_MEMORY, "function: out of memory for a node");
+  }
+  node->refcount = 1;
+  node->kind = KILN_FUNCTION;
+  node->nin = nin;
+  node->in = edges;
+  node->function_id = id;
+  node->function_name = label;
+  node->nout = nout;
+  node->out_grads = grads;
+  for (int k = 0; k < nin; k++) {
+    const struct kiln_tensor *t = inputs[k];
+    struct edge *e = &edges[k];
+    if (!t) continue;
+    e->ndim = t->ndim;
+    e->dtype = t->dtype;
+    e->device = t->device;
+    memcpy(e->sizes, t->sizes, sizeof(int64_t) * (size_t)t->ndim);
+    e->needs = t->requires_grad && kiln_dtype_is_float(t->dtype);
+    if (!e->needs) continue;
+    if (t->grad_fn) {
+      e->node = t->grad_fn;
+      __atomic_add_fetch(&e->node->refcount, 1, __ATOMIC_RELAXED);
+    } else {
+      e->leaf = (struct kiln_tensor *)t;
+      kiln_tensor_retain(e->leaf);
+    }
+  }
+  __atomic_add_fetch(&functions_live, 1, __ATOMIC_RELAXED);
+  /* each differentiable output: a node of its own whose one edge leads to the function's node */
+  int rc = KILN_OK;
+  for (int k = 0; k < nout && !rc; k++) {
+    struct kiln_tensor *out = outputs[k];
+    if (!out || !kiln_dtype_is_float(out->dtype)) continue;
+    struct kiln_node *o = calloc(1, sizeof *o);
+    struct edge *oe = calloc(1, sizeof *oe);
+    if (!o || !oe) { free(o); free(oe); rc = kiln_fail(KILN_ERR_MEMORY, "function: out of memory for a node"); break; }
+    o->refcount = 1;
+    o->kind = KILN_FUNCTION_OUTPUT;
+    o->nin = 1;
+    o->in = oe;
+    o->ints[0] = k;
+    o->nints = 1;
+    o->out_ndim = out->ndim;
+    memcpy(o->out_sizes, out->sizes, sizeof(int64_t) * (size_t)out->ndim);
+    oe->node = node;
+    oe->needs = 1;
+    oe->ndim = out->ndim;
+    oe->dtype = out->dtype;
+    oe->device = out->device;
+    memcpy(oe->sizes, out->sizes, sizeof(int64_t) * (size_t)out->ndim);
+    __atomic_add_fetch(&node->refcount, 1, __ATOMIC_RELAXED);
+    out->grad_fn = o;
+    out->requires_grad = 1;
+  }
+  node_release(node);   /* the outputs' nodes hold it now (freed here when none is differentiable) */
+  return rc;
+}
+
+/* ---- the backward walk ---- */
+
+/* The error of a saved tensor changed in place: what was saved, by which op. */
+static int saved_changed(const struct kiln_node *n, int k) {
+  const char *what = kind_name(n->kind);
+  char op[64];
+  snprintf(op, sizeof op, "%s", n->kind == KILN_FUNCTION ? node_name(n) : what);
+  if (n->kind >= KILN_VIEW_BASE && n->kind <= KILN_VIEW_ALIAS)
+    return kiln_fail(KILN_ERR_STATE,
+                     "backward: tensor %s was changed in place after a view of it was taken (by %s), and the view's "
+                     "grad would be wrong; take the view after the in-place op, or change a clone()",
+                     kiln_shape_string(n->saved[k]), op);
+  char role[32] = "";
+  if (!n->explicit_saved && n->kind < KILN_VIEW_BASE) {
+    if (k == 3) snprintf(role, sizeof role, "its output ");
+    else if (k < 2) snprintf(role, sizeof role, "its input %d ", k + 1);
+  }
+  return kiln_fail(KILN_ERR_STATE,
+                   "backward: %s saved %s%s for its derivative, and it was changed in place afterwards (by an "
+                   "in-place op such as relu_ or add_); use the out-of-place op there, or apply it to a clone()",
+                   op, role, kiln_shape_string(n->saved[k]));
+}
+
+struct kiln_backward_walk {
+  struct nodelist all, ready;
+  struct leaf_counts leaves;
+  struct kiln_tensor *g0;
+  struct kiln_node *waiting;       /* a function node whose input grads the caller gives */
+  struct kiln_tensor **given;      /* those grads, one per input */
+  int retain_graph, prev_mode, started, finished, rc;
+};
+
+/* After node n ran (its input grads in gin): add them into the inputs, and queue the nodes that
+   have all their grads. */
+static int propagate(struct kiln_backward_walk *w, struct kiln_node *n, struct kiln_tensor **gin, int rc) {
+  for (int k = 0; k < n->nin; k++) {
+    struct edge *e = &n->in[k];
+    if (!rc && gin[k]) {
+      if (e->node && e->node->kind == KILN_FUNCTION && n->kind == KILN_FUNCTION_OUTPUT)
+        rc = accumulate(&e->node->out_grads[n->ints[0]], gin[k], 0);
+      else if (e->node) rc = accumulate(&e->node->grad, gin[k], 0);
+      else if (e->leaf) rc = accumulate(&e->leaf->grad, gin[k], 1);
+    }
+    kiln_tensor_release(gin[k]);
+    gin[k] = NULL;
+    if (e->node && --e->node->pending == 0 && !rc) rc = push(&w->ready, e->node);
+    if (nhooks && e->leaf && !rc) {
+      int *left = leaf_slot(&w->leaves, e->leaf, 0);
+      if (left && --*left == 0) tell_ready(e->leaf);
+    }
+  }
+  if (!w->retain_graph) { node_free_saved(n); n->released = 1; }
+  return rc;
+}
+
+static void walk_finish(struct kiln_backward_walk *w) {
+  if (w->finished) return;
+  w->finished = 1;
+  if (w->waiting) {
+    for (int k = 0; k < w->waiting->nin; k++) { kiln_tensor_release(w->given[k]); w->given[k] = NULL; }
+    w->waiting = NULL;
+  }
+  free(w->given);
+  w->given = NULL;
+  for (int i = 0; i < w->all.n; i++) {
+    struct kiln_node *n = w->all.items[i];
+    n->visited = 0;
+    n->pending = 0;
+    kiln_tensor_release(n->grad);
+    n->grad = NULL;
+    for (int k = 0; k < n->nout; k++) { kiln_tensor_release(n->out_grads[k]); n->out_grads[k] = NULL; }
+  }
+  free(w->all.items);
+  free(w->ready.items);
+  free(w->leaves.leaf);
+  free(w->leaves.left);
+  w->all.items = w->ready.items = NULL;
+  w->leaves.leaf = NULL;
+  w->leaves.left = NULL;
+  kiln_tensor_release(w->g0);
+  w->g0 = NULL;
+  if (w->started && nhooks) w->rc = tell_done(w->rc);
+}
+
+KILN_API struct kiln_backward_walk *kiln_backward_start(struct kiln_tensor *root, const struct kiln_tensor *grad,
+                                                        int retain_graph) {
+  if (kiln_check_live("backward", root)) return NULL;
+  if (!root->requires_grad) {
+    kiln_fail(KILN_ERR_STATE, "backward: tensor %s does not require grad (no op on it recorded a graph)", kiln_shape_string(root));
+    return NULL;
+  }
   struct kiln_tensor *g0 = NULL;
   if (grad) {
-    if (kiln_check_live("backward", grad)) return kiln_error_code();
-    if (grad->ndim != root->ndim || memcmp(grad->sizes, root->sizes, sizeof(int64_t) * (size_t)root->ndim) != 0)
-      return kiln_fail(KILN_ERR_SHAPE, "backward: grad %s does not match the output %s", kiln_shape_string(grad), kiln_shape_string(root));
+    if (kiln_check_live("backward", grad)) return NULL;
+    if (grad->ndim != root->ndim || memcmp(grad->sizes, root->sizes, sizeof(int64_t) * (size_t)root->ndim) != 0) {
+      kiln_fail(KILN_ERR_SHAPE, "backward: grad %s does not match the output %s", kiln_shape_string(grad), kiln_shape_string(root));
+      return NULL;
+    }
     g0 = kiln_to_dtype(grad, root->dtype);
   } else {
-    if (root->numel != 1)
-      return kiln_fail(KILN_ERR_SHAPE, "backward: output %s has %lld elements; give the grad of a non-scalar output",
-                       kiln_shape_string(root), (long long)root->numel);
+    if (root->numel != 1) {
+      kiln_fail(KILN_ERR_SHAPE, "backward: output %s has %lld elements; give the grad of a non-scalar output",
+                kiln_shape_string(root), (long long)root->numel);
+      return NULL;
+    }
     g0 = kiln_tensor_full(root->ndim, root->sizes, 1.0, root->dtype, root->device);
   }
-  if (!g0) return kiln_error_code();
+  if (!g0) return NULL;
+  struct kiln_backward_walk *w = calloc(1, sizeof *w);
+  if (!w) {
+    kiln_tensor_release(g0);
+    kiln_fail(KILN_ERR_MEMORY, "backward: out of memory");
+    return NULL;
+  }
+  w->retain_graph = retain_graph;
+  w->started = 1;
   int prev = kiln_set_grad_enabled(0);
   int rc = KILN_OK;
   if (!root->grad_fn) {   /* a leaf: its grad is the given grad */
     rc = accumulate(&root->grad, g0, 1);
     kiln_tensor_release(g0);
-    if (nhooks) {
-      if (!rc) tell_ready(root);
-      rc = tell_done(rc);
-    }
+    if (!rc && nhooks) tell_ready(root);
+    w->rc = rc;
+    walk_finish(w);
     kiln_set_grad_enabled(prev);
-    return rc;
+    return w;
   }
-  struct leaf_counts leaves = {0};
   /* Count, for each reachable node, the edges that lead into it. */
-  struct nodelist all = {0}, ready = {0};
   struct kiln_node *start = root->grad_fn;
-  rc = push(&all, start);
-  start->visited = 1;
-  for (int i = 0; i < all.n && !rc; i++) {
-    struct kiln_node *n = all.items[i];
+  rc = push(&w->all, start);
+  if (!rc) start->visited = 1;
+  for (int i = 0; i < w->all.n && !rc; i++) {
+    struct kiln_node *n = w->all.items[i];
     for (int k = 0; k < n->nin; k++) {
       struct kiln_node *m = n->in[k].node;
       if (nhooks && n->in[k].leaf) {
-        int *left = leaf_slot(&leaves, n->in[k].leaf, 1);
+        int *left = leaf_slot(&w->leaves, n->in[k].leaf, 1);
         if (!left) { rc = kiln_fail(KILN_ERR_MEMORY, "backward: out of memory"); break; }
         ++*left;
       }
       if (!m) continue;
       m->pending++;
-      if (!m->visited) { m->visited = 1; rc = push(&all, m); if (rc) break; }
+      if (!m->visited) { m->visited = 1; rc = push(&w->all, m); if (rc) break; }
     }
   }
-  if (!rc) { start->grad = g0; g0 = NULL; rc = push(&ready, start); }
-  while (!rc && ready.n > 0) {
-    struct kiln_node *n = ready.items[--ready.n];
+  if (!rc) { start->grad = g0; rc = push(&w->ready, start); }
+  else kiln_tensor_release(g0);
+  w->rc = rc;
+  if (rc) walk_finish(w);
+  kiln_set_grad_enabled(prev);
+  return w;
+}
+
+KILN_API int kiln_backward_step(struct kiln_backward_walk *w, int64_t *function_id) {
+  if (function_id) *function_id = 0;
+  if (!w) return kiln_fail(KILN_ERR_ARGUMENT, "backward: no walk");
+  if (w->finished) {
+    if (w->rc && !kiln_error_code()) kiln_fail(w->rc, "backward: failed");
+    return w->rc;
+  }
+  int prev = kiln_set_grad_enabled(0);
+  int rc = KILN_OK;
+  if (w->waiting) {   /* the caller gave the input grads of a function node */
+    struct kiln_node *n = w->waiting;
+    w->waiting = NULL;
+    rc = propagate(w, n, w->given, rc);
+    for (int k = 0; k < n->nout; k++) { kiln_tensor_release(n->out_grads[k]); n->out_grads[k] = NULL; }
+  }
+  while (!rc && w->ready.n > 0) {
+    struct kiln_node *n = w->ready.items[--w->ready.n];
     if (n->released) {
       rc = kiln_fail(KILN_ERR_STATE, "backward: the graph through %s was already used and its saved tensors freed; "
-                     "pass retain_graph to the first backward", kind_name(n->kind));
+                     "keep it with retain_graph in the first backward (loss:backward{retain_graph = true})", node_name(n));
       break;
     }
     for (int k = 0; k < MAX_SAVED; k++)
       if (n->saved[k] && n->saved[k]->storage->version != n->saved_version[k]) {
-        rc = kiln_fail(KILN_ERR_STATE, "backward: a tensor %s saved by %s was changed in place after it was used",
-                       kiln_shape_string(n->saved[k]), kind_name(n->kind));
+        rc = saved_changed(n, k);
         break;
       }
     if (rc) break;
+    if (n->kind == KILN_FUNCTION) {
+      if (!function_id) {
+        rc = kiln_fail(KILN_ERR_UNSUPPORTED, "backward: the graph holds %s, a function whose derivative runs in Lua; "
+                       "call backward from Lua", node_name(n));
+        break;
+      }
+      free(w->given);
+      w->given = calloc((size_t)(n->nin > 0 ? n->nin : 1), sizeof *w->given);
+      if (!w->given) { rc = kiln_fail(KILN_ERR_MEMORY, "backward: out of memory"); break; }
+      w->waiting = n;
+      *function_id = n->function_id;
+      kiln_set_grad_enabled(prev);
+      return KILN_OK;
+    }
     struct kiln_tensor *gin_small[4] = {0}, **gin = gin_small;
     if (n->nin > 4) {
       gin = calloc((size_t)n->nin, sizeof *gin);
       if (!gin) { rc = kiln_fail(KILN_ERR_MEMORY, "backward: out of memory"); break; }
     }
     struct kiln_tensor *g = n->grad;
-    rc = g ? derivative(n, g, gin) : KILN_OK;
+    if (n->kind == KILN_FUNCTION_OUTPUT) {
+      if (g) { kiln_tensor_retain(g); gin[0] = g; }
+    } else {
+      rc = g ? derivative(n, g, gin) : KILN_OK;
+    }
     kiln_tensor_release(n->grad);
     n->grad = NULL;
-    for (int k = 0; k < n->nin; k++) {
-      struct edge *e = &n->in[k];
-      if (!rc && gin[k]) {
-        if (e->node) rc = accumulate(&e->node->grad, gin[k], 0);
-        else if (e->leaf) rc = accumulate(&e->leaf->grad, gin[k], 1);
-      }
-      kiln_tensor_release(gin[k]);
-      if (e->node && --e->node->pending == 0 && !rc) rc = push(&ready, e->node);
-      if (nhooks && e->leaf && !rc) {
-        int *left = leaf_slot(&leaves, e->leaf, 0);
-        if (left && --*left == 0) tell_ready(e->leaf);
-      }
-    }
+    rc = propagate(w, n, gin, rc);
     if (gin != gin_small) free(gin);
-    if (!retain_graph) { node_free_saved(n); n->released = 1; }
   }
-  for (int i = 0; i < all.n; i++) {
-    all.items[i]->visited = 0;
-    all.items[i]->pending = 0;
-    kiln_tensor_release(all.items[i]->grad);
-    all.items[i]->grad = NULL;
-  }
-  free(all.items);
-  free(ready.items);
-  free(leaves.leaf);
-  free(leaves.left);
-  kiln_tensor_release(g0);
-  if (nhooks) rc = tell_done(rc);
+  w->rc = rc;
+  walk_finish(w);
+  rc = w->rc;
   kiln_set_grad_enabled(prev);
+  return rc;
+}
+
+KILN_API struct kiln_tensor *kiln_backward_output_grad(struct kiln_backward_walk *w, int k) {
+  if (!w || !w->waiting || k < 0 || k >= w->waiting->nout) {
+    kiln_fail(KILN_ERR_ARGUMENT, "backward: no function output %d waits for its grad", k);
+    return NULL;
+  }
+  struct kiln_tensor *g = w->waiting->out_grads[k];
+  if (g) kiln_tensor_retain(g);
+  return g;
+}
+
+KILN_API int kiln_backward_input_grad(struct kiln_backward_walk *w, int k, const struct kiln_tensor *grad) {
+  if (!w || !w->waiting || k < 0 || k >= w->waiting->nin)
+    return kiln_fail(KILN_ERR_ARGUMENT, "backward: no function input %d waits for a grad", k);
+  struct kiln_node *n = w->waiting;
+  struct edge *e = &n->in[k];
+  if (!grad || !e->needs) return KILN_OK;
+  if (kiln_check_live("backward", grad)) return kiln_error_code();
+  if (grad->ndim != e->ndim || memcmp(grad->sizes, e->sizes, sizeof(int64_t) * (size_t)e->ndim) != 0) {
+    return kiln_fail(KILN_ERR_SHAPE, "backward of %s: the grad of input %d is %s, but the input is %s", node_name(n), k + 1,
+                     kiln_shape_string(grad), kiln_sizes_string(e->ndim, e->sizes));
+  }
+  int prev = kiln_set_grad_enabled(0);
+  struct kiln_tensor *g = grad->dtype != e->dtype ? kiln_to_dtype(grad, e->dtype) : kiln_detach(grad);
+  kiln_set_grad_enabled(prev);
+  if (!g) return kiln_error_code();
+  kiln_tensor_release(w->given[k]);
+  w->given[k] = g;
+  return KILN_OK;
+}
+
+KILN_API void kiln_backward_end(struct kiln_backward_walk *w) {
+  if (!w) return;
+  int prev = kiln_set_grad_enabled(0);
+  walk_finish(w);
+  kiln_set_grad_enabled(prev);
+  free(w);
+}
+
+KILN_API int kiln_backward(struct kiln_tensor *root, const struct kiln_tensor *grad, int retain_graph) {
+  struct kiln_backward_walk *w = kiln_backward_start(root, grad, retain_graph);
+  if (!w) return kiln_error_code();
+  int rc = kiln_backward_step(w, NULL);
+  kiln_backward_end(w);
   return rc;
 }
