@@ -5,13 +5,18 @@
 -- usage:
 --   kiln examples/char_lm.lua [--minutes M] [--steps N] [--hidden 256] [--embedding 64] [--layers 1]
 --        [--seq 64] [--batch-size 32] [--lr 0.003] [--dropout 0] [--threads N] [--seed N] [--corpus DIR|kjv]
---        [--save FILE] [--eval-every STEPS] [--metrics FILE]
+--        [--save FILE] [--eval-every STEPS] [--metrics FILE] [--pause-after STEPS] [--model-parallel]
 --   kiln examples/char_lm.lua --sample FILE [--length 400] [--temperature 0.8] [--prime "The "] [--seed N]
 -- Training stops after --minutes of training (default 10) or --steps, whichever comes first; every
 -- 20th block of 16 KiB of the corpus (5%) is the validation split. The model is saved with its
 -- vocabulary to --save (default char_lm.safetensors) whenever the validation bits per character
 -- improve. Adam's learning rate follows a cosine from --lr down to 0 over the budget; dropout
 -- acts on the embeddings and on the LSTM's outputs (and between its layers).
+-- SIGTERM (a scheduler's stop) ends the current step, saves the model to --save and exits with
+-- status 143; --pause-after stops after that step and waits for it (for the test).
+-- --model-parallel: one rank of a job (`kiln launch -n 2 examples/char_lm.lua --model-parallel`)
+-- whose LSTM's hidden units are split across the ranks (kiln.dist.ParallelLSTM); every rank reads
+-- the same batches, and rank 0 logs and saves (the whole model, loadable in one process).
 local kiln = kiln or require "kiln"
 local nn, optim, ui = kiln.nn, kiln.optim, kiln.ui
 local F = require "kiln.functional"
@@ -20,8 +25,13 @@ local ffi = require "ffi"
 local defaults = {minutes = 10, hidden = 256, embedding = 64, layers = 1, seq = 64, batch_size = 32, lr = 3e-3,
                   dropout = 0, seed = 1, corpus = "/usr/share/games/fortunes", save = "char_lm.safetensors", eval_every = 250,
                   length = 400, temperature = 0.8, prime = "The "}
-local opt = ui.parse_args(arg, {name = "char_lm", defaults = defaults,
-                                strict = {"threads", "steps", "metrics", "sample"}, numbers = {"threads", "steps"}})
+local opt = ui.parse_args(arg, {name = "char_lm", defaults = defaults, flags = {["model-parallel"] = true},
+                                strict = {"threads", "steps", "metrics", "sample", "pause_after"},
+                                numbers = {"threads", "steps", "pause_after"}})
+local dist = opt.model_parallel and kiln.dist
+if dist then dist.init() end
+local lead = not dist or dist.rank() == 0
+local function log(...) if lead then ui.log(...) end end
 if opt.threads then kiln.set_num_threads(opt.threads) end
 kiln.manual_seed(opt.seed)
 
@@ -33,10 +43,17 @@ local function now() ffi.C.clock_gettime(1, ts) return tonumber(ts.tv_sec) + ton
 
 -- embedding, dropout, LSTM, dropout, linear (the dropouts act in training mode only)
 local function make_model(vocab, o)
+  local lstm
+  if o.model_parallel then
+    if o.layers > 1 and (o.dropout or 0) > 0 then error("char_lm: --model-parallel has no dropout between LSTM layers", 0) end
+    lstm = kiln.dist.ParallelLSTM(o.embedding, o.hidden, {num_layers = o.layers})
+  else
+    lstm = nn.LSTM(o.embedding, o.hidden, {num_layers = o.layers, dropout = o.layers > 1 and o.dropout or 0})
+  end
   return nn.Sequential{
     nn.Embedding(vocab, o.embedding),
     nn.Dropout(o.dropout or 0),
-    nn.LSTM(o.embedding, o.hidden, {num_layers = o.layers, dropout = o.layers > 1 and o.dropout or 0}),
+    lstm,
     nn.Dropout(o.dropout or 0),
     nn.Linear(o.hidden, vocab),
   }
@@ -175,12 +192,13 @@ local model = make_model(V, opt)
 local adam = optim.Adam(model:parameters(), {lr = opt.lr})
 local lstm = model:get(3)
 
-ui.log("kiln %s: char-LM on %s: %d training and %d validation characters, vocabulary %d", kiln.version,
+log("kiln %s: char-LM on %s: %d training and %d validation characters, vocabulary %d", kiln.version,
        opt.corpus == "kjv" and files[1] or string.format("%d files of %s", #files, opt.corpus),
        train_ids:size(1), valid_ids:size(1), V)
-ui.log("model: embedding %d, LSTM %d x %d layer(s) (%s), %d parameters; seq %d, batch %d, Adam %.g, %d threads",
-       opt.embedding, opt.hidden, opt.layers, (lstm:algorithm_for(B)), model:num_parameters(), T, B, opt.lr,
-       kiln.get_num_threads())
+log("model: embedding %d, LSTM %d x %d layer(s) (%s), %d parameters; seq %d, batch %d, Adam %.g, %d threads",
+    opt.embedding, opt.hidden, opt.layers,
+    dist and string.format("split across %d ranks", dist.world_size()) or (lstm:algorithm_for(B)),
+    model:num_parameters(), T, B, opt.lr, kiln.get_num_threads())
 
 local function detach(s) return {s[1]:detach(), s[2]:detach()} end
 
@@ -203,17 +221,42 @@ local function validate()
   return total / count / math.log(2)
 end
 
-local metrics = opt.metrics and ui.metrics(opt.metrics)
+local metrics = lead and opt.metrics and ui.metrics(opt.metrics)
 local start, step, best = now(), 0, math.huge
 local state, window, epoch = nil, 0, 1
 local smooth
 local deadline = start + opt.minutes * 60
+-- (model parallel: every rank gathers the whole LSTM, rank 0 writes it)
 local function save(bpc)
   local tensors = {}
-  for k, v in pairs(model:state_dict()) do tensors[k] = v end
+  for k, v in pairs(dist and dist.full_state_dict(model) or model:state_dict()) do tensors[k] = v end
+  if not lead then return end
   kiln.save(opt.save, tensors, {vocab = table.concat(bytes, ","), embedding = opt.embedding, hidden = opt.hidden,
-                                layers = opt.layers, valid_bpc = bpc, step = step})
+                                layers = opt.layers, valid_bpc = bpc or "", step = step})
 end
+
+-- Gradient clipping by the norm of all the model's gradients: with the LSTM split across ranks,
+-- its shares' squares are summed over ranks, the rest counted once, so every rank scales alike.
+local function clip(max_norm)
+  if not dist then return optim.clip_grad_norm(model:parameters(), max_norm) end
+  local shared, split = 0, 0
+  for _, p in ipairs(lstm:parameters()) do if p.grad then split = split + p.grad:double():pow(2):sum():item() end end
+  local in_lstm = {}
+  for _, p in ipairs(lstm:parameters()) do in_lstm[p] = true end
+  for _, p in ipairs(model:parameters()) do
+    if not in_lstm[p] and p.grad then shared = shared + p.grad:double():pow(2):sum():item() end
+  end
+  split = dist.all_reduce(kiln.tensor({split}, {dtype = "f64"}))[1]
+  local norm = math.sqrt(shared + split)
+  if norm > max_norm then
+    local scale = max_norm / (norm + 1e-6)
+    kiln.no_grad(function() for _, p in ipairs(model:parameters()) do if p.grad then p.grad:mul_(scale) end end end)
+  end
+  return norm
+end
+
+pcall(ffi.cdef, "int kiln_example_pause(void) __asm__(\"pause\");")
+kiln.catch_terminate()
 
 -- the learning rate falls along a cosine over the time budget (or the step budget when it is shorter)
 local function progress()
@@ -234,17 +277,26 @@ while now() < deadline and (not opt.steps or step < opt.steps) do
   state = detach(state)
   local loss = F.cross_entropy(logits, y)
   loss:backward()
-  optim.clip_grad_norm(model:parameters(), 5)
+  clip(5)
   adam:step()
   step = step + 1
+  if opt.pause_after == step then
+    log("paused after step %d; waiting to be stopped", step)
+    while not kiln.terminate_requested() do ffi.C.kiln_example_pause() end
+  end
+  if kiln.terminate_requested() then
+    save(best < math.huge and best or nil)
+    log("terminated after step %d: the model written to %s", step, opt.save)
+    os.exit(143)
+  end
   local l = loss:item()
   if l ~= l then error(string.format("char_lm: the loss is NaN at step %d; try a smaller --lr", step), 0) end
   smooth = smooth and 0.98 * smooth + 0.02 * l or l
   if step % opt.eval_every == 0 then
     local bpc = validate()
     local elapsed = now() - start
-    ui.log("step %d (epoch %d, %.0f s): train %.3f bpc, validation %.3f bpc, %.0f chars/s", step, epoch, elapsed,
-           smooth / math.log(2), bpc, step * T * B / elapsed)
+    log("step %d (epoch %d, %.0f s): train %.3f bpc, validation %.3f bpc, %.0f chars/s", step, epoch, elapsed,
+        smooth / math.log(2), bpc, step * T * B / elapsed)
     if metrics then metrics:log{step = step, epoch = epoch, loss = smooth, valid_bpc = bpc, time = elapsed} end
     if bpc < best then best = bpc save(bpc) end
   end
@@ -254,5 +306,8 @@ local bpc = validate()
 local elapsed = now() - start
 if bpc < best then best = bpc save(bpc) end
 if metrics then metrics:log{step = step, epoch = epoch, valid_bpc = bpc, time = elapsed} metrics:close() end
-ui.json{example = "char_lm", steps = step, epochs = epoch, seconds = elapsed, threads = kiln.get_num_threads(),
-        valid_bpc = bpc, best_valid_bpc = best, chars_per_second = step * T * B / elapsed, saved = opt.save}
+if lead then
+  ui.json{example = "char_lm", steps = step, epochs = epoch, seconds = elapsed, threads = kiln.get_num_threads(),
+          valid_bpc = bpc, best_valid_bpc = best, chars_per_second = step * T * B / elapsed, saved = opt.save,
+          ranks = dist and dist.world_size() or nil}
+end

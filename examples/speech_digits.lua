@@ -4,12 +4,14 @@
 -- and the character error rate (CER) on held-out utterances spoken by 8 voices training never hears.
 -- usage: kiln examples/speech_digits.lua [--epochs N] [--batch-size N] [--lr X] [--threads N] [--seed N]
 --        [--train-utterances N] [--test-utterances N] [--data DIR] [--data-seed N] [--hidden N]
---        [--layers N] [--channels N] [--beam N] [--metrics FILE] [--save FILE]
+--        [--layers N] [--channels N] [--beam N] [--metrics FILE] [--save FILE] [--pause-after STEPS]
 -- The WAVs are cached under --data (default build/data/speech_digits); a second run synthesises
 -- nothing. The alphabet is the space and the 15 letters of "zero" .. "nine" (16 characters; class 1
 -- is the CTC blank). --beam 0 decodes greedily (the default), N > 0 with a prefix beam of N.
 -- --metrics appends one JSON line per step and per epoch; --save writes the weights (safetensors).
--- The run ends with one JSON line of results.
+-- The run ends with one JSON line of results. SIGTERM (a scheduler's stop) ends the current step,
+-- writes the weights to --save (default speech_digits.safetensors then) and exits with status 143;
+-- --pause-after stops after that step and waits for it (for the test).
 local kiln = kiln or require "kiln"
 local nn, optim, ui = kiln.nn, kiln.optim, kiln.ui
 local F = require "kiln.functional"
@@ -21,7 +23,7 @@ local defaults = {epochs = 12, batch_size = 32, lr = 2e-3, seed = 1, data_seed =
                   beam = 0}
 
 local opt = ui.parse_args(arg, {name = "speech_digits", flags = flags, defaults = defaults,
-                                strict = {"threads", "metrics", "save"}, numbers = {"threads"}})
+                                strict = {"threads", "metrics", "save", "pause_after"}, numbers = {"threads", "pause_after"}})
 if opt.threads then kiln.set_num_threads(opt.threads) end
 kiln.manual_seed(opt.seed)
 
@@ -148,6 +150,9 @@ end
 
 local metrics = opt.metrics and ui.metrics(opt.metrics)
 local train_seconds, step, cer, last_loss, hyps = 0, 0, 1, nil, nil
+local ffi = require "ffi"
+pcall(ffi.cdef, "int kiln_example_pause(void) __asm__(\"pause\");")
+kiln.catch_terminate()
 local losses = {}
 for epoch = 1, opt.epochs do
   local bar = ui.progress{total = #train.texts, desc = string.format("epoch %d/%d", epoch, opt.epochs)}
@@ -169,6 +174,17 @@ for epoch = 1, opt.epochs do
     losses[#losses + 1] = l
     bar:update(#idx, {loss = string.format("%.3f", sum / count)})
     if metrics then metrics:log{step = step, epoch = epoch, loss = l, lr = lr} end
+    if opt.pause_after == step then
+      ui.log("paused after step %d; waiting to be stopped", step)
+      while not kiln.terminate_requested() do ffi.C.kiln_example_pause() end
+    end
+    if kiln.terminate_requested() then   -- SIGTERM: the step is done; keep the weights, and stop
+      bar:close()
+      local path = opt.save or "speech_digits.safetensors"
+      kiln.save(path, model:state_dict(), {step = step, epoch = epoch})
+      ui.log("terminated after step %d: the weights written to %s", step, path)
+      os.exit(143)
+    end
   end
   bar:close()
   local epoch_seconds = ui.clock() - t0
