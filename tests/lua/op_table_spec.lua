@@ -21,6 +21,27 @@ local function capitalised(name) return name:sub(1, 1):upper() .. name:sub(2) en
 describe("the op table", function()
   local list = rows()
 
+  it("lists the CPU dtypes the elementwise kernels take: each listed one runs, each other is refused", function()
+    local dtypes = {"f32", "f64", "f16", "bf16", "i64", "i32", "u8", "bool"}   -- bit d for enum kiln_dtype d
+    local wrong = {}
+    for _, r in ipairs(list) do
+      if r.family == "unary" or r.family == "binary" or r.family == "comparison" then
+        for d, dt in ipairs(dtypes) do
+          local t = kiln.ones(3, {dtype = dt})
+          local out = r.family == "unary" and C.kiln_unary(r.op, t.p) or C.kiln_binary(r.op, t.p, t.p)
+          local ran = out ~= nil
+          if ran then C.kiln_tensor_release(out) end
+          local listed = bit.band(r.dtypes_cpu, bit.lshift(1, d - 1)) ~= 0
+          if ran ~= listed then
+            wrong[#wrong + 1] = string.format("%s on %s: %s, the table says %s", r.name, dt, ran and "runs" or "refused",
+                                              listed and "listed" or "not listed")
+          end
+        end
+      end
+    end
+    assert.are.same({}, wrong)
+  end)
+
   it("has a named row for every op, and refuses a value outside the enum", function()
     local seen = {}
     for _, r in ipairs(list) do
