@@ -552,7 +552,28 @@ static void sweep_flat(int n) {
          failures - before, sweep_vectorised, sweep_looped, sweep_in_place);
 }
 
+/* elements.cuh's compile-time facts, which the templates need, against the op table (kiln_op_describe)
+   for every op with a CUDA elementwise kernel: gives_bool is the table's comparison flag, and
+   takes_integers holds where the front end can call the kernel on i64 (a unary op that keeps
+   integers, a comparison, a binary op that does not need a float). */
+template <int OP> static void check_facts() {
+  struct kiln_op_desc d;
+  if (kiln_op_describe(OP, &d) == 0 && d.dtypes_cuda != 0) {
+    std::string family = d.family;
+    bool elementwise = family == "unary" || family == "binary" || family == "comparison";
+    if (elementwise) {
+      bool ints = d.keeps_integers || d.comparison || (family != "unary" && !d.needs_float);
+      std::string what = std::string(d.name) + ": gives_bool against the table's comparison flag";
+      report(gives_bool<OP>() == (d.comparison != 0), __LINE__, what.c_str());
+      what = std::string(d.name) + ": takes_integers against the table's flags";
+      report(takes_integers<OP>() == ints, __LINE__, what.c_str());
+    }
+  }
+  if constexpr (OP + 1 < KILN_OP_COUNT) check_facts<OP + 1>();
+}
+
 int main() {
+  check_facts<0>();
   test_conversions();
   test_ops();
   test_random();

@@ -67,6 +67,7 @@ struct kiln_op_desc {
   unsigned dtypes_cuda;
   const char *autocast;
   const char *derivative;   /* the derivative's function name, "" when none */
+  int needs_float;          /* integer operands give an f32 result (div) */
 };
 /* KILN_ERR_ARGUMENT for an op outside the enum. */
 int kiln_op_describe(int op, struct kiln_op_desc *out);

@@ -139,7 +139,7 @@ KILN_API int kiln_op_describe(int op, struct kiln_op_desc *out) {
     .comparison = (i->flags & KILN_OPF_COMPARISON) != 0, .backward_kernel = (i->flags & KILN_OPF_BACKWARD) != 0,
     .variadic = (i->flags & KILN_OPF_VARIADIC) != 0, .saves = i->saves, .grad_inputs = i->grad_inputs,
     .dtypes_cpu = i->dtypes_cpu, .dtypes_cuda = i->dtypes_cuda, .autocast = autocast[i->autocast],
-    .derivative = i->derivative_name ? i->derivative_name : "",
+    .derivative = i->derivative_name ? i->derivative_name : "", .needs_float = (i->flags & KILN_OPF_NEEDS_FLOAT) != 0,
   };
   return KILN_OK;
 }
