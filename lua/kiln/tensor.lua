@@ -606,6 +606,69 @@ function Tensor.all(t, dim, keepdim)
   return n:eq(0)
 end
 
+-- ---- sorting and scans (kernels of the op table: argsort, cumsum, cumprod) ----
+
+-- (dim, descending) or {dim =, descending =, stable =}: the dim defaults to the last. Sorting is
+-- always stable, so stable = false changes nothing.
+local sort_options = core.set("dim", "descending", "stable")
+-- The C dim along which an op runs; a 0-d tensor has one element along dim 1 (or -1), as in PyTorch.
+local function line_dim(t, dim, what) return cdim(t, dim, what, t.p.ndim == 0 and 1 or 0) end
+local function sort_args(t, dim, descending, what)
+  if type(dim) == "table" then
+    local o = core.options(dim, sort_options, what)
+    dim, descending = o.dim, o.descending
+  end
+  return line_dim(t, dim or -1, what), core.flag(descending, false, what, "descending")
+end
+
+-- t:argsort([dim[, descending]]): i64 indices (from 1) that sort t along dim; stable.
+function Tensor.argsort(t, dim, descending)
+  local d, desc = sort_args(t, dim, descending, "argsort")
+  return plus_one(wrap_retry(C.kiln_argsort, t.p, d, desc and 1 or 0))
+end
+
+-- t:sort([dim[, descending]]): the sorted values and their indices (from 1), stable as PyTorch's
+-- sort(stable=True); NaN sorts above every number. The values are gather(t, idx): they carry grad.
+function Tensor.sort(t, dim, descending)
+  local d, desc = sort_args(t, dim, descending, "sort")
+  local idx = wrap_retry(C.kiln_argsort, t.p, d, desc and 1 or 0)
+  if t.p.ndim == 0 then return wrap(C.kiln_alias(t.p)), plus_one(idx) end
+  return wrap(C.kiln_gather(t.p, d, idx.p)), plus_one(idx)
+end
+
+-- t:topk(k[, dim[, largest[, sorted]]]) or t:topk(k, {dim =, largest =, sorted =}): the k largest
+-- (smallest) values along dim and their indices (from 1), in sorted order; ties keep their order.
+local topk_options = core.set("dim", "largest", "sorted")
+function Tensor.topk(t, k, dim, largest, sorted)
+  if type(dim) == "table" then
+    local o = core.options(dim, topk_options, "topk")
+    dim, largest, sorted = o.dim, o.largest, o.sorted
+  end
+  core.integer_arg(k, "topk", "k")
+  local d = line_dim(t, dim or -1, "topk")
+  largest = core.flag(largest, true, "topk", "largest")
+  core.flag(sorted, true, "topk", "sorted")
+  local n = t.p.ndim == 0 and 1 or tonumber(t.p.sizes[d])
+  if k < 0 or k > n then
+    raise(string.format("topk: k = %d is out of range for dim %d of size %d (tensor %s)", k, d + 1, n,
+                        ffi.string(C.kiln_shape_string(t.p))))
+  end
+  local idx = wrap_retry(C.kiln_argsort, t.p, d, largest and 1 or 0)
+  if t.p.ndim == 0 then return wrap(C.kiln_alias(t.p)), plus_one(idx) end
+  idx = wrap(C.kiln_narrow(idx.p, d, 0, k))
+  return wrap(C.kiln_gather(t.p, d, idx.p)), plus_one(idx)
+end
+
+-- t:cumsum(dim) and t:cumprod(dim): running sums (products) along dim; integers and bool give i64.
+function Tensor.cumsum(t, dim)
+  if dim == nil then raise("cumsum: give the dim (dims count from 1)") end
+  return wrap_retry(C.kiln_cumsum, t.p, line_dim(t, dim, "cumsum"))
+end
+function Tensor.cumprod(t, dim)
+  if dim == nil then raise("cumprod: give the dim (dims count from 1)") end
+  return wrap_retry(C.kiln_cumprod, t.p, line_dim(t, dim, "cumprod"))
+end
+
 -- Fields read like PyTorch's: t.grad, t.requires_grad, t.is_leaf, t.grad_fn.
 local properties = {
   grad = function(t)

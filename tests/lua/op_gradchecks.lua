@@ -35,6 +35,17 @@ local checks = {
     local cond = kiln.randn(3, 4):gt(0)
     return function(a, b) return kiln.where(cond, a, b) end, {x64(kiln, 3, 4), t64(kiln, 3, 4)}
   end,
+  erfinv = function(kiln)
+    return function(a) return a:erfinv() end, {(kiln.rand(4, 3, {dtype = "f64"}) * 1.6 - 0.8):t():requires_grad_()}
+  end,
+  atan2 = function(kiln) return function(a, b) return a:atan2(b) end, {t64(kiln, 3, 4), x64(kiln, 4)} end,
+  cumsum = function(kiln) return function(a) return a:cumsum(2) end, {t64(kiln, 3, 5)} end,
+  cumprod = function(kiln)
+    -- a zero on purpose: the derivative must not divide by x
+    local x = kiln.randn(5, 3, {dtype = "f64"})
+    x[2][2] = 0
+    return function(a) return a:cumprod(1) end, {x:t():requires_grad_()}
+  end,
   clamp = function(kiln) return function(a) return a:clamp(-0.5, 0.7) end, {t64(kiln, 3, 4)} end,
   sum = reduce("sum", 2), mean = reduce("mean", 1), prod = reduce("prod", 2), var = reduce("var", 2),
   std = reduce("std", 1), norm = reduce("norm", 2, 2), logsumexp = reduce("logsumexp", 2),

@@ -14,6 +14,33 @@ typedef void (*ew_fn)(int64_t n, void *out, const void *const *in, const double 
 
 /* ---- kernels ---- */
 
+/* erfinv: Giles' approximation ("Approximating the erfinv function", GPU Computing Gems, 2011),
+   then Newton steps on erf (one in float, two in double: full precision); +-1 give +-inf and
+   |x| > 1 NaN, as in PyTorch. */
+static inline float erfinv_float(float x) {
+  if (!(fabsf(x) < 1.0f)) return fabsf(x) == 1.0f ? copysignf(INFINITY, x) : NAN;
+  float w = -logf((1.0f - x) * (1.0f + x)), p;
+  if (w < 5.0f) {
+    w -= 2.5f;
+    p = 2.81022636e-08f; p = 3.43273939e-07f + p * w; p = -3.5233877e-06f + p * w; p = -4.39150654e-06f + p * w;
+    p = 0.00021858087f + p * w; p = -0.00125372503f + p * w; p = -0.00417768164f + p * w; p = 0.246640727f + p * w;
+    p = 1.50140941f + p * w;
+  } else {
+    w = sqrtf(w) - 3.0f;
+    p = -0.000200214257f; p = 0.000100950558f + p * w; p = 0.00134934322f + p * w; p = -0.00367342844f + p * w;
+    p = 0.00573950773f + p * w; p = -0.0076224613f + p * w; p = 0.00943887047f + p * w; p = 1.00167406f + p * w;
+    p = 2.83297682f + p * w;
+  }
+  float y = p * x;
+  return y - (erff(y) - x) / (1.12837917f * expf(-y * y));
+}
+static inline double erfinv_double(double x) {
+  if (!(fabs(x) < 1.0)) return fabs(x) == 1.0 ? copysign(INFINITY, x) : NAN;
+  double y = (double)erfinv_float((float)x);
+  for (int k = 0; k < 2; k++) y -= (erf(y) - x) / (1.1283791670955126 * exp(-y * y));
+  return y;
+}
+
 /* The element functions, one switch per compute dtype (f32 and f64 arithmetic stay in their own
    type); each kernel below is written out by name and inlines its switch with the op a constant,
    so that the loop is the op's own and vectorises. */
@@ -41,6 +68,7 @@ static inline __attribute__((always_inline)) float unary_f32(int op, float x) {
   case KILN_OP_RECIPROCAL: return 1.0f / x;
   case KILN_OP_SQUARE: return x * x;
   case KILN_OP_ERF: return erff(x);
+  case KILN_OP_ERFINV: return erfinv_float(x);
   }
   return 0;
 }
@@ -68,6 +96,7 @@ static inline __attribute__((always_inline)) double unary_f64(int op, double x) 
   case KILN_OP_RECIPROCAL: return 1.0 / x;
   case KILN_OP_SQUARE: return x * x;
   case KILN_OP_ERF: return erf(x);
+  case KILN_OP_ERFINV: return erfinv_double(x);
   }
   return 0;
 }
@@ -112,6 +141,7 @@ static inline __attribute__((always_inline)) float binary_f32(int op, float x, f
   case KILN_OP_MAXIMUM: return (x != x || x > y) ? x : y;
   case KILN_OP_MINIMUM: return (x != x || x < y) ? x : y;
   case KILN_OP_REMAINDER: return fremf(x, y);
+  case KILN_OP_ATAN2: return atan2f(x, y);
   }
   return 0;
 }
@@ -126,6 +156,7 @@ static inline __attribute__((always_inline)) double binary_f64(int op, double x,
   case KILN_OP_MAXIMUM: return (x != x || x > y) ? x : y;
   case KILN_OP_MINIMUM: return (x != x || x < y) ? x : y;
   case KILN_OP_REMAINDER: return frem(x, y);
+  case KILN_OP_ATAN2: return atan2(x, y);
   }
   return 0;
 }
@@ -286,6 +317,10 @@ static void square_f64(int64_t n, void *o, const void *const *in, const double *
 static void square_i64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_i64(KILN_OP_SQUARE, n, o, in); }
 static void erf_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f32(KILN_OP_ERF, n, o, in); }
 static void erf_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f64(KILN_OP_ERF, n, o, in); }
+static void erfinv_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f32(KILN_OP_ERFINV, n, o, in); }
+static void erfinv_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f64(KILN_OP_ERFINV, n, o, in); }
+static void atan2_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_f32(KILN_OP_ATAN2, n, o, in); }
+static void atan2_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_f64(KILN_OP_ATAN2, n, o, in); }
 static void add_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_f32(KILN_OP_ADD, n, o, in); }
 static void add_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_f64(KILN_OP_ADD, n, o, in); }
 static void add_i64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_i64(KILN_OP_ADD, n, o, in); }
@@ -426,6 +461,7 @@ static const ew_fn kernels[KILN_OP_COUNT][3] = {
   [KILN_OP_LE] = ROW(le), [KILN_OP_GT] = ROW(gt), [KILN_OP_GE] = ROW(ge), [KILN_OP_LOGICAL_AND] = ROW(logical_and),
   [KILN_OP_LOGICAL_OR] = ROW(logical_or), [KILN_OP_WHERE] = ROW(where), [KILN_OP_CLAMP] = ROW(clamp),
   [KILN_OP_ISNAN] = ROW(isnan), [KILN_OP_ISINF] = ROW(isinf), [KILN_OP_ISFINITE] = ROW(isfinite),
+  [KILN_OP_ERFINV] = ROWF(erfinv), [KILN_OP_ATAN2] = ROWF(atan2),
 };
 
 static int ctype_index(int ctype) { return ctype == KILN_F32 ? 0 : ctype == KILN_F64 ? 1 : 2; }

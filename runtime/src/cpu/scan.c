@@ -1,0 +1,186 @@
+/* cpu/scan.c: the CPU kernels along one dim: cumsum and cumprod (and cumprod's backward) and a
+   stable argsort. The front end (ops/scan.c) gives contiguous operands in the compute dtype (f32,
+   f64 or i64) and the dim in ints[0]; a tensor is seen as [outer, n, inner] around that dim, and
+   each of the outer * inner lines is independent. */
+#include "cpu.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct lines { int64_t outer, n, inner; };
+
+static struct lines lines_of(const struct kiln_tensor *t, int d) {
+  struct lines l = {1, 1, 1};
+  for (int k = 0; k < t->ndim; k++) {
+    if (k < d) l.outer *= t->sizes[k];
+    else if (k == d) l.n = t->sizes[k];
+    else l.inner *= t->sizes[k];
+  }
+  return l;
+}
+
+/* ---- cumsum, cumprod: f32 sums and products run in double (PyTorch's CPU does the same) ---- */
+
+static inline __attribute__((always_inline)) void scan_f32(int op, struct lines l, float *o, const float *a) {
+  for (int64_t p = 0; p < l.outer; p++)
+    for (int64_t q = 0; q < l.inner; q++) {
+      int64_t base = p * l.n * l.inner + q;
+      double acc = op == KILN_OP_CUMSUM ? 0.0 : 1.0;
+      for (int64_t i = 0; i < l.n; i++) {
+        int64_t k = base + i * l.inner;
+        acc = op == KILN_OP_CUMSUM ? acc + a[k] : acc * a[k];
+        o[k] = (float)acc;
+      }
+    }
+}
+static inline __attribute__((always_inline)) void scan_f64(int op, struct lines l, double *o, const double *a) {
+  for (int64_t p = 0; p < l.outer; p++)
+    for (int64_t q = 0; q < l.inner; q++) {
+      int64_t base = p * l.n * l.inner + q;
+      double acc = op == KILN_OP_CUMSUM ? 0.0 : 1.0;
+      for (int64_t i = 0; i < l.n; i++) {
+        int64_t k = base + i * l.inner;
+        acc = op == KILN_OP_CUMSUM ? acc + a[k] : acc * a[k];
+        o[k] = acc;
+      }
+    }
+}
+/* integers wrap through unsigned, as the elementwise ops do */
+static inline __attribute__((always_inline)) void scan_i64(int op, struct lines l, int64_t *o, const int64_t *a) {
+  for (int64_t p = 0; p < l.outer; p++)
+    for (int64_t q = 0; q < l.inner; q++) {
+      int64_t base = p * l.n * l.inner + q;
+      uint64_t acc = op == KILN_OP_CUMSUM ? 0 : 1;
+      for (int64_t i = 0; i < l.n; i++) {
+        int64_t k = base + i * l.inner;
+        acc = op == KILN_OP_CUMSUM ? acc + (uint64_t)a[k] : acc * (uint64_t)a[k];
+        o[k] = (int64_t)acc;
+      }
+    }
+}
+static void cumsum_f32(struct lines l, void *o, const void *a) { scan_f32(KILN_OP_CUMSUM, l, o, a); }
+static void cumsum_f64(struct lines l, void *o, const void *a) { scan_f64(KILN_OP_CUMSUM, l, o, a); }
+static void cumsum_i64(struct lines l, void *o, const void *a) { scan_i64(KILN_OP_CUMSUM, l, o, a); }
+static void cumprod_f32(struct lines l, void *o, const void *a) { scan_f32(KILN_OP_CUMPROD, l, o, a); }
+static void cumprod_f64(struct lines l, void *o, const void *a) { scan_f64(KILN_OP_CUMPROD, l, o, a); }
+static void cumprod_i64(struct lines l, void *o, const void *a) { scan_i64(KILN_OP_CUMPROD, l, o, a); }
+
+int cpu_scan(const struct kiln_call *c) {
+  const struct kiln_tensor *a = c->in[0];
+  struct lines l = lines_of(a, (int)c->ints[0]);
+  void *o = kiln_tensor_data(c->out);
+  const void *x = kiln_tensor_data(a);
+  int cum = c->op == KILN_OP_CUMSUM;
+  switch (a->dtype) {
+  case KILN_F32: cum ? cumsum_f32(l, o, x) : cumprod_f32(l, o, x); return KILN_OK;
+  case KILN_F64: cum ? cumsum_f64(l, o, x) : cumprod_f64(l, o, x); return KILN_OK;
+  case KILN_I64: cum ? cumsum_i64(l, o, x) : cumprod_i64(l, o, x); return KILN_OK;
+  }
+  return kiln_fail(KILN_ERR_DTYPE, "%s: no CPU kernel for %s", kiln_op_name(c->op), kiln_dtype_name(a->dtype));
+}
+
+/* The grad of y = cumprod(x) along a line, without dividing by x (exact where x has zeros):
+   gx[i] = prod(x[0..i-1]) * S[i], S[i] = g[i] + x[i+1] * S[i+1], S[n-1] = g[n-1]. */
+static void cumprod_backward_f64(struct lines l, double *gx, const double *g, const double *x) {
+  for (int64_t p = 0; p < l.outer; p++)
+    for (int64_t q = 0; q < l.inner; q++) {
+      int64_t base = p * l.n * l.inner + q;
+      double s = 0;
+      for (int64_t i = l.n - 1; i >= 0; i--) {
+        int64_t k = base + i * l.inner;
+        s = i == l.n - 1 ? g[k] : g[k] + x[k + l.inner] * s;
+        gx[k] = s;   /* S[i], times the prefix below */
+      }
+      double prefix = 1;
+      for (int64_t i = 0; i < l.n; i++) {
+        int64_t k = base + i * l.inner;
+        gx[k] *= prefix;
+        prefix *= x[k];
+      }
+    }
+}
+static void cumprod_backward_f32(struct lines l, float *gx, const float *g, const float *x) {
+  for (int64_t p = 0; p < l.outer; p++)
+    for (int64_t q = 0; q < l.inner; q++) {
+      int64_t base = p * l.n * l.inner + q;
+      float s = 0;
+      for (int64_t i = l.n - 1; i >= 0; i--) {
+        int64_t k = base + i * l.inner;
+        s = i == l.n - 1 ? g[k] : g[k] + x[k + l.inner] * s;
+        gx[k] = s;
+      }
+      float prefix = 1;
+      for (int64_t i = 0; i < l.n; i++) {
+        int64_t k = base + i * l.inner;
+        gx[k] *= prefix;
+        prefix *= x[k];
+      }
+    }
+}
+
+int cpu_cumprod_backward(const struct kiln_call *c) {
+  const struct kiln_tensor *g = c->in[0], *x = c->in[1];
+  struct lines l = lines_of(x, (int)c->ints[0]);
+  if (x->dtype == KILN_F64) cumprod_backward_f64(l, kiln_tensor_data(c->out), kiln_tensor_data(g), kiln_tensor_data(x));
+  else if (x->dtype == KILN_F32) cumprod_backward_f32(l, kiln_tensor_data(c->out), kiln_tensor_data(g), kiln_tensor_data(x));
+  else return kiln_fail(KILN_ERR_DTYPE, "cumprod_backward: no CPU kernel for %s", kiln_dtype_name(x->dtype));
+  return KILN_OK;
+}
+
+/* ---- argsort: a stable merge sort of each line's indices by key; NaN sorts above every number
+   (last ascending, first descending), as in PyTorch ---- */
+
+static inline int before_f64(double a, double b, int desc) {
+  if (desc) return a > b || (isnan(a) && !isnan(b));
+  return a < b || (!isnan(a) && isnan(b));
+}
+static inline int before_i64(int64_t a, int64_t b, int desc) { return desc ? a > b : a < b; }
+
+/* Sort idx[0..n) (positions along the line) by key[idx * step]; tmp holds n indices. Bottom-up:
+   runs of width w merged pairwise, the left run first on ties (stable). */
+#define MERGE_SORT(name, T, before)                                                                        \
+  static void name(int64_t n, int64_t *idx, int64_t *tmp, const T *key, int64_t step, int desc) {          \
+    for (int64_t w = 1; w < n; w *= 2) {                                                                   \
+      for (int64_t lo = 0; lo < n; lo += 2 * w) {                                                          \
+        int64_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;                       \
+        int64_t i = lo, j = mid, k = lo;                                                                   \
+        while (i < mid && j < hi) tmp[k++] = before(key[idx[j] * step], key[idx[i] * step], desc) ? idx[j++] : idx[i++]; \
+        while (i < mid) tmp[k++] = idx[i++];                                                               \
+        while (j < hi) tmp[k++] = idx[j++];                                                                \
+      }                                                                                                    \
+      memcpy(idx, tmp, sizeof(int64_t) * (size_t)n);                                                       \
+    }                                                                                                      \
+  }
+MERGE_SORT(sort_line_f64, double, before_f64)
+MERGE_SORT(sort_line_i64, int64_t, before_i64)
+
+int cpu_argsort(const struct kiln_call *c) {
+  const struct kiln_tensor *a = c->in[0];
+  struct lines l = lines_of(a, (int)c->ints[0]);
+  int desc = (int)c->ints[1];
+  int64_t *o = kiln_tensor_data(c->out);
+  if (l.n == 0 || l.outer * l.inner == 0) return KILN_OK;
+  int64_t *buf = malloc(sizeof(int64_t) * 2 * (size_t)l.n);
+  double *keys = a->dtype == KILN_F32 ? malloc(sizeof(double) * (size_t)l.n) : NULL;
+  if (!buf || (a->dtype == KILN_F32 && !keys)) {
+    free(buf);
+    free(keys);
+    return kiln_fail(KILN_ERR_MEMORY, "argsort: out of memory for a line of %lld elements", (long long)l.n);
+  }
+  int64_t *idx = buf, *tmp = buf + l.n;
+  for (int64_t p = 0; p < l.outer; p++)
+    for (int64_t q = 0; q < l.inner; q++) {
+      int64_t base = p * l.n * l.inner + q;
+      for (int64_t i = 0; i < l.n; i++) idx[i] = i;
+      if (a->dtype == KILN_F64) sort_line_f64(l.n, idx, tmp, (const double *)kiln_tensor_data(a) + base, l.inner, desc);
+      else if (a->dtype == KILN_F32) {
+        const float *x = (const float *)kiln_tensor_data(a) + base;
+        for (int64_t i = 0; i < l.n; i++) keys[i] = x[i * l.inner];   /* exact: every float is a double */
+        sort_line_f64(l.n, idx, tmp, keys, 1, desc);
+      } else sort_line_i64(l.n, idx, tmp, (const int64_t *)kiln_tensor_data(a) + base, l.inner, desc);
+      for (int64_t i = 0; i < l.n; i++) o[base + i * l.inner] = idx[i];
+    }
+  free(buf);
+  free(keys);
+  return KILN_OK;
+}
