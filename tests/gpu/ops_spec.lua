@@ -153,9 +153,9 @@ end
 -- ---- elementwise ----
 
 local unary_ops = {"neg", "abs", "sign", "sqrt", "rsqrt", "exp", "log", "log1p", "expm1", "sin", "cos", "tanh", "sigmoid",
-                   "relu", "floor", "ceil", "round", "trunc", "reciprocal", "square", "erf", "logical_not"}
+                   "relu", "floor", "ceil", "round", "trunc", "reciprocal", "square", "erf", "logical_not", "erfinv"}
 local binary_ops = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "remainder", "eq", "ne", "lt", "le", "gt",
-                    "ge", "logical_and", "logical_or"}
+                    "ge", "logical_and", "logical_or", "atan2"}
 local comparisons = {eq = true, ne = true, lt = true, le = true, gt = true, ge = true, logical_and = true,
                      logical_or = true, logical_not = true}
 

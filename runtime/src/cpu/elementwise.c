@@ -14,31 +14,34 @@ typedef void (*ew_fn)(int64_t n, void *out, const void *const *in, const double 
 
 /* ---- kernels ---- */
 
-/* erfinv: Giles' approximation ("Approximating the erfinv function", GPU Computing Gems, 2011),
-   then Newton steps on erf (one in float, two in double: full precision); +-1 give +-inf and
-   |x| > 1 NaN, as in PyTorch. */
+/* erfinv: Giles' single-precision approximation ("Approximating the erfinv function", GPU
+   Computing Gems, 2011; 2.2e-7 relative), evaluated in double so that it also starts well for
+   doubles that round to +-1 in float, then Newton steps on erf in double: one for f32 (within an
+   ulp; a float step would not gain, erff(y) - x cancels near +-1), two for f64 (full precision).
+   +-1 give +-inf and |x| > 1 NaN, as in PyTorch. */
+static inline double erfinv_start(double x) {
+  double w = -log((1.0 - x) * (1.0 + x)), p;
+  if (w < 5.0) {
+    w -= 2.5;
+    p = 2.81022636e-08; p = 3.43273939e-07 + p * w; p = -3.5233877e-06 + p * w; p = -4.39150654e-06 + p * w;
+    p = 0.00021858087 + p * w; p = -0.00125372503 + p * w; p = -0.00417768164 + p * w; p = 0.246640727 + p * w;
+    p = 1.50140941 + p * w;
+  } else {
+    w = sqrt(w) - 3.0;
+    p = -0.000200214257; p = 0.000100950558 + p * w; p = 0.00134934322 + p * w; p = -0.00367342844 + p * w;
+    p = 0.00573950773 + p * w; p = -0.0076224613 + p * w; p = 0.00943887047 + p * w; p = 1.00167406 + p * w;
+    p = 2.83297682 + p * w;
+  }
+  return p * x;
+}
+static inline double erfinv_newton(double y, double x) { return y - (erf(y) - x) / (1.1283791670955126 * exp(-y * y)); }
 static inline float erfinv_float(float x) {
   if (!(fabsf(x) < 1.0f)) return fabsf(x) == 1.0f ? copysignf(INFINITY, x) : NAN;
-  float w = -logf((1.0f - x) * (1.0f + x)), p;
-  if (w < 5.0f) {
-    w -= 2.5f;
-    p = 2.81022636e-08f; p = 3.43273939e-07f + p * w; p = -3.5233877e-06f + p * w; p = -4.39150654e-06f + p * w;
-    p = 0.00021858087f + p * w; p = -0.00125372503f + p * w; p = -0.00417768164f + p * w; p = 0.246640727f + p * w;
-    p = 1.50140941f + p * w;
-  } else {
-    w = sqrtf(w) - 3.0f;
-    p = -0.000200214257f; p = 0.000100950558f + p * w; p = 0.00134934322f + p * w; p = -0.00367342844f + p * w;
-    p = 0.00573950773f + p * w; p = -0.0076224613f + p * w; p = 0.00943887047f + p * w; p = 1.00167406f + p * w;
-    p = 2.83297682f + p * w;
-  }
-  float y = p * x;
-  return y - (erff(y) - x) / (1.12837917f * expf(-y * y));
+  return (float)erfinv_newton(erfinv_start(x), x);
 }
 static inline double erfinv_double(double x) {
   if (!(fabs(x) < 1.0)) return fabs(x) == 1.0 ? copysign(INFINITY, x) : NAN;
-  double y = (double)erfinv_float((float)x);
-  for (int k = 0; k < 2; k++) y -= (erf(y) - x) / (1.1283791670955126 * exp(-y * y));
-  return y;
+  return erfinv_newton(erfinv_newton(erfinv_start(x), x), x);
 }
 
 /* The element functions, one switch per compute dtype (f32 and f64 arithmetic stay in their own
