@@ -108,8 +108,8 @@ derivative runs them.
   out[#out + 1] = "## composites\n"
   out[#out + 1] = [[
 Ops written in Lua with the ops above (`lua/kiln/tensor.lua`, `lua/kiln/functional.lua`): they have
-no row of their own, take their gradients from the ops they are written with, and run on a device
-where those ops have kernels (sort, topk and multinomial need argsort or cumsum: the CPU for now).
+no row of their own, take their gradients from the ops they are written with, and run on every
+device where those ops have kernels.
 ]]
   out[#out + 1] = "| op | written with | gradcheck | help |"
   out[#out + 1] = "| --- | --- | --- | --- |"

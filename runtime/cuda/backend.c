@@ -338,9 +338,8 @@ static const struct kiln_backend cuda_backend = {
     EW(KILN_OP_MINIMUM), EW(KILN_OP_REMAINDER), EW(KILN_OP_EQ), EW(KILN_OP_NE), EW(KILN_OP_LT), EW(KILN_OP_LE),
     EW(KILN_OP_GT), EW(KILN_OP_GE), EW(KILN_OP_LOGICAL_AND), EW(KILN_OP_LOGICAL_OR), EW(KILN_OP_WHERE),
     EW(KILN_OP_CLAMP), EW(KILN_OP_ERFINV), EW(KILN_OP_ATAN2),
-    /* not on CUDA yet: dispatch answers "<op>: not implemented on cuda:N" (sort, topk and the scans
-       run on the CPU) */
-    [KILN_OP_ARGSORT] = NULL, [KILN_OP_CUMSUM] = NULL, [KILN_OP_CUMPROD] = NULL, [KILN_OP_CUMPROD_BACKWARD] = NULL,
+    [KILN_OP_ARGSORT] = cuda_argsort, [KILN_OP_CUMSUM] = cuda_scan, [KILN_OP_CUMPROD] = cuda_scan,
+    [KILN_OP_CUMPROD_BACKWARD] = cuda_cumprod_backward,
     [KILN_OP_SUM] = cuda_reduce, [KILN_OP_MEAN] = cuda_reduce, [KILN_OP_PROD] = cuda_reduce,
     [KILN_OP_MAX] = cuda_reduce, [KILN_OP_MIN] = cuda_reduce, [KILN_OP_ARGMAX] = cuda_reduce,
     [KILN_OP_ARGMIN] = cuda_reduce, [KILN_OP_VAR] = cuda_reduce, [KILN_OP_STD] = cuda_reduce,
