@@ -1,7 +1,8 @@
 /* cpu/scan.c: the CPU kernels along one dim: cumsum and cumprod (and cumprod's backward) and a
    stable argsort. The front end (ops/scan.c) gives contiguous operands in the compute dtype (f32,
    f64 or i64) and the dim in ints[0]; a tensor is seen as [outer, n, inner] around that dim, and
-   each of the outer * inner lines is independent. */
+   each of the outer * inner lines is independent: kiln's thread pool takes them in ranges, each
+   line computed by one loop, so results do not depend on the thread count. */
 #include "cpu.h"
 #include <math.h>
 #include <stdlib.h>
@@ -19,111 +20,138 @@ static struct lines lines_of(const struct kiln_tensor *t, int d) {
   return l;
 }
 
+/* The first element of line t (of outer * inner). */
+static inline int64_t line_base(struct lines l, int64_t t) { return (t / l.inner) * l.n * l.inner + t % l.inner; }
+
+/* Lines per task of the thread pool: about 32768 elements. */
+static int64_t line_grain(struct lines l) { return l.n > 0 && l.n < 32768 ? 32768 / l.n : 1; }
+
+/* One call cut into ranges of lines for the thread pool. */
+struct job {
+  const struct kiln_call *c;
+  struct lines l;
+  int failed;
+};
+
 /* ---- cumsum, cumprod: f32 sums and products run in double (PyTorch's CPU does the same) ---- */
 
-static inline __attribute__((always_inline)) void scan_f32(int op, struct lines l, float *o, const float *a) {
-  for (int64_t p = 0; p < l.outer; p++)
-    for (int64_t q = 0; q < l.inner; q++) {
-      int64_t base = p * l.n * l.inner + q;
-      double acc = op == KILN_OP_CUMSUM ? 0.0 : 1.0;
-      for (int64_t i = 0; i < l.n; i++) {
-        int64_t k = base + i * l.inner;
-        acc = op == KILN_OP_CUMSUM ? acc + a[k] : acc * a[k];
-        o[k] = (float)acc;
-      }
+static inline __attribute__((always_inline)) void scan_f32(int op, struct lines l, int64_t b, int64_t e, float *o,
+                                                           const float *a) {
+  for (int64_t t = b; t < e; t++) {
+    int64_t base = line_base(l, t);
+    double acc = op == KILN_OP_CUMSUM ? 0.0 : 1.0;
+    for (int64_t i = 0; i < l.n; i++) {
+      int64_t k = base + i * l.inner;
+      acc = op == KILN_OP_CUMSUM ? acc + a[k] : acc * a[k];
+      o[k] = (float)acc;
     }
+  }
 }
-static inline __attribute__((always_inline)) void scan_f64(int op, struct lines l, double *o, const double *a) {
-  for (int64_t p = 0; p < l.outer; p++)
-    for (int64_t q = 0; q < l.inner; q++) {
-      int64_t base = p * l.n * l.inner + q;
-      double acc = op == KILN_OP_CUMSUM ? 0.0 : 1.0;
-      for (int64_t i = 0; i < l.n; i++) {
-        int64_t k = base + i * l.inner;
-        acc = op == KILN_OP_CUMSUM ? acc + a[k] : acc * a[k];
-        o[k] = acc;
-      }
+static inline __attribute__((always_inline)) void scan_f64(int op, struct lines l, int64_t b, int64_t e, double *o,
+                                                           const double *a) {
+  for (int64_t t = b; t < e; t++) {
+    int64_t base = line_base(l, t);
+    double acc = op == KILN_OP_CUMSUM ? 0.0 : 1.0;
+    for (int64_t i = 0; i < l.n; i++) {
+      int64_t k = base + i * l.inner;
+      acc = op == KILN_OP_CUMSUM ? acc + a[k] : acc * a[k];
+      o[k] = acc;
     }
+  }
 }
 /* integers wrap through unsigned, as the elementwise ops do */
-static inline __attribute__((always_inline)) void scan_i64(int op, struct lines l, int64_t *o, const int64_t *a) {
-  for (int64_t p = 0; p < l.outer; p++)
-    for (int64_t q = 0; q < l.inner; q++) {
-      int64_t base = p * l.n * l.inner + q;
-      uint64_t acc = op == KILN_OP_CUMSUM ? 0 : 1;
-      for (int64_t i = 0; i < l.n; i++) {
-        int64_t k = base + i * l.inner;
-        acc = op == KILN_OP_CUMSUM ? acc + (uint64_t)a[k] : acc * (uint64_t)a[k];
-        o[k] = (int64_t)acc;
-      }
+static inline __attribute__((always_inline)) void scan_i64(int op, struct lines l, int64_t b, int64_t e, int64_t *o,
+                                                           const int64_t *a) {
+  for (int64_t t = b; t < e; t++) {
+    int64_t base = line_base(l, t);
+    uint64_t acc = op == KILN_OP_CUMSUM ? 0 : 1;
+    for (int64_t i = 0; i < l.n; i++) {
+      int64_t k = base + i * l.inner;
+      acc = op == KILN_OP_CUMSUM ? acc + (uint64_t)a[k] : acc * (uint64_t)a[k];
+      o[k] = (int64_t)acc;
     }
+  }
 }
-static void cumsum_f32(struct lines l, void *o, const void *a) { scan_f32(KILN_OP_CUMSUM, l, o, a); }
-static void cumsum_f64(struct lines l, void *o, const void *a) { scan_f64(KILN_OP_CUMSUM, l, o, a); }
-static void cumsum_i64(struct lines l, void *o, const void *a) { scan_i64(KILN_OP_CUMSUM, l, o, a); }
-static void cumprod_f32(struct lines l, void *o, const void *a) { scan_f32(KILN_OP_CUMPROD, l, o, a); }
-static void cumprod_f64(struct lines l, void *o, const void *a) { scan_f64(KILN_OP_CUMPROD, l, o, a); }
-static void cumprod_i64(struct lines l, void *o, const void *a) { scan_i64(KILN_OP_CUMPROD, l, o, a); }
+static void cumsum_f32(struct lines l, int64_t b, int64_t e, void *o, const void *a) { scan_f32(KILN_OP_CUMSUM, l, b, e, o, a); }
+static void cumsum_f64(struct lines l, int64_t b, int64_t e, void *o, const void *a) { scan_f64(KILN_OP_CUMSUM, l, b, e, o, a); }
+static void cumsum_i64(struct lines l, int64_t b, int64_t e, void *o, const void *a) { scan_i64(KILN_OP_CUMSUM, l, b, e, o, a); }
+static void cumprod_f32(struct lines l, int64_t b, int64_t e, void *o, const void *a) { scan_f32(KILN_OP_CUMPROD, l, b, e, o, a); }
+static void cumprod_f64(struct lines l, int64_t b, int64_t e, void *o, const void *a) { scan_f64(KILN_OP_CUMPROD, l, b, e, o, a); }
+static void cumprod_i64(struct lines l, int64_t b, int64_t e, void *o, const void *a) { scan_i64(KILN_OP_CUMPROD, l, b, e, o, a); }
+
+static void scan_range(void *ctx, int64_t b, int64_t e) {
+  const struct job *j = ctx;
+  const struct kiln_call *c = j->c;
+  void *o = kiln_tensor_data(c->out);
+  const void *x = kiln_tensor_data(c->in[0]);
+  int cum = c->op == KILN_OP_CUMSUM;
+  switch (c->in[0]->dtype) {
+  case KILN_F32: cum ? cumsum_f32(j->l, b, e, o, x) : cumprod_f32(j->l, b, e, o, x); break;
+  case KILN_F64: cum ? cumsum_f64(j->l, b, e, o, x) : cumprod_f64(j->l, b, e, o, x); break;
+  default: cum ? cumsum_i64(j->l, b, e, o, x) : cumprod_i64(j->l, b, e, o, x); break;
+  }
+}
 
 int cpu_scan(const struct kiln_call *c) {
   const struct kiln_tensor *a = c->in[0];
-  struct lines l = lines_of(a, (int)c->ints[0]);
-  void *o = kiln_tensor_data(c->out);
-  const void *x = kiln_tensor_data(a);
-  int cum = c->op == KILN_OP_CUMSUM;
-  switch (a->dtype) {
-  case KILN_F32: cum ? cumsum_f32(l, o, x) : cumprod_f32(l, o, x); return KILN_OK;
-  case KILN_F64: cum ? cumsum_f64(l, o, x) : cumprod_f64(l, o, x); return KILN_OK;
-  case KILN_I64: cum ? cumsum_i64(l, o, x) : cumprod_i64(l, o, x); return KILN_OK;
-  }
-  return kiln_fail(KILN_ERR_DTYPE, "%s: no CPU kernel for %s", kiln_op_name(c->op), kiln_dtype_name(a->dtype));
+  if (a->dtype != KILN_F32 && a->dtype != KILN_F64 && a->dtype != KILN_I64)
+    return kiln_fail(KILN_ERR_DTYPE, "%s: no CPU kernel for %s", kiln_op_name(c->op), kiln_dtype_name(a->dtype));
+  struct job j = {c, lines_of(a, (int)c->ints[0]), 0};
+  if (j.l.n > 0) kiln_parallel_for(j.l.outer * j.l.inner, line_grain(j.l), scan_range, &j);
+  return KILN_OK;
 }
 
 /* The grad of y = cumprod(x) along a line, without dividing by x (exact where x has zeros):
    gx[i] = prod(x[0..i-1]) * S[i], S[i] = g[i] + x[i+1] * S[i+1], S[n-1] = g[n-1]. */
-static void cumprod_backward_f64(struct lines l, double *gx, const double *g, const double *x) {
-  for (int64_t p = 0; p < l.outer; p++)
-    for (int64_t q = 0; q < l.inner; q++) {
-      int64_t base = p * l.n * l.inner + q;
-      double s = 0;
-      for (int64_t i = l.n - 1; i >= 0; i--) {
-        int64_t k = base + i * l.inner;
-        s = i == l.n - 1 ? g[k] : g[k] + x[k + l.inner] * s;
-        gx[k] = s;   /* S[i], times the prefix below */
-      }
-      double prefix = 1;
-      for (int64_t i = 0; i < l.n; i++) {
-        int64_t k = base + i * l.inner;
-        gx[k] *= prefix;
-        prefix *= x[k];
-      }
+static void cumprod_backward_f64(struct lines l, int64_t b, int64_t e, double *gx, const double *g, const double *x) {
+  for (int64_t t = b; t < e; t++) {
+    int64_t base = line_base(l, t);
+    double s = 0;
+    for (int64_t i = l.n - 1; i >= 0; i--) {
+      int64_t k = base + i * l.inner;
+      s = i == l.n - 1 ? g[k] : g[k] + x[k + l.inner] * s;
+      gx[k] = s;   /* S[i], times the prefix below */
     }
+    double prefix = 1;
+    for (int64_t i = 0; i < l.n; i++) {
+      int64_t k = base + i * l.inner;
+      gx[k] *= prefix;
+      prefix *= x[k];
+    }
+  }
 }
-static void cumprod_backward_f32(struct lines l, float *gx, const float *g, const float *x) {
-  for (int64_t p = 0; p < l.outer; p++)
-    for (int64_t q = 0; q < l.inner; q++) {
-      int64_t base = p * l.n * l.inner + q;
-      float s = 0;
-      for (int64_t i = l.n - 1; i >= 0; i--) {
-        int64_t k = base + i * l.inner;
-        s = i == l.n - 1 ? g[k] : g[k] + x[k + l.inner] * s;
-        gx[k] = s;
-      }
-      float prefix = 1;
-      for (int64_t i = 0; i < l.n; i++) {
-        int64_t k = base + i * l.inner;
-        gx[k] *= prefix;
-        prefix *= x[k];
-      }
+static void cumprod_backward_f32(struct lines l, int64_t b, int64_t e, float *gx, const float *g, const float *x) {
+  for (int64_t t = b; t < e; t++) {
+    int64_t base = line_base(l, t);
+    float s = 0;
+    for (int64_t i = l.n - 1; i >= 0; i--) {
+      int64_t k = base + i * l.inner;
+      s = i == l.n - 1 ? g[k] : g[k] + x[k + l.inner] * s;
+      gx[k] = s;
     }
+    float prefix = 1;
+    for (int64_t i = 0; i < l.n; i++) {
+      int64_t k = base + i * l.inner;
+      gx[k] *= prefix;
+      prefix *= x[k];
+    }
+  }
+}
+
+static void cumprod_backward_range(void *ctx, int64_t b, int64_t e) {
+  const struct job *j = ctx;
+  const struct kiln_call *c = j->c;
+  if (c->in[1]->dtype == KILN_F64)
+    cumprod_backward_f64(j->l, b, e, kiln_tensor_data(c->out), kiln_tensor_data(c->in[0]), kiln_tensor_data(c->in[1]));
+  else cumprod_backward_f32(j->l, b, e, kiln_tensor_data(c->out), kiln_tensor_data(c->in[0]), kiln_tensor_data(c->in[1]));
 }
 
 int cpu_cumprod_backward(const struct kiln_call *c) {
-  const struct kiln_tensor *g = c->in[0], *x = c->in[1];
-  struct lines l = lines_of(x, (int)c->ints[0]);
-  if (x->dtype == KILN_F64) cumprod_backward_f64(l, kiln_tensor_data(c->out), kiln_tensor_data(g), kiln_tensor_data(x));
-  else if (x->dtype == KILN_F32) cumprod_backward_f32(l, kiln_tensor_data(c->out), kiln_tensor_data(g), kiln_tensor_data(x));
-  else return kiln_fail(KILN_ERR_DTYPE, "cumprod_backward: no CPU kernel for %s", kiln_dtype_name(x->dtype));
+  const struct kiln_tensor *x = c->in[1];
+  if (x->dtype != KILN_F64 && x->dtype != KILN_F32)
+    return kiln_fail(KILN_ERR_DTYPE, "cumprod_backward: no CPU kernel for %s", kiln_dtype_name(x->dtype));
+  struct job j = {c, lines_of(x, (int)c->ints[0]), 0};
+  if (j.l.n > 0) kiln_parallel_for(j.l.outer * j.l.inner, line_grain(j.l), cumprod_backward_range, &j);
   return KILN_OK;
 }
 
@@ -154,33 +182,44 @@ static inline int before_i64(int64_t a, int64_t b, int desc) { return desc ? a >
 MERGE_SORT(sort_line_f64, double, before_f64)
 MERGE_SORT(sort_line_i64, int64_t, before_i64)
 
-int cpu_argsort(const struct kiln_call *c) {
-  const struct kiln_tensor *a = c->in[0];
-  struct lines l = lines_of(a, (int)c->ints[0]);
-  int desc = (int)c->ints[1];
-  int64_t *o = kiln_tensor_data(c->out);
-  if (l.n == 0 || l.outer * l.inner == 0) return KILN_OK;
+/* A range of lines; each task has its own buffers (positions, merge space, f32 keys as double). */
+static void argsort_range(void *ctx, int64_t b, int64_t e) {
+  struct job *j = ctx;
+  const struct kiln_tensor *a = j->c->in[0];
+  struct lines l = j->l;
+  int desc = (int)j->c->ints[1];
+  int64_t *o = kiln_tensor_data(j->c->out);
   int64_t *buf = malloc(sizeof(int64_t) * 2 * (size_t)l.n);
   double *keys = a->dtype == KILN_F32 ? malloc(sizeof(double) * (size_t)l.n) : NULL;
   if (!buf || (a->dtype == KILN_F32 && !keys)) {
+    __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
     free(buf);
     free(keys);
-    return kiln_fail(KILN_ERR_MEMORY, "argsort: out of memory for a line of %lld elements", (long long)l.n);
+    return;
   }
   int64_t *idx = buf, *tmp = buf + l.n;
-  for (int64_t p = 0; p < l.outer; p++)
-    for (int64_t q = 0; q < l.inner; q++) {
-      int64_t base = p * l.n * l.inner + q;
-      for (int64_t i = 0; i < l.n; i++) idx[i] = i;
-      if (a->dtype == KILN_F64) sort_line_f64(l.n, idx, tmp, (const double *)kiln_tensor_data(a) + base, l.inner, desc);
-      else if (a->dtype == KILN_F32) {
-        const float *x = (const float *)kiln_tensor_data(a) + base;
-        for (int64_t i = 0; i < l.n; i++) keys[i] = x[i * l.inner];   /* exact: every float is a double */
-        sort_line_f64(l.n, idx, tmp, keys, 1, desc);
-      } else sort_line_i64(l.n, idx, tmp, (const int64_t *)kiln_tensor_data(a) + base, l.inner, desc);
-      for (int64_t i = 0; i < l.n; i++) o[base + i * l.inner] = idx[i];
-    }
+  for (int64_t t = b; t < e; t++) {
+    int64_t base = line_base(l, t);
+    for (int64_t i = 0; i < l.n; i++) idx[i] = i;
+    if (a->dtype == KILN_F64) sort_line_f64(l.n, idx, tmp, (const double *)kiln_tensor_data(a) + base, l.inner, desc);
+    else if (a->dtype == KILN_F32) {
+      const float *x = (const float *)kiln_tensor_data(a) + base;
+      for (int64_t i = 0; i < l.n; i++) keys[i] = x[i * l.inner];   /* exact: every float is a double */
+      sort_line_f64(l.n, idx, tmp, keys, 1, desc);
+    } else sort_line_i64(l.n, idx, tmp, (const int64_t *)kiln_tensor_data(a) + base, l.inner, desc);
+    for (int64_t i = 0; i < l.n; i++) o[base + i * l.inner] = idx[i];
+  }
   free(buf);
   free(keys);
+}
+
+int cpu_argsort(const struct kiln_call *c) {
+  const struct kiln_tensor *a = c->in[0];
+  if (a->dtype != KILN_F32 && a->dtype != KILN_F64 && a->dtype != KILN_I64)
+    return kiln_fail(KILN_ERR_DTYPE, "argsort: no CPU kernel for %s", kiln_dtype_name(a->dtype));
+  struct job j = {c, lines_of(a, (int)c->ints[0]), 0};
+  if (j.l.n == 0 || j.l.outer * j.l.inner == 0) return KILN_OK;
+  kiln_parallel_for(j.l.outer * j.l.inner, line_grain(j.l), argsort_range, &j);
+  if (j.failed) return kiln_fail(KILN_ERR_MEMORY, "argsort: out of memory for lines of %lld elements", (long long)j.l.n);
   return KILN_OK;
 }
