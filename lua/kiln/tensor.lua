@@ -931,9 +931,16 @@ function Tensor.multinomial(p, n, replacement)
   if replacement then
     local cdf = w:cumsum(2)
     local total = cdf:narrow(2, k, 1)
-    -- the category of u * total: how many cumulative weights are <= it (zero weights are skipped)
-    local at = (u * total):view(rows, n, 1)
-    idx = cdf:view(rows, 1, k):le(at):sum(3):clamp(0, k - 1)
+    -- the category of u * total: how many cumulative weights are <= it (zero weights are skipped);
+    -- the draws go in chunks that keep the comparison table near 4M entries
+    local chunk = math.max(1, math.floor(4194304 / (rows * k)))
+    local parts = {}
+    for s = 1, n, chunk do
+      local m = math.min(chunk, n - s + 1)
+      local at = (u:narrow(2, s, m) * total):view(rows, m, 1)
+      parts[#parts + 1] = cdf:view(rows, 1, k):le(at):sum(3)
+    end
+    idx = (#parts == 1 and parts[1] or Tensor.cat(parts, 2)):clamp(0, k - 1)
   else
     local e = (u * -1 + 1):log() * -1   -- exponential draws, from 1 - u in (0, 1]
     idx = wrap(C.kiln_argsort((w / e).p, 1, 1)):narrow(2, 1, n)

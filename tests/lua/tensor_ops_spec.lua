@@ -138,6 +138,23 @@ describe("multinomial", function()
     assert.same({1, 2, 3, 4}, perm)
   end)
 
+  it("with replacement is the inverse CDF at the generator's uniform draws, in chunks for many categories", function()
+    local k, n = 3000, 3000   -- 9M comparisons: three chunks
+    local w = kiln.rand(k, {dtype = "f64"})
+    kiln.manual_seed(99)
+    local u = kiln.rand(1, n, {dtype = "f64"}):totable()[1]
+    kiln.manual_seed(99)
+    local draws = w:multinomial(n, true):totable()
+    local cdf, acc = {}, 0
+    for i, v in ipairs(w:totable()) do acc = acc + v cdf[i] = acc end
+    local cdf_t = kiln.tensor(cdf, {dtype = "f64"}):totable()   -- the same sums as kiln's cumsum (in order, in double)
+    for j = 1, n, 97 do
+      local at, c = u[j] * cdf_t[k], 0
+      for i = 1, k do if cdf_t[i] <= at then c = i end end
+      assert.equal(math.min(c + 1, k), draws[j], "draw " .. j)
+    end
+  end)
+
   it("is reproducible from the seed, and refuses bad weights and counts", function()
     kiln.manual_seed(3)
     local a = kiln.tensor({0.5, 0.5, 1}):multinomial(10, true):totable()
