@@ -916,7 +916,8 @@ function Tensor.multinomial(p, n, replacement)
   local k = p:size(-1)
   local rows = p.p.ndim == 2 and p:size(1) or 1
   local w = p:detach():to("f64"):reshape(rows, k)
-  if w:isfinite():logical_not():any():item() or w:lt(0):any():item() then
+  local sum = w:sum():item()   -- NaN or inf when a weight is (isfinite has no CUDA kernel)
+  if sum ~= sum or sum == math.huge or w:lt(0):any():item() then
     raise(string.format("multinomial: the weights %s must be finite and >= 0", shape_of(p)))
   end
   local positive = w:gt(0):sum(2)

@@ -314,6 +314,28 @@ if has_kernel("argsort") and has_kernel("cumsum") then
   end)
 end
 
+-- the composites of lua/kiln (pad, interpolate, einsum, unfold, fold, ...) on the device's ops
+guarded("composites", "pad, interpolate, einsum, unfold, fold, repeat_interleave, roll, diag", function()
+  local F = kiln.F
+  local x = gen({2, 3, 5, 6}, "f32", true)
+  local gx = x:to(DEV)
+  local cases = {
+    function(t) return F.pad(t, {2, 1, 1, 3}, "reflect") end,
+    function(t) return F.pad(t, {1, -1, 2, 0}, {value = 0.5}) end,
+    function(t) return F.pad(t, {2, 3, 1, 0}, "replicate") end,
+    function(t) return F.interpolate(t, {size = {7, 4}, mode = "bilinear"}) end,
+    function(t) return F.interpolate(t, {scale_factor = 2}) end,
+    function(t) return kiln.einsum("bchw,bdhw->bcd", t, t) end,
+    function(t) return kiln.einsum("ii->i", t:select(1, 1):select(1, 1):narrow(2, 1, 5)) end,
+    function(t) return F.fold(F.unfold(t, {2, 3}, {padding = 1, stride = {2, 1}}), {5, 6}, {2, 3}, {padding = 1, stride = {2, 1}}) end,
+    function(t) return t:repeat_interleave({1, 0, 2}, 2):roll({1, -2}, {3, 4}) end,
+    function(t) return t:select(1, 1):select(1, 2):diag(1) end,
+  }
+  local worst = 0
+  for _, f in ipairs(cases) do worst = math.max(worst, (max_error(f(gx), f(x)))) end
+  record("composites", worst, tolerance("composites", "f32", "f32"), "10 cases, f32")
+end)
+
 if has_kernel("where") then
   for _, dt in ipairs({{"bool", "f32", "f32"}, {"bool", "f32", "f64"}, {"f32", "i64", "i64"}, {"u8", "f16", "bf16"}}) do
     local what = string.format("cond %s [37,1], %s transposed, %s [53]", dt[1], dt[2], dt[3])
