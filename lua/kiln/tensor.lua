@@ -664,9 +664,8 @@ function Tensor.topk(t, k, dim, largest, sorted)
     raise(string.format("topk: k = %d is out of range for dim %d of size %d (tensor %s)", k, d + 1, n,
                         ffi.string(C.kiln_shape_string(t.p))))
   end
-  local idx = wrap_retry(C.kiln_argsort, t.p, d, largest and 1 or 0)
+  local idx = wrap_retry(C.kiln_argsort_k, t.p, d, largest and 1 or 0, k)
   if t.p.ndim == 0 then return wrap(C.kiln_alias(t.p)), plus_one(idx) end
-  idx = wrap(C.kiln_narrow(idx.p, d, 0, k))
   return wrap(C.kiln_gather(t.p, d, idx.p)), plus_one(idx)
 end
 
@@ -944,7 +943,7 @@ function Tensor.multinomial(p, n, replacement)
     idx = (#parts == 1 and parts[1] or Tensor.cat(parts, 2)):clamp(0, k - 1)
   else
     local e = (u * -1 + 1):log() * -1   -- exponential draws, from 1 - u in (0, 1]
-    idx = wrap(C.kiln_argsort((w / e).p, 1, 1)):narrow(2, 1, n)
+    idx = wrap(C.kiln_argsort_k((w / e).p, 1, 1, n))
   end
   idx = idx + 1
   if p.p.ndim == 1 then return idx:reshape(n) end

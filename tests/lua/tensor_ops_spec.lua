@@ -37,6 +37,23 @@ describe("sort, argsort and topk", function()
     end
   end)
 
+  it("topk's partial selection gives the stable sort's first k, with ties and NaN, both ways, along either dim", function()
+    for _, dt in ipairs({"f32", "f64", "i64"}) do
+      local x = kiln.randint(0, 6, {200, 9}, {dtype = "i64"}):to(dt)   -- [200,9]: lines of 200 along dim 1
+      if dt ~= "i64" then x[5][2] = 0 / 0 x[77][2] = 0 / 0 end
+      for _, k in ipairs({1, 3, 10, 25, 30, 200}) do   -- up to 25: selection; 30 and 200: the whole sort
+        for _, largest in ipairs({true, false}) do
+          local v, i = x:topk(k, 1, largest)
+          local want = x:argsort(1, largest):narrow(1, 1, k)
+          assert.same(want:totable(), i:totable(), string.format("%s k=%d largest=%s", dt, k, tostring(largest)))
+          local vt, it_ = x:t():topk(k, 2, largest)
+          assert.same(want:t():totable(), it_:totable(), dt .. " along dim 2 of the transpose")
+          assert.same(x:gather(1, i):isnan():totable(), v:isnan():totable())
+        end
+      end
+    end
+  end)
+
   it("handle empty tensors, 0-d tensors and k = 0", function()
     local e = kiln.zeros(3, 0)
     local v, i = e:sort(2)

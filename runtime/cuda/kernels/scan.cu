@@ -112,7 +112,7 @@ template <class T> __device__ __forceinline__ bool sorts_before(T a, T b, int de
 }
 
 template <class T>
-__global__ void argsort_kernel(struct scan_lines l, int64_t *out, int64_t *scratch, const T *a, int desc) {
+__global__ void argsort_kernel(struct scan_lines l, int64_t k, int64_t *out, int64_t *scratch, const T *a, int desc) {
   KILN_GRID_LOOP(t, l.outer * l.inner) {
     int64_t base = (t / l.inner) * l.n * l.inner + t % l.inner, n = l.n, step = l.inner;
     const T *key = a + base;
@@ -130,7 +130,8 @@ __global__ void argsort_kernel(struct scan_lines l, int64_t *out, int64_t *scrat
       idx = tmp;
       tmp = swap;
     }
-    for (int64_t i = 0; i < n; i++) out[base + i * step] = idx[i];
+    int64_t out_base = (t / l.inner) * k * l.inner + t % l.inner;   /* the first k of the line */
+    for (int64_t i = 0; i < k; i++) out[out_base + i * step] = idx[i];
   }
 }
 
@@ -140,7 +141,8 @@ extern "C" int cuda_argsort(const struct kiln_call *c) {
   if (!dev) return kiln_error_code();
   struct scan_lines l = lines_of(a, (int)c->ints[0]);
   int64_t lines = l.outer * l.inner;
-  if (lines * l.n == 0) return KILN_OK;
+  int64_t k = c->ints[2];
+  if (lines * l.n == 0 || k == 0) return KILN_OK;
   struct kiln_tensor *scratch = cuda_scratch(lines * 2 * l.n * (int64_t)sizeof(int64_t), c->out->device);
   if (!scratch) return kiln_error_code();
   int64_t *s = (int64_t *)kiln_tensor_data(scratch), *o = (int64_t *)kiln_tensor_data(c->out);
@@ -149,13 +151,13 @@ extern "C" int cuda_argsort(const struct kiln_call *c) {
   int rc = KILN_OK;
   switch (a->dtype) {
   case KILN_F32:
-    argsort_kernel<float><<<(unsigned)g.blocks, g.threads, 0, dev->stream>>>(l, o, s, (const float *)kiln_tensor_data(a), desc);
+    argsort_kernel<float><<<(unsigned)g.blocks, g.threads, 0, dev->stream>>>(l, k, o, s, (const float *)kiln_tensor_data(a), desc);
     break;
   case KILN_F64:
-    argsort_kernel<double><<<(unsigned)g.blocks, g.threads, 0, dev->stream>>>(l, o, s, (const double *)kiln_tensor_data(a), desc);
+    argsort_kernel<double><<<(unsigned)g.blocks, g.threads, 0, dev->stream>>>(l, k, o, s, (const double *)kiln_tensor_data(a), desc);
     break;
   case KILN_I64:
-    argsort_kernel<int64_t><<<(unsigned)g.blocks, g.threads, 0, dev->stream>>>(l, o, s, (const int64_t *)kiln_tensor_data(a), desc);
+    argsort_kernel<int64_t><<<(unsigned)g.blocks, g.threads, 0, dev->stream>>>(l, k, o, s, (const int64_t *)kiln_tensor_data(a), desc);
     break;
   default: rc = cuda_fail(KILN_ERR_DTYPE, "argsort: no CUDA kernel for %s", kiln_dtype_name(a->dtype));
   }

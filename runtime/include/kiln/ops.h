@@ -99,6 +99,9 @@ struct kiln_tensor *kiln_reduce(int op, const struct kiln_tensor *a, int ndims, 
 struct kiln_tensor *kiln_cumsum(const struct kiln_tensor *a, int dim);
 struct kiln_tensor *kiln_cumprod(const struct kiln_tensor *a, int dim);
 struct kiln_tensor *kiln_argsort(const struct kiln_tensor *a, int dim, int descending);
+/* The first k of argsort's indices along dim (the result has k there): topk's, without sorting
+   whole lines when k is small. */
+struct kiln_tensor *kiln_argsort_k(const struct kiln_tensor *a, int dim, int descending, int64_t k);
 
 /* Matrix products through BLAS (f32, f64; f16 and bf16 compute in f32). */
 struct kiln_tensor *kiln_mm(const struct kiln_tensor *a, const struct kiln_tensor *b);     /* [n,k] @ [k,m] */

@@ -1,5 +1,5 @@
 /* cpu/scan.c: the CPU kernels along one dim: cumsum and cumprod (and cumprod's backward) and a
-   stable argsort. The front end (ops/scan.c) gives contiguous operands in the compute dtype (f32,
+   stable argsort (all of each line, or its first k). The front end (ops/scan.c) gives contiguous operands in the compute dtype (f32,
    f64 or i64) and the dim in ints[0]; a tensor is seen as [outer, n, inner] around that dim, and
    each of the outer * inner lines is independent: kiln's thread pool takes them in ranges, each
    line computed by one loop, so results do not depend on the thread count. */
@@ -182,12 +182,33 @@ static inline int before_i64(int64_t a, int64_t b, int desc) { return desc ? a >
 MERGE_SORT(sort_line_f64, double, before_f64)
 MERGE_SORT(sort_line_i64, int64_t, before_i64)
 
+/* The k first positions of a line in sorted order, for k well below n: an insertion into a sorted
+   list of k that most elements leave at one comparison with its last; a later element goes after
+   the equal ones and never displaces an equal last, so the result is the stable sort's first k. */
+#define TOP_K(name, T, before)                                                                             \
+  static void name(int64_t n, int64_t k, int64_t *idx, const T *key, int64_t step, int desc) {             \
+    int64_t m = 0;                                                                                         \
+    for (int64_t j = 0; j < n; j++) {                                                                      \
+      T v = key[j * step];                                                                                 \
+      if (m == k && !before(v, key[idx[k - 1] * step], desc)) continue;                                    \
+      int64_t p = m < k ? m++ : k - 1;                                                                     \
+      while (p > 0 && before(v, key[idx[p - 1] * step], desc)) { idx[p] = idx[p - 1]; p--; }               \
+      idx[p] = j;                                                                                          \
+    }                                                                                                      \
+  }
+TOP_K(top_line_f64, double, before_f64)
+TOP_K(top_line_i64, int64_t, before_i64)
+
+/* Partial selection pays while k is small against the line. */
+static int partial(int64_t k, int64_t n) { return k < n && k <= 64 && k * 8 <= n; }
+
 /* A range of lines; each task has its own buffers (positions, merge space, f32 keys as double). */
 static void argsort_range(void *ctx, int64_t b, int64_t e) {
   struct job *j = ctx;
   const struct kiln_tensor *a = j->c->in[0];
   struct lines l = j->l;
   int desc = (int)j->c->ints[1];
+  int64_t k = j->c->ints[2];
   int64_t *o = kiln_tensor_data(j->c->out);
   int64_t *buf = malloc(sizeof(int64_t) * 2 * (size_t)l.n);
   double *keys = a->dtype == KILN_F32 ? malloc(sizeof(double) * (size_t)l.n) : NULL;
@@ -198,16 +219,26 @@ static void argsort_range(void *ctx, int64_t b, int64_t e) {
     return;
   }
   int64_t *idx = buf, *tmp = buf + l.n;
+  int part = partial(k, l.n);
   for (int64_t t = b; t < e; t++) {
-    int64_t base = line_base(l, t);
-    for (int64_t i = 0; i < l.n; i++) idx[i] = i;
-    if (a->dtype == KILN_F64) sort_line_f64(l.n, idx, tmp, (const double *)kiln_tensor_data(a) + base, l.inner, desc);
-    else if (a->dtype == KILN_F32) {
-      const float *x = (const float *)kiln_tensor_data(a) + base;
+    int64_t base = line_base(l, t), step = l.inner;
+    const void *key = (const char *)kiln_tensor_data(a) + base * kiln_dtype_size(a->dtype);
+    if (a->dtype == KILN_F32) {
+      const float *x = key;
       for (int64_t i = 0; i < l.n; i++) keys[i] = x[i * l.inner];   /* exact: every float is a double */
-      sort_line_f64(l.n, idx, tmp, keys, 1, desc);
-    } else sort_line_i64(l.n, idx, tmp, (const int64_t *)kiln_tensor_data(a) + base, l.inner, desc);
-    for (int64_t i = 0; i < l.n; i++) o[base + i * l.inner] = idx[i];
+      key = keys;
+      step = 1;
+    }
+    if (part) {
+      if (a->dtype == KILN_I64) top_line_i64(l.n, k, idx, key, step, desc);
+      else top_line_f64(l.n, k, idx, key, step, desc);
+    } else {
+      for (int64_t i = 0; i < l.n; i++) idx[i] = i;
+      if (a->dtype == KILN_I64) sort_line_i64(l.n, idx, tmp, key, step, desc);
+      else sort_line_f64(l.n, idx, tmp, key, step, desc);
+    }
+    int64_t out_base = (t / l.inner) * k * l.inner + t % l.inner;
+    for (int64_t i = 0; i < k; i++) o[out_base + i * l.inner] = idx[i];
   }
   free(buf);
   free(keys);
@@ -218,7 +249,7 @@ int cpu_argsort(const struct kiln_call *c) {
   if (a->dtype != KILN_F32 && a->dtype != KILN_F64 && a->dtype != KILN_I64)
     return kiln_fail(KILN_ERR_DTYPE, "argsort: no CPU kernel for %s", kiln_dtype_name(a->dtype));
   struct job j = {c, lines_of(a, (int)c->ints[0]), 0};
-  if (j.l.n == 0 || j.l.outer * j.l.inner == 0) return KILN_OK;
+  if (j.l.n == 0 || j.l.outer * j.l.inner == 0 || c->ints[2] == 0) return KILN_OK;
   kiln_parallel_for(j.l.outer * j.l.inner, line_grain(j.l), argsort_range, &j);
   if (j.failed) return kiln_fail(KILN_ERR_MEMORY, "argsort: out of memory for lines of %lld elements", (long long)j.l.n);
   return KILN_OK;

@@ -1,7 +1,8 @@
 /* scan.c: the front ends of the ops along one dim that keep its length: cumsum, cumprod
    (scans) and argsort, with the scans' derivatives. The kernels get a contiguous input in the
    dtype they compute in (f64 for f64, f32 for the other floats, i64 for integers and bool),
-   call->ints[0] = the dim; argsort also ints[1] = descending. */
+   call->ints[0] = the dim; argsort also ints[1] = descending and ints[2] = k, the indices it keeps
+   of each line (the output's size along the dim). */
 #include "internal.h"
 #include "autograd/derivative.h"
 #include <string.h>
@@ -26,11 +27,15 @@ static int scan_dim(const char *op, const struct kiln_tensor *a, int dim, int *d
   return kiln_normalize_dim(op, dim, a->ndim > 0 ? a->ndim : 1, d);
 }
 
-/* kind(x) along d into a fresh tensor of x's shape in dtype out_dtype; x is contiguous. */
-static struct kiln_tensor *run_along(int kind, const struct kiln_tensor *x, int d, int out_dtype, int64_t flag) {
-  struct kiln_tensor *out = kiln_tensor_empty(x->ndim, x->sizes, out_dtype, x->device);
+/* kind(x) along d into a fresh tensor of x's shape (with k along d, for argsort) in dtype
+   out_dtype; x is contiguous. */
+static struct kiln_tensor *run_along(int kind, const struct kiln_tensor *x, int d, int out_dtype, int64_t flag, int64_t k) {
+  int64_t sizes[KILN_MAX_DIMS];
+  memcpy(sizes, x->sizes, sizeof(int64_t) * (size_t)x->ndim);
+  if (x->ndim > 0) sizes[d] = k;
+  struct kiln_tensor *out = kiln_tensor_empty(x->ndim, sizes, out_dtype, x->device);
   if (!out) return NULL;
-  struct kiln_call call = {.op = kind, .out = out, .in = {x}, .nin = 1, .ints = {d, flag}, .nints = 2};
+  struct kiln_call call = {.op = kind, .out = out, .in = {x}, .nin = 1, .ints = {d, flag, k}, .nints = 3};
   if (kiln_dispatch(x->device, &call)) { kiln_tensor_release(out); return NULL; }
   return out;
 }
@@ -43,7 +48,7 @@ static struct kiln_tensor *scan(int kind, const struct kiln_tensor *a, int dim) 
   int result = kiln_dtype_is_float(a->dtype) ? a->dtype : KILN_I64, work = work_dtype(result);
   struct kiln_tensor *x = plain(a, work);
   if (!x) return NULL;
-  struct kiln_tensor *out = run_along(kind, x, d, work, 0);
+  struct kiln_tensor *out = run_along(kind, x, d, work, 0, a->ndim > 0 ? a->sizes[d] : 1);
   kiln_tensor_release(x);
   if (out && work != result) {
     int prev = kiln_set_grad_enabled(0);
@@ -65,14 +70,26 @@ static struct kiln_tensor *scan(int kind, const struct kiln_tensor *a, int dim) 
 KILN_API struct kiln_tensor *kiln_cumsum(const struct kiln_tensor *a, int dim) { return scan(KILN_OP_CUMSUM, a, dim); }
 KILN_API struct kiln_tensor *kiln_cumprod(const struct kiln_tensor *a, int dim) { return scan(KILN_OP_CUMPROD, a, dim); }
 
+KILN_API struct kiln_tensor *kiln_argsort_k(const struct kiln_tensor *a, int dim, int descending, int64_t k) {
+  int d;
+  if (kiln_check_live("argsort", a) || scan_dim("argsort", a, dim, &d)) return NULL;
+  int64_t n = a->ndim > 0 ? a->sizes[d] : 1;
+  if (k < 0 || k > n) {
+    kiln_fail(KILN_ERR_ARGUMENT, "argsort: k = %lld is out of range for dim %d of size %lld (tensor %s)", (long long)k, d,
+              (long long)n, kiln_shape_string(a));
+    return NULL;
+  }
+  struct kiln_tensor *x = plain(a, work_dtype(a->dtype));
+  if (!x) return NULL;
+  struct kiln_tensor *out = run_along(KILN_OP_ARGSORT, x, d, KILN_I64, descending != 0, k);
+  kiln_tensor_release(x);
+  return out;
+}
+
 KILN_API struct kiln_tensor *kiln_argsort(const struct kiln_tensor *a, int dim, int descending) {
   int d;
   if (kiln_check_live("argsort", a) || scan_dim("argsort", a, dim, &d)) return NULL;
-  struct kiln_tensor *x = plain(a, work_dtype(a->dtype));
-  if (!x) return NULL;
-  struct kiln_tensor *out = run_along(KILN_OP_ARGSORT, x, d, KILN_I64, descending != 0);
-  kiln_tensor_release(x);
-  return out;
+  return kiln_argsort_k(a, dim, descending, a->ndim > 0 ? a->sizes[d] : 1);
 }
 
 /* ---- derivatives (named by the op table) ---- */
