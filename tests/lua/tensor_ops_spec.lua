@@ -235,6 +235,12 @@ describe("einsum, pad, interpolate, unfold and fold", function()
     raises("fold: input [1,8,5] does not fit output_size {3,4} (expected [N, C * 4, 6])", function()
       F.fold(kiln.randn(1, 8, 5), {3, 4}, 2)
     end)
+    -- nearest picks PyTorch's source where j * scale is near an integer: in float for f32, the
+    -- double product rounded to float for f64 (PyTorch 2.15: 10 and 20 at 42 of 82; 20 at 50 of 98)
+    local two32, two64 = kiln.tensor({10, 20}):view(1, 1, 2), kiln.tensor({10, 20}, {dtype = "f64"}):view(1, 1, 2)
+    assert.equal(10, F.interpolate(two32, {size = 82}):view(-1)[42])
+    assert.equal(20, F.interpolate(two64, {size = 82}):view(-1)[42])
+    assert.equal(20, F.interpolate(two64, {size = 98}):view(-1)[50])
     -- nearest keeps integers; fold(unfold(x)) counts each pixel once per block that covers it
     assert.equal("i64", F.interpolate(kiln.ones(1, 1, 2, 2, {dtype = "i64"}), {scale_factor = 2}):dtype())
     local ones = kiln.ones(1, 1, 3, 3)
