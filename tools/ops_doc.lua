@@ -59,7 +59,8 @@ end
 local function generate(root)
   root = root or "./"
   local help = dofile(root .. "lua/kiln/docs.lua")
-  local checks = dofile(root .. "tests/lua/op_gradchecks.lua").checks
+  local gradchecks = dofile(root .. "tests/lua/op_gradchecks.lua")
+  local checks, composite_list = gradchecks.checks, gradchecks.composites
   local cpu = kernels(read(root .. "runtime/src/cpu/backend.c"), "cpu_elementwise")
   local cuda = kernels(read(root .. "runtime/cuda/backend.c"), "cuda_elementwise")
   local out = {[[
@@ -104,6 +105,19 @@ derivative runs them.
     for _, r in ipairs(family_rows[family]) do out[#out + 1] = r end
     out[#out + 1] = ""
   end
+  out[#out + 1] = "## composites\n"
+  out[#out + 1] = [[
+Ops written in Lua with the ops above (`lua/kiln/tensor.lua`, `lua/kiln/functional.lua`): they have
+no row of their own, take their gradients from the ops they are written with, and run on every
+device where those ops have kernels.
+]]
+  out[#out + 1] = "| op | written with | gradcheck | help |"
+  out[#out + 1] = "| --- | --- | --- | --- |"
+  for _, c in ipairs(composite_list) do
+    out[#out + 1] = string.format("| `%s` | %s | %s | %s |", c[1], c[2], c[3] and "yes" or "—",
+                                  help[c[1]] and "`" .. c[1] .. "`" or "none")
+  end
+  out[#out + 1] = ""
   return table.concat(out, "\n")
 end
 if arg and arg[0] and arg[0]:match("ops_doc%.lua$") then

@@ -3,9 +3,16 @@ tests/fixtures/torch_recurrent.safetensors (recurrent layers, cells, CTC loss; r
 tests/lua/torch_fixture_spec.lua) and tests/fixtures/torch_nn.safetensors (convolutions, pooling,
 norms, losses, optimizers, schedulers, clipping; read by tests/lua/torch_nn_fixture_spec.lua) and
 tests/fixtures/torch_promotion.json (the dtype of each op's result by its operands' dtypes; read
-by tests/lua/torch_promotion_spec.lua).
+by tests/lua/torch_promotion_spec.lua), and tests/fixtures/torch_ops.safetensors (sort, topk,
+scans, pad, interpolate, einsum, unfold/fold and the other tensor ops; read by
+tests/lua/torch_ops_fixture_spec.lua).
 
-    /usr/bin/python3 tools/torch_fixtures.py [directory]     (Debian 12's python3-torch)
+    python3 tools/torch_fixtures.py [directory] [--only torch_ops]
+
+Any Python 3 with torch and numpy runs it: Debian 12's python3-torch (1.13, which wrote the first
+three files) or a venv with PyTorch 2.x from PyPI (2.15 wrote torch_ops.safetensors); each file
+records the version that wrote it. --only torch_ops writes that file alone, leaving the others as
+they are.
 
 Every tensor is stored under "<case>.<name>": the case's state dict under its PyTorch names
 ("lstm.weight_ih_l0_reverse"), its inputs, its outputs, the weights R of the scalar
@@ -25,7 +32,11 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 torch.manual_seed(20261201)
 torch.set_default_dtype(torch.float64)
 out = {}
-OUT_DIR = sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures"
+ARGS = [a for a in sys.argv[1:] if not a.startswith("--only")]
+ONLY = ([a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--only=")] or
+        [sys.argv[i + 2] for i, a in enumerate(sys.argv[1:]) if a == "--only" and i + 2 < len(sys.argv)] or [None])[0]
+ARGS = [a for a in ARGS if a != ONLY]
+OUT_DIR = ARGS[0] if ARGS else "tests/fixtures"
 
 
 def write(name, tensors):
@@ -56,6 +67,135 @@ def grads(case, loss, named):
     loss.backward()
     for name, t in named:
         put(case, "grad." + name, t.grad)
+
+
+def ops_fixtures():
+    """torch_ops.safetensors: the tensor ops. Each case keeps its inputs, y (or several outputs), the
+    weights r of sum(y * r) and the gradients grad_<input> of that sum; indices count from 0."""
+    torch.manual_seed(20261203)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)   # a full run comes here after the promotion table's float32
+    res = {}
+
+    def keep(case, **tensors):
+        for name, t in tensors.items():
+            res[case + "." + name] = t.detach().clone().contiguous()
+
+    def diff(case, fn, **inputs):
+        leaves = {k: v.detach().clone().requires_grad_() for k, v in inputs.items()}
+        y = fn(**leaves)
+        r = torch.randn(y.shape)
+        (y * r).sum().backward()
+        keep(case, y=y, r=r, **inputs)
+        for k, v in leaves.items():
+            keep(case, **{"grad_" + k: v.grad if v.grad is not None else torch.zeros(v.shape)})
+
+    # sort and argsort: ties (small integers) and NaN; stable, as kiln always is
+    x = torch.randint(0, 4, (3, 6)).double()
+    keep("sort", x=x)
+    for name, dim, desc in [("last", -1, False), ("last_desc", -1, True), ("first", 0, False), ("first_desc", 0, True)]:
+        v, i = torch.sort(x, dim=dim, descending=desc, stable=True)
+        keep("sort", **{name + "_values": v, name + "_indices": i})
+    xn = torch.tensor([[2.0, float("nan"), -1.0, 2.0, float("nan"), 0.5]])
+    keep("sort_nan", x=xn)
+    for name, desc in [("asc", False), ("desc", True)]:
+        v, i = torch.sort(xn, dim=1, descending=desc, stable=True)
+        keep("sort_nan", **{name + "_values": v, name + "_indices": i})
+    diff("sort_grad", lambda x: torch.sort(x, dim=1, stable=True)[0], x=torch.randn(3, 5))
+    # topk on distinct values (PyTorch's topk does not promise an order among ties)
+    x = torch.randn(3, 7)
+    keep("topk", x=x)
+    for name, k, dim, largest in [("largest", 3, 1, True), ("smallest", 3, 1, False), ("dim0", 2, 0, True)]:
+        v, i = torch.topk(x, k, dim=dim, largest=largest, sorted=True)
+        keep("topk", **{name + "_values": v, name + "_indices": i})
+    diff("topk_grad", lambda x: torch.topk(x, 2, dim=1)[0], x=torch.randn(4, 6))
+
+    # scans and the elementwise additions
+    diff("cumsum", lambda x: torch.cumsum(x, 1), x=torch.randn(3, 5))
+    xz = torch.randn(4, 3)
+    xz[1, 1] = 0
+    diff("cumprod", lambda x: torch.cumprod(x, 0), x=xz)
+    diff("erfinv", lambda x: torch.erfinv(x), x=torch.rand(3, 4) * 1.8 - 0.9)
+    diff("atan2", lambda a, b: torch.atan2(a, b), a=torch.randn(3, 4), b=torch.randn(4))
+
+    # pad: PyTorch's order, the last dim first
+    x = torch.randn(2, 3, 4, 5)
+    diff("pad_constant", lambda x: F.pad(x, (1, 2, 0, 1), value=0.5), x=x)
+    diff("pad_negative", lambda x: F.pad(x, (-1, 2, 1, -2)), x=x)
+    diff("pad_reflect", lambda x: F.pad(x, (2, 1, 1, 3), mode="reflect"), x=x)
+    diff("pad_replicate", lambda x: F.pad(x, (2, 3, 1, 0), mode="replicate"), x=x)
+    diff("pad_circular", lambda x: F.pad(x, (1, 2, 2, 1), mode="circular"), x=x)
+    diff("pad_reflect1d", lambda x: F.pad(x, (2, 3), mode="reflect"), x=torch.randn(2, 3, 5))
+
+    # interpolate
+    x = torch.randn(1, 2, 4, 5)
+    diff("interp_nearest_size", lambda x: F.interpolate(x, size=(7, 3), mode="nearest"), x=x)
+    diff("interp_nearest_scale", lambda x: F.interpolate(x, scale_factor=2, mode="nearest"), x=x)
+    diff("interp_bilinear", lambda x: F.interpolate(x, size=(7, 8), mode="bilinear", align_corners=False), x=x)
+    diff("interp_bilinear_ac", lambda x: F.interpolate(x, size=(7, 8), mode="bilinear", align_corners=True), x=x)
+    diff("interp_bilinear_scale", lambda x: F.interpolate(x, scale_factor=1.5, mode="bilinear", align_corners=False), x=x)
+    diff("interp_bilinear_down", lambda x: F.interpolate(x, size=(3, 2), mode="bilinear", align_corners=False), x=x)
+    diff("interp_linear", lambda x: F.interpolate(x, size=8, mode="linear", align_corners=False), x=torch.randn(2, 3, 5))
+
+    # repeat, repeat_interleave, roll
+    diff("repeat", lambda x: x.repeat(2, 1, 3), x=torch.randn(2, 3))
+    diff("tile", lambda x: torch.tile(x, (2,)), x=torch.randn(2, 3))
+    x = torch.randn(3, 2)
+    diff("repeat_interleave", lambda x: torch.repeat_interleave(x, 2, dim=0), x=x)
+    diff("repeat_interleave_tensor", lambda x: torch.repeat_interleave(x, torch.tensor([1, 0, 3]), dim=0), x=x)
+    diff("repeat_interleave_flat", lambda x: torch.repeat_interleave(x, 2), x=x)
+    x = torch.randn(3, 4)
+    diff("roll", lambda x: torch.roll(x, 1, 1), x=x)
+    diff("roll_two", lambda x: torch.roll(x, (2, -1), (0, 1)), x=x)
+    diff("roll_flat", lambda x: torch.roll(x, 5), x=x)
+
+    # einsum
+    diff("einsum_mm", lambda a, b: torch.einsum("ij,jk->ik", a, b), a=torch.randn(3, 4), b=torch.randn(4, 5))
+    diff("einsum_bmm", lambda a, b: torch.einsum("bij,bjk->bik", a, b), a=torch.randn(2, 3, 4), b=torch.randn(2, 4, 5))
+    diff("einsum_attn", lambda a, b: torch.einsum("bhqd,bhkd->bhqk", a, b), a=torch.randn(2, 2, 3, 4), b=torch.randn(2, 2, 5, 4))
+    diff("einsum_outer", lambda a, b: torch.einsum("i,j->ij", a, b), a=torch.randn(3), b=torch.randn(4))
+    diff("einsum_diag", lambda a: torch.einsum("ii->i", a), a=torch.randn(4, 4))
+    diff("einsum_trace", lambda a: torch.einsum("ii", a).reshape(1), a=torch.randn(4, 4))
+    diff("einsum_transpose", lambda a: torch.einsum("ij->ji", a), a=torch.randn(3, 4))
+    diff("einsum_sum", lambda a, b: torch.einsum("ijk,ik->j", a, b), a=torch.randn(2, 3, 4), b=torch.randn(2, 4))
+    diff("einsum_implicit", lambda a, b: torch.einsum("ij,jk", a, b), a=torch.randn(3, 4), b=torch.randn(4, 2))
+    diff("einsum_three", lambda a, b, c: torch.einsum("ij,jk,kl->il", a, b, c), a=torch.randn(2, 3), b=torch.randn(3, 4),
+         c=torch.randn(4, 2))
+
+    # unfold and fold (im2col and col2im)
+    opts = dict(kernel_size=(2, 3), dilation=(1, 2), padding=1, stride=(2, 1))
+    x = torch.randn(2, 3, 5, 6)
+    diff("unfold", lambda x: F.unfold(x, **opts), x=x)
+    cols = F.unfold(x, **opts)
+    diff("fold", lambda c: F.fold(c, output_size=(5, 6), **opts), c=torch.randn(cols.shape))
+
+    # the small ones
+    diff("diag_vector", lambda v: torch.diag(v, 1), v=torch.randn(4))
+    diff("diag_vector_below", lambda v: torch.diag(v, -2), v=torch.randn(3))
+    m = torch.randn(4, 5)
+    diff("diag_matrix", lambda m: torch.diag(m), m=m)
+    diff("diag_matrix_above", lambda m: torch.diag(m, 2), m=m)
+    diff("diag_matrix_below", lambda m: torch.diag(m, -1), m=m)
+    diff("trace", lambda m: torch.trace(m).reshape(1), m=m)
+    diff("outer", lambda a, b: torch.outer(a, b), a=torch.randn(3), b=torch.randn(4))
+    diff("baddbmm", lambda c, a, b: torch.baddbmm(c, a, b, beta=0.5, alpha=2), c=torch.randn(3, 4), a=torch.randn(2, 3, 5),
+         b=torch.randn(2, 5, 4))
+    diff("addcmul", lambda a, b, c: torch.addcmul(a, b, c, value=0.3), a=torch.randn(3, 4), b=torch.randn(3, 4), c=torch.randn(4))
+    diff("addcdiv", lambda a, b, c: torch.addcdiv(a, b, c, value=0.3), a=torch.randn(3, 4), b=torch.randn(3, 4),
+         c=torch.rand(4) + 0.5)
+    diff("lerp", lambda a, b, w: torch.lerp(a, b, w), a=torch.randn(3, 4), b=torch.randn(3, 4), w=torch.rand(3, 4))
+    diff("lerp_scalar", lambda a, b: torch.lerp(a, b, 0.3), a=torch.randn(3, 4), b=torch.randn(3, 4))
+    lo = torch.randn(4) - 0.5
+    diff("clamp_tensor", lambda x, lo, hi: torch.clamp(x, lo, hi), x=torch.randn(3, 4), lo=lo, hi=lo + 1)
+    write("torch_ops.safetensors", res)
+    torch.set_default_dtype(default)
+
+
+if ONLY == "torch_ops":
+    ops_fixtures()
+    sys.exit(0)
+elif ONLY is not None:
+    sys.exit("--only: the files are torch_ops (or none: every file)")
 
 
 # Layers: 2 layers, bidirectional, batch_first, unsorted lengths (a packed sequence), initial states.
@@ -324,3 +464,5 @@ with open(path + ".tmp", "w") as f:
     f.write("\n")
 os.replace(path + ".tmp", path)
 print("%s: %d results, torch %s" % (path, len(promotion), torch.__version__))
+
+ops_fixtures()

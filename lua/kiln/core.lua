@@ -273,6 +273,15 @@ function M.int64_array(list)
   return a, n
 end
 
+-- A 1-d i64 tensor of the C indices (from 0) in list, on device dev (for the composites' gathers).
+function M.index_tensor(list, dev)
+  local n = #list
+  local a = ffi.new("double[?]", n > 0 and n or 1)
+  for i = 1, n do a[i - 1] = list[i] end
+  local sizes = ffi.new("int64_t[1]", n)
+  return M.wrap(C.kiln_tensor_from_f64(1, sizes, a, C.KILN_I64, dev))
+end
+
 -- A tensor from a number or nested Lua tables (booleans give bool unless a dtype is named).
 function M.from_table(data, dtype, device)
   local sizes, flat = {}, {}

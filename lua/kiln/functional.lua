@@ -567,4 +567,393 @@ function F.one_hot(labels, num_classes)
   return labels:to("i64"):unsqueeze(-1):eq(classes):to("i64")
 end
 
+-- ---- padding, resizing, im2col: composites of index_select, cat and scatter_add (their gradients
+-- come from those ops, and they run wherever those do) ----
+
+local function shape_of(x) return ffi.string(C.kiln_shape_string(x.p)) end
+
+local function full(sizes, value, like)
+  local a = ffi.new("int64_t[?]", math.max(#sizes, 1))
+  for i = 1, #sizes do a[i - 1] = sizes[i] end
+  return wrap(C.kiln_tensor_full(#sizes, a, value, like.p.dtype, like.p.device))
+end
+
+local function cat(parts, d)
+  local arr = ffi.new("struct kiln_tensor *[?]", #parts)
+  for i = 1, #parts do arr[i - 1] = parts[i].p end
+  local r = wrap(C.kiln_cat(#parts, arr, d))
+  return r, parts   -- parts stay referenced until the call has returned
+end
+
+local function gather_along(x, d, list) return wrap(C.kiln_index_select(x.p, d, core.index_tensor(list, x.p.device).p)) end
+
+local function sizes_of(x)
+  local s = {}
+  for i = 0, x.p.ndim - 1 do s[i + 1] = tonumber(x.p.sizes[i]) end
+  return s
+end
+
+-- Where the element at position j (from 0; outside [0, n) in the padding) comes from.
+local pad_source = {
+  reflect = function(j, n) if j < 0 then return -j elseif j >= n then return 2 * (n - 1) - j end return j end,
+  replicate = function(j, n) return j < 0 and 0 or j >= n and n - 1 or j end,
+  circular = function(j, n) return j % n end,
+}
+
+-- pad(x, pad[, mode = "constant"[, value = 0]]) or pad(x, pad, {mode =, value =}): pad is
+-- {left, right, top, bottom, front, back} in PyTorch's order (the last dim first); negative
+-- constant pads crop. Modes: constant, reflect (pads < the size), replicate, circular (<= the size).
+local pad_options = set("mode", "value")
+function F.pad(x, pad, mode, value)
+  tensor(x, "input", "pad")
+  if type(mode) == "table" then
+    local o = options(mode, pad_options, "pad")
+    mode, value = o.mode, o.value
+  end
+  mode = mode or "constant"
+  if mode ~= "constant" and not pad_source[mode] then
+    raise(string.format('pad: mode %q (expected "constant", "reflect", "replicate" or "circular")', tostring(mode)))
+  end
+  if mode ~= "constant" and value ~= nil and value ~= 0 then
+    raise(string.format("pad: mode %q takes no value (only \"constant\" does)", mode))
+  end
+  if value ~= nil and type(value) ~= "number" then raise("pad: value must be a number, got " .. core.describe(value)) end
+  if type(pad) ~= "table" or #pad % 2 ~= 0 or #pad == 0 then
+    raise("pad: pad must be a table of pairs {left, right[, top, bottom, ...]} (the last dim first), got " .. core.describe(pad))
+  end
+  local m = #pad / 2
+  if m > x:dim() then
+    raise(string.format("pad: %d pads are %d pairs, for a tensor of %d dims %s", #pad, m, x:dim(), shape_of(x)))
+  end
+  local y = x
+  for k = 1, m do
+    local d = x:dim() - k   -- the C dim: the last dim first
+    local l, r = integer(pad[2 * k - 1], "pad: pad " .. (2 * k - 1)), integer(pad[2 * k], "pad: pad " .. (2 * k))
+    local n = tonumber(y.p.sizes[d])
+    if mode == "constant" then
+      if n + math.min(l, 0) + math.min(r, 0) < 0 then
+        raise(string.format("pad: pads %d and %d crop more than dim %d of size %d (tensor %s)", l, r, d + 1, n, shape_of(x)))
+      end
+      if l < 0 then y, n, l = wrap(C.kiln_narrow(y.p, d, -l, n + l)), n + l, 0 end
+      if r < 0 then y, n, r = wrap(C.kiln_narrow(y.p, d, 0, n + r)), n + r, 0 end
+      local parts = {}
+      local sizes = sizes_of(y)
+      if l > 0 then sizes[d + 1] = l parts[#parts + 1] = full(sizes, value or 0, y) end
+      parts[#parts + 1] = y
+      if r > 0 then sizes[d + 1] = r parts[#parts + 1] = full(sizes, value or 0, y) end
+      if #parts > 1 then y = cat(parts, d) end
+    else
+      local limit = mode == "circular" and n or n - 1
+      if l < 0 or r < 0 or l > limit or r > limit or n == 0 then
+        raise(string.format("pad: %s pads %d and %d must be 0 to %d for dim %d of size %d (tensor %s)", mode, l, r,
+                            math.max(limit, 0), d + 1, n, shape_of(x)))
+      end
+      local idx, src = {}, pad_source[mode]
+      for j = -l, n - 1 + r do idx[#idx + 1] = src(j, n) end
+      y = gather_along(y, d, idx)
+    end
+  end
+  if y == x then return x:clone() end
+  return y
+end
+
+-- interpolate(x, {size =, scale_factor =, mode = "nearest", align_corners = false}): x [N,C,W]
+-- (modes nearest, linear) or [N,C,H,W] (nearest, bilinear) resized to size, or by scale_factor (a
+-- number or one per dim); the source positions are PyTorch's (the scale given is used as given,
+-- unless recompute_scale_factor = true). Each dim is resized on its own (index_select and weights).
+local interp_options = set("size", "scale_factor", "mode", "align_corners", "recompute_scale_factor")
+function F.interpolate(x, opts)
+  tensor(x, "input", "interpolate")
+  opts = options(opts, interp_options, "interpolate")
+  local mode = opts.mode or "nearest"
+  local spatial = x:dim() - 2
+  if spatial < 1 or spatial > 2 then
+    raise(string.format("interpolate: input %s has %d dims (expected [N,C,W] or [N,C,H,W])", shape_of(x), x:dim()))
+  end
+  local want = {nearest = spatial, linear = 1, bilinear = 2}
+  if not want[mode] then
+    raise(string.format('interpolate: mode %q (expected "nearest", "linear" or "bilinear")', tostring(mode)))
+  end
+  if want[mode] ~= spatial then
+    raise(string.format("interpolate: mode %q needs a %d-d input, got %s", mode, want[mode] + 2, shape_of(x)))
+  end
+  if mode == "nearest" and opts.align_corners ~= nil then
+    raise('interpolate: align_corners only applies to the modes "linear" and "bilinear"')
+  end
+  local align = core.flag(opts.align_corners, false, "interpolate", "align_corners")
+  if mode ~= "nearest" and not x:is_floating_point() then
+    raise(string.format("interpolate: mode %q needs a float input, got %s %s", mode, x:dtype(), shape_of(x)))
+  end
+  if (opts.size == nil) == (opts.scale_factor == nil) then raise("interpolate: give either size or scale_factor") end
+  local function per_dim(v, what)
+    if type(v) == "number" then local t = {} for i = 1, spatial do t[i] = v end return t end
+    if type(v) == "table" and #v == spatial then return v end
+    raise(string.format("interpolate: %s must be a number or %d numbers, got %s", what, spatial, core.describe(v)))
+  end
+  local y = x
+  for i = 1, spatial do
+    local d = 1 + i
+    local n = tonumber(x.p.sizes[d])
+    local out, scale
+    if opts.size then
+      out = integer(per_dim(opts.size, "size")[i], "interpolate: size")
+      scale = n / out
+    else
+      local sf = per_dim(opts.scale_factor, "scale_factor")[i]
+      if type(sf) ~= "number" or not (sf > 0) then raise("interpolate: scale_factor must be > 0, got " .. tostring(sf)) end
+      out = math.floor(n * sf)
+      scale = opts.recompute_scale_factor and n / out or 1 / sf
+    end
+    if out < 1 or n < 1 then
+      raise(string.format("interpolate: dim %d of size %d cannot be resized to %d (input %s)", d + 1, n, out, shape_of(x)))
+    end
+    if mode == "nearest" then
+      -- the source index as PyTorch's CPU computes it, which its results depend on where j * scale is
+      -- near an integer: floorf(j * scale) in float (f32 and the others: both factors rounded to
+      -- float, whose product is exact in double, then rounded like float's own multiplication), and
+      -- for f64 the double product rounded to float (checked against PyTorch 2.15 on 517k indices)
+      local f = ffi.new("float[1]")
+      local fscale = scale
+      if x.p.dtype ~= C.KILN_F64 then f[0] = scale fscale = f[0] end
+      local idx = {}
+      for j = 0, out - 1 do
+        f[0] = j * fscale
+        idx[j + 1] = math.min(math.floor(f[0]), n - 1)
+      end
+      y = gather_along(y, d, idx)
+    else
+      if align then scale = out > 1 and (n - 1) / (out - 1) or 0 end
+      local i0, i1, w0, w1 = {}, {}, {}, {}
+      for j = 0, out - 1 do
+        local src = align and j * scale or math.max((j + 0.5) * scale - 0.5, 0)
+        local lo = math.min(math.floor(src), n - 1)
+        local l1 = src - lo
+        i0[j + 1], i1[j + 1], w0[j + 1], w1[j + 1] = lo, math.min(lo + 1, n - 1), 1 - l1, l1
+      end
+      local shape = {}
+      for k = 1, y:dim() do shape[k] = k == d + 1 and out or 1 end
+      local function weights(w)
+        local a = ffi.new("double[?]", out)
+        for j = 1, out do a[j - 1] = w[j] end
+        return wrap(C.kiln_tensor_from_f64(1, ffi.new("int64_t[1]", out), a, y.p.dtype, y.p.device)):view(shape)
+      end
+      y = gather_along(y, d, i0) * weights(w0) + gather_along(y, d, i1) * weights(w1)
+    end
+  end
+  return y
+end
+
+-- The geometry of unfold and fold: the flat positions (from 0) in the padded [Hp, Wp] image of each
+-- (channel-free) column row (ki, kj) and block (a, b), PyTorch's order.
+local fold_options = set("dilation", "padding", "stride")
+local function fold_geometry(op, H, W, kernel_size, opts)
+  local kh, kw = pair(kernel_size, op .. ": kernel_size")
+  local dh, dw = pair(opts.dilation or 1, op .. ": dilation")
+  local ph, pw = pair(opts.padding or 0, op .. ": padding")
+  local sh, sw = pair(opts.stride or 1, op .. ": stride")
+  if kh < 1 or kw < 1 or dh < 1 or dw < 1 or sh < 1 or sw < 1 or ph < 0 or pw < 0 then
+    raise(string.format("%s: kernel_size {%d,%d}, dilation {%d,%d} and stride {%d,%d} must be >= 1, padding {%d,%d} >= 0",
+                        op, kh, kw, dh, dw, sh, sw, ph, pw))
+  end
+  local Hp, Wp = H + 2 * ph, W + 2 * pw
+  local oh, ow = math.floor((Hp - dh * (kh - 1) - 1) / sh) + 1, math.floor((Wp - dw * (kw - 1) - 1) / sw) + 1
+  if oh < 1 or ow < 1 then
+    raise(string.format("%s: a kernel {%d,%d} with dilation {%d,%d} does not fit the padded image [%d,%d]", op, kh, kw, dh, dw,
+                        Hp, Wp))
+  end
+  local idx = {}
+  for ki = 0, kh - 1 do
+    for kj = 0, kw - 1 do
+      for a = 0, oh - 1 do
+        for b = 0, ow - 1 do idx[#idx + 1] = (a * sh + ki * dh) * Wp + b * sw + kj * dw end
+      end
+    end
+  end
+  return {idx = idx, k = kh * kw, L = oh * ow, Hp = Hp, Wp = Wp, ph = ph, pw = pw}
+end
+
+-- unfold(x [N,C,H,W], kernel_size[, {dilation =, padding =, stride =}]): the sliding blocks as
+-- columns [N, C * kh * kw, L] (im2col), as torch.nn.functional.unfold.
+function F.unfold(x, kernel_size, opts)
+  tensor(x, "input", "unfold")
+  opts = options(opts, fold_options, "unfold")
+  if x:dim() ~= 4 then raise(string.format("unfold: input %s has %d dims (expected [N,C,H,W])", shape_of(x), x:dim())) end
+  local N, Cc, H, W = x:size(1), x:size(2), x:size(3), x:size(4)
+  local g = fold_geometry("unfold", H, W, kernel_size, opts)
+  local xp = (g.ph > 0 or g.pw > 0) and F.pad(x, {g.pw, g.pw, g.ph, g.ph}) or x
+  return gather_along(xp:reshape(N, Cc, g.Hp * g.Wp), 2, g.idx):reshape(N, Cc * g.k, g.L)
+end
+
+-- fold(cols [N, C * kh * kw, L], output_size, kernel_size[, {dilation =, padding =, stride =}]): the
+-- columns summed back into [N, C, H, W] (col2im; where blocks overlap, their values add), as
+-- torch.nn.functional.fold.
+function F.fold(cols, output_size, kernel_size, opts)
+  tensor(cols, "input", "fold")
+  opts = options(opts, fold_options, "fold")
+  local H, W = pair(output_size, "fold: output_size")
+  if cols:dim() ~= 3 then raise(string.format("fold: input %s has %d dims (expected [N, C * kh * kw, L])", shape_of(cols), cols:dim())) end
+  local g = fold_geometry("fold", H, W, kernel_size, opts)
+  local N, rows, L = cols:size(1), cols:size(2), cols:size(3)
+  if rows % g.k ~= 0 or L ~= g.L then
+    raise(string.format("fold: input %s does not fit output_size {%d,%d} (expected [N, C * %d, %d])", shape_of(cols), H, W, g.k, g.L))
+  end
+  local Cc = rows / g.k
+  local src = cols:reshape(N, Cc, g.k * L)
+  local index = core.index_tensor(g.idx, cols.p.device):view(1, 1, g.k * L):expand(N, Cc, g.k * L):contiguous()
+  local zeros = full({N, Cc, g.Hp * g.Wp}, 0, cols)
+  local out = wrap(C.kiln_scatter_add(zeros.p, 2, index.p, src.p)):view(N, Cc, g.Hp, g.Wp)
+  if g.ph > 0 or g.pw > 0 then out = out:narrow(3, g.ph + 1, H):narrow(4, g.pw + 1, W) end
+  return out
+end
+
+-- ---- einsum ----
+
+-- einsum("ij,jk->ik", a, b) or einsum(eq, {a, b}): a sum of products over named dims, as torch.einsum.
+-- Without "->" the output is the letters seen once, in alphabetical order. A letter repeated within
+-- an operand takes its diagonal ("ii->i", "ii" the trace). Operands are folded left to right, each
+-- pair contracted as one batched matrix product (bmm); letters used nowhere after are summed first.
+-- Sizes must match exactly (no broadcasting of size-1 dims) and "..." is not supported.
+local function letters_of(s)
+  local t = {}
+  for c in s:gmatch(".") do t[#t + 1] = c end
+  return t
+end
+
+local function product(list, size)
+  local p = 1
+  for _, c in ipairs(list) do p = p * size[c] end
+  return p
+end
+
+function F.einsum(eq, ...)
+  if type(eq) ~= "string" then raise("einsum: the equation must be a string (\"ij,jk->ik\"), got " .. core.describe(eq)) end
+  local ops = {...}
+  if #ops == 1 and type(ops[1]) == "table" and not is_tensor(ops[1]) then ops = ops[1] end
+  local spec = eq:gsub("%s", "")
+  if spec:find(".", 1, true) then raise("einsum: \"...\" is not supported; name every dim (" .. eq .. ")") end
+  local lhs, rhs = spec:match("^(.-)%->(.*)$")
+  lhs = lhs or spec
+  local terms = {}
+  for term in (lhs .. ","):gmatch("([^,]*),") do terms[#terms + 1] = term end
+  if #terms ~= #ops then raise(string.format("einsum: %q names %d operands, %d given", eq, #terms, #ops)) end
+  local size, count, where = {}, {}, {}
+  for i, term in ipairs(terms) do
+    local x = ops[i]
+    if not is_tensor(x) then raise(string.format("einsum: operand %d must be a tensor, got %s", i, core.describe(x))) end
+    if not term:match("^[%a]*$") then raise(string.format("einsum: subscripts are letters, got %q in %q", term, eq)) end
+    if #term ~= x:dim() then
+      raise(string.format("einsum: operand %d %s has %d dims but %q names %d", i, shape_of(x), x:dim(), term, #term))
+    end
+    for k, c in ipairs(letters_of(term)) do
+      local n = x:size(k)
+      if size[c] and size[c] ~= n then
+        raise(string.format("einsum: subscript %s has size %d in operand %d %s but %d before (%q)", c, n, i, shape_of(x),
+                            size[c], eq))
+      end
+      size[c], count[c] = n, (count[c] or 0) + 1
+      where[c] = where[c] or {}
+      where[c][i] = true
+    end
+  end
+  local out
+  if rhs then
+    out = letters_of(rhs)
+    local seen = {}
+    for _, c in ipairs(out) do
+      if not size[c] then raise(string.format("einsum: output subscript %s is in no operand (%q)", c, eq)) end
+      if seen[c] then raise(string.format("einsum: output subscript %s appears twice (%q)", c, eq)) end
+      seen[c] = true
+    end
+  else
+    out = {}
+    for c, n in pairs(count) do if n == 1 then out[#out + 1] = c end end
+    table.sort(out)
+  end
+  local in_out = {}
+  for _, c in ipairs(out) do in_out[c] = true end
+
+  -- one operand: its diagonals taken, and the letters needed nowhere else summed
+  local function prepare(i)
+    local x, L = ops[i], letters_of(terms[i])
+    while true do
+      local p, q
+      for a = 1, #L do
+        for b = a + 1, #L do if L[a] == L[b] then p, q = a, b break end end
+        if p then break end
+      end
+      if not p then break end
+      local perm, rest = {}, {}
+      for a = 1, #L do if a ~= p and a ~= q then perm[#perm + 1] = a rest[#rest + 1] = L[a] end end
+      perm[#perm + 1], perm[#perm + 2] = p, q
+      local n = size[L[p]]
+      local sizes = {}
+      for _, c in ipairs(rest) do sizes[#sizes + 1] = size[c] end
+      sizes[#sizes + 1] = n * n
+      local diag = {}
+      for j = 0, n - 1 do diag[j + 1] = j * (n + 1) end
+      x = gather_along(x:permute(perm):reshape(sizes), #sizes - 1, diag)
+      rest[#rest + 1] = L[p]
+      L = rest
+    end
+    return x, L
+  end
+  local function needed_after(i, c)
+    if in_out[c] then return true end
+    for j = i + 1, #ops do if where[c][j] then return true end end
+    return false
+  end
+  local function sum_out(x, L, keep)
+    local dims, rest = {}, {}
+    for k, c in ipairs(L) do if keep(c) then rest[#rest + 1] = c else dims[#dims + 1] = k end end
+    if #dims == 0 then return x, L end
+    return x:sum(dims), rest
+  end
+
+  local cur, curL = prepare(1)
+  for i = 2, #ops do
+    local nxt, nxtL = prepare(i)
+    local in_cur, in_nxt = {}, {}
+    for _, c in ipairs(curL) do in_cur[c] = true end
+    for _, c in ipairs(nxtL) do in_nxt[c] = true end
+    cur, curL = sum_out(cur, curL, function(c) return in_nxt[c] or needed_after(i, c) end)
+    nxt, nxtL = sum_out(nxt, nxtL, function(c) return in_cur[c] or needed_after(i, c) end)
+    local batch, only_a, contract, only_b = {}, {}, {}, {}
+    for _, c in ipairs(curL) do
+      if in_nxt[c] then
+        if needed_after(i, c) then batch[#batch + 1] = c else contract[#contract + 1] = c end
+      else only_a[#only_a + 1] = c end
+    end
+    for _, c in ipairs(nxtL) do if not in_cur[c] then only_b[#only_b + 1] = c end end
+    local function arrange(x, L, order)
+      local pos = {}
+      for k, c in ipairs(L) do pos[c] = k end
+      local perm = {}
+      for _, c in ipairs(order) do perm[#perm + 1] = pos[c] end
+      return #perm > 0 and x:permute(perm) or x
+    end
+    local ab, ac, bc = {}, {}, {}
+    for _, c in ipairs(batch) do ab[#ab + 1] = c bc[#bc + 1] = c end
+    for _, c in ipairs(only_a) do ab[#ab + 1] = c end
+    for _, c in ipairs(contract) do ab[#ab + 1] = c bc[#bc + 1] = c end
+    for _, c in ipairs(only_b) do bc[#bc + 1] = c end
+    local B, M, K, N = product(batch, size), product(only_a, size), product(contract, size), product(only_b, size)
+    local a3 = arrange(cur, curL, ab):reshape(B, M, K)
+    local b3 = arrange(nxt, nxtL, bc):reshape(B, K, N)
+    local sizes = {}
+    curL = {}
+    for _, list in ipairs({batch, only_a, only_b}) do
+      for _, c in ipairs(list) do sizes[#sizes + 1] = size[c] curL[#curL + 1] = c end
+    end
+    cur = a3:bmm(b3):reshape(sizes)
+  end
+  cur, curL = sum_out(cur, curL, function(c) return in_out[c] end)
+  if #out == 0 then return cur end
+  local pos = {}
+  for k, c in ipairs(curL) do pos[c] = k end
+  local perm, identity = {}, true
+  for k, c in ipairs(out) do perm[k] = pos[c] identity = identity and pos[c] == k end
+  if identity then return cur end
+  return cur:permute(perm)
+end
+
 return F

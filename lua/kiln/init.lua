@@ -129,6 +129,7 @@ end
 
 kiln.functional = require "kiln.functional"
 kiln.F = kiln.functional
+kiln.einsum = kiln.functional.einsum
 kiln.nn = require "kiln.nn"
 kiln.data = require "kiln.data"
 kiln.ui = require "kiln.ui"

@@ -9,6 +9,8 @@ local wrap, check, cdim, fail, is_tensor, raise = core.wrap, core.check, core.cd
 local wrap_retry, tensor_arg, number_arg = core.wrap_retry, core.tensor_arg, core.number_arg
 
 local Tensor = {}     -- the methods
+local FLOAT_DTYPES = {[tonumber(C.KILN_F32)] = true, [tonumber(C.KILN_F64)] = true, [tonumber(C.KILN_F16)] = true,
+                      [tonumber(C.KILN_BF16)] = true}
 local mt = {}
 
 local function scalar_or_tensor(x, what)
@@ -28,6 +30,7 @@ function Tensor.dtype(t) return core.dtype_names[t.p.dtype] end
 function Tensor.device(t) return core.device_name(t.p.device) end
 function Tensor.is_contiguous(t) return C.kiln_is_contiguous(t.p) == 1 end
 function Tensor.is_freed(t) return C.kiln_tensor_is_freed(t.p) == 1 end
+function Tensor.is_floating_point(t) return FLOAT_DTYPES[t.p.dtype] == true end
 function Tensor.element_size(t) return C.kiln_dtype_size(t.p.dtype) end
 
 local size_mt = {__tostring = function(s) return "[" .. table.concat(s, ", ") .. "]" end}
@@ -349,7 +352,15 @@ function Tensor.ones_like(t, opts) return full_like(t, 1, opts, "ones_like") end
 function Tensor._empty_like(t, opts) return full_like(t, 0, opts, "empty_like") end
 
 function Tensor.clamp(t, lo, hi)
-  if type(lo) == "table" then lo, hi = lo.min, lo.max end
+  if type(lo) == "table" and not is_tensor(lo) then lo, hi = lo.min, lo.max end
+  if is_tensor(lo) or is_tensor(hi) then
+    -- tensor bounds (broadcast): min(max(t, lo), hi), as PyTorch; either may be a number or nil
+    if lo == nil and hi == nil then raise("clamp: give a lower bound, an upper bound or both") end
+    local r = t
+    if lo ~= nil then r = r:maximum(is_tensor(lo) and lo or number_arg(lo, "clamp", "min")) end
+    if hi ~= nil then r = r:minimum(is_tensor(hi) and hi or number_arg(hi, "clamp", "max")) end
+    return r
+  end
   if lo ~= nil then number_arg(lo, "clamp", "min") end
   if hi ~= nil then number_arg(hi, "clamp", "max") end
   return wrap_retry(C.kiln_clamp, t.p, lo or 0, hi or 0, lo ~= nil and 1 or 0, hi ~= nil and 1 or 0)
@@ -647,6 +658,339 @@ end
 function Tensor.all(t, dim, keepdim)
   local n = dim == nil and t:eq(0):sum() or t:eq(0):sum(dim, keepdim)
   return n:eq(0)
+end
+
+-- ---- sorting and scans (kernels of the op table: argsort, cumsum, cumprod) ----
+
+-- (dim, descending) or {dim =, descending =, stable =}: the dim defaults to the last. Sorting is
+-- always stable, so stable = false changes nothing.
+local sort_options = core.set("dim", "descending", "stable")
+-- The C dim along which an op runs; a 0-d tensor has one element along dim 1 (or -1), as in PyTorch.
+local function line_dim(t, dim, what) return cdim(t, dim, what, t.p.ndim == 0 and 1 or 0) end
+local function sort_args(t, dim, descending, what)
+  if type(dim) == "table" then
+    local o = core.options(dim, sort_options, what)
+    dim, descending = o.dim, o.descending
+  end
+  return line_dim(t, dim or -1, what), core.flag(descending, false, what, "descending")
+end
+
+-- t:argsort([dim[, descending]]): i64 indices (from 1) that sort t along dim; stable.
+function Tensor.argsort(t, dim, descending)
+  local d, desc = sort_args(t, dim, descending, "argsort")
+  return plus_one(wrap_retry(C.kiln_argsort, t.p, d, desc and 1 or 0))
+end
+
+-- t:sort([dim[, descending]]): the sorted values and their indices (from 1), stable as PyTorch's
+-- sort(stable=True); NaN sorts above every number. The values are gather(t, idx): they carry grad.
+function Tensor.sort(t, dim, descending)
+  local d, desc = sort_args(t, dim, descending, "sort")
+  local idx = wrap_retry(C.kiln_argsort, t.p, d, desc and 1 or 0)
+  if t.p.ndim == 0 then return wrap(C.kiln_alias(t.p)), plus_one(idx) end
+  return wrap(C.kiln_gather(t.p, d, idx.p)), plus_one(idx)
+end
+
+-- t:topk(k[, dim[, largest[, sorted]]]) or t:topk(k, {dim =, largest =, sorted =}): the k largest
+-- (smallest) values along dim and their indices (from 1), in sorted order; ties keep their order.
+local topk_options = core.set("dim", "largest", "sorted")
+function Tensor.topk(t, k, dim, largest, sorted)
+  if type(dim) == "table" then
+    local o = core.options(dim, topk_options, "topk")
+    dim, largest, sorted = o.dim, o.largest, o.sorted
+  end
+  core.integer_arg(k, "topk", "k")
+  local d = line_dim(t, dim or -1, "topk")
+  largest = core.flag(largest, true, "topk", "largest")
+  core.flag(sorted, true, "topk", "sorted")
+  local n = t.p.ndim == 0 and 1 or tonumber(t.p.sizes[d])
+  if k < 0 or k > n then
+    raise(string.format("topk: k = %d is out of range for dim %d of size %d (tensor %s)", k, d + 1, n,
+                        ffi.string(C.kiln_shape_string(t.p))))
+  end
+  local idx = wrap_retry(C.kiln_argsort_k, t.p, d, largest and 1 or 0, k)
+  if t.p.ndim == 0 then return wrap(C.kiln_alias(t.p)), plus_one(idx) end
+  return wrap(C.kiln_gather(t.p, d, idx.p)), plus_one(idx)
+end
+
+-- t:cumsum(dim) and t:cumprod(dim): running sums (products) along dim; integers and bool give i64.
+function Tensor.cumsum(t, dim)
+  if dim == nil then raise("cumsum: give the dim (dims count from 1)") end
+  return wrap_retry(C.kiln_cumsum, t.p, line_dim(t, dim, "cumsum"))
+end
+function Tensor.cumprod(t, dim)
+  if dim == nil then raise("cumprod: give the dim (dims count from 1)") end
+  return wrap_retry(C.kiln_cumprod, t.p, line_dim(t, dim, "cumprod"))
+end
+
+-- ---- composites: ops written with other ops (views, gather, index_select, products), which give
+-- them their gradients and their devices ----
+
+local index_tensor = core.index_tensor
+local function shape_of(t) return ffi.string(C.kiln_shape_string(t.p)) end
+local function sizes_of(t)
+  local s = {}
+  for i = 0, t.p.ndim - 1 do s[i + 1] = tonumber(t.p.sizes[i]) end
+  return s
+end
+local function count_arg(v, what, name)
+  core.integer_arg(v, what, name)
+  if v < 0 then raise(string.format("%s: %s must be >= 0, got %d", what, name, v)) end
+  return v
+end
+
+-- t repeated reps[i] times along dim i (reps at least as long as t has dims; t gains leading dims).
+local function tile(t, reps, what)
+  for i, r in ipairs(reps) do count_arg(r, what, "repeat " .. i) end
+  local lead = #reps - t.p.ndim
+  local sizes = sizes_of(t)
+  for _ = 1, lead do table.insert(sizes, 1, 1) end
+  local x = #sizes == t.p.ndim and t or t:reshape(sizes)
+  for i = 1, #reps do
+    local r = reps[i]
+    if r ~= 1 then
+      -- [.., s, ..] -> [.., 1, s, ..] -> [.., r, s, ..] -> [.., r * s, ..]: the whole dim r times
+      local v, e = {}, {}
+      for k = 1, #sizes do
+        if k == i then v[#v + 1], e[#e + 1] = 1, r end
+        v[#v + 1], e[#e + 1] = sizes[k], sizes[k]
+      end
+      sizes[i] = sizes[i] * r
+      x = x:reshape(v):expand(e):reshape(sizes)
+    end
+  end
+  if x == t then return t:clone() end
+  return x
+end
+
+-- t:tile(r1, r2, ...) or t:tile{...}: t repeated along each dim; fewer reps than dims repeat the last
+-- dims (the others once), as torch.tile.
+function Tensor.tile(t, ...)
+  local reps = size_args(t, "tile", ...)
+  local full = {}
+  for _ = 1, t.p.ndim - #reps do full[#full + 1] = 1 end
+  for _, r in ipairs(reps) do full[#full + 1] = r end
+  return tile(t, full, "tile")
+end
+
+-- t["repeat"](t, r1, r2, ...) (repeat is a Lua keyword): PyTorch's Tensor.repeat, as tile with at
+-- least as many reps as t has dims.
+Tensor["repeat"] = function(t, ...)
+  local reps = size_args(t, "repeat", ...)
+  if #reps < t.p.ndim then
+    raise(string.format("repeat: %d repeats for a tensor of %d dims %s (give at least one per dim, or use tile)", #reps,
+                        t.p.ndim, shape_of(t)))
+  end
+  return tile(t, reps, "repeat")
+end
+
+-- t:repeat_interleave(repeats[, dim]): each element (slice along dim) repeated; repeats is a count,
+-- or one count per element (a table or an integer tensor). Without dim, t is flattened first.
+function Tensor.repeat_interleave(t, repeats, dim)
+  local x = t
+  if dim == nil then x, dim = t:reshape(-1), 1 end
+  local d = cdim(x, dim, "repeat_interleave")
+  local n = tonumber(x.p.sizes[d])
+  if is_tensor(repeats) then
+    if repeats:dim() > 1 or repeats:is_floating_point() then
+      raise(string.format("repeat_interleave: repeats must be a count or a 1-d integer tensor, got %s %s", repeats:dtype(),
+                          shape_of(repeats)))
+    end
+    repeats = repeats:dim() == 0 and repeats:item() or repeats:totable()
+  end
+  if type(repeats) == "table" and #repeats == 1 then repeats = repeats[1] end
+  if type(repeats) == "number" then
+    count_arg(repeats, "repeat_interleave", "repeats")
+    local sizes = sizes_of(x)
+    local v, e = {}, {}
+    for k = 1, #sizes do
+      v[#v + 1], e[#e + 1] = sizes[k], sizes[k]
+      if k == d + 1 then v[#v + 1], e[#e + 1] = 1, repeats end
+    end
+    sizes[d + 1] = sizes[d + 1] * repeats
+    return x:reshape(v):expand(e):reshape(sizes)
+  end
+  if type(repeats) ~= "table" then
+    raise("repeat_interleave: repeats must be a count, a table or a tensor of counts, got " .. core.describe(repeats))
+  end
+  if #repeats ~= n then
+    raise(string.format("repeat_interleave: %d repeats for dim %d of size %d (tensor %s)", #repeats, d + 1, n, shape_of(x)))
+  end
+  local idx = {}
+  for j = 1, n do
+    for _ = 1, count_arg(repeats[j], "repeat_interleave", "repeats " .. j) do idx[#idx + 1] = j - 1 end
+  end
+  return wrap(C.kiln_index_select(x.p, d, index_tensor(idx, x.p.device).p))
+end
+
+-- t:roll(shifts[, dims]): elements shifted along each dim, those past the end coming back at the
+-- start; shifts and dims are numbers or tables of the same length. Without dims, t is rolled flat.
+function Tensor.roll(t, shifts, dims)
+  if dims == nil then
+    if type(shifts) == "table" then
+      if #shifts ~= 1 then raise("roll: without dims, give one shift (the tensor is rolled flat)") end
+      shifts = shifts[1]
+    end
+    return t:reshape(-1):roll(shifts, 1):reshape(sizes_of(t))
+  end
+  if type(shifts) ~= "table" then shifts = {shifts} end
+  if type(dims) ~= "table" then dims = {dims} end
+  if #shifts ~= #dims then raise(string.format("roll: %d shifts for %d dims", #shifts, #dims)) end
+  local x = t
+  for k = 1, #dims do
+    core.integer_arg(shifts[k], "roll", "the shift")
+    local d = cdim(x, dims[k], "roll")
+    local n = tonumber(x.p.sizes[d])
+    local s = n > 0 and shifts[k] % n or 0
+    if s ~= 0 then
+      local idx = {}
+      for j = 0, n - 1 do idx[j + 1] = (j - s) % n end
+      x = wrap(C.kiln_index_select(x.p, d, index_tensor(idx, x.p.device).p))
+    end
+  end
+  if x == t then return t:clone() end
+  return x
+end
+
+-- The value of addcmul/addcdiv/baddbmm: a number, or {value =} (and {beta =, alpha =}).
+local function scale_arg(v, default, what, name)
+  if v == nil then return default end
+  return number_arg(v, what, name)
+end
+
+-- t:addcmul(a, b[, value = 1]) = t + value * a * b and t:addcdiv(a, b[, value = 1]) = t + value * a / b
+-- (broadcast); value may be given as {value = v}.
+function Tensor.addcmul(t, a, b, value)
+  if type(value) == "table" then value = core.options(value, core.set("value"), "addcmul").value end
+  tensor_arg(a, "addcmul", "tensor1") tensor_arg(b, "addcmul", "tensor2")
+  return t + a * b * scale_arg(value, 1, "addcmul", "value")
+end
+function Tensor.addcdiv(t, a, b, value)
+  if type(value) == "table" then value = core.options(value, core.set("value"), "addcdiv").value end
+  tensor_arg(a, "addcdiv", "tensor1") tensor_arg(b, "addcdiv", "tensor2")
+  return t + a / b * scale_arg(value, 1, "addcdiv", "value")
+end
+
+-- t:lerp(e, w) = t + w * (e - t): w a number or a tensor (broadcast).
+function Tensor.lerp(t, e, w)
+  tensor_arg(e, "lerp", "end")
+  if not is_tensor(w) then number_arg(w, "lerp", "weight") end
+  return t + (e - t) * w
+end
+
+-- a:outer(b): the matrix a[i] * b[j] of two 1-d tensors.
+function Tensor.outer(a, b)
+  tensor_arg(b, "outer", "argument 2")
+  if a.p.ndim ~= 1 or b.p.ndim ~= 1 then
+    raise(string.format("outer: expects two 1-d tensors, got %s and %s", shape_of(a), shape_of(b)))
+  end
+  return a:view(-1, 1) * b:view(1, -1)
+end
+Tensor.ger = Tensor.outer
+
+-- The flat positions (from 0) of diagonal k of a rows x cols matrix.
+local function diagonal_positions(rows, cols, k)
+  local list = {}
+  local r0, c0 = k < 0 and -k or 0, k > 0 and k or 0
+  local i = 0
+  while r0 + i < rows and c0 + i < cols do
+    list[#list + 1] = (r0 + i) * cols + c0 + i
+    i = i + 1
+  end
+  return list
+end
+
+-- t:diag([k = 0]): for a 1-d t, the square matrix with t on diagonal k (k > 0 above the main one);
+-- for a 2-d t, its diagonal k as a 1-d tensor.
+function Tensor.diag(t, k)
+  k = k or 0
+  core.integer_arg(k, "diag", "the diagonal")
+  if t.p.ndim == 1 then
+    local n = tonumber(t.p.sizes[0])
+    local m = n + math.abs(k)
+    local pos = index_tensor(diagonal_positions(m, m, k), t.p.device)
+    local zeros = wrap(C.kiln_tensor_full(1, ffi.new("int64_t[1]", m * m), 0, t.p.dtype, t.p.device))
+    return wrap(C.kiln_scatter_add(zeros.p, 0, pos.p, t.p)):view(m, m)
+  elseif t.p.ndim == 2 then
+    local rows, cols = tonumber(t.p.sizes[0]), tonumber(t.p.sizes[1])
+    local pos = index_tensor(diagonal_positions(rows, cols, k), t.p.device)
+    return wrap(C.kiln_index_select(t:reshape(-1).p, 0, pos.p))
+  end
+  raise(string.format("diag: expects a 1-d or 2-d tensor, got %s", shape_of(t)))
+end
+
+-- t:trace(): the sum of the main diagonal of a 2-d tensor.
+function Tensor.trace(t)
+  if t.p.ndim ~= 2 then raise(string.format("trace: expects a 2-d tensor, got %s", shape_of(t))) end
+  return t:diag():sum()
+end
+
+-- c:baddbmm(a, b[, {beta = 1, alpha = 1}]) = beta * c + alpha * (a @ b) for batches a [B,n,k] and
+-- b [B,k,m], c broadcast to [B,n,m]; with beta = 0, c is not read (NaN in it does not show).
+local baddbmm_options = core.set("beta", "alpha")
+function Tensor.baddbmm(c, a, b, opts)
+  opts = core.options(opts, baddbmm_options, "baddbmm")
+  tensor_arg(a, "baddbmm", "batch1") tensor_arg(b, "baddbmm", "batch2")
+  local beta, alpha = scale_arg(opts.beta, 1, "baddbmm", "beta"), scale_arg(opts.alpha, 1, "baddbmm", "alpha")
+  local p = a:bmm(b)
+  if alpha ~= 1 then p = p * alpha end
+  if beta == 0 then
+    c:expand(sizes_of(p))   -- c must still broadcast to the product, as in PyTorch
+    return p
+  end
+  return p + (beta == 1 and c or c * beta)
+end
+
+-- probs:multinomial(n[, replacement = false]): n category indices (from 1) drawn from each row of
+-- non-negative weights (1-d, or 2-d: one draw per row), from kiln's generator (kiln.manual_seed).
+-- With replacement: the inverse of the cumulative weights at n uniform draws. Without: the n
+-- largest of w / e for exponential draws e (the exponential-clock method PyTorch's CPU uses), so
+-- that each category is drawn at most once. Runs where cumsum and argsort run (the CPU).
+function Tensor.multinomial(p, n, replacement)
+  if type(replacement) == "table" then replacement = core.options(replacement, core.set("replacement"), "multinomial").replacement end
+  replacement = core.flag(replacement, false, "multinomial", "replacement")
+  count_arg(n, "multinomial", "the number of samples")
+  if p.p.ndim < 1 or p.p.ndim > 2 then
+    raise(string.format("multinomial: probabilities must be 1-d or 2-d, got %s", shape_of(p)))
+  end
+  if not p:is_floating_point() then
+    raise(string.format("multinomial: probabilities %s are %s (expected a float dtype)", shape_of(p), p:dtype()))
+  end
+  local k = p:size(-1)
+  local rows = p.p.ndim == 2 and p:size(1) or 1
+  local w = p:detach():to("f64"):reshape(rows, k)
+  local sum = w:sum():item()   -- NaN or inf when a weight is (isfinite has no CUDA kernel)
+  if sum ~= sum or sum == math.huge or w:lt(0):any():item() then
+    raise(string.format("multinomial: the weights %s must be finite and >= 0", shape_of(p)))
+  end
+  local positive = w:gt(0):sum(2)
+  if positive:eq(0):any():item() then raise(string.format("multinomial: a row of %s has no positive weight", shape_of(p))) end
+  if not replacement and n > positive:min():item() then
+    raise(string.format("multinomial: cannot draw %d samples without replacement from %d categories with a positive weight (%s)",
+                        n, positive:min():item(), shape_of(p)))
+  end
+  local u = wrap(C.kiln_tensor_empty(2, ffi.new("int64_t[2]", rows, replacement and n or k), C.KILN_F64, p.p.device))
+  check(C.kiln_uniform_(u.p, 0, 1))
+  local idx
+  if replacement then
+    local cdf = w:cumsum(2)
+    local total = cdf:narrow(2, k, 1)
+    -- the category of u * total: how many cumulative weights are <= it (zero weights are skipped);
+    -- the draws go in chunks that keep the comparison table near 4M entries
+    local chunk = math.max(1, math.floor(4194304 / (rows * k)))
+    local parts = {}
+    for s = 1, n, chunk do
+      local m = math.min(chunk, n - s + 1)
+      local at = (u:narrow(2, s, m) * total):view(rows, m, 1)
+      parts[#parts + 1] = cdf:view(rows, 1, k):le(at):sum(3)
+    end
+    idx = (#parts == 1 and parts[1] or Tensor.cat(parts, 2)):clamp(0, k - 1)
+  else
+    local e = (u * -1 + 1):log() * -1   -- exponential draws, from 1 - u in (0, 1]
+    idx = wrap(C.kiln_argsort_k((w / e).p, 1, 1, n))
+  end
+  idx = idx + 1
+  if p.p.ndim == 1 then return idx:reshape(n) end
+  return idx
 end
 
 -- Fields read like PyTorch's: t.grad, t.requires_grad, t.is_leaf, t.grad_fn.

@@ -116,6 +116,9 @@ int cuda_rnn(const struct kiln_call *c);                 /* one recurrent layer 
 int cuda_rnn_backward(const struct kiln_call *c);
 int cuda_ctc_loss(const struct kiln_call *c);            /* ctc.cu */
 int cuda_ctc_loss_backward(const struct kiln_call *c);
+int cuda_scan(const struct kiln_call *c);               /* cumsum, cumprod (scan.cu) */
+int cuda_cumprod_backward(const struct kiln_call *c);
+int cuda_argsort(const struct kiln_call *c);
 int cuda_optim_step(const struct kiln_call *c);         /* sgd, adam, rmsprop, adagrad */
 int cuda_conv2d(const struct kiln_call *c);             /* cuDNN; built when CMake finds it (KILN_HAVE_CUDNN) */
 int cuda_conv2d_backward(const struct kiln_call *c);

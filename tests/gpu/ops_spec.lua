@@ -153,9 +153,9 @@ end
 -- ---- elementwise ----
 
 local unary_ops = {"neg", "abs", "sign", "sqrt", "rsqrt", "exp", "log", "log1p", "expm1", "sin", "cos", "tanh", "sigmoid",
-                   "relu", "floor", "ceil", "round", "trunc", "reciprocal", "square", "erf", "logical_not"}
+                   "relu", "floor", "ceil", "round", "trunc", "reciprocal", "square", "erf", "logical_not", "erfinv"}
 local binary_ops = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "remainder", "eq", "ne", "lt", "le", "gt",
-                    "ge", "logical_and", "logical_or"}
+                    "ge", "logical_and", "logical_or", "atan2"}
 local comparisons = {eq = true, ne = true, lt = true, le = true, gt = true, ge = true, logical_and = true,
                      logical_or = true, logical_not = true}
 
@@ -249,6 +249,92 @@ for _, name in ipairs(binary_ops) do
     end)
   end
 end
+
+-- ---- scans and sorting: argsort, cumsum, cumprod (and sort, topk, multinomial through them) ----
+
+for _, name in ipairs({"cumsum", "cumprod", "argsort"}) do
+  if has_kernel(name) then
+    for _, dtype in ipairs({"f32", "f64", "f16", "i64", "i32", "bool"}) do
+      for _, layout in ipairs(layouts) do
+        for _, dim in ipairs({1, -1}) do
+          local what = string.format("%s %s, dim %d", dtype, layout.name, dim)
+          guarded(name, what, function()
+            local a, ga = pair(layout, dtype)
+            if name == "argsort" then
+              if float[dtype] then a, ga = a:round(), ga:round() end   -- ties, which must keep their order
+              for _, desc in ipairs({false, true}) do
+                local err, detail = max_error(ga:argsort(dim, desc), a:argsort(dim, desc))
+                record(name, err, 0, what .. (desc and ", descending" or ""), detail)
+              end
+            else
+              local c, g = a[name](a, dim), ga[name](ga, dim)
+              local err, detail = max_error(g, c)
+              record(name, err, tolerance(name, ctype_of(c:dtype()), c:dtype()), what, detail)
+            end
+          end)
+        end
+      end
+    end
+  end
+end
+
+if has_kernel("cumprod_backward") then
+  for _, dtype in ipairs({"f32", "f64"}) do
+    guarded("cumprod_backward", dtype .. " transposed, through a zero", function()
+      local base = gen({6, 9}, dtype, true)
+      check(C.kiln_tensor_set(base.p, 4, 0))
+      local a, ga = base:t():clone():requires_grad_(), base:to(DEV):t():clone():requires_grad_()
+      local r = gen({9, 6}, dtype, true)
+      a:cumprod(2):backward(r)
+      ga:cumprod(2):backward(r:to(DEV))
+      local err, detail = max_error(ga.grad, a.grad)
+      record("cumprod_backward", err, tolerance("cumprod_backward", dtype, dtype), dtype .. " transposed, through a zero", detail)
+    end)
+  end
+end
+
+if has_kernel("argsort") and has_kernel("cumsum") then
+  guarded("argsort", "sort, topk and multinomial draws", function()
+    local a = gen({7, 40}, "f32", true)
+    local ga = a:to(DEV)
+    local v, i = a:sort(2, true)
+    local gv, gi = ga:sort(2, true)
+    record("argsort", math.max((max_error(gv, v)), (max_error(gi, i))), 0, "sort values and indices")
+    local tv, ti = a:topk(5, 1)
+    local gtv, gti = ga:topk(5, 1)
+    record("argsort", math.max((max_error(gtv, tv)), (max_error(gti, ti))), 0, "topk values and indices")
+    local w = a:abs() + 0.01
+    for _, replacement in ipairs({true, false}) do
+      kiln.manual_seed(11)
+      local c = w:multinomial(6, replacement)
+      kiln.manual_seed(11)
+      local g = w:to(DEV):multinomial(6, replacement)
+      record("argsort", (max_error(g, c)), 0, "multinomial draws, replacement " .. tostring(replacement))
+    end
+  end)
+end
+
+-- the composites of lua/kiln (pad, interpolate, einsum, unfold, fold, ...) on the device's ops
+guarded("composites", "pad, interpolate, einsum, unfold, fold, repeat_interleave, roll, diag", function()
+  local F = kiln.F
+  local x = gen({2, 3, 5, 6}, "f32", true)
+  local gx = x:to(DEV)
+  local cases = {
+    function(t) return F.pad(t, {2, 1, 1, 3}, "reflect") end,
+    function(t) return F.pad(t, {1, -1, 2, 0}, {value = 0.5}) end,
+    function(t) return F.pad(t, {2, 3, 1, 0}, "replicate") end,
+    function(t) return F.interpolate(t, {size = {7, 4}, mode = "bilinear"}) end,
+    function(t) return F.interpolate(t, {scale_factor = 2}) end,
+    function(t) return kiln.einsum("bchw,bdhw->bcd", t, t) end,
+    function(t) return kiln.einsum("ii->i", t:select(1, 1):select(1, 1):narrow(2, 1, 5)) end,
+    function(t) return F.fold(F.unfold(t, {2, 3}, {padding = 1, stride = {2, 1}}), {5, 6}, {2, 3}, {padding = 1, stride = {2, 1}}) end,
+    function(t) return t:repeat_interleave({1, 0, 2}, 2):roll({1, -2}, {3, 4}) end,
+    function(t) return t:select(1, 1):select(1, 2):diag(1) end,
+  }
+  local worst = 0
+  for _, f in ipairs(cases) do worst = math.max(worst, (max_error(f(gx), f(x)))) end
+  record("composites", worst, tolerance("composites", "f32", "f32"), "10 cases, f32")
+end)
 
 if has_kernel("where") then
   for _, dt in ipairs({{"bool", "f32", "f32"}, {"bool", "f32", "f64"}, {"f32", "i64", "i64"}, {"u8", "f16", "bf16"}}) do

@@ -35,6 +35,17 @@ local checks = {
     local cond = kiln.randn(3, 4):gt(0)
     return function(a, b) return kiln.where(cond, a, b) end, {x64(kiln, 3, 4), t64(kiln, 3, 4)}
   end,
+  erfinv = function(kiln)
+    return function(a) return a:erfinv() end, {(kiln.rand(4, 3, {dtype = "f64"}) * 1.6 - 0.8):t():requires_grad_()}
+  end,
+  atan2 = function(kiln) return function(a, b) return a:atan2(b) end, {t64(kiln, 3, 4), x64(kiln, 4)} end,
+  cumsum = function(kiln) return function(a) return a:cumsum(2) end, {t64(kiln, 3, 5)} end,
+  cumprod = function(kiln)
+    -- a zero on purpose: the derivative must not divide by x
+    local x = kiln.randn(5, 3, {dtype = "f64"})
+    x[2][2] = 0
+    return function(a) return a:cumprod(1) end, {x:t():requires_grad_()}
+  end,
   clamp = function(kiln) return function(a) return a:clamp(-0.5, 0.7) end, {t64(kiln, 3, 4)} end,
   sum = reduce("sum", 2), mean = reduce("mean", 1), prod = reduce("prod", 2), var = reduce("var", 2),
   std = reduce("std", 1), norm = reduce("norm", 2, 2), logsumexp = reduce("logsumexp", 2),
@@ -102,8 +113,71 @@ local checks = {
   end,
 }
 
+-- The composites: ops written in Lua with the ops of the table (their gradients are those ops'),
+-- in docs/ops.md's last section. Each: its help name, what it is written with, and its f64 check.
+local F = function(kiln) return kiln.F end
+local composites = {
+  {"Tensor:sort", "argsort, gather", function(kiln) return function(a) return (a:sort(2, true)) end, {t64(kiln, 3, 5)} end},
+  {"Tensor:topk", "argsort, narrow, gather", function(kiln) return function(a) return (a:topk(2, 1)) end, {t64(kiln, 4, 3)} end},
+  {"Tensor:tile", "reshape, expand", function(kiln) return function(a) return a:tile(2, 1, 3) end, {t64(kiln, 2, 3)} end},
+  {"Tensor:repeat", "reshape, expand", function(kiln) return function(a) return a["repeat"](a, 2, 2) end, {t64(kiln, 2, 3)} end},
+  {"Tensor:repeat_interleave", "reshape, expand; index_select", function(kiln)
+    return function(a) return a:repeat_interleave({2, 0, 1}, 1) + a:repeat_interleave(2, 1):narrow(1, 1, 3) end, {t64(kiln, 3, 4)}
+  end},
+  {"Tensor:roll", "index_select", function(kiln) return function(a) return a:roll({1, -2}, {1, 2}) end, {t64(kiln, 3, 4)} end},
+  {"Tensor:multinomial", "cumsum, uniform; argsort (not differentiable)"},
+  {"Tensor:addcmul", "mul, add", function(kiln)
+    return function(a, b, c) return a:addcmul(b, c, 0.5) end, {t64(kiln, 3, 4), x64(kiln, 3, 4), x64(kiln, 4)}
+  end},
+  {"Tensor:addcdiv", "div, mul, add", function(kiln)
+    return function(a, b, c) return a:addcdiv(b, c, 0.5) end, {t64(kiln, 3, 4), x64(kiln, 3, 4), pos64(kiln, 4)}
+  end},
+  {"Tensor:lerp", "sub, mul, add", function(kiln)
+    return function(a, b, w) return a:lerp(b, w) end, {t64(kiln, 3, 4), x64(kiln, 3, 4), x64(kiln, 4)}
+  end},
+  {"Tensor:outer", "view, mul", function(kiln) return function(a, b) return a:outer(b) end, {x64(kiln, 3), x64(kiln, 4)} end},
+  {"Tensor:diag", "index_select; scatter_add", function(kiln)
+    return function(m, v) return m:diag(1):sum() + v:diag(-1) end, {t64(kiln, 4, 5), x64(kiln, 3)}
+  end},
+  {"Tensor:trace", "diag, sum", function(kiln) return function(m) return m:trace() end, {t64(kiln, 4, 4)} end},
+  {"Tensor:baddbmm", "bmm, mul, add", function(kiln)
+    return function(c, a, b) return c:baddbmm(a, b, {beta = 0.5, alpha = 2}) end, {x64(kiln, 3, 4), x64(kiln, 2, 3, 5), x64(kiln, 2, 5, 4)}
+  end},
+  {"Tensor:clamp", "maximum, minimum (tensor bounds)", function(kiln)
+    return function(x, lo, hi) return x:clamp(lo, hi) end, {t64(kiln, 3, 4), (x64(kiln, 4) - 1):detach():requires_grad_(),
+                                                             (x64(kiln, 4) + 1):detach():requires_grad_()}
+  end},
+  {"kiln.einsum", "permute, reshape, sum, bmm; index_select (diagonals)", function(kiln)
+    return function(a, b, c)
+      return kiln.einsum("bij,bjk,k->bi", a, b, c) + kiln.einsum("ii->i", b:narrow(1, 1, 1):view(4, 4)):sum()
+    end, {x64(kiln, 2, 3, 4), x64(kiln, 2, 4, 4), x64(kiln, 4)}
+  end},
+  {"kiln.nn.functional.pad", "cat, narrow; index_select (reflect, replicate, circular)", function(kiln)
+    return function(x)
+      -- each mode weighted differently, so that a gradient in the wrong place shows
+      local w = kiln.arange(1, 6, {dtype = "f64"}):view(5, 1)
+      return (F(kiln).pad(x, {1, -1, 2, 0}, {value = 0.5}) * w):sum() + (F(kiln).pad(x, {1, 0, 1, 1}, "reflect") * w):sum()
+             + (F(kiln).pad(x, {0, 1, 1, 1}, "replicate") * w):sum() + (F(kiln).pad(x, {1, 0, 2, 0}, "circular") * w):sum()
+    end, {x64(kiln, 2, 2, 3, 4)}
+  end},
+  {"kiln.nn.functional.interpolate", "index_select, mul, add", function(kiln)
+    return function(x)
+      return F(kiln).interpolate(x, {size = {5, 7}, mode = "bilinear"}):sum(4)
+             + F(kiln).interpolate(x, {size = {5, 2}, mode = "bilinear", align_corners = true}):sum(4)
+             + F(kiln).interpolate(x, {scale_factor = {5 / 3, 1.5}}):sum(4)
+    end, {x64(kiln, 1, 2, 3, 4)}
+  end},
+  {"kiln.nn.functional.unfold", "pad, index_select", function(kiln)
+    return function(x) return F(kiln).unfold(x, {2, 3}, {padding = 1, stride = {2, 1}, dilation = {1, 2}}) end, {x64(kiln, 2, 2, 4, 5)}
+  end},
+  {"kiln.nn.functional.fold", "scatter_add, narrow", function(kiln)
+    return function(c) return F(kiln).fold(c, {4, 5}, {2, 3}, {padding = 1, stride = {2, 1}, dilation = {1, 2}}) end,
+           {x64(kiln, 2, 12, 9)}
+  end},
+}
+
 -- Ops whose output's grad_fn is another op's (the check covers the op inside it).
 -- matmul records gemm on 3-d operands and returns a view of its result.
 local grad_fn_of = {gemm = "ViewBackward"}
 
-return {checks = checks, grad_fn_of = grad_fn_of}
+return {checks = checks, grad_fn_of = grad_fn_of, composites = composites}

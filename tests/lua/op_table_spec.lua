@@ -91,6 +91,19 @@ describe("the op table", function()
     end
   end)
 
+  it("has an f64 gradient check for every differentiable composite, and each passes", function()
+    for k, c in ipairs(G.composites) do
+      local name, make = c[1], c[3]
+      assert.truthy(kiln.help(name), name .. " has no help line")
+      if make then
+        kiln.manual_seed(1000 + k)
+        local fn, inputs = make(kiln)
+        local ok, err = kiln.gradcheck(fn, inputs)
+        assert.is_true(ok, name .. ": " .. tostring(err))
+      end
+    end
+  end)
+
   it("has no gradient check for an op that is not differentiable", function()
     local differentiable = {}
     for _, r in ipairs(list) do if r.differentiable then differentiable[r.name] = true end end

@@ -59,6 +59,15 @@ end
 
 local erf = H.erf
 
+-- erfinv by Newton's method on the reference erf (x in (-1, 1)); +-1 give +-inf, beyond NaN
+local function erfinv(x)
+  if x == 1 or x == -1 then return x * math.huge end
+  if x > 1 or x < -1 then return 0 / 0 end
+  local y = 0
+  for _ = 1, 60 do y = y - (erf(y) - x) / (2 / math.sqrt(math.pi) * math.exp(-y * y)) end
+  return y
+end
+
 local function trunc(x) return x >= 0 and math.floor(x) or math.ceil(x) end
 local function sign(x) return x > 0 and 1 or x < 0 and -1 or 0 end
 
@@ -85,6 +94,7 @@ local UNARY = {
   reciprocal = {function(x) return 1 / x end, 0.1, 5, false, true},
   square = {function(x) return x * x end, -3, 3, true},
   erf = {erf, -2.5, 2.5, false},
+  erfinv = {erfinv, -0.95, 0.95, false},
   logical_not = {function(x) return x == 0 and 1 or 0 end, -2, 2, true},
   isnan = {function(x) return x ~= x and 1 or 0 end, -3, 3, true},
   isinf = {function(x) return (x == math.huge or x == -math.huge) and 1 or 0 end, -3, 3, true},
@@ -218,6 +228,7 @@ local BINARY = {
   maximum = {math.max},
   minimum = {math.min},
   remainder = {function(x, y) return x - math.floor(x / y) * y end, "divisor"},
+  atan2 = {math.atan2},
   eq = {function(x, y) return x == y end, nil, true},
   ne = {function(x, y) return x ~= y end, nil, true},
   lt = {function(x, y) return x < y end, nil, true},
@@ -234,7 +245,7 @@ table.sort(BINARY_NAMES)
 local function binary_result_dtype(name, da, db)
   if BINARY[name][3] then return "bool" end
   local p = promote(da, db)
-  if name == "div" and not FLOAT[p] then return "f32" end
+  if (name == "div" or name == "atan2") and not FLOAT[p] then return "f32" end
   return p
 end
 

@@ -200,6 +200,7 @@ template <int OP, class C> KILN_EL result_t<OP, C> unary(C x) {
   else if constexpr (OP == KILN_OP_SIGMOID) { if constexpr (F) return 1.0f / (1.0f + expf(-x)); else return 1.0 / (1.0 + exp(-x)); }
   else if constexpr (OP == KILN_OP_RECIPROCAL) return (C)1 / x;
   else if constexpr (OP == KILN_OP_ERF) KILN_EL_MATH(erff, erf);
+  else if constexpr (OP == KILN_OP_ERFINV) KILN_EL_MATH(erfinvf, erfinv);
   else static_assert(OP < 0, "not a unary op");
 }
 
@@ -220,6 +221,10 @@ template <int OP, class C> KILN_EL result_t<OP, C> binary(C x, C y) {
     if constexpr (I) return irem(x, y);
     else if constexpr (F) return fremf_(x, y);
     else return frem_(x, y);
+  }
+  else if constexpr (OP == KILN_OP_ATAN2) {
+    if constexpr (F) return atan2f(x, y);
+    else return atan2((double)x, (double)y);
   }
   else if constexpr (OP == KILN_OP_EQ) return (uint8_t)(x == y);
   else if constexpr (OP == KILN_OP_NE) return (uint8_t)(x != y);

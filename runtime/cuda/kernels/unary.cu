@@ -39,6 +39,7 @@ extern "C" int cuda_unary(const struct kiln_call *c, struct cuda_device *dev) {
   case KILN_OP_RECIPROCAL: return run_unary<KILN_OP_RECIPROCAL>(c, dev);
   case KILN_OP_SQUARE: return run_unary<KILN_OP_SQUARE>(c, dev);
   case KILN_OP_ERF: return run_unary<KILN_OP_ERF>(c, dev);
+  case KILN_OP_ERFINV: return run_unary<KILN_OP_ERFINV>(c, dev);
   case KILN_OP_LOGICAL_NOT: return run_unary<KILN_OP_LOGICAL_NOT>(c, dev);
   }
   return cuda_fail(KILN_ERR_ARGUMENT, "%s: not a unary op", kiln_op_name(c->op));

@@ -43,6 +43,7 @@ enum kiln_op {
   KILN_OP_CTC_LOSS, KILN_OP_CTC_LOSS_BACKWARD,
   /* added since; the enum only grows at its end, and an op's family is its row in the op table */
   KILN_OP_ISNAN, KILN_OP_ISINF, KILN_OP_ISFINITE,
+  KILN_OP_ERFINV, KILN_OP_ATAN2, KILN_OP_ARGSORT, KILN_OP_CUMSUM, KILN_OP_CUMPROD, KILN_OP_CUMPROD_BACKWARD,
   KILN_OP_COUNT
 };
 
@@ -92,6 +93,16 @@ struct kiln_tensor *kiln_clamp(const struct kiln_tensor *a, double lo, double hi
    the correction (1: unbiased) for VAR and STD. ARGMAX/ARGMIN take one dim or none (then the
    index is into the flattened tensor) and give i64 indices counted from 0. */
 struct kiln_tensor *kiln_reduce(int op, const struct kiln_tensor *a, int ndims, const int *dims, int keepdim, double p);
+
+/* Along one dim, keeping its length. cumsum and cumprod: integers and bool give i64, floats keep
+   their dtype. argsort: i64 indices counted from 0 that sort each line ascending (descending when
+   descending is 1), stable (equal elements keep their order), NaN above every number. */
+struct kiln_tensor *kiln_cumsum(const struct kiln_tensor *a, int dim);
+struct kiln_tensor *kiln_cumprod(const struct kiln_tensor *a, int dim);
+struct kiln_tensor *kiln_argsort(const struct kiln_tensor *a, int dim, int descending);
+/* The first k of argsort's indices along dim (the result has k there): topk's, without sorting
+   whole lines when k is small. */
+struct kiln_tensor *kiln_argsort_k(const struct kiln_tensor *a, int dim, int descending, int64_t k);
 
 /* Matrix products through BLAS (f32, f64; f16 and bf16 compute in f32). */
 struct kiln_tensor *kiln_mm(const struct kiln_tensor *a, const struct kiln_tensor *b);     /* [n,k] @ [k,m] */

@@ -60,5 +60,7 @@ const struct kiln_backend kiln_cpu_backend = {
     [KILN_OP_ADAGRAD_STEP] = cpu_optim_step,
     [KILN_OP_RNN] = cpu_rnn, [KILN_OP_RNN_BACKWARD] = cpu_rnn_backward,
     [KILN_OP_CTC_LOSS] = cpu_ctc_loss, [KILN_OP_CTC_LOSS_BACKWARD] = cpu_ctc_loss_backward,
+    [KILN_OP_ARGSORT] = cpu_argsort, [KILN_OP_CUMSUM] = cpu_scan, [KILN_OP_CUMPROD] = cpu_scan,
+    [KILN_OP_CUMPROD_BACKWARD] = cpu_cumprod_backward,
   },
 };

@@ -36,6 +36,9 @@ int cpu_rnn(const struct kiln_call *c);                 /* one RNN layer, forwar
 int cpu_rnn_backward(const struct kiln_call *c);
 int cpu_ctc_loss(const struct kiln_call *c);            /* cpu/ctc.c */
 int cpu_ctc_loss_backward(const struct kiln_call *c);
+int cpu_scan(const struct kiln_call *c);               /* cumsum and cumprod (cpu/scan.c) */
+int cpu_cumprod_backward(const struct kiln_call *c);
+int cpu_argsort(const struct kiln_call *c);
 
 /* C[n,m] = alpha * op(A) op(B) + beta * C for row-major f32 or f64 matrices, in kiln's pool (cpu/gemm.c). */
 void kiln_cpu_gemm_raw(int dtype, int trans_a, int trans_b, int64_t n, int64_t m, int64_t k, double alpha,

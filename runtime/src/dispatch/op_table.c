@@ -101,6 +101,12 @@ const struct kiln_op_info kiln_ops[] = {
   [KILN_OP_ISNAN] = {.name = "isnan", .family = KILN_FAMILY_UNARY, .arity = 1, .flags = KILN_OPF_COMPARISON, .dtypes_cpu = KILN_DT_ALL, .dtypes_cuda = 0, .autocast = KILN_AUTOCAST_KEEP},
   [KILN_OP_ISINF] = {.name = "isinf", .family = KILN_FAMILY_UNARY, .arity = 1, .flags = KILN_OPF_COMPARISON, .dtypes_cpu = KILN_DT_ALL, .dtypes_cuda = 0, .autocast = KILN_AUTOCAST_KEEP},
   [KILN_OP_ISFINITE] = {.name = "isfinite", .family = KILN_FAMILY_UNARY, .arity = 1, .flags = KILN_OPF_COMPARISON, .dtypes_cpu = KILN_DT_ALL, .dtypes_cuda = 0, .autocast = KILN_AUTOCAST_KEEP},
+  [KILN_OP_ERFINV] = {.name = "erfinv", .family = KILN_FAMILY_UNARY, .arity = 1, .flags = KILN_OPF_DIFFERENTIABLE, .saves = KILN_SAVE_OUT, .grad_inputs = ~0u, KILN_DERIVATIVE(kiln_unary_derivative), .dtypes_cpu = KILN_DT_ALL, .dtypes_cuda = KILN_DT_ALL, .autocast = KILN_AUTOCAST_F32},
+  [KILN_OP_ATAN2] = {.name = "atan2", .family = KILN_FAMILY_BINARY, .arity = 2, .flags = KILN_OPF_DIFFERENTIABLE | KILN_OPF_NEEDS_FLOAT, .saves = KILN_SAVE_IN0 | KILN_SAVE_IN1, .saves_scalar = KILN_SAVE_IN0, .saves_rscalar = KILN_SAVE_IN0, .grad_inputs = ~0u, KILN_DERIVATIVE(kiln_binary_derivative), .dtypes_cpu = KILN_DT_ALL, .dtypes_cuda = KILN_DT_ALL, .autocast = KILN_AUTOCAST_F32},
+  [KILN_OP_ARGSORT] = {.name = "argsort", .family = KILN_FAMILY_SCAN, .arity = 1, .flags = 0, .dtypes_cpu = KILN_DT_ALL, .dtypes_cuda = KILN_DT_ALL, .autocast = KILN_AUTOCAST_KEEP},
+  [KILN_OP_CUMSUM] = {.name = "cumsum", .family = KILN_FAMILY_SCAN, .arity = 1, .flags = KILN_OPF_DIFFERENTIABLE | KILN_OPF_KEEPS_INTEGERS, .grad_inputs = ~0u, KILN_DERIVATIVE(kiln_scan_derivative), .dtypes_cpu = KILN_DT_ALL, .dtypes_cuda = KILN_DT_ALL, .autocast = KILN_AUTOCAST_F32},
+  [KILN_OP_CUMPROD] = {.name = "cumprod", .family = KILN_FAMILY_SCAN, .arity = 1, .flags = KILN_OPF_DIFFERENTIABLE | KILN_OPF_KEEPS_INTEGERS, .saves = KILN_SAVE_IN0, .grad_inputs = ~0u, KILN_DERIVATIVE(kiln_scan_derivative), .dtypes_cpu = KILN_DT_ALL, .dtypes_cuda = KILN_DT_ALL, .autocast = KILN_AUTOCAST_F32},
+  [KILN_OP_CUMPROD_BACKWARD] = {.name = "cumprod_backward", .family = KILN_FAMILY_SCAN, .arity = 2, .flags = KILN_OPF_BACKWARD, .dtypes_cpu = KILN_DT_F32_F64, .dtypes_cuda = KILN_DT_F32_F64, .autocast = KILN_AUTOCAST_F32},
 };
 _Static_assert(sizeof kiln_ops / sizeof kiln_ops[0] == KILN_OP_COUNT, "the op table must have one row per op");
 
@@ -110,7 +116,7 @@ const char *const kiln_op_family_names[KILN_FAMILY_COUNT] = {
   [KILN_FAMILY_INDEX] = "index", [KILN_FAMILY_RANDOM] = "random", [KILN_FAMILY_CONV] = "conv",
   [KILN_FAMILY_POOL] = "pool", [KILN_FAMILY_NORM] = "norm", [KILN_FAMILY_SOFTMAX] = "softmax",
   [KILN_FAMILY_LOSS] = "loss", [KILN_FAMILY_DROPOUT] = "dropout", [KILN_FAMILY_OPTIM] = "optim",
-  [KILN_FAMILY_RNN] = "rnn", [KILN_FAMILY_CTC] = "ctc",
+  [KILN_FAMILY_RNN] = "rnn", [KILN_FAMILY_CTC] = "ctc", [KILN_FAMILY_SCAN] = "scan",
 };
 
 const struct kiln_op_info *kiln_op_info(int op) {

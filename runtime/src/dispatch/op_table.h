@@ -12,7 +12,7 @@ enum kiln_op_family {
   KILN_FAMILY_COPY, KILN_FAMILY_UNARY, KILN_FAMILY_BINARY, KILN_FAMILY_TERNARY, KILN_FAMILY_REDUCE,
   KILN_FAMILY_LINALG, KILN_FAMILY_INDEX, KILN_FAMILY_RANDOM, KILN_FAMILY_CONV, KILN_FAMILY_POOL, KILN_FAMILY_NORM,
   KILN_FAMILY_SOFTMAX, KILN_FAMILY_LOSS, KILN_FAMILY_DROPOUT, KILN_FAMILY_OPTIM, KILN_FAMILY_RNN, KILN_FAMILY_CTC,
-  KILN_FAMILY_COUNT
+  KILN_FAMILY_SCAN, KILN_FAMILY_COUNT
 };
 
 enum kiln_op_flag {
@@ -86,5 +86,6 @@ int kiln_nll_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_
 int kiln_dropout_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin);
 int kiln_rnn_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin);
 int kiln_ctc_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin);
+int kiln_scan_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin);
 
 #endif

@@ -214,6 +214,9 @@ int kiln_unary_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kil
   case KILN_OP_ERF:
     r[0] = B(s, KILN_OP_MUL, g, BS(s, KILN_OP_MUL, U(s, KILN_OP_EXP, U(s, KILN_OP_NEG, U(s, KILN_OP_SQUARE, x))), 2 / sqrt(M_PI)));
     break;
+  case KILN_OP_ERFINV:   /* d erfinv(x) = sqrt(pi)/2 exp(erfinv(x)^2) */
+    r[0] = B(s, KILN_OP_MUL, g, BS(s, KILN_OP_MUL, U(s, KILN_OP_EXP, U(s, KILN_OP_SQUARE, out)), sqrt(M_PI) / 2));
+    break;
   default:
     scope_end(s);
     return kiln_no_derivative(n);
@@ -281,6 +284,16 @@ int kiln_binary_derivative(struct kiln_node *n, struct kiln_tensor *g, struct ki
       r[1] = B(s, KILN_OP_MUL, U(s, KILN_OP_NEG, g), U(s, KILN_OP_FLOOR, B(s, KILN_OP_DIV, x, y)));
     }
     if (scalar_rhs && reverse) r[0] = B(s, KILN_OP_MUL, U(s, KILN_OP_NEG, g), U(s, KILN_OP_FLOOR, SB(s, KILN_OP_DIV, sv, x)));
+    break;
+  case KILN_OP_ATAN2:   /* atan2(x, y): d/dx = y / (x^2 + y^2), d/dy = -x / (x^2 + y^2) */
+    if (scalar_rhs) {
+      struct kiln_tensor *r2 = BS(s, KILN_OP_ADD, U(s, KILN_OP_SQUARE, x), sv * sv);
+      r[0] = B(s, KILN_OP_DIV, BS(s, KILN_OP_MUL, g, reverse ? -sv : sv), r2);   /* reverse: atan2(s, x) */
+    } else {
+      struct kiln_tensor *r2 = B(s, KILN_OP_ADD, U(s, KILN_OP_SQUARE, x), U(s, KILN_OP_SQUARE, y));
+      r[0] = B(s, KILN_OP_DIV, B(s, KILN_OP_MUL, g, y), r2);
+      r[1] = B(s, KILN_OP_DIV, B(s, KILN_OP_MUL, U(s, KILN_OP_NEG, g), x), r2);
+    }
     break;
   default:
     scope_end(s);
