@@ -7,7 +7,8 @@
 # 2. Rounds of the same run killed with SIGKILL at random moments and resumed with --resume until
 #    it ends, each round's final parameters compared with the reference's, until MINUTES pass.
 # 3. Checks: the final parameters equal the reference's bit for bit; resident memory after the
-#    first epoch grows by less than 5%; file descriptors and threads do not grow.
+#    first epoch grows by less than 5%; file descriptors and threads at the end are no more than after
+#    the first epoch (one more file for the moment a checkpoint is written is not a leak).
 # Prints one JSON line of figures and exits non-zero when a check fails.
 set -u
 MINUTES=${1:-30}
@@ -81,11 +82,13 @@ same=$([ $failed -eq 0 ] && echo true || echo false)
 
 # 3. the figures and checks
 figures=$(awk -v rounds=$rounds -v runs=$runs -v kills=$kills -v same="$same" '
-  $1 >= 1 { if (!base) { base = $2; thr0 = $3; fd0 = $4 } if ($2 > rss) rss = $2; if ($3 > thr) thr = $3; if ($4 > fd) fd = $4 }
+  $1 >= 1 { if (!base) { base = $2; thr0 = $3; fd0 = $4 } if ($2 > rss) rss = $2; if ($3 > thr) thr = $3; if ($4 > fd) fd = $4
+             thr_end = $3; fd_end = $4 }
   END { growth = base ? (rss - base) / base : 0
-        printf "{\"rounds\":%d,\"runs\":%d,\"kills\":%d,\"bitwise_equal\":%s,\"rss_after_epoch1_kb\":%d,\"rss_max_kb\":%d,\"rss_growth\":%.4f,\"threads_after_epoch1\":%d,\"threads_max\":%d,\"fds_after_epoch1\":%d,\"fds_max\":%d}\n",
-               rounds, runs, kills, same, base, rss, growth, thr0, thr, fd0, fd
-        exit !(same == "true" && growth < 0.05 && thr <= thr0 && fd <= fd0) }' "$DIR/samples")
+        printf "{\"rounds\":%d,\"runs\":%d,\"kills\":%d,\"bitwise_equal\":%s,\"rss_after_epoch1_kb\":%d,\"rss_max_kb\":%d,\"rss_growth\":%.4f,\"threads_after_epoch1\":%d,\"threads_max\":%d,\"threads_end\":%d,\"fds_after_epoch1\":%d,\"fds_max\":%d,\"fds_end\":%d}\n",
+               rounds, runs, kills, same, base, rss, growth, thr0, thr, thr_end, fd0, fd, fd_end
+        # a leak grows and stays; a checkpoint being written holds one more file for a moment
+        exit !(same == "true" && growth < 0.05 && thr_end <= thr0 && fd_end <= fd0 && fd <= fd0 + 1) }' "$DIR/samples")
 status=$?
 echo "$figures"
 [ $status -eq 0 ] && rm -rf "$DIR" || echo "soak: kept $DIR"
