@@ -93,6 +93,18 @@ describe("image formats", function()
     assert.has_error(function() data.read_image(path, {dept = 16}) end)
   end)
 
+  it("refuses a PNG whose chunk declares more bytes than the file has, before stb_image allocates them", function()
+    -- a 16-bit grey PNG whose IDAT claims 2^31 - 1 bytes: stb_image would grow its buffer to that first
+    local png = png16_grey(3, 2, {0, 1, 2, 3, 4, 5})
+    local bomb = png:sub(1, 33) .. be32(2 ^ 31 - 1) .. png:sub(38)
+    local path = file("bomb.png", bomb)
+    assert.has_error(function() data.read_image(path, 1) end,
+                     "image: " .. path .. ": truncated PNG: the IDAT chunk at offset 33 declares 2147483647 bytes, the file has "
+                     .. (#bomb - 41) .. " after its header")
+    assert.has_error(function() data.read_image(file("nohdr.png", "\137PNG\r\n\26\n" .. be32(13) .. "IDAT" .. string.rep("\0", 20)), 1) end,
+                     "image: " .. dir .. "/nohdr.png: corrupt PNG: the first chunk is \"IDAT\" of 13 bytes, not the header (IHDR, 13 bytes)")
+  end)
+
   it("reads PGM and PPM of any maxval, scaling to 8 bits with rounding", function()
     -- maxval 100: 0, 50, 100 -> 0, 128, 255
     assert.same({{{0, 128, 255}}}, data.read_image(file("m100.pgm", "P5\n3 1\n100\n\0\50\100"), 1):totable())

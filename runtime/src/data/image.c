@@ -154,6 +154,35 @@ static const char *stb_reason(void) {
    first, mirroring how it walks a JPEG: segments by their lengths, entropy-coded data up to the next
    marker (FF followed by anything but 00, a restart marker or another FF). Bytes past the end read
    as 0, as stb_image reads them. */
+/* A PNG's chunks, each length, type, data and CRC, must fit in the file. stb_image 2.27 grows its
+   buffer for an IDAT chunk to the length the chunk declares before it reads the data: a file of
+   100 bytes whose chunk claims 2 GB would make it allocate 2 GB. Walked here first, up to IEND. */
+static int png_chunks_fit(const char *path, const unsigned char *b, int64_t n) {
+  int64_t at = 8;
+  while (at + 8 <= n) {
+    uint32_t len = (uint32_t)b[at] << 24 | (uint32_t)b[at + 1] << 16 | (uint32_t)b[at + 2] << 8 | b[at + 3];
+    char type[5] = {(char)b[at + 4], (char)b[at + 5], (char)b[at + 6], (char)b[at + 7], 0};
+    int letters = 1;   /* a chunk type is 4 ASCII letters: anything else is not a chunk at all */
+    for (int k = 0; k < 4; k++) {
+      int c = (unsigned char)type[k];
+      if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z'))) letters = 0;
+      if (c < 32 || c > 126) type[k] = '?';
+    }
+    if (!letters)
+      return kiln_fail(KILN_ERR_FORMAT, "image: %s: corrupt PNG: no chunk at offset %lld (its type would be \"%s\")", path,
+                       (long long)at, type);
+    if (at == 8 && (memcmp(type, "IHDR", 4) != 0 || len != 13))
+      return kiln_fail(KILN_ERR_FORMAT, "image: %s: corrupt PNG: the first chunk is \"%s\" of %u bytes, not the header "
+                       "(IHDR, 13 bytes)", path, type, len);
+    if ((int64_t)len > n - at - 12)
+      return kiln_fail(KILN_ERR_FORMAT, "image: %s: truncated PNG: the %s chunk at offset %lld declares %u bytes, the file "
+                       "has %lld after its header", path, type, (long long)at, len, (long long)(n - at - 8 > 0 ? n - at - 8 : 0));
+    if (!memcmp(b + at + 4, "IEND", 4)) return KILN_OK;
+    at += 12 + (int64_t)len;
+  }
+  return KILN_OK;
+}
+
 static int jpeg_huffman_tables_ok(const char *path, const unsigned char *b, int64_t n) {
 #define BYTE(k) ((k) < n ? b[(k)] : 0)
   int64_t i = 2;
@@ -282,6 +311,10 @@ int kiln_image_decode_depth(const char *path, int channels, int depth, struct ki
   const char *kind = sniff(bytes, n);
   if (n >= 2 && bytes[0] == 'P' && (bytes[1] == '5' || bytes[1] == '6')) {
     rc = pnm_decode(path, bytes, n, channels, depth, out);
+    free(bytes);
+    return rc;
+  }
+  if (kind && !strcmp(kind, "PNG") && (rc = png_chunks_fit(path, bytes, n))) {
     free(bytes);
     return rc;
   }
