@@ -1,6 +1,7 @@
 -- LuaRocks: `luarocks make` in this folder builds libkiln and the launcher with CMake and installs
 -- them, with the Lua library, into the rock's tree (the Debian packages of scripts/install-deps.sh
--- must be there first: OpenBLAS, zlib, cJSON, readline, LuaJIT's headers).
+-- must be there first: OpenBLAS, zlib, cJSON, readline, LuaJIT's headers). With Debian's luarocks,
+-- whose Lua is 5.1 under LuaJIT: luarocks --lua-version 5.1 make LUA_INCDIR=/usr/include/luajit-2.1
 package = "kiln"
 version = "0.1.0-1"
 source = {url = "git+file://."}
@@ -17,5 +18,6 @@ build = {
     KILN_INSTALL_LUADIR = "$(LUADIR)",
     KILN_INSTALL_LIBDIR = "$(LIBDIR)",
     KILN_CUDA = "OFF",
+    KILN_VERSIONED_LIBRARY = "OFF",   -- LuaRocks moves files one by one: no symbolic links
   },
 }
