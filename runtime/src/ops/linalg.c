@@ -49,6 +49,16 @@ KILN_API struct kiln_tensor *kiln_bmm(const struct kiln_tensor *a, const struct 
 }
 
 KILN_API struct kiln_tensor *kiln_matmul(const struct kiln_tensor *a, const struct kiln_tensor *b) {
+  struct kiln_tensor *ac[2];
+  switch (kiln_autocast_inputs(KILN_OP_GEMM, 2, (const struct kiln_tensor *[]){a, b}, ac)) {
+  case 0: break;
+  case 1: {
+    struct kiln_tensor *r = kiln_matmul(ac[0], ac[1]);
+    kiln_autocast_release(2, ac);
+    return r;
+  }
+  default: return NULL;
+  }
   if (check_pair("matmul", a, b)) return NULL;
   if (a->ndim == 0 || b->ndim == 0) {
     kiln_fail(KILN_ERR_SHAPE, "matmul: %s @ %s: both arguments need at least 1 dim", kiln_shape_string(a), kiln_shape_string(b));
