@@ -8,6 +8,11 @@ int cpu_copy(const struct kiln_call *c);
 int cpu_fill(const struct kiln_call *c);
 int cpu_reduce(const struct kiln_call *c);
 int cpu_gemm(const struct kiln_call *c);
+/* cpu/bf16_gemm.c: 1 when the CPU runs bf16 products natively (AVX512-BF16; KILN_BF16_EMULATE=1
+   says no), and the product itself on 3-d bf16 tensors. */
+int kiln_cpu_bf16_native(void);
+int cpu_gemm_bf16(struct kiln_tensor *out, const struct kiln_tensor *a, const struct kiln_tensor *b, double alpha,
+                  double beta);
 int cpu_cat(const struct kiln_call *c);
 int cpu_index_select(const struct kiln_call *c);
 int cpu_gather(const struct kiln_call *c);
