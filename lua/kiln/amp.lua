@@ -28,7 +28,8 @@ local function dtype_name(v) return v >= 0 and ffi.string(C.kiln_dtype_name(v)) 
 -- the previous state again (also when fn raises); returns what fn returns. dtype false or nil runs
 -- fn as it is, so that a flag can switch it: amp.autocast(args.amp, step).
 function M.autocast(dtype, fn, ...)
-  if type(fn) ~= "function" then raise("amp.autocast: expected (dtype, function, ...)") end
+  local mt = type(fn) == "table" and getmetatable(fn)
+  if type(fn) ~= "function" and not (mt and mt.__call) then raise("amp.autocast: expected (dtype, function, ...)") end
   if not dtype then return fn(...) end
   local prev = C.kiln_autocast_set(lower_dtype(dtype, "amp.autocast"))
   local function finish(ok, ...)
