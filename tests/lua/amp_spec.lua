@@ -7,6 +7,13 @@ package.path = (debug.getinfo(1, "S").source:match("^@(.*/)") or "tests/lua/") .
 local H = require "helpers"
 local amp, nn, optim = kiln.amp, kiln.nn, kiln.optim
 
+-- |a - b| / |b| in the 2-norm: a gradient's error as a whole (one ReLU that flips between the
+-- precisions changes a column of the first layer's gradient, which the largest element would show)
+local function norm_rel(a, b)
+  local d = (a:double() - b:double())
+  return math.sqrt((d * d):sum():item()) / math.max(math.sqrt((b:double() * b:double()):sum():item()), 1e-30)
+end
+
 local function max_rel(a, b)
   local num = (a:double() - b:double()):abs():max():item()
   local den = b:double():abs():max():item()
@@ -23,7 +30,8 @@ describe("amp.autocast policy", function()
     {"mean", "f32", "f32"}, {"softmax", "f32", "f32"}, {"log_softmax", "f32", "f32"},
     {"nll_loss", "f32", "f32"}, {"layer_norm", "f32", "f32"}, {"batch_norm", "f32", "f32"},
     {"add", "promote", "f32"}, {"mul", "promote", "f32"}, {"where", "promote", "f32"}, {"cat", "promote", "f32"},
-    {"relu", "keep", "f32"}, {"copy", "keep", "f32"}, {"max_pool2d", "keep", "f32"}, {"dropout", "keep", "f32"},
+    {"relu", "keep", "f32"}, {"copy", "keep", "f32"}, {"max_pool2d", "keep", "f32"}, {"avg_pool2d", "keep", "f32"},
+    {"dropout", "keep", "f32"},
   }
   it("takes each op's class from the op table", function()
     for _, row in ipairs(POLICY) do
@@ -38,8 +46,9 @@ describe("amp.autocast policy", function()
     assert.are.equal("bf16", amp.cast_dtype("relu", "bf16", "bf16"))
     assert.are.equal("f64", amp.cast_dtype("gemm", "f64", "bf16"))
     assert.are.equal("i64", amp.cast_dtype("gemm", "i64", "bf16"))
-    -- max_pool2d's CPU kernel takes f32 and f64 only: a bf16 input runs in f32
-    assert.are.equal("f32", amp.cast_dtype("max_pool2d", "bf16", "bf16"))
+    -- avg_pool2d's CPU kernel takes f32 and f64 only: a bf16 input runs in f32; max_pool2d's takes bf16
+    assert.are.equal("f32", amp.cast_dtype("avg_pool2d", "bf16", "bf16"))
+    assert.are.equal("bf16", amp.cast_dtype("max_pool2d", "bf16", "bf16"))
     assert.are.equal("bf16", amp.cast_dtype("gemm", "f32", "bf16", "cuda"))
   end)
   it("gives the dtypes the policy says, and only inside autocast", function()
@@ -48,10 +57,10 @@ describe("amp.autocast policy", function()
       local y = a:matmul(w)
       local img = kiln.randn(2, 3, 4, 4):to("bf16")
       return y:dtype(), y:relu():dtype(), y:exp():dtype(), y:sum():dtype(), (y + kiln.ones(3)):dtype(),
-             kiln.F.log_softmax(y, 2):dtype(), kiln.F.max_pool2d(img, 2):dtype(),
+             kiln.F.log_softmax(y, 2):dtype(), kiln.F.max_pool2d(img, 2):dtype(), kiln.F.avg_pool2d(img, 2):dtype(),
              kiln.randn(2, 2, {dtype = "f64"}):matmul(kiln.randn(2, 2, {dtype = "f64"})):dtype(), amp.autocast_dtype()
     end)}
-    assert.are.same({"bf16", "bf16", "f32", "f32", "f32", "f32", "f32", "f64", "bf16"}, got)
+    assert.are.same({"bf16", "bf16", "f32", "f32", "f32", "f32", "bf16", "f32", "f64", "bf16"}, got)
     assert.is_nil(amp.autocast_dtype())
     assert.are.equal("f32", a:matmul(w):dtype())
   end)
@@ -109,6 +118,24 @@ describe("amp bf16 arithmetic", function()
       end
     end
   end)
+  it("max-pools bf16 tensors exactly, forward and backward, overlapping windows and NaN included", function()
+    kiln.manual_seed(5)
+    local F = kiln.F
+    for _, c in ipairs{{2, nil, {}}, {3, 2, {padding = 1}}, {2, 1, {dilation = 2}}} do
+      local x = kiln.randn(2, 3, 9, 8):to("bf16")
+      local xf, xb = x:float():requires_grad_(), x:clone():requires_grad_()
+      local want, got = F.max_pool2d(xf, c[1], c[2], c[3]), F.max_pool2d(xb, c[1], c[2], c[3])
+      assert.are.equal("bf16", got:dtype())
+      assert.are.same(want:totable(), got:float():totable())
+      local g = kiln.randn(got:size()):to("bf16")
+      want:backward(g:float())
+      got:backward(g)
+      -- overlapping windows add up to 4 grads: f32 sums of bf16 values, rounded once
+      assert.is_true(max_rel(xb.grad, xf.grad) <= 2 ^ -8)
+    end
+    local x = kiln.tensor{{{{1, 0 / 0}, {3, 4}}}}:to("bf16")
+    assert.is_true(F.max_pool2d(x, 2):float():item() ~= F.max_pool2d(x, 2):float():item())
+  end)
   it("gives f32 gradients of an MLP close to f32's, within bf16 tolerance", function()
     kiln.manual_seed(2)
     local model = nn.Sequential{nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 10)}
@@ -127,7 +154,9 @@ describe("amp bf16 arithmetic", function()
       return r
     end
     local g32, g16 = grads(nil), grads("bf16")
-    for i = 1, #g32 do assert.is_true(max_rel(g16[i], g32[i]) < 0.05, "param " .. i .. ": " .. max_rel(g16[i], g32[i])) end
+    -- bf16's tolerance, taken from PyTorch's CPU autocast on this model: 0.003-0.084 over seeds 1-6
+    -- (kiln: 0.003-0.061), the first layer's largest (a ReLU that flips between the precisions)
+    for i = 1, #g32 do assert.is_true(norm_rel(g16[i], g32[i]) < 0.1, "param " .. i .. ": " .. norm_rel(g16[i], g32[i])) end
   end)
 end)
 
@@ -145,12 +174,11 @@ describe("amp on a CNN", function()
       for i, p in ipairs(model:parameters()) do r[i] = p.grad:clone() end
       return r
     end
-    -- bf16 activations (8 bits of mantissa) through two convolutions: PyTorch's CPU autocast gives
-    -- 0.06-0.10 of the largest gradient on this model and seed; kiln gives 0.107 (natively and emulated)
     local g32, g16 = grads(nil), grads("bf16")
     for i = 1, #g32 do
       assert.are.equal("f32", g16[i]:dtype())
-      assert.is_true(max_rel(g16[i], g32[i]) < 0.15, "param " .. i .. ": " .. max_rel(g16[i], g32[i]))
+      -- PyTorch's CPU autocast on this model: 0.001-0.13 over seeds 1-6; kiln's seed 4: 0.09 at most
+      assert.is_true(norm_rel(g16[i], g32[i]) < 0.15, "param " .. i .. ": " .. norm_rel(g16[i], g32[i]))
     end
   end)
 end)

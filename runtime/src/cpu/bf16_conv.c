@@ -75,6 +75,10 @@ static void im2col_bf16(const struct cg *g, const uint16_t *restrict x, int64_t 
             int64_t ih = oh * g->sh - g->ph + ki * g->dh;
             if (ih < 0 || ih >= g->H) { for (int64_t ow = 0; ow < g->OW; ow++) d[ow] = 0; continue; }
             const uint16_t *restrict s = plane + ih * g->W;
+            if (g->sw == 1 && lo == 0 && hi == g->OW && (g->OW & 7) == 0) {   /* whole rows, 8 values a move */
+              for (int64_t ow = 0; ow < g->OW; ow += 8) memcpy(d + ow, s + ow + off, 16);
+              continue;
+            }
             if (g->sw == 1 && fast) { copy_row_avx512(d, s, off, lo, hi, g->OW); continue; }
             for (int64_t ow = 0; ow < lo; ow++) d[ow] = 0;
             if (g->sw == 1) for (int64_t ow = lo; ow < hi; ow++) d[ow] = s[ow + off];

@@ -19,6 +19,8 @@ int kiln_cpu_gemm_bf16_f32(int64_t n, int64_t m, int64_t k, float alpha, const u
                            const uint16_t *b, int64_t bs1, int64_t bs2, float beta, float *c, int64_t cs1, int64_t cs2);
 int cpu_conv2d_bf16(const struct kiln_call *c);
 int cpu_conv2d_backward_bf16(const struct kiln_call *c);
+int cpu_max_pool2d_bf16(const struct kiln_call *c);
+int cpu_max_pool2d_backward_bf16(const struct kiln_call *c);
 int cpu_cat(const struct kiln_call *c);
 int cpu_index_select(const struct kiln_call *c);
 int cpu_gather(const struct kiln_call *c);
