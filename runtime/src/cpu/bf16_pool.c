@@ -51,11 +51,14 @@ static void max_planes(void *ctx, int64_t begin, int64_t end) {
           int64_t w0 = 2 * ow, bi = r0 + w0;
           float best = from_bf16(x[r0 + w0]);
           int64_t at[3] = {r0 + w0 + 1, r1 + w0, r1 + w0 + 1};
-          for (int k = 0; k < 3; k++) {
+          for (int k = 0; k < 3; k++) {   /* selects by masks: random data would mispredict branches */
             float v = from_bf16(x[at[k]]);
-            int t = v > best || v != v;
-            best = t ? v : best;
-            bi = t ? at[k] : bi;
+            int64_t m = -(int64_t)((v > best) | (v != v));
+            uint32_t vb, bb;
+            memcpy(&vb, &v, 4); memcpy(&bb, &best, 4);
+            bb = (vb & (uint32_t)m) | (bb & ~(uint32_t)m);
+            memcpy(&best, &bb, 4);
+            bi = (at[k] & m) | (bi & ~m);
           }
           y[oh * OW + ow] = x[bi];
           idx[oh * OW + ow] = bi;
