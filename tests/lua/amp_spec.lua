@@ -118,6 +118,21 @@ describe("amp bf16 arithmetic", function()
       end
     end
   end)
+  it("gives the same bf16 convolution and grads at 1 and 2 threads", function()
+    local F = kiln.F
+    local function run(threads)
+      local prev = kiln.get_num_threads()
+      kiln.set_num_threads(threads)
+      kiln.manual_seed(6)
+      local x = kiln.randn(37, 16, 14, 14):to("bf16"):requires_grad_()   -- 5 chunks of images
+      local w = kiln.randn(8, 16, 3, 3):to("bf16"):requires_grad_()
+      local y = F.conv2d(x, w, nil, {padding = 1})
+      y:backward(kiln.randn(y:size()):to("bf16"))
+      kiln.set_num_threads(prev)
+      return {y:float():totable(), x.grad:float():totable(), w.grad:float():totable()}
+    end
+    assert.are.same(run(1), run(2))
+  end)
   it("max-pools bf16 tensors exactly, forward and backward, overlapping windows and NaN included", function()
     kiln.manual_seed(5)
     local F = kiln.F

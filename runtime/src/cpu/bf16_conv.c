@@ -2,7 +2,8 @@
    A chunk of images at a time: im2col into bf16 columns, then the products by the bf16 GEMM of
    cpu/bf16_gemm.c (f32 accumulation; converted to f32 and sgemm where the CPU lacks AVX512-BF16),
    each result rounded to bf16 once. Backward: grad weight accumulates over the chunks in f32 and
-   is rounded at the end; grad input is col2im in f32, then rounded; grad bias is summed in double. */
+   is rounded at the end; grad input is col2im in f32, then rounded; grad bias is summed in double.
+   The chunks run in kiln's pool, each GEMM alone on its worker. */
 #include "cpu.h"
 #include "nn_calls.h"
 #include <immintrin.h>
@@ -134,51 +135,131 @@ static int dtype_ok(const char *op, const struct kiln_tensor *t) {
   return kiln_fail(KILN_ERR_DTYPE, "%s: bf16 kernel given %s %s", op, kiln_dtype_name(t->dtype), kiln_shape_string(t));
 }
 
+/* ---- forward: the chunks of images in kiln's pool, each chunk's GEMM on its worker alone ---- */
+
+struct fwd_job {
+  const struct cg *g;
+  const uint16_t *x, *w, *b;
+  uint16_t *y;
+  int failed;
+};
+
+static void fwd_chunks(void *ctx, int64_t begin, int64_t end) {
+  struct fwd_job *j = ctx;
+  const struct cg *g = j->g;
+  uint16_t *col = malloc(sizeof(uint16_t) * (size_t)(g->K * g->nb * g->P) + 64);
+  float *tmp = malloc(sizeof(float) * (size_t)(g->Og * g->nb * g->P) + 64);
+  if (!col || !tmp) { __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED); free(col); free(tmp); return; }
+  for (int64_t ch = begin; ch < end; ch++) {
+    int64_t n0 = ch * g->nb, nb = g->N - n0 < g->nb ? g->N - n0 : g->nb, ld = nb * g->P;
+    for (int64_t gi = 0; gi < g->G; gi++) {
+      im2col_bf16(g, j->x, n0, nb, gi * g->Cg, col);
+      if (kiln_cpu_gemm_bf16_f32(g->Og, ld, g->K, 1.0f, j->w + gi * g->Og * g->K, g->K, 1, col, ld, 1, 0.0f, tmp, ld, 1)) {
+        __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+        goto out;
+      }
+      for (int64_t o = 0; o < g->Og; o++) {
+        float bias = j->b ? from_bf16(j->b[gi * g->Og + o]) : 0.0f;
+        for (int64_t i = 0; i < nb; i++) {
+          uint16_t *yo = j->y + ((n0 + i) * g->O + gi * g->Og + o) * g->P;
+          const float *t = tmp + o * ld + i * g->P;
+          for (int64_t q = 0; q < g->P; q++) yo[q] = to_bf16(t[q] + bias);
+        }
+      }
+    }
+  }
+out:
+  free(col); free(tmp);
+}
+
 int cpu_conv2d_bf16(const struct kiln_call *c) {
   struct kiln_tensor *y = c->out;
   if (dtype_ok("conv2d", c->in[0])) return kiln_error_code();
   if (y->numel == 0) return KILN_OK;
   struct kiln_tensor *x = kiln_cpu_contiguous(c->in[0]), *w = kiln_cpu_contiguous(c->in[1]);
   struct kiln_tensor *b = c->in[2] ? kiln_cpu_contiguous(c->in[2]) : NULL;
-  uint16_t *col = NULL;
-  float *tmp = NULL;
   int rc = KILN_OK;
   if (!x || !w || (c->in[2] && !b)) { rc = kiln_error_code(); goto done; }
   struct cg g;
   cg_init(&g, c->ints, x->sizes[0], x->sizes[1], x->sizes[2], x->sizes[3], w, y->sizes[1], y->sizes[2], y->sizes[3]);
-  col = malloc(sizeof(uint16_t) * (size_t)(g.K * g.nb * g.P) + 64);
-  tmp = malloc(sizeof(float) * (size_t)(g.Og * g.nb * g.P) + 64);
-  if (!col || !tmp) { rc = kiln_fail(KILN_ERR_MEMORY, "conv2d: out of memory for the bf16 columns (input %s)", kiln_shape_string(x)); goto done; }
-  const uint16_t *xd = kiln_tensor_data(x), *wd = kiln_tensor_data(w), *bd = b ? kiln_tensor_data(b) : NULL;
-  uint16_t *yd = kiln_tensor_data(y);
-  for (int64_t n0 = 0; n0 < g.N; n0 += g.nb) {
-    int64_t nb = g.N - n0 < g.nb ? g.N - n0 : g.nb, ld = nb * g.P;
-    for (int64_t gi = 0; gi < g.G; gi++) {
-      im2col_bf16(&g, xd, n0, nb, gi * g.Cg, col);
-      if ((rc = kiln_cpu_gemm_bf16_f32(g.Og, ld, g.K, 1.0f, wd + gi * g.Og * g.K, g.K, 1, col, ld, 1, 0.0f, tmp, ld, 1)))
-        goto done;
-      for (int64_t o = 0; o < g.Og; o++) {
-        float bias = bd ? from_bf16(bd[gi * g.Og + o]) : 0.0f;
-        for (int64_t i = 0; i < nb; i++) {
-          uint16_t *yo = yd + ((n0 + i) * g.O + gi * g.Og + o) * g.P;
-          const float *t = tmp + o * ld + i * g.P;
-          for (int64_t p = 0; p < g.P; p++) yo[p] = to_bf16(t[p] + bias);
+  struct fwd_job j = {.g = &g, .x = kiln_tensor_data(x), .w = kiln_tensor_data(w), .b = b ? kiln_tensor_data(b) : NULL,
+                      .y = kiln_tensor_data(y)};
+  kiln_parallel_for((g.N + g.nb - 1) / g.nb, 1, fwd_chunks, &j);
+  if (j.failed) rc = kiln_fail(KILN_ERR_MEMORY, "conv2d: out of memory for the bf16 columns (input %s)", kiln_shape_string(x));
+done:
+  kiln_tensor_release(x); kiln_tensor_release(w); kiln_tensor_release(b);
+  return rc;
+}
+
+/* ---- backward: parts of the chunks in the pool; grad weight in one f32 partial per part, added in
+   part order, so that the result does not depend on the thread count ---- */
+
+enum { PARTS = 16 };
+
+struct bwd_job {
+  const struct cg *g;
+  const uint16_t *gy, *x, *w, *bias;
+  uint16_t *gx;            /* NULL when not wanted */
+  float *partials;         /* [parts][K][O]: grad weight transposed, or NULL */
+  int64_t nchunks, parts;
+  int failed;
+};
+
+static void bwd_parts(void *ctx, int64_t begin, int64_t end) {
+  struct bwd_job *j = ctx;
+  const struct cg *g = j->g;
+  int64_t HW = g->H * g->W;
+  uint16_t *col = malloc(sizeof(uint16_t) * (size_t)(g->K * g->nb * g->P) + 64);
+  uint16_t *gyc = malloc(sizeof(uint16_t) * (size_t)(g->Og * g->nb * g->P) + 64);
+  float *colg = j->gx ? malloc(sizeof(float) * (size_t)(g->K * g->nb * g->P) + 64) : NULL;
+  float *gxf = j->gx ? malloc(sizeof(float) * (size_t)(g->nb * g->C * HW) + 64) : NULL;
+  if (!col || !gyc || (j->gx && (!colg || !gxf))) { __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED); goto out; }
+  for (int64_t t = begin; t < end; t++) {
+    float *partial = j->partials ? j->partials + t * g->K * g->O : NULL;
+    for (int64_t ch = t * j->nchunks / j->parts, ch1 = (t + 1) * j->nchunks / j->parts; ch < ch1; ch++) {
+      int first = ch == t * j->nchunks / j->parts;
+      int64_t n0 = ch * g->nb, nb = g->N - n0 < g->nb ? g->N - n0 : g->nb, ld = nb * g->P;
+      if (j->gx) memset(gxf, 0, sizeof(float) * (size_t)(nb * g->C * HW));
+      for (int64_t gi = 0; gi < g->G; gi++) {
+        for (int64_t i = 0; i < nb; i++)   /* this group's grad output of the chunk: gyc [Og, nb*P] */
+          for (int64_t o = 0; o < g->Og; o++)
+            memcpy(gyc + o * ld + i * g->P, j->gy + ((n0 + i) * g->O + gi * g->Og + o) * g->P,
+                   sizeof(uint16_t) * (size_t)g->P);
+        if (partial) {
+          /* gw^T [K, O] (this group's columns) = col [K, ld] @ gyc^T [ld, Og]: the small operand is packed */
+          im2col_bf16(g, j->x, n0, nb, gi * g->Cg, col);
+          if (kiln_cpu_gemm_bf16_f32(g->K, g->Og, ld, 1.0f, col, ld, 1, gyc, 1, ld, first ? 0.0f : 1.0f,
+                                     partial + gi * g->Og, g->O, 1)) { __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED); goto out; }
         }
+        if (j->gx) {
+          if (kiln_cpu_gemm_bf16_f32(g->K, ld, g->Og, 1.0f, j->w + gi * g->Og * g->K, 1, g->K, gyc, ld, 1, 0.0f, colg, ld, 1)) {
+            __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+            goto out;
+          }
+          col2im_f32acc(g, colg, nb, gi * g->Cg, gxf);
+        }
+      }
+      if (j->gx) {
+        if (j->bias)
+          for (int64_t i = 0; i < nb; i++)
+            for (int64_t chn = 0; chn < g->C; chn++) {
+              float bv = from_bf16(j->bias[chn]);
+              float *p = gxf + (i * g->C + chn) * HW;
+              for (int64_t q = 0; q < HW; q++) p[q] += bv;
+            }
+        round_bf16(j->gx + n0 * g->C * HW, gxf, nb * g->C * HW);
       }
     }
   }
-done:
-  free(col); free(tmp);
-  kiln_tensor_release(x); kiln_tensor_release(w); kiln_tensor_release(b);
-  return rc;
+out:
+  free(col); free(gyc); free(colg); free(gxf);
 }
 
 int cpu_conv2d_backward_bf16(const struct kiln_call *c) {
   const struct kiln_conv_grads *out = c->extra;
   if (dtype_ok("conv2d_backward", c->in[0])) return kiln_error_code();
   struct kiln_tensor *gy = kiln_cpu_contiguous(c->in[0]), *x = NULL, *w = kiln_cpu_contiguous(c->in[2]), *bias = NULL;
-  uint16_t *col = NULL, *gyc = NULL;
-  float *colg = NULL, *gw = NULL, *gxf = NULL;
+  float *partials = NULL;
   int rc = KILN_OK;
   if (!gy || !w) { rc = kiln_error_code(); goto done; }
   if (out->gw && c->in[1] && !(x = kiln_cpu_contiguous(c->in[1]))) { rc = kiln_error_code(); goto done; }
@@ -187,68 +268,38 @@ int cpu_conv2d_backward_bf16(const struct kiln_call *c) {
   struct cg g;
   cg_init(&g, c->ints, gy->sizes[0], w->sizes[1] * c->ints[6], xs ? xs->sizes[2] : 0, xs ? xs->sizes[3] : 0, w,
           gy->sizes[1], gy->sizes[2], gy->sizes[3]);
-  int want_gw = out->gw && x, want_gx = out->gx && out->gx->numel > 0;
-  int64_t HW = g.H * g.W;
-  col = malloc(sizeof(uint16_t) * (size_t)(g.K * g.nb * g.P) + 64);
-  gyc = malloc(sizeof(uint16_t) * (size_t)(g.Og * g.nb * g.P) + 64);
-  colg = want_gx ? malloc(sizeof(float) * (size_t)(g.K * g.nb * g.P) + 64) : NULL;
-  gxf = want_gx ? malloc(sizeof(float) * (size_t)(g.nb * g.C * HW) + 64) : NULL;
-  gw = want_gw ? calloc((size_t)(g.O * g.K) + 16, sizeof(float)) : NULL;
-  if (!col || !gyc || (want_gx && (!colg || !gxf)) || (want_gw && !gw)) {
-    rc = kiln_fail(KILN_ERR_MEMORY, "conv2d_backward: out of memory for the bf16 columns");
-    goto done;
+  int want_gw = out->gw && x && g.N > 0 && g.P > 0, want_gx = out->gx && out->gx->numel > 0;
+  int64_t HW = g.H * g.W, nchunks = g.N > 0 ? (g.N + g.nb - 1) / g.nb : 0;
+  struct bwd_job j = {.g = &g, .gy = kiln_tensor_data(gy), .x = x ? kiln_tensor_data(x) : NULL, .w = kiln_tensor_data(w),
+                      .bias = bias ? kiln_tensor_data(bias) : NULL, .gx = want_gx ? kiln_tensor_data(out->gx) : NULL,
+                      .nchunks = nchunks, .parts = nchunks < PARTS ? nchunks : PARTS};
+  if (want_gw) {
+    partials = malloc(sizeof(float) * (size_t)(j.parts * g.K * g.O) + 64);
+    if (!partials) { rc = kiln_fail(KILN_ERR_MEMORY, "conv2d_backward: out of memory for the grad-weight partials"); goto done; }
+    j.partials = partials;
   }
-  const uint16_t *gyd = kiln_tensor_data(gy), *wd = kiln_tensor_data(w), *xd = x ? kiln_tensor_data(x) : NULL;
-  const uint16_t *bd = bias ? kiln_tensor_data(bias) : NULL;
-  for (int64_t n0 = 0; n0 < g.N && g.P > 0; n0 += g.nb) {
-    int64_t nb = g.N - n0 < g.nb ? g.N - n0 : g.nb, ld = nb * g.P;
-    if (want_gx) memset(gxf, 0, sizeof(float) * (size_t)(nb * g.C * HW));
-    for (int64_t gi = 0; gi < g.G; gi++) {
-      for (int64_t i = 0; i < nb; i++)   /* this group's grad output of the chunk: gyc [Og, nb*P] */
-        for (int64_t o = 0; o < g.Og; o++)
-          memcpy(gyc + o * ld + i * g.P, gyd + ((n0 + i) * g.O + gi * g.Og + o) * g.P, sizeof(uint16_t) * (size_t)g.P);
-      if (want_gw) {
-        im2col_bf16(&g, xd, n0, nb, gi * g.Cg, col);
-        /* gw^T [K, O] (this group's columns) = col [K, ld] @ gyc^T [ld, Og]: the small operand is packed */
-        if ((rc = kiln_cpu_gemm_bf16_f32(g.K, g.Og, ld, 1.0f, col, ld, 1, gyc, 1, ld, n0 == 0 ? 0.0f : 1.0f,
-                                         gw + gi * g.Og, g.O, 1)))
-          goto done;
-      }
-      if (want_gx) {
-        if ((rc = kiln_cpu_gemm_bf16_f32(g.K, ld, g.Og, 1.0f, wd + gi * g.Og * g.K, 1, g.K, gyc, ld, 1, 0.0f, colg, ld, 1)))
-          goto done;
-        col2im_f32acc(&g, colg, nb, gi * g.Cg, gxf);
-      }
-    }
-    if (want_gx) {
-      if (bd)
-        for (int64_t i = 0; i < nb; i++)
-          for (int64_t ch = 0; ch < g.C; ch++) {
-            float bv = from_bf16(bd[ch]);
-            float *p = gxf + (i * g.C + ch) * HW;
-            for (int64_t q = 0; q < HW; q++) p[q] += bv;
-          }
-      round_bf16((uint16_t *)kiln_tensor_data(out->gx) + n0 * g.C * HW, gxf, nb * g.C * HW);
-    }
-  }
+  if (g.P > 0 && (j.gx || j.partials)) kiln_parallel_for(j.parts, 1, bwd_parts, &j);
+  if (j.failed) { rc = kiln_fail(KILN_ERR_MEMORY, "conv2d_backward: out of memory for the bf16 columns"); goto done; }
   if (want_gx && g.P == 0) {   /* an empty output: grad input is the bias alone */
-    uint16_t *gxd = kiln_tensor_data(out->gx);
-    for (int64_t i = 0; i < out->gx->numel; i++) gxd[i] = bd ? bd[(i / HW) % g.C] : 0;
+    for (int64_t i = 0; i < out->gx->numel; i++) j.gx[i] = j.bias ? j.bias[(i / HW) % g.C] : 0;
   }
   if (out->gw) {
-    if (want_gw && g.N > 0 && g.P > 0) {   /* gw [O, K] from gw^T */
+    if (want_gw) {   /* gw [O, K] from the partials of gw^T, added in part order */
       uint16_t *gwd = kiln_tensor_data(out->gw);
+      for (int64_t t = 1; t < j.parts; t++)
+        for (int64_t e = 0; e < g.K * g.O; e++) partials[e] += partials[t * g.K * g.O + e];
       for (int64_t o = 0; o < g.O; o++)
-        for (int64_t kk = 0; kk < g.K; kk++) gwd[o * g.K + kk] = to_bf16(gw[kk * g.O + o]);
+        for (int64_t kk = 0; kk < g.K; kk++) gwd[o * g.K + kk] = to_bf16(partials[kk * g.O + o]);
+    } else {
+      kiln_cpu_fill(out->gw, 0);
     }
-    else kiln_cpu_fill(out->gw, 0);
   }
   if (out->gb) {
     uint16_t *gb = kiln_tensor_data(out->gb);
     for (int64_t o = 0; o < g.O; o++) {
       double s = 0;
       for (int64_t n = 0; n < g.N; n++) {   /* sixteen f32 lanes per image, so that the loop vectorises */
-        const uint16_t *p = gyd + (n * g.O + o) * g.P;
+        const uint16_t *p = j.gy + (n * g.O + o) * g.P;
         float lane[16] = {0};
         int64_t q = 0;
         for (; q + 16 <= g.P; q += 16)
@@ -260,7 +311,7 @@ int cpu_conv2d_backward_bf16(const struct kiln_call *c) {
     }
   }
 done:
-  free(col); free(gyc); free(colg); free(gxf); free(gw);
+  free(partials);
   kiln_tensor_release(gy); kiln_tensor_release(x); kiln_tensor_release(w); kiln_tensor_release(bias);
   return rc;
 }
