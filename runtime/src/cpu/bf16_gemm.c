@@ -214,7 +214,8 @@ static int bgemm_run(struct bgemm *g, int64_t abatch) {
   double flops = 2.0 * (double)g->nbatch * (double)g->n * (double)g->m * (double)g->k;
   int serial = kiln_get_num_threads() == 1 || flops < 2e5;
   g->a_once = abatch == 1;
-  if (serial) pack_a_range(g, 0, blocks);
+  /* a small A (a batch of activations, a weight) is packed before the pool starts: one start less */
+  if (serial || abatch * g->npad * g->kp < (1 << 18)) pack_a_range(g, 0, blocks);
   else kiln_parallel_for(blocks, 1, pack_a_range, g);
   int64_t tasks = g->nbatch * g->panels;
   if (serial) panel_range(g, 0, tasks);
