@@ -1,8 +1,10 @@
-"""What the PyTorch peers of the benchmarks share: the thread count and --quick from the command
-line, and the median time of repeated calls (the same rule as bench/common.lua)."""
+"""What the PyTorch peers of the benchmarks share: the thread count, --quick and --amp bf16 from the
+command line, and the median time of repeated calls (the same rule as bench/common.lua)."""
 import statistics, sys, time
 
-threads = int(sys.argv[1])
+args = sys.argv[1:]
+amp = args[args.index("--amp") + 1] if "--amp" in args else None   # "bf16": torch.autocast("cpu")
+threads = int(next(a for i, a in enumerate(args) if a.isdigit() and (i == 0 or args[i - 1] != "--amp")))
 quick = "--quick" in sys.argv
 
 def measure(fn, warmup=1, target=(0.05, 0.25)):

@@ -5,14 +5,18 @@
 -- OMP_WAIT_POLICY=passive). Medians; one JSON line per result. Each speedup line also gives
 -- floor_ms, the layer's FLOP at the rate of a large OpenBLAS product at that thread count, and
 -- speedup_bound = gemm_ms / floor_ms, what no recurrence could beat by much.
--- usage: kiln bench/rnn.lua [--quick] [--no-peer]
+-- With --amp bf16 only the char-LM step runs, in f32 and under kiln.amp.autocast("bf16") (the
+-- peer under torch.autocast("cpu", dtype=torch.bfloat16)), with the speedup of bf16 over f32.
+-- usage: kiln bench/rnn.lua [--quick] [--no-peer] [--amp bf16]
 local kiln = kiln or require "kiln"
 local nn, optim = kiln.nn, kiln.optim
 local common = require "bench.common"
 local quick = common.quick
+local amp_dtype
+for i, a in ipairs(arg or {}) do if a == "--amp" then amp_dtype = arg[i + 1] end end
 local function measure(fn) return common.measure(fn) * 1000 end   -- milliseconds
 
-local hiddens = quick and {256} or {256, 512, 1024}
+local hiddens = amp_dtype and {} or quick and {256} or {256, 512, 1024}
 local batches = quick and {1, 16} or {1, 4, 16, 64}
 local T, I = 64, 256
 local ours = {}
@@ -57,19 +61,28 @@ for _, threads in ipairs{1, 2} do
   for _, m in ipairs{emb, lstm, head} do for _, q in ipairs(m:parameters()) do params[#params + 1] = q end end
   local opt = optim.Adam(params, {lr = 2e-3})
   local x, y = kiln.randint(1, V + 1, {T, B}), kiln.randint(1, V + 1, {T * B})
-  local ms = measure(function()
-    opt:zero_grad()
-    local out = lstm(emb(x))
-    local loss = require("kiln.functional").cross_entropy(head(out:reshape(T * B, H)), y)
-    loss:backward()
-    opt:step()
-  end)
+  local function step_ms(dtype)
+    return measure(function()
+      opt:zero_grad()
+      local loss = kiln.amp.autocast(dtype, function()
+        local out = lstm(emb(x))
+        return require("kiln.functional").cross_entropy(head(out:reshape(T * B, H)), y)
+      end)
+      loss:backward()
+      opt:step()
+    end)
+  end
+  local ms = step_ms(amp_dtype)
   ours["charlm:" .. threads] = ms
   kiln.ui.json{bench = "char_lm_step", impl = "kiln", algorithm = lstm:algorithm_for(B), vocab = V, embedding = E,
-               hidden = H, batch = B, seq = T, threads = threads, ms = ms}
+               hidden = H, batch = B, seq = T, threads = threads, amp = amp_dtype, ms = ms}
+  if amp_dtype then
+    local f32 = step_ms(nil)
+    kiln.ui.json{bench = "char_lm_amp_speedup", amp = amp_dtype, threads = threads, f32_ms = f32, amp_ms = ms, speedup = f32 / ms}
+  end
 end
 
-common.peer_lines("bench/rnn.py", function(line, threads)
+common.peer_lines("bench/rnn.py" .. (amp_dtype and " --amp " .. amp_dtype or ""), function(line, threads)
   local bench = line:match('"bench": "([%w_]+)"')
   local ms = tonumber(line:match('"ms": ([%d%.e%-]+)'))
   if bench == "lstm_step" then
@@ -82,7 +95,7 @@ common.peer_lines("bench/rnn.py", function(line, threads)
       end
     end
   elseif bench == "char_lm_step" and ours["charlm:" .. threads] then
-    kiln.ui.json{bench = "char_lm_step_ratio", threads = threads, kiln_ms = ours["charlm:" .. threads], pytorch_ms = ms,
+    kiln.ui.json{bench = "char_lm_step_ratio", threads = threads, amp = amp_dtype, kiln_ms = ours["charlm:" .. threads], pytorch_ms = ms,
                  ratio = ours["charlm:" .. threads] / ms}
   end
 end)

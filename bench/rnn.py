@@ -1,10 +1,11 @@
 """PyTorch peer of bench/rnn.lua: the same LSTM shapes and char-LM step, at one thread count.
-usage: OMP_WAIT_POLICY=passive python3 bench/rnn.py THREADS [--quick]"""
-import json
+usage: OMP_WAIT_POLICY=passive python3 bench/rnn.py [--amp bf16] THREADS [--quick]
+With --amp bf16 only the char-LM step runs, under torch.autocast("cpu", dtype=torch.bfloat16)."""
+import contextlib, json
 import torch
 import torch.nn as nn
 import common
-from common import threads, quick
+from common import threads, quick, amp
 
 torch.set_num_threads(threads)
 
@@ -12,7 +13,7 @@ def measure(fn):
     return common.measure(fn) * 1000   # milliseconds
 
 T, I = 64, 256
-for H in ([256] if quick else [256, 512, 1024]):
+for H in ([] if amp else [256] if quick else [256, 512, 1024]):
     for B in ([1, 16] if quick else [1, 4, 16, 64]):
         torch.manual_seed(0)
         lstm = nn.LSTM(I, H)
@@ -32,9 +33,10 @@ opt = torch.optim.Adam(params, lr=2e-3)
 x, y = torch.randint(0, V, (T, B)), torch.randint(0, V, (T * B,))
 def step():
     opt.zero_grad()
-    out, _ = lstm(emb(x))
-    loss = nn.functional.cross_entropy(head(out.reshape(T * B, H)), y)
+    with torch.autocast("cpu", dtype=torch.bfloat16) if amp == "bf16" else contextlib.nullcontext():
+        out, _ = lstm(emb(x))
+        loss = nn.functional.cross_entropy(head(out.reshape(T * B, H)), y)
     loss.backward()
     opt.step()
 print(json.dumps({"bench": "char_lm_step", "impl": "pytorch", "version": torch.__version__, "vocab": V, "embedding": E,
-                  "hidden": H, "batch": B, "seq": T, "threads": threads, "ms": measure(step)}), flush=True)
+                  "hidden": H, "batch": B, "seq": T, "threads": threads, "amp": amp, "ms": measure(step)}), flush=True)

@@ -3,11 +3,16 @@
 -- 1024-1024-10, batch 64), at 1 and 2 threads, beside PyTorch CPU in the same run when python3
 -- has torch (bench/train_step.py; PyTorch with OMP_WAIT_POLICY=passive), and each step's floor: its
 -- GEMM FLOP at the rate of a 1024x1024 product in the same run. One JSON line per result.
--- usage: kiln bench/train_step.lua [--quick] [--no-peer]
+-- With --amp bf16 the steps run under kiln.amp.autocast("bf16") and the peer under
+-- torch.autocast("cpu", dtype=torch.bfloat16), kiln's f32 step is measured too (train_step_amp_speedup);
+-- the floor stays the f32 one.
+-- usage: kiln bench/train_step.lua [--quick] [--no-peer] [--amp bf16]
 local kiln = kiln or require "kiln"
 local nn, optim = kiln.nn, kiln.optim
 local common = require "bench.common"
 local quick, now, median = common.quick, common.now, common.median
+local amp_dtype
+for i, a in ipairs(arg or {}) do if a == "--amp" then amp_dtype = arg[i + 1] end end
 
 -- GEMM FLOP of one step (forward, grad of the input where it is needed, grad of the weight): a
 -- Linear of n_in -> n_out on a batch B is 2*B*n_in*n_out each; a convolution is its im2col product,
@@ -40,23 +45,31 @@ for _, threads in ipairs{1, 2} do
     local loss_fn = nn.CrossEntropyLoss()
     local x = kiln.randn(m.batch, 1, 28, 28)
     local y = kiln.randint(1, 11, {m.batch})
-    local function step()
-      opt:zero_grad()
-      local loss = loss_fn(model(x), y)
-      loss:backward()
-      opt:step()
-    end
-    for _ = 1, 5 do step() end
     local steps, reps = quick and 10 or 40, quick and 3 or 7
-    local times = {}
-    for _ = 1, reps do
-      local t0 = now()
-      for _ = 1, steps do step() end
-      times[#times + 1] = (now() - t0) / steps * 1000
+    local function step_ms(dtype)
+      local function step()
+        opt:zero_grad()
+        local loss = kiln.amp.autocast(dtype, function() return loss_fn(model(x), y) end)
+        loss:backward()
+        opt:step()
+      end
+      for _ = 1, 5 do step() end
+      local times = {}
+      for _ = 1, reps do
+        local t0 = now()
+        for _ = 1, steps do step() end
+        times[#times + 1] = (now() - t0) / steps * 1000
+      end
+      return median(times)
     end
-    local ms = median(times)
+    local ms = step_ms(amp_dtype)
+    if amp_dtype then   -- kiln's f32 step in the same run, for the speedup
+      local f32 = step_ms(nil)
+      kiln.ui.json{bench = "train_step_amp_speedup", model = m.name, amp = amp_dtype, threads = threads, f32_ms = f32,
+                   amp_ms = ms, speedup = f32 / ms}
+    end
     ours[m.name .. threads] = ms
-    kiln.ui.json{bench = "train_step", impl = "kiln", model = m.name, batch = m.batch, threads = threads,
+    kiln.ui.json{bench = "train_step", impl = "kiln", model = m.name, batch = m.batch, threads = threads, amp = amp_dtype,
                  ms_per_step = ms, reps = reps, steps_per_rep = steps}
     -- the floor: the step's GEMM FLOP at the rate of a large product, measured in this run
     local floor = m.flop / peak / 1e6
@@ -65,11 +78,11 @@ for _, threads in ipairs{1, 2} do
   end
 end
 
-common.peer_lines("bench/train_step.py", function(line, threads)
+common.peer_lines("bench/train_step.py" .. (amp_dtype and " --amp " .. amp_dtype or ""), function(line, threads)
   local model = line:match('"model": "(%w+)"')
   local ms = tonumber(line:match('"ms_per_step": ([%d%.e%-]+)'))
   if model and ms and ours[model .. threads] then
-    kiln.ui.json{bench = "train_step_ratio", model = model, threads = threads, kiln_ms = ours[model .. threads],
+    kiln.ui.json{bench = "train_step_ratio", model = model, threads = threads, amp = amp_dtype, kiln_ms = ours[model .. threads],
                  pytorch_ms = ms, ratio = ours[model .. threads] / ms}
   end
 end)

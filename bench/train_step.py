@@ -1,11 +1,20 @@
 """PyTorch peer of bench/train_step.lua: the same models, batch sizes and thread counts.
-usage: OMP_WAIT_POLICY=passive python3 bench/train_step.py THREADS [--quick]
+usage: OMP_WAIT_POLICY=passive python3 bench/train_step.py [--amp bf16] THREADS [--quick]
+With --amp bf16 the forward runs under torch.autocast("cpu", dtype=torch.bfloat16).
 Prints one JSON line per model: median step time (forward, backward, SGD momentum update)."""
-import json, statistics, sys, time
+import contextlib, json, statistics, sys, time
 import torch
 import torch.nn as nn
 
-threads = int(sys.argv[1])
+args = sys.argv[1:]
+amp = None
+if "--amp" in args:
+    i = args.index("--amp")
+    amp = args[i + 1]
+    del args[i:i + 2]
+threads = int(args[0])
+def autocast():
+    return torch.autocast("cpu", dtype=torch.bfloat16) if amp == "bf16" else contextlib.nullcontext()
 quick = "--quick" in sys.argv
 torch.set_num_threads(threads)
 torch.manual_seed(0)
@@ -25,7 +34,8 @@ for name, make, batch in (("mlp", mlp, 128), ("cnn", cnn, 64)):
     y = torch.randint(0, 10, (batch,))
     def step():
         opt.zero_grad()
-        loss = loss_fn(model(x), y)
+        with autocast():
+            loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
     for _ in range(5):
@@ -39,5 +49,5 @@ for name, make, batch in (("mlp", mlp, 128), ("cnn", cnn, 64)):
             step()
         times.append((time.perf_counter() - t0) / steps * 1000)
     print(json.dumps({"bench": "train_step", "impl": "pytorch", "version": torch.__version__, "model": name,
-                      "batch": batch, "threads": threads, "ms_per_step": statistics.median(times), "reps": reps,
+                      "batch": batch, "threads": threads, "amp": amp, "ms_per_step": statistics.median(times), "reps": reps,
                       "steps_per_rep": steps}), flush=True)

@@ -5,7 +5,7 @@
 -- usage:
 --   kiln examples/char_lm.lua [--minutes M] [--steps N] [--hidden 256] [--embedding 64] [--layers 1]
 --        [--seq 64] [--batch-size 32] [--lr 0.003] [--dropout 0] [--threads N] [--seed N] [--corpus DIR|kjv]
---        [--save FILE] [--eval-every STEPS] [--metrics FILE] [--pause-after STEPS] [--model-parallel]
+--        [--save FILE] [--eval-every STEPS] [--metrics FILE] [--pause-after STEPS] [--model-parallel] [--amp bf16]
 --   kiln examples/char_lm.lua --sample FILE [--length 400] [--temperature 0.8] [--prime "The "] [--seed N]
 -- Training stops after --minutes of training (default 10) or --steps, whichever comes first; every
 -- 20th block of 16 KiB of the corpus (5%) is the validation split. The model is saved with its
@@ -26,8 +26,9 @@ local defaults = {minutes = 10, hidden = 256, embedding = 64, layers = 1, seq = 
                   dropout = 0, seed = 1, corpus = "/usr/share/games/fortunes", save = "char_lm.safetensors", eval_every = 250,
                   length = 400, temperature = 0.8, prime = "The "}
 local opt = ui.parse_args(arg, {name = "char_lm", defaults = defaults, flags = {["model-parallel"] = true},
-                                strict = {"threads", "steps", "metrics", "sample", "pause_after"},
+                                strict = {"threads", "steps", "metrics", "sample", "pause_after", "amp"},
                                 numbers = {"threads", "steps", "pause_after"}})
+if opt.amp ~= nil and opt.amp ~= "bf16" then ui.usage_error("char_lm", "--amp takes bf16, got " .. tostring(opt.amp)) end
 local dist = opt.model_parallel and kiln.dist
 if dist then dist.init() end
 local lead = not dist or dist.rank() == 0
@@ -272,10 +273,12 @@ while now() < deadline and (not opt.steps or step < opt.steps) do
   local y = train_y:narrow(2, window * T + 1, T):t():contiguous():reshape(-1)
   window = window + 1
   adam:zero_grad()
-  local logits
-  logits, state = run(model, x, state)
+  local logits, loss
+  logits, state, loss = kiln.amp.autocast(opt.amp, function()
+    local lg, st = run(model, x, state)
+    return lg, st, F.cross_entropy(lg, y)
+  end)
   state = detach(state)
-  local loss = F.cross_entropy(logits, y)
   loss:backward()
   clip(5)
   adam:step()
@@ -309,5 +312,5 @@ if metrics then metrics:log{step = step, epoch = epoch, valid_bpc = bpc, time = 
 if lead then
   ui.json{example = "char_lm", steps = step, epochs = epoch, seconds = elapsed, threads = kiln.get_num_threads(),
           valid_bpc = bpc, best_valid_bpc = best, chars_per_second = step * T * B / elapsed, saved = opt.save,
-          ranks = dist and dist.world_size() or nil}
+          ranks = dist and dist.world_size() or nil, amp = opt.amp}
 end

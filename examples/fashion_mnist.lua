@@ -1,8 +1,9 @@
 -- examples/fashion_mnist.lua: train a model on Fashion-MNIST (Debian's dataset-fashion-mnist),
 -- evaluate on the test set after every epoch, and end with one JSON line of results.
 -- usage: kiln examples/fashion_mnist.lua [--model mlp|lenet|resnet] [--epochs N] [--batch-size N]
---        [--lr X] [--threads N] [--seed N] [--limit N] [--workers N] [--metrics FILE]
+--        [--lr X] [--threads N] [--seed N] [--limit N] [--workers N] [--metrics FILE] [--amp bf16]
 --        [--checkpoint DIR [--checkpoint-every STEPS] [--keep N] [--resume] [--pause-after STEPS]] [--dist]
+-- --amp bf16 runs forward passes under kiln.amp.autocast("bf16") (products in bf16, f32 master weights).
 -- --metrics appends one JSON line per step and per epoch. --checkpoint saves the whole training state
 -- to DIR/ckpt-<step>.safetensors every STEPS steps (default: each epoch), keeping the last N (3);
 -- --resume continues from the newest one at the exact batch; --pause-after stops after the
@@ -29,13 +30,14 @@ local flags = {resume = true, dist = true}   -- options without a value
 
 local function parse(args)
   local o = ui.parse_args(args, {name = "fashion_mnist", flags = flags, defaults = {model = "lenet", seed = 1, workers = 2},
-                                 strict = {"epochs", "batch_size", "lr", "weight_decay", "threads", "limit", "metrics",
+                                 strict = {"epochs", "batch_size", "lr", "weight_decay", "threads", "limit", "metrics", "amp",
                                            "checkpoint", "checkpoint_every", "keep", "pause_after"},
                                  numbers = {"epochs", "batch_size", "lr", "weight_decay", "threads", "limit",
                                             "checkpoint_every", "keep", "pause_after"}})
   local d = defaults[o.model]
   if not d then ui.usage_error("fashion_mnist", "unknown model " .. tostring(o.model) .. " (mlp, lenet, resnet)") end
   for k, v in pairs(d) do if o[k] == nil then o[k] = v end end
+if o.amp ~= nil and o.amp ~= "bf16" then ui.usage_error("fashion_mnist", "--amp takes bf16, got " .. tostring(o.amp)) end
   return o
 end
 
@@ -78,7 +80,7 @@ local function evaluate()
   local images, labels = test.images:narrow(1, first, n), test.labels:narrow(1, first, n)
   kiln.no_grad(function()
     for _, x, y in data.batches({images, labels}, {batch_size = 1000, shuffle = false}) do
-      correct = correct + model(x):argmax(2):eq(y):sum():item()
+      correct = correct + kiln.amp.autocast(opt.amp, model, x):argmax(2):eq(y):sum():item()
     end
   end)
   model:train()
@@ -156,7 +158,7 @@ for epoch = start_epoch, opt.epochs do
     b = b + 1
     local t_step = now()
     local lr = sgd.param_groups[1].lr
-    local loss = criterion(net(x), y)
+    local loss = kiln.amp.autocast(opt.amp, function() return criterion(net(x), y) end)
     sgd:zero_grad()
     loss:backward()
     sgd:step()
@@ -205,6 +207,6 @@ if lead then
   ui.json{model = opt.model, epochs = opt.epochs, batch_size = opt.batch_size, lr = opt.lr, threads = kiln.get_num_threads(),
           seed = opt.seed, train_loss = last_loss, test_accuracy = accuracy, train_seconds = train_seconds,
           workers = opt.workers, data_wait_fraction = loop_seconds > 0 and wait_seconds / loop_seconds or 0,
-          ranks = dist and ranks or nil}
+          ranks = dist and ranks or nil, amp = opt.amp}
 end
 return {accuracy = accuracy, losses = losses}

@@ -4,7 +4,7 @@
 -- and the character error rate (CER) on held-out utterances spoken by 8 voices training never hears.
 -- usage: kiln examples/speech_digits.lua [--epochs N] [--batch-size N] [--lr X] [--threads N] [--seed N]
 --        [--train-utterances N] [--test-utterances N] [--data DIR] [--data-seed N] [--hidden N]
---        [--layers N] [--channels N] [--beam N] [--metrics FILE] [--save FILE] [--pause-after STEPS]
+--        [--layers N] [--channels N] [--beam N] [--metrics FILE] [--save FILE] [--pause-after STEPS] [--amp bf16]
 -- The WAVs are cached under --data (default build/data/speech_digits); a second run synthesises
 -- nothing. The alphabet is the space and the 15 letters of "zero" .. "nine" (16 characters; class 1
 -- is the CTC blank). --beam 0 decodes greedily (the default), N > 0 with a prefix beam of N.
@@ -23,7 +23,8 @@ local defaults = {epochs = 12, batch_size = 32, lr = 2e-3, seed = 1, data_seed =
                   beam = 0}
 
 local opt = ui.parse_args(arg, {name = "speech_digits", flags = flags, defaults = defaults,
-                                strict = {"threads", "metrics", "save", "pause_after"}, numbers = {"threads", "pause_after"}})
+                                strict = {"threads", "metrics", "save", "pause_after", "amp"}, numbers = {"threads", "pause_after"}})
+if opt.amp ~= nil and opt.amp ~= "bf16" then ui.usage_error("speech_digits", "--amp takes bf16, got " .. tostring(opt.amp)) end
 if opt.threads then kiln.set_num_threads(opt.threads) end
 kiln.manual_seed(opt.seed)
 
@@ -160,8 +161,10 @@ for epoch = 1, opt.epochs do
   local sum, count = 0, 0
   for _, idx in ipairs(epoch_batches(train, epoch, opt.batch_size)) do
     local x, lengths, targets = digits.batch(train, idx)
-    local lp, out_lengths = model(x, lengths)
-    local loss = F.ctc_loss(lp, targets, out_lengths, {blank = digits.blank, reduction = "mean", zero_infinity = true})
+    local loss = kiln.amp.autocast(opt.amp, function()
+      local lp, out_lengths = model(x, lengths)
+      return F.ctc_loss(lp, targets, out_lengths, {blank = digits.blank, reduction = "mean", zero_infinity = true})
+    end)
     adam:zero_grad()
     loss:backward()
     optim.clip_grad_norm(params, 5)
@@ -219,6 +222,6 @@ end
 
 ui.json{example = "speech_digits", epochs = opt.epochs, batch_size = opt.batch_size, lr = opt.lr, threads = kiln.get_num_threads(),
         seed = opt.seed, train_utterances = #train.texts, test_utterances = #test.texts, train_loss = last_loss,
-        test_cer = cer, test_utterance_accuracy = utterance_accuracy,
+        test_cer = cer, test_utterance_accuracy = utterance_accuracy, amp = opt.amp,
         train_seconds = train_seconds, decoder = opt.beam > 0 and "beam" or "greedy"}
 return {cer = cer, losses = losses, hypotheses = hyps}

@@ -114,7 +114,7 @@ local LUA_LAYERS = {
   {"kiln.nn", "kiln.nn.layers", "kiln.nn.rnn", "kiln.nn.initializers", "kiln.optim", "kiln.optim.sgd",
    "kiln.optim.adam", "kiln.optim.rmsprop", "kiln.optim.adagrad", "kiln.optim.lr_scheduler", "kiln.data",
    "kiln.data.files", "kiln.data.datasets", "kiln.data.order", "kiln.data.batches", "kiln.data.transforms",
-   "kiln.data.loader", "kiln.checkpoint", "kiln.audio", "kiln.ui", "kiln.dist", "kiln.dist.collectives",
+   "kiln.data.loader", "kiln.checkpoint", "kiln.amp", "kiln.audio", "kiln.ui", "kiln.dist", "kiln.dist.collectives",
    "kiln.dist.data_parallel", "kiln.dist.model_parallel", "kiln.dist.simulate", "kiln.display", "kiln.plot",
    "kiln.plot.raster", "kiln.plot.font"},
   {"kiln.metrics"},

@@ -1,6 +1,6 @@
 -- kiln.checkpoint: everything a run needs to resume, in one safetensors file written crash-safely.
 --   checkpoint.save("runs/a", {model = model, optimizer = opt, scheduler = sched, step = step,
---                              epoch = epoch, data = {epoch = epoch, batch = b}, extra = {...}}, {keep = 3})
+--                              scaler = scaler, epoch = epoch, data = {epoch = epoch, batch = b}, extra = {...}}, {keep = 3})
 --   local state = checkpoint.load("runs/a", {model = model, optimizer = opt, scheduler = sched})
 -- Tensors (the model's "model.<name>", the optimizer's "optimizer.state.<i>.<name>", tensors in
 -- data or extra) are the file's entries; everything else (hyper-parameters, step counts, scheduler,
@@ -235,7 +235,7 @@ local function check_integer(v, what)
 end
 
 -- checkpoint.save(path_or_dir, state [, {keep = N}]) -> the path written.
--- state: model (a module, or a table of tensors), optimizer, scheduler, step, epoch, rng (default
+-- state: model (a module, or a table of tensors), optimizer, scheduler, scaler (kiln.amp.GradScaler), step, epoch, rng (default
 -- kiln.get_rng_state(); false for none), data (the position in the epoch: a table, or an object
 -- with state_dict()), extra (anything made of tables, numbers, strings, booleans and tensors).
 -- A path ending in .safetensors is written as is; anything else is a folder, made if missing.
@@ -278,6 +278,7 @@ function M.save(where, state, opts)
     extra = state.extra ~= nil and to_plain(state.extra, "extra", tensors, {}) or nil,
     optimizer = state.optimizer ~= nil and to_plain(state_of(state.optimizer), "optimizer", tensors, {}) or nil,
     scheduler = state.scheduler ~= nil and to_plain(without_functions(state_of(state.scheduler)), "scheduler", tensors, {}) or nil,
+    scaler = state.scaler ~= nil and to_plain(state_of(state.scaler), "scaler", tensors, {}) or nil,
   }
   local metadata = {["kiln.checkpoint"] = M.FORMAT, ["kiln.state"] = json_text(plain), ["kiln.version"] = ffi.string(core.C.kiln_version())}
   if state.step ~= nil then metadata.step = string.format("%d", state.step) end
@@ -300,7 +301,7 @@ local function resolve(where, what)
   return path
 end
 
--- checkpoint.load(path_or_dir [, {model =, optimizer =, scheduler =, data =, rng = true}]) -> state.
+-- checkpoint.load(path_or_dir [, {model =, optimizer =, scheduler =, scaler =, data =, rng = true}]) -> state.
 -- A folder means its newest checkpoint. Restores in place whatever is given (load_state_dict of
 -- each; the global RNG unless rng = false) and returns {path, step, epoch, data, extra, rng, model
 -- (the tensors by name), optimizer, scheduler (their state dicts)}.
@@ -329,7 +330,7 @@ function M.load(where, targets)
   end
   local state = {path = path, step = plain.step, epoch = plain.epoch, data = plain.data, extra = plain.extra,
                  rng = plain.rng, model = plain.has_model and model or nil, optimizer = plain.optimizer,
-                 scheduler = plain.scheduler}
+                 scheduler = plain.scheduler, scaler = plain.scaler}
   -- An error of restoring a part names the checkpoint and the part (the load_state_dict that failed
   -- names the entry), raised at the caller's line.
   local function checked(what, fn, ...)
@@ -359,6 +360,7 @@ function M.load(where, targets)
   end
   restore("optimizer", targets.optimizer, plain.optimizer)
   restore("scheduler", targets.scheduler, plain.scheduler)
+  restore("scaler", targets.scaler, plain.scaler)
   if targets.data ~= nil and type(targets.data) == "table" and type(targets.data.load_state_dict) == "function" then
     restore("data", targets.data, plain.data)
   end

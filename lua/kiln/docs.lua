@@ -524,9 +524,27 @@ return {
   ["kiln.data.transforms.RandomAffine"] = "transforms.RandomAffine{degrees, translate = {fx, fy}, fill = 0}: a random rotation in [-degrees, degrees] and shift up to fx * width, fy * height",
   ["kiln.data.transforms.Normalize"] = "transforms.Normalize{mean, std}: (x - mean[c]) / std[c]; one number, or one per channel",
 
+  -- kiln.amp
+  ["kiln.amp"] = "kiln.amp: mixed precision: amp.autocast(\"bf16\", fn) runs fn with each op in the dtype its op-table class says (products in bf16/f16, exp, sums, softmax and losses in f32), f32 master weights; amp.GradScaler for f16",
+  ["kiln.amp.autocast"] = "amp.autocast(dtype, fn, ...): fn(...) with autocast to dtype (\"bf16\" or \"f16\"; false or nil: off) on this thread, then the previous state; returns what fn returns; e.g. kiln.amp.autocast(\"bf16\", function() return kiln.randn(2, 3):matmul(kiln.randn(3, 4)) end) -- [2, 4]",
+  ["kiln.amp.set_autocast"] = "amp.set_autocast(dtype or nil): turn autocast on (\"bf16\", \"f16\") or off (nil) for what follows on this thread; returns the previous dtype or nil",
+  ["kiln.amp.autocast_dtype"] = "amp.autocast_dtype(): \"bf16\", \"f16\", or nil when autocast is off",
+  ["kiln.amp.policy"] = "amp.policy(op_name): the op's mixed-precision class in the op table: \"lower\", \"f32\", \"keep\" or \"promote\" (docs/amp.md)",
+  ["kiln.amp.cast_dtype"] = "amp.cast_dtype(op_name, dtype, lower[, device = \"cpu\"]): the dtype an input of dtype gets in the op under autocast to lower on that device",
+  ["kiln.amp.GradScaler"] = "amp.GradScaler([{init_scale = 65536, growth_factor = 2, backoff_factor = 0.5, growth_interval = 2000, enabled = true}]): dynamic loss scaling for f16: scaler:scale(loss):backward(); scaler:step(opt); scaler:update()",
+  ["kiln.amp.GradScaler.new"] = "amp.GradScaler.new(opts): the same as amp.GradScaler(opts)",
+  ["kiln.amp.GradScaler.scale"] = "scaler:scale(loss): loss times the current scale (loss itself when disabled)",
+  ["kiln.amp.GradScaler.unscale_"] = "scaler:unscale_(opt): divide opt's gradients by the scale in place and note any inf or NaN; call before clipping gradients",
+  ["kiln.amp.GradScaler.step"] = "scaler:step(opt, ...): unscale if not done, then opt:step(...) unless a gradient was inf or NaN; true when it stepped",
+  ["kiln.amp.GradScaler.update"] = "scaler:update([new_scale]): after the steps: scale * backoff_factor after an overflow, * growth_factor after growth_interval clean steps in a row; or new_scale",
+  ["kiln.amp.GradScaler.get_scale"] = "scaler:get_scale(): the current loss scale (1 when disabled)",
+  ["kiln.amp.GradScaler.is_enabled"] = "scaler:is_enabled(): false for GradScaler{enabled = false}, which passes everything through",
+  ["kiln.amp.GradScaler.state_dict"] = "scaler:state_dict(): {scale, growth_factor, backoff_factor, growth_interval, _growth_tracker}, as PyTorch's; kiln.checkpoint saves it as state.scaler",
+  ["kiln.amp.GradScaler.load_state_dict"] = "scaler:load_state_dict(sd): restore a scaler from state_dict() (kiln.checkpoint.load(dir, {scaler = scaler}) calls it)",
+
   -- kiln.checkpoint
-  ["kiln.checkpoint.save"] = "checkpoint.save(path or dir, {model, optimizer, scheduler, step, epoch, data, extra, rng}[, {keep = N}]): everything to resume, in one safetensors file written crash-safely; returns the path",
-  ["kiln.checkpoint.load"] = "checkpoint.load(path or dir[, {model, optimizer, scheduler, data, rng = true}]): restores what is given in place from the file (a folder: its newest); returns {path, step, epoch, data, extra, ...}",
+  ["kiln.checkpoint.save"] = "checkpoint.save(path or dir, {model, optimizer, scheduler, scaler, step, epoch, data, extra, rng}[, {keep = N}]): everything to resume, in one safetensors file written crash-safely; returns the path",
+  ["kiln.checkpoint.load"] = "checkpoint.load(path or dir[, {model, optimizer, scheduler, scaler, data, rng = true}]): restores what is given in place from the file (a folder: its newest); returns {path, step, epoch, data, extra, ...}",
   ["kiln.checkpoint.latest"] = "checkpoint.latest(dir): the path and step of the newest ckpt-<step>.safetensors of dir, or nil",
   ["kiln.checkpoint.list"] = "checkpoint.list(dir): the checkpoint files of dir, newest first",
 

@@ -136,6 +136,7 @@ kiln.ui = require "kiln.ui"
 kiln.display = require "kiln.display"
 kiln.plot = require "kiln.plot"
 kiln.optim = require "kiln.optim"
+kiln.amp = require "kiln.amp"
 
 kiln.io = require "kiln.io"
 kiln.save, kiln.load = kiln.io.save, kiln.io.load

@@ -173,6 +173,9 @@ run timeout 90 "$KILN" tests/gpu/pinned_spec.lua || fail "pinned_spec.lua"
 step "streams and events: side streams, ordering, record_stream, timing (tests/gpu/streams_spec.lua)"
 run timeout 90 "$KILN" tests/gpu/streams_spec.lua || fail "streams_spec.lua"
 
+step "mixed precision: bf16 and f16 convolutions, autocast, GradScaler (tests/gpu/amp_spec.lua)"
+run timeout 90 "$KILN" tests/gpu/amp_spec.lua || fail "amp_spec.lua"
+
 step "busted: tests/lua/cuda_spec.lua"
 run KILN_EXPECT_CUDA_BACKEND=1 timeout 60 "$KILN" tests/lua/run.lua tests/lua/cuda_spec.lua || fail "cuda_spec.lua"
 

@@ -23,6 +23,8 @@ local NAMESPACES = {
   {"kiln.data.transforms", function() return kiln.data.transforms end},
   {"kiln.audio", function() return kiln.audio end},
   {"kiln.checkpoint", function() return kiln.checkpoint end},
+  {"kiln.amp", function() return kiln.amp end},
+  {"kiln.amp.GradScaler", function() return kiln.amp.GradScaler end},
   {"kiln.autograd", function() return kiln.autograd end},
   {"kiln.ui", function() return kiln.ui end},
   {"kiln.io", function() return kiln.io end},

@@ -4,7 +4,8 @@
    plans, cudnnBackendExecute), or through the legacy convolution API (cudnnConvolutionForward /
    BackwardData / BackwardFilter) with KILN_CUDNN_API=legacy; a shape the graph API cannot plan
    goes to the legacy API (said once on stderr, with the shape and cuDNN's status). Bias terms use
-   cudnnAddTensor and cudnnConvolutionBackwardBias either way. f32 and f64; f32 is exact: the legacy
+   cudnnAddTensor and cudnnConvolutionBackwardBias either way. f32, f64, and f16 and bf16 (for autocast:
+   tensor cores, f32 accumulation, cudnnDataType's compute type FLOAT); f32 is exact: the legacy
    descriptors ask for CUDNN_FMA_MATH and skip algorithms reported with tensor-op (TF32) math, the
    graph API skips engines whose numerical notes say DOWN_CONVERT_INPUTS, REDUCED_PRECISION_REDUCTION
    or, for f32, TENSOR_CORE (TF32; f64's tensor cores are IEEE double). Groups, stride, padding and dilation go to the descriptors. The
@@ -128,6 +129,16 @@ struct descs {
   cudnnDataType_t type;
 };
 
+/* cuDNN's data type for a kiln dtype; f16 and bf16 compute in f32. */
+static cudnnDataType_t dnn_type(int dtype) {
+  return dtype == KILN_F64 ? CUDNN_DATA_DOUBLE : dtype == KILN_F16 ? CUDNN_DATA_HALF
+         : dtype == KILN_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+}
+static int low_precision(cudnnDataType_t t) { return t == CUDNN_DATA_HALF || t == CUDNN_DATA_BFLOAT16; }
+static const char *dnn_type_name(cudnnDataType_t t) {
+  return t == CUDNN_DATA_DOUBLE ? "f64" : t == CUDNN_DATA_HALF ? "f16" : t == CUDNN_DATA_BFLOAT16 ? "bf16" : "f32";
+}
+
 static void descs_destroy(struct descs *d) {
   if (d->x) cudnnDestroyTensorDescriptor(d->x);
   if (d->y) cudnnDestroyTensorDescriptor(d->y);
@@ -146,7 +157,7 @@ static int fits_int(const int64_t *v, int n) {
 static int descs_make(struct descs *d, const char *op, int dtype, const int64_t *x, const int64_t *xs, int symmetric,
                       const int64_t *w, const int64_t *y, const int64_t *ints) {
   memset(d, 0, sizeof *d);
-  d->type = dtype == KILN_F64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+  d->type = dnn_type(dtype);
   if (!symmetric)
     return cuda_fail(KILN_ERR_UNSUPPORTED, "%s: the [%lld,%lld] corner of a taller input for output [%lld,%lld,%lld,%lld] "
                      "needs less padding after it than before (padding %lldx%lld, stride %lldx%lld), which cuDNN's legacy "
@@ -179,11 +190,13 @@ static int descs_make(struct descs *d, const char *op, int dtype, const int64_t 
                    op, "cudnnSetFilter4dDescriptor");
   if (!rc)
     rc = dnn_check(cudnnSetConvolution2dDescriptor(d->conv, (int)ints[2], (int)ints[3], (int)ints[0], (int)ints[1],
-                                                   (int)ints[4], (int)ints[5], CUDNN_CROSS_CORRELATION, d->type),
+                                                   (int)ints[4], (int)ints[5], CUDNN_CROSS_CORRELATION,
+                                                   low_precision(d->type) ? CUDNN_DATA_FLOAT : d->type),
                    op, "cudnnSetConvolution2dDescriptor");
   if (!rc) rc = dnn_check(cudnnSetConvolutionGroupCount(d->conv, (int)ints[6]), op, "cudnnSetConvolutionGroupCount");
-  /* exact f32: plain FMA kernels, never TF32 tensor cores */
-  if (!rc) rc = dnn_check(cudnnSetConvolutionMathType(d->conv, CUDNN_FMA_MATH), op, "cudnnSetConvolutionMathType");
+  /* exact f32: plain FMA kernels, never TF32 tensor cores; f16 and bf16 on tensor cores */
+  if (!rc) rc = dnn_check(cudnnSetConvolutionMathType(d->conv, low_precision(d->type) ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH),
+                          op, "cudnnSetConvolutionMathType");
   return rc;
 }
 
@@ -217,7 +230,10 @@ static int fit_input(const char *op, const int64_t *x, const int64_t *w, const i
 
 /* ---- choosing an algorithm ---- */
 
-static int exact_math(cudnnMathType_t m) { return m == CUDNN_DEFAULT_MATH || m == CUDNN_FMA_MATH; }
+/* Math that keeps the data type's precision: FMA for f32 and f64 (no TF32), tensor cores too for f16 and bf16. */
+static int exact_math(cudnnDataType_t t, cudnnMathType_t m) {
+  return m == CUDNN_DEFAULT_MATH || m == CUDNN_FMA_MATH || (low_precision(t) && m == CUDNN_TENSOR_OP_MATH);
+}
 
 /* The buffers FindEx runs the candidates on (it writes the pass's output). */
 struct bufs {
@@ -229,7 +245,7 @@ struct bufs {
 #define PICK(perf, n)                                                     \
   do {                                                                    \
     for (int i_ = 0; i_ < (n); i_++)                                      \
-      if ((perf)[i_].status == CUDNN_STATUS_SUCCESS && exact_math((perf)[i_].mathType)) { \
+      if ((perf)[i_].status == CUDNN_STATUS_SUCCESS && exact_math(d->type, (perf)[i_].mathType)) { \
         ch->algo = (int)(perf)[i_].algo;                                  \
         ch->workspace = (perf)[i_].memory;                                \
         found = 1;                                                        \
@@ -309,7 +325,7 @@ static int search(cudnnHandle_t h, struct cuda_device *dev, const struct descs *
   if (!found)
     return cuda_fail(KILN_ERR_UNSUPPORTED, "%s: cuDNN offers no exact (non-TF32) %s algorithm for this shape in %s: not implemented "
                      "for %s on cuda", op, pass == KILN_CONV_FORWARD ? "forward" : pass == KILN_CONV_BACKWARD_DATA ? "backward-data" : "backward-filter",
-                     d->type == CUDNN_DATA_DOUBLE ? "f64" : "f32", d->type == CUDNN_DATA_DOUBLE ? "f64" : "f32");
+                     dnn_type_name(d->type), dnn_type_name(d->type));
   return KILN_OK;
 }
 
@@ -411,7 +427,7 @@ static int graph_plan(cudnnHandle_t h, struct cuda_device *dev, const char *op, 
     snprintf(why, whylen, "cuDNN's graph API cannot plan this %s %s pass (x [%lld,%lld,%lld,%lld] strides [%lld,%lld,%lld,%lld], "
              "w [%lld,%lld,%lld,%lld], y [%lld,%lld,%lld,%lld], stride %lldx%lld, padding %lldx%lld (after: %lldx%lld), "
              "dilation %lldx%lld): %s: %s "
-             "(cuDNN status %d)", s->dtype == KILN_F64 ? "f64" : "f32",
+             "(cuDNN status %d)", kiln_dtype_name(s->dtype),
              pass_name(s->pass), (long long)s->x[0], (long long)s->x[1], (long long)s->x[2], (long long)s->x[3], (long long)s->xs[0],
              (long long)s->xs[1], (long long)s->xs[2], (long long)s->xs[3], (long long)s->w[0], (long long)s->w[1], (long long)s->w[2],
              (long long)s->w[3], (long long)s->y[0], (long long)s->y[1], (long long)s->y[2], (long long)s->y[3], (long long)s->ints[0],
@@ -476,7 +492,7 @@ static int graph_pass(cudnnHandle_t h, struct cuda_device *dev, const char *op, 
   }
   if (ch.legacy && mode->strict)
     return cuda_fail(KILN_ERR_UNSUPPORTED, "%s: this %s %s pass went to the legacy API earlier (cuDNN's graph API could not plan "
-                     "it); KILN_CUDNN_GRAPH_STRICT=1 forbids that", op, dt == KILN_F64 ? "f64" : "f32", pass_name(pass));
+                     "it); KILN_CUDNN_GRAPH_STRICT=1 forbids that", op, kiln_dtype_name(dt), pass_name(pass));
   if (ch.legacy) return KILN_OK;
   const struct graph_entry *e = (const struct graph_entry *)ch.plan;
   void *ws = NULL;
@@ -487,7 +503,7 @@ static int graph_pass(cudnnHandle_t h, struct cuda_device *dev, const char *op, 
   if (st) {   /* the call, with the pass and shapes it ran */
     char what[512];
     snprintf(what, sizeof what, "%s (cuDNN engine %lld, %s %s pass: x [%lld,%lld,%lld,%lld], w [%lld,%lld,%lld,%lld], "
-             "y [%lld,%lld,%lld,%lld] on cuda:%d)", call, (long long)e->p.engine, dt == KILN_F64 ? "f64" : "f32", pass_name(pass),
+             "y [%lld,%lld,%lld,%lld] on cuda:%d)", call, (long long)e->p.engine, kiln_dtype_name(dt), pass_name(pass),
              (long long)s.x[0], (long long)s.x[1], (long long)s.x[2], (long long)s.x[3], (long long)w[0], (long long)w[1],
              (long long)w[2], (long long)w[3], (long long)y[0], (long long)y[1], (long long)y[2], (long long)y[3], dev->index);
     rc = dnn_check(st, op, what);
@@ -534,14 +550,14 @@ static int zero(struct cuda_device *dev, const char *op, struct kiln_tensor *t) 
 }
 
 static int float_only(const char *op, const struct kiln_tensor *t) {
-  if (t->dtype == KILN_F32 || t->dtype == KILN_F64) return KILN_OK;
-  return cuda_fail(KILN_ERR_DTYPE, "%s: %s is not implemented on cuda (cuDNN convolutions take f32 or f64; got %s)", op,
+  if (kiln_dtype_is_float(t->dtype)) return KILN_OK;
+  return cuda_fail(KILN_ERR_DTYPE, "%s: %s is not implemented on cuda (cuDNN convolutions take f32, f64, f16 or bf16; got %s)", op,
                    kiln_dtype_name(t->dtype), kiln_shape_string(t));
 }
 
 /* t [N,C,H,W] (contiguous) += b [C], broadcast. */
 static int add_bias(cudnnHandle_t h, const char *op, struct kiln_tensor *t, const struct kiln_tensor *b) {
-  cudnnDataType_t type = t->dtype == KILN_F64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+  cudnnDataType_t type = dnn_type(t->dtype);
   double one64 = 1;
   float one32 = 1;
   const void *one = t->dtype == KILN_F64 ? (const void *)&one64 : (const void *)&one32;
@@ -708,7 +724,7 @@ static int backward_bias(cudnnHandle_t h, struct kiln_tensor *gb, const struct k
   struct kiln_tensor *o = target(gb);
   if (!o) return kiln_error_code();
   cudnnTensorDescriptor_t dy = NULL, db = NULL;
-  cudnnDataType_t type = dt == KILN_F64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+  cudnnDataType_t type = dnn_type(dt);
   int rc = dnn_check(cudnnCreateTensorDescriptor(&dy), op, "cudnnCreateTensorDescriptor");
   if (!rc) rc = dnn_check(cudnnCreateTensorDescriptor(&db), op, "cudnnCreateTensorDescriptor");
   if (!rc) rc = dnn_check(cudnnSetTensor4dDescriptor(dy, CUDNN_TENSOR_NCHW, type, (int)gy->sizes[0], (int)gy->sizes[1],

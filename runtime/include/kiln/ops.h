@@ -75,6 +75,17 @@ int kiln_op_describe(int op, struct kiln_op_desc *out);
 /* 1 when the backend of that device type has a kernel for op. */
 int kiln_op_supported(int op, int device_type);
 
+/* Mixed precision (autocast), per thread. While it is on (dtype KILN_BF16 or KILN_F16), each op
+   converts its f32, f16 and bf16 inputs by its op-table class: "lower" to the autocast dtype, "f32"
+   to f32, "keep" and "promote" leave them; a dtype the device's kernel does not take becomes f32.
+   f64 and integer inputs are never converted. kiln_autocast_set gives the previous dtype (-1: off);
+   -1 turns autocast off. */
+int kiln_autocast_set(int dtype);
+int kiln_autocast_get(void);
+/* The dtype an input of dtype `dtype` gets in op on a device of type device_type, under autocast to
+   `lower` (KILN_BF16 or KILN_F16); -1 for a bad op or lower. */
+int kiln_autocast_dtype(int op, int dtype, int device_type, int lower);
+
 /* Elementwise. Results take the promoted dtype of the inputs; ops that need a float
    (sqrt, exp, div, ...) give f32 for integer inputs; comparisons give bool. */
 struct kiln_tensor *kiln_unary(int op, const struct kiln_tensor *a);

@@ -159,6 +159,25 @@ void kiln_store_f64(void *p, int dtype, double v) {
   }
 }
 
+/* f32 <-> bf16 over arrays, for mixed precision's conversions: the same rounding as
+   kiln_f32_to_bf16 (nearest even, NaN kept quiet), branch-free so that gcc vectorises it. */
+__attribute__((optimize("O3")))
+static void f32_to_bf16_array(uint16_t *o, const float *s, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t u;
+    memcpy(&u, &s[i], 4);
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
+    o[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
+  }
+}
+__attribute__((optimize("O3")))
+static void bf16_to_f32_array(float *o, const uint16_t *s, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t u = (uint32_t)s[i] << 16;
+    memcpy(&o[i], &u, 4);
+  }
+}
+
 /* The conversions the elementwise iterator needs most are written out so gcc vectorises them;
    the rest go through double, which is exact for every dtype but i64 beyond 2^53. */
 void kiln_convert(void *dst, int dd, const void *src, int sd, int64_t n) {
@@ -168,14 +187,12 @@ void kiln_convert(void *dst, int dd, const void *src, int sd, int64_t n) {
     float *o = dst; const uint16_t *s = src;
     for (int64_t i = 0; i < n; i++) o[i] = kiln_f16_to_f32(s[i]);
   } else if (dd == KILN_F32 && sd == KILN_BF16) {
-    float *o = dst; const uint16_t *s = src;
-    for (int64_t i = 0; i < n; i++) o[i] = kiln_bf16_to_f32(s[i]);
+    bf16_to_f32_array(dst, src, n);
   } else if (dd == KILN_F16 && sd == KILN_F32) {
     uint16_t *o = dst; const float *s = src;
     for (int64_t i = 0; i < n; i++) o[i] = kiln_f32_to_f16(s[i]);
   } else if (dd == KILN_BF16 && sd == KILN_F32) {
-    uint16_t *o = dst; const float *s = src;
-    for (int64_t i = 0; i < n; i++) o[i] = kiln_f32_to_bf16(s[i]);
+    f32_to_bf16_array(dst, src, n);
   } else if (dd == KILN_F64 && sd == KILN_F32) {
     double *o = dst; const float *s = src;
     for (int64_t i = 0; i < n; i++) o[i] = s[i];

@@ -262,6 +262,7 @@ static void conv_forward_parts(void *ctx, int64_t begin, int64_t end) {
 
 int cpu_conv2d(const struct kiln_call *c) {
   struct kiln_tensor *y = c->out;
+  if (c->in[0]->dtype == KILN_BF16) return cpu_conv2d_bf16(c);   /* cpu/bf16_conv.c */
   if (float_dtype("conv2d", c->in[0])) return kiln_error_code();
   if (y->numel == 0) return KILN_OK;
   struct kiln_tensor *x = dense(c->in[0]), *w = dense(c->in[1]), *b = c->in[2] ? dense(c->in[2]) : NULL;
@@ -404,6 +405,7 @@ static void sum_bias(void *ctx, int64_t begin, int64_t end) {
 
 int cpu_conv2d_backward(const struct kiln_call *c) {
   const struct kiln_conv_grads *out = c->extra;
+  if (c->in[0]->dtype == KILN_BF16) return cpu_conv2d_backward_bf16(c);   /* cpu/bf16_conv.c */
   if (float_dtype("conv2d_backward", c->in[0])) return kiln_error_code();
   struct kiln_tensor *gy = dense(c->in[0]), *x = NULL, *w = dense(c->in[2]), *bias = NULL;
   char *partials = NULL;

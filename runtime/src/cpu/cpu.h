@@ -8,6 +8,19 @@ int cpu_copy(const struct kiln_call *c);
 int cpu_fill(const struct kiln_call *c);
 int cpu_reduce(const struct kiln_call *c);
 int cpu_gemm(const struct kiln_call *c);
+/* cpu/bf16_gemm.c: 1 when the CPU runs bf16 products natively (AVX512-BF16; KILN_BF16_EMULATE=1
+   says no), and the product itself on 3-d bf16 tensors. */
+int kiln_cpu_bf16_native(void);
+int cpu_gemm_bf16(struct kiln_tensor *out, const struct kiln_tensor *a, const struct kiln_tensor *b, double alpha,
+                  double beta);
+/* c [n,m] (f32) = alpha * A @ B + beta * c for bf16 A [n,k] and B [k,m], each given by its element
+   strides (row, column; c's: one of them 1): the raw form, for cpu/bf16_conv.c. */
+int kiln_cpu_gemm_bf16_f32(int64_t n, int64_t m, int64_t k, float alpha, const uint16_t *a, int64_t as1, int64_t as2,
+                           const uint16_t *b, int64_t bs1, int64_t bs2, float beta, float *c, int64_t cs1, int64_t cs2);
+int cpu_conv2d_bf16(const struct kiln_call *c);
+int cpu_conv2d_backward_bf16(const struct kiln_call *c);
+int cpu_max_pool2d_bf16(const struct kiln_call *c);
+int cpu_max_pool2d_backward_bf16(const struct kiln_call *c);
 int cpu_cat(const struct kiln_call *c);
 int cpu_index_select(const struct kiln_call *c);
 int cpu_gather(const struct kiln_call *c);

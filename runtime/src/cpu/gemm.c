@@ -120,6 +120,8 @@ int cpu_gemm(const struct kiln_call *c) {
   double alpha = c->scalar[0], beta = c->scalar[1];
   if (out->numel == 0) return KILN_OK;
   if (!kiln_dtype_is_float(out->dtype)) { gemm_naive_i64(out, a, b, alpha, beta); return KILN_OK; }
+  if (out->dtype == KILN_BF16 && a->dtype == KILN_BF16 && b->dtype == KILN_BF16 && kiln_cpu_bf16_native())
+    return cpu_gemm_bf16(out, a, b, alpha, beta);   /* cpu/bf16_gemm.c: AVX512-BF16 */
   int dt = out->dtype == KILN_F64 ? KILN_F64 : KILN_F32;
   struct kiln_tensor *A = NULL, *Bm = NULL, *C = NULL;
   int rc = KILN_OK;

@@ -110,6 +110,7 @@ static void max_pool_back_planes_f64(void *ctx, int64_t begin, int64_t end) { ma
 
 int cpu_max_pool2d(const struct kiln_call *c) {
   struct kiln_tensor *y = c->out, *ind = (struct kiln_tensor *)c->extra;
+  if (c->in[0]->dtype == KILN_BF16) return cpu_max_pool2d_bf16(c);   /* cpu/bf16_pool.c */
   if (float_dtype("max_pool2d", c->in[0])) return kiln_error_code();
   if (y->numel == 0) return KILN_OK;
   struct kiln_tensor *x = kiln_cpu_contiguous(c->in[0]);
@@ -126,6 +127,7 @@ int cpu_max_pool2d(const struct kiln_call *c) {
 
 int cpu_max_pool2d_backward(const struct kiln_call *c) {
   struct kiln_tensor *gx = c->out;
+  if (c->in[0]->dtype == KILN_BF16) return cpu_max_pool2d_backward_bf16(c);   /* cpu/bf16_pool.c */
   if (float_dtype("max_pool2d_backward", c->in[0])) return kiln_error_code();
   if (gx->numel == 0) return KILN_OK;
   struct kiln_tensor *gy = kiln_cpu_contiguous(c->in[0]), *ind = kiln_cpu_contiguous(c->in[1]);

@@ -42,6 +42,16 @@ static struct kiln_tensor *new_like_shape(int ndim, const int64_t *sizes, int dt
 }
 
 KILN_API struct kiln_tensor *kiln_unary(int op, const struct kiln_tensor *a) {
+  struct kiln_tensor *ac[1];
+  switch (kiln_autocast_inputs(op, 1, (const struct kiln_tensor *[]){a}, ac)) {
+  case 0: break;
+  case 1: {
+    struct kiln_tensor *r = kiln_unary(op, ac[0]);
+    kiln_autocast_release(1, ac);
+    return r;
+  }
+  default: return NULL;
+  }
   const char *name = kiln_op_name(op);
   int result, ctype;
   if (kiln_check_live(name, a) || unary_dtypes(op, a->dtype, &result, &ctype)) return NULL;
@@ -90,6 +100,16 @@ static int check_integer_divisor(int op, int ctype, const struct kiln_tensor *di
 }
 
 KILN_API struct kiln_tensor *kiln_binary(int op, const struct kiln_tensor *a, const struct kiln_tensor *b) {
+  struct kiln_tensor *ac[2];
+  switch (kiln_autocast_inputs(op, 2, (const struct kiln_tensor *[]){a, b}, ac)) {
+  case 0: break;
+  case 1: {
+    struct kiln_tensor *r = kiln_binary(op, ac[0], ac[1]);
+    kiln_autocast_release(2, ac);
+    return r;
+  }
+  default: return NULL;
+  }
   const char *name = kiln_op_name(op);
   int result, ctype, nd;
   int64_t shape[KILN_MAX_DIMS];
@@ -128,6 +148,16 @@ KILN_API int kiln_binary_(int op, struct kiln_tensor *a, const struct kiln_tenso
 
 /* A scalar operand travels as call->scalar[0]; in[1] stays NULL and ints[1] says on which side. */
 KILN_API struct kiln_tensor *kiln_binary_scalar(int op, const struct kiln_tensor *a, double s, int reverse) {
+  struct kiln_tensor *ac[1];
+  switch (kiln_autocast_inputs(op, 1, (const struct kiln_tensor *[]){a}, ac)) {
+  case 0: break;
+  case 1: {
+    struct kiln_tensor *r = kiln_binary_scalar(op, ac[0], s, reverse);
+    kiln_autocast_release(1, ac);
+    return r;
+  }
+  default: return NULL;
+  }
   const char *name = kiln_op_name(op);
   int result, ctype;
   if (kiln_check_live(name, a)) return NULL;

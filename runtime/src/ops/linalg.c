@@ -26,6 +26,16 @@ static struct kiln_tensor *as3d(const struct kiln_tensor *t) {
 }
 
 KILN_API struct kiln_tensor *kiln_mm(const struct kiln_tensor *a, const struct kiln_tensor *b) {
+  struct kiln_tensor *ac[2];
+  switch (kiln_autocast_inputs(KILN_OP_GEMM, 2, (const struct kiln_tensor *[]){a, b}, ac)) {
+  case 0: break;
+  case 1: {
+    struct kiln_tensor *r = kiln_mm(ac[0], ac[1]);
+    kiln_autocast_release(2, ac);
+    return r;
+  }
+  default: return NULL;
+  }
   if (check_pair("mm", a, b)) return NULL;
   if (a->ndim != 2 || b->ndim != 2 || a->sizes[1] != b->sizes[0]) {
     kiln_fail(KILN_ERR_SHAPE, "mm: %s @ %s: %s", kiln_shape_string(a), kiln_shape_string(b),
@@ -39,6 +49,16 @@ KILN_API struct kiln_tensor *kiln_mm(const struct kiln_tensor *a, const struct k
 }
 
 KILN_API struct kiln_tensor *kiln_bmm(const struct kiln_tensor *a, const struct kiln_tensor *b) {
+  struct kiln_tensor *ac[2];
+  switch (kiln_autocast_inputs(KILN_OP_GEMM, 2, (const struct kiln_tensor *[]){a, b}, ac)) {
+  case 0: break;
+  case 1: {
+    struct kiln_tensor *r = kiln_bmm(ac[0], ac[1]);
+    kiln_autocast_release(2, ac);
+    return r;
+  }
+  default: return NULL;
+  }
   if (check_pair("bmm", a, b)) return NULL;
   if (a->ndim != 3 || b->ndim != 3 || a->sizes[0] != b->sizes[0] || a->sizes[2] != b->sizes[1]) {
     kiln_fail(KILN_ERR_SHAPE, "bmm: %s @ %s: %s", kiln_shape_string(a), kiln_shape_string(b),
@@ -49,6 +69,16 @@ KILN_API struct kiln_tensor *kiln_bmm(const struct kiln_tensor *a, const struct 
 }
 
 KILN_API struct kiln_tensor *kiln_matmul(const struct kiln_tensor *a, const struct kiln_tensor *b) {
+  struct kiln_tensor *ac[2];
+  switch (kiln_autocast_inputs(KILN_OP_GEMM, 2, (const struct kiln_tensor *[]){a, b}, ac)) {
+  case 0: break;
+  case 1: {
+    struct kiln_tensor *r = kiln_matmul(ac[0], ac[1]);
+    kiln_autocast_release(2, ac);
+    return r;
+  }
+  default: return NULL;
+  }
   if (check_pair("matmul", a, b)) return NULL;
   if (a->ndim == 0 || b->ndim == 0) {
     kiln_fail(KILN_ERR_SHAPE, "matmul: %s @ %s: both arguments need at least 1 dim", kiln_shape_string(a), kiln_shape_string(b));
@@ -120,6 +150,16 @@ KILN_API int kiln_matmul_out(struct kiln_tensor *out, const struct kiln_tensor *
 
 KILN_API struct kiln_tensor *kiln_addmm(const struct kiln_tensor *c, const struct kiln_tensor *a, const struct kiln_tensor *b,
                                         double beta, double alpha) {
+  struct kiln_tensor *ac[3];
+  switch (kiln_autocast_inputs(KILN_OP_GEMM, 3, (const struct kiln_tensor *[]){c, a, b}, ac)) {
+  case 0: break;
+  case 1: {
+    struct kiln_tensor *r = kiln_addmm(ac[0], ac[1], ac[2], beta, alpha);
+    kiln_autocast_release(3, ac);
+    return r;
+  }
+  default: return NULL;
+  }
   if (check_pair("addmm", a, b) || kiln_check_live("addmm", c) || kiln_check_same_device("addmm", c, a)) return NULL;
   if (a->ndim != 2 || b->ndim != 2 || a->sizes[1] != b->sizes[0]) {
     kiln_fail(KILN_ERR_SHAPE, "addmm: %s @ %s: %s", kiln_shape_string(a), kiln_shape_string(b),

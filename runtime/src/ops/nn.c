@@ -88,6 +88,16 @@ static int conv_tensors(const char *op, const struct kiln_tensor *x, const struc
 
 KILN_API struct kiln_tensor *kiln_conv2d(const struct kiln_tensor *x, const struct kiln_tensor *w, const struct kiln_tensor *b,
                                          int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t groups) {
+  struct kiln_tensor *ac[3];
+  switch (kiln_autocast_inputs(KILN_OP_CONV2D, 3, (const struct kiln_tensor *[]){x, w, b}, ac)) {
+  case 0: break;
+  case 1: {
+    struct kiln_tensor *r = kiln_conv2d(ac[0], ac[1], ac[2], sh, sw, ph, pw, dh, dw, groups);
+    kiln_autocast_release(3, ac);
+    return r;
+  }
+  default: return NULL;
+  }
   const char *op = "conv2d";
   if (conv_tensors(op, x, w, b) || conv_params(op, sh, sw, ph, pw, dh, dw, groups)) return NULL;
   int64_t N = x->sizes[0], C = x->sizes[1], H = x->sizes[2], W = x->sizes[3];
@@ -129,6 +139,16 @@ KILN_API struct kiln_tensor *kiln_conv_transpose2d(const struct kiln_tensor *x, 
                                                    const struct kiln_tensor *b, int64_t sh, int64_t sw, int64_t ph,
                                                    int64_t pw, int64_t oph, int64_t opw, int64_t dh, int64_t dw,
                                                    int64_t groups) {
+  struct kiln_tensor *ac[3];
+  switch (kiln_autocast_inputs(KILN_OP_CONV2D, 3, (const struct kiln_tensor *[]){x, w, b}, ac)) {
+  case 0: break;
+  case 1: {
+    struct kiln_tensor *r = kiln_conv_transpose2d(ac[0], ac[1], ac[2], sh, sw, ph, pw, oph, opw, dh, dw, groups);
+    kiln_autocast_release(3, ac);
+    return r;
+  }
+  default: return NULL;
+  }
   const char *op = "conv_transpose2d";
   if (conv_tensors(op, x, w, b) || conv_params(op, sh, sw, ph, pw, dh, dw, groups)) return NULL;
   int64_t N = x->sizes[0], C = x->sizes[1], H = x->sizes[2], W = x->sizes[3];
@@ -240,6 +260,16 @@ static int pool_params(const char *op, int64_t kh, int64_t kw, int64_t sh, int64
 
 KILN_API struct kiln_tensor *kiln_max_pool2d(const struct kiln_tensor *x, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
                                              int64_t ph, int64_t pw, int64_t dh, int64_t dw, int ceil_mode) {
+  struct kiln_tensor *ac[1];
+  switch (kiln_autocast_inputs(KILN_OP_MAX_POOL2D, 1, (const struct kiln_tensor *[]){x}, ac)) {
+  case 0: break;
+  case 1: {
+    struct kiln_tensor *r = kiln_max_pool2d(ac[0], kh, kw, sh, sw, ph, pw, dh, dw, ceil_mode);
+    kiln_autocast_release(1, ac);
+    return r;
+  }
+  default: return NULL;
+  }
   const char *op = "max_pool2d";
   if (pool_input(op, x) || pool_params(op, kh, kw, sh, sw, ph, pw, dh, dw)) return NULL;
   int nd = x->ndim;
@@ -277,6 +307,16 @@ static struct kiln_tensor *avg_pool(const struct kiln_tensor *x, const int64_t *
 
 KILN_API struct kiln_tensor *kiln_avg_pool2d(const struct kiln_tensor *x, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
                                              int64_t ph, int64_t pw, int ceil_mode, int count_include_pad) {
+  struct kiln_tensor *ac[1];
+  switch (kiln_autocast_inputs(KILN_OP_AVG_POOL2D, 1, (const struct kiln_tensor *[]){x}, ac)) {
+  case 0: break;
+  case 1: {
+    struct kiln_tensor *r = kiln_avg_pool2d(ac[0], kh, kw, sh, sw, ph, pw, ceil_mode, count_include_pad);
+    kiln_autocast_release(1, ac);
+    return r;
+  }
+  default: return NULL;
+  }
   const char *op = "avg_pool2d";
   if (pool_input(op, x) || pool_params(op, kh, kw, sh, sw, ph, pw, 1, 1)) return NULL;
   int nd = x->ndim;
@@ -288,6 +328,16 @@ KILN_API struct kiln_tensor *kiln_avg_pool2d(const struct kiln_tensor *x, int64_
 }
 
 KILN_API struct kiln_tensor *kiln_adaptive_avg_pool2d(const struct kiln_tensor *x, int64_t out_h, int64_t out_w) {
+  struct kiln_tensor *ac[1];
+  switch (kiln_autocast_inputs(KILN_OP_AVG_POOL2D, 1, (const struct kiln_tensor *[]){x}, ac)) {
+  case 0: break;
+  case 1: {
+    struct kiln_tensor *r = kiln_adaptive_avg_pool2d(ac[0], out_h, out_w);
+    kiln_autocast_release(1, ac);
+    return r;
+  }
+  default: return NULL;
+  }
   const char *op = "adaptive_avg_pool2d";
   if (pool_input(op, x)) return NULL;
   if (out_h < 1 || out_w < 1) {
@@ -314,6 +364,16 @@ int kiln_pool_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln
 KILN_API struct kiln_tensor *kiln_batch_norm(const struct kiln_tensor *x, const struct kiln_tensor *w,
                                              const struct kiln_tensor *b, struct kiln_tensor *rm, struct kiln_tensor *rv,
                                              int training, double momentum, double eps) {
+  struct kiln_tensor *ac[3];
+  switch (kiln_autocast_inputs(KILN_OP_BATCH_NORM, 3, (const struct kiln_tensor *[]){x, w, b}, ac)) {
+  case 0: break;
+  case 1: {
+    struct kiln_tensor *r = kiln_batch_norm(ac[0], ac[1], ac[2], rm, rv, training, momentum, eps);
+    kiln_autocast_release(3, ac);
+    return r;
+  }
+  default: return NULL;
+  }
   const char *op = "batch_norm";
   if (kiln_check_live(op, x) || live(op, w) || live(op, b) || live(op, rm) || live(op, rv)) return NULL;
   if (x->ndim < 2) {
@@ -381,6 +441,16 @@ static struct kiln_tensor *row_norm(int kind, const struct kiln_tensor *x, const
 
 KILN_API struct kiln_tensor *kiln_layer_norm(const struct kiln_tensor *x, int k, const struct kiln_tensor *w,
                                              const struct kiln_tensor *b, double eps) {
+  struct kiln_tensor *ac[3];
+  switch (kiln_autocast_inputs(KILN_OP_LAYER_NORM, 3, (const struct kiln_tensor *[]){x, w, b}, ac)) {
+  case 0: break;
+  case 1: {
+    struct kiln_tensor *r = kiln_layer_norm(ac[0], k, ac[1], ac[2], eps);
+    kiln_autocast_release(3, ac);
+    return r;
+  }
+  default: return NULL;
+  }
   const char *op = "layer_norm";
   if (kiln_check_live(op, x) || live(op, w) || live(op, b) || check_float(op, "input", x)) return NULL;
   if (k < 1 || k > x->ndim) {
@@ -409,6 +479,16 @@ KILN_API struct kiln_tensor *kiln_layer_norm(const struct kiln_tensor *x, int k,
 
 KILN_API struct kiln_tensor *kiln_group_norm(const struct kiln_tensor *x, int64_t groups, const struct kiln_tensor *w,
                                              const struct kiln_tensor *b, double eps) {
+  struct kiln_tensor *ac[3];
+  switch (kiln_autocast_inputs(KILN_OP_GROUP_NORM, 3, (const struct kiln_tensor *[]){x, w, b}, ac)) {
+  case 0: break;
+  case 1: {
+    struct kiln_tensor *r = kiln_group_norm(ac[0], groups, ac[1], ac[2], eps);
+    kiln_autocast_release(3, ac);
+    return r;
+  }
+  default: return NULL;
+  }
   const char *op = "group_norm";
   if (kiln_check_live(op, x) || live(op, w) || live(op, b) || check_float(op, "input", x)) return NULL;
   if (x->ndim < 2) {
@@ -444,6 +524,16 @@ int kiln_norm_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln
 /* ---- softmax ---- */
 
 static struct kiln_tensor *softmax(int kind, const struct kiln_tensor *x, int dim) {
+  struct kiln_tensor *ac[1];
+  switch (kiln_autocast_inputs(kind, 1, (const struct kiln_tensor *[]){x}, ac)) {
+  case 0: break;
+  case 1: {
+    struct kiln_tensor *r = softmax(kind, ac[0], dim);
+    kiln_autocast_release(1, ac);
+    return r;
+  }
+  default: return NULL;
+  }
   const char *op = kiln_op_name(kind);
   int d;
   if (kiln_check_live(op, x) || check_float(op, "input", x) || kiln_normalize_dim(op, dim, x->ndim, &d)) return NULL;
@@ -472,6 +562,16 @@ int kiln_softmax_derivative(struct kiln_node *n, struct kiln_tensor *g, struct k
 
 static struct kiln_tensor *nll(const char *op, int fused, const struct kiln_tensor *x, const struct kiln_tensor *target,
                                const struct kiln_tensor *w, int64_t ignore_index, double smoothing, int reduction) {
+  struct kiln_tensor *ac[2];
+  switch (kiln_autocast_inputs(KILN_OP_NLL_LOSS, 2, (const struct kiln_tensor *[]){x, w}, ac)) {
+  case 0: break;
+  case 1: {
+    struct kiln_tensor *r = nll(op, fused, ac[0], target, ac[1], ignore_index, smoothing, reduction);
+    kiln_autocast_release(2, ac);
+    return r;
+  }
+  default: return NULL;
+  }
   if (kiln_check_live(op, x) || kiln_check_live(op, target) || live(op, w)) return NULL;
   if (x->ndim < 2) {
     kiln_fail(KILN_ERR_SHAPE, "%s: input %s has %d dims (expected [N,C] or [N,C,d1,...])", op, kiln_shape_string(x), x->ndim);
@@ -543,6 +643,16 @@ int kiln_nll_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_
 /* ---- dropout ---- */
 
 KILN_API struct kiln_tensor *kiln_dropout(const struct kiln_tensor *x, double p, int training) {
+  struct kiln_tensor *ac[1];
+  switch (kiln_autocast_inputs(KILN_OP_DROPOUT, 1, (const struct kiln_tensor *[]){x}, ac)) {
+  case 0: break;
+  case 1: {
+    struct kiln_tensor *r = kiln_dropout(ac[0], p, training);
+    kiln_autocast_release(1, ac);
+    return r;
+  }
+  default: return NULL;
+  }
   const char *op = "dropout";
   if (kiln_check_live(op, x)) return NULL;
   if (!(p >= 0 && p < 1)) {
@@ -666,6 +776,16 @@ done:
 KILN_API struct kiln_tensor *kiln_ctc_loss(const struct kiln_tensor *lp, const struct kiln_tensor *targets,
                                            const struct kiln_tensor *input_lengths, const struct kiln_tensor *target_lengths,
                                            int64_t blank, int reduction, int zero_infinity) {
+  struct kiln_tensor *ac[1];
+  switch (kiln_autocast_inputs(KILN_OP_CTC_LOSS, 1, (const struct kiln_tensor *[]){lp}, ac)) {
+  case 0: break;
+  case 1: {
+    struct kiln_tensor *r = kiln_ctc_loss(ac[0], targets, input_lengths, target_lengths, blank, reduction, zero_infinity);
+    kiln_autocast_release(1, ac);
+    return r;
+  }
+  default: return NULL;
+  }
   const char *op = "ctc_loss";
   if (kiln_check_live(op, lp) || kiln_check_live(op, targets) || kiln_check_live(op, input_lengths) ||
       kiln_check_live(op, target_lengths))

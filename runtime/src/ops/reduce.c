@@ -14,6 +14,16 @@ static int reduce_dtype(int op, int dt) {
 }
 
 KILN_API struct kiln_tensor *kiln_reduce(int op, const struct kiln_tensor *a, int ndims, const int *dims, int keepdim, double p) {
+  struct kiln_tensor *ac[1];
+  switch (kiln_autocast_inputs(op, 1, (const struct kiln_tensor *[]){a}, ac)) {
+  case 0: break;
+  case 1: {
+    struct kiln_tensor *r = kiln_reduce(op, ac[0], ndims, dims, keepdim, p);
+    kiln_autocast_release(1, ac);
+    return r;
+  }
+  default: return NULL;
+  }
   if (op < KILN_OP_SUM || op > KILN_OP_LOGSUMEXP) {
     kiln_fail(KILN_ERR_ARGUMENT, "reduce: %s is not a reduction", kiln_op_name(op));
     return NULL;

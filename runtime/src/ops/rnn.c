@@ -127,6 +127,16 @@ KILN_API struct kiln_tensor *kiln_rnn_layer(int mode, const struct kiln_tensor *
                                             const struct kiln_tensor *w_hh, const struct kiln_tensor *b_ih,
                                             const struct kiln_tensor *b_hh, const struct kiln_tensor *lengths, int reverse,
                                             int algo) {
+  struct kiln_tensor *ac[7];
+  switch (kiln_autocast_inputs(KILN_OP_RNN, 7, (const struct kiln_tensor *[]){x, h0, c0, w_ih, w_hh, b_ih, b_hh}, ac)) {
+  case 0: break;
+  case 1: {
+    struct kiln_tensor *r = kiln_rnn_layer(mode, ac[0], ac[1], ac[2], ac[3], ac[4], ac[5], ac[6], lengths, reverse, algo);
+    kiln_autocast_release(7, ac);
+    return r;
+  }
+  default: return NULL;
+  }
   if (mode < KILN_RNN_TANH || mode > KILN_RNN_LSTM) {
     kiln_fail(KILN_ERR_ARGUMENT, "rnn: mode %d (expected 0 tanh, 1 relu, 2 GRU, 3 LSTM)", mode);
     return NULL;

@@ -1,0 +1,317 @@
+/* cpu/bf16_conv.c: 2-d convolution of bf16 tensors (what autocast's conv2d runs on the CPU).
+   A chunk of images at a time: im2col into bf16 columns, then the products by the bf16 GEMM of
+   cpu/bf16_gemm.c (f32 accumulation; converted to f32 and sgemm where the CPU lacks AVX512-BF16),
+   each result rounded to bf16 once. Backward: grad weight accumulates over the chunks in f32 and
+   is rounded at the end; grad input is col2im in f32, then rounded; grad bias is summed in double.
+   The chunks run in kiln's pool, each GEMM alone on its worker. */
+#include "cpu.h"
+#include "nn_calls.h"
+#include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { CHUNK_BYTES = 512 << 10 };   /* bf16 columns of about this size: their f32 grad (twice it) stays in L2 */
+
+struct cg {
+  int64_t N, C, H, W, O, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw, G, Cg, Og, K, P, nb;
+};
+
+static void cg_init(struct cg *g, const int64_t *ints, int64_t N, int64_t C, int64_t H, int64_t W,
+                    const struct kiln_tensor *w, int64_t O, int64_t OH, int64_t OW) {
+  g->N = N; g->C = C; g->H = H; g->W = W; g->O = O; g->OH = OH; g->OW = OW;
+  g->kh = w->sizes[2]; g->kw = w->sizes[3];
+  g->sh = ints[0]; g->sw = ints[1]; g->ph = ints[2]; g->pw = ints[3]; g->dh = ints[4]; g->dw = ints[5];
+  g->G = ints[6]; g->Cg = C / g->G; g->Og = O / g->G;
+  g->K = g->Cg * g->kh * g->kw;
+  g->P = OH * OW;
+  int64_t per = g->K * g->P * 2;
+  g->nb = per > 0 ? CHUNK_BYTES / per : N;
+  if (g->nb < 1) g->nb = 1;
+  if (g->nb > N) g->nb = N;
+}
+
+/* Output columns [lo, hi) of kernel column kj whose input column is inside the image. */
+static void cols_of(const struct cg *g, int64_t kj, int64_t *lo, int64_t *hi) {
+  int64_t off = kj * g->dw - g->pw;
+  int64_t a = off >= 0 ? 0 : (-off + g->sw - 1) / g->sw;
+  int64_t b = g->W - 1 - off < 0 ? 0 : (g->W - 1 - off) / g->sw + 1;
+  if (b > g->OW) b = g->OW;
+  if (a > b) a = b;
+  *lo = a; *hi = b;
+}
+
+/* col [K, nb*P] (bf16) from images n0.. of x [N,C,H,W], channels c0..c0+Cg-1. */
+/* d[0, OW) = s[ow + off] for ow in [lo, hi), zero elsewhere: AVX-512 masked moves, 32 at a time. */
+__attribute__((target("avx512f,avx512bw")))
+static void copy_row_avx512(uint16_t *d, const uint16_t *s, int64_t off, int64_t lo, int64_t hi, int64_t OW) {
+  for (int64_t ow = 0; ow < OW; ow += 32) {
+    int64_t a = lo > ow ? lo : ow, b = hi < ow + 32 ? hi : ow + 32, n = OW - ow < 32 ? OW - ow : 32;
+    __mmask32 all = n >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << n) - 1);
+    __m512i v = _mm512_setzero_si512();
+    if (b > a) {
+      __mmask32 m = (__mmask32)((((uint64_t)1 << (b - a)) - 1) << (a - ow));
+      v = _mm512_maskz_loadu_epi16(m, s + ow + off);   /* lanes outside m are not read */
+    }
+    _mm512_mask_storeu_epi16(d + ow, all, v);
+  }
+}
+
+/* Rows of the columns are short (8 values in the benchmark's second conv): a loop beats memcpy,
+   which gcc would otherwise put in its place. */
+__attribute__((optimize("no-tree-loop-distribute-patterns")))
+static void im2col_bf16(const struct cg *g, const uint16_t *restrict x, int64_t n0, int64_t nb, int64_t c0,
+                        uint16_t *restrict col) {
+  int64_t ld = nb * g->P;
+  int fast = kiln_cpu_has("avx512bw");
+  for (int64_t c = 0; c < g->Cg; c++)
+    for (int64_t ki = 0; ki < g->kh; ki++)
+      for (int64_t kj = 0; kj < g->kw; kj++) {
+        uint16_t *restrict row = col + ((c * g->kh + ki) * g->kw + kj) * ld;
+        int64_t lo, hi, off = kj * g->dw - g->pw;
+        cols_of(g, kj, &lo, &hi);
+        for (int64_t i = 0; i < nb; i++) {
+          const uint16_t *plane = x + ((n0 + i) * g->C + c0 + c) * g->H * g->W;
+          for (int64_t oh = 0; oh < g->OH; oh++) {
+            uint16_t *restrict d = row + i * g->P + oh * g->OW;
+            int64_t ih = oh * g->sh - g->ph + ki * g->dh;
+            if (ih < 0 || ih >= g->H) { for (int64_t ow = 0; ow < g->OW; ow++) d[ow] = 0; continue; }
+            const uint16_t *restrict s = plane + ih * g->W;
+            if (g->sw == 1 && lo == 0 && hi == g->OW && (g->OW & 7) == 0) {   /* whole rows, 8 values a move */
+              for (int64_t ow = 0; ow < g->OW; ow += 8) memcpy(d + ow, s + ow + off, 16);
+              continue;
+            }
+            if (g->sw == 1 && fast) { copy_row_avx512(d, s, off, lo, hi, g->OW); continue; }
+            for (int64_t ow = 0; ow < lo; ow++) d[ow] = 0;
+            if (g->sw == 1) for (int64_t ow = lo; ow < hi; ow++) d[ow] = s[ow + off];
+            else for (int64_t ow = lo; ow < hi; ow++) d[ow] = s[ow * g->sw + off];
+            for (int64_t ow = hi; ow < g->OW; ow++) d[ow] = 0;
+          }
+        }
+      }
+}
+
+/* The adjoint: add col [K, nb*P] (f32) into gx [nb, C, H, W] (f32, the chunk's images), channels c0... */
+static void col2im_f32acc(const struct cg *g, const float *restrict col, int64_t nb, int64_t c0, float *restrict gx) {
+  int64_t ld = nb * g->P;
+  for (int64_t c = 0; c < g->Cg; c++)
+    for (int64_t ki = 0; ki < g->kh; ki++)
+      for (int64_t kj = 0; kj < g->kw; kj++) {
+        const float *row = col + ((c * g->kh + ki) * g->kw + kj) * ld;
+        int64_t lo, hi, off = kj * g->dw - g->pw;
+        cols_of(g, kj, &lo, &hi);
+        for (int64_t i = 0; i < nb; i++) {
+          float *plane = gx + (i * g->C + c0 + c) * g->H * g->W;
+          for (int64_t oh = 0; oh < g->OH; oh++) {
+            int64_t ih = oh * g->sh - g->ph + ki * g->dh;
+            if (ih < 0 || ih >= g->H) continue;
+            const float *s = row + i * g->P + oh * g->OW;
+            float *d = plane + ih * g->W;
+            for (int64_t ow = lo; ow < hi; ow++) d[ow * g->sw + off] += s[ow];
+          }
+        }
+      }
+}
+
+/* kiln_f32_to_bf16 and kiln_bf16_to_f32, inlined: nearest even, NaN kept quiet. */
+static inline uint16_t to_bf16(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
+  return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
+}
+static inline float from_bf16(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static void round_bf16(uint16_t *o, const float *s, int64_t n) {
+  for (int64_t i = 0; i < n; i++) o[i] = to_bf16(s[i]);
+}
+
+static int dtype_ok(const char *op, const struct kiln_tensor *t) {
+  if (t->dtype == KILN_BF16) return KILN_OK;
+  return kiln_fail(KILN_ERR_DTYPE, "%s: bf16 kernel given %s %s", op, kiln_dtype_name(t->dtype), kiln_shape_string(t));
+}
+
+/* ---- forward: the chunks of images in kiln's pool, each chunk's GEMM on its worker alone ---- */
+
+struct fwd_job {
+  const struct cg *g;
+  const uint16_t *x, *w, *b;
+  uint16_t *y;
+  int failed;
+};
+
+static void fwd_chunks(void *ctx, int64_t begin, int64_t end) {
+  struct fwd_job *j = ctx;
+  const struct cg *g = j->g;
+  uint16_t *col = malloc(sizeof(uint16_t) * (size_t)(g->K * g->nb * g->P) + 64);
+  float *tmp = malloc(sizeof(float) * (size_t)(g->Og * g->nb * g->P) + 64);
+  if (!col || !tmp) { __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED); free(col); free(tmp); return; }
+  for (int64_t ch = begin; ch < end; ch++) {
+    int64_t n0 = ch * g->nb, nb = g->N - n0 < g->nb ? g->N - n0 : g->nb, ld = nb * g->P;
+    for (int64_t gi = 0; gi < g->G; gi++) {
+      im2col_bf16(g, j->x, n0, nb, gi * g->Cg, col);
+      if (kiln_cpu_gemm_bf16_f32(g->Og, ld, g->K, 1.0f, j->w + gi * g->Og * g->K, g->K, 1, col, ld, 1, 0.0f, tmp, ld, 1)) {
+        __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+        goto out;
+      }
+      for (int64_t o = 0; o < g->Og; o++) {
+        float bias = j->b ? from_bf16(j->b[gi * g->Og + o]) : 0.0f;
+        for (int64_t i = 0; i < nb; i++) {
+          uint16_t *yo = j->y + ((n0 + i) * g->O + gi * g->Og + o) * g->P;
+          const float *t = tmp + o * ld + i * g->P;
+          for (int64_t q = 0; q < g->P; q++) yo[q] = to_bf16(t[q] + bias);
+        }
+      }
+    }
+  }
+out:
+  free(col); free(tmp);
+}
+
+int cpu_conv2d_bf16(const struct kiln_call *c) {
+  struct kiln_tensor *y = c->out;
+  if (dtype_ok("conv2d", c->in[0])) return kiln_error_code();
+  if (y->numel == 0) return KILN_OK;
+  struct kiln_tensor *x = kiln_cpu_contiguous(c->in[0]), *w = kiln_cpu_contiguous(c->in[1]);
+  struct kiln_tensor *b = c->in[2] ? kiln_cpu_contiguous(c->in[2]) : NULL;
+  int rc = KILN_OK;
+  if (!x || !w || (c->in[2] && !b)) { rc = kiln_error_code(); goto done; }
+  struct cg g;
+  cg_init(&g, c->ints, x->sizes[0], x->sizes[1], x->sizes[2], x->sizes[3], w, y->sizes[1], y->sizes[2], y->sizes[3]);
+  struct fwd_job j = {.g = &g, .x = kiln_tensor_data(x), .w = kiln_tensor_data(w), .b = b ? kiln_tensor_data(b) : NULL,
+                      .y = kiln_tensor_data(y)};
+  kiln_parallel_for((g.N + g.nb - 1) / g.nb, 1, fwd_chunks, &j);
+  if (j.failed) rc = kiln_fail(KILN_ERR_MEMORY, "conv2d: out of memory for the bf16 columns (input %s)", kiln_shape_string(x));
+done:
+  kiln_tensor_release(x); kiln_tensor_release(w); kiln_tensor_release(b);
+  return rc;
+}
+
+/* ---- backward: parts of the chunks in the pool; grad weight in one f32 partial per part, added in
+   part order, so that the result does not depend on the thread count ---- */
+
+enum { PARTS = 16 };
+
+struct bwd_job {
+  const struct cg *g;
+  const uint16_t *gy, *x, *w, *bias;
+  uint16_t *gx;            /* NULL when not wanted */
+  float *partials;         /* [parts][K][O]: grad weight transposed, or NULL */
+  int64_t nchunks, parts;
+  int failed;
+};
+
+static void bwd_parts(void *ctx, int64_t begin, int64_t end) {
+  struct bwd_job *j = ctx;
+  const struct cg *g = j->g;
+  int64_t HW = g->H * g->W;
+  uint16_t *col = malloc(sizeof(uint16_t) * (size_t)(g->K * g->nb * g->P) + 64);
+  uint16_t *gyc = malloc(sizeof(uint16_t) * (size_t)(g->Og * g->nb * g->P) + 64);
+  float *colg = j->gx ? malloc(sizeof(float) * (size_t)(g->K * g->nb * g->P) + 64) : NULL;
+  float *gxf = j->gx ? malloc(sizeof(float) * (size_t)(g->nb * g->C * HW) + 64) : NULL;
+  if (!col || !gyc || (j->gx && (!colg || !gxf))) { __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED); goto out; }
+  for (int64_t t = begin; t < end; t++) {
+    float *partial = j->partials ? j->partials + t * g->K * g->O : NULL;
+    for (int64_t ch = t * j->nchunks / j->parts, ch1 = (t + 1) * j->nchunks / j->parts; ch < ch1; ch++) {
+      int first = ch == t * j->nchunks / j->parts;
+      int64_t n0 = ch * g->nb, nb = g->N - n0 < g->nb ? g->N - n0 : g->nb, ld = nb * g->P;
+      if (j->gx) memset(gxf, 0, sizeof(float) * (size_t)(nb * g->C * HW));
+      for (int64_t gi = 0; gi < g->G; gi++) {
+        for (int64_t i = 0; i < nb; i++)   /* this group's grad output of the chunk: gyc [Og, nb*P] */
+          for (int64_t o = 0; o < g->Og; o++)
+            memcpy(gyc + o * ld + i * g->P, j->gy + ((n0 + i) * g->O + gi * g->Og + o) * g->P,
+                   sizeof(uint16_t) * (size_t)g->P);
+        if (partial) {
+          /* gw^T [K, O] (this group's columns) = col [K, ld] @ gyc^T [ld, Og]: the small operand is packed */
+          im2col_bf16(g, j->x, n0, nb, gi * g->Cg, col);
+          if (kiln_cpu_gemm_bf16_f32(g->K, g->Og, ld, 1.0f, col, ld, 1, gyc, 1, ld, first ? 0.0f : 1.0f,
+                                     partial + gi * g->Og, g->O, 1)) { __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED); goto out; }
+        }
+        if (j->gx) {
+          if (kiln_cpu_gemm_bf16_f32(g->K, ld, g->Og, 1.0f, j->w + gi * g->Og * g->K, 1, g->K, gyc, ld, 1, 0.0f, colg, ld, 1)) {
+            __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+            goto out;
+          }
+          col2im_f32acc(g, colg, nb, gi * g->Cg, gxf);
+        }
+      }
+      if (j->gx) {
+        if (j->bias)
+          for (int64_t i = 0; i < nb; i++)
+            for (int64_t chn = 0; chn < g->C; chn++) {
+              float bv = from_bf16(j->bias[chn]);
+              float *p = gxf + (i * g->C + chn) * HW;
+              for (int64_t q = 0; q < HW; q++) p[q] += bv;
+            }
+        round_bf16(j->gx + n0 * g->C * HW, gxf, nb * g->C * HW);
+      }
+    }
+  }
+out:
+  free(col); free(gyc); free(colg); free(gxf);
+}
+
+int cpu_conv2d_backward_bf16(const struct kiln_call *c) {
+  const struct kiln_conv_grads *out = c->extra;
+  if (dtype_ok("conv2d_backward", c->in[0])) return kiln_error_code();
+  struct kiln_tensor *gy = kiln_cpu_contiguous(c->in[0]), *x = NULL, *w = kiln_cpu_contiguous(c->in[2]), *bias = NULL;
+  float *partials = NULL;
+  int rc = KILN_OK;
+  if (!gy || !w) { rc = kiln_error_code(); goto done; }
+  if (out->gw && c->in[1] && !(x = kiln_cpu_contiguous(c->in[1]))) { rc = kiln_error_code(); goto done; }
+  if (out->gx && c->in[3] && !(bias = kiln_cpu_contiguous(c->in[3]))) { rc = kiln_error_code(); goto done; }
+  const struct kiln_tensor *xs = out->gx ? out->gx : x;
+  struct cg g;
+  cg_init(&g, c->ints, gy->sizes[0], w->sizes[1] * c->ints[6], xs ? xs->sizes[2] : 0, xs ? xs->sizes[3] : 0, w,
+          gy->sizes[1], gy->sizes[2], gy->sizes[3]);
+  int want_gw = out->gw && x && g.N > 0 && g.P > 0, want_gx = out->gx && out->gx->numel > 0;
+  int64_t HW = g.H * g.W, nchunks = g.N > 0 ? (g.N + g.nb - 1) / g.nb : 0;
+  struct bwd_job j = {.g = &g, .gy = kiln_tensor_data(gy), .x = x ? kiln_tensor_data(x) : NULL, .w = kiln_tensor_data(w),
+                      .bias = bias ? kiln_tensor_data(bias) : NULL, .gx = want_gx ? kiln_tensor_data(out->gx) : NULL,
+                      .nchunks = nchunks, .parts = nchunks < PARTS ? nchunks : PARTS};
+  if (want_gw) {
+    partials = malloc(sizeof(float) * (size_t)(j.parts * g.K * g.O) + 64);
+    if (!partials) { rc = kiln_fail(KILN_ERR_MEMORY, "conv2d_backward: out of memory for the grad-weight partials"); goto done; }
+    j.partials = partials;
+  }
+  if (g.P > 0 && (j.gx || j.partials)) kiln_parallel_for(j.parts, 1, bwd_parts, &j);
+  if (j.failed) { rc = kiln_fail(KILN_ERR_MEMORY, "conv2d_backward: out of memory for the bf16 columns"); goto done; }
+  if (want_gx && g.P == 0) {   /* an empty output: grad input is the bias alone */
+    for (int64_t i = 0; i < out->gx->numel; i++) j.gx[i] = j.bias ? j.bias[(i / HW) % g.C] : 0;
+  }
+  if (out->gw) {
+    if (want_gw) {   /* gw [O, K] from the partials of gw^T, added in part order */
+      uint16_t *gwd = kiln_tensor_data(out->gw);
+      for (int64_t t = 1; t < j.parts; t++)
+        for (int64_t e = 0; e < g.K * g.O; e++) partials[e] += partials[t * g.K * g.O + e];
+      for (int64_t o = 0; o < g.O; o++)
+        for (int64_t kk = 0; kk < g.K; kk++) gwd[o * g.K + kk] = to_bf16(partials[kk * g.O + o]);
+    } else {
+      kiln_cpu_fill(out->gw, 0);
+    }
+  }
+  if (out->gb) {
+    uint16_t *gb = kiln_tensor_data(out->gb);
+    for (int64_t o = 0; o < g.O; o++) {
+      double s = 0;
+      for (int64_t n = 0; n < g.N; n++) {   /* sixteen f32 lanes per image, so that the loop vectorises */
+        const uint16_t *p = j.gy + (n * g.O + o) * g.P;
+        float lane[16] = {0};
+        int64_t q = 0;
+        for (; q + 16 <= g.P; q += 16)
+          for (int l = 0; l < 16; l++) lane[l] += from_bf16(p[q + l]);
+        for (; q < g.P; q++) lane[0] += from_bf16(p[q]);
+        for (int l = 0; l < 16; l++) s += lane[l];
+      }
+      gb[o] = to_bf16((float)s);
+    }
+  }
+done:
+  free(partials);
+  kiln_tensor_release(gy); kiln_tensor_release(x); kiln_tensor_release(w); kiln_tensor_release(bias);
+  return rc;
+}

@@ -1,0 +1,259 @@
+/* cpu/bf16_gemm.c: the GEMM of bf16 tensors with f32 accumulation on CPUs with AVX512-BF16.
+   op(A) is packed into rows of k pairs and op(B) into panels of 32 columns of k pairs (zero-padded),
+   an 8x32 micro-kernel keeps 16 f32 accumulators and runs vdpbf16ps (32 bf16 products summed into
+   16 f32 lanes per instruction), and each result is rounded to bf16 once (round to nearest even).
+   The pool splits the work by column panels. On a CPU without AVX512-BF16 (or with
+   KILN_BF16_EMULATE=1) cpu/gemm.c converts the operands to f32 and runs sgemm instead: the same
+   f32 products of exact bf16 values and f32 sums, rounded once. */
+#include "cpu.h"
+#include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { MR = 8, NR = 32 };
+
+struct bgemm {
+  int64_t nbatch, n, m, k, kp, npad, panels;   /* kp: pairs of k; npad: n rounded up to MR */
+  const char *a, *b;
+  char *c;
+  int64_t as[3], bs[3], cs[3];                 /* strides in elements: batch, row, column */
+  float alpha, beta;
+  int a_once;                                  /* A broadcast over the batch: packed once */
+  int c_f32;                                   /* c holds f32 (kept unrounded) rather than bf16 */
+  uint32_t *pa;                                /* packed A: (1 or nbatch) x npad x kp */
+};
+
+int kiln_cpu_bf16_native(void) {
+  static int native = -1;
+  if (native < 0) {
+    const char *e = getenv("KILN_BF16_EMULATE");
+    native = kiln_cpu_has("avx512_bf16") && kiln_cpu_has("avx512bw") && !(e && strcmp(e, "1") == 0);
+  }
+  return native;
+}
+
+static inline uint32_t pair(uint16_t lo, uint16_t hi) { return (uint32_t)lo | ((uint32_t)hi << 16); }
+
+/* Rows [r0, r1) of packed A for batch bi: pa[i][p] = (A[i][2p], A[i][2p+1]). */
+static void pack_a(const struct bgemm *g, int64_t bi, int64_t r0, int64_t r1) {
+  const uint16_t *a = (const uint16_t *)g->a + bi * g->as[0];
+  for (int64_t i = r0; i < r1; i++) {
+    uint32_t *row = g->pa + (bi * g->npad + i) * g->kp;
+    if (i >= g->n) { memset(row, 0, sizeof(uint32_t) * (size_t)g->kp); continue; }
+    const uint16_t *ai = a + i * g->as[1];
+    int64_t s = g->as[2];
+    if (s == 1) memcpy(row, ai, sizeof(uint32_t) * (size_t)(g->k / 2));   /* pairs are already adjacent */
+    else for (int64_t p = 0; p < g->k / 2; p++) row[p] = pair(ai[2 * p * s], ai[(2 * p + 1) * s]);
+    if (g->k & 1) row[g->kp - 1] = pair(ai[(g->k - 1) * s], 0);
+  }
+}
+
+static void pack_a_range(void *ctx, int64_t begin, int64_t end) {
+  const struct bgemm *g = ctx;
+  for (int64_t t = begin; t < end; t++) {
+    int64_t blocks = g->npad / MR, bi = t / blocks, r = (t % blocks) * MR;
+    pack_a(g, bi, r, r + MR);
+  }
+}
+
+/* A full panel of rows of contiguous columns: two rows of 32 bf16 interleaved into 32 pairs. */
+__attribute__((target("avx512f,avx512bw")))
+static void pack_b_rows(const uint16_t *b, int64_t r, int64_t pairs, uint32_t *pb) {
+  for (int64_t p = 0; p < pairs; p++) {
+    const uint16_t *b0 = b + 2 * p * r;
+    for (int h = 0; h < 2; h++) {
+      __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(b0 + 16 * h)));
+      __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(b0 + r + 16 * h)));
+      _mm512_storeu_si512(pb + p * NR + 16 * h, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+    }
+  }
+}
+
+/* A full panel of B stored by columns (B[p][j] at j*s + p): each pair is adjacent in memory, and
+   16 of them are gathered at once. */
+__attribute__((target("avx512f,avx512bw")))
+static void pack_b_cols(const uint16_t *b, int64_t s, int64_t pairs, uint32_t *pb) {
+  __m512i idx0 = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                    _mm512_set1_epi32((int)s));
+  __m512i idx1 = _mm512_add_epi32(idx0, _mm512_set1_epi32((int)(16 * s)));
+  for (int64_t p = 0; p < pairs; p++) {
+    __m512i step = _mm512_set1_epi32((int)(2 * p));
+    _mm512_storeu_si512(pb + p * NR, _mm512_i32gather_epi32(_mm512_add_epi32(idx0, step), b, 2));
+    _mm512_storeu_si512(pb + p * NR + 16, _mm512_i32gather_epi32(_mm512_add_epi32(idx1, step), b, 2));
+  }
+}
+
+/* Panel of columns [j0, j0 + NR) of op(B): pb[p][q] = (B[2p][j0+q], B[2p+1][j0+q]). */
+static void pack_b(const struct bgemm *g, int64_t bi, int64_t j0, uint32_t *pb) {
+  const uint16_t *b = (const uint16_t *)g->b + bi * g->bs[0];
+  int64_t r = g->bs[1], s = g->bs[2], nq = g->m - j0 < NR ? g->m - j0 : NR;
+  int64_t p = 0;
+  if (s == 1 && nq == NR) { pack_b_rows(b + j0, r, g->k / 2, pb); p = g->k / 2; }
+  else if (r == 1 && nq == NR && (NR * s + g->k) < ((int64_t)1 << 30)) { pack_b_cols(b + j0 * s, s, g->k / 2, pb); p = g->k / 2; }
+  for (; p < g->kp; p++) {
+    uint32_t *row = pb + p * NR;
+    const uint16_t *b0 = b + 2 * p * r + j0 * s;
+    int has_hi = 2 * p + 1 < g->k;
+    for (int64_t q = 0; q < nq; q++) row[q] = pair(b0[q * s], has_hi ? b0[r + q * s] : 0);
+    for (int64_t q = nq; q < NR; q++) row[q] = 0;
+  }
+}
+
+/* tile[MR][NR] = packed A rows (MR of them, kp pairs each) @ the packed B panel. */
+__attribute__((target("avx512f,avx512bw,avx512bf16")))
+static void kernel_8x32(const uint32_t *pa, const uint32_t *pb, int64_t kp, float *tile) {
+  __m512 acc[MR][2];
+  for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < kp; p++) {
+    __m512bh b0 = (__m512bh)_mm512_loadu_si512(pb + p * NR);
+    __m512bh b1 = (__m512bh)_mm512_loadu_si512(pb + p * NR + 16);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; r++) {
+      __m512bh av = (__m512bh)_mm512_set1_epi32((int)pa[r * kp + p]);
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, b0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
+    }
+  }
+  for (int r = 0; r < MR; r++) {
+    _mm512_storeu_ps(tile + r * NR, acc[r][0]);
+    _mm512_storeu_ps(tile + r * NR + 16, acc[r][1]);
+  }
+}
+
+/* Rows of a tile into contiguous bf16 rows of c: alpha * tile + beta * c, rounded to nearest even
+   by vcvtneps2bf16 (NaN stays NaN). */
+__attribute__((target("avx512f,avx512bw,avx512bf16")))
+static void store_rows(const struct bgemm *g, const float *tile, uint16_t *c, int64_t nr, int64_t nq) {
+  __m512 alpha = _mm512_set1_ps(g->alpha), beta = _mm512_set1_ps(g->beta);
+  for (int64_t r = 0; r < nr; r++) {
+    uint16_t *cr = c + r * g->cs[1];
+    for (int h = 0; h < NR / 16; h++) {
+      int64_t left = nq - 16 * h;
+      if (left <= 0) break;
+      __mmask16 mask = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+      __m512 v = _mm512_mul_ps(alpha, _mm512_loadu_ps(tile + r * NR + 16 * h));
+      if (g->beta != 0) {
+        __m256i old = _mm256_maskz_loadu_epi16(mask, cr + 16 * h);
+        __m512 of = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(old), 16));
+        v = _mm512_fmadd_ps(beta, of, v);
+      }
+      __m256bh o = _mm512_cvtneps_pbh(v);
+      _mm256_mask_storeu_epi16(cr + 16 * h, mask, (__m256i)o);
+    }
+  }
+}
+
+/* Rows of a tile into contiguous f32 rows of c: alpha * tile + beta * c. */
+__attribute__((target("avx512f,avx512bw")))
+static void store_rows_f32(const struct bgemm *g, const float *tile, float *c, int64_t nr, int64_t nq) {
+  __m512 alpha = _mm512_set1_ps(g->alpha), beta = _mm512_set1_ps(g->beta);
+  for (int64_t r = 0; r < nr; r++) {
+    float *cr = c + r * g->cs[1];
+    for (int h = 0; h < NR / 16; h++) {
+      int64_t left = nq - 16 * h;
+      if (left <= 0) break;
+      __mmask16 mask = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+      __m512 v = _mm512_mul_ps(alpha, _mm512_loadu_ps(tile + r * NR + 16 * h));
+      if (g->beta != 0) v = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(mask, cr + 16 * h), v);
+      _mm512_mask_storeu_ps(cr + 16 * h, mask, v);
+    }
+  }
+}
+
+static void panel_range(void *ctx, int64_t begin, int64_t end) {
+  const struct bgemm *g = ctx;
+  uint32_t *pb = malloc(sizeof(uint32_t) * (size_t)(g->kp * NR));
+  float tile[MR * NR];
+  if (!pb) return;   /* cannot happen for the sizes kiln packs; cpu_gemm_bf16 checks one first */
+  for (int64_t t = begin; t < end; t++) {
+    int64_t bi = t / g->panels, j0 = (t % g->panels) * NR, nq = g->m - j0 < NR ? g->m - j0 : NR;
+    pack_b(g, bi, j0, pb);
+    uint16_t *c = (uint16_t *)g->c + bi * g->cs[0];
+    for (int64_t i0 = 0; i0 < g->n; i0 += MR) {
+      kernel_8x32(g->pa + ((g->a_once ? 0 : bi) * g->npad + i0) * g->kp, pb, g->kp, tile);
+      int64_t nr = g->n - i0 < MR ? g->n - i0 : MR;
+      if (g->c_f32) {
+        float *cf = (float *)g->c + bi * g->cs[0] + i0 * g->cs[1] + j0 * g->cs[2];
+        if (g->cs[2] == 1) { store_rows_f32(g, tile, cf, nr, nq); continue; }
+        for (int64_t r = 0; r < nr; r++)
+          for (int64_t q = 0; q < nq; q++) {
+            float *o = cf + r * g->cs[1] + q * g->cs[2];
+            *o = g->alpha * tile[r * NR + q] + (g->beta != 0 ? g->beta * *o : 0.0f);
+          }
+        continue;
+      }
+      if (g->cs[2] == 1) { store_rows(g, tile, c + i0 * g->cs[1] + j0, nr, nq); continue; }
+      for (int64_t r = 0; r < nr; r++) {
+        uint16_t *ci = c + (i0 + r) * g->cs[1] + j0 * g->cs[2];
+        for (int64_t q = 0; q < nq; q++) {
+          float v = g->alpha * tile[r * NR + q];
+          if (g->beta != 0) v += g->beta * kiln_bf16_to_f32(ci[q * g->cs[2]]);
+          ci[q * g->cs[2]] = kiln_f32_to_bf16(v);
+        }
+      }
+    }
+  }
+  free(pb);
+}
+
+/* Pack and multiply: g holds the shapes, pointers and strides; g->pa is allocated here. */
+static int bgemm_run(struct bgemm *g, int64_t abatch) {
+  g->kp = (g->k + 1) / 2;
+  g->npad = (g->n + MR - 1) / MR * MR;
+  g->panels = (g->m + NR - 1) / NR;
+  if (g->n <= 0 || g->m <= 0 || g->nbatch <= 0) return KILN_OK;
+  g->pa = malloc(sizeof(uint32_t) * (size_t)(abatch * g->npad * (g->kp > 0 ? g->kp : 1)));
+  void *probe = malloc(sizeof(uint32_t) * (size_t)((g->kp > 0 ? g->kp : 1) * NR));
+  if (!g->pa || !probe) {
+    free(g->pa); free(probe);
+    return kiln_fail(KILN_ERR_MEMORY, "matmul: out of memory packing bf16 operands (%lld x %lld x %lld)",
+                     (long long)g->n, (long long)g->k, (long long)g->m);
+  }
+  free(probe);
+  int64_t blocks = abatch * (g->npad / MR);
+  double flops = 2.0 * (double)g->nbatch * (double)g->n * (double)g->m * (double)g->k;
+  int serial = kiln_get_num_threads() == 1 || flops < 2e5;
+  g->a_once = abatch == 1;
+  /* a small A (a batch of activations, a weight) is packed before the pool starts: one start less */
+  if (serial || abatch * g->npad * g->kp < (1 << 18)) pack_a_range(g, 0, blocks);
+  else kiln_parallel_for(blocks, 1, pack_a_range, g);
+  int64_t tasks = g->nbatch * g->panels;
+  if (serial) panel_range(g, 0, tasks);
+  else kiln_parallel_for(tasks, 1, panel_range, g);
+  free(g->pa);
+  g->pa = NULL;
+  return KILN_OK;
+}
+
+/* out[B,n,m] = alpha * a[B,n,k] @ b[B,k,m] + beta * out, all bf16 (batch strides may be 0). */
+int cpu_gemm_bf16(struct kiln_tensor *out, const struct kiln_tensor *a, const struct kiln_tensor *b, double alpha,
+                  double beta) {
+  struct bgemm g = {.nbatch = out->sizes[0], .n = out->sizes[1], .m = out->sizes[2], .k = a->sizes[2],
+                    .alpha = (float)alpha, .beta = (float)beta};
+  g.a = (const char *)kiln_tensor_data(a); g.b = (const char *)kiln_tensor_data(b); g.c = kiln_tensor_data(out);
+  for (int d = 0; d < 3; d++) { g.as[d] = a->strides[d]; g.bs[d] = b->strides[d]; g.cs[d] = out->strides[d]; }
+  if (a->sizes[0] == 1) g.as[0] = 0;
+  if (b->sizes[0] == 1) g.bs[0] = 0;
+  return bgemm_run(&g, a->sizes[0] == 1 ? 1 : g.nbatch);
+}
+
+int kiln_cpu_gemm_bf16_f32(int64_t n, int64_t m, int64_t k, float alpha, const uint16_t *a, int64_t as1, int64_t as2,
+                           const uint16_t *b, int64_t bs1, int64_t bs2, float beta, float *c, int64_t cs1, int64_t cs2) {
+  if (!kiln_cpu_bf16_native()) {   /* exact bf16 values in f32, then sgemm: f32 products and sums */
+    if (n <= 0 || m <= 0) return KILN_OK;
+    float *af = malloc(sizeof(float) * (size_t)(n * k) + 16), *bf = malloc(sizeof(float) * (size_t)(k * m) + 16);
+    if (!af || !bf) { free(af); free(bf); return kiln_fail(KILN_ERR_MEMORY, "matmul: out of memory converting bf16 operands"); }
+    for (int64_t i = 0; i < n; i++)
+      for (int64_t p = 0; p < k; p++) af[i * k + p] = kiln_bf16_to_f32(a[i * as1 + p * as2]);
+    for (int64_t p = 0; p < k; p++)
+      for (int64_t j = 0; j < m; j++) bf[p * m + j] = kiln_bf16_to_f32(b[p * bs1 + j * bs2]);
+    if (cs2 == 1) kiln_cpu_gemm_raw(KILN_F32, 0, 0, n, m, k, alpha, af, k, bf, m, beta, c, cs1);
+    else kiln_cpu_gemm_raw(KILN_F32, 1, 1, m, n, k, alpha, bf, m, af, k, beta, c, cs2);   /* c^T = b^T a^T */
+    free(af); free(bf);
+    return KILN_OK;
+  }
+  struct bgemm g = {.nbatch = 1, .n = n, .m = m, .k = k, .alpha = alpha, .beta = beta, .c_f32 = 1,
+                    .a = (const char *)a, .b = (const char *)b, .c = (char *)c,
+                    .as = {0, as1, as2}, .bs = {0, bs1, bs2}, .cs = {0, cs1, cs2}};
+  return bgemm_run(&g, 1);
+}

@@ -1,0 +1,136 @@
+/* cpu/bf16_pool.c: max pooling of bf16 tensors (what autocast's max_pool2d runs on the CPU), forward
+   and backward, so that a bf16 network's activations stay bf16 between its convolutions. Values are
+   compared exactly (bf16 in f32); the largest wins, a NaN wins at once, as cpu/pool.c does; the
+   backward adds the grads of overlapping windows in f32 and rounds once. */
+#include "cpu.h"
+#include "nn_calls.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct bpool {
+  int64_t H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw;
+  const uint16_t *in;
+  uint16_t *out;
+  int64_t *idx;
+  int failed;
+};
+
+static inline float from_bf16(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+static inline uint16_t to_bf16(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
+  return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
+}
+
+static void init(struct bpool *j, const struct kiln_call *c, const struct kiln_tensor *x, const struct kiln_tensor *y) {
+  int nd = x->ndim;
+  j->H = x->sizes[nd - 2]; j->W = x->sizes[nd - 1]; j->OH = y->sizes[nd - 2]; j->OW = y->sizes[nd - 1];
+  j->kh = c->ints[0]; j->kw = c->ints[1]; j->sh = c->ints[2]; j->sw = c->ints[3]; j->ph = c->ints[4]; j->pw = c->ints[5];
+  j->dh = c->ints[6]; j->dw = c->ints[7];
+}
+
+static void max_planes(void *ctx, int64_t begin, int64_t end) {
+  const struct bpool *j = ctx;
+  int64_t H = j->H, W = j->W, OH = j->OH, OW = j->OW;
+  for (int64_t p = begin; p < end; p++) {
+    const uint16_t *x = j->in + p * H * W;
+    uint16_t *y = j->out + p * OH * OW;
+    int64_t *idx = j->idx + p * OH * OW;
+    if (j->kh == 2 && j->kw == 2 && j->sh == 2 && j->sw == 2 && j->ph == 0 && j->pw == 0 && j->dh == 1 && j->dw == 1 &&
+        2 * OH <= H && 2 * OW <= W) {   /* the common case: branch-free, so that gcc vectorises it */
+      for (int64_t oh = 0; oh < OH; oh++) {
+        int64_t r0 = 2 * oh * W, r1 = r0 + W;
+        for (int64_t ow = 0; ow < OW; ow++) {
+          int64_t w0 = 2 * ow, bi = r0 + w0;
+          float best = from_bf16(x[r0 + w0]);
+          int64_t at[3] = {r0 + w0 + 1, r1 + w0, r1 + w0 + 1};
+          for (int k = 0; k < 3; k++) {   /* selects by masks: random data would mispredict branches */
+            float v = from_bf16(x[at[k]]);
+            int64_t m = -(int64_t)((v > best) | (v != v));
+            uint32_t vb, bb;
+            memcpy(&vb, &v, 4); memcpy(&bb, &best, 4);
+            bb = (vb & (uint32_t)m) | (bb & ~(uint32_t)m);
+            memcpy(&best, &bb, 4);
+            bi = (at[k] & m) | (bi & ~m);
+          }
+          y[oh * OW + ow] = x[bi];
+          idx[oh * OW + ow] = bi;
+        }
+      }
+      continue;
+    }
+    for (int64_t oh = 0; oh < OH; oh++) {
+      int64_t hs = oh * j->sh - j->ph;
+      for (int64_t ow = 0; ow < OW; ow++) {
+        int64_t ws = ow * j->sw - j->pw, bi = -1;
+        float best = 0;
+        for (int64_t ki = 0; ki < j->kh; ki++) {
+          int64_t ih = hs + ki * j->dh;
+          if (ih < 0 || ih >= H) continue;
+          for (int64_t kj = 0; kj < j->kw; kj++) {
+            int64_t iw = ws + kj * j->dw;
+            if (iw < 0 || iw >= W) continue;
+            float v = from_bf16(x[ih * W + iw]);
+            if (bi < 0 || v > best || v != v) { best = v; bi = ih * W + iw; }
+            if (v != v) goto found;   /* NaN wins, as in PyTorch */
+          }
+        }
+      found:
+        y[oh * OW + ow] = bi < 0 ? to_bf16(-INFINITY) : x[bi];
+        idx[oh * OW + ow] = bi < 0 ? 0 : bi;
+      }
+    }
+  }
+}
+
+int cpu_max_pool2d_bf16(const struct kiln_call *c) {
+  struct kiln_tensor *y = c->out, *ind = (struct kiln_tensor *)c->extra;
+  if (y->numel == 0) return KILN_OK;
+  struct kiln_tensor *x = kiln_cpu_contiguous(c->in[0]);
+  if (!x) return kiln_error_code();
+  struct bpool j = {0};
+  init(&j, c, x, y);
+  j.in = kiln_tensor_data(x); j.out = kiln_tensor_data(y); j.idx = kiln_tensor_data(ind);
+  int64_t planes = y->numel / (j.OH * j.OW), per = j.OH * j.OW * j.kh * j.kw;
+  kiln_parallel_for(planes, per >= 4096 ? 1 : 4096 / (per ? per : 1), max_planes, &j);
+  kiln_tensor_release(x);
+  return KILN_OK;
+}
+
+static void max_back_planes(void *ctx, int64_t begin, int64_t end) {
+  struct bpool *j = ctx;
+  int64_t HW = j->H * j->W, OHW = j->OH * j->OW;
+  float *acc = malloc(sizeof(float) * (size_t)HW + 16);
+  if (!acc) { __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED); return; }
+  for (int64_t p = begin; p < end; p++) {
+    const uint16_t *gy = j->in + p * OHW;
+    const int64_t *idx = j->idx + p * OHW;
+    uint16_t *gx = j->out + p * HW;
+    memset(acc, 0, sizeof(float) * (size_t)HW);
+    for (int64_t o = 0; o < OHW; o++) acc[idx[o]] += from_bf16(gy[o]);
+    for (int64_t i = 0; i < HW; i++) gx[i] = to_bf16(acc[i]);
+  }
+  free(acc);
+}
+
+int cpu_max_pool2d_backward_bf16(const struct kiln_call *c) {
+  struct kiln_tensor *gx = c->out;
+  if (gx->numel == 0) return KILN_OK;
+  struct kiln_tensor *gy = kiln_cpu_contiguous(c->in[0]), *ind = kiln_cpu_contiguous(c->in[1]);
+  if (!gy || !ind) { kiln_tensor_release(gy); kiln_tensor_release(ind); return kiln_error_code(); }
+  struct bpool j = {0};
+  init(&j, c, gx, gy);
+  j.in = kiln_tensor_data(gy); j.out = kiln_tensor_data(gx); j.idx = kiln_tensor_data(ind);
+  int64_t HW = j.H * j.W, planes = gx->numel / HW;
+  if (j.OH * j.OW == 0) memset(j.out, 0, (size_t)(gx->numel * 2));
+  else kiln_parallel_for(planes, HW >= 4096 ? 1 : 4096 / HW, max_back_planes, &j);
+  kiln_tensor_release(gy); kiln_tensor_release(ind);
+  return j.failed ? kiln_fail(KILN_ERR_MEMORY, "max_pool2d_backward: out of memory") : KILN_OK;
+}
