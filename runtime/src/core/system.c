@@ -74,10 +74,17 @@ static void cpu_read(void) {
   add_feature("ssse3", (ecx1 >> 9) & 1);
   add_feature("sse4.1", (ecx1 >> 19) & 1);
   add_feature("sse4.2", (ecx1 >> 20) & 1);
+  add_feature("popcnt", (ecx1 >> 23) & 1);
   add_feature("avx", os_avx && ((ecx1 >> 28) & 1));
   add_feature("f16c", os_avx && ((ecx1 >> 29) & 1));
   add_feature("fma", os_avx && ((ecx1 >> 12) & 1));
   add_feature("avx2", os_avx && ((b7 >> 5) & 1));
+  unsigned int ecx81 = 0;
+  if (__get_cpuid(0x80000000, &a, &b, &c, &d) && a >= 0x80000001) __get_cpuid(0x80000001, &a, &b, &ecx81, &d);
+  add_feature("bmi1", (b7 >> 3) & 1);
+  add_feature("bmi2", (b7 >> 8) & 1);
+  add_feature("lzcnt", (ecx81 >> 5) & 1);
+  add_feature("movbe", (ecx1 >> 22) & 1);
   add_feature("avx_vnni", os_avx && ((a71 >> 4) & 1));
   add_feature("avx512f", os_avx512 && ((b7 >> 16) & 1));
   add_feature("avx512dq", os_avx512 && ((b7 >> 17) & 1));
@@ -239,8 +246,9 @@ static void blas_load(void) {
 }
 
 /* Before anything of libkiln runs: the launcher links libkiln, a stock luajit loads it with
-   ffi.load; both run this first, while the process has one thread. */
-__attribute__((constructor)) static void system_init(void) {
+   ffi.load; both run this first, while the process has one thread. cpu/backend.c's choice of the
+   kernels' level (constructor 102) reads the features. */
+__attribute__((constructor(101))) static void system_init(void) {
   cpu_read();
   blas_load();
 }
