@@ -833,6 +833,8 @@ int main(int argc, char **argv)
     printf("kiln %s (%s)\n", kiln_version(), LUAJIT_VERSION);
     printf("cpu: %s (%s, family %d, model %d)\n", kiln_cpu_name(), kiln_cpu_vendor(), kiln_cpu_family(), kiln_cpu_model());
     printf("cpu features: %s\n", kiln_cpu_features());
+    printf("cpu level: %s\n", kiln_cpu_level());
+    if (kiln_cpu_level_check() != KILN_OK) printf("cpu level note: %s\n", kiln_error_message());
     printf("blas: %s, core %s\n", kiln_blas_name(), kiln_blas_core());
     if (*kiln_blas_note()) printf("blas note: %s\n", kiln_blas_note());
     return 0;

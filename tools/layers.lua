@@ -21,7 +21,9 @@ local KNOWN = dofile((arg[0]:match("^(.*)/") or ".") .. "/layers_known.lua")
 
 local build = arg[1] or "build"
 local src = (arg[2] or ".") .. "/runtime/src"
-local objdir = build .. "/CMakeFiles/kiln.dir/runtime/src"
+-- libkiln's own objects, and the CPU kernels compiled once per instruction-set level
+-- (CMakeFiles/kiln_cpu_<level>.dir): every copy is checked, each in the layer of its source file.
+local objdirs = {build .. "/CMakeFiles/kiln.dir/runtime/src"}
 
 local rank, folders = {}, {}
 for i, group in ipairs(LAYERS) do
@@ -40,17 +42,30 @@ local function layer_of(path)   -- "ops/nn.c" -> "ops"
   return path:match("^([%w_]+)/")
 end
 
+for _, d in ipairs(lines("ls -d " .. build .. "/CMakeFiles/kiln_cpu_*.dir/runtime/src 2>/dev/null")) do
+  objdirs[#objdirs + 1] = d
+end
+
 -- Object files and the symbols each defines and needs.
-local objects = lines("cd " .. objdir .. " && ls */*.o 2>/dev/null")
-if #objects == 0 then io.stderr:write("layers: no object files under " .. objdir .. "\n") os.exit(2) end
+local objects, objpath = {}, {}
+for _, dir in ipairs(objdirs) do
+  for _, o in ipairs(lines("cd " .. dir .. " && ls */*.o 2>/dev/null")) do
+    if not objpath[o] then objects[#objects + 1] = o end
+    objpath[o] = objpath[o] or {}
+    table.insert(objpath[o], dir .. "/" .. o)
+  end
+end
+if #objects == 0 then io.stderr:write("layers: no object files under " .. objdirs[1] .. "\n") os.exit(2) end
 local defined_in = {}
 local needs = {}
 for _, o in ipairs(objects) do
   needs[o] = {}
-  for _, l in ipairs(lines("nm -P " .. objdir .. "/" .. o)) do
-    local name, kind = l:match("^(%S+) (%a)")
-    if kind == "U" then needs[o][#needs[o] + 1] = name
-    elseif kind and kind:match("[TDRBtdrb]") and kind:match("%u") then defined_in[name] = o end
+  for _, path in ipairs(objpath[o]) do
+    for _, l in ipairs(lines("nm -P " .. path)) do
+      local name, kind = l:match("^(%S+) (%a)")
+      if kind == "U" then needs[o][#needs[o] + 1] = name
+      elseif kind and kind:match("[TDRBtdrb]") and kind:match("%u") then defined_in[name] = o end
+    end
   end
 end
 

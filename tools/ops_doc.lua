@@ -1,5 +1,5 @@
 -- tools/ops_doc.lua: writes docs/ops.md from the op table (kiln_op_describe), the backends' kernel
--- tables (runtime/src/cpu/backend.c, runtime/cuda/backend.c), the gradient checks
+-- tables (runtime/src/cpu/kernels.c, runtime/cuda/backend.c), the gradient checks
 -- (tests/lua/op_gradchecks.lua) and the help lines (lua/kiln/docs.lua).
 -- usage: build/bin/kiln tools/ops_doc.lua > docs/ops.md   (tests/lua/op_table_spec.lua checks it is current)
 local kiln = kiln or require "kiln"
@@ -61,7 +61,7 @@ local function generate(root)
   local help = dofile(root .. "lua/kiln/docs.lua")
   local gradchecks = dofile(root .. "tests/lua/op_gradchecks.lua")
   local checks, composite_list = gradchecks.checks, gradchecks.composites
-  local cpu = kernels(read(root .. "runtime/src/cpu/backend.c"), "cpu_elementwise")
+  local cpu = kernels(read(root .. "runtime/src/cpu/kernels.c"), "cpu_elementwise")
   local cuda = kernels(read(root .. "runtime/cuda/backend.c"), "cuda_elementwise")
   local out = {[[
 # The ops

@@ -109,7 +109,8 @@ function kiln.info()
     luajit = jit.version,
     threads = C.kiln_get_num_threads(),
     cpu = {name = ffi.string(C.kiln_cpu_name()), vendor = ffi.string(C.kiln_cpu_vendor()),
-           family = C.kiln_cpu_family(), model = C.kiln_cpu_model(), features = features},
+           family = C.kiln_cpu_family(), model = C.kiln_cpu_model(), features = features,
+           level = ffi.string(C.kiln_cpu_level())},
     blas = {name = ffi.string(C.kiln_blas_name()), core = ffi.string(C.kiln_blas_core()),
             state = blas_states[C.kiln_blas_state()], note = ffi.string(C.kiln_blas_note())},
     cuda = kiln.cuda.is_available(),
@@ -120,6 +121,9 @@ end
 -- kiln.terminate_requested() true, so the loop can finish its step, save a checkpoint and exit.
 function kiln.catch_terminate() check(C.kiln_terminate_catch()) end
 function kiln.terminate_requested() return C.kiln_terminate_requested() ~= 0 end
+
+-- KILN_CPU_LEVEL named a level of the CPU kernels that this CPU lacks (docs/cpu.md): kiln stops here.
+check(C.kiln_cpu_level_check())
 
 -- Said once, when kiln loads: the CPU's GEMM runs on generic kernels and kiln could not fix it.
 if C.kiln_blas_state() >= C.KILN_BLAS_GENERIC and not core.blas_warned then

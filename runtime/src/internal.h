@@ -108,7 +108,9 @@ void kiln_cuda_load(void);
 /* The loader's result, for dispatch.c: the backend (NULL until a device is usable) and its devices. */
 void kiln_dispatch_set_cuda(const struct kiln_backend *backend, int device_count);
 
-extern const struct kiln_backend kiln_cpu_backend;
+/* The CPU backend: its kernels are those of the instruction-set level chosen when libkiln is loaded
+   (cpu/backend.c, docs/cpu.md). */
+extern struct kiln_backend kiln_cpu_backend;
 /* The backend of a device, or NULL with an error that names op and the device. */
 const struct kiln_backend *kiln_backend_for(struct kiln_device device, const char *op);
 /* The CUDA backend for page-locked host memory, or NULL with "op: no CUDA device: <why>". */
@@ -278,15 +280,12 @@ void kiln_tensor_set_grad_fn_release(void (*release)(void *node));
 void kiln_kernel_enter(void);
 void kiln_kernel_leave(void);
 
-/* Philox 4x32-10 (cpu/random.c): block ctr under key; every random draw of kiln comes from it. */
+/* Philox 4x32-10 (core/philox.h; cpu/backend.c): block ctr under key; every random draw of kiln comes from it. */
 void kiln_philox(uint64_t ctr, uint64_t key, uint32_t out[4]);
 
-/* What CPU kernels use in place of the public ops, which dispatch and record (cpu/elementwise.c):
-   a strided copy with conversion and broadcasting of src to dst's shape, a fill, and t itself when
-   contiguous (a new reference), else a contiguous copy. */
+/* A strided copy with conversion and broadcasting of src to dst's shape, on the CPU, without
+   dispatch or autograd: the kernel of the level chosen at load (cpu/backend.c). */
 int kiln_cpu_copy(struct kiln_tensor *dst, const struct kiln_tensor *src);
-int kiln_cpu_fill(struct kiln_tensor *t, double value);
-struct kiln_tensor *kiln_cpu_contiguous(const struct kiln_tensor *t);
 
 #ifdef __cplusplus
 }

@@ -60,7 +60,8 @@ describe("kiln.info", function()
   it("reads the CPU's features as Linux does", function()
     local ci = cpuinfo()
     if not ci or next(ci.flags) == nil or not jit.arch:match("x") then pending("no x86 /proc/cpuinfo") return end
-    for _, f in ipairs{"avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd",
+    assert.are.equal(ci.flags.abm and 1 or 0, kiln.C.kiln_cpu_has("lzcnt"))   -- Linux says abm
+    for _, f in ipairs{"popcnt", "bmi1", "bmi2", "movbe", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd",
                        "avx512_bf16", "avx512_vnni", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8"} do
       assert.are.equal(ci.flags[f] and 1 or 0, kiln.C.kiln_cpu_has(f), f)
     end
@@ -141,5 +142,73 @@ describe("the BLAS core", function()
     assert.matches("\ncpu: ", out)
     assert.matches("\ncpu features: [^\n]*sse2", out)
     assert.matches("\nblas: OpenBLAS [^\n]*, core %a+", out)
+  end)
+end)
+
+describe("the CPU kernels' level", function()
+  local ci = cpuinfo()
+  local flags = ci and ci.flags or {}
+  -- The highest level this CPU runs, from /proc/cpuinfo's flags (docs/cpu.md).
+  local function best_level()
+    local v3 = flags.avx2 and flags.avx and flags.fma and flags.f16c and flags.bmi1 and flags.bmi2 and flags.abm
+               and flags.movbe
+    if v3 and flags.avx512f and flags.avx512bw and flags.avx512cd and flags.avx512dq and flags.avx512vl then
+      return "avx512"
+    end
+    return v3 and "avx2" or "baseline"
+  end
+  local runs = {baseline = true, avx2 = best_level() ~= "baseline", avx512 = best_level() == "avx512"}
+  -- the three levels of a default x86-64 build (a KILN_NATIVE build has one, native)
+  local function levels_built()
+    if not jit.arch:match("x64") then pending("not an x86-64") return false end
+    if kiln.info().cpu.level == "native" then pending("a KILN_NATIVE build: one level, native") return false end
+    return true
+  end
+  -- a small network's loss and gradient norm, printed to 9 digits for comparison between levels
+  local step = "kiln.manual_seed(7) local m = kiln.nn.Sequential(kiln.nn.Linear(37, 29), kiln.nn.Tanh(), " ..
+               "kiln.nn.Linear(29, 5)) local x = kiln.randn(19, 37) local y = kiln.randint(1, 6, {19}) " ..
+               "local loss = kiln.F.cross_entropy(m(x), y) loss:backward() " ..
+               "local g = 0 for _, p in ipairs(m:parameters()) do g = g + p.grad:pow(2):sum():item() end " ..
+               "print(kiln.info().cpu.level, string.format(\"%.9g %.9g\", loss:item(), g))"
+
+  it("is the highest the CPU runs, or the one KILN_CPU_LEVEL names", function()
+    if not levels_built() then return end
+    if not ci then pending("no /proc/cpuinfo") return end
+    local want = os.getenv("KILN_CPU_LEVEL")
+    assert.are.equal(want and want ~= "" and want or best_level(), kiln.info().cpu.level)
+  end)
+
+  it("is chosen with KILN_CPU_LEVEL, and gives the same results at every level within f32 rounding", function()
+    if not H.kiln_exe() then pending("not running under the kiln launcher") return end
+    if not levels_built() then return end
+    local ref
+    for _, level in ipairs{"baseline", "avx2", "avx512"} do
+      if runs[level] then
+        local out, err = run("KILN_CPU_LEVEL=" .. level, step)
+        local got, loss, g = out:match("^(%S+)\t(%S+) (%S+)")
+        assert.are.equal(level, got, out .. err)
+        loss, g = tonumber(loss), tonumber(g)
+        ref = ref or {loss, g}
+        assert.is_true(math.abs(loss - ref[1]) <= 1e-5 * math.abs(ref[1]), level .. ": " .. out)
+        assert.is_true(math.abs(g - ref[2]) <= 1e-4 * math.abs(ref[2]), level .. ": " .. out)
+        local version = H.capture("KILN_CPU_LEVEL=" .. level .. " " .. H.kiln_exe() .. " --version")
+        assert.matches("\ncpu level: " .. level .. "\n", version)
+      end
+    end
+  end)
+
+  it("refuses a level the CPU lacks or the build does not have, naming it", function()
+    if not H.kiln_exe() then pending("not running under the kiln launcher") return end
+    if not levels_built() then return end
+    local out, err = run("KILN_CPU_LEVEL=avx1024", "print(kiln.info().cpu.level)")
+    assert.are.equal("", out)
+    assert.matches("KILN_CPU_LEVEL=avx1024 is not a level of this build %(avx512, avx2, baseline%)", err)
+    if not runs.avx512 then
+      out, err = run("KILN_CPU_LEVEL=avx512", "print(kiln.info().cpu.level)")
+      assert.are.equal("", out)
+      assert.matches("KILN_CPU_LEVEL=avx512: this CPU lacks avx512f", err)
+    end
+    local version = H.capture("KILN_CPU_LEVEL=avx1024 " .. H.kiln_exe() .. " --version")
+    assert.matches("\ncpu level: " .. best_level() .. "\ncpu level note: KILN_CPU_LEVEL=avx1024", version)
   end)
 end)

@@ -1,6 +1,7 @@
-/* kiln/system.h: what kiln runs on: the CPU's features (read once with cpuid), the BLAS behind
-   the CPU's GEMM, with the kernels ("core") it uses and whether kiln had to correct its choice,
-   and a SIGTERM a training loop may ask about instead of dying at once. */
+/* kiln/system.h: what kiln runs on: the CPU's features (read once with cpuid) and the level of
+   kiln's kernels chosen from them, the BLAS behind the CPU's GEMM, with the kernels ("core") it
+   uses and whether kiln had to correct its choice, and a SIGTERM a training loop may ask about
+   instead of dying at once. */
 #ifndef KILN_SYSTEM_H
 #define KILN_SYSTEM_H
 
@@ -22,6 +23,13 @@ int kiln_cpu_model(void);
 const char *kiln_cpu_features(void);
 /* 1 when the CPU has the feature (a name from kiln_cpu_features), else 0. */
 int kiln_cpu_has(const char *feature);
+/* The instruction-set level of kiln's CPU kernels, chosen when libkiln is loaded: "avx512",
+   "avx2" or "baseline", the highest this CPU runs, or the one KILN_CPU_LEVEL names ("native" in a
+   build made with KILN_NATIVE). kiln_cpu_level_check fails, saying why, when KILN_CPU_LEVEL names
+   a level this CPU lacks or this build does not have (the kernels then run at the highest level
+   the CPU runs), or when the CPU lacks even the lowest level. */
+const char *kiln_cpu_level(void);
+int kiln_cpu_level_check(void);
 
 /* The BLAS: its build string ("OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ..."), its core
    ("Haswell", "SkylakeX", "Prescott" ...), a kiln_blas_state, and one sentence on that state

@@ -74,10 +74,17 @@ static void cpu_read(void) {
   add_feature("ssse3", (ecx1 >> 9) & 1);
   add_feature("sse4.1", (ecx1 >> 19) & 1);
   add_feature("sse4.2", (ecx1 >> 20) & 1);
+  add_feature("popcnt", (ecx1 >> 23) & 1);
   add_feature("avx", os_avx && ((ecx1 >> 28) & 1));
   add_feature("f16c", os_avx && ((ecx1 >> 29) & 1));
   add_feature("fma", os_avx && ((ecx1 >> 12) & 1));
   add_feature("avx2", os_avx && ((b7 >> 5) & 1));
+  unsigned int ecx81 = 0;
+  if (__get_cpuid(0x80000000, &a, &b, &c, &d) && a >= 0x80000001) __get_cpuid(0x80000001, &a, &b, &ecx81, &d);
+  add_feature("bmi1", (b7 >> 3) & 1);
+  add_feature("bmi2", (b7 >> 8) & 1);
+  add_feature("lzcnt", (ecx81 >> 5) & 1);
+  add_feature("movbe", (ecx1 >> 22) & 1);
   add_feature("avx_vnni", os_avx && ((a71 >> 4) & 1));
   add_feature("avx512f", os_avx512 && ((b7 >> 16) & 1));
   add_feature("avx512dq", os_avx512 && ((b7 >> 17) & 1));
@@ -185,7 +192,29 @@ static const char *best_core(void) {
   return "";
 }
 
-static void blas_load(void) {
+/* The features (kiln_cpu_has's names) that an OpenBLAS core's kernels need and this CPU lacks,
+   into out ("" for a core whose needs kiln does not know, or that this CPU runs). */
+static void core_lacks(const char *core, char *out, size_t size) {
+  static const struct { const char *core, *needs; } cores[] = {
+    {"Haswell", "avx2 fma"}, {"Zen", "avx2 fma"},
+    {"SkylakeX", "avx512f avx512bw avx512vl avx512dq avx512cd"},
+    {"Cooperlake", "avx512f avx512bw avx512vl avx512dq avx512cd avx512_bf16"},
+    {"SapphireRapids", "avx512f avx512bw avx512vl avx512dq avx512cd avx512_bf16"},
+  };
+  out[0] = 0;
+  for (size_t i = 0; i < sizeof cores / sizeof *cores; i++) {
+    if (strcasecmp(core, cores[i].core) != 0) continue;
+    char name[32];
+    for (const char *p = cores[i].needs; *p;) {
+      size_t n = strcspn(p, " ");
+      snprintf(name, sizeof name, "%.*s", (int)n, p);
+      if (!kiln_cpu_has(name)) snprintf(out + strlen(out), size - strlen(out), "%s%s", out[0] ? " " : "", name);
+      p += n + (p[n] == ' ');
+    }
+  }
+}
+
+static void blas_choose(void) {
   const char *env = getenv("OPENBLAS_CORETYPE");
   int user_set = env && *env;
   const char *best = best_core();
@@ -238,9 +267,33 @@ static void blas_load(void) {
            "OPENBLAS_CORETYPE=%s", was, best);
 }
 
+/* An OPENBLAS_CORETYPE naming kernels this CPU cannot run (an environment carried over from
+   another machine) would stop the first GEMM on an illegal instruction: kiln unsets it and lets
+   OpenBLAS, then itself, choose, and says so in the note. */
+static void blas_load(void) {
+  const char *env = getenv("OPENBLAS_CORETYPE");
+  char dropped[160] = "", lacks[120];
+  if (env && *env) {
+    core_lacks(env, lacks, sizeof lacks);
+    if (lacks[0]) {
+      snprintf(dropped, sizeof dropped, "OPENBLAS_CORETYPE=%s names kernels this CPU cannot run (it lacks %s); kiln "
+               "unset it", env, lacks);
+      unsetenv("OPENBLAS_CORETYPE");
+    }
+  }
+  blas_choose();
+  if (dropped[0]) {
+    char note[sizeof dropped + 2 + sizeof blas.note];
+    snprintf(note, sizeof note, "%s%s%s", dropped, blas.note[0] ? "; " : "", blas.note);
+    note[sizeof blas.note - 1] = 0;   /* cut to the note's size */
+    memcpy(blas.note, note, sizeof blas.note);
+  }
+}
+
 /* Before anything of libkiln runs: the launcher links libkiln, a stock luajit loads it with
-   ffi.load; both run this first, while the process has one thread. */
-__attribute__((constructor)) static void system_init(void) {
+   ffi.load; both run this first, while the process has one thread. cpu/backend.c's choice of the
+   kernels' level (constructor 102) reads the features. */
+__attribute__((constructor(101))) static void system_init(void) {
   cpu_read();
   blas_load();
 }

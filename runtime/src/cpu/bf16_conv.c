@@ -42,7 +42,7 @@ static void cols_of(const struct cg *g, int64_t kj, int64_t *lo, int64_t *hi) {
 
 /* col [K, nb*P] (bf16) from images n0.. of x [N,C,H,W], channels c0..c0+Cg-1. */
 /* d[0, OW) = s[ow + off] for ow in [lo, hi), zero elsewhere: AVX-512 masked moves, 32 at a time. */
-__attribute__((target("avx512f,avx512bw")))
+__attribute__((target("avx512f,avx512bw,avx512vl")))
 static void copy_row_avx512(uint16_t *d, const uint16_t *s, int64_t off, int64_t lo, int64_t hi, int64_t OW) {
   for (int64_t ow = 0; ow < OW; ow += 32) {
     int64_t a = lo > ow ? lo : ow, b = hi < ow + 32 ? hi : ow + 32, n = OW - ow < 32 ? OW - ow : 32;

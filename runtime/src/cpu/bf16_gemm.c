@@ -27,7 +27,8 @@ int kiln_cpu_bf16_native(void) {
   static int native = -1;
   if (native < 0) {
     const char *e = getenv("KILN_BF16_EMULATE");
-    native = kiln_cpu_has("avx512_bf16") && kiln_cpu_has("avx512bw") && !(e && strcmp(e, "1") == 0);
+    native = kiln_cpu_has("avx512_bf16") && kiln_cpu_has("avx512bw") && kiln_cpu_has("avx512vl") &&
+             !(e && strcmp(e, "1") == 0);
   }
   return native;
 }
@@ -57,7 +58,7 @@ static void pack_a_range(void *ctx, int64_t begin, int64_t end) {
 }
 
 /* A full panel of rows of contiguous columns: two rows of 32 bf16 interleaved into 32 pairs. */
-__attribute__((target("avx512f,avx512bw")))
+__attribute__((target("avx512f,avx512bw,avx512vl")))
 static void pack_b_rows(const uint16_t *b, int64_t r, int64_t pairs, uint32_t *pb) {
   for (int64_t p = 0; p < pairs; p++) {
     const uint16_t *b0 = b + 2 * p * r;
@@ -71,7 +72,7 @@ static void pack_b_rows(const uint16_t *b, int64_t r, int64_t pairs, uint32_t *p
 
 /* A full panel of B stored by columns (B[p][j] at j*s + p): each pair is adjacent in memory, and
    16 of them are gathered at once. */
-__attribute__((target("avx512f,avx512bw")))
+__attribute__((target("avx512f,avx512bw,avx512vl")))
 static void pack_b_cols(const uint16_t *b, int64_t s, int64_t pairs, uint32_t *pb) {
   __m512i idx0 = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                     _mm512_set1_epi32((int)s));
@@ -100,7 +101,7 @@ static void pack_b(const struct bgemm *g, int64_t bi, int64_t j0, uint32_t *pb) 
 }
 
 /* tile[MR][NR] = packed A rows (MR of them, kp pairs each) @ the packed B panel. */
-__attribute__((target("avx512f,avx512bw,avx512bf16")))
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 static void kernel_8x32(const uint32_t *pa, const uint32_t *pb, int64_t kp, float *tile) {
   __m512 acc[MR][2];
   for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
@@ -122,7 +123,7 @@ static void kernel_8x32(const uint32_t *pa, const uint32_t *pb, int64_t kp, floa
 
 /* Rows of a tile into contiguous bf16 rows of c: alpha * tile + beta * c, rounded to nearest even
    by vcvtneps2bf16 (NaN stays NaN). */
-__attribute__((target("avx512f,avx512bw,avx512bf16")))
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 static void store_rows(const struct bgemm *g, const float *tile, uint16_t *c, int64_t nr, int64_t nq) {
   __m512 alpha = _mm512_set1_ps(g->alpha), beta = _mm512_set1_ps(g->beta);
   for (int64_t r = 0; r < nr; r++) {
@@ -144,7 +145,7 @@ static void store_rows(const struct bgemm *g, const float *tile, uint16_t *c, in
 }
 
 /* Rows of a tile into contiguous f32 rows of c: alpha * tile + beta * c. */
-__attribute__((target("avx512f,avx512bw")))
+__attribute__((target("avx512f,avx512bw,avx512vl")))
 static void store_rows_f32(const struct bgemm *g, const float *tile, float *c, int64_t nr, int64_t nq) {
   __m512 alpha = _mm512_set1_ps(g->alpha), beta = _mm512_set1_ps(g->beta);
   for (int64_t r = 0; r < nr; r++) {

@@ -3,6 +3,68 @@
 #define KILN_CPU_H
 #include "../internal.h"
 
+/* Every file of cpu/ but backend.c and big_blocks.c is compiled once per instruction-set level
+   (docs/cpu.md): KILN_CPU_LEVEL is the level's name (baseline, avx2, avx512, or native in a
+   KILN_NATIVE build), and each external name below takes it as a suffix, so that the copies live
+   side by side in libkiln and cpu/backend.c picks one set when libkiln is loaded: cpu_gemm is
+   cpu_gemm_avx2 in the avx2 copy. Everything else in those files is static. */
+#ifdef KILN_CPU_LEVEL
+#define KILN_LEVEL_NAME(name) KILN_LEVEL_NAME_(name, KILN_CPU_LEVEL)
+#define KILN_LEVEL_NAME_(name, level) KILN_LEVEL_NAME__(name, level)
+#define KILN_LEVEL_NAME__(name, level) name##_##level
+#define kiln_cpu_kernels KILN_LEVEL_NAME(kiln_cpu_kernels)
+#define cpu_elementwise KILN_LEVEL_NAME(cpu_elementwise)
+#define cpu_copy KILN_LEVEL_NAME(cpu_copy)
+#define cpu_fill KILN_LEVEL_NAME(cpu_fill)
+#define cpu_reduce KILN_LEVEL_NAME(cpu_reduce)
+#define cpu_gemm KILN_LEVEL_NAME(cpu_gemm)
+#define cpu_cat KILN_LEVEL_NAME(cpu_cat)
+#define cpu_index_select KILN_LEVEL_NAME(cpu_index_select)
+#define cpu_gather KILN_LEVEL_NAME(cpu_gather)
+#define cpu_scatter_add KILN_LEVEL_NAME(cpu_scatter_add)
+#define cpu_masked_fill KILN_LEVEL_NAME(cpu_masked_fill)
+#define cpu_masked_select KILN_LEVEL_NAME(cpu_masked_select)
+#define cpu_random KILN_LEVEL_NAME(cpu_random)
+#define cpu_conv2d KILN_LEVEL_NAME(cpu_conv2d)
+#define cpu_conv2d_backward KILN_LEVEL_NAME(cpu_conv2d_backward)
+#define cpu_max_pool2d KILN_LEVEL_NAME(cpu_max_pool2d)
+#define cpu_max_pool2d_backward KILN_LEVEL_NAME(cpu_max_pool2d_backward)
+#define cpu_avg_pool2d KILN_LEVEL_NAME(cpu_avg_pool2d)
+#define cpu_avg_pool2d_backward KILN_LEVEL_NAME(cpu_avg_pool2d_backward)
+#define cpu_batch_norm KILN_LEVEL_NAME(cpu_batch_norm)
+#define cpu_batch_norm_backward KILN_LEVEL_NAME(cpu_batch_norm_backward)
+#define cpu_row_norm KILN_LEVEL_NAME(cpu_row_norm)
+#define cpu_row_norm_backward KILN_LEVEL_NAME(cpu_row_norm_backward)
+#define cpu_softmax KILN_LEVEL_NAME(cpu_softmax)
+#define cpu_softmax_backward KILN_LEVEL_NAME(cpu_softmax_backward)
+#define cpu_nll_loss KILN_LEVEL_NAME(cpu_nll_loss)
+#define cpu_nll_loss_backward KILN_LEVEL_NAME(cpu_nll_loss_backward)
+#define cpu_dropout KILN_LEVEL_NAME(cpu_dropout)
+#define cpu_optim_step KILN_LEVEL_NAME(cpu_optim_step)
+#define cpu_rnn KILN_LEVEL_NAME(cpu_rnn)
+#define cpu_rnn_backward KILN_LEVEL_NAME(cpu_rnn_backward)
+#define cpu_ctc_loss KILN_LEVEL_NAME(cpu_ctc_loss)
+#define cpu_ctc_loss_backward KILN_LEVEL_NAME(cpu_ctc_loss_backward)
+#define cpu_argsort KILN_LEVEL_NAME(cpu_argsort)
+#define cpu_scan KILN_LEVEL_NAME(cpu_scan)
+#define cpu_cumprod_backward KILN_LEVEL_NAME(cpu_cumprod_backward)
+#define cpu_gemm_bf16 KILN_LEVEL_NAME(cpu_gemm_bf16)
+#define cpu_conv2d_bf16 KILN_LEVEL_NAME(cpu_conv2d_bf16)
+#define cpu_conv2d_backward_bf16 KILN_LEVEL_NAME(cpu_conv2d_backward_bf16)
+#define cpu_max_pool2d_bf16 KILN_LEVEL_NAME(cpu_max_pool2d_bf16)
+#define cpu_max_pool2d_backward_bf16 KILN_LEVEL_NAME(cpu_max_pool2d_backward_bf16)
+#define kiln_cpu_bf16_native KILN_LEVEL_NAME(kiln_cpu_bf16_native)
+#define kiln_cpu_gemm_bf16_f32 KILN_LEVEL_NAME(kiln_cpu_gemm_bf16_f32)
+#define kiln_cpu_gemm_raw KILN_LEVEL_NAME(kiln_cpu_gemm_raw)
+#define kiln_cpu_copy KILN_LEVEL_NAME(kiln_cpu_copy)
+#define kiln_cpu_fill KILN_LEVEL_NAME(kiln_cpu_fill)
+#define kiln_cpu_contiguous KILN_LEVEL_NAME(kiln_cpu_contiguous)
+#endif
+
+/* One level's kernels, as cpu/backend.c copies them into kiln_cpu_backend: its elementwise entry
+   and its kernel table (cpu/kernels.c). */
+extern const struct kiln_backend kiln_cpu_kernels;
+
 int cpu_elementwise(const struct kiln_call *c);
 int cpu_copy(const struct kiln_call *c);
 int cpu_fill(const struct kiln_call *c);
@@ -52,6 +114,14 @@ int cpu_ctc_loss_backward(const struct kiln_call *c);
 int cpu_scan(const struct kiln_call *c);               /* cumsum and cumprod (cpu/scan.c) */
 int cpu_cumprod_backward(const struct kiln_call *c);
 int cpu_argsort(const struct kiln_call *c);
+
+/* What CPU kernels use in place of the public ops, which dispatch and record (cpu/elementwise.c):
+   a strided copy with conversion and broadcasting of src to dst's shape, a fill, and t itself when
+   contiguous (a new reference), else a contiguous copy. Each level has its own; the layers above
+   reach the chosen level's copy through kiln_cpu_copy in internal.h. */
+int kiln_cpu_copy(struct kiln_tensor *dst, const struct kiln_tensor *src);
+int kiln_cpu_fill(struct kiln_tensor *t, double value);
+struct kiln_tensor *kiln_cpu_contiguous(const struct kiln_tensor *t);
 
 /* C[n,m] = alpha * op(A) op(B) + beta * C for row-major f32 or f64 matrices, in kiln's pool (cpu/gemm.c). */
 void kiln_cpu_gemm_raw(int dtype, int trans_a, int trans_b, int64_t n, int64_t m, int64_t k, double alpha,

@@ -3,6 +3,7 @@
    (seed, offset, i), so the mask never depends on the thread count. */
 #include "cpu.h"
 #include "nn_calls.h"
+#include "philox.h"
 
 struct drop_job {
   int dt;
@@ -18,7 +19,7 @@ static void dropout_blocks(void *ctx, int64_t begin, int64_t end) {
   const struct drop_job *j = ctx;
   for (int64_t b = begin; b < end; b++) {
     uint32_t r[4];
-    kiln_philox(j->offset + (uint64_t)b, j->seed, r);
+    kiln_philox4x32(j->offset + (uint64_t)b, j->seed, r);
     for (int k = 0; k < 4; k++) {
       int64_t i = b * 4 + k;
       if (i >= j->n) break;

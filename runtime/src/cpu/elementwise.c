@@ -4,6 +4,7 @@
    contiguous buffers. Kernels exist per compute dtype: f32, f64 and i64. */
 #include "../internal.h"
 #include "cpu.h"
+#include "convert.h"
 #include "vexp.h"
 #include <math.h>
 #include <string.h>
@@ -565,12 +566,18 @@ static void plan_coalesce(struct plan *p) {
   p->ndim = n;
 }
 
+/* n elements of src (dtype sd) into dst as dtype dd: the common pairs' loops compiled at this
+   level (core/convert.h), the rest through kiln_convert. */
+static void convert(void *dst, int dd, const void *src, int sd, int64_t n) {
+  if (!convert_vectorised(dst, dd, src, sd, n)) kiln_convert(dst, dd, src, sd, n);
+}
+
 /* Read m elements of src (dtype sd, stride st) into dst as dtype dd. */
 static void gather(void *dst, int dd, const char *src, int sd, int64_t st, int64_t m) {
   int ss = kiln_dtype_size(sd), ds = kiln_dtype_size(dd);
-  if (st == 1) { kiln_convert(dst, dd, src, sd, m); return; }
+  if (st == 1) { convert(dst, dd, src, sd, m); return; }
   if (st == 0) {
-    kiln_convert(dst, dd, src, sd, 1);
+    convert(dst, dd, src, sd, 1);
     for (int64_t i = 1; i < m; i++) memcpy((char *)dst + i * ds, dst, (size_t)ds);
     return;
   }
@@ -582,13 +589,13 @@ static void gather(void *dst, int dd, const char *src, int sd, int64_t st, int64
     case 8: for (int64_t i = 0; i < m; i++) ((uint64_t *)dst)[i] = ((const uint64_t *)src)[i * st]; return;
     }
   }
-  for (int64_t i = 0; i < m; i++) kiln_convert((char *)dst + i * ds, dd, src + i * st * ss, sd, 1);
+  for (int64_t i = 0; i < m; i++) convert((char *)dst + i * ds, dd, src + i * st * ss, sd, 1);
 }
 
 static void scatter(char *dst, int dd, int64_t st, const void *src, int sd, int64_t m) {
   int ds = kiln_dtype_size(dd), ss = kiln_dtype_size(sd);
-  if (st == 1) { kiln_convert(dst, dd, src, sd, m); return; }
-  for (int64_t i = 0; i < m; i++) kiln_convert(dst + i * st * ds, dd, (const char *)src + i * ss, sd, 1);
+  if (st == 1) { convert(dst, dd, src, sd, m); return; }
+  for (int64_t i = 0; i < m; i++) convert(dst + i * st * ds, dd, (const char *)src + i * ss, sd, 1);
 }
 
 static void run_range(void *ctx, int64_t begin, int64_t end) {

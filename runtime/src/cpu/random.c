@@ -4,8 +4,6 @@
 #include "philox.h"
 #include <math.h>
 
-void kiln_philox(uint64_t ctr, uint64_t key, uint32_t out[4]) { kiln_philox4x32(ctr, key, out); }
-
 /* Uniform in [0, 1) with 53 bits, and in (0, 1] for logarithms. */
 static double unit53(const uint32_t r[4]) { return kiln_philox_unit53(r); }
 
@@ -28,7 +26,7 @@ static void fill_range(void *ctx, int64_t begin, int64_t end) {
   int es = kiln_dtype_size(j->dtype);
   for (int64_t i = begin; i < end; i++) {
     uint32_t r[4];
-    kiln_philox(j->offset + (uint64_t)i, j->seed, r);
+    kiln_philox4x32(j->offset + (uint64_t)i, j->seed, r);
     double v;
     if (j->op == KILN_OP_UNIFORM) {
       double u = j->dtype == KILN_F64 ? unit53(r) : (double)(r[0] >> 8) * 0x1p-24;
