@@ -812,7 +812,8 @@ end
 -- Without "->" the output is the letters seen once, in alphabetical order. A letter repeated within
 -- an operand takes its diagonal ("ii->i", "ii" the trace). Operands are folded left to right, each
 -- pair contracted as one batched matrix product (bmm); letters used nowhere after are summed first.
--- Sizes must match exactly (no broadcasting of size-1 dims) and "..." is not supported.
+-- "..." names the dims no letter names (aligned from the right, as torch.einsum). Sizes must match
+-- exactly: no broadcasting of size-1 dims, within "..." or elsewhere.
 local function letters_of(s)
   local t = {}
   for c in s:gmatch(".") do t[#t + 1] = c end
@@ -830,12 +831,51 @@ function F.einsum(eq, ...)
   local ops = {...}
   if #ops == 1 and type(ops[1]) == "table" and not is_tensor(ops[1]) then ops = ops[1] end
   local spec = eq:gsub("%s", "")
-  if spec:find(".", 1, true) then raise("einsum: \"...\" is not supported; name every dim (" .. eq .. ")") end
   local lhs, rhs = spec:match("^(.-)%->(.*)$")
   lhs = lhs or spec
   local terms = {}
   for term in (lhs .. ","):gmatch("([^,]*),") do terms[#terms + 1] = term end
   if #terms ~= #ops then raise(string.format("einsum: %q names %d operands, %d given", eq, #terms, #ops)) end
+  -- "..." stands for the dims no letter names, aligned from the right across operands: each is
+  -- given a letter of its own that the equation does not use (its k-th dim from the right, the
+  -- same letter in every operand), and the output takes them first, as torch.einsum does
+  if spec:find("...", 1, true) then
+    local free = {}
+    for c in ("ZYXWVUTSRQPONMLKJIHGFEDCBAzyxwvutsrqponmlkjihgfedcba"):gmatch(".") do
+      if not spec:find(c, 1, true) then free[#free + 1] = c end
+    end
+    local most = 0
+    for i, term in ipairs(terms) do
+      local a, b = term:find("...", 1, true)
+      if a then
+        if not is_tensor(ops[i]) then raise(string.format("einsum: operand %d must be a tensor, got %s", i, core.describe(ops[i]))) end
+        local named = #term - 3
+        local k = ops[i]:dim() - named
+        if k < 0 then
+          raise(string.format("einsum: operand %d %s has %d dims but %q names %d besides \"...\"", i, shape_of(ops[i]),
+                              ops[i]:dim(), term, named))
+        end
+        if k > #free then raise("einsum: \"...\" covers more dims than there are letters left (" .. eq .. ")") end
+        local fill = {}
+        for j = k, 1, -1 do fill[#fill + 1] = free[j] end   -- the dim k from the right gets free[k]
+        terms[i] = term:sub(1, a - 1) .. table.concat(fill) .. term:sub(b + 1)
+        most = math.max(most, k)
+      end
+    end
+    local ellipsis = {}
+    for j = most, 1, -1 do ellipsis[#ellipsis + 1] = free[j] end
+    ellipsis = table.concat(ellipsis)
+    if rhs then
+      rhs = rhs:gsub("%.%.%.", ellipsis, 1)
+    else   -- torch.einsum's implicit output: the "..." dims, then the letters seen once, in order
+      local count = {}
+      for _, term in ipairs(terms) do for c in term:gmatch(".") do count[c] = (count[c] or 0) + 1 end end
+      local once = {}
+      for c, n in pairs(count) do if n == 1 and not ellipsis:find(c, 1, true) then once[#once + 1] = c end end
+      table.sort(once)
+      rhs = ellipsis .. table.concat(once)
+    end
+  end
   local size, count, where = {}, {}, {}
   for i, term in ipairs(terms) do
     local x = ops[i]
