@@ -125,22 +125,46 @@ end
 
 -- ---- Linear ----
 
+-- The share of an nn.Linear(in, out) this rank keeps, its weight cut along dim (1: rows, the
+-- outputs; 2: columns, the inputs); the bias is cut with the rows, whole with the columns. The
+-- whole layer is drawn as nn.Linear draws it (same seed, same weights on every rank).
+local function split_linear(self, name, in_features, out_features, opts, dim)
+  local group, _, r, share = group_and_share(name, dim == 1 and out_features or in_features, opts)
+  local full = nn.Linear(in_features, out_features, {bias = opts.bias ~= false})
+  if opts.dtype then full:to(opts.dtype) end
+  self.in_features, self.out_features = in_features, out_features
+  self._group, self._share, self._dim = group, share, dim
+  self.weight = self:parameter(full.weight:narrow(dim, r * share + 1, share):contiguous())
+  if full.bias then
+    self.bias = self:parameter(dim == 1 and full.bias:narrow(1, r * share + 1, share):contiguous() or full.bias:clone())
+  end
+end
+
+-- The whole weights under nn.Linear's names (a collective), and loading them back.
+local function linear_state_dict(self)
+  local sd = {weight = gather_dim(self.weight:detach(), self._dim, self._group)}
+  if self.bias then
+    sd.bias = self._dim == 1 and gather_dim(self.bias:detach(), 1, self._group) or self.bias:detach():clone()
+  end
+  return sd
+end
+
+local function linear_load_state_dict(self, sd)
+  local r, share = self._group:rank(), self._share
+  copy_into(self.weight, sd.weight:narrow(self._dim, r * share + 1, share), "weight")
+  if self.bias then copy_into(self.bias, self._dim == 1 and sd.bias:narrow(1, r * share + 1, share) or sd.bias, "bias") end
+end
+
 local Column = nn.define("ColumnParallelLinear")
 M.ColumnParallelLinear, nn.ColumnParallelLinear = nn.ColumnParallelLinear, nil
 local column_options = core.set("bias", "gather_output", "group", "dtype")
 
 -- ColumnParallelLinear(in, out[, {bias = true, gather_output = true, group}]): y = x W^T + b with W's
--- rows split across ranks. The whole W is drawn as nn.Linear draws it (same seed, same W on every
--- rank), then each rank keeps its rows.
+-- rows split across ranks.
 function Column:init(in_features, out_features, opts)
   opts = core.options(opts, column_options, "ColumnParallelLinear")
-  local group, n, r, share = group_and_share("ColumnParallelLinear", out_features, opts)
-  local full = nn.Linear(in_features, out_features, {bias = opts.bias ~= false})
-  if opts.dtype then full:to(opts.dtype) end
-  self.in_features, self.out_features, self.gather_output = in_features, out_features, opts.gather_output ~= false
-  self._group, self._share = group, share
-  self.weight = self:parameter(full.weight:narrow(1, r * share + 1, share):contiguous())
-  if full.bias then self.bias = self:parameter(full.bias:narrow(1, r * share + 1, share):contiguous()) end
+  split_linear(self, "ColumnParallelLinear", in_features, out_features, opts, 1)
+  self.gather_output = opts.gather_output ~= false
 end
 
 function Column:forward(x)
@@ -150,17 +174,7 @@ function Column:forward(x)
   return y
 end
 
-function Column:state_dict()
-  local sd = {weight = gather_dim(self.weight:detach(), 1, self._group)}
-  if self.bias then sd.bias = gather_dim(self.bias:detach(), 1, self._group) end
-  return sd
-end
-
-function Column:load_state_dict(sd)
-  local r, share = self._group:rank(), self._share
-  copy_into(self.weight, sd.weight:narrow(1, r * share + 1, share), "weight")
-  if self.bias then copy_into(self.bias, sd.bias:narrow(1, r * share + 1, share), "bias") end
-end
+Column.state_dict, Column.load_state_dict = linear_state_dict, linear_load_state_dict
 
 function Column:extra_repr()
   return string.format("%d -> %d, %d per rank%s", self.in_features, self.out_features, self._share,
@@ -176,13 +190,8 @@ local row_options = core.set("bias", "input_is_parallel", "group", "dtype")
 -- ColumnParallelLinear without gather_output gives it) or the whole x, split here.
 function Row:init(in_features, out_features, opts)
   opts = core.options(opts, row_options, "RowParallelLinear")
-  local group, n, r, share = group_and_share("RowParallelLinear", in_features, opts)
-  local full = nn.Linear(in_features, out_features, {bias = opts.bias ~= false})
-  if opts.dtype then full:to(opts.dtype) end
-  self.in_features, self.out_features, self.input_is_parallel = in_features, out_features, opts.input_is_parallel ~= false
-  self._group, self._share = group, share
-  self.weight = self:parameter(full.weight:narrow(2, r * share + 1, share):contiguous())
-  if full.bias then self.bias = self:parameter(full.bias:clone()) end
+  split_linear(self, "RowParallelLinear", in_features, out_features, opts, 2)
+  self.input_is_parallel = opts.input_is_parallel ~= false
 end
 
 function Row:forward(x)
@@ -192,17 +201,7 @@ function Row:forward(x)
   return y
 end
 
-function Row:state_dict()
-  local sd = {weight = gather_dim(self.weight:detach(), 2, self._group)}
-  if self.bias then sd.bias = self.bias:detach():clone() end
-  return sd
-end
-
-function Row:load_state_dict(sd)
-  local r, share = self._group:rank(), self._share
-  copy_into(self.weight, sd.weight:narrow(2, r * share + 1, share), "weight")
-  if self.bias then copy_into(self.bias, sd.bias, "bias") end
-end
+Row.state_dict, Row.load_state_dict = linear_state_dict, linear_load_state_dict
 
 function Row:extra_repr()
   return string.format("%d -> %d, %d inputs per rank", self.in_features, self.out_features, self._share)

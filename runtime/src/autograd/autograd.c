@@ -184,6 +184,24 @@ static int grad_input(int kind, int k) {
   return i && k < 32 && (i->grad_inputs >> k & 1);
 }
 
+/* Edge e of a new node, to input t: its shape, and when it needs a grad, a reference to the node
+   that made t or to t itself (a leaf). */
+static void edge_init(struct edge *e, const struct kiln_tensor *t, int needs) {
+  e->ndim = t->ndim;
+  e->dtype = t->dtype;
+  e->device = t->device;
+  memcpy(e->sizes, t->sizes, sizeof(int64_t) * (size_t)t->ndim);
+  e->needs = needs;
+  if (!needs) return;
+  if (t->grad_fn) {
+    e->node = t->grad_fn;
+    __atomic_add_fetch(&e->node->refcount, 1, __ATOMIC_RELAXED);
+  } else {
+    e->leaf = (struct kiln_tensor *)t;
+    kiln_tensor_retain(e->leaf);
+  }
+}
+
 int kiln_autograd_record(int kind, struct kiln_tensor *out, int n, const struct kiln_tensor *const *inputs,
                          const double *scalars, const int64_t *ints, int nints, const struct kiln_tensor *extra) {
   if (!kiln_autograd_wanted(n, inputs)) return KILN_OK;
@@ -200,22 +218,7 @@ int kiln_autograd_record(int kind, struct kiln_tensor *out, int n, const struct 
   node->nin = n;
   node->in = edges;
   for (int k = 0; k < n; k++) {
-    const struct kiln_tensor *t = inputs[k];
-    struct edge *e = &edges[k];
-    if (!t) continue;
-    e->ndim = t->ndim;
-    e->dtype = t->dtype;
-    e->device = t->device;
-    memcpy(e->sizes, t->sizes, sizeof(int64_t) * (size_t)t->ndim);
-    e->needs = t->requires_grad && grad_input(kind, k);
-    if (!e->needs) continue;
-    if (t->grad_fn) {
-      e->node = t->grad_fn;
-      __atomic_add_fetch(&e->node->refcount, 1, __ATOMIC_RELAXED);
-    } else {
-      e->leaf = (struct kiln_tensor *)t;
-      kiln_tensor_retain(e->leaf);
-    }
+    if (inputs[k]) edge_init(&edges[k], inputs[k], inputs[k]->requires_grad && grad_input(kind, k));
   }
   if (scalars) memcpy(node->scalar, scalars, sizeof node->scalar);
   if (ints && nints > 0) memcpy(node->ints, ints, sizeof(int64_t) * (size_t)nints);
@@ -521,22 +524,7 @@ KILN_API int kiln_function_record(int64_t id, const char *name, int nin, struct 
   node->nout = nout;
   node->out_grads = grads;
   for (int k = 0; k < nin; k++) {
-    const struct kiln_tensor *t = inputs[k];
-    struct edge *e = &edges[k];
-    if (!t) continue;
-    e->ndim = t->ndim;
-    e->dtype = t->dtype;
-    e->device = t->device;
-    memcpy(e->sizes, t->sizes, sizeof(int64_t) * (size_t)t->ndim);
-    e->needs = t->requires_grad && kiln_dtype_is_float(t->dtype);
-    if (!e->needs) continue;
-    if (t->grad_fn) {
-      e->node = t->grad_fn;
-      __atomic_add_fetch(&e->node->refcount, 1, __ATOMIC_RELAXED);
-    } else {
-      e->leaf = (struct kiln_tensor *)t;
-      kiln_tensor_retain(e->leaf);
-    }
+    if (inputs[k]) edge_init(&edges[k], inputs[k], inputs[k]->requires_grad && kiln_dtype_is_float(inputs[k]->dtype));
   }
   __atomic_add_fetch(&functions_live, 1, __ATOMIC_RELAXED);
   /* each differentiable output: a node of its own whose one edge leads to the function's node */
