@@ -6,7 +6,7 @@
 set -e
 PACKAGES="build-essential cmake pkg-config luajit libluajit-5.1-dev libopenblas-dev zlib1g-dev libstb-dev \
 lua-busted libreadline-dev tmux dataset-fashion-mnist libcjson-dev lua-cjson lua-filesystem clang libclang-rt-14-dev \
-fortunes bible-kjv espeak-ng openmpi-bin libopenmpi-dev"
+fortunes bible-kjv espeak-ng openmpi-bin libopenmpi-dev libdnnl-dev"
 [ "$1" = "--test" ] && PACKAGES="python3-nbformat chromium"   # what only the tests use (make test, not make demo)
 missing=""
 for p in $PACKAGES; do

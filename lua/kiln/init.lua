@@ -99,6 +99,43 @@ end
 
 kiln.help = require("kiln.help").help
 
+-- The CPU convolutions' algorithm (docs/cpu.md): "auto" (oneDNN where it takes the shape, else
+-- im2col + GEMM), "im2col" or "onednn"; benchmark mode times both on a shape's first call and
+-- keeps the faster. Both settings live in the environment (KILN_CONV_ALGO, KILN_CONV_BENCHMARK),
+-- so that the C side reads them on every convolution, and a child process inherits them.
+pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite);")
+local conv_algorithms = {auto = true, im2col = true, onednn = true}
+function kiln.set_conv_algorithm(name)
+  if not conv_algorithms[name] then
+    error(string.format('kiln.set_conv_algorithm: %s is not an algorithm: "auto", "im2col" or "onednn"',
+                        type(name) == "string" and string.format("%q", name) or tostring(name)), 2)
+  end
+  ffi.C.setenv("KILN_CONV_ALGO", name, 1)
+end
+function kiln.conv_algorithm()
+  local v = os.getenv("KILN_CONV_ALGO")
+  return conv_algorithms[v] and v or "auto"
+end
+function kiln.set_conv_benchmark(on)
+  if type(on) ~= "boolean" then error("kiln.set_conv_benchmark: expected true or false, got " .. tostring(on), 2) end
+  ffi.C.setenv("KILN_CONV_BENCHMARK", on and "1" or "0", 1)
+end
+function kiln.conv_benchmark()
+  local v = os.getenv("KILN_CONV_BENCHMARK")
+  return v ~= nil and v ~= "" and v ~= "0"
+end
+-- The shapes convolved so far on the CPU and what ran each: a list of lines, oldest first.
+-- kiln.conv_choices(true) also forgets them, so that the next calls choose again.
+function kiln.conv_choices(clear)
+  local list = {}
+  for i = 0, tonumber(C.kiln_conv_choice_count()) - 1 do
+    local line = C.kiln_conv_choice(i)
+    if line ~= nil then list[#list + 1] = ffi.string(line) end
+  end
+  if clear then C.kiln_conv_choices_clear() end
+  return list
+end
+
 -- What kiln runs on: kiln.info().cpu.features, kiln.info().blas.core, ...
 local blas_states = {[0] = "detected", "corrected", "from_env", "generic", "missing"}
 function kiln.info()
@@ -114,6 +151,8 @@ function kiln.info()
     blas = {name = ffi.string(C.kiln_blas_name()), core = ffi.string(C.kiln_blas_core()),
             state = blas_states[C.kiln_blas_state()], note = ffi.string(C.kiln_blas_note())},
     cuda = kiln.cuda.is_available(),
+    onednn = {name = C.kiln_onednn_name() ~= nil and ffi.string(C.kiln_onednn_name()) or nil,
+              note = ffi.string(C.kiln_onednn_note())},
   }
 end
 

@@ -4,6 +4,7 @@
    instead of dying at once. */
 #ifndef KILN_SYSTEM_H
 #define KILN_SYSTEM_H
+#include <stdint.h>
 
 enum kiln_blas_state {
   KILN_BLAS_DETECTED = 0,   /* the BLAS chose kernels that suit this CPU */
@@ -38,6 +39,20 @@ const char *kiln_blas_name(void);
 const char *kiln_blas_core(void);
 int kiln_blas_state(void);
 const char *kiln_blas_note(void);
+
+/* oneDNN, which kiln's f32 CPU convolutions use when libkiln_onednn.so and oneDNN load (on the
+   first convolution): its name and version ("oneDNN 2.6.3"), NULL without it; and one sentence on
+   what was loaded or why not. */
+const char *kiln_onednn_name(void);
+const char *kiln_onednn_note(void);
+/* The CPU convolutions' algorithm per shape (docs/cpu.md): KILN_CONV_ALGO = auto (default),
+   im2col or onednn; KILN_CONV_BENCHMARK=1 times both on a shape's first call and keeps the faster.
+   Each shape run so far is one line ("forward x [64,32,12,12] w [64,32,5,5] ...: onednn
+   jit:avx512_core"), i from 0 (the oldest) to kiln_conv_choice_count() - 1; the text lives until
+   the thread's next call. kiln_conv_choices_clear forgets them (the next calls choose again). */
+int64_t kiln_conv_choice_count(void);
+const char *kiln_conv_choice(int64_t i);
+void kiln_conv_choices_clear(void);
 
 /* From kiln_terminate_catch() on, SIGTERM no longer ends the process: it sets a flag that
    kiln_terminate_requested() returns (1 after a SIGTERM), so that a training loop can finish its

@@ -12,7 +12,7 @@
 #include <string.h>
 
 enum {
-  PARTS = 16,               /* batch parts: the most threads a conv can use, and the grad-weight partials */
+  PARTS = KILN_CONV_PARTS,  /* batch parts: the most threads a conv can use, and the grad-weight partials */
   COL_BYTES = 1024 << 10,   /* aim for an im2col buffer of about this size (in L2) */
   DIRECT_P = 256            /* from this many output pixels per image, the forward GEMMs write y directly */
 };
@@ -217,8 +217,17 @@ struct fwd_job {
   int dt;
   const char *x, *w, *bias;
   char *y;
+  const struct kiln_tensor *input;
   int failed;
 };
+
+/* The choice's view of a convolution (cpu/onednn.c). */
+static void conv_job(struct kiln_conv_job *cj, const struct geom *g, int dt, const void *x, const void *w) {
+  memset(cj, 0, sizeof *cj);
+  cj->dtype = dt; cj->N = g->N; cj->C = g->C; cj->H = g->H; cj->W = g->W; cj->O = g->O; cj->OH = g->OH; cj->OW = g->OW;
+  cj->kh = g->kh; cj->kw = g->kw; cj->sh = g->sh; cj->sw = g->sw; cj->ph = g->ph; cj->pw = g->pw; cj->dh = g->dh;
+  cj->dw = g->dw; cj->G = g->G; cj->parts = g->parts; cj->x = x; cj->w = w;
+}
 
 static void conv_forward_parts(void *ctx, int64_t begin, int64_t end) {
   struct fwd_job *j = ctx;
@@ -260,6 +269,14 @@ static void conv_forward_parts(void *ctx, int64_t begin, int64_t end) {
   free(lo);
 }
 
+static int forward_im2col(void *ctx) {
+  struct fwd_job *j = ctx;
+  j->failed = 0;
+  kiln_parallel_for(j->g.parts, 1, conv_forward_parts, j);
+  if (j->failed) return kiln_fail(KILN_ERR_MEMORY, "conv2d: out of memory for the im2col buffers (input %s)", kiln_shape_string(j->input));
+  return KILN_OK;
+}
+
 int cpu_conv2d(const struct kiln_call *c) {
   struct kiln_tensor *y = c->out;
   if (c->in[0]->dtype == KILN_BF16) return cpu_conv2d_bf16(c);   /* cpu/bf16_conv.c */
@@ -273,8 +290,11 @@ int cpu_conv2d(const struct kiln_call *c) {
             kiln_dtype_size(y->dtype));
   j.x = kiln_tensor_data(x); j.w = kiln_tensor_data(w); j.bias = b ? kiln_tensor_data(b) : NULL;
   j.y = kiln_tensor_data(y);
-  kiln_parallel_for(j.g.parts, 1, conv_forward_parts, &j);
-  if (j.failed) rc = kiln_fail(KILN_ERR_MEMORY, "conv2d: out of memory for the im2col buffers (input %s)", kiln_shape_string(x));
+  j.input = x;
+  struct kiln_conv_job cj;
+  conv_job(&cj, &j.g, j.dt, j.x, j.w);
+  cj.bias = j.bias; cj.y = j.y; cj.im2col = forward_im2col; cj.ctx = &j;
+  rc = kiln_cpu_conv_run(&cj);
 done:
   kiln_tensor_release(x); kiln_tensor_release(w); kiln_tensor_release(b);
   return rc;
@@ -403,6 +423,14 @@ static void sum_bias(void *ctx, int64_t begin, int64_t end) {
   }
 }
 
+static int backward_im2col(void *ctx) {
+  struct bwd_job *j = ctx;
+  j->failed = 0;
+  kiln_parallel_for(j->g.parts, 1, conv_backward_parts, j);
+  if (j->failed) return kiln_fail(KILN_ERR_MEMORY, "conv2d_backward: out of memory for the im2col buffers");
+  return KILN_OK;
+}
+
 int cpu_conv2d_backward(const struct kiln_call *c) {
   const struct kiln_conv_grads *out = c->extra;
   if (c->in[0]->dtype == KILN_BF16) return cpu_conv2d_backward_bf16(c);   /* cpu/bf16_conv.c */
@@ -436,10 +464,14 @@ int cpu_conv2d_backward(const struct kiln_call *c) {
         if (j.dt == KILN_F32) add_bias_f32((const float *)j.bias, 0, g->N, g->C, g->H * g->W, (float *)j.gx);
         else add_bias_f64((const double *)j.bias, 0, g->N, g->C, g->H * g->W, (double *)j.gx);
       }
+    } else if (j.bias || g->N == 0) {   /* conv_transpose2d's forward (a bias on gx): im2col alone */
+      if ((rc = backward_im2col(&j))) goto done;
     } else {
-      kiln_parallel_for(g->parts, 1, conv_backward_parts, &j);
+      struct kiln_conv_job cj;
+      conv_job(&cj, g, j.dt, j.x, j.w);
+      cj.gy = j.gy; cj.gx = j.gx; cj.partials = j.partials; cj.im2col = backward_im2col; cj.ctx = &j;
+      if ((rc = kiln_cpu_conv_run(&cj))) goto done;
     }
-    if (j.failed) { rc = kiln_fail(KILN_ERR_MEMORY, "conv2d_backward: out of memory for the im2col buffers"); goto done; }
   }
   if (partials) {
     struct sum_job s = {g, j.dt, partials, kiln_tensor_data(out->gw), g->O * g->K};

@@ -115,6 +115,22 @@ int cpu_scan(const struct kiln_call *c);               /* cumsum and cumprod (cp
 int cpu_cumprod_backward(const struct kiln_call *c);
 int cpu_argsort(const struct kiln_call *c);
 
+/* A convolution cut into kiln's fixed batch parts (cpu/conv.c), as the algorithm choice of
+   cpu/onednn.c sees it: forward when y is set, else backward (gx and/or the per-part grad-weight
+   partials [parts, O, C/G, kh, kw]); f32 or f64 dense buffers. kiln_cpu_conv_run runs it by
+   oneDNN or by im2col(ctx) (the caller's own path), as KILN_CONV_ALGO and benchmark mode say,
+   and returns a KILN_ code. Compiled once, not per level. */
+enum { KILN_CONV_PARTS = 16 };
+struct kiln_conv_job {
+  int dtype;
+  int64_t N, C, H, W, O, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw, G, parts;
+  const void *x, *w, *bias, *gy;
+  void *y, *gx, *partials;
+  int (*im2col)(void *ctx);
+  void *ctx;
+};
+int kiln_cpu_conv_run(const struct kiln_conv_job *c);
+
 /* What CPU kernels use in place of the public ops, which dispatch and record (cpu/elementwise.c):
    a strided copy with conversion and broadcasting of src to dst's shape, a fill, and t itself when
    contiguous (a new reference), else a contiguous copy. Each level has its own; the layers above

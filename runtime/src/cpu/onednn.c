@@ -1,0 +1,339 @@
+/* cpu/onednn.c: which algorithm convolves on the CPU, and the oneDNN path. Compiled once (not per
+   instruction-set level: oneDNN chooses its own kernels from the CPU).
+
+   libkiln_onednn.so (runtime/onednn/conv.c) is opened on the first f32 convolution, next to
+   libkiln or where KILN_ONEDNN_LIB says; without it (or without oneDNN) kiln convolves by im2col +
+   GEMM (cpu/conv.c) as before. The choice, per call:
+   - KILN_CONV_ALGO=im2col or onednn forces one (onednn still falls back where it has no kernel);
+   - else, in benchmark mode (KILN_CONV_BENCHMARK=1, kiln.set_conv_benchmark(true)), the first call
+     of a shape runs both, timed, and the faster is kept for that shape;
+   - else oneDNN wherever it takes the shape.
+   Benchmark mode is off by default, as PyTorch's cudnn.benchmark: a choice made by timing may
+   differ between two runs, and then so would the last bits of their results.
+
+   The batch is cut into the same fixed parts as cpu/conv.c (KILN_CONV_PARTS), each part one
+   oneDNN call in one thread of kiln's pool; the grad-weight partials are added in part order by
+   the caller. A result is therefore bitwise the same at any thread count. */
+#define _GNU_SOURCE   /* dladdr */
+#include "cpu.h"
+#include "onednn.h"
+#include "kiln/system.h"
+#include <dlfcn.h>
+#include <unistd.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static const struct kiln_onednn *lib;
+static char lib_note[800];
+static pthread_once_t lib_once = PTHREAD_ONCE_INIT;
+
+static void open_lib(void) {
+  const char *env = getenv("KILN_ONEDNN_LIB");
+  char path[600];
+  snprintf(path, sizeof path, "libkiln_onednn.so");
+  if (env && *env) snprintf(path, sizeof path, "%s", env);
+  else {
+    Dl_info info;
+    if (dladdr((void *)kiln_onednn_name, &info) && info.dli_fname && strchr(info.dli_fname, '/')) {
+      char *slash;
+      snprintf(path, sizeof path, "%s", info.dli_fname);
+      slash = strrchr(path, '/');
+      snprintf(slash + 1, sizeof path - (size_t)(slash + 1 - path), "libkiln_onednn.so");
+      if (access(path, F_OK) != 0) snprintf(path, sizeof path, "libkiln_onednn.so");
+    }
+  }
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    snprintf(lib_note, sizeof lib_note, "oneDNN not loaded (%s): convolutions by im2col + GEMM", dlerror());
+    return;
+  }
+  kiln_onednn_open_fn open_fn;
+  void *sym = dlsym(h, "kiln_onednn_open");
+  memcpy(&open_fn, &sym, sizeof open_fn);
+  lib = open_fn ? open_fn(KILN_ONEDNN_VERSION) : NULL;
+  if (!lib) snprintf(lib_note, sizeof lib_note, "%s is not kiln's oneDNN library (version %d)", path, KILN_ONEDNN_VERSION);
+  else snprintf(lib_note, sizeof lib_note, "%s for f32 convolutions", lib->name);
+}
+
+static const struct kiln_onednn *onednn(void) {
+  pthread_once(&lib_once, open_lib);
+  return lib;
+}
+
+KILN_API const char *kiln_onednn_name(void) { return onednn() ? lib->name : NULL; }
+KILN_API const char *kiln_onednn_note(void) {
+  onednn();
+  return lib_note;
+}
+
+enum { ALGO_IM2COL, ALGO_ONEDNN };
+
+static int forced_algo(void) {   /* -1: not forced */
+  const char *a = getenv("KILN_CONV_ALGO");
+  if (!a || !*a || !strcmp(a, "auto")) return -1;
+  return !strcmp(a, "onednn") ? ALGO_ONEDNN : ALGO_IM2COL;
+}
+static int benchmark_mode(void) {
+  const char *b = getenv("KILN_CONV_BENCHMARK");
+  return b && *b && strcmp(b, "0") != 0;
+}
+
+/* ---- plans and choices, cached per shape ---- */
+
+struct plan_entry {
+  struct kiln_onednn_shape key;
+  void *plan;                    /* NULL: oneDNN has no kernel for it */
+  struct plan_entry *next;
+};
+
+/* A whole call's shape (the pass: 0 forward, 1 backward; which grads) and what was chosen for it. */
+struct choice_key {
+  int32_t backward, gx, gw, dtype;
+  int64_t N, C, H, W, O, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw, G;
+};
+struct choice_entry {
+  struct choice_key key;
+  int algo;
+  double im2col_ms, onednn_ms;   /* benchmark mode's timings; 0 when not timed */
+  char impl[64];
+  struct choice_entry *next;
+};
+
+static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct plan_entry *plans;
+static struct choice_entry *choices;
+static int64_t nchoices;
+
+/* The plan of shape s (made on first use), or NULL with the reason in err. */
+static void *plan_for(const struct kiln_onednn_shape *s, char *err, size_t n) {
+  pthread_mutex_lock(&cache_mu);
+  struct plan_entry *e = plans;
+  while (e && memcmp(&e->key, s, sizeof *s) != 0) e = e->next;
+  if (!e && (e = calloc(1, sizeof *e))) {
+    e->key = *s;
+    e->plan = lib->plan(s, err, n);
+    e->next = plans;
+    plans = e;
+  } else if (e && !e->plan) {
+    snprintf(err, n, "oneDNN has no kernel for this shape");
+  } else if (!e) {
+    snprintf(err, n, "out of memory for a oneDNN plan");
+  }
+  void *p = e ? e->plan : NULL;
+  pthread_mutex_unlock(&cache_mu);
+  return p;
+}
+
+static struct choice_entry *choice_find(const struct choice_key *k) {
+  struct choice_entry *e = choices;
+  while (e && memcmp(&e->key, k, sizeof *k) != 0) e = e->next;
+  return e;
+}
+
+static double now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
+}
+
+/* ---- the oneDNN path ---- */
+
+struct job {
+  const struct kiln_conv_job *c;
+  void *plan[3][2];              /* [pass][0: the smaller part, 1: the larger] */
+  int64_t small;                 /* images in the smaller part */
+  char *wbuf[2][2];              /* forward / backward-data weights in oneDNN's layout, per part size */
+  int failed;
+  char err[256];
+};
+
+static int64_t part_begin(const struct kiln_conv_job *c, int64_t t) { return t * c->N / c->parts; }
+
+static void shape_of(const struct kiln_conv_job *c, int pass, int64_t nb, struct kiln_onednn_shape *s) {
+  memset(s, 0, sizeof *s);
+  s->pass = pass; s->dtype = c->dtype; s->N = nb; s->C = c->C; s->H = c->H; s->W = c->W; s->O = c->O;
+  s->OH = c->OH; s->OW = c->OW; s->kh = c->kh; s->kw = c->kw; s->sh = c->sh; s->sw = c->sw; s->ph = c->ph;
+  s->pw = c->pw; s->dh = c->dh; s->dw = c->dw; s->groups = c->G; s->bias = pass == KILN_ONEDNN_FORWARD && c->bias;
+}
+
+static void fail_job(struct job *j, const char *msg) {
+  if (__atomic_exchange_n(&j->failed, 1, __ATOMIC_RELAXED) == 0) snprintf(j->err, sizeof j->err, "%s", msg);
+}
+
+static void run_parts(void *ctx, int64_t begin, int64_t end) {
+  struct job *j = ctx;
+  const struct kiln_conv_job *c = j->c;
+  size_t es = 4, ws_bytes = 0;
+  char *ws = NULL, err[256];
+  for (int64_t t = begin; t < end && !__atomic_load_n(&j->failed, __ATOMIC_RELAXED); t++) {
+    int64_t n0 = part_begin(c, t), nb = part_begin(c, t + 1) - n0;
+    int size = nb != j->small;
+    int passes[3] = {c->y ? KILN_ONEDNN_FORWARD : -1, c->partials ? KILN_ONEDNN_BACKWARD_WEIGHTS : -1,
+                     c->gx ? KILN_ONEDNN_BACKWARD_DATA : -1};
+    for (int k = 0; k < 3; k++) {
+      if (passes[k] < 0 || nb == 0) continue;
+      void *p = j->plan[passes[k]][size];
+      size_t need = lib->workspace_bytes(p);
+      if (need > ws_bytes) {
+        free(ws);
+        ws_bytes = need;
+        if (!(ws = aligned_alloc(64, (ws_bytes + 63) & ~(size_t)63))) { fail_job(j, "out of memory for oneDNN's workspace"); return; }
+      }
+      int rc;
+      const char *x = (const char *)c->x + n0 * c->C * c->H * c->W * es;
+      const char *gy = (const char *)c->gy + n0 * c->O * c->OH * c->OW * es;
+      if (passes[k] == KILN_ONEDNN_FORWARD)
+        rc = lib->run(p, x, NULL, j->wbuf[0][size] ? j->wbuf[0][size] : c->w, c->bias,
+                      (char *)c->y + n0 * c->O * c->OH * c->OW * es, ws, err, sizeof err);
+      else if (passes[k] == KILN_ONEDNN_BACKWARD_WEIGHTS)
+        rc = lib->run(p, x, gy, NULL, NULL, (char *)c->partials + t * c->O * (c->C / c->G) * c->kh * c->kw * es, ws, err,
+                      sizeof err);
+      else
+        rc = lib->run(p, gy, NULL, j->wbuf[1][size] ? j->wbuf[1][size] : c->w, NULL,
+                      (char *)c->gx + n0 * c->C * c->H * c->W * es, ws, err, sizeof err);
+      if (rc) { fail_job(j, err); break; }
+    }
+  }
+  free(ws);
+}
+
+/* Make the plans of the passes c asks for, for both part sizes, and the weights they read.
+   0: ready; 1: oneDNN does not take the shape (nothing to free); -1: an error. */
+static int job_init(struct job *j, const struct kiln_conv_job *c) {
+  memset(j, 0, sizeof *j);
+  j->c = c;
+  j->small = c->N / c->parts;
+  int passes[3] = {c->y ? KILN_ONEDNN_FORWARD : -1, c->partials ? KILN_ONEDNN_BACKWARD_WEIGHTS : -1,
+                   c->gx ? KILN_ONEDNN_BACKWARD_DATA : -1};
+  char err[256];
+  for (int k = 0; k < 3; k++)
+    for (int size = 0; size < 2 && passes[k] >= 0; size++) {
+      int64_t nb = j->small + size;
+      if (nb == 0 || (size == 1 && c->N % c->parts == 0)) continue;
+      struct kiln_onednn_shape s;
+      shape_of(c, passes[k], nb, &s);
+      if (!(j->plan[passes[k]][size] = plan_for(&s, err, sizeof err))) return 1;
+      if (passes[k] == KILN_ONEDNN_BACKWARD_WEIGHTS) continue;
+      size_t wb = lib->weights_bytes(j->plan[passes[k]][size]);
+      int slot = passes[k] == KILN_ONEDNN_FORWARD ? 0 : 1;
+      if (!wb) continue;
+      if (!(j->wbuf[slot][size] = aligned_alloc(64, (wb + 63) & ~(size_t)63)))
+        { kiln_fail(KILN_ERR_MEMORY, "conv2d: out of memory for oneDNN's weights (%zu bytes)", wb); return -1; }
+      if (lib->prepare_weights(j->plan[passes[k]][size], c->w, j->wbuf[slot][size], err, sizeof err))
+        { kiln_fail(KILN_ERR_UNSUPPORTED, "conv2d: %s", err); return -1; }
+    }
+  return 0;
+}
+
+static void job_free(struct job *j) {
+  for (int a = 0; a < 2; a++)
+    for (int b = 0; b < 2; b++) free(j->wbuf[a][b]);
+}
+
+/* Run c by oneDNN: 0 done, 1 not taken, -1 an error. */
+static int run_onednn(const struct kiln_conv_job *c, char *impl, size_t nimpl) {
+  struct job j;
+  int rc = job_init(&j, c);
+  if (rc == 0) {
+    void *any = j.plan[KILN_ONEDNN_FORWARD][0] ? j.plan[KILN_ONEDNN_FORWARD][0]
+              : j.plan[KILN_ONEDNN_BACKWARD_DATA][0] ? j.plan[KILN_ONEDNN_BACKWARD_DATA][0]
+                                                     : j.plan[KILN_ONEDNN_BACKWARD_WEIGHTS][0];
+    if (impl && any) snprintf(impl, nimpl, "%s", lib->impl(any));
+    kiln_parallel_for(c->parts, 1, run_parts, &j);
+    if (j.failed) { kiln_fail(strstr(j.err, "out of memory") ? KILN_ERR_MEMORY : KILN_ERR_UNSUPPORTED, "conv2d%s: %s", c->y ? "" : "_backward", j.err); rc = -1; }
+  }
+  job_free(&j);
+  return rc;
+}
+
+int kiln_cpu_conv_run(const struct kiln_conv_job *c) {
+  int forced = forced_algo();
+  if (forced == ALGO_IM2COL || c->dtype != KILN_F32 || !onednn()) return c->im2col(c->ctx);
+  struct choice_key k;
+  memset(&k, 0, sizeof k);
+  k.backward = c->y == NULL; k.gx = c->gx != NULL; k.gw = c->partials != NULL; k.dtype = c->dtype;
+  k.N = c->N; k.C = c->C; k.H = c->H; k.W = c->W; k.O = c->O; k.OH = c->OH; k.OW = c->OW; k.kh = c->kh; k.kw = c->kw;
+  k.sh = c->sh; k.sw = c->sw; k.ph = c->ph; k.pw = c->pw; k.dh = c->dh; k.dw = c->dw; k.G = c->G;
+  int bench = forced < 0 && benchmark_mode();
+  pthread_mutex_lock(&cache_mu);
+  struct choice_entry *e = choice_find(&k);
+  int known = e && (!bench || e->im2col_ms > 0 || e->algo == ALGO_IM2COL);
+  int algo = e ? e->algo : ALGO_ONEDNN;
+  pthread_mutex_unlock(&cache_mu);
+  if (known && algo == ALGO_IM2COL) return c->im2col(c->ctx);
+  char impl[64] = "";
+  double im2col_ms = 0, onednn_ms = 0;
+  if (!known && bench) {   /* time both, keep the faster; this call's result is the faster one's too */
+    double t0 = now_ms();
+    int rc = c->im2col(c->ctx);
+    im2col_ms = now_ms() - t0;
+    if (rc) return rc;
+  }
+  double t0 = now_ms();
+  int rc = run_onednn(c, impl, sizeof impl);
+  onednn_ms = now_ms() - t0;
+  if (rc < 0) return kiln_error_code();
+  if (!known) {
+    pthread_mutex_lock(&cache_mu);
+    if (!(e = choice_find(&k)) && (e = calloc(1, sizeof *e))) {
+      e->next = choices;
+      choices = e;
+      nchoices++;
+    }
+    if (e) {
+      e->key = k;
+      e->algo = rc == 1 || (bench && im2col_ms < onednn_ms) ? ALGO_IM2COL : ALGO_ONEDNN;
+      e->im2col_ms = im2col_ms;
+      e->onednn_ms = rc == 1 ? 0 : onednn_ms;
+      snprintf(e->impl, sizeof e->impl, "%s", rc == 1 ? "" : impl);
+    }
+    pthread_mutex_unlock(&cache_mu);
+    /* benchmark mode, im2col faster: run it again so that the result is the one kept from now on */
+    if (rc == 0 && bench && im2col_ms < onednn_ms) return c->im2col(c->ctx);
+  }
+  return rc == 1 ? c->im2col(c->ctx) : KILN_OK;
+}
+
+KILN_API int64_t kiln_conv_choice_count(void) {
+  pthread_mutex_lock(&cache_mu);
+  int64_t n = nchoices;
+  pthread_mutex_unlock(&cache_mu);
+  return n;
+}
+
+/* Choice i (0 = the oldest) as one line; NULL past the end. The text lives until the next call. */
+KILN_API const char *kiln_conv_choice(int64_t i) {
+  static __thread char line[400];
+  pthread_mutex_lock(&cache_mu);
+  struct choice_entry *e = choices;
+  for (int64_t k = nchoices - 1; e && k > i; k--) e = e->next;
+  if (!e || i < 0) { pthread_mutex_unlock(&cache_mu); return NULL; }
+  const struct choice_key *k = &e->key;
+  int n = snprintf(line, sizeof line,
+                   "%s%s%s x [%lld,%lld,%lld,%lld] w [%lld,%lld,%lld,%lld] stride %lld,%lld pad %lld,%lld dilation "
+                   "%lld,%lld groups %lld: %s%s%s",
+                   k->backward ? "backward" : "forward", k->backward && k->gx ? " input" : "",
+                   k->backward && k->gw ? " weight" : "", (long long)k->N, (long long)k->C, (long long)k->H,
+                   (long long)k->W, (long long)k->O, (long long)(k->C / (k->G ? k->G : 1)), (long long)k->kh,
+                   (long long)k->kw, (long long)k->sh, (long long)k->sw, (long long)k->ph, (long long)k->pw,
+                   (long long)k->dh, (long long)k->dw, (long long)k->G, e->algo == ALGO_ONEDNN ? "onednn" : "im2col",
+                   e->impl[0] ? " " : "", e->impl);
+  if (e->im2col_ms > 0 && n > 0 && (size_t)n < sizeof line)
+    snprintf(line + n, sizeof line - (size_t)n, " (timed: im2col %.3f ms, onednn %.3f ms)", e->im2col_ms, e->onednn_ms);
+  pthread_mutex_unlock(&cache_mu);
+  return line;
+}
+
+KILN_API void kiln_conv_choices_clear(void) {
+  pthread_mutex_lock(&cache_mu);
+  while (choices) {
+    struct choice_entry *e = choices;
+    choices = e->next;
+    free(e);
+  }
+  nchoices = 0;
+  pthread_mutex_unlock(&cache_mu);
+}

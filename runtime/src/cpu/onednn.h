@@ -1,0 +1,45 @@
+/* cpu/onednn.h: the table between libkiln and libkiln_onednn.so (runtime/onednn/conv.c), the
+   convolutions of oneDNN, which libkiln opens at run time (cpu/onednn.c). A plan is one pass of one
+   convolution shape for one part of the batch; it runs single-threaded in the calling thread, so
+   that kiln's pool runs the parts and no second thread pool exists. The tensors it reads and
+   writes are kiln's dense NCHW / OIHW buffers; what oneDNN wants in its own blocked layouts lives
+   in the workspace the caller gives. Nothing here includes oneDNN's headers. */
+#ifndef KILN_CPU_ONEDNN_H
+#define KILN_CPU_ONEDNN_H
+#include <stddef.h>
+#include <stdint.h>
+
+#define KILN_ONEDNN_VERSION 1
+
+enum kiln_onednn_pass {
+  KILN_ONEDNN_FORWARD,        /* run(x, -, w', bias, y) */
+  KILN_ONEDNN_BACKWARD_DATA,  /* run(gy, -, w', -, gx) */
+  KILN_ONEDNN_BACKWARD_WEIGHTS /* run(x, gy, -, -, gw): gw in OIHW (f32) */
+};
+
+struct kiln_onednn_shape {
+  int32_t pass, dtype;        /* enum kiln_onednn_pass; a kiln dtype (f32) */
+  int64_t N, C, H, W;         /* the part's input */
+  int64_t O, OH, OW;          /* its output */
+  int64_t kh, kw, sh, sw, ph, pw, dh, dw, groups;
+  int32_t bias;               /* forward: a bias is added */
+};
+
+struct kiln_onednn {
+  int version;
+  char name[64];              /* "oneDNN 2.6.3" */
+  /* A plan, or NULL with the reason in err (a shape oneDNN has no kernel for, out of memory). */
+  void *(*plan)(const struct kiln_onednn_shape *s, char *err, size_t n);
+  void (*plan_free)(void *plan);
+  const char *(*impl)(void *plan);            /* oneDNN's name of its kernel: "jit:avx512_core" */
+  size_t (*weights_bytes)(void *plan);        /* the weights in the layout the pass reads; 0: as given */
+  size_t (*workspace_bytes)(void *plan);      /* what run needs besides (64-byte aligned) */
+  /* The weights w (OIHW) into wbuf (weights_bytes) for forward and backward data, once a call. */
+  int (*prepare_weights)(void *plan, const void *w, void *wbuf, char *err, size_t n);
+  int (*run)(void *plan, const void *a, const void *b, const void *w, const void *bias, void *out, void *workspace,
+             char *err, size_t n);
+};
+
+typedef const struct kiln_onednn *(*kiln_onednn_open_fn)(int version);
+
+#endif

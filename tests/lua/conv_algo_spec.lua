@@ -1,0 +1,143 @@
+-- The CPU convolutions' two algorithms (docs/cpu.md): oneDNN's kernels (libkiln_onednn.so) against
+-- the im2col + GEMM path, both against the f64 result (which the naive loops of nn_ops_spec check),
+-- forward and every grad, on shapes that stress the batch parts, strides, padding, dilation,
+-- groups, 1x1 and one-channel kernels; bitwise equal at 1 and 2 threads; the per-shape choice,
+-- benchmark mode, and kiln without oneDNN.
+local kiln = require "kiln"
+local H = require "helpers"
+local F = kiln.functional
+
+local onednn = kiln.info().onednn
+
+local cases = {
+  {x = {64, 32, 12, 12}, w = {64, 32, 5, 5}, o = {}},                                   -- the benchmark CNN's second conv
+  {x = {3, 1, 28, 28}, w = {32, 1, 5, 5}, o = {}},                                      -- one input channel
+  {x = {5, 3, 11, 9}, w = {4, 3, 3, 3}, o = {stride = 2, padding = 1}},
+  {x = {18, 4, 10, 10}, w = {6, 2, 3, 3}, o = {groups = 2, padding = 2, dilation = 2}}, -- parts of 1 and 2 images
+  {x = {2, 8, 7, 7}, w = {8, 8, 1, 1}, o = {}},                                         -- 1x1
+  {x = {4, 6, 9, 8}, w = {6, 1, 3, 3}, o = {groups = 6, padding = 1}},                  -- depthwise
+  {x = {2, 3, 11, 11}, w = {4, 3, 4, 4}, o = {stride = 3}},                             -- a last row no output reads
+}
+
+-- y = conv(x, w, b) and the grads of sum(y * g), with the algorithm set, in dtype.
+local function run(c, algo, dtype, seed)
+  kiln.set_conv_algorithm(algo)
+  kiln.manual_seed(seed or 1)
+  local x = kiln.randn(table.unpack(c.x)):to(dtype):requires_grad_()
+  local w = kiln.randn(table.unpack(c.w)):to(dtype):requires_grad_()
+  local b = kiln.randn(c.w[1]):to(dtype):requires_grad_()
+  local y = F.conv2d(x, w, b, c.o)
+  local g = kiln.randn(table.unpack(H.shape(y))):to(dtype)
+  local loss = (y * g):sum()
+  loss:backward()
+  kiln.set_conv_algorithm("auto")
+  return {y = y:detach(), gx = x.grad, gw = w.grad, gb = b.grad}
+end
+
+-- bitwise equal (no NaN here)
+local function same(a, b) return a:ne(b):sum():item() == 0 end
+
+-- the largest difference, relative to the largest magnitude of ref
+local function rel_err(a, ref)
+  local r = ref:to("f64")
+  return (a:to("f64") - r):abs():max():item() / math.max(r:abs():max():item(), 1e-30)
+end
+
+describe("CPU convolution algorithms", function()
+  after_each(function() kiln.set_conv_algorithm("auto") kiln.set_conv_benchmark(false) end)
+
+  it("loads oneDNN when libkiln_onednn.so was built", function()
+    local built = io.open((H.kiln_exe():gsub("bin/kiln$", "lib/libkiln_onednn.so")))
+    if not built then return pending("libkiln_onednn.so not built (no libdnnl-dev)") end
+    built:close()
+    assert.is_string(onednn.name, onednn.note)
+    assert.truthy(onednn.name:match("^oneDNN %d+%.%d+"))
+  end)
+
+  for i, c in ipairs(cases) do
+    it(string.format("agree with f64, forward and grads: case %d (x %s, w %s)", i, table.concat(c.x, "x"),
+                     table.concat(c.w, "x")), function()
+      local ref = run(c, "im2col", "f64")
+      for _, algo in ipairs{"im2col", "onednn"} do
+        local got = run(c, algo, "f32")
+        for _, k in ipairs{"y", "gx", "gw", "gb"} do
+          local e = rel_err(got[k], ref[k])
+          assert(e < 2e-5, string.format("%s %s: relative error %.3g", algo, k, e))
+        end
+      end
+    end)
+  end
+
+  it("chooses oneDNN where it has a kernel, im2col where it has none", function()
+    if not onednn.name then return pending(onednn.note) end
+    kiln.conv_choices(true)
+    run(cases[1], "auto", "f32")
+    run(cases[7], "auto", "f32")
+    local lines = kiln.conv_choices()
+    local function find(pat)
+      for _, l in ipairs(lines) do if l:find(pat, 1, true) then return l end end
+    end
+    assert.truthy(find("forward x [64,32,12,12] w [64,32,5,5]"):match(": onednn "), table.concat(lines, "\n"))
+    assert.truthy(find("backward input weight x [64,32,12,12]"):match(": onednn "), table.concat(lines, "\n"))
+    assert.truthy(find("forward x [2,3,11,11]"):match(": im2col$"), table.concat(lines, "\n"))
+  end)
+
+  it("gives the same bits at 1 and 2 threads", function()
+    if not onednn.name then return pending(onednn.note) end
+    local threads = kiln.get_num_threads()
+    for _, i in ipairs{1, 4} do
+      kiln.set_num_threads(1)
+      local one = run(cases[i], "onednn", "f32")
+      kiln.set_num_threads(2)
+      local two = run(cases[i], "onednn", "f32")
+      for _, k in ipairs{"y", "gx", "gw", "gb"} do
+        assert.is_true(same(one[k], two[k]), string.format("case %d: %s differs between 1 and 2 threads", i, k))
+      end
+    end
+    kiln.set_num_threads(threads)
+  end)
+
+  it("times both on a shape's first call in benchmark mode, and keeps the faster's result", function()
+    if not onednn.name then return pending(onednn.note) end
+    local c = cases[3]
+    local by = {im2col = run(c, "im2col", "f32"), onednn = run(c, "onednn", "f32")}
+    kiln.conv_choices(true)
+    kiln.set_conv_benchmark(true)
+    local first = run(c, "auto", "f32")
+    local again = run(c, "auto", "f32")
+    local lines = kiln.conv_choices()
+    assert.equal(2, #lines, table.concat(lines, "\n"))
+    for _, l in ipairs(lines) do
+      local algo = l:match(": (%w+)")
+      assert.truthy(l:match("%(timed: im2col [%d.]+ ms, onednn [%d.]+ ms%)$"), l)
+      local key = l:match("^forward") and "y" or "gw"
+      assert.is_true(same(first[key], by[algo][key]), l)
+      assert.is_true(same(again[key], by[algo][key]), l)
+    end
+  end)
+
+  it("refuses an algorithm it does not know, naming the three", function()
+    local ok, err = pcall(kiln.set_conv_algorithm, "winograd")
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find('"winograd" is not an algorithm: "auto", "im2col" or "onednn"', 1, true), err)
+    assert.equal("auto", kiln.conv_algorithm())
+  end)
+
+  it("convolves by im2col, saying why, when oneDNN cannot be loaded", function()
+    local code = "local F = kiln.functional kiln.manual_seed(3) " ..
+                 "local y = F.conv2d(kiln.randn(2, 3, 6, 6), kiln.randn(4, 3, 3, 3)) " ..
+                 "print(kiln.info().onednn.name) print(kiln.info().onednn.note) print(kiln.conv_choices()[1]) " ..
+                 "print(string.format(\"%.6f\", y:sum():item()))"
+    local out = H.capture(string.format("KILN_ONEDNN_LIB=/nonexistent/libkiln_onednn.so %s -e '%s' 2>&1", H.kiln_exe(), code))
+    local lines = {}
+    for l in out:gmatch("[^\n]+") do lines[#lines + 1] = l end
+    assert.equal("nil", lines[1], out)
+    assert.truthy(lines[2]:find("oneDNN not loaded", 1, true), out)
+    assert.truthy(lines[2]:find("/nonexistent/libkiln_onednn.so", 1, true), out)
+    assert.is_nil(lines[3]:find("onednn", 1, true), out)
+    kiln.manual_seed(3)
+    kiln.set_conv_algorithm("im2col")
+    local y = F.conv2d(kiln.randn(2, 3, 6, 6), kiln.randn(4, 3, 3, 3))
+    assert.equal(string.format("%.6f", y:sum():item()), lines[4], out)
+  end)
+end)
