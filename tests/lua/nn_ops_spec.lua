@@ -415,6 +415,50 @@ describe("pooling", function()
     end)
   end
 
+  it("max_pool2d 2x2 in f32 picks the first maximum in raster order, or the last NaN, on every tie", function()
+    -- values from {0, 1, 2} and NaNs, so that most windows tie; planes of 8 x 10 (the whole-plane
+    -- f32 path) and 7 x 9 (the general body)
+    for _, hw in ipairs{{8, 10}, {7, 9}} do
+      local H, W = hw[1], hw[2]
+      local vals, n = {}, 3 * H * W
+      local r = 12345
+      for i = 1, n do
+        r = (r * 1103515245 + 12345) % 2147483648
+        local v = r % 7
+        vals[i] = v == 6 and 0 / 0 or v % 3
+      end
+      local x = leaf(kiln.tensor(vals):view(3, H, W))
+      local y = F.max_pool2d(x, 2)
+      y:sum():backward()
+      local OH, OW = math.floor(H / 2), math.floor(W / 2)
+      local grad = {}
+      for i = 1, n do grad[i] = 0 end
+      local want = {}
+      for p = 0, 2 do
+        for oh = 0, OH - 1 do
+          for ow = 0, OW - 1 do
+            local best, at
+            for ki = 0, 1 do
+              for kj = 0, 1 do
+                local i = p * H * W + (2 * oh + ki) * W + 2 * ow + kj + 1
+                local v = vals[i]
+                if at == nil or v ~= v or (best == best and v > best) then best, at = v, i end
+              end
+            end
+            want[#want + 1] = best
+            grad[at] = grad[at] + 1
+          end
+        end
+      end
+      local got = flat(y)
+      for i = 1, #want do
+        local same = (got[i] ~= got[i] and want[i] ~= want[i]) or got[i] == want[i]
+        assert(same, string.format("%dx%d: output %d is %s, want %s", H, W, i, tostring(got[i]), tostring(want[i])))
+      end
+      assert.are.same(grad, flat(x.grad))
+    end
+  end)
+
   it("max_pool2d's stride defaults to the kernel size, and a stride may be given in place", function()
     local x = randn({1, 1, 6, 6})
     assert_shape(F.max_pool2d(x, 2), {1, 1, 3, 3})

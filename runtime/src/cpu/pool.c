@@ -48,14 +48,62 @@ static inline __attribute__((always_inline)) void take(int dt, double *best, int
   *at = t ? i : *at;
 }
 
+/* 2 x 2 windows, stride 2, in f32, one plane, in two passes of selects that gcc vectorises (the
+   general body below, over doubles, it does not): down the columns, each pair of input rows to
+   one row of t (the larger, or the NaN, of the two: the lower row's on a tie of numbers, as the
+   window's raster order wants) with its rank in the window (0 or 2); then across, each pair of
+   t's columns to an output (rank 1 or 3 for the right one). Ties between the two columns go to
+   the lower rank, and between NaNs to the higher: the first maximum in raster order, or the last
+   NaN, as take() gives. With W = 2 * OW the second pass runs over the whole plane at once. */
+static void max2x2_plane_f32(const float *restrict x, int64_t OH, int64_t OW, int64_t W, float *restrict y,
+                             int64_t *restrict idx, float *restrict t, int32_t *restrict tk, int32_t *restrict k) {
+  for (int64_t oh = 0; oh < OH; oh++) {
+    const float *r0 = x + 2 * oh * W, *r1 = r0 + W;
+    float *to = t + oh * 2 * OW;
+    int32_t *tko = tk + oh * 2 * OW;
+    for (int64_t w = 0; w < 2 * OW; w++) {
+      float a = r0[w], c = r1[w];
+      int take = c > a || c != c;
+      to[w] = take ? c : a;
+      tko[w] = take ? 2 : 0;
+    }
+  }
+  for (int64_t o = 0; o < OH * OW; o++) {
+    float m0 = t[2 * o], m1 = t[2 * o + 1];
+    int32_t k0 = tk[2 * o], k1 = tk[2 * o + 1] + 1;
+    int n0 = m0 != m0, n1 = m1 != m1;
+    int take = n1 ? (!n0 || k1 > k0) : (!n0 && (m1 > m0 || (m1 == m0 && k1 < k0)));
+    y[o] = take ? m1 : m0;
+    k[o] = take ? k1 : k0;
+  }
+  for (int64_t oh = 0; oh < OH; oh++)
+    for (int64_t ow = 0; ow < OW; ow++) {
+      int32_t r = k[oh * OW + ow];
+      idx[oh * OW + ow] = 2 * oh * W + 2 * ow + (r & 1) + (r >> 1) * W;
+    }
+}
+
+static inline __attribute__((always_inline)) int pool_is_2x2(const struct pool_job *j) {
+  return j->kh == 2 && j->kw == 2 && j->sh == 2 && j->sw == 2 && j->ph == 0 && j->pw == 0 && j->dh == 1 && j->dw == 1 &&
+         2 * j->OH <= j->H && 2 * j->OW <= j->W;
+}
+
 static inline __attribute__((always_inline)) void max_pool_planes(int dt, const struct pool_job *j, int64_t begin, int64_t end) {
   int64_t H = j->H, W = j->W, OH = j->OH, OW = j->OW;
+  /* the f32 2 x 2 planes' buffers, for planes of up to 64 x 64 outputs */
+  enum { PLANE = 64 * 64 };
+  float t[2 * PLANE];
+  int32_t tk[2 * PLANE], k[PLANE];
+  int plane2x2 = dt == KILN_F32 && pool_is_2x2(j) && 2 * OW == W && OH * OW <= PLANE;
   for (int64_t p = begin; p < end; p++) {
     const void *x = dt_at(j->in, dt, p * H * W);
     void *y = dt_at(j->out, dt, p * OH * OW);
     int64_t *idx = j->idx + p * OH * OW;
-    if (j->kh == 2 && j->kw == 2 && j->sh == 2 && j->sw == 2 && j->ph == 0 && j->pw == 0 &&
-        j->dh == 1 && j->dw == 1 && 2 * OH <= H && 2 * OW <= W) {   /* the common case, unchecked */
+    if (plane2x2) {
+      max2x2_plane_f32((const float *)x, OH, OW, W, (float *)y, idx, t, tk, k);
+      continue;
+    }
+    if (pool_is_2x2(j)) {   /* the common case, unchecked */
       for (int64_t oh = 0; oh < OH; oh++) {
         int64_t r0 = 2 * oh * W, r1 = r0 + W;   /* the window's two rows */
         for (int64_t ow = 0; ow < OW; ow++) {
