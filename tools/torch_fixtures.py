@@ -187,6 +187,27 @@ def ops_fixtures():
     diff("lerp_scalar", lambda a, b: torch.lerp(a, b, 0.3), a=torch.randn(3, 4), b=torch.randn(3, 4))
     lo = torch.randn(4) - 0.5
     diff("clamp_tensor", lambda x, lo, hi: torch.clamp(x, lo, hi), x=torch.randn(3, 4), lo=lo, hi=lo + 1)
+
+    # broadcasting (the cases above keep their draws: new ones come after them)
+    diff("einsum_bc_elementwise", lambda a, b: torch.einsum("ij,ij->ij", a, b), a=torch.randn(3, 1), b=torch.randn(3, 4))
+    diff("einsum_bc_contract", lambda a, b: torch.einsum("ij,jk->ik", a, b), a=torch.randn(3, 1), b=torch.randn(4, 5))
+    diff("einsum_bc_batch", lambda a, b: torch.einsum("bij,bjk->bik", a, b), a=torch.randn(1, 3, 4), b=torch.randn(2, 4, 5))
+    diff("einsum_bc_ellipsis", lambda a, b: torch.einsum("...ij,...jk->...ik", a, b), a=torch.randn(2, 1, 3, 4),
+         b=torch.randn(5, 4, 2))
+    diff("einsum_bc_implicit", lambda a, b: torch.einsum("ij,ij", a, b).reshape(1), a=torch.randn(3, 1), b=torch.randn(1, 4))
+    diff("einsum_bc_diag", lambda a, b: torch.einsum("ii,i->i", a, b), a=torch.randn(1, 1), b=torch.randn(3))
+    diff("einsum_bc_three", lambda a, b, c: torch.einsum("ij,jk,kl->il", a, b, c), a=torch.randn(2, 3), b=torch.randn(1, 4),
+         c=torch.randn(4, 1))
+    diff("addcmul_bc", lambda a, b, c: torch.addcmul(a, b, c, value=0.3), a=torch.randn(4), b=torch.randn(3, 1),
+         c=torch.randn(2, 1, 4))
+    diff("addcdiv_bc", lambda a, b, c: torch.addcdiv(a, b, c, value=0.3), a=torch.randn(4), b=torch.randn(3, 1),
+         c=torch.rand(2, 1, 4) + 0.5)
+    diff("lerp_bc", lambda a, b, w: torch.lerp(a, b, w), a=torch.randn(4), b=torch.randn(3, 1), w=torch.rand(2, 1, 1))
+    diff("clamp_bc", lambda x, lo, hi: torch.clamp(x, lo, hi), x=torch.randn(4), lo=torch.randn(3, 1) - 0.5,
+         hi=torch.randn(2, 1, 1) + 1)
+    diff("atan2_bc", lambda a, b: torch.atan2(a, b), a=torch.randn(4), b=torch.randn(3, 1))
+    diff("baddbmm_bc", lambda c, a, b: torch.baddbmm(c, a, b, beta=0.5, alpha=2), c=torch.randn(2, 1, 4),
+         a=torch.randn(2, 3, 5), b=torch.randn(2, 5, 4))
     write("torch_ops.safetensors", res)
     torch.set_default_dtype(default)
 

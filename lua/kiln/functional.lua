@@ -812,8 +812,10 @@ end
 -- Without "->" the output is the letters seen once, in alphabetical order. A letter repeated within
 -- an operand takes its diagonal ("ii->i", "ii" the trace). Operands are folded left to right, each
 -- pair contracted as one batched matrix product (bmm); letters used nowhere after are summed first.
--- "..." names the dims no letter names (aligned from the right, as torch.einsum). Sizes must match
--- exactly: no broadcasting of size-1 dims, within "..." or elsewhere.
+-- "..." names the dims no letter names (aligned from the right, as torch.einsum). A letter of size 1
+-- in one operand broadcasts against the same letter of another size in another (within "..." too),
+-- as torch.einsum: that operand does not depend on it, so the dim is dropped from it (a view) and
+-- the letter summed or kept where the others have it. Two sizes other than 1 are an error.
 local function letters_of(s)
   local t = {}
   for c in s:gmatch(".") do t[#t + 1] = c end
@@ -839,12 +841,14 @@ function F.einsum(eq, ...)
   -- "..." stands for the dims no letter names, aligned from the right across operands: each is
   -- given a letter of its own that the equation does not use (its k-th dim from the right, the
   -- same letter in every operand), and the output takes them first, as torch.einsum does
+  local ellipsis_dim   -- the letters given to "..." dims (a set)
   if spec:find("...", 1, true) then
     local free = {}
     for c in ("ZYXWVUTSRQPONMLKJIHGFEDCBAzyxwvutsrqponmlkjihgfedcba"):gmatch(".") do
       if not spec:find(c, 1, true) then free[#free + 1] = c end
     end
     local most = 0
+    ellipsis_dim = {}
     for i, term in ipairs(terms) do
       local a, b = term:find("...", 1, true)
       if a then
@@ -857,7 +861,7 @@ function F.einsum(eq, ...)
         end
         if k > #free then raise("einsum: \"...\" covers more dims than there are letters left (" .. eq .. ")") end
         local fill = {}
-        for j = k, 1, -1 do fill[#fill + 1] = free[j] end   -- the dim k from the right gets free[k]
+        for j = k, 1, -1 do fill[#fill + 1] = free[j] ellipsis_dim[free[j]] = true end   -- dim j from the right: free[j]
         terms[i] = term:sub(1, a - 1) .. table.concat(fill) .. term:sub(b + 1)
         most = math.max(most, k)
       end
@@ -876,7 +880,12 @@ function F.einsum(eq, ...)
       rhs = ellipsis .. table.concat(once)
     end
   end
-  local size, count, where = {}, {}, {}
+  local function named(c, k)   -- letter c, at dim k of its operand
+    if ellipsis_dim and ellipsis_dim[c] then return string.format('dim %d (under "...")', k) end
+    return "subscript " .. c
+  end
+  -- each letter's size: the sizes other than 1 must agree; 1 broadcasts against any (0 included)
+  local size, count = {}, {}
   for i, term in ipairs(terms) do
     local x = ops[i]
     if not is_tensor(x) then raise(string.format("einsum: operand %d must be a tensor, got %s", i, core.describe(x))) end
@@ -884,17 +893,40 @@ function F.einsum(eq, ...)
     if #term ~= x:dim() then
       raise(string.format("einsum: operand %d %s has %d dims but %q names %d", i, shape_of(x), x:dim(), term, #term))
     end
+    local own = {}
     for k, c in ipairs(letters_of(term)) do
       local n = x:size(k)
-      if size[c] and size[c] ~= n then
-        raise(string.format("einsum: subscript %s has size %d in operand %d %s but %d before (%q)", c, n, i, shape_of(x),
-                            size[c], eq))
+      if own[c] and own[c] ~= n then   -- a diagonal needs equal sizes, as in torch.einsum
+        raise(string.format("einsum: subscript %s is repeated in operand %d %s with sizes %d and %d (%q)", c, i,
+                            shape_of(x), own[c], n, eq))
       end
-      size[c], count[c] = n, (count[c] or 0) + 1
+      own[c] = n
+      if size[c] and size[c] ~= n and size[c] ~= 1 and n ~= 1 then
+        raise(string.format("einsum: %s has size %d in operand %d %s but %d before, and neither is 1 (%q)", named(c, k), n, i,
+                            shape_of(x), size[c], eq))
+      end
+      if size[c] == nil or size[c] == 1 then size[c] = n end
+      count[c] = (count[c] or 0) + 1
+    end
+  end
+  -- an operand's dim of size 1 under a letter of another size: the operand is constant along it, so
+  -- it loses the dim (a reshape), and the letter is left to the operands that have it at full size
+  local where = {}
+  local xs = {}
+  for i, term in ipairs(terms) do
+    local x, kept, shape = ops[i], {}, {}
+    for k, c in ipairs(letters_of(term)) do
+      local n = x:size(k)
+      if n == size[c] then kept[#kept + 1], shape[#shape + 1] = c, n end   -- else n is 1
+    end
+    if #kept < #term then x, terms[i] = x:reshape(shape), table.concat(kept) end
+    xs[i] = x
+    for _, c in ipairs(kept) do
       where[c] = where[c] or {}
       where[c][i] = true
     end
   end
+  ops = xs
   local out
   if rhs then
     out = letters_of(rhs)
