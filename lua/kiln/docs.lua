@@ -316,7 +316,7 @@ return {
   ["Tensor:is_floating_point"] = "t:is_floating_point(): whether t's dtype is f32, f64, f16 or bf16",
   ["kiln.einsum"] = "kiln.einsum(eq, a, b, ...): sums of products over named dims (\"ij,jk->ik\", \"bhqd,bhkd->bhqk\", \"ii->i\", \"...ij,...jk->...ik\"), as torch.einsum; a dim of size 1 broadcasts against its letter's other size",
   ["kiln.nn.functional.pad"] = "F.pad(x, pad[, mode = \"constant\"[, value = 0]]): pad = {left, right, top, bottom, ...} (last dim first); modes constant, reflect, replicate, circular",
-  ["kiln.nn.functional.interpolate"] = "F.interpolate(x, {size = | scale_factor =, mode = \"nearest\", align_corners = false}): resize [N,C,W] (nearest, linear) or [N,C,H,W] (nearest, bilinear)",
+  ["kiln.nn.functional.interpolate"] = "F.interpolate(x, {size = | scale_factor =, mode = \"nearest\", align_corners = false}): resize [N,C,W] (linear), [N,C,H,W] (bilinear, bicubic) or [N,C,D,H,W] (trilinear); nearest, nearest-exact and area (adaptive average) for each, as PyTorch's",
   ["kiln.nn.functional.unfold"] = "F.unfold(x [N,C,H,W], kernel_size[, {dilation, padding, stride}]): the sliding blocks as columns [N, C*kh*kw, L] (im2col)",
   ["kiln.nn.functional.fold"] = "F.fold(cols [N, C*kh*kw, L], output_size, kernel_size[, {dilation, padding, stride}]): columns summed back into [N,C,H,W] (col2im)",
   ["kiln.nn.functional.einsum"] = "F.einsum(eq, a, b, ...): sums of products over named dims, as torch.einsum, size-1 dims broadcasting (the same as kiln.einsum)",

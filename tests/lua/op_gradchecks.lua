@@ -166,12 +166,24 @@ local composites = {
              + (F(kiln).pad(x, {0, 1, 1, 1}, "replicate") * w):sum() + (F(kiln).pad(x, {1, 0, 2, 0}, "circular") * w):sum()
     end, {x64(kiln, 2, 2, 3, 4)}
   end},
-  {"kiln.nn.functional.interpolate", "index_select, mul, add", function(kiln)
-    return function(x)
-      return F(kiln).interpolate(x, {size = {5, 7}, mode = "bilinear"}):sum(4)
-             + F(kiln).interpolate(x, {size = {5, 2}, mode = "bilinear", align_corners = true}):sum(4)
-             + F(kiln).interpolate(x, {scale_factor = {5 / 3, 1.5}}):sum(4)
-    end, {x64(kiln, 1, 2, 3, 4)}
+  {"kiln.nn.functional.interpolate", "index_select, mul, add; adaptive_avg_pool2d (area)", function(kiln)
+    -- each resize weighted by position, so that a gradient in the wrong place shows
+    local function weighted(y)
+      local n = y:numel()
+      return (y * kiln.arange(1, n + 1, {dtype = "f64"}):view(y:size()) / n):sum()
+    end
+    local I = F(kiln).interpolate
+    return function(x, v)
+      return I(x, {size = {5, 7}, mode = "bilinear"}):sum(4)
+             + I(x, {size = {5, 2}, mode = "bilinear", align_corners = true}):sum(4)
+             + I(x, {scale_factor = {5 / 3, 1.5}}):sum(4)
+             + weighted(I(x, {size = {5, 7}, mode = "bicubic"})) + weighted(I(x, {size = {2, 3}, mode = "bicubic"}))
+             + weighted(I(x, {size = {4, 6}, mode = "bicubic", align_corners = true}))
+             + weighted(I(x, {size = {2, 5}, mode = "area"})) + weighted(I(x, {size = {5, 2}, mode = "nearest-exact"}))
+             + weighted(I(v, {size = {3, 4, 3}, mode = "trilinear"}))
+             + weighted(I(v, {size = {1, 2, 5}, mode = "trilinear", align_corners = true}))
+             + weighted(I(v, {size = {3, 2, 1}, mode = "area"}))
+    end, {x64(kiln, 1, 2, 3, 4), x64(kiln, 1, 2, 2, 3, 2)}
   end},
   {"kiln.nn.functional.unfold", "pad, index_select", function(kiln)
     return function(x) return F(kiln).unfold(x, {2, 3}, {padding = 1, stride = {2, 1}, dilation = {1, 2}}) end, {x64(kiln, 2, 2, 4, 5)}
