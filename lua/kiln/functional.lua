@@ -823,6 +823,7 @@ function F.interpolate(x, opts)
       y = r
     end
   end
+  if y == x then return x:clone() end   -- every dim copied: a new tensor still, as PyTorch's
   return y
 end
 
