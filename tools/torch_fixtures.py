@@ -4,7 +4,7 @@ tests/lua/torch_fixture_spec.lua) and tests/fixtures/torch_nn.safetensors (convo
 norms, losses, optimizers, schedulers, clipping; read by tests/lua/torch_nn_fixture_spec.lua) and
 tests/fixtures/torch_promotion.json (the dtype of each op's result by its operands' dtypes; read
 by tests/lua/torch_promotion_spec.lua), and tests/fixtures/torch_ops.safetensors (sort, topk,
-scans, pad, interpolate, einsum, unfold/fold and the other tensor ops; read by
+scans, pad, interpolate (every mode), einsum, unfold/fold and the other tensor ops; read by
 tests/lua/torch_ops_fixture_spec.lua).
 
     python3 tools/torch_fixtures.py [directory] [--only torch_ops]
@@ -187,6 +187,53 @@ def ops_fixtures():
     diff("lerp_scalar", lambda a, b: torch.lerp(a, b, 0.3), a=torch.randn(3, 4), b=torch.randn(3, 4))
     lo = torch.randn(4) - 0.5
     diff("clamp_tensor", lambda x, lo, hi: torch.clamp(x, lo, hi), x=torch.randn(3, 4), lo=lo, hi=lo + 1)
+
+    # broadcasting (the cases above keep their draws: new ones come after them)
+    diff("einsum_bc_elementwise", lambda a, b: torch.einsum("ij,ij->ij", a, b), a=torch.randn(3, 1), b=torch.randn(3, 4))
+    diff("einsum_bc_contract", lambda a, b: torch.einsum("ij,jk->ik", a, b), a=torch.randn(3, 1), b=torch.randn(4, 5))
+    diff("einsum_bc_batch", lambda a, b: torch.einsum("bij,bjk->bik", a, b), a=torch.randn(1, 3, 4), b=torch.randn(2, 4, 5))
+    diff("einsum_bc_ellipsis", lambda a, b: torch.einsum("...ij,...jk->...ik", a, b), a=torch.randn(2, 1, 3, 4),
+         b=torch.randn(5, 4, 2))
+    diff("einsum_bc_implicit", lambda a, b: torch.einsum("ij,ij", a, b).reshape(1), a=torch.randn(3, 1), b=torch.randn(1, 4))
+    diff("einsum_bc_diag", lambda a, b: torch.einsum("ii,i->i", a, b), a=torch.randn(1, 1), b=torch.randn(3))
+    diff("einsum_bc_three", lambda a, b, c: torch.einsum("ij,jk,kl->il", a, b, c), a=torch.randn(2, 3), b=torch.randn(1, 4),
+         c=torch.randn(4, 1))
+    diff("addcmul_bc", lambda a, b, c: torch.addcmul(a, b, c, value=0.3), a=torch.randn(4), b=torch.randn(3, 1),
+         c=torch.randn(2, 1, 4))
+    diff("addcdiv_bc", lambda a, b, c: torch.addcdiv(a, b, c, value=0.3), a=torch.randn(4), b=torch.randn(3, 1),
+         c=torch.rand(2, 1, 4) + 0.5)
+    diff("lerp_bc", lambda a, b, w: torch.lerp(a, b, w), a=torch.randn(4), b=torch.randn(3, 1), w=torch.rand(2, 1, 1))
+    diff("clamp_bc", lambda x, lo, hi: torch.clamp(x, lo, hi), x=torch.randn(4), lo=torch.randn(3, 1) - 0.5,
+         hi=torch.randn(2, 1, 1) + 1)
+    diff("atan2_bc", lambda a, b: torch.atan2(a, b), a=torch.randn(4), b=torch.randn(3, 1))
+    diff("baddbmm_bc", lambda c, a, b: torch.baddbmm(c, a, b, beta=0.5, alpha=2), c=torch.randn(2, 1, 4),
+         a=torch.randn(2, 3, 5), b=torch.randn(2, 5, 4))
+
+    # interpolate's other modes: bicubic, area, trilinear, nearest-exact; up and down, align_corners
+    # both ways, size and scale_factor
+    x = torch.randn(2, 3, 4, 5)
+    for name, kw in [("up", dict(size=(7, 8))), ("down", dict(size=(3, 2))), ("mixed", dict(size=(2, 9))),
+                     ("scale", dict(scale_factor=(1.7, 0.6))), ("recompute", dict(scale_factor=1.7, recompute_scale_factor=True))]:
+        for ac in [False, True]:
+            diff("interp_bicubic_%s%s" % (name, "_ac" if ac else ""),
+                 lambda x: F.interpolate(x, mode="bicubic", align_corners=ac, **kw), x=x)
+    for name, kw in [("up", dict(size=(7, 8))), ("down", dict(size=(3, 2))), ("mixed", dict(size=(3, 7))),
+                     ("scale", dict(scale_factor=0.5))]:
+        diff("interp_area_" + name, lambda x: F.interpolate(x, mode="area", **kw), x=x)
+        diff("interp_nearest_exact_" + name, lambda x: F.interpolate(x, mode="nearest-exact", **kw), x=x)
+    diff("interp_area_1d", lambda x: F.interpolate(x, size=3, mode="area"), x=torch.randn(2, 3, 7))
+    diff("interp_area_1d_up", lambda x: F.interpolate(x, size=10, mode="area"), x=torch.randn(2, 3, 7))
+    diff("interp_nearest_exact_1d", lambda x: F.interpolate(x, scale_factor=1.6, mode="nearest-exact"), x=torch.randn(2, 3, 7))
+    x5 = torch.randn(1, 2, 3, 4, 5)
+    diff("interp_area_3d", lambda x: F.interpolate(x, size=(2, 5, 3), mode="area"), x=x5)
+    diff("interp_nearest_3d", lambda x: F.interpolate(x, size=(5, 3, 7), mode="nearest"), x=x5)
+    diff("interp_nearest_exact_3d", lambda x: F.interpolate(x, size=(5, 3, 7), mode="nearest-exact"), x=x5)
+    for name, kw in [("up", dict(size=(5, 6, 7))), ("down", dict(size=(2, 3, 2))), ("scale", dict(scale_factor=(1.5, 0.7, 2)))]:
+        for ac in [False, True]:
+            diff("interp_trilinear_%s%s" % (name, "_ac" if ac else ""),
+                 lambda x: F.interpolate(x, mode="trilinear", align_corners=ac, **kw), x=x5)
+    # a dim whose size a scale_factor keeps is copied by the linear modes (3 * 1.3 gives 3)
+    diff("interp_bilinear_kept", lambda x: F.interpolate(x, scale_factor=(1.3, 1.5), mode="bilinear"), x=torch.randn(1, 2, 3, 5))
     write("torch_ops.safetensors", res)
     torch.set_default_dtype(default)
 

@@ -340,15 +340,18 @@ local function distance(a, b)
   return prev[#b]
 end
 
--- The candidate closest to word, when close enough to be a misspelling of it (nil otherwise).
--- candidates: a list, or a set (names as keys).
-function M.closest(word, candidates)
+-- The candidate closest to word, when close enough to be a misspelling of it (nil otherwise):
+-- an edit distance, ignoring case, of at most a third of the word's length (at least 1), and at
+-- most limit when given. candidates: a list, or a set (names as keys).
+function M.closest(word, candidates, limit)
   if type(word) ~= "string" then return nil end
+  local most = math.max(1, math.floor(#word / 3))
+  if limit then most = math.min(most, limit) end
   local best, best_d
   local function try(c)
     if type(c) ~= "string" or c == word then return end
     local d = distance(word:lower(), c:lower())
-    if d <= math.max(1, math.floor(#word / 3)) and (not best_d or d < best_d or (d == best_d and c < best)) then
+    if d <= most and (not best_d or d < best_d or (d == best_d and c < best)) then
       best, best_d = c, d
     end
   end
@@ -361,6 +364,53 @@ end
 function M.did_you_mean(word, candidates)
   local c = M.closest(word, candidates)
   return c and string.format("; did you mean %s?", c) or ""
+end
+
+-- ---- the objects of kiln's classes (modules, optimizers, schedulers, datasets, the DataLoader) ----
+
+-- The __index functions class_index made, and the class each looks in: the REPL's completion and
+-- help walk a class chain through them as through a table __index.
+M.indexed_classes = setmetatable({}, {__mode = "k"})
+
+-- The names of the methods (functions under keys not starting with "_") of class and of the tables
+-- its metatables' __index chain names.
+local function method_names(class)
+  local names, t = {}, class
+  for _ = 1, 16 do
+    if type(t) ~= "table" then break end
+    for k, v in next, t do
+      if type(k) == "string" and k:sub(1, 1) ~= "_" and type(v) == "function" then names[k] = true end
+    end
+    local mt = getmetatable(t)
+    local index = type(mt) == "table" and rawget(mt, "__index") or nil
+    t = M.indexed_classes[index] or index
+  end
+  return names
+end
+
+-- The __index of the objects of class: what the class (and its chain) holds under k, else nil; but
+-- a key that misspells a method of the chain (an edit distance of at most 2 and at most a third of
+-- its length, or a case difference) raises "<name>: no method or field 'k'; did you mean 'm'?", so
+-- that model:paramters() says what was meant while an absent field (if self.bias then) reads nil.
+-- name: the class's __name when nil. Keys starting with "_" are never checked.
+function M.class_index(class, name)
+  local near_of = {}   -- key -> the method it misspells, or false (the methods rarely change)
+  local function index(_, k)
+    local v = class[k]
+    if v ~= nil or type(k) ~= "string" then return v end
+    local near = near_of[k]
+    if near == nil then
+      near = k:sub(1, 1) ~= "_" and M.closest(k, method_names(class), 2) or false
+      near_of[k] = near
+    end
+    if near then
+      M.raise(string.format("%s: no method or field '%s'; did you mean '%s'?", tostring(name or rawget(class, "__name")),
+                            k, near))
+    end
+    return nil
+  end
+  M.indexed_classes[index] = class
+  return index
 end
 
 -- A trailing options table of op: nil gives {}, a key outside known (a set) is an error naming

@@ -657,31 +657,84 @@ function F.pad(x, pad, mode, value)
   return y
 end
 
--- interpolate(x, {size =, scale_factor =, mode = "nearest", align_corners = false}): x [N,C,W]
--- (modes nearest, linear) or [N,C,H,W] (nearest, bilinear) resized to size, or by scale_factor (a
--- number or one per dim); the source positions are PyTorch's (the scale given is used as given,
--- unless recompute_scale_factor = true). Each dim is resized on its own (index_select and weights).
+-- interpolate(x, {size =, scale_factor =, mode = "nearest", align_corners = false}): x [N,C,W],
+-- [N,C,H,W] or [N,C,D,H,W] resized to size, or by scale_factor (a number or one per dim), as
+-- torch.nn.functional.interpolate. Modes: nearest and nearest-exact (any of the three), linear
+-- ([N,C,W]), bilinear and bicubic ([N,C,H,W]), trilinear ([N,C,D,H,W]), area (adaptive average
+-- pooling to the output size, any of the three). The source positions are PyTorch's (a given scale
+-- is used as given, unless recompute_scale_factor = true). Each dim but area's is resized on its
+-- own: index_select of 1, 2 or 4 source lines and their weights, which give the gradient.
 local interp_options = set("size", "scale_factor", "mode", "align_corners", "recompute_scale_factor")
+local interp_dims = {nearest = {1, 2, 3}, ["nearest-exact"] = {1, 2, 3}, area = {1, 2, 3}, linear = {1}, bilinear = {2},
+                     bicubic = {2}, trilinear = {3}}
+local interp_inputs = {"[N,C,W]", "[N,C,H,W]", "[N,C,D,H,W]"}
+local interp_aligned = {linear = true, bilinear = true, bicubic = true, trilinear = true}
+
+-- x rounded to float, as C's (float) conversion (PyTorch's floorf of a double rounds it first)
+local float_box = ffi.new("float[1]")
+local function to_float(v)
+  float_box[0] = v
+  return float_box[0]
+end
+
+-- The source index (from 0) of output j along a dim of n, for nearest and nearest-exact, as PyTorch's
+-- CPU computes it (its results depend on it where a position is near an integer). [N,C,W] and
+-- [N,C,D,H,W]: in float for f32 (and f16, bf16), the scale rounded to float once, nearest-exact's
+-- scale * (j + 0.5) - 0.5 rounded once (an fma); in double for f64, the result rounded to float
+-- by floorf. [N,C,H,W] (PyTorch's nearest_idx, nearest_exact_idx): in float for every dtype, and
+-- nearest copies a dim kept or doubled (j, j // 2) whatever the scale given. Checked against
+-- PyTorch 2.15 on every size 1..7 to 1..100, and scale factors, for each dtype and input rank.
+local function nearest_source(exact, j, n, out, scale, f64, two_d)
+  local fs = to_float(scale)
+  if two_d then
+    if exact then return math.min(math.floor(to_float((j + 0.5) * fs)), n - 1) end
+    if out == n then return j elseif out == 2 * n then return math.floor(j / 2) end
+    return math.min(math.floor(to_float(j * fs)), n - 1)
+  end
+  local r
+  if f64 then
+    r = exact and math.max(scale * (j + 0.5) - 0.5, 0) + 0.5 or j * scale
+  elseif exact then
+    r = to_float(math.max(to_float(fs * (j + 0.5) - 0.5), 0) + 0.5)
+  else
+    r = j * fs
+  end
+  return math.min(math.floor(to_float(r)), n - 1)
+end
+
+-- Keys's cubic convolution weights of the 4 source lines around a position t in [0, 1] past the
+-- second, with A = -0.75, as PyTorch's upsample_bicubic2d
+local CUBIC_A = -0.75
+local function cubic_near(x) return ((CUBIC_A + 2) * x - (CUBIC_A + 3)) * x * x + 1 end
+local function cubic_far(x) return ((CUBIC_A * x - 5 * CUBIC_A) * x + 8 * CUBIC_A) * x - 4 * CUBIC_A end
+
 function F.interpolate(x, opts)
   tensor(x, "input", "interpolate")
   opts = options(opts, interp_options, "interpolate")
   local mode = opts.mode or "nearest"
   local spatial = x:dim() - 2
-  if spatial < 1 or spatial > 2 then
-    raise(string.format("interpolate: input %s has %d dims (expected [N,C,W] or [N,C,H,W])", shape_of(x), x:dim()))
+  if spatial < 1 or spatial > 3 then
+    raise(string.format("interpolate: input %s has %d dims (expected [N,C,W], [N,C,H,W] or [N,C,D,H,W])", shape_of(x),
+                        x:dim()))
   end
-  local want = {nearest = spatial, linear = 1, bilinear = 2}
-  if not want[mode] then
-    raise(string.format('interpolate: mode %q (expected "nearest", "linear" or "bilinear")', tostring(mode)))
+  local dims = interp_dims[mode]
+  if not dims then
+    raise(string.format('interpolate: mode %q (expected "nearest", "nearest-exact", "linear", "bilinear", "bicubic", '
+                        .. '"trilinear" or "area")%s', tostring(mode), core.did_you_mean(mode, interp_dims)))
   end
-  if want[mode] ~= spatial then
-    raise(string.format("interpolate: mode %q needs a %d-d input, got %s", mode, want[mode] + 2, shape_of(x)))
+  local fits = false
+  for _, k in ipairs(dims) do fits = fits or k == spatial end
+  if not fits then
+    local want = {}
+    for _, k in ipairs(dims) do want[#want + 1] = interp_inputs[k] end
+    raise(string.format("interpolate: mode %q needs a %s input, got %s", mode, table.concat(want, " or "), shape_of(x)))
   end
-  if mode == "nearest" and opts.align_corners ~= nil then
-    raise('interpolate: align_corners only applies to the modes "linear" and "bilinear"')
+  if not interp_aligned[mode] and opts.align_corners ~= nil then
+    raise(string.format('interpolate: align_corners only applies to the modes "linear", "bilinear", "bicubic" and '
+                        .. '"trilinear", not %q', mode))
   end
   local align = core.flag(opts.align_corners, false, "interpolate", "align_corners")
-  if mode ~= "nearest" and not x:is_floating_point() then
+  if mode ~= "nearest" and mode ~= "nearest-exact" and not x:is_floating_point() then
     raise(string.format("interpolate: mode %q needs a float input, got %s %s", mode, x:dtype(), shape_of(x)))
   end
   if (opts.size == nil) == (opts.scale_factor == nil) then raise("interpolate: give either size or scale_factor") end
@@ -690,7 +743,8 @@ function F.interpolate(x, opts)
     if type(v) == "table" and #v == spatial then return v end
     raise(string.format("interpolate: %s must be a number or %d numbers, got %s", what, spatial, core.describe(v)))
   end
-  local y = x
+  -- each dim's output size and scale (input positions per output position)
+  local outs, scales = {}, {}
   for i = 1, spatial do
     local d = 1 + i
     local n = tonumber(x.p.sizes[d])
@@ -707,39 +761,69 @@ function F.interpolate(x, opts)
     if out < 1 or n < 1 then
       raise(string.format("interpolate: dim %d of size %d cannot be resized to %d (input %s)", d + 1, n, out, shape_of(x)))
     end
-    if mode == "nearest" then
-      -- the source index as PyTorch's CPU computes it, which its results depend on where j * scale is
-      -- near an integer: floorf(j * scale) in float (f32 and the others: both factors rounded to
-      -- float, whose product is exact in double, then rounded like float's own multiplication), and
-      -- for f64 the double product rounded to float (checked against PyTorch 2.15 on 517k indices)
-      local f = ffi.new("float[1]")
-      local fscale = scale
-      if x.p.dtype ~= C.KILN_F64 then f[0] = scale fscale = f[0] end
+    outs[i], scales[i] = out, scale
+  end
+  if mode == "area" then   -- adaptive average pooling: a window per output, PyTorch's bounds
+    local s = sizes_of(x)
+    local N, Cc = s[1], s[2]
+    if spatial == 1 then
+      return F.adaptive_avg_pool2d(x:reshape(N, Cc, 1, s[3]), {1, outs[1]}):reshape(N, Cc, outs[1])
+    elseif spatial == 2 then
+      return F.adaptive_avg_pool2d(x, {outs[1], outs[2]})
+    end
+    -- a box's mean is the mean over D of the means over (H, W)
+    local hw = F.adaptive_avg_pool2d(x:reshape(N, Cc * s[3], s[4], s[5]), {outs[2], outs[3]})
+    return F.adaptive_avg_pool2d(hw:reshape(N, Cc, s[3], outs[2] * outs[3]), {outs[1], outs[2] * outs[3]})
+             :reshape(N, Cc, outs[1], outs[2], outs[3])
+  end
+  local f64 = x.p.dtype == C.KILN_F64
+  local y = x
+  for i = 1, spatial do
+    local d = 1 + i
+    local n, out, scale = tonumber(x.p.sizes[d]), outs[i], scales[i]
+    if out == n and (mode == "linear" or mode == "bilinear" or mode == "trilinear") then
+      -- PyTorch's linear modes copy a dim whose size does not change, whatever the scale given
+    elseif mode == "nearest" or mode == "nearest-exact" then
       local idx = {}
-      for j = 0, out - 1 do
-        f[0] = j * fscale
-        idx[j + 1] = math.min(math.floor(f[0]), n - 1)
-      end
+      for j = 0, out - 1 do idx[j + 1] = nearest_source(mode == "nearest-exact", j, n, out, scale, f64, spatial == 2) end
       y = gather_along(y, d, idx)
     else
       if align then scale = out > 1 and (n - 1) / (out - 1) or 0 end
-      local i0, i1, w0, w1 = {}, {}, {}, {}
+      local lines, weights = {}, {}   -- per source line k: the index and the weight of each output j
+      local taps = mode == "bicubic" and 4 or 2
+      for k = 1, taps do lines[k], weights[k] = {}, {} end
       for j = 0, out - 1 do
-        local src = align and j * scale or math.max((j + 0.5) * scale - 0.5, 0)
-        local lo = math.min(math.floor(src), n - 1)
-        local l1 = src - lo
-        i0[j + 1], i1[j + 1], w0[j + 1], w1[j + 1] = lo, math.min(lo + 1, n - 1), 1 - l1, l1
+        if mode == "bicubic" then
+          -- the position unclamped (PyTorch's cubic), its floor (floorf) and the fraction past it;
+          -- the lines outside [0, n) are the border's
+          local src = align and j * scale or scale * (j + 0.5) - 0.5
+          local lo = math.min(math.floor(to_float(src)), n - 1)
+          local t = math.min(math.max(src - lo, 0), 1)
+          local w = {cubic_far(t + 1), cubic_near(t), cubic_near(1 - t), cubic_far(2 - t)}
+          for k = 1, 4 do
+            lines[k][j + 1] = math.max(math.min(lo + k - 2, n - 1), 0)
+            weights[k][j + 1] = w[k]
+          end
+        else
+          local src = align and j * scale or math.max((j + 0.5) * scale - 0.5, 0)
+          local lo = math.min(math.floor(src), n - 1)
+          local l1 = src - lo
+          lines[1][j + 1], lines[2][j + 1], weights[1][j + 1], weights[2][j + 1] = lo, math.min(lo + 1, n - 1), 1 - l1, l1
+        end
       end
       local shape = {}
       for k = 1, y:dim() do shape[k] = k == d + 1 and out or 1 end
-      local function weights(w)
+      local function column(w)
         local a = ffi.new("double[?]", out)
         for j = 1, out do a[j - 1] = w[j] end
         return wrap(C.kiln_tensor_from_f64(1, ffi.new("int64_t[1]", out), a, y.p.dtype, y.p.device)):view(shape)
       end
-      y = gather_along(y, d, i0) * weights(w0) + gather_along(y, d, i1) * weights(w1)
+      local r = gather_along(y, d, lines[1]) * column(weights[1])
+      for k = 2, taps do r = r + gather_along(y, d, lines[k]) * column(weights[k]) end
+      y = r
     end
   end
+  if y == x then return x:clone() end   -- every dim copied: a new tensor still, as PyTorch's
   return y
 end
 
@@ -812,8 +896,10 @@ end
 -- Without "->" the output is the letters seen once, in alphabetical order. A letter repeated within
 -- an operand takes its diagonal ("ii->i", "ii" the trace). Operands are folded left to right, each
 -- pair contracted as one batched matrix product (bmm); letters used nowhere after are summed first.
--- "..." names the dims no letter names (aligned from the right, as torch.einsum). Sizes must match
--- exactly: no broadcasting of size-1 dims, within "..." or elsewhere.
+-- "..." names the dims no letter names (aligned from the right, as torch.einsum). A letter of size 1
+-- in one operand broadcasts against the same letter of another size in another (within "..." too),
+-- as torch.einsum: that operand does not depend on it, so the dim is dropped from it (a view) and
+-- the letter summed or kept where the others have it. Two sizes other than 1 are an error.
 local function letters_of(s)
   local t = {}
   for c in s:gmatch(".") do t[#t + 1] = c end
@@ -839,12 +925,14 @@ function F.einsum(eq, ...)
   -- "..." stands for the dims no letter names, aligned from the right across operands: each is
   -- given a letter of its own that the equation does not use (its k-th dim from the right, the
   -- same letter in every operand), and the output takes them first, as torch.einsum does
+  local ellipsis_dim   -- the letters given to "..." dims (a set)
   if spec:find("...", 1, true) then
     local free = {}
     for c in ("ZYXWVUTSRQPONMLKJIHGFEDCBAzyxwvutsrqponmlkjihgfedcba"):gmatch(".") do
       if not spec:find(c, 1, true) then free[#free + 1] = c end
     end
     local most = 0
+    ellipsis_dim = {}
     for i, term in ipairs(terms) do
       local a, b = term:find("...", 1, true)
       if a then
@@ -857,7 +945,7 @@ function F.einsum(eq, ...)
         end
         if k > #free then raise("einsum: \"...\" covers more dims than there are letters left (" .. eq .. ")") end
         local fill = {}
-        for j = k, 1, -1 do fill[#fill + 1] = free[j] end   -- the dim k from the right gets free[k]
+        for j = k, 1, -1 do fill[#fill + 1] = free[j] ellipsis_dim[free[j]] = true end   -- dim j from the right: free[j]
         terms[i] = term:sub(1, a - 1) .. table.concat(fill) .. term:sub(b + 1)
         most = math.max(most, k)
       end
@@ -876,7 +964,12 @@ function F.einsum(eq, ...)
       rhs = ellipsis .. table.concat(once)
     end
   end
-  local size, count, where = {}, {}, {}
+  local function named(c, k)   -- letter c, at dim k of its operand
+    if ellipsis_dim and ellipsis_dim[c] then return string.format('dim %d (under "...")', k) end
+    return "subscript " .. c
+  end
+  -- each letter's size: the sizes other than 1 must agree; 1 broadcasts against any (0 included)
+  local size, count = {}, {}
   for i, term in ipairs(terms) do
     local x = ops[i]
     if not is_tensor(x) then raise(string.format("einsum: operand %d must be a tensor, got %s", i, core.describe(x))) end
@@ -884,17 +977,40 @@ function F.einsum(eq, ...)
     if #term ~= x:dim() then
       raise(string.format("einsum: operand %d %s has %d dims but %q names %d", i, shape_of(x), x:dim(), term, #term))
     end
+    local own = {}
     for k, c in ipairs(letters_of(term)) do
       local n = x:size(k)
-      if size[c] and size[c] ~= n then
-        raise(string.format("einsum: subscript %s has size %d in operand %d %s but %d before (%q)", c, n, i, shape_of(x),
-                            size[c], eq))
+      if own[c] and own[c] ~= n then   -- a diagonal needs equal sizes, as in torch.einsum
+        raise(string.format("einsum: subscript %s is repeated in operand %d %s with sizes %d and %d (%q)", c, i,
+                            shape_of(x), own[c], n, eq))
       end
-      size[c], count[c] = n, (count[c] or 0) + 1
+      own[c] = n
+      if size[c] and size[c] ~= n and size[c] ~= 1 and n ~= 1 then
+        raise(string.format("einsum: %s has size %d in operand %d %s but %d before, and neither is 1 (%q)", named(c, k), n, i,
+                            shape_of(x), size[c], eq))
+      end
+      if size[c] == nil or size[c] == 1 then size[c] = n end
+      count[c] = (count[c] or 0) + 1
+    end
+  end
+  -- an operand's dim of size 1 under a letter of another size: the operand is constant along it, so
+  -- it loses the dim (a reshape), and the letter is left to the operands that have it at full size
+  local where = {}
+  local xs = {}
+  for i, term in ipairs(terms) do
+    local x, kept, shape = ops[i], {}, {}
+    for k, c in ipairs(letters_of(term)) do
+      local n = x:size(k)
+      if n == size[c] then kept[#kept + 1], shape[#shape + 1] = c, n end   -- else n is 1
+    end
+    if #kept < #term then x, terms[i] = x:reshape(shape), table.concat(kept) end
+    xs[i] = x
+    for _, c in ipairs(kept) do
       where[c] = where[c] or {}
       where[c][i] = true
     end
   end
+  ops = xs
   local out
   if rhs then
     out = letters_of(rhs)

@@ -1,11 +1,14 @@
 -- kiln.help: help(x), a one-line description of a kiln function, method or module.
--- x is a value (found by identity in an index of the kiln table and kiln.Tensor, built
--- when first needed and rebuilt on a miss, as modules load lazily) or a name.
+-- x is a name or a value. A value is found by identity: first among the values of the names the
+-- help lines are filed under (docs' keys and the aliases below), then in an index of everything
+-- under the kiln table and kiln.Tensor (kiln.exp is t:exp); both are built when first needed and
+-- rebuilt on a miss, as modules load lazily. help(kiln.sort) is help("kiln.sort").
 local docs = require "kiln.docs"
 
 local M = {}
 
 local index   -- value -> list of names, weak keys
+local by_value   -- value -> the documented name that holds it, weak keys
 local instance_doc
 
 local function kiln_table()
@@ -36,6 +39,84 @@ local function walk(t, prefix, depth, seen)
   end
 end
 
+-- Where the objects' classes are filed: a class of __name n is documented as <home>n.
+local class_homes = {"kiln.nn.", "kiln.optim.", "kiln.optim.lr_scheduler.", "kiln.data.", "kiln.dist."}
+
+-- Aliases: the name of the line that documents them (a value under several names has one line,
+-- which names the others).
+local aliases = {
+  ["Tensor:clip"] = "Tensor:clamp", ["Tensor:shape"] = "Tensor:size", ["Tensor:ndimension"] = "Tensor:dim",
+  ["Tensor:nelement"] = "Tensor:numel", ["Tensor:greater"] = "Tensor:gt", ["Tensor:less"] = "Tensor:lt",
+  ["Tensor:index"] = "Tensor:index_select", ["Tensor:totable"] = "Tensor:tolist", ["Tensor:ger"] = "Tensor:outer",
+  ["kiln.F"] = "kiln.nn.functional", ["kiln.functional"] = "kiln.nn.functional",
+  ["kiln.nn.functional.einsum"] = "kiln.einsum", ["kiln.seed"] = "kiln.manual_seed",
+  ["kiln.cuda.manual_seed_all"] = "kiln.cuda.manual_seed", ["kiln.data.transform_pipeline"] = "kiln.data.transforms.pipeline",
+  ["kiln.no_grad"] = "kiln.autograd.no_grad", ["kiln.enable_grad"] = "kiln.autograd.enable_grad",
+  ["kiln.set_grad_enabled"] = "kiln.autograd.set_grad_enabled", ["kiln.is_grad_enabled"] = "kiln.autograd.is_grad_enabled",
+  ["kiln.gradcheck"] = "kiln.autograd.gradcheck", ["kiln.data.DataLoader.iter"] = "kiln.data.DataLoader.epoch",
+}
+M.aliases = aliases
+
+-- The classes of kiln's objects by the name their constructor has ("kiln.nn.Sequential"), from
+-- the __index functions kiln.core made (core.indexed_classes), when kiln.core is loaded.
+local function classes_by_name()
+  local list = {}
+  local core = package.loaded["kiln.core"]
+  local known = type(core) == "table" and rawget(core, "indexed_classes")
+  if type(known) ~= "table" then return list end
+  for _, class in next, known do
+    local n = type(class) == "table" and rawget(class, "__name")
+    if type(n) == "string" then
+      for _, home in ipairs(class_homes) do
+        if docs[home .. n] and not list[home .. n] then list[home .. n] = class end
+      end
+    end
+  end
+  return list
+end
+
+-- The value a documented name holds, by raw access (nothing is loaded for it): "Tensor:x" in
+-- kiln.Tensor; "kiln.a.b" from kiln (kiln.a also from package.loaded: kiln.nb, kiln.repl); past a
+-- constructor ("kiln.nn.Sequential.add", "kiln.data.DataLoader.epoch"), in the class it makes.
+local function documented_value(name, classes)
+  local k = kiln_table()
+  if not k then return nil end
+  if name == "kiln" then return k end
+  if name == "help" then return M.help end
+  if name == "Tensor" then return rawget(k, "Tensor") end
+  local method = name:match("^Tensor:([%a_][%w_]*)$")
+  if method then
+    local T = rawget(k, "Tensor")
+    return type(T) == "table" and rawget(T, method) or nil
+  end
+  local rest = name:match("^kiln%.(.+)$")
+  if not rest then return nil end
+  local v, path = k, "kiln"
+  for part in rest:gmatch("[^.]+") do
+    local t = type(v) == "table" and v or classes[path]
+    if type(t) ~= "table" then return nil end
+    v = rawget(t, part)
+    if v == nil and t == k then v = package.loaded["kiln." .. part] end
+    path = path .. "." .. part
+  end
+  return v
+end
+
+-- value -> its documented name: every key of docs, then every alias, in order.
+local function build_by_value()
+  by_value = setmetatable({}, {__mode = "k"})
+  local classes = classes_by_name()
+  for _, names in ipairs({docs, aliases}) do
+    local list = {}
+    for name in pairs(names) do list[#list + 1] = name end
+    table.sort(list)
+    for _, name in ipairs(list) do
+      local v = documented_value(name, classes)
+      if (type(v) == "function" or type(v) == "table") and by_value[v] == nil then by_value[v] = name end
+    end
+  end
+end
+
 local function build()
   index = setmetatable({}, {__mode = "k"})
   local k = kiln_table()
@@ -57,6 +138,8 @@ end
 -- The documented name of value, else its first known name, else nil.
 local function name_of(value)
   for attempt = 1, 2 do
+    if not by_value or attempt == 2 then build_by_value() end
+    if by_value[value] then return by_value[value] end
     if not index or attempt == 2 then build() end
     local names = index[value]
     if names then
@@ -68,9 +151,11 @@ local function name_of(value)
   end
 end
 
--- The value a dotted name ("kiln.exp") holds, by raw access from the globals; nil if none.
+-- The value a dotted name ("kiln.exp") holds, by raw access from the globals (kiln itself when it
+-- is not a global); nil if none.
 local function value_of(name)
   local v = _G
+  if rawget(_G, "kiln") == nil and (name == "kiln" or name:find("^kiln%.")) then v = {kiln = kiln_table()} end
   for part in name:gmatch("[^.]+") do
     if type(v) ~= "table" then return nil end
     v = rawget(v, part)
@@ -78,20 +163,13 @@ local function value_of(name)
   if v ~= _G then return v end
 end
 
--- Aliases: the name of the line that documents them.
-local aliases = {
-  ["Tensor:clip"] = "Tensor:clamp", ["Tensor:shape"] = "Tensor:size", ["Tensor:ndimension"] = "Tensor:dim",
-  ["Tensor:nelement"] = "Tensor:numel", ["Tensor:greater"] = "Tensor:gt", ["Tensor:less"] = "Tensor:lt",
-  ["Tensor:index"] = "Tensor:index_select", ["Tensor:totable"] = "Tensor:tolist",
-}
-
 -- A name as filed in docs: "Tensor.view" -> "Tensor:view", "randn" -> "kiln.randn".
 local function canonical(name)
   local method = name:match("^Tensor[.:]([%a_][%w_]*)$")
   if method then return "Tensor:" .. method end
   -- kiln.F and kiln.functional are kiln.nn.functional, whose names the lines are filed under
   local f = name:match("^kiln%.F%.(.+)$") or name:match("^kiln%.functional%.(.+)$") or name:match("^F%.(.+)$")
-  if f and docs["kiln.nn.functional." .. f] then return "kiln.nn.functional." .. f end
+  if f and (docs["kiln.nn.functional." .. f] or aliases["kiln.nn.functional." .. f]) then return "kiln.nn.functional." .. f end
   if docs[name] or name:find("^kiln%.") then return name end
   if docs["kiln." .. name] then return "kiln." .. name end
   return name
@@ -129,7 +207,6 @@ end
 
 -- An object made by a class (a module, an optimizer, a scheduler, a DataLoader): the line of its
 -- class, found by the class's __name.
-local class_homes = {"kiln.nn.", "kiln.optim.", "kiln.optim.lr_scheduler.", "kiln.data."}
 function instance_doc(x)
   local mt = getmetatable(x)
   local class_name = type(mt) == "table" and rawget(mt, "__name")
@@ -181,9 +258,9 @@ function M.help(x, name)
   return "no help for " .. (known or name or tostring(x))
 end
 
--- For tests: forget the index, so that the next help() walks kiln again.
+-- For tests: forget the indexes, so that the next help() walks kiln again.
 function M.reset()
-  index = nil
+  index, by_value = nil, nil
 end
 
 return M

@@ -2,6 +2,7 @@
 -- Everything but the terminal lives here, so that busted can test it: the launcher
 -- (bindings/kiln.c) passes readline and add_history to run(), and calls complete() on Tab.
 local help = require "kiln.help"
+local core = require "kiln.core"
 
 local repl = {}
 
@@ -289,6 +290,7 @@ local function collect_keys(t, names, methods_only)
     end
     local mt = getmetatable(t)
     local index = type(mt) == "table" and rawget(mt, "__index")
+    index = core.indexed_classes[index] or index   -- a class's __index that says "did you mean"
     if type(index) ~= "table" then return end
     t = index
   end

@@ -351,11 +351,49 @@ function Tensor.zeros_like(t, opts) return full_like(t, 0, opts, "zeros_like") e
 function Tensor.ones_like(t, opts) return full_like(t, 1, opts, "ones_like") end
 function Tensor._empty_like(t, opts) return full_like(t, 0, opts, "empty_like") end
 
+-- The shape the tensors among args broadcast to, as PyTorch (sizes aligned from the right, 1
+-- stretching); else an error naming op, each operand (names[i]) and its shape, and the dim (from 1,
+-- of the broadcast shape) where they disagree. Numbers and nils among args are skipped.
+local function broadcast_check(op, names, ...)
+  local args, shapes, used = {...}, {}, {}
+  local n = 0
+  for i = 1, #names do
+    if is_tensor(args[i]) then
+      used[#used + 1] = i
+      local t = args[i]
+      shapes[i] = {}
+      for k = 0, t.p.ndim - 1 do shapes[i][k + 1] = tonumber(t.p.sizes[k]) end
+      n = math.max(n, #shapes[i])
+    end
+  end
+  local out = {}
+  for d = 1, n do
+    local size, from
+    for _, i in ipairs(used) do
+      local s = shapes[i][#shapes[i] - n + d]
+      if s and s ~= 1 then
+        if size and s ~= size then
+          local parts = {}
+          for _, j in ipairs(used) do parts[#parts + 1] = names[j] .. " " .. ffi.string(C.kiln_shape_string(args[j].p)) end
+          local list = #parts == 2 and (parts[1] .. " and " .. parts[2])
+                       or (table.concat(parts, ", ", 1, #parts - 1) .. " and " .. parts[#parts])
+          raise(string.format("%s: %s do not broadcast (dim %d: %d in %s vs %d in %s)", op, list, d, size, names[from], s,
+                              names[i]))
+        end
+        size, from = s, i
+      end
+    end
+    out[d] = size or 1
+  end
+  return out
+end
+
 function Tensor.clamp(t, lo, hi)
   if type(lo) == "table" and not is_tensor(lo) then lo, hi = lo.min, lo.max end
   if is_tensor(lo) or is_tensor(hi) then
     -- tensor bounds (broadcast): min(max(t, lo), hi), as PyTorch; either may be a number or nil
     if lo == nil and hi == nil then raise("clamp: give a lower bound, an upper bound or both") end
+    broadcast_check("clamp", {"input", "min", "max"}, t, lo, hi)
     local r = t
     if lo ~= nil then r = r:maximum(is_tensor(lo) and lo or number_arg(lo, "clamp", "min")) end
     if hi ~= nil then r = r:minimum(is_tensor(hi) and hi or number_arg(hi, "clamp", "max")) end
@@ -857,23 +895,26 @@ local function scale_arg(v, default, what, name)
   return number_arg(v, what, name)
 end
 
--- t:addcmul(a, b[, value = 1]) = t + value * a * b and t:addcdiv(a, b[, value = 1]) = t + value * a / b
--- (broadcast); value may be given as {value = v}.
+-- t:addcmul(a, b[, value = 1]) = t + value * a * b and t:addcdiv(a, b[, value = 1]) = t + value * a / b;
+-- the three broadcast, as PyTorch's; value may be given as {value = v}.
 function Tensor.addcmul(t, a, b, value)
   if type(value) == "table" then value = core.options(value, core.set("value"), "addcmul").value end
   tensor_arg(a, "addcmul", "tensor1") tensor_arg(b, "addcmul", "tensor2")
+  broadcast_check("addcmul", {"input", "tensor1", "tensor2"}, t, a, b)
   return t + a * b * scale_arg(value, 1, "addcmul", "value")
 end
 function Tensor.addcdiv(t, a, b, value)
   if type(value) == "table" then value = core.options(value, core.set("value"), "addcdiv").value end
   tensor_arg(a, "addcdiv", "tensor1") tensor_arg(b, "addcdiv", "tensor2")
+  broadcast_check("addcdiv", {"input", "tensor1", "tensor2"}, t, a, b)
   return t + a / b * scale_arg(value, 1, "addcdiv", "value")
 end
 
--- t:lerp(e, w) = t + w * (e - t): w a number or a tensor (broadcast).
+-- t:lerp(e, w) = t + w * (e - t): w a number or a tensor; t, e and w broadcast, as PyTorch's.
 function Tensor.lerp(t, e, w)
   tensor_arg(e, "lerp", "end")
   if not is_tensor(w) then number_arg(w, "lerp", "weight") end
+  broadcast_check("lerp", {"input", "end", "weight"}, t, e, w)
   return t + (e - t) * w
 end
 
@@ -932,11 +973,19 @@ function Tensor.baddbmm(c, a, b, opts)
   tensor_arg(a, "baddbmm", "batch1") tensor_arg(b, "baddbmm", "batch2")
   local beta, alpha = scale_arg(opts.beta, 1, "baddbmm", "beta"), scale_arg(opts.alpha, 1, "baddbmm", "alpha")
   local p = a:bmm(b)
-  if alpha ~= 1 then p = p * alpha end
-  if beta == 0 then
-    c:expand(sizes_of(p))   -- c must still broadcast to the product, as in PyTorch
-    return p
+  -- c broadcasts to the product's shape [B,n,m] and no further, as PyTorch's (c [4] or [B,1,m], not [2,B,n,m])
+  local want = sizes_of(p)
+  local fits = c.p.ndim <= 3
+  for d = 1, c.p.ndim do
+    local s = tonumber(c.p.sizes[c.p.ndim - d])
+    if s ~= 1 and s ~= want[4 - d] then fits = false end
   end
+  if not fits then
+    raise(string.format("baddbmm: input %s does not broadcast to the product's shape %s (batch1 %s @ batch2 %s)",
+                        shape_of(c), shape_of(p), shape_of(a), shape_of(b)))
+  end
+  if alpha ~= 1 then p = p * alpha end
+  if beta == 0 then return p end
   return p + (beta == 1 and c or c * beta)
 end
 

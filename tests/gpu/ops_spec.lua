@@ -325,6 +325,9 @@ guarded("composites", "pad, interpolate, einsum, unfold, fold, repeat_interleave
     function(t) return F.pad(t, {2, 3, 1, 0}, "replicate") end,
     function(t) return F.interpolate(t, {size = {7, 4}, mode = "bilinear"}) end,
     function(t) return F.interpolate(t, {scale_factor = 2}) end,
+    function(t) return F.interpolate(t, {size = {7, 4}, mode = "bicubic", align_corners = true}) end,
+    function(t) return F.interpolate(t, {size = {3, 4}, mode = "area"}) + F.interpolate(t, {size = {3, 4}, mode = "nearest-exact"}) end,
+    function(t) return kiln.einsum("bchw,bdhw->bcd", t:narrow(1, 1, 1), t) end,
     function(t) return kiln.einsum("bchw,bdhw->bcd", t, t) end,
     function(t) return kiln.einsum("ii->i", t:select(1, 1):select(1, 1):narrow(2, 1, 5)) end,
     function(t) return F.fold(F.unfold(t, {2, 3}, {padding = 1, stride = {2, 1}}), {5, 6}, {2, 3}, {padding = 1, stride = {2, 1}}) end,
@@ -333,7 +336,7 @@ guarded("composites", "pad, interpolate, einsum, unfold, fold, repeat_interleave
   }
   local worst = 0
   for _, f in ipairs(cases) do worst = math.max(worst, (max_error(f(gx), f(x)))) end
-  record("composites", worst, tolerance("composites", "f32", "f32"), "10 cases, f32")
+  record("composites", worst, tolerance("composites", "f32", "f32"), "13 cases, f32")
 end)
 
 if has_kernel("where") then

@@ -73,6 +73,99 @@ describe("help", function()
     assert.equal(docs["kiln.nn.functional.conv1d"], kiln.help(kiln.F.conv1d))
   end)
 
+  it("answers help(f) for a function value as help(\"its name\") and ?name: a sample", function()
+    local repl = require "kiln.repl"
+    local state = repl.new{env = setmetatable({kiln = kiln}, {__index = _G})}
+    local cases = {
+      {kiln.sort, "kiln.sort", docs["Tensor:sort"]},
+      {kiln.Tensor.sort, "Tensor:sort", docs["Tensor:sort"]},
+      {kiln.einsum, "kiln.einsum", docs["kiln.einsum"]},
+      {kiln.F.einsum, "F.einsum", docs["kiln.einsum"]},   -- one function, one line naming both
+      {kiln.no_grad, "kiln.no_grad", docs["kiln.autograd.no_grad"]},
+      {kiln.seed, "kiln.seed", docs["kiln.manual_seed"]},
+      {kiln.F.interpolate, "kiln.nn.functional.interpolate", docs["kiln.nn.functional.interpolate"]},
+      {kiln.functional, "kiln.functional", docs["kiln.nn.functional"]},
+      {kiln.help, "help", docs.help},
+      {kiln.optim.lr_scheduler.LRScheduler.step, "kiln.optim.lr_scheduler.LRScheduler.step",
+       docs["kiln.optim.lr_scheduler.LRScheduler.step"]},   -- also reachable as kiln.optim.LRScheduler
+      {kiln.nn.Sequential{}.add, "kiln.nn.Sequential.add", docs["kiln.nn.Sequential.add"]},   -- a class's method
+      {kiln.data.DataLoader{dataset = kiln.data.TensorDataset(kiln.zeros(2, 1)), batch_size = 1}.epoch,
+       "kiln.data.DataLoader.epoch", docs["kiln.data.DataLoader.epoch"]},
+    }
+    for _, c in ipairs(cases) do
+      assert.is_string(c[3], c[2])
+      assert.equal(c[3], kiln.help(c[1]), "help(value) of " .. c[2])
+      assert.equal(c[3], kiln.help(c[2]), "help(\"" .. c[2] .. "\")")
+      assert.equal(c[3], select(2, repl.eval_line(state, "?" .. c[2])), "?" .. c[2])
+    end
+  end)
+
+  it("answers by value as by name for every name the help lines are filed under, and every public name", function()
+    -- kiln.nb and kiln.repl are loaded by the launcher's commands, not by kiln
+    require "kiln.nb"
+    require "kiln.repl"
+    -- the class a constructor closes over (its __name is the constructor's name): where a class's
+    -- methods are, found here by reflection, not the way kiln.help finds them
+    local function class_of(ctor, name)
+      for i = 1, 200 do
+        local n, v = debug.getupvalue(ctor, i)
+        if n == nil then return nil end
+        if type(v) == "table" and rawget(v, "__name") == name then return v end
+      end
+    end
+    local function value(name)
+      if name == "help" then return kiln.help elseif name == "kiln" then return kiln elseif name == "Tensor" then return kiln.Tensor end
+      local method = name:match("^Tensor:(.+)$")
+      if method then return rawget(kiln.Tensor, method) end
+      local parts = {}
+      for p in name:gmatch("[^.]+") do parts[#parts + 1] = p end
+      if parts[1] ~= "kiln" then return nil end
+      local v = kiln
+      for i = 2, #parts do
+        if type(v) == "function" then
+          local class = class_of(v, parts[i - 1])
+          if not class then return nil end
+          v = rawget(class, parts[i])
+          if v == nil and type(rawget(class, "methods")) == "table" then v = rawget(class.methods, parts[i]) end
+        elseif type(v) == "table" then
+          local t = v
+          v = rawget(t, parts[i])
+          if v == nil and t == kiln then v = package.loaded["kiln." .. parts[i]] end
+        else
+          return nil
+        end
+      end
+      return v
+    end
+    local names = {}
+    for name in pairs(docs) do names[#names + 1] = name end
+    for name in pairs(help.aliases) do names[#names + 1] = name end
+    table.sort(names)
+    local differ, unreached, checked = {}, {}, 0
+    for _, name in ipairs(names) do
+      local v = value(name)
+      if type(v) == "function" or type(v) == "table" then
+        checked = checked + 1
+        local by_value, by_name = kiln.help(v), kiln.help(name)
+        if by_value ~= by_name then differ[#differ + 1] = name .. ": by value: " .. by_value .. " | by name: " .. by_name end
+      else
+        unreached[#unreached + 1] = name
+      end
+    end
+    assert.are.same({}, differ, "help by value differs from help by name")
+    assert.is_true(checked > 500, checked .. " names checked")
+    -- the names that hold no function or table: tensor properties (t.grad), abstract methods a
+    -- class's user writes, a string
+    assert.are.same({"Tensor:grad", "Tensor:requires_grad", "kiln.nn.Module.forward", "kiln.nn.Module.init",
+                     "kiln.optim.lr_scheduler.LRScheduler.get_lr", "kiln.version"}, unreached)
+    -- and the public names the walk above finds (kiln.F.conv1d, kiln.optim.LRScheduler, ...)
+    for _, nv in ipairs(public_names()) do
+      local by_value, by_name = help.help(nv[2]), help.help(nv[1])
+      if by_value ~= by_name then differ[#differ + 1] = nv[1] .. ": by value: " .. by_value .. " | by name: " .. by_name end
+    end
+    assert.are.same({}, differ, "help by value differs from help by name")
+  end)
+
   it("tells kiln.<method>(t) by the line of t:<method>()", function()
     assert.equal(docs["Tensor:exp"], kiln.help(kiln.exp))
     assert.equal(docs["Tensor:sum"], kiln.help("kiln.sum"))

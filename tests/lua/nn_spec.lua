@@ -161,6 +161,75 @@ describe("Module", function()
     local ok2 = pcall(function() return nn.Linear(4, 3)(kiln.randn(6, 4)) end)
     assert.is_true(ok2)
   end)
+
+  -- the error of a misspelt method, at the caller's line (this file)
+  local function misspelt(f, want)
+    local ok, err = pcall(f)
+    assert.is_false(ok, "no error for " .. want)
+    assert.equal("nn_spec.lua", tostring(err):match("([%w_]+%.lua):%d+: "), "the error is not at the caller's line: " .. tostring(err))
+    assert.equal(want, tostring(err):match("%.lua:%d+: (.*)$"))
+  end
+
+  it("says which method a misspelt one meant (did you mean), while an absent field reads nil", function()
+    local m = nn.Linear(3, 2)
+    misspelt(function() return m:paramters() end, "Linear: no method or field 'paramters'; did you mean 'parameters'?")
+    misspelt(function() return m:Parameters() end, "Linear: no method or field 'Parameters'; did you mean 'parameters'?")
+    misspelt(function() return m:zero_gard() end, "Linear: no method or field 'zero_gard'; did you mean 'zero_grad'?")
+    misspelt(function() return m:stat_dict() end, "Linear: no method or field 'stat_dict'; did you mean 'state_dict'?")
+    -- reading the key raises too, not only calling it
+    misspelt(function() return m.trian end, "Linear: no method or field 'trian'; did you mean 'train'?")
+    -- absent fields that misspell no method (more than 2 edits, or more than a third of a short name)
+    -- are nil, as a module's own code tests them (if self.bias then)
+    assert.is_nil(m.foo)
+    assert.is_nil(m.parameters_of_the_encoder)
+    assert.is_nil(m.running_mean)
+    assert.is_nil(m.h0)
+    assert.is_nil(nn.Linear(3, 2, {bias = false}).bias)
+    assert.is_nil(m._private_thing)
+    -- a module class defined in Lua, its own methods and its base's
+    local Enc = nn.define("SpecEncoder")
+    function Enc:init() self.proj = nn.Linear(2, 2) end
+    function Enc:encode(x) return self.proj(x) end
+    function Enc:forward(x) if self.skip then return x end return self:encode(x) end
+    local e = nn.SpecEncoder()
+    assert.same({4, 2}, e(kiln.randn(4, 2)):size())   -- self.skip: absent, nil
+    misspelt(function() return e:encdoe(kiln.randn(1, 2)) end, "SpecEncoder: no method or field 'encdoe'; did you mean 'encode'?")
+    misspelt(function() return e:eval_() end, "SpecEncoder: no method or field 'eval_'; did you mean 'eval'?")
+    -- Sequential and ModuleList keep their numeric indexing
+    local seq = nn.Sequential{m, nn.ReLU()}
+    assert.equal(m, seq[1])
+    assert.is_nil(seq[3])
+    misspelt(function() return seq:ad(nn.ReLU()) end, "Sequential: no method or field 'ad'; did you mean 'add'?")
+    misspelt(function() return nn.ModuleList{m}:apend(m) end, "ModuleList: no method or field 'apend'; did you mean 'append'?")
+    -- the REPL still completes a module's methods through its class
+    local repl = require "kiln.repl"
+    local found = {}
+    for _, c in ipairs(repl.complete("m:param", "m:param", {m = m})) do found[c] = true end
+    assert.is_true(found["m:parameters"] and found["m:parameter"])
+  end)
+
+  it("says the same for optimizers, schedulers, datasets and the DataLoader", function()
+    local m = nn.Linear(3, 2)
+    local opt = kiln.optim.SGD(m:parameters(), {lr = 0.1})
+    misspelt(function() return opt:zero_gard() end, "SGD: no method or field 'zero_gard'; did you mean 'zero_grad'?")
+    misspelt(function() return kiln.optim.AdamW(m:parameters()):Step() end, "AdamW: no method or field 'Step'; did you mean 'step'?")
+    assert.is_nil(opt.foo)
+    local sched = kiln.optim.StepLR(opt, {step_size = 2})
+    misspelt(function() return sched:stpe() end, "StepLR: no method or field 'stpe'; did you mean 'step'?")
+    misspelt(function() return sched:get_last_rl() end, "StepLR: no method or field 'get_last_rl'; did you mean 'get_last_lr'?")
+    local ds = kiln.data.TensorDataset(kiln.zeros(4, 2), kiln.zeros(4))
+    misspelt(function() return ds:lenn() end, "TensorDataset: no method or field 'lenn'; did you mean 'len'?")
+    local loader = kiln.data.DataLoader{dataset = ds, batch_size = 2}
+    misspelt(function() return loader:epcoh(0) end, "DataLoader: no method or field 'epcoh'; did you mean 'epoch'?")
+    assert.equal("number", type(loader.wait_seconds))
+    assert.is_nil(loader.foo)
+    -- they still work
+    local n = 0
+    for x in loader do n = n + 1 assert.same({2, 2}, x:size()) end
+    assert.equal(2, n)
+    opt:zero_grad()
+    sched:step()
+  end)
 end)
 
 describe("layers", function()

@@ -127,13 +127,14 @@ local composites = {
   {"Tensor:roll", "index_select", function(kiln) return function(a) return a:roll({1, -2}, {1, 2}) end, {t64(kiln, 3, 4)} end},
   {"Tensor:multinomial", "cumsum, uniform; argsort (not differentiable)"},
   {"Tensor:addcmul", "mul, add", function(kiln)
-    return function(a, b, c) return a:addcmul(b, c, 0.5) end, {t64(kiln, 3, 4), x64(kiln, 3, 4), x64(kiln, 4)}
+    -- the three broadcast to [2,3,4], as PyTorch's
+    return function(a, b, c) return a:addcmul(b, c, 0.5) end, {t64(kiln, 3, 4), x64(kiln, 3, 1), x64(kiln, 2, 1, 4)}
   end},
   {"Tensor:addcdiv", "div, mul, add", function(kiln)
-    return function(a, b, c) return a:addcdiv(b, c, 0.5) end, {t64(kiln, 3, 4), x64(kiln, 3, 4), pos64(kiln, 4)}
+    return function(a, b, c) return a:addcdiv(b, c, 0.5) end, {t64(kiln, 3, 4), x64(kiln, 3, 1), pos64(kiln, 2, 1, 4)}
   end},
   {"Tensor:lerp", "sub, mul, add", function(kiln)
-    return function(a, b, w) return a:lerp(b, w) end, {t64(kiln, 3, 4), x64(kiln, 3, 4), x64(kiln, 4)}
+    return function(a, b, w) return a:lerp(b, w) end, {t64(kiln, 3, 4), x64(kiln, 3, 1), x64(kiln, 2, 1, 4)}
   end},
   {"Tensor:outer", "view, mul", function(kiln) return function(a, b) return a:outer(b) end, {x64(kiln, 3), x64(kiln, 4)} end},
   {"Tensor:diag", "index_select; scatter_add", function(kiln)
@@ -141,15 +142,20 @@ local composites = {
   end},
   {"Tensor:trace", "diag, sum", function(kiln) return function(m) return m:trace() end, {t64(kiln, 4, 4)} end},
   {"Tensor:baddbmm", "bmm, mul, add", function(kiln)
-    return function(c, a, b) return c:baddbmm(a, b, {beta = 0.5, alpha = 2}) end, {x64(kiln, 3, 4), x64(kiln, 2, 3, 5), x64(kiln, 2, 5, 4)}
+    -- input [3,4] and [2,1,4], both broadcast to the product's [2,3,4]
+    return function(c, d, a, b) return c:baddbmm(a, b, {beta = 0.5, alpha = 2}) + d:baddbmm(a, b) end,
+           {x64(kiln, 3, 4), x64(kiln, 2, 1, 4), x64(kiln, 2, 3, 5), x64(kiln, 2, 5, 4)}
   end},
   {"Tensor:clamp", "maximum, minimum (tensor bounds)", function(kiln)
-    return function(x, lo, hi) return x:clamp(lo, hi) end, {t64(kiln, 3, 4), (x64(kiln, 4) - 1):detach():requires_grad_(),
-                                                             (x64(kiln, 4) + 1):detach():requires_grad_()}
+    return function(x, lo, hi) return x:clamp(lo, hi) end, {t64(kiln, 3, 4), (x64(kiln, 3, 1) - 1):detach():requires_grad_(),
+                                                             (x64(kiln, 2, 1, 4) + 1):detach():requires_grad_()}
   end},
   {"kiln.einsum", "permute, reshape, sum, bmm; index_select (diagonals)", function(kiln)
     return function(a, b, c)
       return kiln.einsum("bij,bjk,k->bi", a, b, c) + kiln.einsum("ii->i", b:narrow(1, 1, 1):view(4, 4)):sum()
+             -- size-1 dims broadcast: j of [3,1] against [4,4], the "..." batch [1] against [2]
+             + kiln.einsum("ij,jk->i", a:select(1, 1):narrow(2, 1, 1), b:select(1, 2))
+             + kiln.einsum("...ij,...jk->...ik", a:narrow(1, 2, 1), b):sum(3)
     end, {x64(kiln, 2, 3, 4), x64(kiln, 2, 4, 4), x64(kiln, 4)}
   end},
   {"kiln.nn.functional.pad", "cat, narrow; index_select (reflect, replicate, circular)", function(kiln)
@@ -160,12 +166,24 @@ local composites = {
              + (F(kiln).pad(x, {0, 1, 1, 1}, "replicate") * w):sum() + (F(kiln).pad(x, {1, 0, 2, 0}, "circular") * w):sum()
     end, {x64(kiln, 2, 2, 3, 4)}
   end},
-  {"kiln.nn.functional.interpolate", "index_select, mul, add", function(kiln)
-    return function(x)
-      return F(kiln).interpolate(x, {size = {5, 7}, mode = "bilinear"}):sum(4)
-             + F(kiln).interpolate(x, {size = {5, 2}, mode = "bilinear", align_corners = true}):sum(4)
-             + F(kiln).interpolate(x, {scale_factor = {5 / 3, 1.5}}):sum(4)
-    end, {x64(kiln, 1, 2, 3, 4)}
+  {"kiln.nn.functional.interpolate", "index_select, mul, add; adaptive_avg_pool2d (area)", function(kiln)
+    -- each resize weighted by position, so that a gradient in the wrong place shows
+    local function weighted(y)
+      local n = y:numel()
+      return (y * kiln.arange(1, n + 1, {dtype = "f64"}):view(y:size()) / n):sum()
+    end
+    local I = F(kiln).interpolate
+    return function(x, v)
+      return I(x, {size = {5, 7}, mode = "bilinear"}):sum(4)
+             + I(x, {size = {5, 2}, mode = "bilinear", align_corners = true}):sum(4)
+             + I(x, {scale_factor = {5 / 3, 1.5}}):sum(4)
+             + weighted(I(x, {size = {5, 7}, mode = "bicubic"})) + weighted(I(x, {size = {2, 3}, mode = "bicubic"}))
+             + weighted(I(x, {size = {4, 6}, mode = "bicubic", align_corners = true}))
+             + weighted(I(x, {size = {2, 5}, mode = "area"})) + weighted(I(x, {size = {5, 2}, mode = "nearest-exact"}))
+             + weighted(I(v, {size = {3, 4, 3}, mode = "trilinear"}))
+             + weighted(I(v, {size = {1, 2, 5}, mode = "trilinear", align_corners = true}))
+             + weighted(I(v, {size = {3, 2, 1}, mode = "area"}))
+    end, {x64(kiln, 1, 2, 3, 4), x64(kiln, 1, 2, 2, 3, 2)}
   end},
   {"kiln.nn.functional.unfold", "pad, index_select", function(kiln)
     return function(x) return F(kiln).unfold(x, {2, 3}, {padding = 1, stride = {2, 1}, dilation = {1, 2}}) end, {x64(kiln, 2, 2, 4, 5)}

@@ -247,6 +247,47 @@ describe("einsum, pad, interpolate, unfold and fold", function()
     assert.is_true((kiln.einsum("...ij,...j->...i", a:detach(), v) - kiln.einsum("abij,bj->abi", a:detach(), v)):abs():max():item() < 1e-12)
   end)
 
+  it("einsum broadcasts a size-1 dim against the same letter's other size, as torch.einsum; naive loops", function()
+    kiln.manual_seed(11)
+    local a, b = kiln.randn(3, 1, {dtype = "f64"}), kiln.randn(4, 5, {dtype = "f64"})
+    -- "ij,jk->ik" with j of size 1 in a: y[i][k] = a[i][1] * sum_j b[j][k]
+    local y = kiln.einsum("ij,jk->ik", a, b)
+    assert.same({3, 5}, y:size())
+    for i = 1, 3 do
+      for k = 1, 5 do
+        local want = 0
+        for j = 1, 4 do want = want + a[{i, 1}] * b[{j, k}] end
+        assert.is_true(math.abs(y[{i, k}] - want) < 1e-12, "ij,jk->ik at " .. i .. "," .. k)
+      end
+    end
+    -- elementwise and under "...": [2,1,3] against [4,3] gives [2,4,3]
+    local u, v = kiln.randn(2, 1, 3, {dtype = "f64"}), kiln.randn(4, 3, {dtype = "f64"})
+    local z = kiln.einsum("...i,...i->...i", u, v)
+    assert.same({2, 4, 3}, z:size())
+    for p = 1, 2 do
+      for q = 1, 4 do
+        for i = 1, 3 do assert.is_true(math.abs(z[{p, q, i}] - u[{p, 1, i}] * v[{q, i}]) < 1e-15) end
+      end
+    end
+    -- a letter of size 1 everywhere stays 1; a 1 against 0 gives 0, as in broadcasting
+    assert.same({3, 1}, kiln.einsum("ij,ij->ij", a, a):size())
+    assert.same({3, 0}, kiln.einsum("ij,ij->ij", a, kiln.zeros(3, 0, {dtype = "f64"})):size())
+    -- the operand given as a table is left as it was
+    local list = {a, kiln.randn(3, 4, {dtype = "f64"})}
+    kiln.einsum("ij,ij->ij", list)
+    assert.same({3, 1}, list[1]:size())
+    -- two sizes neither of which is 1, and a diagonal of unequal sizes, are errors naming them
+    raises("einsum: subscript j has size 4 in operand 2 [3,4] but 2 before, and neither is 1", function()
+      kiln.einsum("ij,ij->ij", kiln.randn(3, 2), kiln.randn(3, 4))
+    end)
+    raises('einsum: dim 1 (under "...") has size 4 in operand 2 [4,3] but 2 before, and neither is 1', function()
+      kiln.einsum("...i,...i->...i", kiln.randn(2, 3), kiln.randn(4, 3))
+    end)
+    raises("einsum: subscript i is repeated in operand 1 [1,3] with sizes 1 and 3", function()
+      kiln.einsum("ii,i->i", kiln.randn(1, 3), kiln.randn(3))
+    end)
+  end)
+
   it("pad, interpolate, unfold and fold refuse bad input by name", function()
     local x = kiln.randn(1, 2, 3, 4)
     raises("pad: reflect pads 3 and 0 must be 0 to 2 for dim 3 of size 3 (tensor [1,2,3,4])", function()
@@ -256,7 +297,42 @@ describe("einsum, pad, interpolate, unfold and fold", function()
     raises("pad: 10 pads are 5 pairs, for a tensor of 4 dims [1,2,3,4]", function() F.pad(x, {1, 1, 1, 1, 1, 1, 1, 1, 1, 1}) end)
     raises("pad: unknown option \"valeu\"", function() F.pad(x, {1, 1}, {valeu = 1}) end)
     raises("interpolate: give either size or scale_factor", function() F.interpolate(x, {}) end)
-    raises("interpolate: mode \"linear\" needs a 3-d input, got [1,2,3,4]", function() F.interpolate(x, {size = 2, mode = "linear"}) end)
+    raises("interpolate: mode \"linear\" needs a [N,C,W] input, got [1,2,3,4]", function() F.interpolate(x, {size = 2, mode = "linear"}) end)
+    raises("interpolate: mode \"bicubic\" needs a [N,C,H,W] input, got [1,2,3]", function()
+      F.interpolate(kiln.randn(1, 2, 3), {size = 2, mode = "bicubic"})
+    end)
+    raises("interpolate: mode \"trilinear\" needs a [N,C,D,H,W] input, got [1,2,3,4]", function()
+      F.interpolate(x, {size = 2, mode = "trilinear"})
+    end)
+    raises("interpolate: mode \"area\" needs a float input, got i64", function()
+      F.interpolate(kiln.ones(1, 1, 4, 4, {dtype = "i64"}), {size = 2, mode = "area"})
+    end)
+    raises('interpolate: mode "bicubik" (expected "nearest", "nearest-exact", "linear", "bilinear", "bicubic", "trilinear" or '
+           .. '"area"); did you mean bicubic?', function() F.interpolate(x, {size = 2, mode = "bicubik"}) end)
+    raises('interpolate: align_corners only applies to the modes "linear", "bilinear", "bicubic" and "trilinear", not "area"',
+           function() F.interpolate(x, {size = 2, mode = "area", align_corners = false}) end)
+    raises("interpolate: input [1,1,1,1,1,1] has 6 dims (expected [N,C,W], [N,C,H,W] or [N,C,D,H,W])", function()
+      F.interpolate(kiln.ones(1, 1, 1, 1, 1, 1), {size = 2})
+    end)
+    -- area is the mean of PyTorch's adaptive windows: [1,2,3,4] to 2 is {1.5, 3.5} (windows {1,2}, {3,4})
+    -- and to 3 is {1.5, 2.5, 3.5} (windows overlap); bicubic keeps a constant, borders included (its
+    -- 4 weights sum to 1), and over- and undershoots a step (Keys's A = -0.75)
+    local line = kiln.tensor({1, 2, 3, 4}, {dtype = "f64"}):view(1, 1, 4)
+    assert.same({1.5, 3.5}, F.interpolate(line, {size = 2, mode = "area"}):view(-1):totable())
+    assert.same({1.5, 2.5, 3.5}, F.interpolate(line, {size = 3, mode = "area"}):view(-1):totable())
+    -- a linear mode whose every dim keeps its size still gives a new tensor
+    local same = kiln.ones(1, 1, 3, 4)
+    local copy = F.interpolate(same, {scale_factor = 1.2, mode = "bilinear"})
+    copy:fill_(3)
+    assert.equal(1, same:max():item())
+    local flat = F.interpolate(kiln.full({1, 1, 3, 4}, 2.5, {dtype = "f64"}), {size = {7, 9}, mode = "bicubic"})
+    assert.is_true((flat - 2.5):abs():max():item() < 1e-14)
+    local step = kiln.tensor({0, 0, 1, 1}, {dtype = "f64"}):view(1, 1, 1, 4)
+    local s8 = F.interpolate(step, {size = {1, 8}, mode = "bicubic"}):view(-1)
+    -- output 5 sits at 1.75 (from 0): lines 0..3 at t = 0.75, weights -0.03515625, 0.26171875, 0.87890625,
+    -- -0.10546875 (by hand from the cubic); output 6 at 2.25: lines 1, 2, 3, 3 (clamped) at t = 0.25
+    assert.is_true(math.abs(s8[5] - (0.87890625 - 0.10546875)) < 1e-15, "step at 1.75: " .. s8[5])
+    assert.is_true(math.abs(s8[6] - (0.87890625 + 0.26171875 - 0.03515625)) < 1e-15, "step at 2.25: " .. s8[6])
     raises("interpolate: mode \"bilinear\" needs a float input, got i64", function()
       F.interpolate(kiln.ones(1, 1, 2, 2, {dtype = "i64"}), {size = 3, mode = "bilinear"})
     end)
@@ -281,6 +357,27 @@ describe("einsum, pad, interpolate, unfold and fold", function()
     raises("trace: expects a 2-d tensor, got [3]", function() kiln.ones(3):trace() end)
     raises("outer: expects two 1-d tensors, got [2,2] and [3]", function() kiln.ones(2, 2):outer(kiln.ones(3)) end)
     raises("baddbmm: unknown option \"betta\"", function() kiln.ones(2, 2):baddbmm(kiln.ones(1, 2, 2), kiln.ones(1, 2, 2), {betta = 1}) end)
+    -- baddbmm's input broadcasts to the product [B,n,m] and no further (beta = 0 too), as PyTorch's
+    assert.same({2, 3, 4}, kiln.ones(2, 1, 4):baddbmm(kiln.ones(2, 3, 5), kiln.ones(2, 5, 4)):size())
+    for _, beta in ipairs({1, 0}) do
+      raises("baddbmm: input [3,2,3,4] does not broadcast to the product's shape [2,3,4] (batch1 [2,3,5] @ batch2 [2,5,4])",
+             function() kiln.ones(3, 2, 3, 4):baddbmm(kiln.ones(2, 3, 5), kiln.ones(2, 5, 4), {beta = beta}) end)
+    end
+    raises("baddbmm: input [5] does not broadcast", function() kiln.ones(5):baddbmm(kiln.ones(2, 3, 5), kiln.ones(2, 5, 4)) end)
+    -- addcmul, addcdiv, lerp and clamp broadcast their three operands, and name them when they cannot
+    assert.same({2, 3, 4}, kiln.ones(4):addcmul(kiln.ones(3, 1), kiln.ones(2, 1, 4)):size())
+    assert.same({2, 3, 4}, kiln.ones(4):lerp(kiln.ones(3, 1), kiln.ones(2, 1, 1)):size())
+    assert.same({2, 3, 4}, kiln.ones(4):clamp(kiln.ones(3, 1), kiln.ones(2, 1, 1)):size())
+    raises("addcmul: input [5], tensor1 [3,1] and tensor2 [2,1,4] do not broadcast (dim 3: 5 in input vs 4 in tensor2)",
+           function() kiln.ones(5):addcmul(kiln.ones(3, 1), kiln.ones(2, 1, 4)) end)
+    raises("addcdiv: input [3,4], tensor1 [2] and tensor2 [1] do not broadcast (dim 2: 4 in input vs 2 in tensor1)",
+           function() kiln.ones(3, 4):addcdiv(kiln.ones(2), kiln.ones(1)) end)
+    raises("lerp: input [4] and end [3] do not broadcast (dim 1: 4 in input vs 3 in end)", function()
+      kiln.ones(4):lerp(kiln.ones(3), 0.5)
+    end)
+    raises("clamp: input [3], min [2] and max [3] do not broadcast", function()
+      kiln.ones(3):clamp(kiln.ones(2), kiln.ones(3))
+    end)
     local x = kiln.tensor({-2, 0, 2})
     assert.same({-1, 0, 1}, x:clamp(kiln.tensor({-1, -1, -1}), kiln.tensor({1, 1, 1})):totable())
     assert.same({-1, 0, 2}, x:clamp(kiln.tensor({-1, -1, -1})):totable())

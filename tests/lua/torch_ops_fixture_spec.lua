@@ -104,6 +104,44 @@ describe("tensor ops against PyTorch", function()
     check("interp_linear", {"x"}, function(x) return F.interpolate(x, {size = 8, mode = "linear"}) end)
   end)
 
+  it("interpolate: bicubic (align_corners both ways), area, trilinear and nearest-exact, up, down, by size and scale", function()
+    local sizes = {
+      up = {size = {7, 8}}, down = {size = {3, 2}}, mixed = {size = {2, 9}}, scale = {scale_factor = {1.7, 0.6}},
+      recompute = {scale_factor = 1.7, recompute_scale_factor = true},
+    }
+    for name, o in pairs(sizes) do
+      for _, ac in ipairs({false, true}) do
+        local case = "interp_bicubic_" .. name .. (ac and "_ac" or "")
+        check(case, {"x"}, function(x)
+          local opts = {mode = "bicubic", align_corners = ac}
+          for k, v in pairs(o) do opts[k] = v end
+          return F.interpolate(x, opts)
+        end)
+      end
+    end
+    for name, o in pairs({up = {size = {7, 8}}, down = {size = {3, 2}}, mixed = {size = {3, 7}}, scale = {scale_factor = 0.5}}) do
+      for _, mode in ipairs({"area", "nearest-exact"}) do
+        check("interp_" .. mode:gsub("-", "_") .. "_" .. name, {"x"}, function(x)
+          return F.interpolate(x, {mode = mode, size = o.size, scale_factor = o.scale_factor})
+        end)
+      end
+    end
+    check("interp_area_1d", {"x"}, function(x) return F.interpolate(x, {size = 3, mode = "area"}) end)
+    check("interp_area_1d_up", {"x"}, function(x) return F.interpolate(x, {size = 10, mode = "area"}) end)
+    check("interp_nearest_exact_1d", {"x"}, function(x) return F.interpolate(x, {scale_factor = 1.6, mode = "nearest-exact"}) end)
+    check("interp_area_3d", {"x"}, function(x) return F.interpolate(x, {size = {2, 5, 3}, mode = "area"}) end)
+    check("interp_nearest_3d", {"x"}, function(x) return F.interpolate(x, {size = {5, 3, 7}}) end)
+    check("interp_nearest_exact_3d", {"x"}, function(x) return F.interpolate(x, {size = {5, 3, 7}, mode = "nearest-exact"}) end)
+    for name, o in pairs({up = {size = {5, 6, 7}}, down = {size = {2, 3, 2}}, scale = {scale_factor = {1.5, 0.7, 2}}}) do
+      for _, ac in ipairs({false, true}) do
+        check("interp_trilinear_" .. name .. (ac and "_ac" or ""), {"x"}, function(x)
+          return F.interpolate(x, {mode = "trilinear", align_corners = ac, size = o.size, scale_factor = o.scale_factor})
+        end)
+      end
+    end
+    check("interp_bilinear_kept", {"x"}, function(x) return F.interpolate(x, {scale_factor = {1.3, 1.5}, mode = "bilinear"}) end)
+  end)
+
   it("repeat, tile, repeat_interleave (a count, counts per element, flat) and roll", function()
     check("repeat", {"x"}, function(x) return x["repeat"](x, 2, 1, 3) end)
     check("tile", {"x"}, function(x) return x:tile(2) end)
@@ -150,5 +188,24 @@ describe("tensor ops against PyTorch", function()
     check("lerp", {"a", "b", "w"}, function(a, b, w) return a:lerp(b, w) end)
     check("lerp_scalar", {"a", "b"}, function(a, b) return a:lerp(b, 0.3) end)
     check("clamp_tensor", {"x", "lo", "hi"}, function(x, lo, hi) return x:clamp(lo, hi) end)
+  end)
+
+  it("einsum broadcasts size-1 dims: elementwise, contracted, batch, under \"...\", implicit, diagonal, three operands", function()
+    check("einsum_bc_elementwise", {"a", "b"}, function(a, b) return kiln.einsum("ij,ij->ij", a, b) end)
+    check("einsum_bc_contract", {"a", "b"}, function(a, b) return kiln.einsum("ij,jk->ik", a, b) end)
+    check("einsum_bc_batch", {"a", "b"}, function(a, b) return kiln.einsum("bij,bjk->bik", a, b) end)
+    check("einsum_bc_ellipsis", {"a", "b"}, function(a, b) return kiln.einsum("...ij,...jk->...ik", a, b) end)
+    check("einsum_bc_implicit", {"a", "b"}, function(a, b) return kiln.einsum("ij,ij", a, b):reshape(1) end)
+    check("einsum_bc_diag", {"a", "b"}, function(a, b) return kiln.einsum("ii,i->i", a, b) end)
+    check("einsum_bc_three", {"a", "b", "c"}, function(a, b, c) return kiln.einsum("ij,jk,kl->il", a, b, c) end)
+  end)
+
+  it("addcmul, addcdiv, lerp, clamp with tensor bounds, atan2 and baddbmm's input broadcast as PyTorch's", function()
+    check("addcmul_bc", {"a", "b", "c"}, function(a, b, c) return a:addcmul(b, c, 0.3) end)
+    check("addcdiv_bc", {"a", "b", "c"}, function(a, b, c) return a:addcdiv(b, c, 0.3) end)
+    check("lerp_bc", {"a", "b", "w"}, function(a, b, w) return a:lerp(b, w) end)
+    check("clamp_bc", {"x", "lo", "hi"}, function(x, lo, hi) return x:clamp(lo, hi) end)
+    check("atan2_bc", {"a", "b"}, function(a, b) return a:atan2(b) end)
+    check("baddbmm_bc", {"c", "a", "b"}, function(c, a, b) return c:baddbmm(a, b, {beta = 0.5, alpha = 2}) end)
   end)
 end)

@@ -9,7 +9,7 @@ local CPU = core.device("cpu")
 local M = {}
 
 local TensorDataset = {}
-TensorDataset.__index = TensorDataset
+TensorDataset.__index = core.class_index(TensorDataset)   -- ds:lenght() names ds:len()
 TensorDataset.__name = "TensorDataset"   -- help(ds) and ?ds:get find data.TensorDataset's lines by it
 
 -- TensorDataset(x, y, ...) or TensorDataset{x, y, ...}: sample i is (x[i], y[i], ...).
@@ -56,7 +56,7 @@ end
 M.tensors_of = tensors_of
 
 local ImageFolder = {}
-ImageFolder.__index = ImageFolder
+ImageFolder.__index = core.class_index(ImageFolder)
 ImageFolder.__name = "ImageFolder"
 
 -- ImageFolder(root, {channels = 3, transform =}): the images under root/<class>/ (sub-folders

@@ -18,13 +18,16 @@ local function flag(what, name, v, default) return core.flag(v, default, what, n
 local DataLoader = {__name = "DataLoader"}   -- help(loader) finds data.DataLoader's line by it
 local DataLoader_methods = {}
 DataLoader.methods = DataLoader_methods       -- for ?loader:epoch
+DataLoader_methods.__name = "DataLoader"
+local method_of = core.class_index(DataLoader_methods)   -- loader:epcoh(1) names loader:epoch
 DataLoader.__index = function(self, k)
   if k == "wait_seconds" then
     local c = rawget(self, "c")
     return (c and tonumber(C.kiln_loader_wait_seconds(c)) or 0) + rawget(self, "lua_wait")
   end
-  return DataLoader_methods[k]
+  return method_of(self, k)
 end
+core.indexed_classes[DataLoader.__index] = DataLoader_methods
 
 -- for x, y in loader do ... end: one epoch, as PyTorch's `for x, y in loader`; each such loop is
 -- the next epoch (0, 1, 2, ...), so a shuffled order changes from loop to loop as loader:epoch(e)'s

@@ -18,7 +18,7 @@ nn.Module = Module
 -- nn.define(name [, parent]) makes a module class; nn[name](...) constructs one (calling init).
 function nn.define(name, parent)
   local class = setmetatable({}, {__index = parent or Module})
-  class.__index = class
+  class.__index = core.class_index(class)   -- m:paramters() names m:parameters()
   class.__name = name
   class.__call = Module.__call
   class.__tostring = Module.__tostring
@@ -371,14 +371,16 @@ function Sequential:get(i) return self._children[child_index("Sequential:get", i
 -- seq[i] (i a number, from 1; -1 the last) is the i-th child, as seq:get(i); seq["0"] is the child
 -- named "0" (PyTorch's name, the same module as seq[1]).
 local function indexed_class(class)
+  local by_name = class.__index
   class.__index = function(self, k)
     if type(k) == "number" then
       local n = #rawget(self, "_child_names")
       if k < 0 and k == math.floor(k) then k = n + 1 + k end
       return rawget(self, "_children")[child_index(class.__name, k)]
     end
-    return class[k]
+    return by_name(self, k)
   end
+  core.indexed_classes[class.__index] = class
 end
 indexed_class(Sequential)
 

@@ -369,7 +369,7 @@ end
 -- Make an optimizer class: the methods above, and the spec that drives them.
 local function class(spec)
   local cls = setmetatable({}, {__index = Optimizer})
-  cls.__index = cls
+  cls.__index = core.class_index(cls)   -- opt:zero_gard() names opt:zero_grad()
   cls.__name = spec.name   -- help(opt) finds optim.<name>'s line by it
   cls.__tostring = function(self)
     local lines = {spec.name .. " ("}

@@ -45,7 +45,7 @@ M.LRScheduler = Scheduler
 
 local function class(name)
   local cls = setmetatable({}, {__index = Scheduler})
-  cls.__index = cls
+  cls.__index = core.class_index(cls)   -- sched:stpe() names sched:step()
   cls.__name = name
   return cls
 end
