@@ -107,7 +107,11 @@ static void *plan(const struct kiln_onednn_shape *s, char *err, size_t n) {
   dnnl_primitive_attr_t attr = NULL;
   if (!pl) { snprintf(err, n, "oneDNN plan: out of memory"); return NULL; }
   if (!stream()) { snprintf(err, n, "oneDNN: cannot make a stream"); goto fail; }
-  if (s->dtype != KILN_F32) { snprintf(err, n, "oneDNN convolutions here take f32"); goto fail; }
+  if (s->dtype != KILN_F32 && s->dtype != KILN_BF16) { snprintf(err, n, "oneDNN convolutions here take f32 and bf16"); goto fail; }
+  /* bf16: the tensors in bf16, the grad of the weights in f32 (kiln adds the parts' in f32 and
+     rounds once) */
+  dnnl_data_type_t dt = s->dtype == KILN_BF16 ? dnnl_bf16 : dnnl_f32;
+  dnnl_data_type_t wdt = s->pass == KILN_ONEDNN_BACKWARD_WEIGHTS ? dnnl_f32 : dt;
   int64_t G = s->groups > 0 ? s->groups : 1;
   /* the right/bottom padding that gives the output size kiln computed */
   int64_t prh = (s->OH - 1) * s->sh + (s->kh - 1) * s->dh + 1 - s->H - s->ph;
@@ -120,17 +124,19 @@ static void *plan(const struct kiln_onednn_shape *s, char *err, size_t n) {
   dnnl_dims_t strides = {s->sh, s->sw}, dil = {s->dh - 1, s->dw - 1}, pad_l = {s->ph, s->pw}, pad_r = {prh, prw};
   dnnl_memory_desc_t x_user, y_user, w_user, x_any, y_any, w_any;
   int wn = G > 1 ? 5 : 4;
-  TRY(dnnl_memory_desc_init_by_tag(&x_user, 4, xd, dnnl_f32, dnnl_nchw), "input");
-  TRY(dnnl_memory_desc_init_by_tag(&y_user, 4, yd, dnnl_f32, dnnl_nchw), "output");
-  TRY(dnnl_memory_desc_init_by_tag(&w_user, wn, G > 1 ? gwd : wd, dnnl_f32, G > 1 ? dnnl_goihw : dnnl_oihw), "weights");
-  TRY(dnnl_memory_desc_init_by_tag(&x_any, 4, xd, dnnl_f32, dnnl_format_tag_any), "input");
-  TRY(dnnl_memory_desc_init_by_tag(&y_any, 4, yd, dnnl_f32, dnnl_format_tag_any), "output");
-  TRY(dnnl_memory_desc_init_by_tag(&w_any, wn, G > 1 ? gwd : wd, dnnl_f32, dnnl_format_tag_any), "weights");
-  TRY(dnnl_memory_desc_init_by_tag(&pl->bias_md, 1, bd, dnnl_f32, dnnl_x), "bias");
+  dnnl_memory_desc_t fw_any;   /* the forward's weights, for the hint of a backward pass */
+  TRY(dnnl_memory_desc_init_by_tag(&x_user, 4, xd, dt, dnnl_nchw), "input");
+  TRY(dnnl_memory_desc_init_by_tag(&y_user, 4, yd, dt, dnnl_nchw), "output");
+  TRY(dnnl_memory_desc_init_by_tag(&w_user, wn, G > 1 ? gwd : wd, wdt, G > 1 ? dnnl_goihw : dnnl_oihw), "weights");
+  TRY(dnnl_memory_desc_init_by_tag(&x_any, 4, xd, dt, dnnl_format_tag_any), "input");
+  TRY(dnnl_memory_desc_init_by_tag(&y_any, 4, yd, dt, dnnl_format_tag_any), "output");
+  TRY(dnnl_memory_desc_init_by_tag(&w_any, wn, G > 1 ? gwd : wd, wdt, dnnl_format_tag_any), "weights");
+  TRY(dnnl_memory_desc_init_by_tag(&fw_any, wn, G > 1 ? gwd : wd, dt, dnnl_format_tag_any), "weights");
+  TRY(dnnl_memory_desc_init_by_tag(&pl->bias_md, 1, bd, dt, dnnl_x), "bias");
   TRY(dnnl_primitive_attr_create(&attr), "attributes");
   TRY(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user), "scratchpad");
   dnnl_convolution_desc_t fd, cd;
-  TRY(dnnl_dilated_convolution_forward_desc_init(&fd, dnnl_forward_training, dnnl_convolution_direct, &x_any, &w_any,
+  TRY(dnnl_dilated_convolution_forward_desc_init(&fd, dnnl_forward_training, dnnl_convolution_direct, &x_any, &fw_any,
                                                  pl->bias ? &pl->bias_md : NULL, &y_any, strides, dil, pad_l, pad_r),
       "convolution");
   TRY(dnnl_primitive_desc_create(&fwd, &fd, attr, engine, NULL), "convolution");

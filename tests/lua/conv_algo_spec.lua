@@ -20,14 +20,15 @@ local cases = {
 }
 
 -- y = conv(x, w, b) and the grads of sum(y * g), with the algorithm set, in dtype.
-local function run(c, algo, dtype, seed)
+local function run(c, algo, dtype, seed, prep)
   kiln.set_conv_algorithm(algo)
   kiln.manual_seed(seed or 1)
-  local x = kiln.randn(table.unpack(c.x)):to(dtype):requires_grad_()
-  local w = kiln.randn(table.unpack(c.w)):to(dtype):requires_grad_()
-  local b = kiln.randn(c.w[1]):to(dtype):requires_grad_()
+  prep = prep or function(t) return t:to(dtype) end
+  local x = prep(kiln.randn(table.unpack(c.x))):requires_grad_()
+  local w = prep(kiln.randn(table.unpack(c.w))):requires_grad_()
+  local b = prep(kiln.randn(c.w[1])):requires_grad_()
   local y = F.conv2d(x, w, b, c.o)
-  local g = kiln.randn(table.unpack(H.shape(y))):to(dtype)
+  local g = prep(kiln.randn(table.unpack(H.shape(y))))
   local loss = (y * g):sum()
   loss:backward()
   kiln.set_conv_algorithm("auto")
@@ -63,6 +64,24 @@ describe("CPU convolution algorithms", function()
         for _, k in ipairs{"y", "gx", "gw", "gb"} do
           local e = rel_err(got[k], ref[k])
           assert(e < 2e-5, string.format("%s %s: relative error %.3g", algo, k, e))
+        end
+      end
+    end)
+  end
+
+  -- bf16 (what autocast's conv2d runs): both paths against f64 on the same bf16-rounded inputs;
+  -- each result is rounded to bf16 once (2^-8 relative), the grad of the weights summed in f32
+  for i, c in ipairs(cases) do
+    it(string.format("agree with f64 in bf16: case %d", i), function()
+      local function rounded(dtype)
+        return function(t) return t:to("bf16"):to(dtype) end
+      end
+      local ref = run(c, "im2col", "f64", 1, rounded("f64"))
+      for _, algo in ipairs{"im2col", "onednn"} do
+        local got = run(c, algo, "bf16", 1, rounded("bf16"))
+        for _, k in ipairs{"y", "gx", "gw", "gb"} do
+          local e = rel_err(got[k], ref[k])
+          assert(e < 1e-2, string.format("%s %s: relative error %.3g", algo, k, e))
         end
       end
     end)

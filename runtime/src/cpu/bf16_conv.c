@@ -141,6 +141,7 @@ struct fwd_job {
   const struct cg *g;
   const uint16_t *x, *w, *b;
   uint16_t *y;
+  const struct kiln_tensor *input;
   int failed;
 };
 
@@ -172,6 +173,23 @@ out:
   free(col); free(tmp);
 }
 
+/* The choice's view of a convolution (cpu/onednn.c): kiln's 16 fixed batch parts. */
+static void conv_job(struct kiln_conv_job *cj, const struct cg *g, const void *x, const void *w) {
+  memset(cj, 0, sizeof *cj);
+  cj->dtype = KILN_BF16; cj->N = g->N; cj->C = g->C; cj->H = g->H; cj->W = g->W; cj->O = g->O; cj->OH = g->OH;
+  cj->OW = g->OW; cj->kh = g->kh; cj->kw = g->kw; cj->sh = g->sh; cj->sw = g->sw; cj->ph = g->ph; cj->pw = g->pw;
+  cj->dh = g->dh; cj->dw = g->dw; cj->G = g->G; cj->parts = g->N < KILN_CONV_PARTS ? g->N : KILN_CONV_PARTS;
+  cj->x = x; cj->w = w;
+}
+
+static int forward_columns(void *ctx) {
+  struct fwd_job *j = ctx;
+  j->failed = 0;
+  kiln_parallel_for((j->g->N + j->g->nb - 1) / j->g->nb, 1, fwd_chunks, j);
+  if (j->failed) return kiln_fail(KILN_ERR_MEMORY, "conv2d: out of memory for the bf16 columns (input %s)", kiln_shape_string(j->input));
+  return KILN_OK;
+}
+
 int cpu_conv2d_bf16(const struct kiln_call *c) {
   struct kiln_tensor *y = c->out;
   if (dtype_ok("conv2d", c->in[0])) return kiln_error_code();
@@ -183,9 +201,11 @@ int cpu_conv2d_bf16(const struct kiln_call *c) {
   struct cg g;
   cg_init(&g, c->ints, x->sizes[0], x->sizes[1], x->sizes[2], x->sizes[3], w, y->sizes[1], y->sizes[2], y->sizes[3]);
   struct fwd_job j = {.g = &g, .x = kiln_tensor_data(x), .w = kiln_tensor_data(w), .b = b ? kiln_tensor_data(b) : NULL,
-                      .y = kiln_tensor_data(y)};
-  kiln_parallel_for((g.N + g.nb - 1) / g.nb, 1, fwd_chunks, &j);
-  if (j.failed) rc = kiln_fail(KILN_ERR_MEMORY, "conv2d: out of memory for the bf16 columns (input %s)", kiln_shape_string(x));
+                      .y = kiln_tensor_data(y), .input = x};
+  struct kiln_conv_job cj;
+  conv_job(&cj, &g, j.x, j.w);
+  cj.bias = j.b; cj.y = j.y; cj.im2col = forward_columns; cj.ctx = &j;
+  rc = kiln_cpu_conv_run(&cj);   /* oneDNN's bf16 kernels, or the columns below (cpu/onednn.c) */
 done:
   kiln_tensor_release(x); kiln_tensor_release(w); kiln_tensor_release(b);
   return rc;
@@ -255,11 +275,19 @@ out:
   free(col); free(gyc); free(colg); free(gxf);
 }
 
+static int backward_columns(void *ctx) {
+  struct bwd_job *j = ctx;
+  j->failed = 0;
+  kiln_parallel_for(j->parts, 1, bwd_parts, j);
+  if (j->failed) return kiln_fail(KILN_ERR_MEMORY, "conv2d_backward: out of memory for the bf16 columns");
+  return KILN_OK;
+}
+
 int cpu_conv2d_backward_bf16(const struct kiln_call *c) {
   const struct kiln_conv_grads *out = c->extra;
   if (dtype_ok("conv2d_backward", c->in[0])) return kiln_error_code();
   struct kiln_tensor *gy = kiln_cpu_contiguous(c->in[0]), *x = NULL, *w = kiln_cpu_contiguous(c->in[2]), *bias = NULL;
-  float *partials = NULL;
+  float *partials = NULL, *onednn_partials = NULL;
   int rc = KILN_OK;
   if (!gy || !w) { rc = kiln_error_code(); goto done; }
   if (out->gw && c->in[1] && !(x = kiln_cpu_contiguous(c->in[1]))) { rc = kiln_error_code(); goto done; }
@@ -278,13 +306,29 @@ int cpu_conv2d_backward_bf16(const struct kiln_call *c) {
     if (!partials) { rc = kiln_fail(KILN_ERR_MEMORY, "conv2d_backward: out of memory for the grad-weight partials"); goto done; }
     j.partials = partials;
   }
-  if (g.P > 0 && (j.gx || j.partials)) kiln_parallel_for(j.parts, 1, bwd_parts, &j);
-  if (j.failed) { rc = kiln_fail(KILN_ERR_MEMORY, "conv2d_backward: out of memory for the bf16 columns"); goto done; }
+  struct kiln_conv_job cj;
+  conv_job(&cj, &g, j.x, j.w);
+  if (g.P > 0 && (j.gx || j.partials) && !j.bias) {   /* oneDNN's bf16 kernels, or the columns (cpu/onednn.c) */
+    cj.gy = j.gy; cj.gx = j.gx;
+    if (want_gw && !(cj.partials = onednn_partials = malloc(sizeof(float) * (size_t)(cj.parts * g.K * g.O) + 64))) {
+      rc = kiln_fail(KILN_ERR_MEMORY, "conv2d_backward: out of memory for the grad-weight partials");
+      goto done;
+    }
+    cj.im2col = backward_columns; cj.ctx = &j;
+    if ((rc = kiln_cpu_conv_run(&cj))) goto done;
+  } else if (g.P > 0 && (j.gx || j.partials) && (rc = backward_columns(&j))) {   /* conv_transpose2d's forward */
+    goto done;
+  }
   if (want_gx && g.P == 0) {   /* an empty output: grad input is the bias alone */
     for (int64_t i = 0; i < out->gx->numel; i++) j.gx[i] = j.bias ? j.bias[(i / HW) % g.C] : 0;
   }
   if (out->gw) {
-    if (want_gw) {   /* gw [O, K] from the partials of gw^T, added in part order */
+    if (want_gw && cj.ran_onednn) {   /* gw [O, K] from oneDNN's partials [parts][O, K], added in part order */
+      uint16_t *gwd = kiln_tensor_data(out->gw);
+      for (int64_t t = 1; t < cj.parts; t++)
+        for (int64_t e = 0; e < g.K * g.O; e++) onednn_partials[e] += onednn_partials[t * g.K * g.O + e];
+      for (int64_t e = 0; e < g.K * g.O; e++) gwd[e] = to_bf16(onednn_partials[e]);
+    } else if (want_gw) {   /* gw [O, K] from the partials of gw^T, added in part order */
       uint16_t *gwd = kiln_tensor_data(out->gw);
       for (int64_t t = 1; t < j.parts; t++)
         for (int64_t e = 0; e < g.K * g.O; e++) partials[e] += partials[t * g.K * g.O + e];
@@ -312,6 +356,7 @@ int cpu_conv2d_backward_bf16(const struct kiln_call *c) {
   }
 done:
   free(partials);
+  free(onednn_partials);
   kiln_tensor_release(gy); kiln_tensor_release(x); kiln_tensor_release(w); kiln_tensor_release(bias);
   return rc;
 }

@@ -117,9 +117,10 @@ int cpu_argsort(const struct kiln_call *c);
 
 /* A convolution cut into kiln's fixed batch parts (cpu/conv.c), as the algorithm choice of
    cpu/onednn.c sees it: forward when y is set, else backward (gx and/or the per-part grad-weight
-   partials [parts, O, C/G, kh, kw]); f32 or f64 dense buffers. kiln_cpu_conv_run runs it by
-   oneDNN or by im2col(ctx) (the caller's own path), as KILN_CONV_ALGO and benchmark mode say,
-   and returns a KILN_ code. Compiled once, not per level. */
+   partials [parts, O, C/G, kh, kw], f32 for bf16 tensors); dense f32, f64 or bf16 buffers.
+   kiln_cpu_conv_run runs it by oneDNN or by im2col(ctx) (the caller's own path, which may cut the
+   batch its own way and keep its own partials), as KILN_CONV_ALGO and benchmark mode say, sets
+   ran_onednn, and returns a KILN_ code. Compiled once, not per level. */
 enum { KILN_CONV_PARTS = 16 };
 struct kiln_conv_job {
   int dtype;
@@ -128,8 +129,9 @@ struct kiln_conv_job {
   void *y, *gx, *partials;
   int (*im2col)(void *ctx);
   void *ctx;
+  int ran_onednn;
 };
-int kiln_cpu_conv_run(const struct kiln_conv_job *c);
+int kiln_cpu_conv_run(struct kiln_conv_job *c);
 
 /* What CPU kernels use in place of the public ops, which dispatch and record (cpu/elementwise.c):
    a strided copy with conversion and broadcasting of src to dst's shape, a fill, and t itself when

@@ -91,7 +91,7 @@ struct plan_entry {
 
 /* A whole call's shape (the pass: 0 forward, 1 backward; which grads) and what was chosen for it. */
 struct choice_key {
-  int32_t backward, gx, gw, dtype;
+  int32_t backward, gx, gw, dtype;   /* dtype: the tensors' (f32 or bf16) */
   int64_t N, C, H, W, O, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw, G;
 };
 struct choice_entry {
@@ -166,7 +166,7 @@ static void fail_job(struct job *j, const char *msg) {
 static void run_parts(void *ctx, int64_t begin, int64_t end) {
   struct job *j = ctx;
   const struct kiln_conv_job *c = j->c;
-  size_t es = 4, ws_bytes = 0;
+  size_t es = (size_t)kiln_dtype_size(c->dtype), ws_bytes = 0;
   char *ws = NULL, err[256];
   for (int64_t t = begin; t < end && !__atomic_load_n(&j->failed, __ATOMIC_RELAXED); t++) {
     int64_t n0 = part_begin(c, t), nb = part_begin(c, t + 1) - n0;
@@ -189,7 +189,7 @@ static void run_parts(void *ctx, int64_t begin, int64_t end) {
         rc = lib->run(p, x, NULL, j->wbuf[0][size] ? j->wbuf[0][size] : c->w, c->bias,
                       (char *)c->y + n0 * c->O * c->OH * c->OW * es, ws, err, sizeof err);
       else if (passes[k] == KILN_ONEDNN_BACKWARD_WEIGHTS)
-        rc = lib->run(p, x, gy, NULL, NULL, (char *)c->partials + t * c->O * (c->C / c->G) * c->kh * c->kw * es, ws, err,
+        rc = lib->run(p, x, gy, NULL, NULL, (float *)c->partials + t * c->O * (c->C / c->G) * c->kh * c->kw, ws, err,
                       sizeof err);
       else
         rc = lib->run(p, gy, NULL, j->wbuf[1][size] ? j->wbuf[1][size] : c->w, NULL,
@@ -249,9 +249,10 @@ static int run_onednn(const struct kiln_conv_job *c, char *impl, size_t nimpl) {
   return rc;
 }
 
-int kiln_cpu_conv_run(const struct kiln_conv_job *c) {
+int kiln_cpu_conv_run(struct kiln_conv_job *c) {
   int forced = forced_algo();
-  if (forced == ALGO_IM2COL || c->dtype != KILN_F32 || !onednn()) return c->im2col(c->ctx);
+  c->ran_onednn = 0;
+  if (forced == ALGO_IM2COL || (c->dtype != KILN_F32 && c->dtype != KILN_BF16) || !onednn()) return c->im2col(c->ctx);
   struct choice_key k;
   memset(&k, 0, sizeof k);
   k.backward = c->y == NULL; k.gx = c->gx != NULL; k.gw = c->partials != NULL; k.dtype = c->dtype;
@@ -294,7 +295,9 @@ int kiln_cpu_conv_run(const struct kiln_conv_job *c) {
     /* benchmark mode, im2col faster: run it again so that the result is the one kept from now on */
     if (rc == 0 && bench && im2col_ms < onednn_ms) return c->im2col(c->ctx);
   }
-  return rc == 1 ? c->im2col(c->ctx) : KILN_OK;
+  if (rc == 1) return c->im2col(c->ctx);
+  c->ran_onednn = 1;
+  return KILN_OK;
 }
 
 KILN_API int64_t kiln_conv_choice_count(void) {

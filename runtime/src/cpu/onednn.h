@@ -18,7 +18,7 @@ enum kiln_onednn_pass {
 };
 
 struct kiln_onednn_shape {
-  int32_t pass, dtype;        /* enum kiln_onednn_pass; a kiln dtype (f32) */
+  int32_t pass, dtype;        /* enum kiln_onednn_pass; a kiln dtype (f32, or bf16: the grad of the weights then f32) */
   int64_t N, C, H, W;         /* the part's input */
   int64_t O, OH, OW;          /* its output */
   int64_t kh, kw, sh, sw, ph, pw, dh, dw, groups;
