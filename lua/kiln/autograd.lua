@@ -175,6 +175,7 @@ local function apply(class, ...)
   local any = false
   for i = 1, args.n do
     local x = args[i]
+    if grad_on and core.is_tensor(x) and x.p.base ~= nil then core.check(C.kiln_autograd_refresh(x.p)) end
     local needs = grad_on and core.is_tensor(x) and x.p.requires_grad == 1
     ctx.needs_input_grad[i] = needs or false
     any = any or needs

@@ -136,24 +136,28 @@ function Tensor.clone(t) return wrap_retry(C.kiln_clone, t.p) end
 
 -- ---- in-place ops under autograd ----
 
--- Whether an in-place op on t (with b) is one autograd must see: grad mode on, and t or b requires grad.
+-- A view (p.base set) whose base an in-place op changed takes the base's history before Lua reads
+-- its requires_grad or grad_fn (kiln_autograd_refresh; C's ops do it themselves).
+local function refresh(p)
+  if p.base ~= nil then check(C.kiln_autograd_refresh(p)) end
+end
+
+-- Whether an in-place op on t (with b) is one autograd must see: grad mode on, and t or b requires
+-- grad, or t is a view of a tensor that does (what it writes changes that tensor's history).
 local function recorded(t, b)
-  if t.p.requires_grad == 0 and (b == nil or type(b) == "number" or b.p.requires_grad == 0) then return false end
+  local p = t.p
+  refresh(p)
+  local bp = type(b) ~= "number" and b ~= nil and b.p or nil
+  if bp ~= nil then refresh(bp) end
+  if p.requires_grad == 0 and (bp == nil or bp.requires_grad == 0) then return false end
   return C.kiln_grad_enabled() == 1
 end
 
--- t takes the values and the history of r, the in-place op's result computed out of place
--- (kiln_autograd_assign: refused for a leaf that requires grad and for a view with history).
--- A view is refused while something else sees its storage; a temporary that Lua has not collected
--- yet (the base of (x * 2):view(-1)) is not something else: collect, and try once more, so that
--- the answer depends on what the program can still reach, not on when the collector last ran.
+-- t takes the values and the history of r, the in-place op's result computed out of place; a view
+-- gives its base the change too (kiln_autograd_assign: PyTorch's CopySlices).
 local function assign(t, r, op)
   if r.p.dtype ~= t.p.dtype then r = r:to(core.dtype_names[t.p.dtype]) end
-  if C.kiln_autograd_assign(t.p, r.p, op) ~= 0 then
-    if not ffi.string(C.kiln_error_message()):find("a view of a tensor with history", 1, true) then fail() end
-    collectgarbage()
-    check(C.kiln_autograd_assign(t.p, r.p, op))
-  end
+  check(C.kiln_autograd_assign(t.p, r.p, op))
   return t
 end
 
@@ -1050,8 +1054,8 @@ local properties = {
     C.kiln_tensor_retain(g)
     return wrap(g)
   end,
-  requires_grad = function(t) return t.p.requires_grad ~= 0 end,
-  is_leaf = function(t) return t.p.grad_fn == nil end,
+  requires_grad = function(t) refresh(t.p) return t.p.requires_grad ~= 0 end,
+  is_leaf = function(t) refresh(t.p) return t.p.grad_fn == nil end,
   grad_fn = function(t)
     local name = C.kiln_grad_fn_name(t.p)
     return name ~= nil and ffi.string(name) or nil
@@ -1117,11 +1121,16 @@ local function assigned(v)
   raise("index: the value assigned must be a number, a boolean or a tensor, got " .. core.describe(v))
 end
 
+-- t[...] = v writes through the in-place methods, which autograd records (a value with history
+-- written into a buffer gives the buffer that history, as in PyTorch).
+local function write(t, v)
+  if type(v) == "number" then Tensor.fill_(t, v) else Tensor.copy_(t, v) end
+end
+
 mt.__newindex = function(t, k, v)
   if type(k) == "table" then
     if #k == 0 then   -- t[{}] = v: all of t
-      v = assigned(v)
-      if type(v) == "number" then check(C.kiln_fill_(t.p, v)) else check(C.kiln_copy_(t.p, v.p)) end
+      write(t, assigned(v))
       return
     end
     if #k > t.p.ndim then
@@ -1142,7 +1151,7 @@ mt.__newindex = function(t, k, v)
   if is_tensor(k) and k.p.dtype == C.KILN_BOOL then   -- t[mask] = number
     v = assigned(v)
     if type(v) ~= "number" then raise("index: t[mask] = v takes a number v (masked_fill_), got a tensor") end
-    check(C.kiln_masked_fill_(t.p, k.p, v))
+    Tensor.masked_fill_(t, k, v)
     return
   end
   if type(k) ~= "number" then
@@ -1151,12 +1160,11 @@ mt.__newindex = function(t, k, v)
   if t.p.ndim == 0 then raise("index: cannot index a 0-dim tensor (use :fill_())") end
   v = assigned(v)
   local i = c_index(t, 0, k, "index")
-  if t.p.ndim == 1 and type(v) == "number" and t.p.device.type == 0 then
+  if t.p.ndim == 1 and type(v) == "number" and t.p.device.type == 0 and not recorded(t) then
     check(C.kiln_tensor_set(t.p, t.p.offset + i * t.p.strides[0], v))
     return
   end
-  local view = wrap(C.kiln_select(t.p, 0, i))
-  if type(v) == "number" then check(C.kiln_fill_(view.p, v)) else check(C.kiln_copy_(view.p, v.p)) end
+  write(wrap(C.kiln_select(t.p, 0, i)), v)
 end
 
 mt.__len = function(t)

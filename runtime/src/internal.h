@@ -203,8 +203,14 @@ enum kiln_view_kind {
   KILN_GRAD_CLONE,    /* clone, contiguous, to_dtype, to_device: the grad goes back converted */
   KILN_GRAD_ADDMM_UNUSED,
   KILN_FUNCTION,        /* a custom function: its derivative runs above C (kiln_backward_step stops at it) */
-  KILN_FUNCTION_OUTPUT  /* output ints[0] of the KILN_FUNCTION node its one edge leads to */
+  KILN_FUNCTION_OUTPUT, /* output ints[0] of the KILN_FUNCTION node its one edge leads to */
+  KILN_VIEW_AS_STRIDED, /* a view given its base's history again after an in-place op (node->strided) */
+  KILN_COPY_SLICES      /* an in-place op on a view, as its base sees it: edge 0 the base's history
+                           before, edge 1 the written value's (node->strided: where the view lies) */
 };
+/* A view v taken from tensor t: v's base is t's base, or t (internal overlap aside); v follows its
+   base's history when grad mode is on (autograd.c). Called by the views of ops/views.c. */
+void kiln_view_set_base(struct kiln_tensor *v, const struct kiln_tensor *t);
 int kiln_autograd_active(void);
 int kiln_autograd_wanted(int n, const struct kiln_tensor *const *inputs);
 /* out = kind(inputs...); ints/scalars as the kernel call had them. */
@@ -236,6 +242,15 @@ struct edge {
 
 enum { MAX_SAVED = 8 };
 
+/* Where a view lies in its base's storage: its sizes and strides and its offset from the base's,
+   and the base's own sizes and strides (a gradient buffer laid out like the base holds the view
+   at the same places). */
+struct kiln_strided {
+  int ndim, base_ndim;
+  int64_t sizes[KILN_MAX_DIMS], strides[KILN_MAX_DIMS], offset;
+  int64_t base_sizes[KILN_MAX_DIMS], base_strides[KILN_MAX_DIMS];
+};
+
 struct kiln_node {
   int32_t refcount;
   int kind;
@@ -259,6 +274,8 @@ struct kiln_node {
   char *function_name;
   int nout;
   struct kiln_tensor **out_grads;
+  /* KILN_VIEW_AS_STRIDED and KILN_COPY_SLICES only */
+  struct kiln_strided *strided;
 };
 
 

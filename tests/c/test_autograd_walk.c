@@ -1,6 +1,7 @@
 /* test_autograd_walk.c: the stepped backward walk (kiln_backward_start/step/end) through a custom
    function node, run here as its caller would (the derivative of exp, written by hand), and
-   kiln_autograd_assign (an in-place op recorded by its caller); under ASan, nothing leaks. */
+   kiln_autograd_assign (an in-place op recorded by its caller), also on views, whose base takes the
+   change (CopySlices); under ASan, nothing leaks. */
 #include "check.h"
 
 static const struct kiln_device cpu = {KILN_CPU, 0};
@@ -99,8 +100,51 @@ static void assign_in_place(void) {
   kiln_tensor_release(x);
 }
 
+/* out = zeros(2, 3), no history; out[0] takes x * 2 through a view (as copy_ does): out takes that
+   history, and backward of out reaches x. A row viewed before the write follows it; writing into a
+   view of a leaf that requires grad is refused. Everything is released (ASan). */
+static void assign_view(void) {
+  const double xs[3] = {1, 2, 3};
+  struct kiln_tensor *x = vec(xs, 3, 1);
+  int64_t sizes[2] = {2, 3};
+  struct kiln_tensor *out = kiln_tensor_full(2, sizes, 0, KILN_F64, cpu);
+  struct kiln_tensor *row1 = kiln_select(out, 0, 1);       /* taken before the writes */
+  struct kiln_tensor *row0 = kiln_select(out, 0, 0);
+  CHECK(row0->base == out && row1->base == out && !row0->grad_fn && out->refcount == 3);
+  struct kiln_tensor *r = kiln_binary_scalar(KILN_OP_MUL, x, 2.0, 0);
+  CHECK(kiln_autograd_assign(row0, r, "copy_") == 0);
+  CHECK(out->requires_grad && strcmp(kiln_grad_fn_name(out), "CopySlices") == 0);
+  CHECK(strcmp(kiln_grad_fn_name(row0), "AsStridedBackward") == 0);
+  CHECK(kiln_tensor_get(out, 2) == 6 && kiln_tensor_get(out, 3) == 0);
+  /* the second row: r2 = row1 + x * x, written back through row1, whose history was stale */
+  CHECK(!row1->requires_grad);
+  struct kiln_tensor *xx = kiln_binary(KILN_OP_MUL, x, x);
+  struct kiln_tensor *r2 = kiln_binary(KILN_OP_ADD, row1, xx);   /* refreshes row1: a view of out's history */
+  CHECK(row1->requires_grad && strcmp(kiln_grad_fn_name(row1), "AsStridedBackward") == 0);
+  CHECK(kiln_autograd_assign(row1, r2, "add_") == 0);
+  struct kiln_tensor *ones = kiln_tensor_full(2, sizes, 1.0, KILN_F64, cpu);
+  CHECK(kiln_backward(out, ones, 0) == 0);
+  for (int i = 0; i < 3; i++) CHECK_NEAR(kiln_tensor_get(x->grad, i), 2 + 2 * xs[i], 0);
+  /* a view of a leaf that requires grad */
+  struct kiln_tensor *xv = kiln_narrow(x, 0, 1, 2);
+  struct kiln_tensor *r3 = kiln_binary_scalar(KILN_OP_MUL, xv, 2.0, 0);
+  CHECK_ERR(kiln_autograd_assign(xv, r3, "mul_"), "a view of a leaf that requires grad (a parameter [3])");
+  kiln_tensor_release(r3);
+  kiln_tensor_release(xv);
+  kiln_tensor_release(ones);
+  kiln_tensor_release(r2);
+  kiln_tensor_release(xx);
+  kiln_tensor_release(r);
+  kiln_tensor_release(row0);
+  kiln_tensor_release(out);
+  CHECK(row1->base->refcount == 1);   /* the last view holds the base */
+  kiln_tensor_release(row1);
+  kiln_tensor_release(x);
+}
+
 int main(void) {
   function_walk();
   assign_in_place();
+  assign_view();
   return check_done("test_autograd_walk");
 }

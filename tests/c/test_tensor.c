@@ -365,24 +365,32 @@ static void test_views(void) {
 }
 
 static void test_refcounts(void) {
-  struct kiln_tensor *b = iota(2, (int64_t[]){3, 4});
+  struct kiln_tensor *i = iota(2, (int64_t[]){3, 4});
+  CHECK(i->base && !i->base->base);           /* iota views an arange */
+  struct kiln_tensor *b = kiln_clone(i);      /* not a view */
+  kiln_tensor_release(i);
   struct kiln_storage *st = b->storage;
-  CHECK(st->refcount == 1);
+  CHECK(st->refcount == 1 && !b->base);
   struct kiln_tensor *t = kiln_transpose(b, 0, 1);
   struct kiln_tensor *n = kiln_narrow(b, 0, 1, 2);
-  CHECK(st->refcount == 3 && b->refcount == 1);
+  /* views share the storage and hold their base (an in-place op on a view changes the base too) */
+  CHECK(st->refcount == 3 && b->refcount == 3 && t->base == b && n->base == b);
+  struct kiln_tensor *s = kiln_select(n, 0, 0);   /* a view of a view holds the first one's base */
+  CHECK(s && s->base == b && b->refcount == 4 && n->refcount == 1);
+  kiln_tensor_release(s);
+  CHECK(b->refcount == 3 && st->refcount == 3);
   kiln_tensor_retain(b);
-  CHECK(b->refcount == 2);
+  CHECK(b->refcount == 4);
   kiln_tensor_release(b);
-  kiln_tensor_release(b);   /* the base is gone; its views keep the storage alive */
-  CHECK(st->refcount == 2);
+  kiln_tensor_release(b);   /* the caller lets go of the base; its views keep it, and the storage, alive */
+  CHECK(b->refcount == 2 && st->refcount == 3);
   double *v = V(t), want[12];
   for (int r = 0; r < 4; r++)
     for (int c = 0; c < 3; c++) want[r * 3 + c] = 4 * c + r;
   CHECK_ARRAY_NEAR(v, want, 12, 0);
   free(v);
   kiln_tensor_release(t);
-  CHECK(st->refcount == 1);
+  CHECK(st->refcount == 2 && b->refcount == 1);
   v = V(n);
   for (int i = 0; i < 8; i++) want[i] = 4 + i;
   CHECK_ARRAY_NEAR(v, want, 8, 0);

@@ -44,9 +44,17 @@ void kiln_backward_end(struct kiln_backward_walk *w);
 /* An in-place op on a tensor with history (t:relu_() after a layer), as the caller runs it: r is
    the op's result computed out of place (and recorded); t takes r's values and r's history, so that
    backward goes through the op. Tensors r's node saved that share t's storage are copied first, so
-   they keep the values the derivative needs. Refused for a leaf that requires grad (change those
-   under no_grad) and for a view of a tensor with history (its base would not see the op). */
+   they keep the values the derivative needs. When t is a view (t->base), its base takes the change
+   too, as PyTorch's CopySlices does: the base's history becomes the old one outside t's region and
+   r's inside, and t's a view of that. Refused for a leaf that requires grad and for a view of one
+   (change those under no_grad), for a view whose elements share memory (an expand), and for a view
+   taken under no_grad of a tensor that requires grad. */
 int kiln_autograd_assign(struct kiln_tensor *t, struct kiln_tensor *r, const char *op);
+/* Brings a view up to date: when an in-place op changed its base's history since the view's own
+   was derived (through the base or another view of it), the view's history becomes the base's,
+   viewed (PyTorch regenerates a view's grad_fn the same way). Ops do this for their inputs; call it
+   before reading t->requires_grad or t->grad_fn of a view (t->base) directly. */
+int kiln_autograd_refresh(struct kiln_tensor *t);
 
 /* A view of t that shares its storage but not its history. */
 struct kiln_tensor *kiln_detach(const struct kiln_tensor *t);

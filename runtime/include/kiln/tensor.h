@@ -37,6 +37,14 @@ struct kiln_tensor {
   struct kiln_storage *storage;
   void *grad_fn;                   /* autograd node that made this tensor, or NULL */
   struct kiln_tensor *grad;        /* accumulated gradient of a leaf, or NULL */
+  /* A view (narrow, select, view, transpose, ...): the tensor whose storage it views, held, never
+     itself a view (the view of a view names the first one's base); NULL for a tensor that is not
+     a view. An in-place op on a view changes its base's values and so its history (autograd.c). */
+  struct kiln_tensor *base;
+  /* Not a view: how many times an in-place op replaced its history. A view: its base's count
+     when its own history was last derived from the base's (a view is brought up to date before
+     autograd reads it), or -1 for a view taken with grad mode off, which never follows it. */
+  int64_t history_version;
 };
 
 /* References. Every function returning a tensor returns a new reference (or NULL on failure). */

@@ -32,6 +32,7 @@ static void node_release(struct kiln_node *n) {
       }
     }
     free(n->in);
+    free(n->strided);
     free(n);
     n = tail;
   }
@@ -50,6 +51,8 @@ static const char *kind_name(int kind) {
   case KILN_VIEW_ALIAS: return "Alias";
   case KILN_GRAD_CLONE: return "Copy";
   case KILN_FUNCTION: case KILN_FUNCTION_OUTPUT: return "Function";
+  case KILN_VIEW_AS_STRIDED: return "AsStrided";
+  case KILN_COPY_SLICES: return "CopySlices";
   default: return kiln_op_name(kind);
   }
 }
@@ -63,37 +66,139 @@ static const char *node_name(const struct kiln_node *n) {
 
 KILN_API const char *kiln_grad_fn_name(const struct kiln_tensor *t) {
   static _Thread_local char buf[64];
+  if (t) kiln_autograd_refresh((struct kiln_tensor *)t);
   if (!t || !t->grad_fn) return NULL;
-  const char *k = node_name(t->grad_fn);
+  const struct kiln_node *n = t->grad_fn;
+  if (n->kind == KILN_COPY_SLICES) return "CopySlices";   /* PyTorch's name, without Backward */
+  const char *k = node_name(n);
   snprintf(buf, sizeof buf, "%c%sBackward", k[0] >= 'a' && k[0] <= 'z' ? k[0] - 32 : k[0], k + 1);
   return buf;
 }
 
-KILN_API int kiln_is_leaf(const struct kiln_tensor *t) { return t && t->grad_fn == NULL; }
+KILN_API int kiln_is_leaf(const struct kiln_tensor *t) {
+  if (t) kiln_autograd_refresh((struct kiln_tensor *)t);
+  return t && t->grad_fn == NULL;
+}
 
 KILN_API int kiln_requires_grad_(struct kiln_tensor *t, int requires_grad) {
-  if (kiln_check_live("requires_grad", t)) return kiln_error_code();
+  if (kiln_check_live("requires_grad", t) || kiln_autograd_refresh(t)) return kiln_error_code();
   if (t->grad_fn && !requires_grad)
     return kiln_fail(KILN_ERR_STATE, "requires_grad: %s is the result of an op; use detach() to cut it from the graph",
                      kiln_shape_string(t));
   if (requires_grad && !kiln_dtype_is_float(t->dtype))
     return kiln_fail(KILN_ERR_DTYPE, "requires_grad: only float tensors can require grad (got %s %s)",
                      kiln_dtype_name(t->dtype), kiln_shape_string(t));
+  if (requires_grad && !t->grad_fn && t->base) {
+    /* a leaf of its own now: it no longer follows its base (nor holds it, so no graph holds it) */
+    kiln_tensor_release(t->base);
+    t->base = NULL;
+    t->history_version = 0;
+  }
+  if (!t->base && t->requires_grad != (requires_grad != 0)) t->history_version++;   /* its views follow */
   t->requires_grad = requires_grad != 0;
+  return KILN_OK;
+}
+
+/* ---- views: their bases, and in-place ops on them ---- */
+
+/* Elements that share memory: a dim of more than one element with stride 0 (expand). */
+static int overlapping(const struct kiln_tensor *t) {
+  for (int d = 0; d < t->ndim; d++)
+    if (t->sizes[d] > 1 && t->strides[d] == 0) return 1;
+  return 0;
+}
+
+void kiln_view_set_base(struct kiln_tensor *v, const struct kiln_tensor *t) {
+  struct kiln_tensor *b = t->base ? t->base : (struct kiln_tensor *)t;
+  if (kiln_autograd_active()) {
+    kiln_autograd_refresh((struct kiln_tensor *)t);   /* v's history will be derived from t's (a failure: v refreshes later) */
+    v->history_version = t->base ? t->history_version : b->history_version;
+  } else {
+    v->history_version = -1;
+  }
+  kiln_tensor_retain(b);
+  v->base = b;
+}
+
+/* A node of kind with nin edges (none set), and the geometry of a view when it needs one. */
+static struct kiln_node *node_new(int kind, int nin, int strided) {
+  kiln_tensor_set_grad_fn_release(kiln_node_release);   /* tensors let go of nodes through it */
+  struct kiln_node *node = calloc(1, sizeof *node);
+  struct edge *edges = calloc((size_t)(nin > 0 ? nin : 1), sizeof *edges);
+  struct kiln_strided *g = strided ? calloc(1, sizeof *g) : NULL;
+  if (!node || !edges || (strided && !g)) {
+    free(node); free(edges); free(g);
+    kiln_fail(KILN_ERR_MEMORY, "autograd: out of memory for a node");
+    return NULL;
+  }
+  node->refcount = 1;
+  node->kind = kind;
+  node->nin = nin;
+  node->in = edges;
+  node->strided = g;
+  return node;
+}
+
+static void strided_of(struct kiln_strided *g, const struct kiln_tensor *v, const struct kiln_tensor *b) {
+  g->ndim = v->ndim;
+  memcpy(g->sizes, v->sizes, sizeof(int64_t) * (size_t)v->ndim);
+  memcpy(g->strides, v->strides, sizeof(int64_t) * (size_t)v->ndim);
+  g->offset = v->offset - b->offset;
+  g->base_ndim = b->ndim;
+  memcpy(g->base_sizes, b->sizes, sizeof(int64_t) * (size_t)b->ndim);
+  memcpy(g->base_strides, b->strides, sizeof(int64_t) * (size_t)b->ndim);
+}
+
+static void edge_init(struct edge *e, const struct kiln_tensor *t, int needs);
+
+KILN_API int kiln_autograd_refresh(struct kiln_tensor *t) {
+  struct kiln_tensor *b = t ? t->base : NULL;
+  if (!b || t->history_version < 0 || t->history_version == b->history_version) return KILN_OK;
+  /* A base whose elements share memory (a detached expand) has no layout a view's grad could be
+     placed in: its views keep the history they have (and in-place ops on them are refused). */
+  if (overlapping(b)) { t->history_version = b->history_version; return KILN_OK; }
+  struct kiln_node *n = NULL;
+  if (b->requires_grad) {   /* t's history: its base's, viewed */
+    n = node_new(KILN_VIEW_AS_STRIDED, 1, 1);
+    if (!n) return kiln_error_code();
+    edge_init(&n->in[0], b, 1);
+    strided_of(n->strided, t, b);
+    n->out_ndim = t->ndim;
+    memcpy(n->out_sizes, t->sizes, sizeof(int64_t) * (size_t)t->ndim);
+  }
+  if (t->grad_fn) node_release(t->grad_fn);
+  t->grad_fn = n;
+  t->requires_grad = n != NULL;
+  t->history_version = b->history_version;
   return KILN_OK;
 }
 
 int kiln_autograd_wanted(int n, const struct kiln_tensor *const *inputs) {
   if (!kiln_autograd_active()) return 0;
+  for (int i = 0; i < n; i++)   /* a view whose base an in-place op changed takes the base's history */
+    if (inputs[i] && inputs[i]->base) kiln_autograd_refresh((struct kiln_tensor *)inputs[i]);
   for (int i = 0; i < n; i++)
     if (inputs[i] && inputs[i]->requires_grad) return 1;
   return 0;
+}
+
+/* A view taken under no_grad of a tensor that requires grad, changed in place with grad mode on:
+   refused, as PyTorch does (its history could not say what the view's values were). */
+static int no_grad_view(const char *op, const char *u, const struct kiln_tensor *t) {
+  return kiln_fail(KILN_ERR_STATE,
+                   "%s%s: in-place change of %s, a view taken under no_grad of a tensor that requires grad: "
+                   "take the view with grad mode on, or make the change under no_grad too",
+                   op, u, kiln_shape_string(t));
 }
 
 int kiln_autograd_check_inplace(const char *op, const struct kiln_tensor *target, const struct kiln_tensor *src) {
   if (!kiln_autograd_active()) return KILN_OK;
   size_t len = strlen(op);
   const char *u = len && op[len - 1] == '_' ? "" : "_";
+  if ((target->base && kiln_autograd_refresh((struct kiln_tensor *)target)) ||
+      (src && src->base && kiln_autograd_refresh((struct kiln_tensor *)src)))
+    return kiln_error_code();
+  if (target->base && target->history_version < 0 && target->base->requires_grad) return no_grad_view(op, u, target);
   if (target->requires_grad && !target->grad_fn)
     return kiln_fail(KILN_ERR_STATE,
                      "%s%s: in-place change of %s, a leaf that requires grad (a parameter): backward would lose the "
@@ -107,29 +212,63 @@ int kiln_autograd_check_inplace(const char *op, const struct kiln_tensor *target
   return KILN_OK;
 }
 
+/* The in-place op on view t of base b, as b sees it (PyTorch's CopySlices): t's values become r's,
+   b's history becomes a node whose edge 0 is b's old history (the grad outside t's region) and edge
+   1 r's (the grad inside it), and t's history a view of b's. */
+static int copy_slices(struct kiln_tensor *t, struct kiln_tensor *b, struct kiln_tensor *r, const char *op) {
+  if (t->history_version < 0) return no_grad_view(op, "", t);
+  if (b->requires_grad && !b->grad_fn)
+    return kiln_fail(KILN_ERR_STATE,
+                     "%s: in-place change of %s, a view of a leaf that requires grad (a parameter %s): backward would "
+                     "lose the value it had; update parameters under no_grad, as optimizers do, or change a clone()",
+                     op, kiln_shape_string(t), kiln_shape_string(b));
+  if (overlapping(t) || overlapping(b))
+    return kiln_fail(KILN_ERR_STATE,
+                     "%s: in-place change of %s, a view of %s whose elements share memory (strides %s, an expand), "
+                     "under autograd: use the out-of-place op, or change a contiguous() copy",
+                     op, kiln_shape_string(t), kiln_shape_string(b),
+                     kiln_sizes_string(overlapping(t) ? t->ndim : b->ndim, overlapping(t) ? t->strides : b->strides));
+  int whole = t->numel == b->numel;   /* t covers b: b's old values, and their history, are gone */
+  int need0 = b->requires_grad && !whole, need1 = r->requires_grad;
+  struct kiln_node *cs = NULL;
+  if (need0 || need1) {
+    cs = node_new(KILN_COPY_SLICES, 2, 1);
+    if (!cs) return kiln_error_code();
+    edge_init(&cs->in[0], b, need0);
+    edge_init(&cs->in[1], r, need1);
+    strided_of(cs->strided, t, b);
+    cs->out_ndim = b->ndim;
+    memcpy(cs->out_sizes, b->sizes, sizeof(int64_t) * (size_t)b->ndim);
+  }
+  int prev = kiln_set_grad_enabled(0);
+  int rc = kiln_copy_(t, r);
+  kiln_set_grad_enabled(prev);
+  if (rc) {
+    if (cs) node_release(cs);
+    return rc;
+  }
+  if (b->grad_fn) node_release(b->grad_fn);   /* cs holds it, when it still matters */
+  b->grad_fn = cs;
+  b->requires_grad = cs != NULL;
+  b->history_version++;
+  return kiln_autograd_refresh(t);   /* t: a view of b's new history */
+}
+
 KILN_API int kiln_autograd_assign(struct kiln_tensor *t, struct kiln_tensor *r, const char *op) {
   if (kiln_check_live("assign", t) || kiln_check_live("assign", r)) return kiln_error_code();
   if (!op) op = "in-place op";
   if (t->ndim != r->ndim || memcmp(t->sizes, r->sizes, sizeof(int64_t) * (size_t)t->ndim) != 0)
     return kiln_fail(KILN_ERR_SHAPE, "%s: the result %s does not fit in place into %s", op, kiln_shape_string(r),
                      kiln_shape_string(t));
-  if (t->requires_grad && !t->grad_fn && kiln_grad_enabled())
+  if (t->dtype != r->dtype)
+    return kiln_fail(KILN_ERR_DTYPE, "%s: the result is %s, %s cannot hold it in place", op, kiln_dtype_name(r->dtype),
+                     kiln_dtype_name(t->dtype));
+  if (kiln_autograd_refresh(t) || kiln_autograd_refresh(r)) return kiln_error_code();
+  int grad = kiln_grad_enabled();
+  if (t->requires_grad && !t->grad_fn && grad)
     return kiln_fail(KILN_ERR_STATE,
                      "%s: in-place change of %s, a leaf that requires grad (a parameter): backward would lose the "
                      "value it had; update parameters under no_grad, as optimizers do, or change a clone()",
-                     op, kiln_shape_string(t));
-  struct kiln_node *old = t->grad_fn;
-  /* a view is changed like any tensor when nothing else sees its storage (a view an op made of a
-     temporary, as matmul does): only t and what t's own node saved of it hold the storage */
-  int view = old && old->kind >= KILN_VIEW_BASE && old->kind <= KILN_VIEW_ALIAS;
-  int holders = 1;
-  for (int k = 0; view && k < MAX_SAVED; k++) holders += old->saved[k] && old->saved[k]->storage == t->storage;
-  if (view && __atomic_load_n(&t->storage->refcount, __ATOMIC_RELAXED) == holders) view = 0;
-  else if (view) view = 2;
-  if (view == 2 && kiln_grad_enabled())
-    return kiln_fail(KILN_ERR_STATE,
-                     "%s: in-place change of %s, a view of a tensor with history: the tensor it views would not see "
-                     "the change in backward; use the out-of-place op, or change the tensor itself",
                      op, kiln_shape_string(t));
   struct kiln_node *n = r->grad_fn;
   int prev = kiln_set_grad_enabled(0);
@@ -144,23 +283,29 @@ KILN_API int kiln_autograd_assign(struct kiln_tensor *t, struct kiln_tensor *r, 
     n->saved[k] = copy;
     n->saved_version[k] = copy->storage->version;
   }
-  if (!rc && t->dtype != r->dtype)
-    rc = kiln_fail(KILN_ERR_DTYPE, "%s: the result is %s, %s cannot hold it in place", op, kiln_dtype_name(r->dtype),
-                   kiln_dtype_name(t->dtype));
-  if (!rc) rc = kiln_copy_(t, r);
   kiln_set_grad_enabled(prev);
   if (rc) return rc;
-  /* t's own view node saved its base, which nothing else sees, only to notice changes of it: t's
-     history accounts for this one and the later ones */
-  for (int k = 0; old && old->kind >= KILN_VIEW_BASE && old->kind <= KILN_VIEW_ALIAS && k < MAX_SAVED; k++)
-    if (old->saved[k] && old->saved[k]->storage == t->storage) {
-      kiln_tensor_release(old->saved[k]);
-      old->saved[k] = NULL;
-    }
-  if (kiln_grad_enabled() && (n || old)) {   /* t's history becomes r's (none: t no longer depends on it) */
+  struct kiln_tensor *b = t->base;
+  /* a view of a base nothing else sees (a temporary an op made, as matmul does): only t and the
+     base hold the storage, and only t the base. t is changed like any tensor, and is a view no more */
+  if (b && __atomic_load_n(&b->refcount, __ATOMIC_RELAXED) == 1 &&
+      __atomic_load_n(&t->storage->refcount, __ATOMIC_RELAXED) == 2) {
+    t->base = NULL;
+    t->history_version = 0;
+    kiln_tensor_release(b);
+    b = NULL;
+  }
+  if (b && grad && (b->requires_grad || r->requires_grad)) return copy_slices(t, b, r, op);
+  struct kiln_node *old = t->grad_fn;
+  prev = kiln_set_grad_enabled(0);
+  rc = kiln_copy_(t, r);
+  kiln_set_grad_enabled(prev);
+  if (rc) return rc;
+  if (grad && !b && (n || old)) {   /* t's history becomes r's (none: t no longer depends on it) */
     if (n) __atomic_add_fetch(&n->refcount, 1, __ATOMIC_RELAXED);
     t->grad_fn = n;
     t->requires_grad = n != NULL;
+    t->history_version++;            /* its views follow */
     if (old) node_release(old);
   }
   return KILN_OK;
@@ -232,9 +377,6 @@ int kiln_autograd_record(int kind, struct kiln_tensor *out, int n, const struct 
     if (which & (1u << k)) node->saved[k] = save(k < n ? inputs[k] : NULL);
   if (which & KILN_SAVE_OUT) node->saved[3] = save(out);
   if (extra) node->saved[2] = save(extra);
-  /* a view reads its base: changed in place after the view was taken, the view's grad would be wrong */
-  if (kind >= KILN_VIEW_BASE && kind <= KILN_VIEW_ALIAS && n > 0 && inputs[0] && inputs[0]->storage == out->storage)
-    node->saved[0] = save(inputs[0]);
   (void)slot;
   for (int k = 0; k < MAX_SAVED; k++)
     if (node->saved[k]) node->saved_version[k] = node->saved[k]->storage->version;
@@ -311,6 +453,63 @@ int kiln_grad_finish(struct kiln_node *n, struct scope *s, struct kiln_tensor **
   return rc;
 }
 
+/* Elements a tensor of these sizes and strides spans in its storage, from its first. */
+static int64_t extent(int ndim, const int64_t *sizes, const int64_t *strides) {
+  int64_t e = 1;
+  for (int d = 0; d < ndim; d++) {
+    if (sizes[d] == 0) return 0;
+    e += (sizes[d] - 1) * strides[d];
+  }
+  return e;
+}
+
+/* A header over buf's storage at the given places (a gradient laid out like a base, or a view in it). */
+static struct kiln_tensor *over(struct scope *s, const struct kiln_tensor *buf, int ndim, const int64_t *sizes,
+                                const int64_t *strides, int64_t offset) {
+  if (s->failed || !buf) { s->failed = 1; return NULL; }
+  return keep(s, kiln_tensor_header(ndim, sizes, strides, offset, buf->dtype, buf->device, buf->storage));
+}
+
+/* A buffer laid out like p's base: zeros, or uninitialized when whoever writes it covers every element. */
+static struct kiln_tensor *base_buffer(struct scope *s, const struct kiln_strided *p, const struct kiln_tensor *g, int covered) {
+  int64_t n = extent(p->base_ndim, p->base_sizes, p->base_strides), numel = 1;
+  for (int d = 0; d < p->base_ndim; d++) numel *= p->base_sizes[d];
+  if (s->failed) return NULL;
+  if (covered && n == numel) return keep(s, kiln_tensor_empty(1, &n, g->dtype, g->device));
+  return zeros(s, 1, &n, g->dtype, g->device);
+}
+
+/* The grad of a base from the grad g of its view (KILN_VIEW_AS_STRIDED): g at the view's places,
+   zero elsewhere; summed first over the dims an expand stretched, whose elements share memory. */
+static struct kiln_tensor *strided_scatter(struct scope *s, const struct kiln_strided *p, const struct kiln_tensor *g) {
+  int64_t sizes[KILN_MAX_DIMS];
+  int dims[KILN_MAX_DIMS], nd = 0;
+  memcpy(sizes, p->sizes, sizeof sizes);
+  for (int d = 0; d < p->ndim; d++)
+    if (p->sizes[d] > 1 && p->strides[d] == 0) { dims[nd++] = d; sizes[d] = 1; }
+  const struct kiln_tensor *gv = g;
+  if (nd && !s->failed) gv = keep(s, kiln_reduce(KILN_OP_SUM, g, nd, dims, 1, 0));
+  struct kiln_tensor *buf = base_buffer(s, p, g, 0);
+  struct kiln_tensor *region = over(s, buf, p->ndim, sizes, p->strides, p->offset);
+  if (region && gv && kiln_copy_(region, gv)) s->failed = 1;
+  return over(s, buf, p->base_ndim, p->base_sizes, p->base_strides, 0);
+}
+
+/* The grads of a KILN_COPY_SLICES node from the grad g of the base: inside the view's region they
+   go to the written value (r[1], shaped as the view), outside it to the base's old history (r[0]). */
+static void copy_slices_grads(struct scope *s, const struct kiln_node *n, const struct kiln_tensor *g, struct kiln_tensor **r) {
+  const struct kiln_strided *p = n->strided;
+  struct kiln_tensor *buf = base_buffer(s, p, g, 1);
+  struct kiln_tensor *gb = over(s, buf, p->base_ndim, p->base_sizes, p->base_strides, 0);
+  if (gb && kiln_copy_(gb, g)) s->failed = 1;
+  struct kiln_tensor *region = over(s, buf, p->ndim, p->sizes, p->strides, p->offset);
+  if (n->in[1].needs && region && !s->failed) r[1] = keep(s, kiln_clone(region));
+  if (n->in[0].needs && region && !s->failed) {
+    if (kiln_fill_(region, 0)) s->failed = 1;
+    r[0] = gb;
+  }
+}
+
 /* The derivatives of views and of the copies that convert (views are not ops: tensor.c makes them). */
 static int view_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
   struct scope sc = {0}, *s = &sc;
@@ -337,6 +536,8 @@ static int view_derivative(struct kiln_node *n, struct kiln_tensor *g, struct ki
   }
   case KILN_VIEW_EXPAND: r[0] = sum_to(s, g, n->in[0].ndim, n->in[0].sizes); break;
   case KILN_VIEW_ALIAS: r[0] = g; break;
+  case KILN_VIEW_AS_STRIDED: r[0] = strided_scatter(s, n->strided, g); break;
+  case KILN_COPY_SLICES: copy_slices_grads(s, n, g, r); break;
   case KILN_GRAD_CLONE: {
     const struct edge *e = &n->in[0];
     struct kiln_tensor *gd = !s->failed ? keep(s, kiln_to_device(g, e->device)) : NULL;
@@ -564,11 +765,6 @@ static int saved_changed(const struct kiln_node *n, int k) {
   const char *what = kind_name(n->kind);
   char op[64];
   snprintf(op, sizeof op, "%s", n->kind == KILN_FUNCTION ? node_name(n) : what);
-  if (n->kind >= KILN_VIEW_BASE && n->kind <= KILN_VIEW_ALIAS)
-    return kiln_fail(KILN_ERR_STATE,
-                     "backward: tensor %s was changed in place after a view of it was taken (by %s), and the view's "
-                     "grad would be wrong; take the view after the in-place op, or change a clone()",
-                     kiln_shape_string(n->saved[k]), op);
   char role[32] = "";
   if (!n->explicit_saved && n->kind < KILN_VIEW_BASE) {
     if (k == 3) snprintf(role, sizeof role, "its output ");
@@ -643,7 +839,7 @@ static void walk_finish(struct kiln_backward_walk *w) {
 
 KILN_API struct kiln_backward_walk *kiln_backward_start(struct kiln_tensor *root, const struct kiln_tensor *grad,
                                                         int retain_graph) {
-  if (kiln_check_live("backward", root)) return NULL;
+  if (kiln_check_live("backward", root) || kiln_autograd_refresh(root)) return NULL;
   if (!root->requires_grad) {
     kiln_fail(KILN_ERR_STATE, "backward: tensor %s does not require grad (no op on it recorded a graph)", kiln_shape_string(root));
     return NULL;

@@ -173,7 +173,9 @@ KILN_API void kiln_tensor_release(struct kiln_tensor *t) {
     kiln_tensor_release(t->grad);
     if (t->grad_fn) __atomic_load_n(&grad_fn_release, __ATOMIC_ACQUIRE)(t->grad_fn);
     storage_release(t->storage);
+    struct kiln_tensor *base = t->base;   /* never a view itself: this recursion is one level deep */
     free(t);
+    kiln_tensor_release(base);
   }
 }
 

@@ -5,8 +5,11 @@
 
 /* ---- views ---- */
 
+/* Every view knows its base (the tensor that is not a view whose storage it shares), so that an
+   in-place op on the view can change the base's history too (autograd.c, kiln_autograd_assign). */
 static struct kiln_tensor *view_of(const struct kiln_tensor *t, int ndim, const int64_t *sizes, const int64_t *strides, int64_t offset) {
   struct kiln_tensor *v = kiln_tensor_header(ndim, sizes, strides, offset, t->dtype, t->device, t->storage);
+  if (v) kiln_view_set_base(v, t);
   return v;
 }
 
