@@ -234,6 +234,13 @@ def ops_fixtures():
                  lambda x: F.interpolate(x, mode="trilinear", align_corners=ac, **kw), x=x5)
     # a dim whose size a scale_factor keeps is copied by the linear modes (3 * 1.3 gives 3)
     diff("interp_bilinear_kept", lambda x: F.interpolate(x, scale_factor=(1.3, 1.5), mode="bilinear"), x=torch.randn(1, 2, 3, 5))
+    # clamp with tensor bounds on ties: x equal to one bound shares the grad with it evenly (as
+    # maximum and minimum do); a lower bound above the upper gives the upper bound and its grad
+    diff("clamp_ties", lambda x, lo, hi: torch.clamp(x, lo, hi),
+         x=torch.tensor([[0.0, 1.0, 2.0, -1.0], [3.0, 1.0, 0.5, 4.0]]),
+         lo=torch.tensor([0.0, 1.0, 2.5, 0.0]), hi=torch.tensor([[2.0], [3.0]]))
+    diff("clamp_ties_swapped", lambda x, lo, hi: torch.clamp(x, lo, hi), x=torch.tensor([1.0, 2.0, 3.0]),
+         lo=torch.tensor([2.0, 2.0, 2.0]), hi=torch.tensor([1.0, 2.5, 1.5]))
     write("torch_ops.safetensors", res)
     torch.set_default_dtype(default)
 
