@@ -11,6 +11,7 @@
 #include "cpu/onednn.h"
 #include "kiln/dtype.h"
 #include <oneapi/dnnl/dnnl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,9 @@ void omp_set_num_threads(int n);   /* libgomp, which oneDNN's OpenMP build bring
 
 static dnnl_engine_t engine;
 static __thread dnnl_stream_t thread_stream;
+static pthread_key_t stream_key;   /* destroys a thread's stream when the thread ends */
+
+static void stream_end(void *s) { dnnl_stream_destroy(s); }
 
 /* This thread's stream, and its OpenMP team of one (oneDNN asks OpenMP how many threads it has
    when it makes a primitive and when it runs one). */
@@ -28,6 +32,7 @@ static dnnl_stream_t stream(void) {
   if (!thread_stream) {
     omp_set_num_threads(1);
     if (dnnl_stream_create(&thread_stream, engine, dnnl_stream_default_flags) != dnnl_success) thread_stream = NULL;
+    else pthread_setspecific(stream_key, thread_stream);
   }
   return thread_stream;
 }
@@ -284,8 +289,9 @@ static struct kiln_onednn table = {
 
 EXPORT const struct kiln_onednn *kiln_onednn_open(int version) {
   if (version != KILN_ONEDNN_VERSION) return NULL;
-  if (!engine) {
+  if (!engine) {   /* libkiln calls this once (pthread_once) */
     omp_set_num_threads(1);
+    if (pthread_key_create(&stream_key, stream_end) != 0) return NULL;
     if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success) return NULL;
     const dnnl_version_t *v = dnnl_version();
     snprintf(table.name, sizeof table.name, "oneDNN %d.%d.%d", v->major, v->minor, v->patch);
