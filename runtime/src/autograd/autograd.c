@@ -579,11 +579,21 @@ static int push(struct nodelist *l, struct kiln_node *x) {
   return KILN_OK;
 }
 
+/* Nothing but g reaches g's storage: no other tensor holds it, or only g's base, which only g
+   holds (a grad that an op made as a view of its own temporary, as matmul does). */
+static int held_by_g_alone(const struct kiln_tensor *g) {
+  int storage_refs = __atomic_load_n(&g->storage->refcount, __ATOMIC_RELAXED);
+  if (__atomic_load_n(&g->refcount, __ATOMIC_RELAXED) != 1) return 0;
+  if (storage_refs == 1) return 1;
+  return g->base && storage_refs == 2 && __atomic_load_n(&g->base->refcount, __ATOMIC_RELAXED) == 1 &&
+         g->base->storage == g->storage;
+}
+
 /* Add g into *acc. A node's grad is only ever replaced (out-of-place sums), so it takes g as it
    is; a leaf's grad is added to in place later, so it takes g only when nothing else holds g. */
 static int accumulate(struct kiln_tensor **acc, struct kiln_tensor *g, int in_place) {
   if (!*acc) {
-    if (!in_place || (g->refcount == 1 && g->storage->refcount == 1 && kiln_is_contiguous(g))) {
+    if (!in_place || (held_by_g_alone(g) && kiln_is_contiguous(g))) {
       kiln_tensor_retain(g);
       *acc = g;
       return KILN_OK;
