@@ -572,7 +572,19 @@ static void convert(void *dst, int dd, const void *src, int sd, int64_t n) {
   if (!convert_vectorised(dst, dd, src, sd, n)) kiln_convert(dst, dd, src, sd, n);
 }
 
-/* Read m elements of src (dtype sd, stride st) into dst as dtype dd. */
+/* m elements of es bytes from src (element stride ss) to dst (element stride ds), as they are. */
+static void move_strided(void *dst, int64_t ds, const void *src, int64_t ss, int es, int64_t m) {
+  switch (es) {
+  case 1: for (int64_t i = 0; i < m; i++) ((uint8_t *)dst)[i * ds] = ((const uint8_t *)src)[i * ss]; return;
+  case 2: for (int64_t i = 0; i < m; i++) ((uint16_t *)dst)[i * ds] = ((const uint16_t *)src)[i * ss]; return;
+  case 4: for (int64_t i = 0; i < m; i++) ((uint32_t *)dst)[i * ds] = ((const uint32_t *)src)[i * ss]; return;
+  case 8: for (int64_t i = 0; i < m; i++) ((uint64_t *)dst)[i * ds] = ((const uint64_t *)src)[i * ss]; return;
+  }
+}
+
+/* Read m elements (m <= BLOCK) of src (dtype sd, stride st) into dst as dtype dd: strided ones
+   gathered as they are first, then converted in one run (a transposed f32 weight cast to bf16
+   under autocast comes this way). */
 static void gather(void *dst, int dd, const char *src, int sd, int64_t st, int64_t m) {
   int ss = kiln_dtype_size(sd), ds = kiln_dtype_size(dd);
   if (st == 1) { convert(dst, dd, src, sd, m); return; }
@@ -581,21 +593,19 @@ static void gather(void *dst, int dd, const char *src, int sd, int64_t st, int64
     for (int64_t i = 1; i < m; i++) memcpy((char *)dst + i * ds, dst, (size_t)ds);
     return;
   }
-  if (sd == dd) {
-    switch (ss) {
-    case 1: for (int64_t i = 0; i < m; i++) ((uint8_t *)dst)[i] = ((const uint8_t *)src)[i * st]; return;
-    case 2: for (int64_t i = 0; i < m; i++) ((uint16_t *)dst)[i] = ((const uint16_t *)src)[i * st]; return;
-    case 4: for (int64_t i = 0; i < m; i++) ((uint32_t *)dst)[i] = ((const uint32_t *)src)[i * st]; return;
-    case 8: for (int64_t i = 0; i < m; i++) ((uint64_t *)dst)[i] = ((const uint64_t *)src)[i * st]; return;
-    }
-  }
-  for (int64_t i = 0; i < m; i++) convert((char *)dst + i * ds, dd, src + i * st * ss, sd, 1);
+  if (sd == dd) { move_strided(dst, 1, src, st, ss, m); return; }
+  _Alignas(64) char raw[BLOCK * 8];
+  move_strided(raw, 1, src, st, ss, m);
+  convert(dst, dd, raw, sd, m);
 }
 
 static void scatter(char *dst, int dd, int64_t st, const void *src, int sd, int64_t m) {
-  int ds = kiln_dtype_size(dd), ss = kiln_dtype_size(sd);
+  int ds = kiln_dtype_size(dd);
   if (st == 1) { convert(dst, dd, src, sd, m); return; }
-  for (int64_t i = 0; i < m; i++) convert(dst + i * st * ds, dd, (const char *)src + i * ss, sd, 1);
+  if (sd == dd) { move_strided(dst, st, src, 1, ds, m); return; }
+  _Alignas(64) char raw[BLOCK * 8];
+  convert(raw, dd, src, sd, m);
+  move_strided(dst, st, raw, 1, ds, m);
 }
 
 static void run_range(void *ctx, int64_t begin, int64_t end) {
