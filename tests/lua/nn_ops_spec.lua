@@ -415,10 +415,11 @@ describe("pooling", function()
     end)
   end
 
-  it("max_pool2d 2x2 in f32 picks the first maximum in raster order, or the last NaN, on every tie", function()
+  it("max_pool2d 2x2 in f32 and bf16 picks the first maximum in raster order, or the last NaN, on every tie", function()
     -- values from {0, 1, 2} and NaNs, so that most windows tie; planes of 8 x 10 (the whole-plane
-    -- f32 path) and 7 x 9 (the general body)
-    for _, hw in ipairs{{8, 10}, {7, 9}} do
+    -- path) and 7 x 9 (the general body)
+    for _, case in ipairs{{8, 10, "f32"}, {7, 9, "f32"}, {8, 10, "bf16"}, {7, 9, "bf16"}} do
+      local hw, dtype = case, case[3]
       local H, W = hw[1], hw[2]
       local vals, n = {}, 3 * H * W
       local r = 12345
@@ -427,7 +428,7 @@ describe("pooling", function()
         local v = r % 7
         vals[i] = v == 6 and 0 / 0 or v % 3
       end
-      local x = leaf(kiln.tensor(vals):view(3, H, W))
+      local x = leaf(kiln.tensor(vals):view(3, H, W):to(dtype))
       local y = F.max_pool2d(x, 2)
       y:sum():backward()
       local OH, OW = math.floor(H / 2), math.floor(W / 2)
@@ -453,7 +454,7 @@ describe("pooling", function()
       local got = flat(y)
       for i = 1, #want do
         local same = (got[i] ~= got[i] and want[i] ~= want[i]) or got[i] == want[i]
-        assert(same, string.format("%dx%d: output %d is %s, want %s", H, W, i, tostring(got[i]), tostring(want[i])))
+        assert(same, string.format("%s %dx%d: output %d is %s, want %s", dtype, H, W, i, tostring(got[i]), tostring(want[i])))
       end
       assert.are.same(grad, flat(x.grad))
     end

@@ -39,10 +39,24 @@ static void init(struct bpool *j, const struct kiln_call *c, const struct kiln_t
 static void max_planes(void *ctx, int64_t begin, int64_t end) {
   const struct bpool *j = ctx;
   int64_t H = j->H, W = j->W, OH = j->OH, OW = j->OW;
+  /* 2 x 2 windows over planes whose width is twice the output's, of up to 64 x 64 outputs: the
+     plane widened to f32 (exactly) and cpu/pool.c's vectorised plane, the maximum then read back
+     from x at its index (so a NaN keeps its bits) */
+  enum { PLANE = 64 * 64 };
+  float xf[4 * PLANE], yf[PLANE], t[2 * PLANE];
+  int32_t tk[2 * PLANE], k[PLANE];
+  int plane2x2 = j->kh == 2 && j->kw == 2 && j->sh == 2 && j->sw == 2 && j->ph == 0 && j->pw == 0 && j->dh == 1 &&
+                 j->dw == 1 && 2 * OH <= H && 2 * OW == W && OH * OW <= PLANE;
   for (int64_t p = begin; p < end; p++) {
     const uint16_t *x = j->in + p * H * W;
     uint16_t *y = j->out + p * OH * OW;
     int64_t *idx = j->idx + p * OH * OW;
+    if (plane2x2) {
+      for (int64_t i = 0; i < 2 * OH * W; i++) xf[i] = from_bf16(x[i]);
+      kiln_cpu_max2x2_plane_f32(xf, OH, OW, W, yf, idx, t, tk, k);
+      for (int64_t o = 0; o < OH * OW; o++) y[o] = x[idx[o]];
+      continue;
+    }
     if (j->kh == 2 && j->kw == 2 && j->sh == 2 && j->sw == 2 && j->ph == 0 && j->pw == 0 && j->dh == 1 && j->dw == 1 &&
         2 * OH <= H && 2 * OW <= W) {   /* the common case: branch-free, so that gcc vectorises it */
       for (int64_t oh = 0; oh < OH; oh++) {

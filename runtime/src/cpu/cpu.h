@@ -57,6 +57,7 @@
 #define kiln_cpu_gemm_bf16_f32 KILN_LEVEL_NAME(kiln_cpu_gemm_bf16_f32)
 #define kiln_cpu_gemm_raw KILN_LEVEL_NAME(kiln_cpu_gemm_raw)
 #define kiln_cpu_copy KILN_LEVEL_NAME(kiln_cpu_copy)
+#define kiln_cpu_max2x2_plane_f32 KILN_LEVEL_NAME(kiln_cpu_max2x2_plane_f32)
 #define kiln_cpu_fill KILN_LEVEL_NAME(kiln_cpu_fill)
 #define kiln_cpu_contiguous KILN_LEVEL_NAME(kiln_cpu_contiguous)
 #endif
@@ -83,6 +84,10 @@ int cpu_conv2d_bf16(const struct kiln_call *c);
 int cpu_conv2d_backward_bf16(const struct kiln_call *c);
 int cpu_max_pool2d_bf16(const struct kiln_call *c);
 int cpu_max_pool2d_backward_bf16(const struct kiln_call *c);
+/* 2 x 2 max pooling, stride 2, of one f32 plane of width W = 2 * OW (cpu/pool.c): y [OH, OW] and
+   the index of each maximum in the plane; t and tk hold 2 * OH * OW, k OH * OW (scratch). */
+void kiln_cpu_max2x2_plane_f32(const float *x, int64_t OH, int64_t OW, int64_t W, float *y, int64_t *idx, float *t,
+                               int32_t *tk, int32_t *k);
 int cpu_cat(const struct kiln_call *c);
 int cpu_index_select(const struct kiln_call *c);
 int cpu_gather(const struct kiln_call *c);

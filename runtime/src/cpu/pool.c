@@ -55,8 +55,8 @@ static inline __attribute__((always_inline)) void take(int dt, double *best, int
    t's columns to an output (rank 1 or 3 for the right one). Ties between the two columns go to
    the lower rank, and between NaNs to the higher: the first maximum in raster order, or the last
    NaN, as take() gives. With W = 2 * OW the second pass runs over the whole plane at once. */
-static void max2x2_plane_f32(const float *restrict x, int64_t OH, int64_t OW, int64_t W, float *restrict y,
-                             int64_t *restrict idx, float *restrict t, int32_t *restrict tk, int32_t *restrict k) {
+void kiln_cpu_max2x2_plane_f32(const float *restrict x, int64_t OH, int64_t OW, int64_t W, float *restrict y,
+                               int64_t *restrict idx, float *restrict t, int32_t *restrict tk, int32_t *restrict k) {
   for (int64_t oh = 0; oh < OH; oh++) {
     const float *r0 = x + 2 * oh * W, *r1 = r0 + W;
     float *to = t + oh * 2 * OW;
@@ -100,7 +100,7 @@ static inline __attribute__((always_inline)) void max_pool_planes(int dt, const 
     void *y = dt_at(j->out, dt, p * OH * OW);
     int64_t *idx = j->idx + p * OH * OW;
     if (plane2x2) {
-      max2x2_plane_f32((const float *)x, OH, OW, W, (float *)y, idx, t, tk, k);
+      kiln_cpu_max2x2_plane_f32((const float *)x, OH, OW, W, (float *)y, idx, t, tk, k);
       continue;
     }
     if (pool_is_2x2(j)) {   /* the common case, unchecked */
