@@ -218,6 +218,9 @@ int kiln_autograd_wanted(int n, const struct kiln_tensor *const *inputs);
    the thread's autocast; else 1 with out[i] the converted inputs (new references, NULL for NULL),
    or -1 on an error. The front end then calls itself with them (nothing left to convert) and
    releases them with kiln_autocast_release. */
+/* t converted to dtype, a transposed matrix in its own layout (ops/views.c; autocast's casts and
+   the grad of a cast). */
+struct kiln_tensor *kiln_to_dtype_in_layout(const struct kiln_tensor *t, int dtype);
 int kiln_autocast_inputs(int op, int n, const struct kiln_tensor *const *in, struct kiln_tensor **out);
 void kiln_autocast_release(int n, struct kiln_tensor **t);
 

@@ -541,7 +541,7 @@ static int view_derivative(struct kiln_node *n, struct kiln_tensor *g, struct ki
   case KILN_GRAD_CLONE: {
     const struct edge *e = &n->in[0];
     struct kiln_tensor *gd = !s->failed ? keep(s, kiln_to_device(g, e->device)) : NULL;
-    r[0] = !s->failed ? keep(s, kiln_to_dtype(gd, e->dtype)) : NULL;
+    r[0] = !s->failed ? keep(s, kiln_to_dtype_in_layout(gd, e->dtype)) : NULL;
     break;
   }
   default:

@@ -31,22 +31,6 @@ KILN_API int kiln_autocast_dtype(int op, int dtype, int device_type, int lower) 
 /* A tensor autocast may convert: live (a freed one is left for the op to refuse). */
 static int live(const struct kiln_tensor *t) { return t && !(t->storage && (t->storage->flags & KILN_STORAGE_FREED)); }
 
-/* t in dtype; a matrix stored transposed (a weight's w:t()) is converted in its own layout, a
-   contiguous pass instead of a strided gather. */
-static struct kiln_tensor *convert(const struct kiln_tensor *t, int dtype) {
-  if (t->ndim >= 2 && !kiln_is_contiguous(t)) {
-    struct kiln_tensor *back = kiln_transpose(t, t->ndim - 2, t->ndim - 1);
-    if (back && kiln_is_contiguous(back)) {
-      struct kiln_tensor *c = kiln_to_dtype(back, dtype);
-      struct kiln_tensor *r = c ? kiln_transpose(c, t->ndim - 2, t->ndim - 1) : NULL;
-      kiln_tensor_release(back); kiln_tensor_release(c);
-      return r;
-    }
-    kiln_tensor_release(back);
-  }
-  return kiln_to_dtype(t, dtype);
-}
-
 int kiln_autocast_inputs(int op, int n, const struct kiln_tensor *const *in, struct kiln_tensor **out) {
   if (autocast_dtype < 0) return 0;
   int change = 0;
@@ -58,7 +42,7 @@ int kiln_autocast_inputs(int op, int n, const struct kiln_tensor *const *in, str
   for (int i = 0; i < n; i++) {
     if (!in[i]) continue;
     int want = live(in[i]) ? kiln_autocast_dtype(op, in[i]->dtype, in[i]->device.type, autocast_dtype) : in[i]->dtype;
-    out[i] = want == in[i]->dtype ? kiln_to_dtype(in[i], want) : convert(in[i], want);
+    out[i] = want == in[i]->dtype ? kiln_to_dtype(in[i], want) : kiln_to_dtype_in_layout(in[i], want);
     if (!out[i]) { kiln_autocast_release(n, out); return -1; }
   }
   return 1;

@@ -322,6 +322,23 @@ KILN_API struct kiln_tensor *kiln_to_dtype(const struct kiln_tensor *t, int dtyp
   return recorded(c, KILN_GRAD_CLONE, t, NULL, 0);
 }
 
+/* t in dtype; a matrix stored transposed (a weight's w:t(), or the grad of one) is converted in
+   its own layout, a contiguous pass instead of a strided gather, and the result is that layout
+   again. Recorded as kiln_to_dtype. */
+struct kiln_tensor *kiln_to_dtype_in_layout(const struct kiln_tensor *t, int dtype) {
+  if (t->ndim >= 2 && t->dtype != dtype && !kiln_is_contiguous(t)) {
+    struct kiln_tensor *back = kiln_transpose(t, t->ndim - 2, t->ndim - 1);
+    if (back && kiln_is_contiguous(back)) {
+      struct kiln_tensor *c = kiln_to_dtype(back, dtype);
+      struct kiln_tensor *r = c ? kiln_transpose(c, t->ndim - 2, t->ndim - 1) : NULL;
+      kiln_tensor_release(back); kiln_tensor_release(c);
+      return r;
+    }
+    kiln_tensor_release(back);
+  }
+  return kiln_to_dtype(t, dtype);
+}
+
 KILN_API struct kiln_tensor *kiln_tensor_pin_memory(const struct kiln_tensor *t) {
   if (kiln_check_live("pin_memory", t)) return NULL;
   if (t->device.type != KILN_CPU) {
