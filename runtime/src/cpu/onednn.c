@@ -267,15 +267,28 @@ int kiln_cpu_conv_run(struct kiln_conv_job *c) {
   if (known && algo == ALGO_IM2COL) return c->im2col(c->ctx);
   char impl[64] = "";
   double im2col_ms = 0, onednn_ms = 0;
-  if (!known && bench) {   /* time both, keep the faster; this call's result is the faster one's too */
-    double t0 = now_ms();
-    int rc = c->im2col(c->ctx);
-    im2col_ms = now_ms() - t0;
-    if (rc) return rc;
+  int rc;
+  if (!known && bench) {
+    /* time both, twice each, and keep the faster's best; oneDNN's plans (its kernels are
+       generated when a plan is made) are made first, outside the timing. This call's result is
+       the faster one's too: each path writes every output afresh. */
+    struct job warm;
+    if ((rc = job_init(&warm, c)) < 0) { job_free(&warm); return kiln_error_code(); }
+    job_free(&warm);
+    for (int r = 0; r < 2; r++) {
+      double t0 = now_ms();
+      if ((rc = c->im2col(c->ctx))) return rc;
+      double t = now_ms() - t0;
+      if (r == 0 || t < im2col_ms) im2col_ms = t;
+    }
   }
-  double t0 = now_ms();
-  int rc = run_onednn(c, impl, sizeof impl);
-  onednn_ms = now_ms() - t0;
+  for (int r = 0; r < (!known && bench ? 2 : 1); r++) {
+    double t0 = now_ms();
+    rc = run_onednn(c, impl, sizeof impl);
+    double t = now_ms() - t0;
+    if (rc) break;
+    if (r == 0 || t < onednn_ms) onednn_ms = t;
+  }
   if (rc < 0) return kiln_error_code();
   if (!known) {
     pthread_mutex_lock(&cache_mu);
@@ -316,16 +329,17 @@ KILN_API const char *kiln_conv_choice(int64_t i) {
   if (!e || i < 0) { pthread_mutex_unlock(&cache_mu); return NULL; }
   const struct choice_key *k = &e->key;
   int n = snprintf(line, sizeof line,
-                   "%s%s%s x [%lld,%lld,%lld,%lld] w [%lld,%lld,%lld,%lld] stride %lld,%lld pad %lld,%lld dilation "
+                   "%s%s%s %s x [%lld,%lld,%lld,%lld] w [%lld,%lld,%lld,%lld] stride %lld,%lld pad %lld,%lld dilation "
                    "%lld,%lld groups %lld: %s%s%s",
                    k->backward ? "backward" : "forward", k->backward && k->gx ? " input" : "",
-                   k->backward && k->gw ? " weight" : "", (long long)k->N, (long long)k->C, (long long)k->H,
+                   k->backward && k->gw ? " weight" : "", kiln_dtype_name(k->dtype), (long long)k->N, (long long)k->C, (long long)k->H,
                    (long long)k->W, (long long)k->O, (long long)(k->C / (k->G ? k->G : 1)), (long long)k->kh,
                    (long long)k->kw, (long long)k->sh, (long long)k->sw, (long long)k->ph, (long long)k->pw,
                    (long long)k->dh, (long long)k->dw, (long long)k->G, e->algo == ALGO_ONEDNN ? "onednn" : "im2col",
-                   e->impl[0] ? " " : "", e->impl);
+                   e->algo == ALGO_ONEDNN && e->impl[0] ? " " : "", e->algo == ALGO_ONEDNN ? e->impl : "");
   if (e->im2col_ms > 0 && n > 0 && (size_t)n < sizeof line)
-    snprintf(line + n, sizeof line - (size_t)n, " (timed: im2col %.3f ms, onednn %.3f ms)", e->im2col_ms, e->onednn_ms);
+    snprintf(line + n, sizeof line - (size_t)n, " (timed: im2col %.3f ms, onednn %.3f ms%s%s)", e->im2col_ms, e->onednn_ms,
+             e->algo == ALGO_IM2COL && e->impl[0] ? " by " : "", e->algo == ALGO_IM2COL ? e->impl : "");
   pthread_mutex_unlock(&cache_mu);
   return line;
 }
