@@ -86,8 +86,12 @@ static inline void transpose8_f32(float *dst, int64_t ld, const float *const *ro
 
 /* The batch from which the persistent forward folds the input projection into its per-step
    products (each weight then serves that many sequences a step) instead of one GEMM first, and
-   the largest panel of packed weights (bytes) it does it with. */
-enum { KILN_RNN_FOLD_MIN_BATCH = 8, KILN_RNN_FOLD_MAX_PANEL = 64 << 10 };
+   the most rows (hidden + input) of the packed [w_hh | w_ih] it does it with. This was a panel's
+   bytes (64K) when every level's panels were 128 bytes wide: 512 rows of either dtype. The avx512
+   level's panels are 256 bytes wide, and there folding is still as fast or faster up to 768 rows
+   from batch 16 (Zen 5, 1 thread, LSTM forward + backward, folded time over not: 0.98-0.99 at
+   hidden + input 320 to 768 and batch 16 to 32, 1.02 at batch 8), so the rule is kept in rows. */
+enum { KILN_RNN_FOLD_MIN_BATCH = 8, KILN_RNN_FOLD_MAX_ROWS = 512 };
 
 /* ---- one recurrent layer, each function one body over dt (cpu/dtype_math.h), a constant at
    each call, with a named function per dtype where the entry points, the pool and the team call
@@ -113,16 +117,35 @@ static inline __attribute__((always_inline)) double gate_tanh(int dt, double x) 
 /* The persistent path's products: y[b][0:n] = sum_k x[b][k] a[k][c] for a matrix a [K][n] that
    stays in the thread's cache, packed once per call in panels of PW columns (panel p holds
    columns p*PW.. for every k, contiguous, zeros past n), so that a step streams it in order;
-   NB sequences at a time against one panel (NB x 4 vector accumulators of 32 bytes: LANES
-   elements, PW = 4 * LANES). */
-enum { LANES_F32 = 8, PW_F32 = 4 * LANES_F32, LANES_F64 = 4, PW_F64 = 4 * LANES_F64 };
+   BLOCK sequences at a time against one panel (BLOCK x 4 vector accumulators of VEC_BYTES:
+   LANES elements, PW = 4 * LANES). Each level its own: 64-byte vectors (zmm) in 4 x 4
+   accumulators in the avx512 level, which has 32 vector registers; 32-byte vectors (ymm) in the
+   avx2 level and 16-byte ones (xmm) in the baseline, in 2 x 4 accumulators, as those have 16
+   registers (4 x 4 accumulators and the 4 weights spilled: half the speed). Each product is summed
+   over k in order whatever the width and the block, so the results do not depend on them (but for
+   a block of one sequence, below, which the batch alone decides). */
+#if defined(__AVX512F__)
+#define VEC_BYTES 64
+#define BLOCK 4
+#elif defined(__AVX__)
+#define VEC_BYTES 32
+#define BLOCK 2
+#else
+#define VEC_BYTES 16
+#define BLOCK 2
+#endif
+enum { LANES_F32 = VEC_BYTES / 4, PW_F32 = 4 * LANES_F32, LANES_F64 = VEC_BYTES / 8, PW_F64 = 4 * LANES_F64 };
 
-/* 32 bytes of the dtype's elements: a vector of each type, of which a body over dt uses the one
+/* VEC_BYTES of the dtype's elements: a vector of each type, of which a body over dt uses the one
    of its dtype (the other is never set, and compiled away). */
-typedef float vec_f32 __attribute__((vector_size(32)));
-typedef double vec_f64 __attribute__((vector_size(32)));
+typedef float vec_f32 __attribute__((vector_size(VEC_BYTES)));
+typedef double vec_f64 __attribute__((vector_size(VEC_BYTES)));
 struct vec { vec_f32 f; vec_f64 d; };
 
+static inline __attribute__((always_inline)) struct vec vec_zero(void) {
+  struct vec v = {{0}, {0}};
+  return v;
+}
 static inline __attribute__((always_inline)) struct vec vec_load(int dt, const void *p) {
   struct vec v = {{0}, {0}};
   if (dt == KILN_F32) memcpy(&v.f, p, sizeof v.f);
@@ -189,10 +212,13 @@ static inline __attribute__((always_inline)) void times_block(int dt, const int 
                                                               int64_t p, const void *const *x, void *const *y, int64_t out) {
   const int64_t LANES = dt == KILN_F32 ? LANES_F32 : LANES_F64, PW = 4 * LANES;
   const void *ap = dt_at(packed, dt, p * K * PW);
-  struct vec acc[4][4] = {{{{0}, {0}}}};
+  /* only the NB x 4 accumulators in use are set (zeroing the whole array costs a rep stos a call) */
+  struct vec acc[4][4];
+  for (int q = 0; q < NB; q++)
+    for (int v = 0; v < 4; v++) acc[q][v] = vec_zero();
   int64_t k = 0;
   if (NB == 1) {   /* one sequence: a second set of accumulators for odd k hides the FMA latency */
-    struct vec odd[4] = {{{0}, {0}}};
+    struct vec odd[4] = {vec_zero(), vec_zero(), vec_zero(), vec_zero()};
     for (; k + 2 <= K; k += 2) {
       const void *ak = dt_at(ap, dt, k * PW);
       double x0 = dt_load(x[0], dt, k), x1 = dt_load(x[0], dt, k + 1);
@@ -209,7 +235,10 @@ static inline __attribute__((always_inline)) void times_block(int dt, const int 
     struct vec w3 = vec_load(dt, dt_at(ak, dt, 3 * LANES));
     /* the four weight vectors are loaded once for the NB sequences: without this the compiler
        folds a load into every FMA, and the loop waits on the load ports instead of the FMAs */
-#if defined(__AVX__)
+#if defined(__AVX512F__)   /* "v": any of the 32 vector registers */
+    if (dt == KILN_F32) __asm__("" : "+v"(w0.f), "+v"(w1.f), "+v"(w2.f), "+v"(w3.f));
+    else __asm__("" : "+v"(w0.d), "+v"(w1.d), "+v"(w2.d), "+v"(w3.d));
+#elif defined(__x86_64__)
     if (dt == KILN_F32) __asm__("" : "+x"(w0.f), "+x"(w1.f), "+x"(w2.f), "+x"(w3.f));
     else __asm__("" : "+x"(w0.d), "+x"(w1.d), "+x"(w2.d), "+x"(w3.d));
 #endif
@@ -221,15 +250,21 @@ static inline __attribute__((always_inline)) void times_block(int dt, const int 
   }
   int64_t c0 = p * PW, m = n - c0 < PW ? n - c0 : PW;
   for (int q = 0; q < NB; q++) {
-    char vals[4 * 32];
+    if (m == PW) {   /* a whole panel: the accumulators stored as they are */
+      for (int v = 0; v < 4; v++)
+        if (dt == KILN_F32) memcpy(dt_at(y[q], dt, out + v * LANES), &acc[q][v].f, VEC_BYTES);
+        else memcpy(dt_at(y[q], dt, out + v * LANES), &acc[q][v].d, VEC_BYTES);
+      continue;
+    }
+    char vals[4 * VEC_BYTES];
     for (int v = 0; v < 4; v++)
-      if (dt == KILN_F32) memcpy(vals + 32 * v, &acc[q][v].f, 32);
-      else memcpy(vals + 32 * v, &acc[q][v].d, 32);
+      if (dt == KILN_F32) memcpy(vals + VEC_BYTES * v, &acc[q][v].f, VEC_BYTES);
+      else memcpy(vals + VEC_BYTES * v, &acc[q][v].d, VEC_BYTES);
     memcpy(dt_at(y[q], dt, out), vals, dt_size(dt) * (size_t)m);
   }
 }
 
-/* ys[q] = xs[q] a for na rows. Panel by panel, each panel against all of them in blocks of 4,
+/* ys[q] = xs[q] a for na rows. Panel by panel, each panel against all of them in blocks of BLOCK,
    so that the weights are read once a step whatever the batch (from L2 or further out when they
    do not fit), and a panel is reused from L1 or L2 by the blocks after the first. With span > 0
    (a multiple of PW), column c goes to (c / span) * stride + c % span of ys[q]: the forward's
@@ -238,8 +273,8 @@ static inline __attribute__((always_inline)) void times_rows(int dt, const void 
                                                              const void **xs, void **ys, int64_t span, int64_t stride) {
   for (int64_t p = 0; p < panels(dt, n); p++) {
     int64_t c0 = p * panel_width(dt), out = span ? (c0 / span) * stride + c0 % span : c0, q = 0;
-    for (; q + 4 <= na; q += 4) times_block(dt, 4, packed, K, n, p, xs + q, ys + q, out);
-    if (na - q == 3) times_block(dt, 3, packed, K, n, p, xs + q, ys + q, out);
+    for (; q + BLOCK <= na; q += BLOCK) times_block(dt, BLOCK, packed, K, n, p, xs + q, ys + q, out);
+    if (BLOCK > 3 && na - q == 3) times_block(dt, 3, packed, K, n, p, xs + q, ys + q, out);
     else if (na - q == 2) times_block(dt, 2, packed, K, n, p, xs + q, ys + q, out);
     else if (na - q == 1) times_block(dt, 1, packed, K, n, p, xs + q, ys + q, out);
   }
@@ -684,7 +719,7 @@ static inline __attribute__((always_inline)) int forward(int dt, const struct ki
      enough sequences a step and a panel of [w_hh | w_ih] is small (LSTM and plain
      RNN: a GRU's n gate keeps the two apart) */
   int fold = c->ints[2] == KILN_RNN_PERSISTENT && L.mode != KILN_RNN_GRU && B >= KILN_RNN_FOLD_MIN_BATCH &&
-             (H + L.I) * panel_width(dt) * (int64_t)es <= KILN_RNN_FOLD_MAX_PANEL;
+             H + L.I <= KILN_RNN_FOLD_MAX_ROWS;
   size_t nxp = es * (size_t)(T * B * GH > 0 ? T * B * GH : 1);   /* large: from the block cache */
   L.xp = fold ? NULL : kiln_cpu_alloc(nxp);
   L.zero = zeros;
