@@ -74,6 +74,12 @@ KILN_API int kiln_rnn_choose_algo(int mode, int64_t batch, int64_t hidden, int d
       chosen = KILN_RNN_GEMM;
       snprintf(buf, sizeof buf, "GEMM per step: batch %lld is above %d, where one product per step is as fast",
                (long long)batch, KILN_RNN_PERSISTENT_MAX_BATCH);
+    } else if (threads == 1) {
+      /* a team of one has no barrier to wait at: its products (packed once, 64-byte vectors at
+         the avx512 level) beat a GEMM per step at every size measured (docs/rnn.md) */
+      chosen = KILN_RNN_PERSISTENT;
+      snprintf(buf, sizeof buf, "persistent: batch %lld, 1 thread (no barrier to wait at), %.0fk multiply-adds a step",
+               (long long)batch, work / 1e3);
     } else if (batch > 16 && hidden < KILN_RNN_PERSISTENT_MIN_HIDDEN_ABOVE_16) {
       chosen = KILN_RNN_GEMM;
       snprintf(buf, sizeof buf, "GEMM per step: at batch %lld and hidden size %lld (below %d) one product per step is as fast",
@@ -190,6 +196,9 @@ KILN_API struct kiln_tensor *kiln_rnn_layer(int mode, const struct kiln_tensor *
   if (!(z = kiln_tensor_empty(3, zs, x->dtype, x->device))) goto fail;
   int chosen = kiln_rnn_choose_algo(mode, B, H, x->dtype, x->device, algo, NULL, 0);
   if (chosen == KILN_RNN_CUDNN && I == 0) chosen = KILN_RNN_GEMM;   /* cuDNN needs an input feature */
+  /* one step (the cells): the team would pack the weights for a single product, which a GEMM
+     runs as fast (persistent / GEMM time 0.75 to 0.97 at one step, 1.0 to 1.15 at four) */
+  if (chosen == KILN_RNN_PERSISTENT && algo == KILN_RNN_AUTO && T == 1) chosen = KILN_RNN_GEMM;
   /* cuDNN's reserve is made by its kernel (rnn_calls.h) */
   if (kiln_rnn_reserve(mode) && chosen != KILN_RNN_CUDNN) {
     int64_t rs[3] = {T, B, kiln_rnn_reserve(mode) * H};
