@@ -308,6 +308,10 @@ struct layer {
   void *dgx, *dgh;               /* [T,B,GH] pre-activation grads (dgh: as seen by w_hh; = dgx but for GRU) */
   void *dgs;                     /* [B,GH]: the GEMM path's rows of this step, when dgh has them apart */
   void *dh, *dc, *tmp;           /* [B,H] */
+  void *gbx, *gbh;               /* [GH]: the bias grads (sums of dgx and of dgh rows), when the persistent
+                                    team sums them as it goes (gbh: the GRU's, else NULL); else NULL */
+  void *gx;                      /* [T,B,I]: the grad of x, when the persistent team computes it step by
+                                    step (the input projection's fold, backward); else NULL */
   struct barrier bar;
 };
 
@@ -504,6 +508,22 @@ static void carry_back_f64(struct layer *L, int64_t s, int64_t b, int64_t k0, in
   carry_back(KILN_F64, L, s, b, k0, k1, prod);
 }
 
+/* The bias grads of units [j0, j1) of every gate, from the rows of sequence b at step s: the
+   persistent team's sums, kept per unit by the thread that owns it, over steps from the last. */
+static inline __attribute__((always_inline)) void bias_rows(int dt, struct layer *L, int64_t s, int64_t b, int64_t j0,
+                                                            int64_t j1) {
+  int64_t row = step_time(L, s, b) * L->B + b;
+  for (int k = 0; k < 2; k++) {
+    void *gb = k ? L->gbh : L->gbx;
+    if (!gb) continue;
+    const void *src = dt_at(k ? L->dgh : L->dgx, dt, row * L->GH);
+    for (int64_t g = 0; g < L->G; g++)
+      for (int64_t j = g * L->H + j0; j < g * L->H + j1; j++) dt_store(gb, dt, j, dt_add(dt, dt_load(gb, dt, j), dt_load(src, dt, j)));
+  }
+}
+static void bias_rows_f32(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1) { bias_rows(KILN_F32, L, s, b, j0, j1); }
+static void bias_rows_f64(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1) { bias_rows(KILN_F64, L, s, b, j0, j1); }
+
 /* ---- the GEMM path: one product per step over the batch, then the fused gates ---- */
 
 struct rows { struct layer *L; int64_t s; };
@@ -646,23 +666,31 @@ static inline __attribute__((always_inline)) void backward_team(int dt, struct l
   int64_t nj = j1 - j0;
   int sense = 0;
   const size_t es = dt_size(dt);
-  /* columns j0..j1 of w_hh, packed [GH][nj]; the products [B][nj] */
+  /* columns j0..j1 of w_hh, packed [GH][nj]; the products [B][nj]. With the fold, also columns
+     i0..i1 of w_ih, packed [GH][ni], against the step's rows of dgx: its rows of x's grad. */
+  int64_t i0 = 0, i1 = 0, I = L->I;
+  if (L->gx) slice(I, id, nteam, &i0, &i1);
+  int64_t ni = i1 - i0;
   void *wc = malloc(es * (size_t)(panels(dt, nj) * panel_width(dt) * GH + 1));
+  void *wi = ni ? malloc(es * (size_t)(panels(dt, ni) * panel_width(dt) * GH + 1)) : NULL;
   void *prod = malloc(es * (size_t)(B * nj + 1));
   unsigned char *active = malloc((size_t)B);
   const void **xs = malloc(sizeof(void *) * (size_t)(B + 1));
   void **ys = malloc(sizeof(void *) * (size_t)(B + 1));
-  if (!wc || !prod || !active || !xs || !ys) __atomic_store_n(&L->bar.failed, 1, __ATOMIC_RELAXED);
+  if (!wc || (ni && !wi) || !prod || !active || !xs || !ys) __atomic_store_n(&L->bar.failed, 1, __ATOMIC_RELAXED);
   barrier_wait(&L->bar, &sense);
   if (__atomic_load_n(&L->bar.failed, __ATOMIC_RELAXED)) {
-    free(wc); free(prod); free(active); free(xs); free(ys);
+    free(wc); free(wi); free(prod); free(active); free(xs); free(ys);
     return;
   }
   pack_rows(dt, wc, GH, nj, dt_at(L->w_hh, dt, j0), H);
+  if (ni) pack_rows(dt, wi, GH, ni, dt_at(L->w_ih, dt, i0), I);
   for (int64_t s = L->T - 1; s >= 0; s--) {
     for (int64_t b = 0; b < B; b++) {
       active[b] = s < L->len[b];
-      if (active[b]) dt == KILN_F32 ? cell_backward_f32(L, s, b, j0, j1) : cell_backward_f64(L, s, b, j0, j1);
+      if (!active[b]) continue;
+      dt == KILN_F32 ? cell_backward_f32(L, s, b, j0, j1) : cell_backward_f64(L, s, b, j0, j1);
+      if (L->gbx || L->gbh) dt == KILN_F32 ? bias_rows_f32(L, s, b, j0, j1) : bias_rows_f64(L, s, b, j0, j1);
     }
     barrier_wait(&L->bar, &sense);
     /* this step's rows are read where they are in dgh, by time, so that the next step may write
@@ -675,8 +703,20 @@ static inline __attribute__((always_inline)) void backward_team(int dt, struct l
     for (int64_t b = 0; b < B; b++)
       if (active[b])
         dt == KILN_F32 ? carry_back_f32(L, s, b, j0, j1, dt_at(prod, dt, b * nj)) : carry_back_f64(L, s, b, j0, j1, dt_at(prod, dt, b * nj));
+    if (ni) {   /* x's grad of the step, off the recurrence's path: its rows of dgx times w_ih */
+      na = 0;
+      for (int64_t b = 0; b < B; b++)
+        if (active[b]) {
+          int64_t row = step_time(L, s, b) * B + b;
+          xs[na] = dt_at(L->dgx, dt, row * GH);
+          ys[na] = dt_at(L->gx, dt, row * I + i0);
+          na++;
+        }
+      if (dt == KILN_F32) times_rows_f32(wi, GH, ni, na, xs, ys, 0, 0);
+      else times_rows_f64(wi, GH, ni, na, xs, ys, 0, 0);
+    }
   }
-  free(wc); free(prod); free(active); free(xs); free(ys);
+  free(wc); free(wi); free(prod); free(active); free(xs); free(ys);
 }
 static void backward_team_f32(void *ctx, int id, int nteam) { backward_team(KILN_F32, ctx, id, nteam); }
 static void backward_team_f64(void *ctx, int id, int nteam) { backward_team(KILN_F64, ctx, id, nteam); }
@@ -802,9 +842,25 @@ static inline __attribute__((always_inline)) int backward(int dt, const struct k
     rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory for the layer's buffers");
     goto done;
   }
+  /* the persistent team computes x's grad step by step under the forward's fold rule: as many
+     sequences a step and as small a packed w_ih (its columns, as tall as w_hh's) */
+  if (bw->gx && c->ints[2] == KILN_RNN_PERSISTENT && B >= KILN_RNN_FOLD_MIN_BATCH && H + I <= KILN_RNN_FOLD_MAX_ROWS && I > 0) {
+    L.gx = kiln_tensor_data(bw->gx);
+    if (L.padded) memset(L.gx, 0, es * (size_t)(T * B * I));   /* rows past a sequence's end */
+  }
   memcpy(L.dh, dt_at(L.gz, dt, T * B * H), es * (size_t)(B * H));
   if (L.mode == KILN_RNN_LSTM) memcpy(L.dc, dt_at(L.gz, dt, (T + 1) * B * H), es * (size_t)(B * H));
   else memset(L.dc, 0, es * (size_t)(B * H));
+  int team_bias = c->ints[2] == KILN_RNN_PERSISTENT;
+  if (team_bias) {
+    /* the team sums the bias grads as it goes, instead of a pass over dgx (and dgh) after it:
+       b_ih's from dgx, b_hh's from dgh (the same sums but for the GRU: copied below) */
+    if (bw->gb_ih) L.gbx = kiln_tensor_data(bw->gb_ih);
+    else if (bw->gb_hh && L.dgh == L.dgx) L.gbx = kiln_tensor_data(bw->gb_hh);
+    if (bw->gb_hh && L.dgh != L.dgx) L.gbh = kiln_tensor_data(bw->gb_hh);
+    if (L.gbx) memset(L.gbx, 0, es * (size_t)GH);
+    if (L.gbh) memset(L.gbh, 0, es * (size_t)GH);
+  }
   if (c->ints[2] == KILN_RNN_PERSISTENT) {
     barrier_init(&L.bar, kiln_parallel_team_size());
     kiln_parallel_team(dt == KILN_F32 ? backward_team_f32 : backward_team_f64, &L);
@@ -816,7 +872,7 @@ static inline __attribute__((always_inline)) int backward(int dt, const struct k
   }
   if (bw->gh0) memcpy(kiln_tensor_data(bw->gh0), L.dh, es * (size_t)(B * H));
   if (bw->gc0) memcpy(kiln_tensor_data(bw->gc0), L.dc, es * (size_t)(B * H));
-  if (bw->gx) kiln_cpu_gemm_raw(dt, 0, 0, T * B, I, GH, 1.0, L.dgx, GH, L.w_ih, I, 0.0, kiln_tensor_data(bw->gx), I);
+  if (bw->gx && !L.gx) kiln_cpu_gemm_raw(dt, 0, 0, T * B, I, GH, 1.0, L.dgx, GH, L.w_ih, I, 0.0, kiln_tensor_data(bw->gx), I);
   if (bw->gw_ih) kiln_cpu_gemm_raw(dt, 1, 0, GH, I, T * B, 1.0, L.dgx, GH, L.x, I, 0.0, kiln_tensor_data(bw->gw_ih), I);
   if (bw->gw_hh && !gather) {
     /* rows of the step whose state before is h0 (the first, or the last when reversed), then the
@@ -840,7 +896,7 @@ static inline __attribute__((always_inline)) int backward(int dt, const struct k
     if (!gb) continue;
     if (k == 1 && bw->gb_ih && L.dgh == L.dgx)   /* the same sums as b_ih's */
       memcpy(kiln_tensor_data(gb), kiln_tensor_data(bw->gb_ih), es * (size_t)GH);
-    else
+    else if (!team_bias)
       bias_grad(dt, kiln_tensor_data(gb), k ? L.dgh : L.dgx, T * B, GH);
   }
 done:
