@@ -10,18 +10,28 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__linux__)
+#include <limits.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
-/* A sense-reversing barrier that spins: the team's threads are all running (kiln_parallel_team),
-   and a step is far shorter than a sleep and wake-up; a long wait yields the core. */
+/* A sense-reversing barrier that spins, then sleeps: the team's threads are all running
+   (kiln_parallel_team), and a step is far shorter than a sleep and wake-up, so a waiter spins
+   first. A teammate that is late by more than a few steps was most likely descheduled (more
+   runnable threads than cores: other processes on the machine), and the core it needs may be
+   this one: then the waiter sleeps on a futex, and the last to arrive wakes the sleepers. */
 struct barrier {
   int n;
   int count;
   int sense;
+  int sleepers;
   int failed;   /* a thread could not set up: everyone leaves after the first wait */
 };
 
 static void barrier_init(struct barrier *b, int n) {
-  b->n = n; b->count = 0; b->sense = 0; b->failed = 0;
+  b->n = n; b->count = 0; b->sense = 0; b->sleepers = 0; b->failed = 0;
 }
 
 static inline void cpu_relax(void) {
@@ -30,20 +40,35 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+/* pauses before a waiter sleeps: about 50 us (a pause is 10-40 ns), several steps of a layer that
+   the persistent path runs at 2 threads */
+enum { BARRIER_SPINS = 2000 };
+
 static void barrier_wait(struct barrier *b, int *local_sense) {
   if (b->n <= 1) return;
   int s = !*local_sense;
   *local_sense = s;
   if (__atomic_add_fetch(&b->count, 1, __ATOMIC_ACQ_REL) == b->n) {
     __atomic_store_n(&b->count, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&b->sense, s, __ATOMIC_RELEASE);
-  } else {
-    /* spin; after a while give the core away, in case a teammate was descheduled (more threads
-       than free cores) */
-    for (unsigned spins = 0; __atomic_load_n(&b->sense, __ATOMIC_ACQUIRE) != s; spins++) {
-      if (spins < 20000) cpu_relax();
-      else sched_yield();
-    }
+    __atomic_store_n(&b->sense, s, __ATOMIC_SEQ_CST);
+#if defined(__linux__)
+    if (__atomic_load_n(&b->sleepers, __ATOMIC_SEQ_CST))
+      syscall(SYS_futex, &b->sense, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+#endif
+    return;
+  }
+  for (int spins = 0; __atomic_load_n(&b->sense, __ATOMIC_ACQUIRE) != s; spins++) {
+    if (spins < BARRIER_SPINS) { cpu_relax(); continue; }
+#if defined(__linux__)
+    /* announce the sleep, then sleep only while the sense is still the old one (the waker stores
+       the sense before it reads sleepers, this thread counts itself before it reads the sense) */
+    __atomic_add_fetch(&b->sleepers, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&b->sense, __ATOMIC_SEQ_CST) != s)
+      syscall(SYS_futex, &b->sense, FUTEX_WAIT_PRIVATE, !s, NULL, NULL, 0);
+    __atomic_sub_fetch(&b->sleepers, 1, __ATOMIC_SEQ_CST);
+#else
+    sched_yield();
+#endif
   }
 }
 
