@@ -89,9 +89,11 @@ describe("amp bf16 arithmetic", function()
       assert.are.equal("bf16", got:dtype())
       -- the one rounding to bf16 of the result: 2^-8 relative, plus f32 accumulation
       assert.is_true(max_rel(got, want) < 2 ^ -7, table.concat(s, "x"))
-      -- transposed operands take the same path
+      -- transposed operands take the same path; a transposed A is packed 8 rows at a time (a
+      -- weight's grad, x^T dy), to the same bits
       local gt = bb:t():contiguous():t()
       assert.is_true(max_rel(ab:matmul(gt), want) < 2 ^ -7)
+      assert.are.same(got:float():totable(), ab:t():contiguous():t():matmul(bb):float():totable())
     end
   end)
   it("convolves bf16 tensors, forward and backward, as f64 arithmetic on the rounded inputs", function()
