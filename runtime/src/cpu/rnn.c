@@ -3,6 +3,7 @@
    threads that each keep a slice of the recurrent weights in their core's cache and meet at a
    spinning barrier once per step. */
 #include "cpu.h"
+#include "convert.h"
 #include "dtype_math.h"
 #include "rnn_calls.h"
 #include "vexp.h"
@@ -337,6 +338,20 @@ struct layer {
                                     team sums them as it goes (gbh: the GRU's, else NULL); else NULL */
   void *gx;                      /* [T,B,I]: the grad of x, when the persistent team computes it step by
                                     step (the input projection's fold, backward); else NULL */
+  /* bf16: a layer whose input is bf16 (autocast's) runs its products on bf16 rows with f32 sums
+     (cpu/bf16_rnn.c); its state, gates, reserve and grads stay f32 until their last rounding. The
+     f32 buffers above are then f32 (x, z and gz are not used: xb, zb and an f32 copy of gz) */
+  int bf;
+  int wdt;                       /* the weights' dtype (f32 or bf16) */
+  const uint16_t *xb;            /* x [T,B,I] */
+  uint16_t *zb;                  /* Z [T+S,B,H] */
+  uint16_t *h0b;                 /* [B,H] h0 rounded, one element to spare */
+  uint16_t *whhb, *wihb;         /* w_hh, w_ih rounded (the GEMM path and the GEMMs of the layer) */
+  uint16_t *dgxb, *dghb;         /* [T,B,GHp] dgx and dgh rounded (dghb = dgxb but for the GRU) */
+  uint16_t *gxb;                 /* [T,B,I] x's grad (bf16), when the persistent team computes it */
+  int64_t GHp;                   /* GH rounded up to even: dgxb's rows */
+  uint16_t *hb;                  /* the GEMM path: [B,H] the state rounded, the step's product's rows */
+  float *yrows;                  /* the GEMM path: [B,H] output rows before their rounding */
   struct barrier bar;
 };
 
@@ -350,6 +365,11 @@ static inline int64_t prev_time(const struct layer *L, int64_t t) { return L->re
 static inline __attribute__((always_inline)) const void *h_before(int dt, const struct layer *L, int64_t s, int64_t b,
                                                                   int64_t t) {
   return s == 0 ? dt_at(L->h0, dt, b * L->H) : dt_at(L->z, dt, (prev_time(L, t) * L->B + b) * L->H);
+}
+
+/* The same in bf16 (the products' rows): h0 rounded, else the previous step's output row. */
+static inline const uint16_t *h_before_bf(const struct layer *L, int64_t s, int64_t b, int64_t t) {
+  return s == 0 ? L->h0b + b * L->H : L->zb + (prev_time(L, t) * L->B + b) * L->H;
 }
 
 /* A gate's input, xp + bi + hh + bh at element k, in the dtype. */
@@ -469,22 +489,26 @@ static inline __attribute__((always_inline)) void plain_backward(int dt, const i
    (and c[b]), writes the new state to hout[b] (another buffer) and c[b], the output to Z and the
    reserve. */
 static inline __attribute__((always_inline)) void cell_forward(int dt, struct layer *L, int64_t s, int64_t b, int64_t j0,
-                                                               int64_t j1, const void *hin, void *hout) {
+                                                               int64_t j1, const void *hin, void *hout, void *yf) {
   int64_t H = L->H, t = step_time(L, s, b), row = t * L->B + b, n = j1 - j0;
   const void *xp = L->xp ? dt_at(L->xp, dt, row * L->GH + j0) : dt_at(L->zero, dt, j0);
   const void *bi = dt_at(L->b_ih, dt, j0), *hh = dt_at(L->hh, dt, b * L->GH + j0), *bh = dt_at(L->b_hh, dt, j0);
-  void *y = dt_at(L->z, dt, row * H + j0), *ho = dt_at(hout, dt, b * H + j0);
+  /* the output row; bf16: yf, a scratch row of the caller's, then the output rounded into zb */
+  void *y = L->bf ? yf : dt_at(L->z, dt, row * H + j0), *ho = dt_at(hout, dt, b * H + j0);
   void *res = L->res ? dt_at(L->res, dt, row * L->RS * H + j0) : NULL;
   if (L->mode == KILN_RNN_LSTM) lstm_forward(dt, H, n, xp, bi, hh, bh, dt_at(L->c, dt, b * H + j0), res, ho, y);
   else if (L->mode == KILN_RNN_GRU) gru_forward(dt, H, n, xp, bi, hh, bh, dt_at(hin, dt, b * H + j0), res, ho, y);
   else if (L->mode == KILN_RNN_RELU) plain_forward(dt, 1, n, xp, bi, hh, bh, ho, y);
   else plain_forward(dt, 0, n, xp, bi, hh, bh, ho, y);
+  if (L->bf) kiln_cpu_rnn_bf16_round(L->zb + row * H + j0, y, KILN_F32, n);
 }
-static void cell_forward_f32(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1, const void *hin, void *hout) {
-  cell_forward(KILN_F32, L, s, b, j0, j1, hin, hout);
+static void cell_forward_f32(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1, const void *hin, void *hout,
+                             void *yf) {
+  cell_forward(KILN_F32, L, s, b, j0, j1, hin, hout, yf);
 }
-static void cell_forward_f64(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1, const void *hin, void *hout) {
-  cell_forward(KILN_F64, L, s, b, j0, j1, hin, hout);
+static void cell_forward_f64(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1, const void *hin, void *hout,
+                             void *yf) {
+  cell_forward(KILN_F64, L, s, b, j0, j1, hin, hout, yf);
 }
 
 /* The grads of units [j0, j1) of sequence b at step s: dh[b] holds the grad of the step's output
@@ -547,6 +571,30 @@ static inline __attribute__((always_inline)) void bias_rows(int dt, struct layer
   }
 }
 static void bias_rows_f32(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1) { bias_rows(KILN_F32, L, s, b, j0, j1); }
+
+/* bf16: the rows of dgx (and dgh) of units [j0, j1) of sequence b at step s rounded into dgxb
+   (dghb), the rows the products and the weight grads read, and added to the bias grads when the
+   team sums them (gbx, gbh), in one pass */
+static inline __attribute__((always_inline)) void grad_rows_one(int64_t n, const float *restrict src, uint16_t *restrict dst,
+                                                                float *restrict gb) {
+  if (gb)
+    for (int64_t j = 0; j < n; j++) { gb[j] += src[j]; dst[j] = convert_f32_to_bf16(src[j]); }
+  else
+    for (int64_t j = 0; j < n; j++) dst[j] = convert_f32_to_bf16(src[j]);
+}
+static void grad_rows_bf(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1, int sums) {
+  int64_t row = step_time(L, s, b) * L->B + b;
+  for (int64_t g = 0; g < L->G; g++) {
+    int64_t k = g * L->H + j0;
+    grad_rows_one(j1 - j0, (const float *)L->dgx + row * L->GH + k, L->dgxb + row * L->GHp + k,
+                  sums && L->gbx ? (float *)L->gbx + k : NULL);
+    if (L->dghb != L->dgxb)
+      grad_rows_one(j1 - j0, (const float *)L->dgh + row * L->GH + k, L->dghb + row * L->GHp + k,
+                    sums && L->gbh ? (float *)L->gbh + k : NULL);
+    else if (sums && L->gbh)
+      for (int64_t j = k; j < k + j1 - j0; j++) ((float *)L->gbh)[j] += ((const float *)L->dgh)[row * L->GH + j];
+  }
+}
 static void bias_rows_f64(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1) { bias_rows(KILN_F64, L, s, b, j0, j1); }
 
 /* ---- the GEMM path: one product per step over the batch, then the fused gates ---- */
@@ -556,8 +604,8 @@ struct rows { struct layer *L; int64_t s; };
 static inline __attribute__((always_inline)) void forward_rows(int dt, const struct rows *r, int64_t b0, int64_t b1) {
   struct layer *L = r->L;
   for (int64_t b = b0; b < b1; b++)
-    if (r->s < L->len[b]) dt == KILN_F32 ? cell_forward_f32(L, r->s, b, 0, L->H, L->h, L->hnext)
-                                         : cell_forward_f64(L, r->s, b, 0, L->H, L->h, L->hnext);
+    if (r->s < L->len[b]) dt == KILN_F32 ? cell_forward_f32(L, r->s, b, 0, L->H, L->h, L->hnext, L->yrows + b * L->H)
+                                         : cell_forward_f64(L, r->s, b, 0, L->H, L->h, L->hnext, NULL);
     else memcpy(dt_at(L->hnext, dt, b * L->H), dt_at(L->h, dt, b * L->H), dt_size(dt) * (size_t)L->H);   /* past its end: carry */
 }
 static void forward_rows_f32(void *ctx, int64_t b0, int64_t b1) { forward_rows(KILN_F32, ctx, b0, b1); }
@@ -566,7 +614,10 @@ static void forward_rows_f64(void *ctx, int64_t b0, int64_t b1) { forward_rows(K
 static inline __attribute__((always_inline)) void backward_rows(int dt, const struct rows *r, int64_t b0, int64_t b1) {
   struct layer *L = r->L;
   for (int64_t b = b0; b < b1; b++)
-    if (r->s < L->len[b]) dt == KILN_F32 ? cell_backward_f32(L, r->s, b, 0, L->H) : cell_backward_f64(L, r->s, b, 0, L->H);
+    if (r->s < L->len[b]) {
+      dt == KILN_F32 ? cell_backward_f32(L, r->s, b, 0, L->H) : cell_backward_f64(L, r->s, b, 0, L->H);
+      if (L->bf) grad_rows_bf(L, r->s, b, 0, L->H, 0);
+    }
 }
 static void backward_rows_f32(void *ctx, int64_t b0, int64_t b1) { backward_rows(KILN_F32, ctx, b0, b1); }
 static void backward_rows_f64(void *ctx, int64_t b0, int64_t b1) { backward_rows(KILN_F64, ctx, b0, b1); }
@@ -576,19 +627,42 @@ static int64_t row_grain(const struct layer *L) {
   return per_row >= 16384 ? 1 : 16384 / per_row + 1;
 }
 
-static void forward_gemm(int dt, struct layer *L) {
+static int forward_gemm(int dt, struct layer *L) {
   for (int64_t s = 0; s < L->T; s++) {
-    kiln_cpu_gemm_raw(dt, 0, 1, L->B, L->GH, L->H, 1.0, L->h, L->H, L->w_hh, L->H, 0.0, L->hh, L->GH);
+    if (L->bf) {   /* the state rounded, times w_hh rounded: f32 sums (cpu/bf16_gemm.c) */
+      kiln_cpu_rnn_bf16_round(L->hb, L->h, KILN_F32, L->B * L->H);
+      if (kiln_cpu_gemm_bf16_f32(L->B, L->GH, L->H, 1.0f, L->hb, L->H, 1, L->whhb, 1, L->H, 0.0f, L->hh, L->GH, 1))
+        return kiln_error_code();
+    } else {
+      kiln_cpu_gemm_raw(dt, 0, 1, L->B, L->GH, L->H, 1.0, L->h, L->H, L->w_hh, L->H, 0.0, L->hh, L->GH);
+    }
     struct rows r = {L, s};
     kiln_parallel_for(L->B, row_grain(L), dt == KILN_F32 ? forward_rows_f32 : forward_rows_f64, &r);
     void *swap = L->h; L->h = L->hnext; L->hnext = swap;
   }
+  return KILN_OK;
 }
 
-static inline __attribute__((always_inline)) void backward_gemm(int dt, struct layer *L) {
+static inline __attribute__((always_inline)) int backward_gemm(int dt, struct layer *L) {
   for (int64_t s = L->T - 1; s >= 0; s--) {
     struct rows r = {L, s};
     kiln_parallel_for(L->B, row_grain(L), dt == KILN_F32 ? backward_rows_f32 : backward_rows_f64, &r);
+    if (L->bf) {   /* the step's rows of dgh rounded, times w_hh rounded */
+      int64_t t0 = L->B ? step_time(L, s, 0) : 0, GHp = L->GHp;
+      const uint16_t *rows = L->dghb + t0 * L->B * GHp;
+      if (L->reverse && L->padded) {
+        uint16_t *g = L->dgs;
+        for (int64_t b = 0; b < L->B; b++)
+          if (s < L->len[b]) memcpy(g + b * GHp, L->dghb + (step_time(L, s, b) * L->B + b) * GHp, sizeof(uint16_t) * (size_t)GHp);
+          else memset(g + b * GHp, 0, sizeof(uint16_t) * (size_t)GHp);
+        rows = g;
+      }
+      if (kiln_cpu_gemm_bf16_f32(L->B, L->H, L->GH, 1.0f, rows, GHp, 1, L->whhb, L->H, 1, 0.0f, L->tmp, L->H, 1))
+        return kiln_error_code();
+      for (int64_t b = 0; b < L->B; b++)
+        if (s < L->len[b]) carry_back_f32(L, s, b, 0, L->H, (const float *)L->tmp + b * L->H);
+      continue;
+    }
     /* this step's dgh rows: the B rows of one time, in place (rows past a sequence's end are 0),
        unless reversed sequences of several lengths put them at different times */
     const void *rows = dt_at(L->dgh, dt, (L->B ? step_time(L, s, 0) : 0) * L->B * L->GH);
@@ -606,9 +680,10 @@ static inline __attribute__((always_inline)) void backward_gemm(int dt, struct l
         dt == KILN_F32 ? carry_back_f32(L, s, b, 0, L->H, dt_at(L->tmp, dt, b * L->H))
                        : carry_back_f64(L, s, b, 0, L->H, dt_at(L->tmp, dt, b * L->H));
   }
+  return KILN_OK;
 }
-static void backward_gemm_f32(struct layer *L) { backward_gemm(KILN_F32, L); }
-static void backward_gemm_f64(struct layer *L) { backward_gemm(KILN_F64, L); }
+static int backward_gemm_f32(struct layer *L) { return backward_gemm(KILN_F32, L); }
+static int backward_gemm_f64(struct layer *L) { return backward_gemm(KILN_F64, L); }
 
 /* ---- the persistent path: each thread of a team owns hidden units [j0, j1) for the whole
    sequence, with its rows of w_hh (forward) or its columns (backward) packed in its own memory ---- */
@@ -675,7 +750,7 @@ static inline __attribute__((always_inline)) void forward_team(int dt, struct la
       void *hh = dt_at(L->hh, dt, b * L->GH);
       if (!direct)
         for (int64_t g = 0; g < G; g++) memcpy(dt_at(hh, dt, g * H + j0), dt_at(prod, dt, b * nq + g * nj), es * (size_t)nj);
-      dt == KILN_F32 ? cell_forward_f32(L, s, b, j0, j1, hcur, hnext) : cell_forward_f64(L, s, b, j0, j1, hcur, hnext);
+      dt == KILN_F32 ? cell_forward_f32(L, s, b, j0, j1, hcur, hnext, NULL) : cell_forward_f64(L, s, b, j0, j1, hcur, hnext, NULL);
     }
     void *swap = hcur; hcur = hnext; hnext = swap;
     barrier_wait(&L->bar, &sense);
@@ -746,6 +821,128 @@ static inline __attribute__((always_inline)) void backward_team(int dt, struct l
 static void backward_team_f32(void *ctx, int id, int nteam) { backward_team(KILN_F32, ctx, id, nteam); }
 static void backward_team_f64(void *ctx, int id, int nteam) { backward_team(KILN_F64, ctx, id, nteam); }
 
+/* ---- the persistent path in bf16: the same steps, the products on bf16 rows (cpu/bf16_rnn.c):
+   forward the previous outputs (zb) or h0 rounded, with x's rows under the fold; backward the rows
+   of dgh and dgx rounded. Each product is summed in one order whatever the threads. ---- */
+
+static void forward_team_bf(void *ctx, int id, int nteam) {
+  struct layer *L = ctx;
+  int64_t j0, j1, H = L->H, G = L->G, B = L->B;
+  slice(H, id, nteam, &j0, &j1);
+  int64_t nj = j1 - j0;
+  int sense = 0;
+  /* rows g*H + j of w_hh (then of w_ih under the fold) for the own units, rounded, as the columns
+     of the packed [K][G*nj]; each column is first a row of K elements (2 kp, zero-padded) */
+  int64_t nq = G * nj, I = L->xp ? 0 : L->I, K = H + I, kp = (K + 1) / 2, PW = kiln_cpu_rnn_bf16_panel();
+  size_t ws = L->wdt == KILN_BF16 ? 2 : 4;
+  uint32_t *w = malloc(sizeof(uint32_t) * (size_t)((nq + PW - 1) / PW * PW * kp + 1));
+  uint16_t *rows = malloc(sizeof(uint16_t) * (size_t)(nq * 2 * kp + 1));
+  float *prod = malloc(sizeof(float) * (size_t)(B * nq + 1)), *yf = malloc(sizeof(float) * (size_t)(nj + 1));
+  uint16_t *hx = I ? calloc((size_t)(B * 2 * kp + 1), sizeof(uint16_t)) : NULL;   /* [h | x] rows of 2 kp */
+  unsigned char *active = malloc((size_t)B);
+  const uint16_t **xs = malloc(sizeof(void *) * (size_t)(B + 1));
+  void **ys = malloc(sizeof(void *) * (size_t)(B + 1));
+  if (!w || !rows || !prod || !yf || (I && !hx) || !active || !xs || !ys) __atomic_store_n(&L->bar.failed, 1, __ATOMIC_RELAXED);
+  barrier_wait(&L->bar, &sense);
+  if (__atomic_load_n(&L->bar.failed, __ATOMIC_RELAXED)) {
+    free(w); free(rows); free(prod); free(yf); free(hx); free(active); free(xs); free(ys);
+    return;
+  }
+  for (int64_t q = 0; q < nq; q++) {
+    int64_t r = (q / nj) * H + j0 + q % nj;
+    uint16_t *row = rows + q * 2 * kp;
+    kiln_cpu_rnn_bf16_round(row, (const char *)L->w_hh + ws * (size_t)(r * H), L->wdt, H);
+    if (I) kiln_cpu_rnn_bf16_round(row + H, (const char *)L->w_ih + ws * (size_t)(r * I), L->wdt, I);
+    if (K & 1) row[K] = 0;
+  }
+  kiln_cpu_rnn_bf16_pack_cols(w, nq, kp, (const uint32_t *)rows, kp);
+  free(rows);
+  float *hcur = L->h, *hnext = L->hnext;
+  int direct = nj % PW == 0;   /* as forward_team */
+  for (int64_t s = 0; s < L->T; s++) {
+    int64_t na = 0;
+    for (int64_t b = 0; b < B; b++) {
+      active[b] = s < L->len[b];
+      if (!active[b]) continue;
+      int64_t t = step_time(L, s, b);
+      if (I) {
+        memcpy(hx + na * 2 * kp, h_before_bf(L, s, b, t), sizeof(uint16_t) * (size_t)H);
+        memcpy(hx + na * 2 * kp + H, L->xb + (t * B + b) * L->I, sizeof(uint16_t) * (size_t)I);
+      }
+      xs[na] = I ? hx + na * 2 * kp : h_before_bf(L, s, b, t);
+      ys[na] = direct ? (float *)L->hh + b * L->GH + j0 : prod + b * nq;
+      na++;
+    }
+    kiln_cpu_rnn_bf16_times(w, K, nq, na, xs, ys, 0, direct ? nj : 0, H);
+    for (int64_t b = 0; b < B; b++) {
+      if (!active[b]) {
+        memcpy(hnext + b * H + j0, hcur + b * H + j0, sizeof(float) * (size_t)nj);
+        continue;
+      }
+      float *hh = (float *)L->hh + b * L->GH;
+      if (!direct)
+        for (int64_t g = 0; g < G; g++) memcpy(hh + g * H + j0, prod + b * nq + g * nj, sizeof(float) * (size_t)nj);
+      cell_forward_f32(L, s, b, j0, j1, hcur, hnext, yf);
+    }
+    float *swap = hcur; hcur = hnext; hnext = swap;
+    barrier_wait(&L->bar, &sense);
+  }
+  free(w); free(prod); free(yf); free(hx); free(active); free(xs); free(ys);
+}
+
+static void backward_team_bf(void *ctx, int id, int nteam) {
+  struct layer *L = ctx;
+  int64_t j0, j1, H = L->H, GH = L->GH, B = L->B, GHp = L->GHp, I = L->I;
+  slice(H, id, nteam, &j0, &j1);
+  int64_t nj = j1 - j0, i0 = 0, i1 = 0;
+  if (L->gxb) slice(I, id, nteam, &i0, &i1);
+  int64_t ni = i1 - i0, kp = (GH + 1) / 2, PW = kiln_cpu_rnn_bf16_panel();
+  int sense = 0;
+  size_t ws = L->wdt == KILN_BF16 ? 2 : 4;
+  /* columns j0..j1 of w_hh (and i0..i1 of w_ih), rounded and packed [GH][nj] */
+  uint32_t *wc = malloc(sizeof(uint32_t) * (size_t)((nj + PW - 1) / PW * PW * kp + 1));
+  uint32_t *wi = ni ? malloc(sizeof(uint32_t) * (size_t)((ni + PW - 1) / PW * PW * kp + 1)) : NULL;
+  float *prod = malloc(sizeof(float) * (size_t)(B * nj + 1));
+  unsigned char *active = malloc((size_t)B);
+  const uint16_t **xs = malloc(sizeof(void *) * (size_t)(B + 1));
+  void **ys = malloc(sizeof(void *) * (size_t)(B + 1));
+  if (!wc || (ni && !wi) || !prod || !active || !xs || !ys) __atomic_store_n(&L->bar.failed, 1, __ATOMIC_RELAXED);
+  barrier_wait(&L->bar, &sense);
+  if (__atomic_load_n(&L->bar.failed, __ATOMIC_RELAXED)) {
+    free(wc); free(wi); free(prod); free(active); free(xs); free(ys);
+    return;
+  }
+  kiln_cpu_rnn_bf16_pack_rows(wc, nj, GH, (const char *)L->w_hh + ws * (size_t)j0, L->wdt, H);
+  if (ni) kiln_cpu_rnn_bf16_pack_rows(wi, ni, GH, (const char *)L->w_ih + ws * (size_t)i0, L->wdt, I);
+  for (int64_t s = L->T - 1; s >= 0; s--) {
+    for (int64_t b = 0; b < B; b++) {
+      active[b] = s < L->len[b];
+      if (!active[b]) continue;
+      cell_backward_f32(L, s, b, j0, j1);
+      grad_rows_bf(L, s, b, j0, j1, 1);
+    }
+    barrier_wait(&L->bar, &sense);
+    int64_t na = 0;
+    for (int64_t b = 0; b < B; b++)
+      if (active[b]) { xs[na] = L->dghb + (step_time(L, s, b) * B + b) * GHp; ys[na] = prod + b * nj; na++; }
+    kiln_cpu_rnn_bf16_times(wc, GH, nj, na, xs, ys, 0, 0, 0);
+    for (int64_t b = 0; b < B; b++)
+      if (active[b]) carry_back_f32(L, s, b, j0, j1, prod + b * nj);
+    if (ni) {   /* x's grad of the step, rounded once */
+      na = 0;
+      for (int64_t b = 0; b < B; b++)
+        if (active[b]) {
+          int64_t row = step_time(L, s, b) * B + b;
+          xs[na] = L->dgxb + row * GHp;
+          ys[na] = L->gxb + row * I + i0;
+          na++;
+        }
+      kiln_cpu_rnn_bf16_times(wi, GH, ni, na, xs, ys, 1, 0, 0);
+    }
+  }
+  free(wc); free(wi); free(prod); free(active); free(xs); free(ys);
+}
+
 /* ---- the layer ---- */
 
 static int setup(int dt, struct layer *L, int mode, int reverse, const struct kiln_rnn_tensors *t, void **zeros) {
@@ -809,7 +1006,7 @@ static inline __attribute__((always_inline)) int forward(int dt, const struct ki
     /* the team swapped the buffers T times: after an odd count the final state is in hnext */
     if (T % 2) { void *swap = L.h; L.h = L.hnext; L.hnext = swap; }
   } else {
-    forward_gemm(dt, &L);
+    rc = forward_gemm(dt, &L);
   }
   memcpy(dt_at(L.z, dt, T * B * H), L.h, es * (size_t)(B * H));
   if (L.mode == KILN_RNN_LSTM) memcpy(dt_at(L.z, dt, (T + 1) * B * H), L.c, es * (size_t)(B * H));
@@ -891,9 +1088,9 @@ static inline __attribute__((always_inline)) int backward(int dt, const struct k
     kiln_parallel_team(dt == KILN_F32 ? backward_team_f32 : backward_team_f64, &L);
     if (L.bar.failed) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory for the persistent threads' weights"); goto done; }
   } else if (dt == KILN_F32) {
-    backward_gemm_f32(&L);
+    rc = backward_gemm_f32(&L);
   } else {
-    backward_gemm_f64(&L);
+    rc = backward_gemm_f64(&L);
   }
   if (bw->gh0) memcpy(kiln_tensor_data(bw->gh0), L.dh, es * (size_t)(B * H));
   if (bw->gc0) memcpy(kiln_tensor_data(bw->gc0), L.dc, es * (size_t)(B * H));
@@ -934,11 +1131,240 @@ done:
 static int backward_f32(const struct kiln_call *c) { return backward(KILN_F32, c); }
 static int backward_f64(const struct kiln_call *c) { return backward(KILN_F64, c); }
 
+/* ---- the layer in bf16: a bf16 input (x, and so Z and its grad) with f32 or bf16 weights,
+   biases and initial states (autocast keeps them f32: the master weights, and a state that is
+   carried on); the products take bf16 operands with f32 sums, the rest runs in f32, and each grad
+   is rounded once to its tensor's dtype ---- */
+
+/* t's n values as f32: its own data when it is f32, else a copy in *copy (to free) */
+static const float *f32_of(const struct kiln_tensor *t, int64_t n, float **copy) {
+  *copy = NULL;
+  if (t->dtype == KILN_F32) return kiln_tensor_data(t);
+  *copy = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+  if (*copy) {
+    const uint16_t *src = kiln_tensor_data(t);
+    for (int64_t i = 0; i < n; i++) (*copy)[i] = convert_bf16_to_f32(src[i]);
+  }
+  return *copy;
+}
+
+/* n f32 values into t (f32, or bf16 rounded once); src may be t's own data */
+static void store_f32(struct kiln_tensor *t, const float *src, int64_t n) {
+  void *d = kiln_tensor_data(t);
+  if (t->dtype != KILN_F32) kiln_cpu_rnn_bf16_round(d, src, KILN_F32, n);
+  else if (d != (const void *)src && n > 0) memcpy(d, src, sizeof(float) * (size_t)n);
+}
+
+/* where an f32 result for t goes: t's data when it is f32, else a scratch (to free) */
+static float *f32_out(struct kiln_tensor *t, int64_t n, float **scratch) {
+  *scratch = NULL;
+  if (t->dtype == KILN_F32) return kiln_tensor_data(t);
+  return *scratch = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+}
+
+static int forward_bf(const struct kiln_call *c) {
+  const struct kiln_rnn_forward *f = c->extra;
+  struct layer L = {0};
+  void *zeros = NULL;
+  if (setup(KILN_F32, &L, (int)c->ints[0], (int)c->ints[1], &f->t, &zeros)) return kiln_error_code();
+  int64_t T = L.T, B = L.B, H = L.H, GH = L.GH, I = L.I;
+  int persistent = c->ints[2] == KILN_RNN_PERSISTENT;
+  L.bf = 1;
+  L.wdt = f->t.w_hh->dtype;
+  L.xb = L.x; L.x = NULL;
+  L.zb = kiln_tensor_data(c->out);
+  L.res = f->reserve ? kiln_tensor_data(f->reserve) : NULL;
+  float *h0c = NULL, *c0c = NULL, *bic = NULL, *bhc = NULL;
+  int rc = KILN_OK, fold = persistent && L.mode != KILN_RNN_GRU && B >= KILN_RNN_FOLD_MIN_BATCH &&
+                          H + I <= KILN_RNN_FOLD_MAX_ROWS;
+  if (f->t.h0) L.h0 = f32_of(f->t.h0, B * H, &h0c);
+  if (f->t.c0) L.c0 = f32_of(f->t.c0, B * H, &c0c);
+  if (f->t.b_ih) L.b_ih = f32_of(f->t.b_ih, GH, &bic);
+  if (f->t.b_hh) L.b_hh = f32_of(f->t.b_hh, GH, &bhc);
+  size_t nxp = sizeof(float) * (size_t)(T * B * GH > 0 ? T * B * GH : 1), nbh = (size_t)(B * H > 0 ? B * H : 1);
+  L.xp = fold ? NULL : kiln_cpu_alloc(nxp);
+  L.zero = zeros;
+  L.hh = calloc((size_t)(B * GH > 0 ? B * GH : 1), sizeof(float));
+  L.h = malloc(sizeof(float) * nbh);
+  L.hnext = malloc(sizeof(float) * nbh);
+  L.c = malloc(sizeof(float) * nbh);
+  L.h0b = malloc(sizeof(uint16_t) * (nbh + 1));
+  L.wihb = fold ? NULL : malloc(sizeof(uint16_t) * (size_t)(GH * I + 1));
+  if (!persistent) {
+    L.whhb = malloc(sizeof(uint16_t) * (size_t)(GH * H + 1));
+    L.hb = malloc(sizeof(uint16_t) * (nbh + 1));
+    L.yrows = malloc(sizeof(float) * nbh);
+  }
+  if (!L.h0 || !L.c0 || !L.b_ih || !L.b_hh || (!fold && (!L.xp || !L.wihb)) || !L.hh || !L.h || !L.hnext || !L.c || !L.h0b ||
+      (!persistent && (!L.whhb || !L.hb || !L.yrows))) {
+    rc = kiln_fail(KILN_ERR_MEMORY, "rnn: out of memory for the layer's buffers");
+    goto done;
+  }
+  kiln_cpu_rnn_bf16_round(L.h0b, L.h0, KILN_F32, B * H);
+  L.h0b[B * H] = 0;
+  if (L.wihb) kiln_cpu_rnn_bf16_round(L.wihb, L.w_ih, L.wdt, GH * I);
+  if (L.whhb) kiln_cpu_rnn_bf16_round(L.whhb, L.w_hh, L.wdt, GH * H);
+  if (L.padded) memset(L.zb, 0, sizeof(uint16_t) * (size_t)c->out->numel);
+  /* the input projection of every step: one GEMM on bf16 operands (cpu/bf16_gemm.c) */
+  if (!fold && (rc = kiln_cpu_gemm_bf16_f32(T * B, GH, I, 1.0f, L.xb, I, 1, L.wihb, 1, I, 0.0f, L.xp, GH, 1))) goto done;
+  memcpy(L.h, L.h0, sizeof(float) * (size_t)(B * H));
+  memcpy(L.c, L.c0, sizeof(float) * (size_t)(B * H));
+  if (persistent) {
+    barrier_init(&L.bar, kiln_parallel_team_size());
+    kiln_parallel_team(forward_team_bf, &L);
+    if (L.bar.failed) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn: out of memory for the persistent threads' weights"); goto done; }
+    if (T % 2) { void *swap = L.h; L.h = L.hnext; L.hnext = swap; }
+  } else if ((rc = forward_gemm(KILN_F32, &L))) {
+    goto done;
+  }
+  kiln_cpu_rnn_bf16_round(L.zb + T * B * H, L.h, KILN_F32, B * H);
+  if (L.mode == KILN_RNN_LSTM) kiln_cpu_rnn_bf16_round(L.zb + (T + 1) * B * H, L.c, KILN_F32, B * H);
+done:
+  kiln_cpu_free(L.xp, nxp); free(L.hh);
+  free(L.h); free(L.hnext); free(L.c); free(L.h0b); free(L.wihb); free(L.whhb); free(L.hb); free(L.yrows);
+  free(h0c); free(c0c); free(bic); free(bhc);
+  free((void *)L.len); free(zeros);
+  return rc;
+}
+
+static int backward_bf(const struct kiln_call *c) {
+  const struct kiln_rnn_backward *bw = c->extra;
+  struct layer L = {0};
+  void *zeros = NULL;
+  if (setup(KILN_F32, &L, (int)c->ints[0], (int)c->ints[1], &bw->t, &zeros)) return kiln_error_code();
+  int64_t T = L.T, B = L.B, H = L.H, GH = L.GH, I = L.I, S = kiln_rnn_states(L.mode), GHp = GH + (GH & 1);
+  int persistent = c->ints[2] == KILN_RNN_PERSISTENT, gru = L.mode == KILN_RNN_GRU;
+  L.bf = 1;
+  L.wdt = bw->t.w_hh->dtype;
+  L.xb = L.x; L.x = NULL;
+  L.zb = kiln_tensor_data(bw->z);
+  L.res = bw->reserve ? kiln_tensor_data(bw->reserve) : NULL;
+  L.GHp = GHp;
+  float *gzc = NULL, *h0c = NULL, *c0c = NULL, *zf = NULL, *gxf = NULL, *gwc = NULL, *gbxc = NULL, *gbhc = NULL;
+  uint16_t *hprev = NULL;
+  int rc = KILN_OK;
+  size_t nbig = sizeof(float) * (size_t)(T * B * GH > 0 ? T * B * GH : 1), nbh = (size_t)(B * H > 0 ? B * H : 1);
+  size_t nbigb = sizeof(uint16_t) * (size_t)(T * B * GHp + 1), nz = (size_t)((T + S) * B * H);
+  L.gz = f32_of(bw->gz, (T + S) * B * H, &gzc);
+  if (bw->t.h0) L.h0 = f32_of(bw->t.h0, B * H, &h0c);
+  if (bw->t.c0) L.c0 = f32_of(bw->t.c0, B * H, &c0c);
+  if (L.mode != KILN_RNN_LSTM) {   /* the GRU and the plain RNN read the outputs (the states) in f32 */
+    L.z = zf = malloc(sizeof(float) * (nz > 0 ? nz : 1));
+    if (zf)
+      for (size_t i = 0; i < nz; i++) zf[i] = convert_bf16_to_f32(L.zb[i]);
+  }
+  L.dgx = scratch(nbig, L.padded);
+  L.dgh = gru ? scratch(nbig, L.padded) : L.dgx;
+  L.dgxb = scratch(nbigb, L.padded || (GH & 1));
+  L.dghb = gru ? scratch(nbigb, L.padded || (GH & 1)) : L.dgxb;
+  L.dh = malloc(sizeof(float) * nbh);
+  L.dc = malloc(sizeof(float) * nbh);
+  L.tmp = malloc(sizeof(float) * nbh);
+  L.h0b = malloc(sizeof(uint16_t) * (nbh + 1));
+  if (!persistent) {
+    L.whhb = malloc(sizeof(uint16_t) * (size_t)(GH * H + 1));
+    if (L.reverse && L.padded) L.dgs = malloc(sizeof(uint16_t) * (size_t)(B * GHp + 1));
+  }
+  int fold_gx = bw->gx && persistent && B >= KILN_RNN_FOLD_MIN_BATCH && H + I <= KILN_RNN_FOLD_MAX_ROWS && I > 0;
+  if (bw->gx && !fold_gx) L.wihb = malloc(sizeof(uint16_t) * (size_t)(GH * I + 1));
+  int gather = L.padded || T * B == 0;
+  if (bw->gw_hh && gather) hprev = scratch(sizeof(uint16_t) * (size_t)(T * B * H + 1), L.padded);
+  if (!L.gz || !L.h0 || !L.c0 || (L.mode != KILN_RNN_LSTM && !zf) || !L.dgx || !L.dgh || !L.dgxb || !L.dghb || !L.dh ||
+      !L.dc || !L.tmp || !L.h0b || (!persistent && !L.whhb) || (!persistent && L.reverse && L.padded && !L.dgs) ||
+      (bw->gx && !fold_gx && !L.wihb) || (bw->gw_hh && gather && !hprev)) {
+    rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory for the layer's buffers");
+    goto done;
+  }
+  kiln_cpu_rnn_bf16_round(L.h0b, L.h0, KILN_F32, B * H);
+  L.h0b[B * H] = 0;
+  if (L.whhb) kiln_cpu_rnn_bf16_round(L.whhb, L.w_hh, L.wdt, GH * H);
+  if (L.wihb) kiln_cpu_rnn_bf16_round(L.wihb, L.w_ih, L.wdt, GH * I);
+  if (fold_gx) {
+    L.gxb = kiln_tensor_data(bw->gx);
+    if (L.padded) memset(L.gxb, 0, sizeof(uint16_t) * (size_t)(T * B * I));
+  }
+  if (persistent) {   /* the team sums the bias grads as it goes (as backward) */
+    if (bw->gb_ih) L.gbx = f32_out(bw->gb_ih, GH, &gbxc);
+    else if (bw->gb_hh && !gru) L.gbx = f32_out(bw->gb_hh, GH, &gbxc);
+    if (bw->gb_hh && gru) L.gbh = f32_out(bw->gb_hh, GH, &gbhc);
+    if ((bw->gb_ih || (bw->gb_hh && !gru)) && !L.gbx) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory"); goto done; }
+    if (bw->gb_hh && gru && !L.gbh) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory"); goto done; }
+    if (L.gbx) memset(L.gbx, 0, sizeof(float) * (size_t)GH);
+    if (L.gbh) memset(L.gbh, 0, sizeof(float) * (size_t)GH);
+  }
+  memcpy(L.dh, (const float *)L.gz + T * B * H, sizeof(float) * (size_t)(B * H));
+  if (L.mode == KILN_RNN_LSTM) memcpy(L.dc, (const float *)L.gz + (T + 1) * B * H, sizeof(float) * (size_t)(B * H));
+  else memset(L.dc, 0, sizeof(float) * (size_t)(B * H));
+  if (persistent) {
+    barrier_init(&L.bar, kiln_parallel_team_size());
+    kiln_parallel_team(backward_team_bf, &L);
+    if (L.bar.failed) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory for the persistent threads' weights"); goto done; }
+  } else if ((rc = backward_gemm_f32(&L))) {
+    goto done;
+  }
+  if (bw->gh0) store_f32(bw->gh0, L.dh, B * H);
+  if (bw->gc0) store_f32(bw->gc0, L.dc, B * H);
+  if (bw->gx && !fold_gx) {   /* dgx rounded times w_ih rounded, then rounded once */
+    if (!(gxf = malloc(sizeof(float) * (size_t)(T * B * I + 1)))) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory"); goto done; }
+    if ((rc = kiln_cpu_gemm_bf16_f32(T * B, I, GH, 1.0f, L.dgxb, GHp, 1, L.wihb, I, 1, 0.0f, gxf, I, 1))) goto done;
+    store_f32(bw->gx, gxf, T * B * I);
+  }
+  /* the weight grads in f32 (written transposed: x^T dgx is [I][GH], w_ih's grad [GH][I]), rounded
+     once when the weight is bf16 */
+  if (bw->gw_ih) {
+    float *gw = f32_out(bw->gw_ih, GH * I, &gwc);
+    if (!gw) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory"); goto done; }
+    if ((rc = kiln_cpu_gemm_bf16_f32(I, GH, T * B, 1.0f, L.xb, 1, I, L.dgxb, GHp, 1, 0.0f, gw, 1, I))) goto done;
+    if (gwc) { store_f32(bw->gw_ih, gwc, GH * I); free(gwc); gwc = NULL; }
+  }
+  if (bw->gw_hh) {
+    float *gw = f32_out(bw->gw_hh, GH * H, &gwc);
+    if (!gw) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory"); goto done; }
+    if (!gather) {   /* as backward: the rows whose state before is h0, then the rest against the outputs */
+      const uint16_t *first = L.dghb + (L.reverse ? (T - 1) * B * GHp : 0), *rest = L.dghb + (L.reverse ? 0 : B * GHp);
+      if ((rc = kiln_cpu_gemm_bf16_f32(H, GH, B, 1.0f, L.h0b, 1, H, first, GHp, 1, 0.0f, gw, 1, H))) goto done;
+      if (T > 1 &&
+          (rc = kiln_cpu_gemm_bf16_f32(H, GH, (T - 1) * B, 1.0f, L.zb + (L.reverse ? B * H : 0), 1, H, rest, GHp, 1, 1.0f, gw, 1, H)))
+        goto done;
+    } else {
+      for (int64_t b = 0; b < B; b++)
+        for (int64_t s = 0; s < L.len[b]; s++) {
+          int64_t t = step_time(&L, s, b);
+          memcpy(hprev + (t * B + b) * H, h_before_bf(&L, s, b, t), sizeof(uint16_t) * (size_t)H);
+        }
+      if ((rc = kiln_cpu_gemm_bf16_f32(H, GH, T * B, 1.0f, hprev, 1, H, L.dghb, GHp, 1, 0.0f, gw, 1, H))) goto done;
+    }
+    if (gwc) { store_f32(bw->gw_hh, gwc, GH * H); free(gwc); gwc = NULL; }
+  }
+  if (!persistent) {   /* the GEMM path: the sums after it, in f32 */
+    if (bw->gb_ih && !(L.gbx = f32_out(bw->gb_ih, GH, &gbxc))) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory"); goto done; }
+    if (bw->gb_hh && gru && !(L.gbh = f32_out(bw->gb_hh, GH, &gbhc))) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory"); goto done; }
+    if (!bw->gb_ih && bw->gb_hh && !gru && !(L.gbx = f32_out(bw->gb_hh, GH, &gbxc))) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory"); goto done; }
+    if (L.gbx) bias_grad(KILN_F32, L.gbx, L.dgx, T * B, GH);
+    if (L.gbh) bias_grad(KILN_F32, L.gbh, L.dgh, T * B, GH);
+  }
+  /* b_ih's sums into its grad; b_hh's: its own (the GRU) or b_ih's */
+  if (bw->gb_ih) store_f32(bw->gb_ih, L.gbx, GH);
+  if (bw->gb_hh) store_f32(bw->gb_hh, gru ? L.gbh : L.gbx, GH);
+done:
+  if (L.dgh != L.dgx) kiln_cpu_free(L.dgh, nbig);
+  kiln_cpu_free(L.dgx, nbig);
+  if (L.dghb != L.dgxb) kiln_cpu_free(L.dghb, nbigb);
+  kiln_cpu_free(L.dgxb, nbigb);
+  if (hprev) kiln_cpu_free(hprev, sizeof(uint16_t) * (size_t)(T * B * H + 1));
+  free(L.dgs); free(L.dh); free(L.dc); free(L.tmp); free(L.h0b); free(L.whhb); free(L.wihb);
+  free(gzc); free(h0c); free(c0c); free(zf); free(gxf); free(gwc); free(gbxc); free(gbhc);
+  free((void *)L.len); free(zeros);
+  return rc;
+}
+
 int cpu_rnn(const struct kiln_call *c) {
+  if (c->out->dtype == KILN_BF16) return forward_bf(c);
   return c->out->dtype == KILN_F64 ? forward_f64(c) : forward_f32(c);
 }
 
 int cpu_rnn_backward(const struct kiln_call *c) {
   const struct kiln_rnn_backward *bw = c->extra;
+  if (bw->t.x->dtype == KILN_BF16) return backward_bf(c);
   return bw->gz->dtype == KILN_F64 ? backward_f64(c) : backward_f32(c);
 }
