@@ -338,6 +338,8 @@ struct layer {
                                     team sums them as it goes (gbh: the GRU's, else NULL); else NULL */
   void *gx;                      /* [T,B,I]: the grad of x, when the persistent team computes it step by
                                     step (the input projection's fold, backward); else NULL */
+  void *gwp;                     /* dgh packed in panels [panels(GH)][T*B][PW] for the weights' grads,
+                                    by the persistent team as it goes (weight_grads); else NULL */
   /* bf16: a layer whose input is bf16 (autocast's) runs its products on bf16 rows with f32 sums
      (cpu/bf16_rnn.c); its state, gates, reserve and grads stay f32 until their last rounding. The
      f32 buffers above are then f32 (x, z and gz are not used: xb, zb and an f32 copy of gz) */
@@ -803,6 +805,19 @@ static inline __attribute__((always_inline)) void backward_team(int dt, struct l
     for (int64_t b = 0; b < B; b++)
       if (active[b])
         dt == KILN_F32 ? carry_back_f32(L, s, b, j0, j1, dt_at(prod, dt, b * nj)) : carry_back_f64(L, s, b, j0, j1, dt_at(prod, dt, b * nj));
+    if (L->gwp) {   /* the step's rows of dgh into the weights' grads' panels: this thread's panels */
+      const int64_t PW = panel_width(dt), np = panels(dt, GH), TB = L->T * B;
+      int64_t p0, p1;
+      slice(np, id, nteam, &p0, &p1);
+      for (int64_t b = 0; b < B; b++) {
+        if (!active[b]) continue;
+        int64_t r = step_time(L, s, b) * B + b;
+        for (int64_t p = p0; p < p1; p++) {
+          int64_t c0 = p * PW, m = GH - c0 < PW ? GH - c0 : PW;
+          memcpy(dt_at(L->gwp, dt, (p * TB + r) * PW), dt_at(L->dgh, dt, r * GH + c0), es * (size_t)m);
+        }
+      }
+    }
     if (ni) {   /* x's grad of the step, off the recurrence's path: its rows of dgx times w_ih */
       na = 0;
       for (int64_t b = 0; b < B; b++)
@@ -1019,6 +1034,102 @@ done:
 static int forward_f32(const struct kiln_call *c) { return forward(KILN_F32, c); }
 static int forward_f64(const struct kiln_call *c) { return forward(KILN_F64, c); }
 
+/* dst[i * ld + r] = rows[r][k0 + i] for r < nr, i < nk (rows[r] NULL: zeros): a block of a
+   transpose, 8 x 8 through registers in f32 */
+static inline __attribute__((always_inline)) void transpose_block(int dt, void *dst, int64_t ld, const void *const *rows,
+                                                                  int64_t k0, int nr, int nk) {
+#if defined(__AVX__)
+  if (dt == KILN_F32 && nr == 8 && nk == 8 && rows[0] && rows[1] && rows[2] && rows[3] && rows[4] && rows[5] && rows[6] && rows[7]) {
+    transpose8_f32(dst, ld, (const float *const *)rows, k0);
+    return;
+  }
+#endif
+  for (int r = 0; r < nr; r++)
+    for (int i = 0; i < nk; i++) dt_store(dst, dt, i * ld + r, rows[r] ? dt_load(rows[r], dt, k0 + i) : 0);
+}
+
+/* The state before the step of row r = t * B + b (its time t), NULL past the sequence's end. */
+static inline __attribute__((always_inline)) const void *row_before(int dt, const struct layer *L, int64_t r) {
+  int64_t b = r % L->B, t = r / L->B;
+  if (t >= L->len[b]) return NULL;
+  return h_before(dt, L, L->reverse ? L->len[b] - 1 - t : t, b, t);
+}
+
+struct gw_job { int dt; const struct layer *L; const void *xt; void *gwt; int64_t R, ldx, ldg; };
+
+static inline __attribute__((always_inline)) void gw_panels(int dt, void *ctx, int64_t p0, int64_t p1) {
+  const struct gw_job *j = ctx;
+  const struct layer *L = j->L;
+  const int64_t PW = panel_width(dt), TB = L->T * L->B, n = (p1 * PW < L->GH ? p1 * PW : L->GH) - p0 * PW;
+  const void *xs[j->R > 0 ? j->R : 1];
+  void *ys[j->R > 0 ? j->R : 1];
+  for (int64_t k = 0; k < j->R; k++) { xs[k] = dt_at(j->xt, dt, k * j->ldx); ys[k] = dt_at(j->gwt, dt, k * j->ldg + p0 * PW); }
+  if (dt == KILN_F32) times_rows_f32(dt_at(L->gwp, dt, p0 * TB * PW), TB, n, j->R, xs, ys, 0, 0);
+  else times_rows_f64(dt_at(L->gwp, dt, p0 * TB * PW), TB, n, j->R, xs, ys, 0, 0);
+}
+static void gw_panels_f32(void *ctx, int64_t p0, int64_t p1) { gw_panels(KILN_F32, ctx, p0, p1); }
+static void gw_panels_f64(void *ctx, int64_t p0, int64_t p1) { gw_panels(KILN_F64, ctx, p0, p1); }
+
+/* Whether the weights' grads run on the persistent path's products rather than the BLAS: where
+   the BLAS runs narrower vectors than this level's (an AVX2 core under the avx512 level, as
+   OPENBLAS_CORETYPE=Haswell loads on an AVX-512 CPU), or generic ones, or none is loaded. With an
+   AVX-512 core the two run level (LSTM forward + backward, 1 and 2 threads: 0.98 to 1.06 of the
+   BLAS's time), with an AVX2 core the products are 1.25 times as fast. */
+static int weight_grads_here(void) {
+  static int here = -1;
+  if (here < 0) {
+    const char *core = kiln_blas_core();
+    int state = kiln_blas_state(), wide = core && (strstr(core, "SkylakeX") || strstr(core, "Cooperlake") || strstr(core, "SapphireRapids"));
+    here = state == KILN_BLAS_MISSING || state == KILN_BLAS_GENERIC || (VEC_BYTES == 64 && !wide);
+  }
+  return here;
+}
+
+/* The weights' grads on the persistent path's products: [h_prev | x]^T (R x T*B, transposed here
+   8 x 8) times dgh packed by the team (gwp), panel by panel over the pool, then transposed into
+   w_hh's grad [GH][H] and w_ih's [GH][I]. Each sum runs over the rows in order, whatever the
+   threads; the kernel runs at the level's width, whatever BLAS core is loaded. */
+static inline __attribute__((always_inline)) int weight_grads(int dt, struct layer *L, void *gw_hh, void *gw_ih) {
+  const int64_t TB = L->T * L->B, H = L->H, I = L->I, GH = L->GH, PW = panel_width(dt);
+  const int64_t Hh = gw_hh ? H : 0, R = Hh + (gw_ih ? I : 0);
+  /* rows a little longer than T*B and GH: 8 rows of a power-of-two length would fall in one set of
+     L1 and evict each other in the transposes */
+  const int64_t ldx = TB + 16, ldg = GH + 16;
+  const size_t es = dt_size(dt), nxt = es * (size_t)(R * ldx + 1), ngt = es * (size_t)(R * ldg + 1);
+  void *xt = kiln_cpu_alloc(nxt), *gwt = kiln_cpu_alloc(ngt);
+  if (!xt || !gwt) { kiln_cpu_free(xt, nxt); kiln_cpu_free(gwt, ngt); return kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory"); }
+  for (int64_t r0 = 0; r0 < TB; r0 += 8) {
+    int nr = TB - r0 < 8 ? (int)(TB - r0) : 8;
+    const void *hp[8], *xr[8];
+    for (int r = 0; r < nr; r++) {
+      hp[r] = row_before(dt, L, r0 + r);
+      xr[r] = hp[r] ? dt_at(L->x, dt, (r0 + r) * I) : NULL;   /* zeros past a sequence's end */
+    }
+    for (int64_t k = 0; k < Hh; k += 8)
+      transpose_block(dt, dt_at(xt, dt, k * ldx + r0), ldx, hp, k, nr, Hh - k < 8 ? (int)(Hh - k) : 8);
+    for (int64_t k = 0; k < R - Hh; k += 8)
+      transpose_block(dt, dt_at(xt, dt, (Hh + k) * ldx + r0), ldx, xr, k, nr, R - Hh - k < 8 ? (int)(R - Hh - k) : 8);
+  }
+  struct gw_job j = {dt, L, xt, gwt, R, ldx, ldg};
+  int64_t np = panels(dt, GH);
+  kiln_parallel_for(np, 1, dt == KILN_F32 ? gw_panels_f32 : gw_panels_f64, &j);
+  for (int part = 0; part < 2; part++) {
+    void *gw = part ? gw_ih : gw_hh;
+    if (!gw) continue;
+    int64_t k0 = part ? Hh : 0, nk = part ? I : H;
+    for (int64_t k = 0; k < nk; k += 8) {
+      int nr = nk - k < 8 ? (int)(nk - k) : 8;
+      const void *rows[8];
+      for (int r = 0; r < nr; r++) rows[r] = dt_at(gwt, dt, (k0 + k + r) * ldg);
+      for (int64_t g = 0; g < GH; g += 8)
+        transpose_block(dt, dt_at(gw, dt, g * nk + k), nk, rows, g, nr, GH - g < 8 ? (int)(GH - g) : 8);
+    }
+  }
+  (void)PW;
+  kiln_cpu_free(xt, nxt); kiln_cpu_free(gwt, ngt);
+  return KILN_OK;
+}
+
 /* A large buffer from the block cache, zeroed when some rows will not be written. */
 static void *scratch(size_t nbytes, int zero) {
   void *p = kiln_cpu_alloc(nbytes);
@@ -1046,6 +1157,7 @@ static inline __attribute__((always_inline)) int backward(int dt, const struct k
   /* the large buffers come from the block cache, zeroed when rows past a sequence's end must stay 0 */
   size_t nbig = es * (size_t)(T * B * GH > 0 ? T * B * GH : 1), nbh = (size_t)(B * H > 0 ? B * H : 1);
   size_t nprev = es * (size_t)(T * B * H > 0 ? T * B * H : 1);
+  size_t ngwp = es * (size_t)(panels(dt, GH) * panel_width(dt) * T * B + 1);
   L.dgx = scratch(nbig, L.padded);
   L.dgh = L.mode == KILN_RNN_GRU ? scratch(nbig, L.padded) : L.dgx;
   /* the GEMM path's rows of a step, gathered when reversed sequences of several lengths put them
@@ -1057,7 +1169,7 @@ static inline __attribute__((always_inline)) int backward(int dt, const struct k
   L.tmp = malloc(es * nbh);
   /* the states before each step, for w_hh's grad: gathered only when sequences of several lengths
      scatter them (else they are h0 and the output rows, read in place) */
-  int gather = L.padded || T * B == 0;
+  int gather = (L.padded || T * B == 0);
   void *hprev = bw->gw_hh && gather ? scratch(nprev, L.padded) : NULL;
   int rc = KILN_OK;
   if (!L.dgx || !L.dgh || (gather_rows && !L.dgs) || !L.dh || !L.dc || !L.tmp || (bw->gw_hh && gather && !hprev)) {
@@ -1073,6 +1185,12 @@ static inline __attribute__((always_inline)) int backward(int dt, const struct k
   memcpy(L.dh, dt_at(L.gz, dt, T * B * H), es * (size_t)(B * H));
   if (L.mode == KILN_RNN_LSTM) memcpy(L.dc, dt_at(L.gz, dt, (T + 1) * B * H), es * (size_t)(B * H));
   else memset(L.dc, 0, es * (size_t)(B * H));
+  /* the weights' grads on the team's products when dgh is dgx (not the GRU) and the BLAS is
+     narrower (weight_grads_here): [h_prev | x] against dgh, which the team packs as it goes */
+  if (c->ints[2] == KILN_RNN_PERSISTENT && L.dgh == L.dgx && (bw->gw_hh || bw->gw_ih) && T * B > 0 && weight_grads_here()) {
+    L.gwp = scratch(ngwp, L.padded || GH % panel_width(dt));   /* zeros: rows past the ends, columns past GH */
+    if (!L.gwp) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory for the layer's buffers"); goto done; }
+  }
   int team_bias = c->ints[2] == KILN_RNN_PERSISTENT;
   if (team_bias) {
     /* the team sums the bias grads as it goes, instead of a pass over dgx (and dgh) after it:
@@ -1095,8 +1213,15 @@ static inline __attribute__((always_inline)) int backward(int dt, const struct k
   if (bw->gh0) memcpy(kiln_tensor_data(bw->gh0), L.dh, es * (size_t)(B * H));
   if (bw->gc0) memcpy(kiln_tensor_data(bw->gc0), L.dc, es * (size_t)(B * H));
   if (bw->gx && !L.gx) kiln_cpu_gemm_raw(dt, 0, 0, T * B, I, GH, 1.0, L.dgx, GH, L.w_ih, I, 0.0, kiln_tensor_data(bw->gx), I);
-  if (bw->gw_ih) kiln_cpu_gemm_raw(dt, 1, 0, GH, I, T * B, 1.0, L.dgx, GH, L.x, I, 0.0, kiln_tensor_data(bw->gw_ih), I);
-  if (bw->gw_hh && !gather) {
+  if (L.gwp) {
+    if ((rc = weight_grads(dt, &L, bw->gw_hh ? kiln_tensor_data(bw->gw_hh) : NULL, bw->gw_ih ? kiln_tensor_data(bw->gw_ih) : NULL)))
+      goto done;
+  } else if (bw->gw_ih) {
+    kiln_cpu_gemm_raw(dt, 1, 0, GH, I, T * B, 1.0, L.dgx, GH, L.x, I, 0.0, kiln_tensor_data(bw->gw_ih), I);
+  }
+  if (L.gwp) {
+    /* done above */
+  } else if (bw->gw_hh && !gather) {
     /* rows of the step whose state before is h0 (the first, or the last when reversed), then the
        rest against the outputs of the steps before them */
     void *gw = kiln_tensor_data(bw->gw_hh);
@@ -1123,7 +1248,7 @@ static inline __attribute__((always_inline)) int backward(int dt, const struct k
   }
 done:
   if (L.dgh != L.dgx) kiln_cpu_free(L.dgh, nbig);
-  kiln_cpu_free(L.dgx, nbig); kiln_cpu_free(hprev, nprev);
+  kiln_cpu_free(L.dgx, nbig); kiln_cpu_free(hprev, nprev); kiln_cpu_free(L.gwp, ngwp);
   free(L.dgs); free(L.dh); free(L.dc); free(L.tmp);
   free((void *)L.len); free(zeros);
   return rc;
