@@ -216,7 +216,7 @@ describe("rnn_layer", function()
   it("says which algorithm it runs and why", function()
     -- AUTO's rule: G * (hidden / threads) * hidden * batch multiply-adds per thread per step
     -- against 350k (batch 1-3) or 150k (4-128; 600k for the plain RNN), batch <= 128, and hidden
-    -- >= 256 above batch 16; asked at 2 threads, then at 1
+    -- >= 256 above batch 16; at 1 thread persistent up to batch 128; asked at 2 threads, then at 1
     local threads = kiln.get_num_threads()
     kiln.set_num_threads(2)
     local ok, err = pcall(function()
@@ -243,9 +243,14 @@ describe("rnn_layer", function()
       assert.equal("persistent", (F.rnn_algorithm("rnn_tanh", 1, 1024)))
       assert.equal("persistent", (F.rnn_algorithm("gru", 8, 128)))     -- 3 * 64 * 128 * 8 = 196k
       assert.equal("gemm", (F.rnn_algorithm("gru", 4, 128)))           -- 98k
-      kiln.set_num_threads(1)
-      assert.equal("persistent", (F.rnn_algorithm("lstm", 2, 256)))    -- 524k on one thread
-      assert.matches("1 thread would", select(2, F.rnn_algorithm("lstm", 1, 256)))
+      kiln.set_num_threads(1)   -- no barrier: persistent up to batch 128, whatever the work
+      assert.equal("persistent", (F.rnn_algorithm("lstm", 2, 256)))
+      a, why = F.rnn_algorithm("lstm", 1, 256)
+      assert.equal("persistent", a)
+      assert.matches("batch 1, 1 thread %(no barrier to wait at%), 262k multiply%-adds", why)
+      assert.equal("persistent", (F.rnn_algorithm("gru", 64, 32)))
+      assert.equal("persistent", (F.rnn_algorithm("rnn_tanh", 1, 16)))
+      assert.equal("gemm", (F.rnn_algorithm("lstm", 129, 256)))
       a, why = F.rnn_algorithm("gru", 64, 64, {algorithm = "persistent"})
       assert.equal("persistent", a)
       assert.matches("as asked", why)

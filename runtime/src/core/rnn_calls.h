@@ -19,9 +19,10 @@ static inline int kiln_rnn_reserve(int mode) { return mode == KILN_RNN_LSTM ? 5 
 static inline int kiln_rnn_states(int mode) { return mode == KILN_RNN_LSTM ? 2 : 1; }
 
 /* AUTO on the CPU (rnn.c, kiln_rnn_choose_algo): the persistent path for batches up to
-   KILN_RNN_PERSISTENT_MAX_BATCH (above 16 only from hidden KILN_RNN_PERSISTENT_MIN_HIDDEN_ABOVE_16)
-   when each thread has enough of a step's products to pay for a barrier per step:
-   G * (hidden / threads) * hidden * batch multiply-adds (docs/rnn.md has the measurements). */
+   KILN_RNN_PERSISTENT_MAX_BATCH: always at 1 thread, and from 2 (above batch 16 only from hidden
+   KILN_RNN_PERSISTENT_MIN_HIDDEN_ABOVE_16) when each thread has enough of a step's products to pay
+   for a barrier per step: G * (hidden / threads) * hidden * batch multiply-adds (docs/rnn.md has
+   the measurements). A layer of one step (the cells) runs GEMM. */
 enum { KILN_RNN_PERSISTENT_MAX_BATCH = 128, KILN_RNN_PERSISTENT_MIN_HIDDEN_ABOVE_16 = 256 };
 
 /* RNN: out Z [T+S,B,H]; extra: struct kiln_rnn_forward. ints: mode, reverse, algo (GEMM,

@@ -35,16 +35,57 @@ int kiln_cpu_bf16_native(void) {
 
 static inline uint32_t pair(uint16_t lo, uint16_t hi) { return (uint32_t)lo | ((uint32_t)hi << 16); }
 
+/* dst[i * ld + j] = src[j][i] for an 8 x 8 block of 32-bit words held in 8 vectors */
+__attribute__((target("avx512f,avx512bw,avx512vl")))
+static inline void transpose8_store(__m256 r[8], float *dst, int64_t ld) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; i++) {
+    _mm256_storeu_ps(dst + i * ld, _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
+    _mm256_storeu_ps(dst + (i + 4) * ld, _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
+  }
+}
+
+/* 8 rows of A whose rows are adjacent (A[i][k] at a[i + k * s]: a transposed operand, such as x^T
+   or h^T in a weight's grad): 8 pairs of rows of A are two 16-byte loads, interleaved into the
+   8 rows' pairs, and 8 such are transposed into 8 pairs of each row. */
+__attribute__((target("avx512f,avx512bw,avx512vl")))
+static int64_t pack_a_cols8(const uint16_t *a, int64_t s, int64_t pairs, uint32_t *rows, int64_t kp) {
+  int64_t p = 0;
+  for (; p + 8 <= pairs; p += 8) {
+    __m256 v[8];
+    for (int q = 0; q < 8; q++) {
+      __m128i lo = _mm_loadu_si128((const __m128i *)(a + 2 * (p + q) * s));
+      __m128i hi = _mm_loadu_si128((const __m128i *)(a + (2 * (p + q) + 1) * s));
+      v[q] = _mm256_castsi256_ps(_mm256_set_m128i(_mm_unpackhi_epi16(lo, hi), _mm_unpacklo_epi16(lo, hi)));
+    }
+    transpose8_store(v, (float *)(rows + p), kp);
+  }
+  return p;
+}
+
 /* Rows [r0, r1) of packed A for batch bi: pa[i][p] = (A[i][2p], A[i][2p+1]). */
 static void pack_a(const struct bgemm *g, int64_t bi, int64_t r0, int64_t r1) {
   const uint16_t *a = (const uint16_t *)g->a + bi * g->as[0];
+  int64_t done = 0;
+  if (g->as[1] == 1 && g->as[2] != 1 && r1 - r0 == 8 && r1 <= g->n)
+    done = pack_a_cols8(a + r0, g->as[2], g->k / 2, g->pa + (bi * g->npad + r0) * g->kp, g->kp);
   for (int64_t i = r0; i < r1; i++) {
     uint32_t *row = g->pa + (bi * g->npad + i) * g->kp;
     if (i >= g->n) { memset(row, 0, sizeof(uint32_t) * (size_t)g->kp); continue; }
     const uint16_t *ai = a + i * g->as[1];
     int64_t s = g->as[2];
     if (s == 1) memcpy(row, ai, sizeof(uint32_t) * (size_t)(g->k / 2));   /* pairs are already adjacent */
-    else for (int64_t p = 0; p < g->k / 2; p++) row[p] = pair(ai[2 * p * s], ai[(2 * p + 1) * s]);
+    else for (int64_t p = done; p < g->k / 2; p++) row[p] = pair(ai[2 * p * s], ai[(2 * p + 1) * s]);
     if (g->k & 1) row[g->kp - 1] = pair(ai[(g->k - 1) * s], 0);
   }
 }
@@ -161,6 +202,25 @@ static void store_rows_f32(const struct bgemm *g, const float *tile, float *c, i
   }
 }
 
+/* A full tile into f32 columns of c (C[r][q] at c[r + q * cs2]: a transposed result, such as a
+   weight's grad computed as x^T dy): alpha * tile + beta * c, 8 rows of 8 columns at a time. */
+__attribute__((target("avx512f,avx512bw,avx512vl,fma")))
+static void store_cols_f32(const struct bgemm *g, const float *tile, float *c, int64_t cs2) {
+  __m256 alpha = _mm256_set1_ps(g->alpha), beta = _mm256_set1_ps(g->beta);
+  for (int64_t q0 = 0; q0 < NR; q0 += 8) {
+    __m256 v[8];
+    for (int r = 0; r < MR; r++) v[r] = _mm256_loadu_ps(tile + r * NR + q0);
+    float t[8 * 8];
+    transpose8_store(v, t, 8);   /* t[q][r] */
+    for (int q = 0; q < 8; q++) {
+      float *o = c + (q0 + q) * cs2;
+      __m256 x = _mm256_mul_ps(alpha, _mm256_loadu_ps(t + 8 * q));
+      if (g->beta != 0) x = _mm256_fmadd_ps(beta, _mm256_loadu_ps(o), x);
+      _mm256_storeu_ps(o, x);
+    }
+  }
+}
+
 static void panel_range(void *ctx, int64_t begin, int64_t end) {
   const struct bgemm *g = ctx;
   uint32_t *pb = malloc(sizeof(uint32_t) * (size_t)(g->kp * NR));
@@ -176,6 +236,7 @@ static void panel_range(void *ctx, int64_t begin, int64_t end) {
       if (g->c_f32) {
         float *cf = (float *)g->c + bi * g->cs[0] + i0 * g->cs[1] + j0 * g->cs[2];
         if (g->cs[2] == 1) { store_rows_f32(g, tile, cf, nr, nq); continue; }
+        if (g->cs[1] == 1 && nr == MR && nq == NR) { store_cols_f32(g, tile, cf, g->cs[2]); continue; }
         for (int64_t r = 0; r < nr; r++)
           for (int64_t q = 0; q < nq; q++) {
             float *o = cf + r * g->cs[1] + q * g->cs[2];

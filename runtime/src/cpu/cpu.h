@@ -55,6 +55,11 @@
 #define cpu_max_pool2d_backward_bf16 KILN_LEVEL_NAME(cpu_max_pool2d_backward_bf16)
 #define kiln_cpu_bf16_native KILN_LEVEL_NAME(kiln_cpu_bf16_native)
 #define kiln_cpu_gemm_bf16_f32 KILN_LEVEL_NAME(kiln_cpu_gemm_bf16_f32)
+#define kiln_cpu_rnn_bf16_panel KILN_LEVEL_NAME(kiln_cpu_rnn_bf16_panel)
+#define kiln_cpu_rnn_bf16_round KILN_LEVEL_NAME(kiln_cpu_rnn_bf16_round)
+#define kiln_cpu_rnn_bf16_pack_rows KILN_LEVEL_NAME(kiln_cpu_rnn_bf16_pack_rows)
+#define kiln_cpu_rnn_bf16_pack_cols KILN_LEVEL_NAME(kiln_cpu_rnn_bf16_pack_cols)
+#define kiln_cpu_rnn_bf16_times KILN_LEVEL_NAME(kiln_cpu_rnn_bf16_times)
 #define kiln_cpu_gemm_raw KILN_LEVEL_NAME(kiln_cpu_gemm_raw)
 #define kiln_cpu_copy KILN_LEVEL_NAME(kiln_cpu_copy)
 #define kiln_cpu_max2x2_plane_f32 KILN_LEVEL_NAME(kiln_cpu_max2x2_plane_f32)
@@ -80,6 +85,19 @@ int cpu_gemm_bf16(struct kiln_tensor *out, const struct kiln_tensor *a, const st
    strides (row, column; c's: one of them 1): the raw form, for cpu/bf16_conv.c. */
 int kiln_cpu_gemm_bf16_f32(int64_t n, int64_t m, int64_t k, float alpha, const uint16_t *a, int64_t as1, int64_t as2,
                            const uint16_t *b, int64_t bs1, int64_t bs2, float beta, float *c, int64_t cs1, int64_t cs2);
+/* cpu/bf16_rnn.c: the bf16 products of the persistent recurrent path (a bf16 layer, autocast's),
+   native (AVX512-BF16) or emulated bit for bit. Weights are packed into panels of
+   kiln_cpu_rnn_bf16_panel() columns of bf16 pairs along k: pack_rows from W[k][c] = src[k * ld + c]
+   (f32 or bf16, rounded to nearest even), pack_cols from rows of pairs, column c's K elements being
+   the bf16 row rows + c * ld (as 32-bit pairs, kp = (K + 1) / 2 of them). times: ys[q] (f32, or bf16
+   rounded once) = the bf16 row xs[q] (K elements read as pairs, so one more readable when K is odd) times the packed [K][n], f32 sums;
+   span and stride as cpu/rnn.c's times_rows. round: n values of src (f32 or bf16) to bf16. */
+int64_t kiln_cpu_rnn_bf16_panel(void);
+void kiln_cpu_rnn_bf16_round(uint16_t *dst, const void *src, int sdt, int64_t n);
+void kiln_cpu_rnn_bf16_pack_rows(uint32_t *packed, int64_t n, int64_t K, const void *src, int sdt, int64_t ld);
+void kiln_cpu_rnn_bf16_pack_cols(uint32_t *packed, int64_t n, int64_t kp, const uint32_t *rows, int64_t ld);
+void kiln_cpu_rnn_bf16_times(const uint32_t *packed, int64_t K, int64_t n, int64_t na, const uint16_t *const *xs,
+                             void *const *ys, int out_bf16, int64_t span, int64_t stride);
 int cpu_conv2d_bf16(const struct kiln_call *c);
 int cpu_conv2d_backward_bf16(const struct kiln_call *c);
 int cpu_max_pool2d_bf16(const struct kiln_call *c);

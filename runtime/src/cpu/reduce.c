@@ -2,6 +2,7 @@
    dims last), each row cut into fixed chunks; partial results combine in order, so results do
    not depend on the thread count. Floats accumulate in double. */
 #include "cpu.h"
+#include "convert.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -249,7 +250,8 @@ static void run_chunks(void *ctx, int64_t begin, int64_t end) {
 }
 
 /* Sums over leading dims of a contiguous float tensor (a bias grad: [N, C] summed over N) add
-   whole rows, so no transposing copy is needed. Columns accumulate in double, in row order. */
+   whole rows, so no transposing copy is needed. Columns accumulate in double, in row order (bf16
+   too: autocast's bias grads, which the general path would gather and convert one at a time). */
 struct colsum { const char *x; char *out; int dtype, odtype; int64_t rows, cols; double scale; };
 
 static void colsum_range(void *ctx, int64_t begin, int64_t end) {
@@ -263,6 +265,9 @@ static void colsum_range(void *ctx, int64_t begin, int64_t end) {
       if (j->dtype == KILN_F32) {
         const float *row = (const float *)j->x + r * j->cols + c0;
         for (int64_t k = 0; k < w; k++) acc[k] += row[k];
+      } else if (j->dtype == KILN_BF16) {
+        const uint16_t *row = (const uint16_t *)j->x + r * j->cols + c0;
+        for (int64_t k = 0; k < w; k++) acc[k] += convert_bf16_to_f32(row[k]);
       } else {
         const double *row = (const double *)j->x + r * j->cols + c0;
         for (int64_t k = 0; k < w; k++) acc[k] += row[k];
@@ -271,7 +276,8 @@ static void colsum_range(void *ctx, int64_t begin, int64_t end) {
     for (int64_t k = 0; k < w; k++) {
       double v = acc[k] * j->scale;
       if (j->odtype == KILN_F32) ((float *)j->out)[c0 + k] = (float)v;
-      else ((double *)j->out)[c0 + k] = v;
+      else if (j->odtype == KILN_F64) ((double *)j->out)[c0 + k] = v;
+      else kiln_store_f64(j->out + (c0 + k) * 2, j->odtype, v);   /* as cpu_reduce rounds */
     }
   }
 }
@@ -286,7 +292,7 @@ static int leading_sum(const struct kiln_call *c) {
     cols *= a->sizes[d];
   }
   if (nlead == 0 || nlead == a->ndim || rows == 0 || !kiln_is_contiguous(a)) return 0;
-  if ((a->dtype != KILN_F32 && a->dtype != KILN_F64) || c->out->dtype != a->dtype) return 0;
+  if ((a->dtype != KILN_F32 && a->dtype != KILN_F64 && a->dtype != KILN_BF16) || c->out->dtype != a->dtype) return 0;
   struct colsum j = {kiln_tensor_data(a), kiln_tensor_data(c->out), a->dtype, c->out->dtype, rows, cols,
                      c->op == KILN_OP_MEAN ? 1.0 / (double)rows : 1.0};
   kiln_parallel_for(cols, 256 > 65536 / rows ? 256 : 65536 / rows, colsum_range, &j);

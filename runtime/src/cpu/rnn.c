@@ -3,6 +3,7 @@
    threads that each keep a slice of the recurrent weights in their core's cache and meet at a
    spinning barrier once per step. */
 #include "cpu.h"
+#include "convert.h"
 #include "dtype_math.h"
 #include "rnn_calls.h"
 #include "vexp.h"
@@ -10,18 +11,28 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__linux__)
+#include <limits.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
-/* A sense-reversing barrier that spins: the team's threads are all running (kiln_parallel_team),
-   and a step is far shorter than a sleep and wake-up; a long wait yields the core. */
+/* A sense-reversing barrier that spins, then sleeps: the team's threads are all running
+   (kiln_parallel_team), and a step is far shorter than a sleep and wake-up, so a waiter spins
+   first. A teammate that is late by more than a few steps was most likely descheduled (more
+   runnable threads than cores: other processes on the machine), and the core it needs may be
+   this one: then the waiter sleeps on a futex, and the last to arrive wakes the sleepers. */
 struct barrier {
   int n;
   int count;
   int sense;
+  int sleepers;
   int failed;   /* a thread could not set up: everyone leaves after the first wait */
 };
 
 static void barrier_init(struct barrier *b, int n) {
-  b->n = n; b->count = 0; b->sense = 0; b->failed = 0;
+  b->n = n; b->count = 0; b->sense = 0; b->sleepers = 0; b->failed = 0;
 }
 
 static inline void cpu_relax(void) {
@@ -30,20 +41,35 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+/* pauses before a waiter sleeps: about 50 us (a pause is 10-40 ns), several steps of a layer that
+   the persistent path runs at 2 threads */
+enum { BARRIER_SPINS = 2000 };
+
 static void barrier_wait(struct barrier *b, int *local_sense) {
   if (b->n <= 1) return;
   int s = !*local_sense;
   *local_sense = s;
   if (__atomic_add_fetch(&b->count, 1, __ATOMIC_ACQ_REL) == b->n) {
     __atomic_store_n(&b->count, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&b->sense, s, __ATOMIC_RELEASE);
-  } else {
-    /* spin; after a while give the core away, in case a teammate was descheduled (more threads
-       than free cores) */
-    for (unsigned spins = 0; __atomic_load_n(&b->sense, __ATOMIC_ACQUIRE) != s; spins++) {
-      if (spins < 20000) cpu_relax();
-      else sched_yield();
-    }
+    __atomic_store_n(&b->sense, s, __ATOMIC_SEQ_CST);
+#if defined(__linux__)
+    if (__atomic_load_n(&b->sleepers, __ATOMIC_SEQ_CST))
+      syscall(SYS_futex, &b->sense, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+#endif
+    return;
+  }
+  for (int spins = 0; __atomic_load_n(&b->sense, __ATOMIC_ACQUIRE) != s; spins++) {
+    if (spins < BARRIER_SPINS) { cpu_relax(); continue; }
+#if defined(__linux__)
+    /* announce the sleep, then sleep only while the sense is still the old one (the waker stores
+       the sense before it reads sleepers, this thread counts itself before it reads the sense) */
+    __atomic_add_fetch(&b->sleepers, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&b->sense, __ATOMIC_SEQ_CST) != s)
+      syscall(SYS_futex, &b->sense, FUTEX_WAIT_PRIVATE, !s, NULL, NULL, 0);
+    __atomic_sub_fetch(&b->sleepers, 1, __ATOMIC_SEQ_CST);
+#else
+    sched_yield();
+#endif
   }
 }
 
@@ -86,8 +112,12 @@ static inline void transpose8_f32(float *dst, int64_t ld, const float *const *ro
 
 /* The batch from which the persistent forward folds the input projection into its per-step
    products (each weight then serves that many sequences a step) instead of one GEMM first, and
-   the largest panel of packed weights (bytes) it does it with. */
-enum { KILN_RNN_FOLD_MIN_BATCH = 8, KILN_RNN_FOLD_MAX_PANEL = 64 << 10 };
+   the most rows (hidden + input) of the packed [w_hh | w_ih] it does it with. This was a panel's
+   bytes (64K) when every level's panels were 128 bytes wide: 512 rows of either dtype. The avx512
+   level's panels are 256 bytes wide, and there folding is still as fast or faster up to 768 rows
+   from batch 16 (Zen 5, 1 thread, LSTM forward + backward, folded time over not: 0.98-0.99 at
+   hidden + input 320 to 768 and batch 16 to 32, 1.02 at batch 8), so the rule is kept in rows. */
+enum { KILN_RNN_FOLD_MIN_BATCH = 8, KILN_RNN_FOLD_MAX_ROWS = 512 };
 
 /* ---- one recurrent layer, each function one body over dt (cpu/dtype_math.h), a constant at
    each call, with a named function per dtype where the entry points, the pool and the team call
@@ -113,16 +143,35 @@ static inline __attribute__((always_inline)) double gate_tanh(int dt, double x) 
 /* The persistent path's products: y[b][0:n] = sum_k x[b][k] a[k][c] for a matrix a [K][n] that
    stays in the thread's cache, packed once per call in panels of PW columns (panel p holds
    columns p*PW.. for every k, contiguous, zeros past n), so that a step streams it in order;
-   NB sequences at a time against one panel (NB x 4 vector accumulators of 32 bytes: LANES
-   elements, PW = 4 * LANES). */
-enum { LANES_F32 = 8, PW_F32 = 4 * LANES_F32, LANES_F64 = 4, PW_F64 = 4 * LANES_F64 };
+   BLOCK sequences at a time against one panel (BLOCK x 4 vector accumulators of VEC_BYTES:
+   LANES elements, PW = 4 * LANES). Each level its own: 64-byte vectors (zmm) in 4 x 4
+   accumulators in the avx512 level, which has 32 vector registers; 32-byte vectors (ymm) in the
+   avx2 level and 16-byte ones (xmm) in the baseline, in 2 x 4 accumulators, as those have 16
+   registers (4 x 4 accumulators and the 4 weights spilled: half the speed). Each product is summed
+   over k in order whatever the width and the block, so the results do not depend on them (but for
+   a block of one sequence, below, which the batch alone decides). */
+#if defined(__AVX512F__)
+#define VEC_BYTES 64
+#define BLOCK 4
+#elif defined(__AVX__)
+#define VEC_BYTES 32
+#define BLOCK 2
+#else
+#define VEC_BYTES 16
+#define BLOCK 2
+#endif
+enum { LANES_F32 = VEC_BYTES / 4, PW_F32 = 4 * LANES_F32, LANES_F64 = VEC_BYTES / 8, PW_F64 = 4 * LANES_F64 };
 
-/* 32 bytes of the dtype's elements: a vector of each type, of which a body over dt uses the one
+/* VEC_BYTES of the dtype's elements: a vector of each type, of which a body over dt uses the one
    of its dtype (the other is never set, and compiled away). */
-typedef float vec_f32 __attribute__((vector_size(32)));
-typedef double vec_f64 __attribute__((vector_size(32)));
+typedef float vec_f32 __attribute__((vector_size(VEC_BYTES)));
+typedef double vec_f64 __attribute__((vector_size(VEC_BYTES)));
 struct vec { vec_f32 f; vec_f64 d; };
 
+static inline __attribute__((always_inline)) struct vec vec_zero(void) {
+  struct vec v = {{0}, {0}};
+  return v;
+}
 static inline __attribute__((always_inline)) struct vec vec_load(int dt, const void *p) {
   struct vec v = {{0}, {0}};
   if (dt == KILN_F32) memcpy(&v.f, p, sizeof v.f);
@@ -189,10 +238,13 @@ static inline __attribute__((always_inline)) void times_block(int dt, const int 
                                                               int64_t p, const void *const *x, void *const *y, int64_t out) {
   const int64_t LANES = dt == KILN_F32 ? LANES_F32 : LANES_F64, PW = 4 * LANES;
   const void *ap = dt_at(packed, dt, p * K * PW);
-  struct vec acc[4][4] = {{{{0}, {0}}}};
+  /* only the NB x 4 accumulators in use are set (zeroing the whole array costs a rep stos a call) */
+  struct vec acc[4][4];
+  for (int q = 0; q < NB; q++)
+    for (int v = 0; v < 4; v++) acc[q][v] = vec_zero();
   int64_t k = 0;
   if (NB == 1) {   /* one sequence: a second set of accumulators for odd k hides the FMA latency */
-    struct vec odd[4] = {{{0}, {0}}};
+    struct vec odd[4] = {vec_zero(), vec_zero(), vec_zero(), vec_zero()};
     for (; k + 2 <= K; k += 2) {
       const void *ak = dt_at(ap, dt, k * PW);
       double x0 = dt_load(x[0], dt, k), x1 = dt_load(x[0], dt, k + 1);
@@ -209,7 +261,10 @@ static inline __attribute__((always_inline)) void times_block(int dt, const int 
     struct vec w3 = vec_load(dt, dt_at(ak, dt, 3 * LANES));
     /* the four weight vectors are loaded once for the NB sequences: without this the compiler
        folds a load into every FMA, and the loop waits on the load ports instead of the FMAs */
-#if defined(__AVX__)
+#if defined(__AVX512F__)   /* "v": any of the 32 vector registers */
+    if (dt == KILN_F32) __asm__("" : "+v"(w0.f), "+v"(w1.f), "+v"(w2.f), "+v"(w3.f));
+    else __asm__("" : "+v"(w0.d), "+v"(w1.d), "+v"(w2.d), "+v"(w3.d));
+#elif defined(__x86_64__)
     if (dt == KILN_F32) __asm__("" : "+x"(w0.f), "+x"(w1.f), "+x"(w2.f), "+x"(w3.f));
     else __asm__("" : "+x"(w0.d), "+x"(w1.d), "+x"(w2.d), "+x"(w3.d));
 #endif
@@ -221,15 +276,21 @@ static inline __attribute__((always_inline)) void times_block(int dt, const int 
   }
   int64_t c0 = p * PW, m = n - c0 < PW ? n - c0 : PW;
   for (int q = 0; q < NB; q++) {
-    char vals[4 * 32];
+    if (m == PW) {   /* a whole panel: the accumulators stored as they are */
+      for (int v = 0; v < 4; v++)
+        if (dt == KILN_F32) memcpy(dt_at(y[q], dt, out + v * LANES), &acc[q][v].f, VEC_BYTES);
+        else memcpy(dt_at(y[q], dt, out + v * LANES), &acc[q][v].d, VEC_BYTES);
+      continue;
+    }
+    char vals[4 * VEC_BYTES];
     for (int v = 0; v < 4; v++)
-      if (dt == KILN_F32) memcpy(vals + 32 * v, &acc[q][v].f, 32);
-      else memcpy(vals + 32 * v, &acc[q][v].d, 32);
+      if (dt == KILN_F32) memcpy(vals + VEC_BYTES * v, &acc[q][v].f, VEC_BYTES);
+      else memcpy(vals + VEC_BYTES * v, &acc[q][v].d, VEC_BYTES);
     memcpy(dt_at(y[q], dt, out), vals, dt_size(dt) * (size_t)m);
   }
 }
 
-/* ys[q] = xs[q] a for na rows. Panel by panel, each panel against all of them in blocks of 4,
+/* ys[q] = xs[q] a for na rows. Panel by panel, each panel against all of them in blocks of BLOCK,
    so that the weights are read once a step whatever the batch (from L2 or further out when they
    do not fit), and a panel is reused from L1 or L2 by the blocks after the first. With span > 0
    (a multiple of PW), column c goes to (c / span) * stride + c % span of ys[q]: the forward's
@@ -238,8 +299,8 @@ static inline __attribute__((always_inline)) void times_rows(int dt, const void 
                                                              const void **xs, void **ys, int64_t span, int64_t stride) {
   for (int64_t p = 0; p < panels(dt, n); p++) {
     int64_t c0 = p * panel_width(dt), out = span ? (c0 / span) * stride + c0 % span : c0, q = 0;
-    for (; q + 4 <= na; q += 4) times_block(dt, 4, packed, K, n, p, xs + q, ys + q, out);
-    if (na - q == 3) times_block(dt, 3, packed, K, n, p, xs + q, ys + q, out);
+    for (; q + BLOCK <= na; q += BLOCK) times_block(dt, BLOCK, packed, K, n, p, xs + q, ys + q, out);
+    if (BLOCK > 3 && na - q == 3) times_block(dt, 3, packed, K, n, p, xs + q, ys + q, out);
     else if (na - q == 2) times_block(dt, 2, packed, K, n, p, xs + q, ys + q, out);
     else if (na - q == 1) times_block(dt, 1, packed, K, n, p, xs + q, ys + q, out);
   }
@@ -273,6 +334,26 @@ struct layer {
   void *dgx, *dgh;               /* [T,B,GH] pre-activation grads (dgh: as seen by w_hh; = dgx but for GRU) */
   void *dgs;                     /* [B,GH]: the GEMM path's rows of this step, when dgh has them apart */
   void *dh, *dc, *tmp;           /* [B,H] */
+  void *gbx, *gbh;               /* [GH]: the bias grads (sums of dgx and of dgh rows), when the persistent
+                                    team sums them as it goes (gbh: the GRU's, else NULL); else NULL */
+  void *gx;                      /* [T,B,I]: the grad of x, when the persistent team computes it step by
+                                    step (the input projection's fold, backward); else NULL */
+  void *gwp;                     /* dgh packed in panels [panels(GH)][T*B][PW] for the weights' grads,
+                                    by the persistent team as it goes (weight_grads); else NULL */
+  /* bf16: a layer whose input is bf16 (autocast's) runs its products on bf16 rows with f32 sums
+     (cpu/bf16_rnn.c); its state, gates, reserve and grads stay f32 until their last rounding. The
+     f32 buffers above are then f32 (x, z and gz are not used: xb, zb and an f32 copy of gz) */
+  int bf;
+  int wdt;                       /* the weights' dtype (f32 or bf16) */
+  const uint16_t *xb;            /* x [T,B,I] */
+  uint16_t *zb;                  /* Z [T+S,B,H] */
+  uint16_t *h0b;                 /* [B,H] h0 rounded, one element to spare */
+  uint16_t *whhb, *wihb;         /* w_hh, w_ih rounded (the GEMM path and the GEMMs of the layer) */
+  uint16_t *dgxb, *dghb;         /* [T,B,GHp] dgx and dgh rounded (dghb = dgxb but for the GRU) */
+  uint16_t *gxb;                 /* [T,B,I] x's grad (bf16), when the persistent team computes it */
+  int64_t GHp;                   /* GH rounded up to even: dgxb's rows */
+  uint16_t *hb;                  /* the GEMM path: [B,H] the state rounded, the step's product's rows */
+  float *yrows;                  /* the GEMM path: [B,H] output rows before their rounding */
   struct barrier bar;
 };
 
@@ -286,6 +367,11 @@ static inline int64_t prev_time(const struct layer *L, int64_t t) { return L->re
 static inline __attribute__((always_inline)) const void *h_before(int dt, const struct layer *L, int64_t s, int64_t b,
                                                                   int64_t t) {
   return s == 0 ? dt_at(L->h0, dt, b * L->H) : dt_at(L->z, dt, (prev_time(L, t) * L->B + b) * L->H);
+}
+
+/* The same in bf16 (the products' rows): h0 rounded, else the previous step's output row. */
+static inline const uint16_t *h_before_bf(const struct layer *L, int64_t s, int64_t b, int64_t t) {
+  return s == 0 ? L->h0b + b * L->H : L->zb + (prev_time(L, t) * L->B + b) * L->H;
 }
 
 /* A gate's input, xp + bi + hh + bh at element k, in the dtype. */
@@ -405,22 +491,26 @@ static inline __attribute__((always_inline)) void plain_backward(int dt, const i
    (and c[b]), writes the new state to hout[b] (another buffer) and c[b], the output to Z and the
    reserve. */
 static inline __attribute__((always_inline)) void cell_forward(int dt, struct layer *L, int64_t s, int64_t b, int64_t j0,
-                                                               int64_t j1, const void *hin, void *hout) {
+                                                               int64_t j1, const void *hin, void *hout, void *yf) {
   int64_t H = L->H, t = step_time(L, s, b), row = t * L->B + b, n = j1 - j0;
   const void *xp = L->xp ? dt_at(L->xp, dt, row * L->GH + j0) : dt_at(L->zero, dt, j0);
   const void *bi = dt_at(L->b_ih, dt, j0), *hh = dt_at(L->hh, dt, b * L->GH + j0), *bh = dt_at(L->b_hh, dt, j0);
-  void *y = dt_at(L->z, dt, row * H + j0), *ho = dt_at(hout, dt, b * H + j0);
+  /* the output row; bf16: yf, a scratch row of the caller's, then the output rounded into zb */
+  void *y = L->bf ? yf : dt_at(L->z, dt, row * H + j0), *ho = dt_at(hout, dt, b * H + j0);
   void *res = L->res ? dt_at(L->res, dt, row * L->RS * H + j0) : NULL;
   if (L->mode == KILN_RNN_LSTM) lstm_forward(dt, H, n, xp, bi, hh, bh, dt_at(L->c, dt, b * H + j0), res, ho, y);
   else if (L->mode == KILN_RNN_GRU) gru_forward(dt, H, n, xp, bi, hh, bh, dt_at(hin, dt, b * H + j0), res, ho, y);
   else if (L->mode == KILN_RNN_RELU) plain_forward(dt, 1, n, xp, bi, hh, bh, ho, y);
   else plain_forward(dt, 0, n, xp, bi, hh, bh, ho, y);
+  if (L->bf) kiln_cpu_rnn_bf16_round(L->zb + row * H + j0, y, KILN_F32, n);
 }
-static void cell_forward_f32(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1, const void *hin, void *hout) {
-  cell_forward(KILN_F32, L, s, b, j0, j1, hin, hout);
+static void cell_forward_f32(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1, const void *hin, void *hout,
+                             void *yf) {
+  cell_forward(KILN_F32, L, s, b, j0, j1, hin, hout, yf);
 }
-static void cell_forward_f64(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1, const void *hin, void *hout) {
-  cell_forward(KILN_F64, L, s, b, j0, j1, hin, hout);
+static void cell_forward_f64(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1, const void *hin, void *hout,
+                             void *yf) {
+  cell_forward(KILN_F64, L, s, b, j0, j1, hin, hout, yf);
 }
 
 /* The grads of units [j0, j1) of sequence b at step s: dh[b] holds the grad of the step's output
@@ -469,6 +559,46 @@ static void carry_back_f64(struct layer *L, int64_t s, int64_t b, int64_t k0, in
   carry_back(KILN_F64, L, s, b, k0, k1, prod);
 }
 
+/* The bias grads of units [j0, j1) of every gate, from the rows of sequence b at step s: the
+   persistent team's sums, kept per unit by the thread that owns it, over steps from the last. */
+static inline __attribute__((always_inline)) void bias_rows(int dt, struct layer *L, int64_t s, int64_t b, int64_t j0,
+                                                            int64_t j1) {
+  int64_t row = step_time(L, s, b) * L->B + b;
+  for (int k = 0; k < 2; k++) {
+    void *gb = k ? L->gbh : L->gbx;
+    if (!gb) continue;
+    const void *src = dt_at(k ? L->dgh : L->dgx, dt, row * L->GH);
+    for (int64_t g = 0; g < L->G; g++)
+      for (int64_t j = g * L->H + j0; j < g * L->H + j1; j++) dt_store(gb, dt, j, dt_add(dt, dt_load(gb, dt, j), dt_load(src, dt, j)));
+  }
+}
+static void bias_rows_f32(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1) { bias_rows(KILN_F32, L, s, b, j0, j1); }
+
+/* bf16: the rows of dgx (and dgh) of units [j0, j1) of sequence b at step s rounded into dgxb
+   (dghb), the rows the products and the weight grads read, and added to the bias grads when the
+   team sums them (gbx, gbh), in one pass */
+static inline __attribute__((always_inline)) void grad_rows_one(int64_t n, const float *restrict src, uint16_t *restrict dst,
+                                                                float *restrict gb) {
+  if (gb)
+    for (int64_t j = 0; j < n; j++) { gb[j] += src[j]; dst[j] = convert_f32_to_bf16(src[j]); }
+  else
+    for (int64_t j = 0; j < n; j++) dst[j] = convert_f32_to_bf16(src[j]);
+}
+static void grad_rows_bf(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1, int sums) {
+  int64_t row = step_time(L, s, b) * L->B + b;
+  for (int64_t g = 0; g < L->G; g++) {
+    int64_t k = g * L->H + j0;
+    grad_rows_one(j1 - j0, (const float *)L->dgx + row * L->GH + k, L->dgxb + row * L->GHp + k,
+                  sums && L->gbx ? (float *)L->gbx + k : NULL);
+    if (L->dghb != L->dgxb)
+      grad_rows_one(j1 - j0, (const float *)L->dgh + row * L->GH + k, L->dghb + row * L->GHp + k,
+                    sums && L->gbh ? (float *)L->gbh + k : NULL);
+    else if (sums && L->gbh)
+      for (int64_t j = k; j < k + j1 - j0; j++) ((float *)L->gbh)[j] += ((const float *)L->dgh)[row * L->GH + j];
+  }
+}
+static void bias_rows_f64(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1) { bias_rows(KILN_F64, L, s, b, j0, j1); }
+
 /* ---- the GEMM path: one product per step over the batch, then the fused gates ---- */
 
 struct rows { struct layer *L; int64_t s; };
@@ -476,8 +606,8 @@ struct rows { struct layer *L; int64_t s; };
 static inline __attribute__((always_inline)) void forward_rows(int dt, const struct rows *r, int64_t b0, int64_t b1) {
   struct layer *L = r->L;
   for (int64_t b = b0; b < b1; b++)
-    if (r->s < L->len[b]) dt == KILN_F32 ? cell_forward_f32(L, r->s, b, 0, L->H, L->h, L->hnext)
-                                         : cell_forward_f64(L, r->s, b, 0, L->H, L->h, L->hnext);
+    if (r->s < L->len[b]) dt == KILN_F32 ? cell_forward_f32(L, r->s, b, 0, L->H, L->h, L->hnext, L->yrows + b * L->H)
+                                         : cell_forward_f64(L, r->s, b, 0, L->H, L->h, L->hnext, NULL);
     else memcpy(dt_at(L->hnext, dt, b * L->H), dt_at(L->h, dt, b * L->H), dt_size(dt) * (size_t)L->H);   /* past its end: carry */
 }
 static void forward_rows_f32(void *ctx, int64_t b0, int64_t b1) { forward_rows(KILN_F32, ctx, b0, b1); }
@@ -486,7 +616,10 @@ static void forward_rows_f64(void *ctx, int64_t b0, int64_t b1) { forward_rows(K
 static inline __attribute__((always_inline)) void backward_rows(int dt, const struct rows *r, int64_t b0, int64_t b1) {
   struct layer *L = r->L;
   for (int64_t b = b0; b < b1; b++)
-    if (r->s < L->len[b]) dt == KILN_F32 ? cell_backward_f32(L, r->s, b, 0, L->H) : cell_backward_f64(L, r->s, b, 0, L->H);
+    if (r->s < L->len[b]) {
+      dt == KILN_F32 ? cell_backward_f32(L, r->s, b, 0, L->H) : cell_backward_f64(L, r->s, b, 0, L->H);
+      if (L->bf) grad_rows_bf(L, r->s, b, 0, L->H, 0);
+    }
 }
 static void backward_rows_f32(void *ctx, int64_t b0, int64_t b1) { backward_rows(KILN_F32, ctx, b0, b1); }
 static void backward_rows_f64(void *ctx, int64_t b0, int64_t b1) { backward_rows(KILN_F64, ctx, b0, b1); }
@@ -496,19 +629,42 @@ static int64_t row_grain(const struct layer *L) {
   return per_row >= 16384 ? 1 : 16384 / per_row + 1;
 }
 
-static void forward_gemm(int dt, struct layer *L) {
+static int forward_gemm(int dt, struct layer *L) {
   for (int64_t s = 0; s < L->T; s++) {
-    kiln_cpu_gemm_raw(dt, 0, 1, L->B, L->GH, L->H, 1.0, L->h, L->H, L->w_hh, L->H, 0.0, L->hh, L->GH);
+    if (L->bf) {   /* the state rounded, times w_hh rounded: f32 sums (cpu/bf16_gemm.c) */
+      kiln_cpu_rnn_bf16_round(L->hb, L->h, KILN_F32, L->B * L->H);
+      if (kiln_cpu_gemm_bf16_f32(L->B, L->GH, L->H, 1.0f, L->hb, L->H, 1, L->whhb, 1, L->H, 0.0f, L->hh, L->GH, 1))
+        return kiln_error_code();
+    } else {
+      kiln_cpu_gemm_raw(dt, 0, 1, L->B, L->GH, L->H, 1.0, L->h, L->H, L->w_hh, L->H, 0.0, L->hh, L->GH);
+    }
     struct rows r = {L, s};
     kiln_parallel_for(L->B, row_grain(L), dt == KILN_F32 ? forward_rows_f32 : forward_rows_f64, &r);
     void *swap = L->h; L->h = L->hnext; L->hnext = swap;
   }
+  return KILN_OK;
 }
 
-static inline __attribute__((always_inline)) void backward_gemm(int dt, struct layer *L) {
+static inline __attribute__((always_inline)) int backward_gemm(int dt, struct layer *L) {
   for (int64_t s = L->T - 1; s >= 0; s--) {
     struct rows r = {L, s};
     kiln_parallel_for(L->B, row_grain(L), dt == KILN_F32 ? backward_rows_f32 : backward_rows_f64, &r);
+    if (L->bf) {   /* the step's rows of dgh rounded, times w_hh rounded */
+      int64_t t0 = L->B ? step_time(L, s, 0) : 0, GHp = L->GHp;
+      const uint16_t *rows = L->dghb + t0 * L->B * GHp;
+      if (L->reverse && L->padded) {
+        uint16_t *g = L->dgs;
+        for (int64_t b = 0; b < L->B; b++)
+          if (s < L->len[b]) memcpy(g + b * GHp, L->dghb + (step_time(L, s, b) * L->B + b) * GHp, sizeof(uint16_t) * (size_t)GHp);
+          else memset(g + b * GHp, 0, sizeof(uint16_t) * (size_t)GHp);
+        rows = g;
+      }
+      if (kiln_cpu_gemm_bf16_f32(L->B, L->H, L->GH, 1.0f, rows, GHp, 1, L->whhb, L->H, 1, 0.0f, L->tmp, L->H, 1))
+        return kiln_error_code();
+      for (int64_t b = 0; b < L->B; b++)
+        if (s < L->len[b]) carry_back_f32(L, s, b, 0, L->H, (const float *)L->tmp + b * L->H);
+      continue;
+    }
     /* this step's dgh rows: the B rows of one time, in place (rows past a sequence's end are 0),
        unless reversed sequences of several lengths put them at different times */
     const void *rows = dt_at(L->dgh, dt, (L->B ? step_time(L, s, 0) : 0) * L->B * L->GH);
@@ -526,9 +682,10 @@ static inline __attribute__((always_inline)) void backward_gemm(int dt, struct l
         dt == KILN_F32 ? carry_back_f32(L, s, b, 0, L->H, dt_at(L->tmp, dt, b * L->H))
                        : carry_back_f64(L, s, b, 0, L->H, dt_at(L->tmp, dt, b * L->H));
   }
+  return KILN_OK;
 }
-static void backward_gemm_f32(struct layer *L) { backward_gemm(KILN_F32, L); }
-static void backward_gemm_f64(struct layer *L) { backward_gemm(KILN_F64, L); }
+static int backward_gemm_f32(struct layer *L) { return backward_gemm(KILN_F32, L); }
+static int backward_gemm_f64(struct layer *L) { return backward_gemm(KILN_F64, L); }
 
 /* ---- the persistent path: each thread of a team owns hidden units [j0, j1) for the whole
    sequence, with its rows of w_hh (forward) or its columns (backward) packed in its own memory ---- */
@@ -595,7 +752,7 @@ static inline __attribute__((always_inline)) void forward_team(int dt, struct la
       void *hh = dt_at(L->hh, dt, b * L->GH);
       if (!direct)
         for (int64_t g = 0; g < G; g++) memcpy(dt_at(hh, dt, g * H + j0), dt_at(prod, dt, b * nq + g * nj), es * (size_t)nj);
-      dt == KILN_F32 ? cell_forward_f32(L, s, b, j0, j1, hcur, hnext) : cell_forward_f64(L, s, b, j0, j1, hcur, hnext);
+      dt == KILN_F32 ? cell_forward_f32(L, s, b, j0, j1, hcur, hnext, NULL) : cell_forward_f64(L, s, b, j0, j1, hcur, hnext, NULL);
     }
     void *swap = hcur; hcur = hnext; hnext = swap;
     barrier_wait(&L->bar, &sense);
@@ -611,23 +768,31 @@ static inline __attribute__((always_inline)) void backward_team(int dt, struct l
   int64_t nj = j1 - j0;
   int sense = 0;
   const size_t es = dt_size(dt);
-  /* columns j0..j1 of w_hh, packed [GH][nj]; the products [B][nj] */
+  /* columns j0..j1 of w_hh, packed [GH][nj]; the products [B][nj]. With the fold, also columns
+     i0..i1 of w_ih, packed [GH][ni], against the step's rows of dgx: its rows of x's grad. */
+  int64_t i0 = 0, i1 = 0, I = L->I;
+  if (L->gx) slice(I, id, nteam, &i0, &i1);
+  int64_t ni = i1 - i0;
   void *wc = malloc(es * (size_t)(panels(dt, nj) * panel_width(dt) * GH + 1));
+  void *wi = ni ? malloc(es * (size_t)(panels(dt, ni) * panel_width(dt) * GH + 1)) : NULL;
   void *prod = malloc(es * (size_t)(B * nj + 1));
   unsigned char *active = malloc((size_t)B);
   const void **xs = malloc(sizeof(void *) * (size_t)(B + 1));
   void **ys = malloc(sizeof(void *) * (size_t)(B + 1));
-  if (!wc || !prod || !active || !xs || !ys) __atomic_store_n(&L->bar.failed, 1, __ATOMIC_RELAXED);
+  if (!wc || (ni && !wi) || !prod || !active || !xs || !ys) __atomic_store_n(&L->bar.failed, 1, __ATOMIC_RELAXED);
   barrier_wait(&L->bar, &sense);
   if (__atomic_load_n(&L->bar.failed, __ATOMIC_RELAXED)) {
-    free(wc); free(prod); free(active); free(xs); free(ys);
+    free(wc); free(wi); free(prod); free(active); free(xs); free(ys);
     return;
   }
   pack_rows(dt, wc, GH, nj, dt_at(L->w_hh, dt, j0), H);
+  if (ni) pack_rows(dt, wi, GH, ni, dt_at(L->w_ih, dt, i0), I);
   for (int64_t s = L->T - 1; s >= 0; s--) {
     for (int64_t b = 0; b < B; b++) {
       active[b] = s < L->len[b];
-      if (active[b]) dt == KILN_F32 ? cell_backward_f32(L, s, b, j0, j1) : cell_backward_f64(L, s, b, j0, j1);
+      if (!active[b]) continue;
+      dt == KILN_F32 ? cell_backward_f32(L, s, b, j0, j1) : cell_backward_f64(L, s, b, j0, j1);
+      if (L->gbx || L->gbh) dt == KILN_F32 ? bias_rows_f32(L, s, b, j0, j1) : bias_rows_f64(L, s, b, j0, j1);
     }
     barrier_wait(&L->bar, &sense);
     /* this step's rows are read where they are in dgh, by time, so that the next step may write
@@ -640,11 +805,158 @@ static inline __attribute__((always_inline)) void backward_team(int dt, struct l
     for (int64_t b = 0; b < B; b++)
       if (active[b])
         dt == KILN_F32 ? carry_back_f32(L, s, b, j0, j1, dt_at(prod, dt, b * nj)) : carry_back_f64(L, s, b, j0, j1, dt_at(prod, dt, b * nj));
+    if (L->gwp) {   /* the step's rows of dgh into the weights' grads' panels: this thread's panels */
+      const int64_t PW = panel_width(dt), np = panels(dt, GH), TB = L->T * B;
+      int64_t p0, p1;
+      slice(np, id, nteam, &p0, &p1);
+      for (int64_t b = 0; b < B; b++) {
+        if (!active[b]) continue;
+        int64_t r = step_time(L, s, b) * B + b;
+        for (int64_t p = p0; p < p1; p++) {
+          int64_t c0 = p * PW, m = GH - c0 < PW ? GH - c0 : PW;
+          memcpy(dt_at(L->gwp, dt, (p * TB + r) * PW), dt_at(L->dgh, dt, r * GH + c0), es * (size_t)m);
+        }
+      }
+    }
+    if (ni) {   /* x's grad of the step, off the recurrence's path: its rows of dgx times w_ih */
+      na = 0;
+      for (int64_t b = 0; b < B; b++)
+        if (active[b]) {
+          int64_t row = step_time(L, s, b) * B + b;
+          xs[na] = dt_at(L->dgx, dt, row * GH);
+          ys[na] = dt_at(L->gx, dt, row * I + i0);
+          na++;
+        }
+      if (dt == KILN_F32) times_rows_f32(wi, GH, ni, na, xs, ys, 0, 0);
+      else times_rows_f64(wi, GH, ni, na, xs, ys, 0, 0);
+    }
   }
-  free(wc); free(prod); free(active); free(xs); free(ys);
+  free(wc); free(wi); free(prod); free(active); free(xs); free(ys);
 }
 static void backward_team_f32(void *ctx, int id, int nteam) { backward_team(KILN_F32, ctx, id, nteam); }
 static void backward_team_f64(void *ctx, int id, int nteam) { backward_team(KILN_F64, ctx, id, nteam); }
+
+/* ---- the persistent path in bf16: the same steps, the products on bf16 rows (cpu/bf16_rnn.c):
+   forward the previous outputs (zb) or h0 rounded, with x's rows under the fold; backward the rows
+   of dgh and dgx rounded. Each product is summed in one order whatever the threads. ---- */
+
+static void forward_team_bf(void *ctx, int id, int nteam) {
+  struct layer *L = ctx;
+  int64_t j0, j1, H = L->H, G = L->G, B = L->B;
+  slice(H, id, nteam, &j0, &j1);
+  int64_t nj = j1 - j0;
+  int sense = 0;
+  /* rows g*H + j of w_hh (then of w_ih under the fold) for the own units, rounded, as the columns
+     of the packed [K][G*nj]; each column is first a row of K elements (2 kp, zero-padded) */
+  int64_t nq = G * nj, I = L->xp ? 0 : L->I, K = H + I, kp = (K + 1) / 2, PW = kiln_cpu_rnn_bf16_panel();
+  size_t ws = L->wdt == KILN_BF16 ? 2 : 4;
+  uint32_t *w = malloc(sizeof(uint32_t) * (size_t)((nq + PW - 1) / PW * PW * kp + 1));
+  uint16_t *rows = malloc(sizeof(uint16_t) * (size_t)(nq * 2 * kp + 1));
+  float *prod = malloc(sizeof(float) * (size_t)(B * nq + 1)), *yf = malloc(sizeof(float) * (size_t)(nj + 1));
+  uint16_t *hx = I ? calloc((size_t)(B * 2 * kp + 1), sizeof(uint16_t)) : NULL;   /* [h | x] rows of 2 kp */
+  unsigned char *active = malloc((size_t)B);
+  const uint16_t **xs = malloc(sizeof(void *) * (size_t)(B + 1));
+  void **ys = malloc(sizeof(void *) * (size_t)(B + 1));
+  if (!w || !rows || !prod || !yf || (I && !hx) || !active || !xs || !ys) __atomic_store_n(&L->bar.failed, 1, __ATOMIC_RELAXED);
+  barrier_wait(&L->bar, &sense);
+  if (__atomic_load_n(&L->bar.failed, __ATOMIC_RELAXED)) {
+    free(w); free(rows); free(prod); free(yf); free(hx); free(active); free(xs); free(ys);
+    return;
+  }
+  for (int64_t q = 0; q < nq; q++) {
+    int64_t r = (q / nj) * H + j0 + q % nj;
+    uint16_t *row = rows + q * 2 * kp;
+    kiln_cpu_rnn_bf16_round(row, (const char *)L->w_hh + ws * (size_t)(r * H), L->wdt, H);
+    if (I) kiln_cpu_rnn_bf16_round(row + H, (const char *)L->w_ih + ws * (size_t)(r * I), L->wdt, I);
+    if (K & 1) row[K] = 0;
+  }
+  kiln_cpu_rnn_bf16_pack_cols(w, nq, kp, (const uint32_t *)rows, kp);
+  free(rows);
+  float *hcur = L->h, *hnext = L->hnext;
+  int direct = nj % PW == 0;   /* as forward_team */
+  for (int64_t s = 0; s < L->T; s++) {
+    int64_t na = 0;
+    for (int64_t b = 0; b < B; b++) {
+      active[b] = s < L->len[b];
+      if (!active[b]) continue;
+      int64_t t = step_time(L, s, b);
+      if (I) {
+        memcpy(hx + na * 2 * kp, h_before_bf(L, s, b, t), sizeof(uint16_t) * (size_t)H);
+        memcpy(hx + na * 2 * kp + H, L->xb + (t * B + b) * L->I, sizeof(uint16_t) * (size_t)I);
+      }
+      xs[na] = I ? hx + na * 2 * kp : h_before_bf(L, s, b, t);
+      ys[na] = direct ? (float *)L->hh + b * L->GH + j0 : prod + b * nq;
+      na++;
+    }
+    kiln_cpu_rnn_bf16_times(w, K, nq, na, xs, ys, 0, direct ? nj : 0, H);
+    for (int64_t b = 0; b < B; b++) {
+      if (!active[b]) {
+        memcpy(hnext + b * H + j0, hcur + b * H + j0, sizeof(float) * (size_t)nj);
+        continue;
+      }
+      float *hh = (float *)L->hh + b * L->GH;
+      if (!direct)
+        for (int64_t g = 0; g < G; g++) memcpy(hh + g * H + j0, prod + b * nq + g * nj, sizeof(float) * (size_t)nj);
+      cell_forward_f32(L, s, b, j0, j1, hcur, hnext, yf);
+    }
+    float *swap = hcur; hcur = hnext; hnext = swap;
+    barrier_wait(&L->bar, &sense);
+  }
+  free(w); free(prod); free(yf); free(hx); free(active); free(xs); free(ys);
+}
+
+static void backward_team_bf(void *ctx, int id, int nteam) {
+  struct layer *L = ctx;
+  int64_t j0, j1, H = L->H, GH = L->GH, B = L->B, GHp = L->GHp, I = L->I;
+  slice(H, id, nteam, &j0, &j1);
+  int64_t nj = j1 - j0, i0 = 0, i1 = 0;
+  if (L->gxb) slice(I, id, nteam, &i0, &i1);
+  int64_t ni = i1 - i0, kp = (GH + 1) / 2, PW = kiln_cpu_rnn_bf16_panel();
+  int sense = 0;
+  size_t ws = L->wdt == KILN_BF16 ? 2 : 4;
+  /* columns j0..j1 of w_hh (and i0..i1 of w_ih), rounded and packed [GH][nj] */
+  uint32_t *wc = malloc(sizeof(uint32_t) * (size_t)((nj + PW - 1) / PW * PW * kp + 1));
+  uint32_t *wi = ni ? malloc(sizeof(uint32_t) * (size_t)((ni + PW - 1) / PW * PW * kp + 1)) : NULL;
+  float *prod = malloc(sizeof(float) * (size_t)(B * nj + 1));
+  unsigned char *active = malloc((size_t)B);
+  const uint16_t **xs = malloc(sizeof(void *) * (size_t)(B + 1));
+  void **ys = malloc(sizeof(void *) * (size_t)(B + 1));
+  if (!wc || (ni && !wi) || !prod || !active || !xs || !ys) __atomic_store_n(&L->bar.failed, 1, __ATOMIC_RELAXED);
+  barrier_wait(&L->bar, &sense);
+  if (__atomic_load_n(&L->bar.failed, __ATOMIC_RELAXED)) {
+    free(wc); free(wi); free(prod); free(active); free(xs); free(ys);
+    return;
+  }
+  kiln_cpu_rnn_bf16_pack_rows(wc, nj, GH, (const char *)L->w_hh + ws * (size_t)j0, L->wdt, H);
+  if (ni) kiln_cpu_rnn_bf16_pack_rows(wi, ni, GH, (const char *)L->w_ih + ws * (size_t)i0, L->wdt, I);
+  for (int64_t s = L->T - 1; s >= 0; s--) {
+    for (int64_t b = 0; b < B; b++) {
+      active[b] = s < L->len[b];
+      if (!active[b]) continue;
+      cell_backward_f32(L, s, b, j0, j1);
+      grad_rows_bf(L, s, b, j0, j1, 1);
+    }
+    barrier_wait(&L->bar, &sense);
+    int64_t na = 0;
+    for (int64_t b = 0; b < B; b++)
+      if (active[b]) { xs[na] = L->dghb + (step_time(L, s, b) * B + b) * GHp; ys[na] = prod + b * nj; na++; }
+    kiln_cpu_rnn_bf16_times(wc, GH, nj, na, xs, ys, 0, 0, 0);
+    for (int64_t b = 0; b < B; b++)
+      if (active[b]) carry_back_f32(L, s, b, j0, j1, prod + b * nj);
+    if (ni) {   /* x's grad of the step, rounded once */
+      na = 0;
+      for (int64_t b = 0; b < B; b++)
+        if (active[b]) {
+          int64_t row = step_time(L, s, b) * B + b;
+          xs[na] = L->dgxb + row * GHp;
+          ys[na] = L->gxb + row * I + i0;
+          na++;
+        }
+      kiln_cpu_rnn_bf16_times(wi, GH, ni, na, xs, ys, 1, 0, 0);
+    }
+  }
+  free(wc); free(wi); free(prod); free(active); free(xs); free(ys);
+}
 
 /* ---- the layer ---- */
 
@@ -684,7 +996,7 @@ static inline __attribute__((always_inline)) int forward(int dt, const struct ki
      enough sequences a step and a panel of [w_hh | w_ih] is small (LSTM and plain
      RNN: a GRU's n gate keeps the two apart) */
   int fold = c->ints[2] == KILN_RNN_PERSISTENT && L.mode != KILN_RNN_GRU && B >= KILN_RNN_FOLD_MIN_BATCH &&
-             (H + L.I) * panel_width(dt) * (int64_t)es <= KILN_RNN_FOLD_MAX_PANEL;
+             H + L.I <= KILN_RNN_FOLD_MAX_ROWS;
   size_t nxp = es * (size_t)(T * B * GH > 0 ? T * B * GH : 1);   /* large: from the block cache */
   L.xp = fold ? NULL : kiln_cpu_alloc(nxp);
   L.zero = zeros;
@@ -709,7 +1021,7 @@ static inline __attribute__((always_inline)) int forward(int dt, const struct ki
     /* the team swapped the buffers T times: after an odd count the final state is in hnext */
     if (T % 2) { void *swap = L.h; L.h = L.hnext; L.hnext = swap; }
   } else {
-    forward_gemm(dt, &L);
+    rc = forward_gemm(dt, &L);
   }
   memcpy(dt_at(L.z, dt, T * B * H), L.h, es * (size_t)(B * H));
   if (L.mode == KILN_RNN_LSTM) memcpy(dt_at(L.z, dt, (T + 1) * B * H), L.c, es * (size_t)(B * H));
@@ -721,6 +1033,102 @@ done:
 }
 static int forward_f32(const struct kiln_call *c) { return forward(KILN_F32, c); }
 static int forward_f64(const struct kiln_call *c) { return forward(KILN_F64, c); }
+
+/* dst[i * ld + r] = rows[r][k0 + i] for r < nr, i < nk (rows[r] NULL: zeros): a block of a
+   transpose, 8 x 8 through registers in f32 */
+static inline __attribute__((always_inline)) void transpose_block(int dt, void *dst, int64_t ld, const void *const *rows,
+                                                                  int64_t k0, int nr, int nk) {
+#if defined(__AVX__)
+  if (dt == KILN_F32 && nr == 8 && nk == 8 && rows[0] && rows[1] && rows[2] && rows[3] && rows[4] && rows[5] && rows[6] && rows[7]) {
+    transpose8_f32(dst, ld, (const float *const *)rows, k0);
+    return;
+  }
+#endif
+  for (int r = 0; r < nr; r++)
+    for (int i = 0; i < nk; i++) dt_store(dst, dt, i * ld + r, rows[r] ? dt_load(rows[r], dt, k0 + i) : 0);
+}
+
+/* The state before the step of row r = t * B + b (its time t), NULL past the sequence's end. */
+static inline __attribute__((always_inline)) const void *row_before(int dt, const struct layer *L, int64_t r) {
+  int64_t b = r % L->B, t = r / L->B;
+  if (t >= L->len[b]) return NULL;
+  return h_before(dt, L, L->reverse ? L->len[b] - 1 - t : t, b, t);
+}
+
+struct gw_job { int dt; const struct layer *L; const void *xt; void *gwt; int64_t R, ldx, ldg; };
+
+static inline __attribute__((always_inline)) void gw_panels(int dt, void *ctx, int64_t p0, int64_t p1) {
+  const struct gw_job *j = ctx;
+  const struct layer *L = j->L;
+  const int64_t PW = panel_width(dt), TB = L->T * L->B, n = (p1 * PW < L->GH ? p1 * PW : L->GH) - p0 * PW;
+  const void *xs[j->R > 0 ? j->R : 1];
+  void *ys[j->R > 0 ? j->R : 1];
+  for (int64_t k = 0; k < j->R; k++) { xs[k] = dt_at(j->xt, dt, k * j->ldx); ys[k] = dt_at(j->gwt, dt, k * j->ldg + p0 * PW); }
+  if (dt == KILN_F32) times_rows_f32(dt_at(L->gwp, dt, p0 * TB * PW), TB, n, j->R, xs, ys, 0, 0);
+  else times_rows_f64(dt_at(L->gwp, dt, p0 * TB * PW), TB, n, j->R, xs, ys, 0, 0);
+}
+static void gw_panels_f32(void *ctx, int64_t p0, int64_t p1) { gw_panels(KILN_F32, ctx, p0, p1); }
+static void gw_panels_f64(void *ctx, int64_t p0, int64_t p1) { gw_panels(KILN_F64, ctx, p0, p1); }
+
+/* Whether the weights' grads run on the persistent path's products rather than the BLAS: where
+   the BLAS runs narrower vectors than this level's (an AVX2 core under the avx512 level, as
+   OPENBLAS_CORETYPE=Haswell loads on an AVX-512 CPU), or generic ones, or none is loaded. With an
+   AVX-512 core the two run level (LSTM forward + backward, 1 and 2 threads: 0.98 to 1.06 of the
+   BLAS's time), with an AVX2 core the products are 1.25 times as fast. */
+static int weight_grads_here(void) {
+  static int here = -1;
+  if (here < 0) {
+    const char *core = kiln_blas_core();
+    int state = kiln_blas_state(), wide = core && (strstr(core, "SkylakeX") || strstr(core, "Cooperlake") || strstr(core, "SapphireRapids"));
+    here = state == KILN_BLAS_MISSING || state == KILN_BLAS_GENERIC || (VEC_BYTES == 64 && !wide);
+  }
+  return here;
+}
+
+/* The weights' grads on the persistent path's products: [h_prev | x]^T (R x T*B, transposed here
+   8 x 8) times dgh packed by the team (gwp), panel by panel over the pool, then transposed into
+   w_hh's grad [GH][H] and w_ih's [GH][I]. Each sum runs over the rows in order, whatever the
+   threads; the kernel runs at the level's width, whatever BLAS core is loaded. */
+static inline __attribute__((always_inline)) int weight_grads(int dt, struct layer *L, void *gw_hh, void *gw_ih) {
+  const int64_t TB = L->T * L->B, H = L->H, I = L->I, GH = L->GH, PW = panel_width(dt);
+  const int64_t Hh = gw_hh ? H : 0, R = Hh + (gw_ih ? I : 0);
+  /* rows a little longer than T*B and GH: 8 rows of a power-of-two length would fall in one set of
+     L1 and evict each other in the transposes */
+  const int64_t ldx = TB + 16, ldg = GH + 16;
+  const size_t es = dt_size(dt), nxt = es * (size_t)(R * ldx + 1), ngt = es * (size_t)(R * ldg + 1);
+  void *xt = kiln_cpu_alloc(nxt), *gwt = kiln_cpu_alloc(ngt);
+  if (!xt || !gwt) { kiln_cpu_free(xt, nxt); kiln_cpu_free(gwt, ngt); return kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory"); }
+  for (int64_t r0 = 0; r0 < TB; r0 += 8) {
+    int nr = TB - r0 < 8 ? (int)(TB - r0) : 8;
+    const void *hp[8], *xr[8];
+    for (int r = 0; r < nr; r++) {
+      hp[r] = row_before(dt, L, r0 + r);
+      xr[r] = hp[r] ? dt_at(L->x, dt, (r0 + r) * I) : NULL;   /* zeros past a sequence's end */
+    }
+    for (int64_t k = 0; k < Hh; k += 8)
+      transpose_block(dt, dt_at(xt, dt, k * ldx + r0), ldx, hp, k, nr, Hh - k < 8 ? (int)(Hh - k) : 8);
+    for (int64_t k = 0; k < R - Hh; k += 8)
+      transpose_block(dt, dt_at(xt, dt, (Hh + k) * ldx + r0), ldx, xr, k, nr, R - Hh - k < 8 ? (int)(R - Hh - k) : 8);
+  }
+  struct gw_job j = {dt, L, xt, gwt, R, ldx, ldg};
+  int64_t np = panels(dt, GH);
+  kiln_parallel_for(np, 1, dt == KILN_F32 ? gw_panels_f32 : gw_panels_f64, &j);
+  for (int part = 0; part < 2; part++) {
+    void *gw = part ? gw_ih : gw_hh;
+    if (!gw) continue;
+    int64_t k0 = part ? Hh : 0, nk = part ? I : H;
+    for (int64_t k = 0; k < nk; k += 8) {
+      int nr = nk - k < 8 ? (int)(nk - k) : 8;
+      const void *rows[8];
+      for (int r = 0; r < nr; r++) rows[r] = dt_at(gwt, dt, (k0 + k + r) * ldg);
+      for (int64_t g = 0; g < GH; g += 8)
+        transpose_block(dt, dt_at(gw, dt, g * nk + k), nk, rows, g, nr, GH - g < 8 ? (int)(GH - g) : 8);
+    }
+  }
+  (void)PW;
+  kiln_cpu_free(xt, nxt); kiln_cpu_free(gwt, ngt);
+  return KILN_OK;
+}
 
 /* A large buffer from the block cache, zeroed when some rows will not be written. */
 static void *scratch(size_t nbytes, int zero) {
@@ -749,6 +1157,7 @@ static inline __attribute__((always_inline)) int backward(int dt, const struct k
   /* the large buffers come from the block cache, zeroed when rows past a sequence's end must stay 0 */
   size_t nbig = es * (size_t)(T * B * GH > 0 ? T * B * GH : 1), nbh = (size_t)(B * H > 0 ? B * H : 1);
   size_t nprev = es * (size_t)(T * B * H > 0 ? T * B * H : 1);
+  size_t ngwp = es * (size_t)(panels(dt, GH) * panel_width(dt) * T * B + 1);
   L.dgx = scratch(nbig, L.padded);
   L.dgh = L.mode == KILN_RNN_GRU ? scratch(nbig, L.padded) : L.dgx;
   /* the GEMM path's rows of a step, gathered when reversed sequences of several lengths put them
@@ -760,30 +1169,59 @@ static inline __attribute__((always_inline)) int backward(int dt, const struct k
   L.tmp = malloc(es * nbh);
   /* the states before each step, for w_hh's grad: gathered only when sequences of several lengths
      scatter them (else they are h0 and the output rows, read in place) */
-  int gather = L.padded || T * B == 0;
+  int gather = (L.padded || T * B == 0);
   void *hprev = bw->gw_hh && gather ? scratch(nprev, L.padded) : NULL;
   int rc = KILN_OK;
   if (!L.dgx || !L.dgh || (gather_rows && !L.dgs) || !L.dh || !L.dc || !L.tmp || (bw->gw_hh && gather && !hprev)) {
     rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory for the layer's buffers");
     goto done;
   }
+  /* the persistent team computes x's grad step by step under the forward's fold rule: as many
+     sequences a step and as small a packed w_ih (its columns, as tall as w_hh's) */
+  if (bw->gx && c->ints[2] == KILN_RNN_PERSISTENT && B >= KILN_RNN_FOLD_MIN_BATCH && H + I <= KILN_RNN_FOLD_MAX_ROWS && I > 0) {
+    L.gx = kiln_tensor_data(bw->gx);
+    if (L.padded) memset(L.gx, 0, es * (size_t)(T * B * I));   /* rows past a sequence's end */
+  }
   memcpy(L.dh, dt_at(L.gz, dt, T * B * H), es * (size_t)(B * H));
   if (L.mode == KILN_RNN_LSTM) memcpy(L.dc, dt_at(L.gz, dt, (T + 1) * B * H), es * (size_t)(B * H));
   else memset(L.dc, 0, es * (size_t)(B * H));
+  /* the weights' grads on the team's products when dgh is dgx (not the GRU) and the BLAS is
+     narrower (weight_grads_here): [h_prev | x] against dgh, which the team packs as it goes */
+  if (c->ints[2] == KILN_RNN_PERSISTENT && L.dgh == L.dgx && (bw->gw_hh || bw->gw_ih) && T * B > 0 && weight_grads_here()) {
+    L.gwp = scratch(ngwp, L.padded || GH % panel_width(dt));   /* zeros: rows past the ends, columns past GH */
+    if (!L.gwp) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory for the layer's buffers"); goto done; }
+  }
+  int team_bias = c->ints[2] == KILN_RNN_PERSISTENT;
+  if (team_bias) {
+    /* the team sums the bias grads as it goes, instead of a pass over dgx (and dgh) after it:
+       b_ih's from dgx, b_hh's from dgh (the same sums but for the GRU: copied below) */
+    if (bw->gb_ih) L.gbx = kiln_tensor_data(bw->gb_ih);
+    else if (bw->gb_hh && L.dgh == L.dgx) L.gbx = kiln_tensor_data(bw->gb_hh);
+    if (bw->gb_hh && L.dgh != L.dgx) L.gbh = kiln_tensor_data(bw->gb_hh);
+    if (L.gbx) memset(L.gbx, 0, es * (size_t)GH);
+    if (L.gbh) memset(L.gbh, 0, es * (size_t)GH);
+  }
   if (c->ints[2] == KILN_RNN_PERSISTENT) {
     barrier_init(&L.bar, kiln_parallel_team_size());
     kiln_parallel_team(dt == KILN_F32 ? backward_team_f32 : backward_team_f64, &L);
     if (L.bar.failed) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory for the persistent threads' weights"); goto done; }
   } else if (dt == KILN_F32) {
-    backward_gemm_f32(&L);
+    rc = backward_gemm_f32(&L);
   } else {
-    backward_gemm_f64(&L);
+    rc = backward_gemm_f64(&L);
   }
   if (bw->gh0) memcpy(kiln_tensor_data(bw->gh0), L.dh, es * (size_t)(B * H));
   if (bw->gc0) memcpy(kiln_tensor_data(bw->gc0), L.dc, es * (size_t)(B * H));
-  if (bw->gx) kiln_cpu_gemm_raw(dt, 0, 0, T * B, I, GH, 1.0, L.dgx, GH, L.w_ih, I, 0.0, kiln_tensor_data(bw->gx), I);
-  if (bw->gw_ih) kiln_cpu_gemm_raw(dt, 1, 0, GH, I, T * B, 1.0, L.dgx, GH, L.x, I, 0.0, kiln_tensor_data(bw->gw_ih), I);
-  if (bw->gw_hh && !gather) {
+  if (bw->gx && !L.gx) kiln_cpu_gemm_raw(dt, 0, 0, T * B, I, GH, 1.0, L.dgx, GH, L.w_ih, I, 0.0, kiln_tensor_data(bw->gx), I);
+  if (L.gwp) {
+    if ((rc = weight_grads(dt, &L, bw->gw_hh ? kiln_tensor_data(bw->gw_hh) : NULL, bw->gw_ih ? kiln_tensor_data(bw->gw_ih) : NULL)))
+      goto done;
+  } else if (bw->gw_ih) {
+    kiln_cpu_gemm_raw(dt, 1, 0, GH, I, T * B, 1.0, L.dgx, GH, L.x, I, 0.0, kiln_tensor_data(bw->gw_ih), I);
+  }
+  if (L.gwp) {
+    /* done above */
+  } else if (bw->gw_hh && !gather) {
     /* rows of the step whose state before is h0 (the first, or the last when reversed), then the
        rest against the outputs of the steps before them */
     void *gw = kiln_tensor_data(bw->gw_hh);
@@ -805,12 +1243,12 @@ static inline __attribute__((always_inline)) int backward(int dt, const struct k
     if (!gb) continue;
     if (k == 1 && bw->gb_ih && L.dgh == L.dgx)   /* the same sums as b_ih's */
       memcpy(kiln_tensor_data(gb), kiln_tensor_data(bw->gb_ih), es * (size_t)GH);
-    else
+    else if (!team_bias)
       bias_grad(dt, kiln_tensor_data(gb), k ? L.dgh : L.dgx, T * B, GH);
   }
 done:
   if (L.dgh != L.dgx) kiln_cpu_free(L.dgh, nbig);
-  kiln_cpu_free(L.dgx, nbig); kiln_cpu_free(hprev, nprev);
+  kiln_cpu_free(L.dgx, nbig); kiln_cpu_free(hprev, nprev); kiln_cpu_free(L.gwp, ngwp);
   free(L.dgs); free(L.dh); free(L.dc); free(L.tmp);
   free((void *)L.len); free(zeros);
   return rc;
@@ -818,11 +1256,240 @@ done:
 static int backward_f32(const struct kiln_call *c) { return backward(KILN_F32, c); }
 static int backward_f64(const struct kiln_call *c) { return backward(KILN_F64, c); }
 
+/* ---- the layer in bf16: a bf16 input (x, and so Z and its grad) with f32 or bf16 weights,
+   biases and initial states (autocast keeps them f32: the master weights, and a state that is
+   carried on); the products take bf16 operands with f32 sums, the rest runs in f32, and each grad
+   is rounded once to its tensor's dtype ---- */
+
+/* t's n values as f32: its own data when it is f32, else a copy in *copy (to free) */
+static const float *f32_of(const struct kiln_tensor *t, int64_t n, float **copy) {
+  *copy = NULL;
+  if (t->dtype == KILN_F32) return kiln_tensor_data(t);
+  *copy = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+  if (*copy) {
+    const uint16_t *src = kiln_tensor_data(t);
+    for (int64_t i = 0; i < n; i++) (*copy)[i] = convert_bf16_to_f32(src[i]);
+  }
+  return *copy;
+}
+
+/* n f32 values into t (f32, or bf16 rounded once); src may be t's own data */
+static void store_f32(struct kiln_tensor *t, const float *src, int64_t n) {
+  void *d = kiln_tensor_data(t);
+  if (t->dtype != KILN_F32) kiln_cpu_rnn_bf16_round(d, src, KILN_F32, n);
+  else if (d != (const void *)src && n > 0) memcpy(d, src, sizeof(float) * (size_t)n);
+}
+
+/* where an f32 result for t goes: t's data when it is f32, else a scratch (to free) */
+static float *f32_out(struct kiln_tensor *t, int64_t n, float **scratch) {
+  *scratch = NULL;
+  if (t->dtype == KILN_F32) return kiln_tensor_data(t);
+  return *scratch = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+}
+
+static int forward_bf(const struct kiln_call *c) {
+  const struct kiln_rnn_forward *f = c->extra;
+  struct layer L = {0};
+  void *zeros = NULL;
+  if (setup(KILN_F32, &L, (int)c->ints[0], (int)c->ints[1], &f->t, &zeros)) return kiln_error_code();
+  int64_t T = L.T, B = L.B, H = L.H, GH = L.GH, I = L.I;
+  int persistent = c->ints[2] == KILN_RNN_PERSISTENT;
+  L.bf = 1;
+  L.wdt = f->t.w_hh->dtype;
+  L.xb = L.x; L.x = NULL;
+  L.zb = kiln_tensor_data(c->out);
+  L.res = f->reserve ? kiln_tensor_data(f->reserve) : NULL;
+  float *h0c = NULL, *c0c = NULL, *bic = NULL, *bhc = NULL;
+  int rc = KILN_OK, fold = persistent && L.mode != KILN_RNN_GRU && B >= KILN_RNN_FOLD_MIN_BATCH &&
+                          H + I <= KILN_RNN_FOLD_MAX_ROWS;
+  if (f->t.h0) L.h0 = f32_of(f->t.h0, B * H, &h0c);
+  if (f->t.c0) L.c0 = f32_of(f->t.c0, B * H, &c0c);
+  if (f->t.b_ih) L.b_ih = f32_of(f->t.b_ih, GH, &bic);
+  if (f->t.b_hh) L.b_hh = f32_of(f->t.b_hh, GH, &bhc);
+  size_t nxp = sizeof(float) * (size_t)(T * B * GH > 0 ? T * B * GH : 1), nbh = (size_t)(B * H > 0 ? B * H : 1);
+  L.xp = fold ? NULL : kiln_cpu_alloc(nxp);
+  L.zero = zeros;
+  L.hh = calloc((size_t)(B * GH > 0 ? B * GH : 1), sizeof(float));
+  L.h = malloc(sizeof(float) * nbh);
+  L.hnext = malloc(sizeof(float) * nbh);
+  L.c = malloc(sizeof(float) * nbh);
+  L.h0b = malloc(sizeof(uint16_t) * (nbh + 1));
+  L.wihb = fold ? NULL : malloc(sizeof(uint16_t) * (size_t)(GH * I + 1));
+  if (!persistent) {
+    L.whhb = malloc(sizeof(uint16_t) * (size_t)(GH * H + 1));
+    L.hb = malloc(sizeof(uint16_t) * (nbh + 1));
+    L.yrows = malloc(sizeof(float) * nbh);
+  }
+  if (!L.h0 || !L.c0 || !L.b_ih || !L.b_hh || (!fold && (!L.xp || !L.wihb)) || !L.hh || !L.h || !L.hnext || !L.c || !L.h0b ||
+      (!persistent && (!L.whhb || !L.hb || !L.yrows))) {
+    rc = kiln_fail(KILN_ERR_MEMORY, "rnn: out of memory for the layer's buffers");
+    goto done;
+  }
+  kiln_cpu_rnn_bf16_round(L.h0b, L.h0, KILN_F32, B * H);
+  L.h0b[B * H] = 0;
+  if (L.wihb) kiln_cpu_rnn_bf16_round(L.wihb, L.w_ih, L.wdt, GH * I);
+  if (L.whhb) kiln_cpu_rnn_bf16_round(L.whhb, L.w_hh, L.wdt, GH * H);
+  if (L.padded) memset(L.zb, 0, sizeof(uint16_t) * (size_t)c->out->numel);
+  /* the input projection of every step: one GEMM on bf16 operands (cpu/bf16_gemm.c) */
+  if (!fold && (rc = kiln_cpu_gemm_bf16_f32(T * B, GH, I, 1.0f, L.xb, I, 1, L.wihb, 1, I, 0.0f, L.xp, GH, 1))) goto done;
+  memcpy(L.h, L.h0, sizeof(float) * (size_t)(B * H));
+  memcpy(L.c, L.c0, sizeof(float) * (size_t)(B * H));
+  if (persistent) {
+    barrier_init(&L.bar, kiln_parallel_team_size());
+    kiln_parallel_team(forward_team_bf, &L);
+    if (L.bar.failed) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn: out of memory for the persistent threads' weights"); goto done; }
+    if (T % 2) { void *swap = L.h; L.h = L.hnext; L.hnext = swap; }
+  } else if ((rc = forward_gemm(KILN_F32, &L))) {
+    goto done;
+  }
+  kiln_cpu_rnn_bf16_round(L.zb + T * B * H, L.h, KILN_F32, B * H);
+  if (L.mode == KILN_RNN_LSTM) kiln_cpu_rnn_bf16_round(L.zb + (T + 1) * B * H, L.c, KILN_F32, B * H);
+done:
+  kiln_cpu_free(L.xp, nxp); free(L.hh);
+  free(L.h); free(L.hnext); free(L.c); free(L.h0b); free(L.wihb); free(L.whhb); free(L.hb); free(L.yrows);
+  free(h0c); free(c0c); free(bic); free(bhc);
+  free((void *)L.len); free(zeros);
+  return rc;
+}
+
+static int backward_bf(const struct kiln_call *c) {
+  const struct kiln_rnn_backward *bw = c->extra;
+  struct layer L = {0};
+  void *zeros = NULL;
+  if (setup(KILN_F32, &L, (int)c->ints[0], (int)c->ints[1], &bw->t, &zeros)) return kiln_error_code();
+  int64_t T = L.T, B = L.B, H = L.H, GH = L.GH, I = L.I, S = kiln_rnn_states(L.mode), GHp = GH + (GH & 1);
+  int persistent = c->ints[2] == KILN_RNN_PERSISTENT, gru = L.mode == KILN_RNN_GRU;
+  L.bf = 1;
+  L.wdt = bw->t.w_hh->dtype;
+  L.xb = L.x; L.x = NULL;
+  L.zb = kiln_tensor_data(bw->z);
+  L.res = bw->reserve ? kiln_tensor_data(bw->reserve) : NULL;
+  L.GHp = GHp;
+  float *gzc = NULL, *h0c = NULL, *c0c = NULL, *zf = NULL, *gxf = NULL, *gwc = NULL, *gbxc = NULL, *gbhc = NULL;
+  uint16_t *hprev = NULL;
+  int rc = KILN_OK;
+  size_t nbig = sizeof(float) * (size_t)(T * B * GH > 0 ? T * B * GH : 1), nbh = (size_t)(B * H > 0 ? B * H : 1);
+  size_t nbigb = sizeof(uint16_t) * (size_t)(T * B * GHp + 1), nz = (size_t)((T + S) * B * H);
+  L.gz = f32_of(bw->gz, (T + S) * B * H, &gzc);
+  if (bw->t.h0) L.h0 = f32_of(bw->t.h0, B * H, &h0c);
+  if (bw->t.c0) L.c0 = f32_of(bw->t.c0, B * H, &c0c);
+  if (L.mode != KILN_RNN_LSTM) {   /* the GRU and the plain RNN read the outputs (the states) in f32 */
+    L.z = zf = malloc(sizeof(float) * (nz > 0 ? nz : 1));
+    if (zf)
+      for (size_t i = 0; i < nz; i++) zf[i] = convert_bf16_to_f32(L.zb[i]);
+  }
+  L.dgx = scratch(nbig, L.padded);
+  L.dgh = gru ? scratch(nbig, L.padded) : L.dgx;
+  L.dgxb = scratch(nbigb, L.padded || (GH & 1));
+  L.dghb = gru ? scratch(nbigb, L.padded || (GH & 1)) : L.dgxb;
+  L.dh = malloc(sizeof(float) * nbh);
+  L.dc = malloc(sizeof(float) * nbh);
+  L.tmp = malloc(sizeof(float) * nbh);
+  L.h0b = malloc(sizeof(uint16_t) * (nbh + 1));
+  if (!persistent) {
+    L.whhb = malloc(sizeof(uint16_t) * (size_t)(GH * H + 1));
+    if (L.reverse && L.padded) L.dgs = malloc(sizeof(uint16_t) * (size_t)(B * GHp + 1));
+  }
+  int fold_gx = bw->gx && persistent && B >= KILN_RNN_FOLD_MIN_BATCH && H + I <= KILN_RNN_FOLD_MAX_ROWS && I > 0;
+  if (bw->gx && !fold_gx) L.wihb = malloc(sizeof(uint16_t) * (size_t)(GH * I + 1));
+  int gather = L.padded || T * B == 0;
+  if (bw->gw_hh && gather) hprev = scratch(sizeof(uint16_t) * (size_t)(T * B * H + 1), L.padded);
+  if (!L.gz || !L.h0 || !L.c0 || (L.mode != KILN_RNN_LSTM && !zf) || !L.dgx || !L.dgh || !L.dgxb || !L.dghb || !L.dh ||
+      !L.dc || !L.tmp || !L.h0b || (!persistent && !L.whhb) || (!persistent && L.reverse && L.padded && !L.dgs) ||
+      (bw->gx && !fold_gx && !L.wihb) || (bw->gw_hh && gather && !hprev)) {
+    rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory for the layer's buffers");
+    goto done;
+  }
+  kiln_cpu_rnn_bf16_round(L.h0b, L.h0, KILN_F32, B * H);
+  L.h0b[B * H] = 0;
+  if (L.whhb) kiln_cpu_rnn_bf16_round(L.whhb, L.w_hh, L.wdt, GH * H);
+  if (L.wihb) kiln_cpu_rnn_bf16_round(L.wihb, L.w_ih, L.wdt, GH * I);
+  if (fold_gx) {
+    L.gxb = kiln_tensor_data(bw->gx);
+    if (L.padded) memset(L.gxb, 0, sizeof(uint16_t) * (size_t)(T * B * I));
+  }
+  if (persistent) {   /* the team sums the bias grads as it goes (as backward) */
+    if (bw->gb_ih) L.gbx = f32_out(bw->gb_ih, GH, &gbxc);
+    else if (bw->gb_hh && !gru) L.gbx = f32_out(bw->gb_hh, GH, &gbxc);
+    if (bw->gb_hh && gru) L.gbh = f32_out(bw->gb_hh, GH, &gbhc);
+    if ((bw->gb_ih || (bw->gb_hh && !gru)) && !L.gbx) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory"); goto done; }
+    if (bw->gb_hh && gru && !L.gbh) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory"); goto done; }
+    if (L.gbx) memset(L.gbx, 0, sizeof(float) * (size_t)GH);
+    if (L.gbh) memset(L.gbh, 0, sizeof(float) * (size_t)GH);
+  }
+  memcpy(L.dh, (const float *)L.gz + T * B * H, sizeof(float) * (size_t)(B * H));
+  if (L.mode == KILN_RNN_LSTM) memcpy(L.dc, (const float *)L.gz + (T + 1) * B * H, sizeof(float) * (size_t)(B * H));
+  else memset(L.dc, 0, sizeof(float) * (size_t)(B * H));
+  if (persistent) {
+    barrier_init(&L.bar, kiln_parallel_team_size());
+    kiln_parallel_team(backward_team_bf, &L);
+    if (L.bar.failed) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory for the persistent threads' weights"); goto done; }
+  } else if ((rc = backward_gemm_f32(&L))) {
+    goto done;
+  }
+  if (bw->gh0) store_f32(bw->gh0, L.dh, B * H);
+  if (bw->gc0) store_f32(bw->gc0, L.dc, B * H);
+  if (bw->gx && !fold_gx) {   /* dgx rounded times w_ih rounded, then rounded once */
+    if (!(gxf = malloc(sizeof(float) * (size_t)(T * B * I + 1)))) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory"); goto done; }
+    if ((rc = kiln_cpu_gemm_bf16_f32(T * B, I, GH, 1.0f, L.dgxb, GHp, 1, L.wihb, I, 1, 0.0f, gxf, I, 1))) goto done;
+    store_f32(bw->gx, gxf, T * B * I);
+  }
+  /* the weight grads in f32 (written transposed: x^T dgx is [I][GH], w_ih's grad [GH][I]), rounded
+     once when the weight is bf16 */
+  if (bw->gw_ih) {
+    float *gw = f32_out(bw->gw_ih, GH * I, &gwc);
+    if (!gw) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory"); goto done; }
+    if ((rc = kiln_cpu_gemm_bf16_f32(I, GH, T * B, 1.0f, L.xb, 1, I, L.dgxb, GHp, 1, 0.0f, gw, 1, I))) goto done;
+    if (gwc) { store_f32(bw->gw_ih, gwc, GH * I); free(gwc); gwc = NULL; }
+  }
+  if (bw->gw_hh) {
+    float *gw = f32_out(bw->gw_hh, GH * H, &gwc);
+    if (!gw) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory"); goto done; }
+    if (!gather) {   /* as backward: the rows whose state before is h0, then the rest against the outputs */
+      const uint16_t *first = L.dghb + (L.reverse ? (T - 1) * B * GHp : 0), *rest = L.dghb + (L.reverse ? 0 : B * GHp);
+      if ((rc = kiln_cpu_gemm_bf16_f32(H, GH, B, 1.0f, L.h0b, 1, H, first, GHp, 1, 0.0f, gw, 1, H))) goto done;
+      if (T > 1 &&
+          (rc = kiln_cpu_gemm_bf16_f32(H, GH, (T - 1) * B, 1.0f, L.zb + (L.reverse ? B * H : 0), 1, H, rest, GHp, 1, 1.0f, gw, 1, H)))
+        goto done;
+    } else {
+      for (int64_t b = 0; b < B; b++)
+        for (int64_t s = 0; s < L.len[b]; s++) {
+          int64_t t = step_time(&L, s, b);
+          memcpy(hprev + (t * B + b) * H, h_before_bf(&L, s, b, t), sizeof(uint16_t) * (size_t)H);
+        }
+      if ((rc = kiln_cpu_gemm_bf16_f32(H, GH, T * B, 1.0f, hprev, 1, H, L.dghb, GHp, 1, 0.0f, gw, 1, H))) goto done;
+    }
+    if (gwc) { store_f32(bw->gw_hh, gwc, GH * H); free(gwc); gwc = NULL; }
+  }
+  if (!persistent) {   /* the GEMM path: the sums after it, in f32 */
+    if (bw->gb_ih && !(L.gbx = f32_out(bw->gb_ih, GH, &gbxc))) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory"); goto done; }
+    if (bw->gb_hh && gru && !(L.gbh = f32_out(bw->gb_hh, GH, &gbhc))) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory"); goto done; }
+    if (!bw->gb_ih && bw->gb_hh && !gru && !(L.gbx = f32_out(bw->gb_hh, GH, &gbxc))) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory"); goto done; }
+    if (L.gbx) bias_grad(KILN_F32, L.gbx, L.dgx, T * B, GH);
+    if (L.gbh) bias_grad(KILN_F32, L.gbh, L.dgh, T * B, GH);
+  }
+  /* b_ih's sums into its grad; b_hh's: its own (the GRU) or b_ih's */
+  if (bw->gb_ih) store_f32(bw->gb_ih, L.gbx, GH);
+  if (bw->gb_hh) store_f32(bw->gb_hh, gru ? L.gbh : L.gbx, GH);
+done:
+  if (L.dgh != L.dgx) kiln_cpu_free(L.dgh, nbig);
+  kiln_cpu_free(L.dgx, nbig);
+  if (L.dghb != L.dgxb) kiln_cpu_free(L.dghb, nbigb);
+  kiln_cpu_free(L.dgxb, nbigb);
+  if (hprev) kiln_cpu_free(hprev, sizeof(uint16_t) * (size_t)(T * B * H + 1));
+  free(L.dgs); free(L.dh); free(L.dc); free(L.tmp); free(L.h0b); free(L.whhb); free(L.wihb);
+  free(gzc); free(h0c); free(c0c); free(zf); free(gxf); free(gwc); free(gbxc); free(gbhc);
+  free((void *)L.len); free(zeros);
+  return rc;
+}
+
 int cpu_rnn(const struct kiln_call *c) {
+  if (c->out->dtype == KILN_BF16) return forward_bf(c);
   return c->out->dtype == KILN_F64 ? forward_f64(c) : forward_f32(c);
 }
 
 int cpu_rnn_backward(const struct kiln_call *c) {
   const struct kiln_rnn_backward *bw = c->extra;
+  if (bw->t.x->dtype == KILN_BF16) return backward_bf(c);
   return bw->gz->dtype == KILN_F64 ? backward_f64(c) : backward_f32(c);
 }

@@ -55,9 +55,9 @@ KILN_API int kiln_rnn_choose_algo(int mode, int64_t batch, int64_t hidden, int d
   } else if (algo == KILN_RNN_CUDNN) {
     chosen = KILN_RNN_GEMM;
     snprintf(buf, sizeof buf, "GEMM per step: cuDNN runs on CUDA; this layer is on %s", kiln_device_name(device));
-  } else if (dtype != KILN_F32 && dtype != KILN_F64) {
+  } else if (dtype != KILN_F32 && dtype != KILN_F64 && dtype != KILN_BF16) {
     chosen = KILN_RNN_GEMM;
-    snprintf(buf, sizeof buf, "the persistent path runs f32 and f64; this layer is %s", kiln_dtype_name(dtype));
+    snprintf(buf, sizeof buf, "the persistent path runs f32, f64 and bf16; this layer is %s", kiln_dtype_name(dtype));
   } else {
     int G = mode == KILN_RNN_LSTM ? 4 : mode == KILN_RNN_GRU ? 3 : 1;
     int threads = kiln_parallel_team_size();
@@ -74,6 +74,12 @@ KILN_API int kiln_rnn_choose_algo(int mode, int64_t batch, int64_t hidden, int d
       chosen = KILN_RNN_GEMM;
       snprintf(buf, sizeof buf, "GEMM per step: batch %lld is above %d, where one product per step is as fast",
                (long long)batch, KILN_RNN_PERSISTENT_MAX_BATCH);
+    } else if (threads == 1) {
+      /* a team of one has no barrier to wait at: its products (packed once, 64-byte vectors at
+         the avx512 level) beat a GEMM per step at every size measured (docs/rnn.md) */
+      chosen = KILN_RNN_PERSISTENT;
+      snprintf(buf, sizeof buf, "persistent: batch %lld, 1 thread (no barrier to wait at), %.0fk multiply-adds a step",
+               (long long)batch, work / 1e3);
     } else if (batch > 16 && hidden < KILN_RNN_PERSISTENT_MIN_HIDDEN_ABOVE_16) {
       chosen = KILN_RNN_GEMM;
       snprintf(buf, sizeof buf, "GEMM per step: at batch %lld and hidden size %lld (below %d) one product per step is as fast",
@@ -97,7 +103,9 @@ static int check_tensor(const char *op, const char *what, const struct kiln_tens
                         int ndim, const int64_t *sizes) {
   if (!t) return KILN_OK;
   if (kiln_check_live(op, t) || kiln_check_same_device(op, x, t)) return kiln_error_code();
-  if (t->dtype != x->dtype)
+  /* a bf16 input (autocast's) takes f32 weights, biases and states too: the master weights, and
+     states carried on in f32 */
+  if (t->dtype != x->dtype && !(x->dtype == KILN_BF16 && t->dtype == KILN_F32))
     return kiln_fail(KILN_ERR_DTYPE, "%s: %s %s is %s but the input %s is %s", op, what, kiln_shape_string(t),
                      kiln_dtype_name(t->dtype), kiln_shape_string(x), kiln_dtype_name(x->dtype));
   int ok = t->ndim == ndim;
@@ -122,16 +130,40 @@ static int check_lengths(const char *op, const struct kiln_tensor *lengths, int6
   return KILN_OK;
 }
 
+/* Autocast for a layer: the op table's rule for each input, but an f32 weight, bias or initial
+   state stays f32 where the input is lowered to bf16 (the CPU's bf16 layer packs its own bf16
+   operands once per sequence, keeps the state f32 and gives the master weights f32 grads). 1 when
+   some input was converted (out[] holds the converted ones, NULL for the others), 0 when none,
+   -1 on an error. */
+static int autocast_layer(const struct kiln_tensor *const *in, struct kiln_tensor **out) {
+  int lower = kiln_autocast_get(), change = 0;
+  for (int i = 0; i < 7; i++) out[i] = NULL;
+  if (lower < 0) return 0;
+  for (int i = 0; i < 7; i++) {
+    const struct kiln_tensor *t = in[i];
+    if (!t || (t->storage && (t->storage->flags & KILN_STORAGE_FREED))) continue;   /* the checks below refuse it */
+    int want = kiln_autocast_dtype(KILN_OP_RNN, t->dtype, t->device.type, lower);
+    if (i > 0 && want == KILN_BF16 && t->dtype == KILN_F32) want = KILN_F32;
+    if (want == t->dtype) continue;
+    if (!(out[i] = kiln_to_dtype(t, want))) { kiln_autocast_release(7, out); return -1; }
+    change = 1;
+  }
+  return change;
+}
+
 KILN_API struct kiln_tensor *kiln_rnn_layer(int mode, const struct kiln_tensor *x, const struct kiln_tensor *h0,
                                             const struct kiln_tensor *c0, const struct kiln_tensor *w_ih,
                                             const struct kiln_tensor *w_hh, const struct kiln_tensor *b_ih,
                                             const struct kiln_tensor *b_hh, const struct kiln_tensor *lengths, int reverse,
                                             int algo) {
+  const struct kiln_tensor *given[7] = {x, h0, c0, w_ih, w_hh, b_ih, b_hh};
   struct kiln_tensor *ac[7];
-  switch (kiln_autocast_inputs(KILN_OP_RNN, 7, (const struct kiln_tensor *[]){x, h0, c0, w_ih, w_hh, b_ih, b_hh}, ac)) {
+  switch (autocast_layer(given, ac)) {
   case 0: break;
   case 1: {
-    struct kiln_tensor *r = kiln_rnn_layer(mode, ac[0], ac[1], ac[2], ac[3], ac[4], ac[5], ac[6], lengths, reverse, algo);
+    const struct kiln_tensor *u[7];
+    for (int i = 0; i < 7; i++) u[i] = ac[i] ? ac[i] : given[i];
+    struct kiln_tensor *r = kiln_rnn_layer(mode, u[0], u[1], u[2], u[3], u[4], u[5], u[6], lengths, reverse, algo);
     kiln_autocast_release(7, ac);
     return r;
   }
@@ -151,8 +183,9 @@ KILN_API struct kiln_tensor *kiln_rnn_layer(int mode, const struct kiln_tensor *
     kiln_fail(KILN_ERR_SHAPE, "%s: input %s has %d dims (expected 3: [T,B,input_size])", op, kiln_shape_string(x), x->ndim);
     return NULL;
   }
-  if (x->dtype != KILN_F32 && x->dtype != KILN_F64) {
-    kiln_fail(KILN_ERR_DTYPE, "%s: input %s is %s (expected f32 or f64)", op, kiln_shape_string(x), kiln_dtype_name(x->dtype));
+  if (x->dtype != KILN_F32 && x->dtype != KILN_F64 && !(x->dtype == KILN_BF16 && x->device.type == KILN_CPU)) {
+    kiln_fail(KILN_ERR_DTYPE, "%s: input %s is %s on %s (expected f32 or f64, or bf16 on the CPU)", op, kiln_shape_string(x),
+              kiln_dtype_name(x->dtype), kiln_device_name(x->device));
     return NULL;
   }
   int64_t T = x->sizes[0], B = x->sizes[1], I = x->sizes[2], G = kiln_rnn_gates(mode);
@@ -190,10 +223,13 @@ KILN_API struct kiln_tensor *kiln_rnn_layer(int mode, const struct kiln_tensor *
   if (!(z = kiln_tensor_empty(3, zs, x->dtype, x->device))) goto fail;
   int chosen = kiln_rnn_choose_algo(mode, B, H, x->dtype, x->device, algo, NULL, 0);
   if (chosen == KILN_RNN_CUDNN && I == 0) chosen = KILN_RNN_GEMM;   /* cuDNN needs an input feature */
+  /* one step (the cells): the team would pack the weights for a single product, which a GEMM
+     runs as fast (persistent / GEMM time 0.75 to 0.97 at one step, 1.0 to 1.15 at four) */
+  if (chosen == KILN_RNN_PERSISTENT && algo == KILN_RNN_AUTO && T == 1) chosen = KILN_RNN_GEMM;
   /* cuDNN's reserve is made by its kernel (rnn_calls.h) */
-  if (kiln_rnn_reserve(mode) && chosen != KILN_RNN_CUDNN) {
+  if (kiln_rnn_reserve(mode) && chosen != KILN_RNN_CUDNN) {   /* a bf16 layer's gates and cells: f32 */
     int64_t rs[3] = {T, B, kiln_rnn_reserve(mode) * H};
-    if (!(reserve = kiln_tensor_empty(3, rs, x->dtype, x->device))) goto fail;
+    if (!(reserve = kiln_tensor_empty(3, rs, x->dtype == KILN_BF16 ? KILN_F32 : x->dtype, x->device))) goto fail;
   }
   struct kiln_rnn_forward f = {{in[IN_X], in[IN_H0], in[IN_C0], in[IN_W_IH], in[IN_W_HH], in[IN_B_IH], in[IN_B_HH], len}, reserve, NULL,
                                !kiln_autograd_wanted(NIN, orig)};
