@@ -309,8 +309,8 @@ int kiln_cpu_gemm_bf16_f32(int64_t n, int64_t m, int64_t k, float alpha, const u
       for (int64_t p = 0; p < k; p++) af[i * k + p] = kiln_bf16_to_f32(a[i * as1 + p * as2]);
     for (int64_t p = 0; p < k; p++)
       for (int64_t j = 0; j < m; j++) bf[p * m + j] = kiln_bf16_to_f32(b[p * bs1 + j * bs2]);
-    if (cs2 == 1) kiln_cpu_gemm_raw(KILN_F32, 0, 0, n, m, k, alpha, af, k, bf, m, beta, c, cs1);
-    else kiln_cpu_gemm_raw(KILN_F32, 1, 1, m, n, k, alpha, bf, m, af, k, beta, c, cs2);   /* c^T = b^T a^T */
+    if (cs2 == 1) kiln_cpu_gemm_raw_fixed(KILN_F32, 0, 0, n, m, k, alpha, af, k, bf, m, beta, c, cs1);
+    else kiln_cpu_gemm_raw_fixed(KILN_F32, 1, 1, m, n, k, alpha, bf, m, af, k, beta, c, cs2);   /* c^T = b^T a^T */
     free(af); free(bf);
     return KILN_OK;
   }

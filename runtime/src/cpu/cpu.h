@@ -61,6 +61,7 @@
 #define kiln_cpu_rnn_bf16_pack_cols KILN_LEVEL_NAME(kiln_cpu_rnn_bf16_pack_cols)
 #define kiln_cpu_rnn_bf16_times KILN_LEVEL_NAME(kiln_cpu_rnn_bf16_times)
 #define kiln_cpu_gemm_raw KILN_LEVEL_NAME(kiln_cpu_gemm_raw)
+#define kiln_cpu_gemm_raw_fixed KILN_LEVEL_NAME(kiln_cpu_gemm_raw_fixed)
 #define kiln_cpu_copy KILN_LEVEL_NAME(kiln_cpu_copy)
 #define kiln_cpu_max2x2_plane_f32 KILN_LEVEL_NAME(kiln_cpu_max2x2_plane_f32)
 #define kiln_cpu_fill KILN_LEVEL_NAME(kiln_cpu_fill)
@@ -167,6 +168,10 @@ struct kiln_tensor *kiln_cpu_contiguous(const struct kiln_tensor *t);
 /* C[n,m] = alpha * op(A) op(B) + beta * C for row-major f32 or f64 matrices, in kiln's pool (cpu/gemm.c). */
 void kiln_cpu_gemm_raw(int dtype, int trans_a, int trans_b, int64_t n, int64_t m, int64_t k, double alpha,
                        const void *a, int64_t lda, const void *b, int64_t ldb, double beta, void *c, int64_t ldc);
+/* The same, cut into panels as for 16 threads whatever the pool's size: the same bits at any
+   thread count (the emulated bf16 products of the convolutions and recurrent layers). */
+void kiln_cpu_gemm_raw_fixed(int dtype, int trans_a, int trans_b, int64_t n, int64_t m, int64_t k, double alpha,
+                             const void *a, int64_t lda, const void *b, int64_t ldb, double beta, void *c, int64_t ldc);
 
 /* Sums kept in n independent lanes (element i in lane i % n) fold in this fixed tree, in place (n a
    power of two): the order depends on the lane count alone, never on threads or layout. */

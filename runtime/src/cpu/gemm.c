@@ -49,7 +49,13 @@ static void gemm_range(void *ctx, int64_t begin, int64_t end) {
 
 /* Run job j (a, b, c, strides and layouts set) in the pool: split by batch, or into row or column
    panels of c when the batch is smaller than the pool. */
-static void gemm_run(struct gemm_job *j) {
+static void gemm_run_parts(struct gemm_job *j, int fixed_parts);
+static void gemm_run(struct gemm_job *j) { gemm_run_parts(j, 0); }
+
+/* fixed_parts > 0: split as for that many threads, whatever the pool's size, so that the bits do
+   not depend on the thread count (each panel is one BLAS call, and a BLAS call's result can depend
+   on its shape). */
+static void gemm_run_parts(struct gemm_job *j, int fixed_parts) {
   if (j->k <= 0) {   /* BLAS wants k >= 1: the product is zero, only beta * C remains */
     int es = j->dtype == KILN_F32 ? 4 : 8;
     for (int64_t bi = 0; bi < j->nbatch; bi++)
@@ -61,7 +67,7 @@ static void gemm_run(struct gemm_job *j) {
         }
     return;
   }
-  int nt = kiln_get_num_threads();
+  int nt = fixed_parts > 0 ? fixed_parts : kiln_get_num_threads();
   double flops = 2.0 * (double)j->n * (double)j->m * (double)j->k;
   int64_t tasks;
   if (nt == 1 || flops * (double)j->nbatch < 2e5) { j->split = 0; tasks = j->nbatch; nt = 1; }
@@ -75,6 +81,16 @@ static void gemm_run(struct gemm_job *j) {
   }
   if (nt == 1) gemm_range(j, 0, tasks);
   else kiln_parallel_for(tasks, 1, gemm_range, j);
+}
+
+void kiln_cpu_gemm_raw_fixed(int dtype, int trans_a, int trans_b, int64_t n, int64_t m, int64_t k, double alpha,
+                             const void *a, int64_t lda, const void *b, int64_t ldb, double beta, void *c, int64_t ldc) {
+  if (n <= 0 || m <= 0) return;
+  struct gemm_job j = {.dtype = dtype == KILN_F64 ? KILN_F64 : KILN_F32, .nbatch = 1, .n = n, .m = m, .k = k,
+                       .a = a, .b = b, .c = c, .ta = trans_a ? KILN_BLAS_TRANS : KILN_BLAS_NO_TRANS,
+                       .tb = trans_b ? KILN_BLAS_TRANS : KILN_BLAS_NO_TRANS, .lda = lda, .ldb = ldb, .ldc = ldc,
+                       .alpha = alpha, .beta = beta};
+  gemm_run_parts(&j, 16);
 }
 
 void kiln_cpu_gemm_raw(int dtype, int trans_a, int trans_b, int64_t n, int64_t m, int64_t k, double alpha,
