@@ -6,6 +6,7 @@
    KILN_BF16_EMULATE=1) cpu/gemm.c converts the operands to f32 and runs sgemm instead: the same
    f32 products of exact bf16 values and f32 sums, rounded once. */
 #include "cpu.h"
+#include "transpose8.h"
 #include <immintrin.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,25 +36,6 @@ int kiln_cpu_bf16_native(void) {
 
 static inline uint32_t pair(uint16_t lo, uint16_t hi) { return (uint32_t)lo | ((uint32_t)hi << 16); }
 
-/* dst[i * ld + j] = src[j][i] for an 8 x 8 block of 32-bit words held in 8 vectors */
-__attribute__((target("avx512f,avx512bw,avx512vl")))
-static inline void transpose8_store(__m256 r[8], float *dst, int64_t ld) {
-  __m256 t[8], u[8];
-  for (int i = 0; i < 8; i += 2) {
-    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 8; i += 4) {
-    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
-    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
-    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
-  }
-  for (int i = 0; i < 4; i++) {
-    _mm256_storeu_ps(dst + i * ld, _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
-    _mm256_storeu_ps(dst + (i + 4) * ld, _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
-  }
-}
 
 /* 8 rows of A whose rows are adjacent (A[i][k] at a[i + k * s]: a transposed operand, such as x^T
    or h^T in a weight's grad): 8 pairs of rows of A are two 16-byte loads, interleaved into the
@@ -68,7 +50,7 @@ static int64_t pack_a_cols8(const uint16_t *a, int64_t s, int64_t pairs, uint32_
       __m128i hi = _mm_loadu_si128((const __m128i *)(a + (2 * (p + q) + 1) * s));
       v[q] = _mm256_castsi256_ps(_mm256_set_m128i(_mm_unpackhi_epi16(lo, hi), _mm_unpacklo_epi16(lo, hi)));
     }
-    transpose8_store(v, (float *)(rows + p), kp);
+    kiln_transpose8_store(v, (float *)(rows + p), kp);
   }
   return p;
 }
@@ -211,7 +193,7 @@ static void store_cols_f32(const struct bgemm *g, const float *tile, float *c, i
     __m256 v[8];
     for (int r = 0; r < MR; r++) v[r] = _mm256_loadu_ps(tile + r * NR + q0);
     float t[8 * 8];
-    transpose8_store(v, t, 8);   /* t[q][r] */
+    kiln_transpose8_store(v, t, 8);   /* t[q][r] */
     for (int q = 0; q < 8; q++) {
       float *o = c + (q0 + q) * cs2;
       __m256 x = _mm256_mul_ps(alpha, _mm256_loadu_ps(t + 8 * q));

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #if defined(__x86_64__) || defined(__i386__)
+#include "transpose8.h"
 #include <immintrin.h>
 #endif
 
@@ -72,22 +73,9 @@ void kiln_cpu_rnn_bf16_pack_rows(uint32_t *packed, int64_t n, int64_t K, const v
 #if defined(__AVX__)
 /* dst[i * ld + r] = rows[r * lr + i] for an 8 x 8 block of 32-bit words (a pair each) */
 static inline void transpose8_u32(uint32_t *dst, int64_t ld, const uint32_t *rows, int64_t lr) {
-  __m256 r[8], t[8], u[8];
+  __m256 r[8];
   for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps((const float *)(rows + i * lr));
-  for (int i = 0; i < 8; i += 2) {
-    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 8; i += 4) {
-    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
-    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
-    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
-  }
-  for (int i = 0; i < 4; i++) {
-    _mm256_storeu_ps((float *)(dst + i * ld), _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
-    _mm256_storeu_ps((float *)(dst + (i + 4) * ld), _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
-  }
+  kiln_transpose8_store(r, (float *)dst, ld);
 }
 #endif
 

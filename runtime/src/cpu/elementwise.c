@@ -739,23 +739,11 @@ static void tile_u64(uint64_t *dst, const uint64_t *src, int64_t ni, int64_t nj,
 /* 4-byte elements (f32, i32) in 8x8 blocks transposed in registers: each block reads 8 rows of 8
    from the source and writes 8 rows of 8, whole 32-byte pieces on both sides. */
 #if defined(__AVX__)
-#include <immintrin.h>
+#include "transpose8.h"
 static inline void block8_u32(uint32_t *dst, int64_t dq, const uint32_t *src, int64_t sl) {
-  __m256 r[8], t[8];
+  __m256 r[8];
   for (int k = 0; k < 8; k++) r[k] = _mm256_loadu_ps((const float *)(src + k * sl));   /* source row k: i = 0..7 */
-  t[0] = _mm256_unpacklo_ps(r[0], r[1]); t[1] = _mm256_unpackhi_ps(r[0], r[1]);
-  t[2] = _mm256_unpacklo_ps(r[2], r[3]); t[3] = _mm256_unpackhi_ps(r[2], r[3]);
-  t[4] = _mm256_unpacklo_ps(r[4], r[5]); t[5] = _mm256_unpackhi_ps(r[4], r[5]);
-  t[6] = _mm256_unpacklo_ps(r[6], r[7]); t[7] = _mm256_unpackhi_ps(r[6], r[7]);
-  r[0] = _mm256_shuffle_ps(t[0], t[2], 0x44); r[1] = _mm256_shuffle_ps(t[0], t[2], 0xEE);
-  r[2] = _mm256_shuffle_ps(t[1], t[3], 0x44); r[3] = _mm256_shuffle_ps(t[1], t[3], 0xEE);
-  r[4] = _mm256_shuffle_ps(t[4], t[6], 0x44); r[5] = _mm256_shuffle_ps(t[4], t[6], 0xEE);
-  r[6] = _mm256_shuffle_ps(t[5], t[7], 0x44); r[7] = _mm256_shuffle_ps(t[5], t[7], 0xEE);
-  t[0] = _mm256_permute2f128_ps(r[0], r[4], 0x20); t[1] = _mm256_permute2f128_ps(r[1], r[5], 0x20);
-  t[2] = _mm256_permute2f128_ps(r[2], r[6], 0x20); t[3] = _mm256_permute2f128_ps(r[3], r[7], 0x20);
-  t[4] = _mm256_permute2f128_ps(r[0], r[4], 0x31); t[5] = _mm256_permute2f128_ps(r[1], r[5], 0x31);
-  t[6] = _mm256_permute2f128_ps(r[2], r[6], 0x31); t[7] = _mm256_permute2f128_ps(r[3], r[7], 0x31);
-  for (int k = 0; k < 8; k++) _mm256_storeu_ps((float *)(dst + k * dq), t[k]);         /* destination row k: j = 0..7 */
+  kiln_transpose8_store(r, (float *)dst, dq);                                        /* destination row k: j = 0..7 */
 }
 #else
 static inline void block8_u32(uint32_t *dst, int64_t dq, const uint32_t *src, int64_t sl) {

@@ -83,24 +83,24 @@ static void gemm_run_parts(struct gemm_job *j, int fixed_parts) {
   else kiln_parallel_for(tasks, 1, gemm_range, j);
 }
 
-void kiln_cpu_gemm_raw_fixed(int dtype, int trans_a, int trans_b, int64_t n, int64_t m, int64_t k, double alpha,
-                             const void *a, int64_t lda, const void *b, int64_t ldb, double beta, void *c, int64_t ldc) {
+static void gemm_raw(int dtype, int trans_a, int trans_b, int64_t n, int64_t m, int64_t k, double alpha, const void *a,
+                     int64_t lda, const void *b, int64_t ldb, double beta, void *c, int64_t ldc, int fixed_parts) {
   if (n <= 0 || m <= 0) return;
   struct gemm_job j = {.dtype = dtype == KILN_F64 ? KILN_F64 : KILN_F32, .nbatch = 1, .n = n, .m = m, .k = k,
                        .a = a, .b = b, .c = c, .ta = trans_a ? KILN_BLAS_TRANS : KILN_BLAS_NO_TRANS,
                        .tb = trans_b ? KILN_BLAS_TRANS : KILN_BLAS_NO_TRANS, .lda = lda, .ldb = ldb, .ldc = ldc,
                        .alpha = alpha, .beta = beta};
-  gemm_run_parts(&j, 16);
+  gemm_run_parts(&j, fixed_parts);
 }
 
 void kiln_cpu_gemm_raw(int dtype, int trans_a, int trans_b, int64_t n, int64_t m, int64_t k, double alpha,
                        const void *a, int64_t lda, const void *b, int64_t ldb, double beta, void *c, int64_t ldc) {
-  if (n <= 0 || m <= 0) return;
-  struct gemm_job j = {.dtype = dtype == KILN_F64 ? KILN_F64 : KILN_F32, .nbatch = 1, .n = n, .m = m, .k = k,
-                       .a = a, .b = b, .c = c, .ta = trans_a ? KILN_BLAS_TRANS : KILN_BLAS_NO_TRANS,
-                       .tb = trans_b ? KILN_BLAS_TRANS : KILN_BLAS_NO_TRANS, .lda = lda, .ldb = ldb, .ldc = ldc,
-                       .alpha = alpha, .beta = beta};
-  gemm_run(&j);
+  gemm_raw(dtype, trans_a, trans_b, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc, 0);
+}
+
+void kiln_cpu_gemm_raw_fixed(int dtype, int trans_a, int trans_b, int64_t n, int64_t m, int64_t k, double alpha,
+                             const void *a, int64_t lda, const void *b, int64_t ldb, double beta, void *c, int64_t ldc) {
+  gemm_raw(dtype, trans_a, trans_b, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc, 16);
 }
 
 /* A BLAS view of matrix t (dims 1, 2 of a 3-d tensor): transposed or not, and its leading dim. */

@@ -87,26 +87,13 @@ static inline float gate_tanhf(float x) {
 }
 
 #if defined(__AVX__)
-#include <immintrin.h>
+#include "transpose8.h"
 /* dst[i * ld + r] = rows[r][k0 + i] for an 8 x 8 block: eight rows of a matrix read along, the
    block written transposed (the persistent path's packing of w_hh) */
 static inline void transpose8_f32(float *dst, int64_t ld, const float *const *rows, int64_t k0) {
-  __m256 r[8], t[8], u[8];
+  __m256 r[8];
   for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(rows[i] + k0);
-  for (int i = 0; i < 8; i += 2) {
-    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 8; i += 4) {
-    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
-    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
-    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
-  }
-  for (int i = 0; i < 4; i++) {
-    _mm256_storeu_ps(dst + i * ld, _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
-    _mm256_storeu_ps(dst + (i + 4) * ld, _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
-  }
+  kiln_transpose8_store(r, dst, ld);
 }
 #endif
 
