@@ -28,6 +28,19 @@ case "$out" in
   *) fail "installed bin/kiln runs the installed Lua library" "$out" ;;
 esac
 
+# the libraries libkiln opens at run time lie next to it and load from there (when built)
+if [ -f "$build/lib/libkiln_onednn.so" ]; then
+  out=$(clean "$prefix/bin/kiln" -e 'kiln.functional.conv2d(kiln.ones(1, 1, 4, 4), kiln.ones(1, 1, 3, 3)) print(kiln.info().onednn.name) print(kiln.conv_choices()[1])')
+  case "$out" in
+    "oneDNN "*": onednn "*) pass "installed kiln convolves through the installed libkiln_onednn.so" ;;
+    *) fail "installed kiln convolves through the installed libkiln_onednn.so" "$out" ;;
+  esac
+fi
+if [ -f "$build/lib/libkiln_mpi.so" ]; then
+  if [ -f "$prefix/lib/libkiln_mpi.so" ]; then pass "libkiln_mpi.so installed next to libkiln"
+  else fail "libkiln_mpi.so installed next to libkiln" "$(ls "$prefix/lib")"; fi
+fi
+
 lua_path="$prefix/share/lua/5.1/?.lua;$prefix/share/lua/5.1/?/init.lua;;"
 out=$(clean env LUA_PATH="$lua_path" luajit -e 'local kiln = require "kiln"; print(kiln.version, kiln.tensor{1, 2, 3}:sum():item())')
 case "$out" in "0."*"	6") pass "a stock luajit: require \"kiln\"" ;; *) fail "a stock luajit: require \"kiln\"" "$out" ;; esac
