@@ -136,6 +136,19 @@ describe("the BLAS core", function()
     assert.matches("kiln: warning: OpenBLAS could not be loaded", err)
   end)
 
+  it("starts no thread of OpenBLAS's own, and leaves OPENBLAS_NUM_THREADS as it found it", function()
+    -- a process with a pool of one thread, after a product: the main thread alone (OpenBLAS
+    -- would start one server thread per core but one unless told 1 when it loads)
+    local code = "kiln.set_num_threads(1) kiln.ones(64, 64):matmul(kiln.ones(64, 64)) " ..
+                 "local ffi = require \"ffi\" ffi.cdef \"int getpid(void);\" " ..
+                 "local n = 0 for _ in io.popen(\"ls /proc/\" .. ffi.C.getpid() .. \"/task\"):lines() do n = n + 1 end " ..
+                 "print(n, os.getenv(\"OPENBLAS_NUM_THREADS\"))"
+    local out = run("env -u OPENBLAS_NUM_THREADS", code)
+    assert.equal("1\tnil\n", out)
+    out = run("OPENBLAS_NUM_THREADS=3", code)
+    assert.truthy(out:match("\t3\n$"), out)
+  end)
+
   it("is reported by kiln --version", function()
     if not H.kiln_exe() then pending("not running under the kiln launcher") return end
     local out = H.capture("env -u OPENBLAS_CORETYPE " .. H.kiln_exe() .. " --version")

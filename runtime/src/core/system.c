@@ -157,8 +157,16 @@ PLAIN_GEMM(double, dgemm)
 
 static int blas_open(void) {
   const char *names[] = {"libopenblas.so.0", "libopenblas.so"};
+  /* OpenBLAS starts its own server threads when it loads, one per core but one, unless
+     OPENBLAS_NUM_THREADS says 1; kiln only ever calls it single-threaded, and an idle server thread
+     still wakes to yield (a few percent of a core, taken from kiln's pool). Said for the load
+     only, unless the user set it: processes kiln starts see the environment they had. */
+  const char *nt = getenv("OPENBLAS_NUM_THREADS");
+  int set_nt = !nt || !*nt;
+  if (set_nt) setenv("OPENBLAS_NUM_THREADS", "1", 1);
   for (size_t i = 0; i < sizeof names / sizeof *names && !blas.handle; i++)
     blas.handle = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+  if (set_nt) unsetenv("OPENBLAS_NUM_THREADS");
   if (!blas.handle) return -1;
   blas.sgemm = (kiln_sgemm_fn)dlsym(blas.handle, "cblas_sgemm");
   blas.dgemm = (kiln_dgemm_fn)dlsym(blas.handle, "cblas_dgemm");
