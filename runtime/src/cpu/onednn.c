@@ -7,7 +7,8 @@
    - KILN_CONV_ALGO=im2col or onednn forces one (onednn still falls back where it has no kernel);
    - else, in benchmark mode (KILN_CONV_BENCHMARK=1, kiln.set_conv_benchmark(true)), the first call
      of a shape runs both, timed, and the faster is kept for that shape;
-   - else oneDNN wherever it takes the shape.
+   - else oneDNN wherever it takes the shape, but for the grad of a one-channel input (im2col's
+     is about twice as fast there, bench/conv.lua).
    Benchmark mode is off by default, as PyTorch's cudnn.benchmark: a choice made by timing may
    differ between two runs, and then so would the last bits of their results.
 
@@ -259,6 +260,9 @@ int kiln_cpu_conv_run(struct kiln_conv_job *c) {
   k.N = c->N; k.C = c->C; k.H = c->H; k.W = c->W; k.O = c->O; k.OH = c->OH; k.OW = c->OW; k.kh = c->kh; k.kw = c->kw;
   k.sh = c->sh; k.sw = c->sw; k.ph = c->ph; k.pw = c->pw; k.dh = c->dh; k.dw = c->dw; k.G = c->G;
   int bench = forced < 0 && benchmark_mode();
+  /* measured (bench/conv.lua): oneDNN's grad of a one-channel input (a first layer whose input
+     requires grad) runs 1.8-2.3x slower than im2col's, f32 and bf16; the rest of its passes win */
+  int slow_input_grad = forced < 0 && !bench && c->gx && c->C == c->G;
   pthread_mutex_lock(&cache_mu);
   struct choice_entry *e = choice_find(&k);
   int known = e && (!bench || e->im2col_ms > 0 || e->algo == ALGO_IM2COL);
@@ -267,7 +271,7 @@ int kiln_cpu_conv_run(struct kiln_conv_job *c) {
   if (known && algo == ALGO_IM2COL) return c->im2col(c->ctx);
   char impl[64] = "";
   double im2col_ms = 0, onednn_ms = 0;
-  int rc;
+  int rc = 1;   /* 1: oneDNN not taken */
   if (!known && bench) {
     /* time both, twice each, and keep the faster's best; oneDNN's plans (its kernels are
        generated when a plan is made) are made first, outside the timing. This call's result is
@@ -282,7 +286,7 @@ int kiln_cpu_conv_run(struct kiln_conv_job *c) {
       if (r == 0 || t < im2col_ms) im2col_ms = t;
     }
   }
-  for (int r = 0; r < (!known && bench ? 2 : 1); r++) {
+  for (int r = 0; r < (slow_input_grad ? 0 : !known && bench ? 2 : 1); r++) {
     double t0 = now_ms();
     rc = run_onednn(c, impl, sizeof impl);
     double t = now_ms() - t0;
