@@ -163,4 +163,15 @@ describe("CPU convolution algorithms", function()
     local y = F.conv2d(kiln.randn(2, 3, 6, 6), kiln.randn(4, 3, 3, 3))
     assert.equal(string.format("%.6f", y:sum():item()), lines[4], out)
   end)
+
+  it("convolves by im2col, saying why, when KILN_ONEDNN_LIB names another library", function()
+    local lib = "/usr/lib/x86_64-linux-gnu/libz.so.1"   -- zlib: kiln's own dependency, always there
+    local f = io.open(lib)
+    if not f then return pending(lib .. " not found") end
+    f:close()
+    local code = "print(kiln.info().onednn.name) print(kiln.info().onednn.note) " ..
+                 "print(kiln.functional.conv2d(kiln.ones(1, 1, 3, 3), kiln.ones(1, 1, 3, 3)):item())"
+    local out = H.capture(string.format("KILN_ONEDNN_LIB=%s %s -e '%s' 2>&1", lib, H.kiln_exe(), code))
+    assert.equal("nil\n" .. lib .. " is not kiln's oneDNN library (version 1)\n9\n", out)
+  end)
 end)
