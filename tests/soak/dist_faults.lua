@@ -14,7 +14,6 @@ local cases = {
   {"other_collective", "entered [%w_ ]+ .-instead"},
 }
 local ok, wrong, hangs, slowest = 0, 0, 0, 0
-local clock = io.popen("date +%s.%N"):read("*l")
 local function now() local f = io.popen("date +%s.%N") local t = tonumber(f:read("*l")) f:close() return t end
 for i = 1, runs do
   local c = cases[(i - 1) % #cases + 1]

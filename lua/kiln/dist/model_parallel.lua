@@ -23,27 +23,10 @@ local M = {}
 
 -- ---- the communication, as autograd functions ----
 
--- forward: x as it is; backward: the sum of every rank's grad (x fed computations that differ
--- from rank to rank).
-local CopyToGroup = autograd.Function("CopyToModelParallel")
-function CopyToGroup.forward(ctx, x, group)
-  ctx.group = group
-  return x:clone()
-end
-function CopyToGroup.backward(ctx, g)
-  return dist.all_reduce(g:contiguous():clone(), "sum", {group = ctx.group}), nil
-end
-
--- forward: the sum over ranks; backward: the grad as it is (every rank's copy is the same).
-local ReduceFromGroup = autograd.Function("ReduceFromModelParallel")
-function ReduceFromGroup.forward(ctx, x, group)
-  return dist.all_reduce(x:contiguous():clone(), "sum", {group = group})
-end
-function ReduceFromGroup.backward(ctx, g) return g, nil end
+local function sum_over(x, group) return dist.all_reduce(x:contiguous():clone(), "sum", {group = group}) end
 
 -- Every rank's x side by side along the last dim, in rank order.
 local function gather_last(x, group)
-  local n = group:size()
   local d = x:dim()
   local moved = x:transpose(1, d):contiguous()              -- the last dim first
   local all = dist.all_gather(moved, {group = group})       -- [n * w, ...]
@@ -64,32 +47,32 @@ local function reduce_scatter_last(x, group)
   return dist.reduce_scatter(moved, "sum", {group = group}):transpose(1, d):contiguous()
 end
 
+-- An autograd function over a group: forward(x, group) and backward(g, group), each a function of
+-- the tensor and the group (the group itself gets no grad).
+local function group_function(name, forward, backward)
+  local f = autograd.Function(name)
+  function f.forward(ctx, x, group)
+    ctx.group = group
+    return forward(x, group)
+  end
+  function f.backward(ctx, g) return backward(g, ctx.group), nil end
+  return f
+end
+
+-- forward: x as it is; backward: the sum of every rank's grad (x fed computations that differ
+-- from rank to rank).
+local CopyToGroup = group_function("CopyToModelParallel", function(x) return x:clone() end, sum_over)
+-- forward: the sum over ranks; backward: the grad as it is (every rank's copy is the same).
+local ReduceFromGroup = group_function("ReduceFromModelParallel", sum_over, function(g) return g end)
 -- forward: every rank's x along the last dim; backward: this rank's block of the grad. For an
 -- output that every rank then uses the same way (the gathered output of a layer).
-local GatherFromGroup = autograd.Function("GatherFromModelParallel")
-function GatherFromGroup.forward(ctx, x, group)
-  ctx.group = group
-  return gather_last(x, group)
-end
-function GatherFromGroup.backward(ctx, g) return own_slice(g, ctx.group), nil end
-
+local GatherFromGroup = group_function("GatherFromModelParallel", gather_last, own_slice)
 -- forward: every rank's x along the last dim; backward: the sum of every rank's grad, this
 -- rank's block of it. For a value each rank uses differently (the h of a split recurrent layer,
 -- which each rank multiplies by its own rows of the weights).
-local GatherPartial = autograd.Function("GatherHiddenModelParallel")
-function GatherPartial.forward(ctx, x, group)
-  ctx.group = group
-  return gather_last(x, group)
-end
-function GatherPartial.backward(ctx, g) return reduce_scatter_last(g, ctx.group), nil end
-
+local GatherPartial = group_function("GatherHiddenModelParallel", gather_last, reduce_scatter_last)
 -- forward: this rank's block of the last dim; backward: every rank's grad block side by side.
-local ScatterToGroup = autograd.Function("ScatterToModelParallel")
-function ScatterToGroup.forward(ctx, x, group)
-  ctx.group = group
-  return own_slice(x, group)
-end
-function ScatterToGroup.backward(ctx, g) return gather_last(g, ctx.group), nil end
+local ScatterToGroup = group_function("ScatterToModelParallel", own_slice, gather_last)
 
 M.copy_to_group = function(x, group) return CopyToGroup.apply(x, group or dist.world()) end
 M.reduce_from_group = function(x, group) return ReduceFromGroup.apply(x, group or dist.world()) end

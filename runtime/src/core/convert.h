@@ -50,12 +50,13 @@ static inline float convert_f16_to_f32(uint16_t h) {
   return f;
 }
 
+/* nearest even; a NaN stays NaN, made quiet. Both results computed and one selected, so that the
+   loops calling it vectorise. */
 static inline uint16_t convert_f32_to_bf16(float x) {
   uint32_t u;
   memcpy(&u, &x, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);  /* quiet NaN */
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
+  uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
+  return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
 }
 
 static inline float convert_bf16_to_f32(uint16_t h) {

@@ -5,6 +5,7 @@
    is rounded at the end; grad input is col2im in f32, then rounded; grad bias is summed in double.
    The chunks run in kiln's pool, each GEMM alone on its worker. */
 #include "cpu.h"
+#include "convert.h"
 #include "nn_calls.h"
 #include <immintrin.h>
 #include <stdlib.h>
@@ -112,22 +113,8 @@ static void col2im_f32acc(const struct cg *g, const float *restrict col, int64_t
       }
 }
 
-/* kiln_f32_to_bf16 and kiln_bf16_to_f32, inlined: nearest even, NaN kept quiet. */
-static inline uint16_t to_bf16(float x) {
-  uint32_t u;
-  memcpy(&u, &x, 4);
-  uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
-  return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
-}
-static inline float from_bf16(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
 static void round_bf16(uint16_t *o, const float *s, int64_t n) {
-  for (int64_t i = 0; i < n; i++) o[i] = to_bf16(s[i]);
+  for (int64_t i = 0; i < n; i++) o[i] = convert_f32_to_bf16(s[i]);
 }
 
 static int dtype_ok(const char *op, const struct kiln_tensor *t) {
@@ -160,11 +147,11 @@ static void fwd_chunks(void *ctx, int64_t begin, int64_t end) {
         goto out;
       }
       for (int64_t o = 0; o < g->Og; o++) {
-        float bias = j->b ? from_bf16(j->b[gi * g->Og + o]) : 0.0f;
+        float bias = j->b ? convert_bf16_to_f32(j->b[gi * g->Og + o]) : 0.0f;
         for (int64_t i = 0; i < nb; i++) {
           uint16_t *yo = j->y + ((n0 + i) * g->O + gi * g->Og + o) * g->P;
           const float *t = tmp + o * ld + i * g->P;
-          for (int64_t q = 0; q < g->P; q++) yo[q] = to_bf16(t[q] + bias);
+          for (int64_t q = 0; q < g->P; q++) yo[q] = convert_f32_to_bf16(t[q] + bias);
         }
       }
     }
@@ -263,7 +250,7 @@ static void bwd_parts(void *ctx, int64_t begin, int64_t end) {
         if (j->bias)
           for (int64_t i = 0; i < nb; i++)
             for (int64_t chn = 0; chn < g->C; chn++) {
-              float bv = from_bf16(j->bias[chn]);
+              float bv = convert_bf16_to_f32(j->bias[chn]);
               float *p = gxf + (i * g->C + chn) * HW;
               for (int64_t q = 0; q < HW; q++) p[q] += bv;
             }
@@ -327,13 +314,13 @@ int cpu_conv2d_backward_bf16(const struct kiln_call *c) {
       uint16_t *gwd = kiln_tensor_data(out->gw);
       for (int64_t t = 1; t < cj.parts; t++)
         for (int64_t e = 0; e < g.K * g.O; e++) onednn_partials[e] += onednn_partials[t * g.K * g.O + e];
-      for (int64_t e = 0; e < g.K * g.O; e++) gwd[e] = to_bf16(onednn_partials[e]);
+      for (int64_t e = 0; e < g.K * g.O; e++) gwd[e] = convert_f32_to_bf16(onednn_partials[e]);
     } else if (want_gw) {   /* gw [O, K] from the partials of gw^T, added in part order */
       uint16_t *gwd = kiln_tensor_data(out->gw);
       for (int64_t t = 1; t < j.parts; t++)
         for (int64_t e = 0; e < g.K * g.O; e++) partials[e] += partials[t * g.K * g.O + e];
       for (int64_t o = 0; o < g.O; o++)
-        for (int64_t kk = 0; kk < g.K; kk++) gwd[o * g.K + kk] = to_bf16(partials[kk * g.O + o]);
+        for (int64_t kk = 0; kk < g.K; kk++) gwd[o * g.K + kk] = convert_f32_to_bf16(partials[kk * g.O + o]);
     } else {
       kiln_cpu_fill(out->gw, 0);
     }
@@ -347,11 +334,11 @@ int cpu_conv2d_backward_bf16(const struct kiln_call *c) {
         float lane[16] = {0};
         int64_t q = 0;
         for (; q + 16 <= g.P; q += 16)
-          for (int l = 0; l < 16; l++) lane[l] += from_bf16(p[q + l]);
-        for (; q < g.P; q++) lane[0] += from_bf16(p[q]);
+          for (int l = 0; l < 16; l++) lane[l] += convert_bf16_to_f32(p[q + l]);
+        for (; q < g.P; q++) lane[0] += convert_bf16_to_f32(p[q]);
         for (int l = 0; l < 16; l++) s += lane[l];
       }
-      gb[o] = to_bf16((float)s);
+      gb[o] = convert_f32_to_bf16((float)s);
     }
   }
 done:

@@ -3,6 +3,7 @@
    compared exactly (bf16 in f32); the largest wins, a NaN wins at once, as cpu/pool.c does; the
    backward adds the grads of overlapping windows in f32 and rounds once. */
 #include "cpu.h"
+#include "convert.h"
 #include "nn_calls.h"
 #include <math.h>
 #include <stdlib.h>
@@ -15,19 +16,6 @@ struct bpool {
   int64_t *idx;
   int failed;
 };
-
-static inline float from_bf16(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-static inline uint16_t to_bf16(float x) {
-  uint32_t u;
-  memcpy(&u, &x, 4);
-  uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
-  return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
-}
 
 static void init(struct bpool *j, const struct kiln_call *c, const struct kiln_tensor *x, const struct kiln_tensor *y) {
   int nd = x->ndim;
@@ -52,7 +40,7 @@ static void max_planes(void *ctx, int64_t begin, int64_t end) {
     uint16_t *y = j->out + p * OH * OW;
     int64_t *idx = j->idx + p * OH * OW;
     if (plane2x2) {
-      for (int64_t i = 0; i < 2 * OH * W; i++) xf[i] = from_bf16(x[i]);
+      for (int64_t i = 0; i < 2 * OH * W; i++) xf[i] = convert_bf16_to_f32(x[i]);
       kiln_cpu_max2x2_plane_f32(xf, OH, OW, W, yf, idx, t, tk, k);
       for (int64_t o = 0; o < OH * OW; o++) y[o] = x[idx[o]];
       continue;
@@ -63,10 +51,10 @@ static void max_planes(void *ctx, int64_t begin, int64_t end) {
         int64_t r0 = 2 * oh * W, r1 = r0 + W;
         for (int64_t ow = 0; ow < OW; ow++) {
           int64_t w0 = 2 * ow, bi = r0 + w0;
-          float best = from_bf16(x[r0 + w0]);
+          float best = convert_bf16_to_f32(x[r0 + w0]);
           int64_t at[3] = {r0 + w0 + 1, r1 + w0, r1 + w0 + 1};
           for (int k = 0; k < 3; k++) {   /* selects by masks: random data would mispredict branches */
-            float v = from_bf16(x[at[k]]);
+            float v = convert_bf16_to_f32(x[at[k]]);
             int64_t m = -(int64_t)((v > best) | (v != v));
             uint32_t vb, bb;
             memcpy(&vb, &v, 4); memcpy(&bb, &best, 4);
@@ -91,13 +79,13 @@ static void max_planes(void *ctx, int64_t begin, int64_t end) {
           for (int64_t kj = 0; kj < j->kw; kj++) {
             int64_t iw = ws + kj * j->dw;
             if (iw < 0 || iw >= W) continue;
-            float v = from_bf16(x[ih * W + iw]);
+            float v = convert_bf16_to_f32(x[ih * W + iw]);
             if (bi < 0 || v > best || v != v) { best = v; bi = ih * W + iw; }
             if (v != v) goto found;   /* NaN wins, as in PyTorch */
           }
         }
       found:
-        y[oh * OW + ow] = bi < 0 ? to_bf16(-INFINITY) : x[bi];
+        y[oh * OW + ow] = bi < 0 ? convert_f32_to_bf16(-INFINITY) : x[bi];
         idx[oh * OW + ow] = bi < 0 ? 0 : bi;
       }
     }
@@ -128,8 +116,8 @@ static void max_back_planes(void *ctx, int64_t begin, int64_t end) {
     const int64_t *idx = j->idx + p * OHW;
     uint16_t *gx = j->out + p * HW;
     memset(acc, 0, sizeof(float) * (size_t)HW);
-    for (int64_t o = 0; o < OHW; o++) acc[idx[o]] += from_bf16(gy[o]);
-    for (int64_t i = 0; i < HW; i++) gx[i] = to_bf16(acc[i]);
+    for (int64_t o = 0; o < OHW; o++) acc[idx[o]] += convert_bf16_to_f32(gy[o]);
+    for (int64_t i = 0; i < HW; i++) gx[i] = convert_f32_to_bf16(acc[i]);
   }
   free(acc);
 }
