@@ -193,7 +193,9 @@ static void gemm(int dt, int ta, int tb, int64_t m, int64_t n, int64_t k, const 
     if (beta == 0) for (int64_t i = 0; i < m; i++) memset((char *)c + i * ldc * es, 0, (size_t)(n * es));
     return;
   }
-  if (dt == KILN_F32)
+  if (dt == KILN_F32 && kiln_cpu_sgemm_here(m, n, k))   /* the parts are fixed: the choice is the threads' too */
+    kiln_cpu_sgemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, (float)beta, c, ldc);
+  else if (dt == KILN_F32)
     kiln_sgemm(ta, tb, (int)m, (int)n, (int)k, 1.0f, a, (int)lda, b, (int)ldb, (float)beta, c, (int)ldc);
   else
     kiln_dgemm(ta, tb, (int)m, (int)n, (int)k, 1.0, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);

@@ -16,6 +16,7 @@ struct gemm_job {
   double alpha, beta;
   int split;                 /* 0: by batch, 1: by rows of c, 2: by columns of c */
   int64_t panel;             /* rows or columns per part */
+  int own;                   /* f32 on kiln's own kernel (cpu/sgemm.c), chosen for the whole product */
 };
 
 static void gemm_block(const struct gemm_job *j, int64_t bi, int64_t r0, int64_t rn, int64_t c0, int64_t cn) {
@@ -24,7 +25,10 @@ static void gemm_block(const struct gemm_job *j, int64_t bi, int64_t r0, int64_t
   const char *a = j->a + (bi * j->sa + (j->ta == KILN_BLAS_NO_TRANS ? r0 * j->lda : r0)) * es;
   const char *b = j->b + (bi * j->sb + (j->tb == KILN_BLAS_NO_TRANS ? c0 : c0 * j->ldb)) * es;
   char *c = j->c + (bi * j->sc + r0 * j->ldc + c0) * es;
-  if (j->dtype == KILN_F32)
+  if (j->dtype == KILN_F32 && j->own)
+    kiln_cpu_sgemm(j->ta, j->tb, rn, cn, j->k, (float)j->alpha, (const float *)a, j->lda, (const float *)b, j->ldb,
+                   (float)j->beta, (float *)c, j->ldc);
+  else if (j->dtype == KILN_F32)
     kiln_sgemm(j->ta, j->tb, (int)rn, (int)cn, (int)j->k, (float)j->alpha, (const float *)a, (int)j->lda,
                 (const float *)b, (int)j->ldb, (float)j->beta, (float *)c, (int)j->ldc);
   else
@@ -67,6 +71,7 @@ static void gemm_run_parts(struct gemm_job *j, int fixed_parts) {
         }
     return;
   }
+  j->own = j->dtype == KILN_F32 && kiln_cpu_sgemm_here(j->n, j->m, j->k);
   int nt = fixed_parts > 0 ? fixed_parts : kiln_get_num_threads();
   double flops = 2.0 * (double)j->n * (double)j->m * (double)j->k;
   int64_t tasks;

@@ -1080,15 +1080,7 @@ static void gw_panels_f64(void *ctx, int64_t p0, int64_t p1) { gw_panels(KILN_F6
    OPENBLAS_CORETYPE=Haswell loads on an AVX-512 CPU), or generic ones, or none is loaded. With an
    AVX-512 core the two run level (LSTM forward + backward, 1 and 2 threads: 0.98 to 1.06 of the
    BLAS's time), with an AVX2 core the products are 1.25 times as fast. */
-static int weight_grads_here(void) {
-  static int here = -1;
-  if (here < 0) {
-    const char *core = kiln_blas_core();
-    int state = kiln_blas_state(), wide = core && (strstr(core, "SkylakeX") || strstr(core, "Cooperlake") || strstr(core, "SapphireRapids"));
-    here = state == KILN_BLAS_MISSING || state == KILN_BLAS_GENERIC || (VEC_BYTES == 64 && !wide);
-  }
-  return here;
-}
+static int weight_grads_here(void) { return kiln_cpu_blas_narrow(); }
 
 /* The weights' grads on the persistent path's products: [h_prev | x]^T (R x T*B, transposed here
    8 x 8) times dgh packed by the team (gwp), panel by panel over the pool, then transposed into

@@ -1,0 +1,191 @@
+/* cpu/sgemm.c: kiln's own f32 GEMM at the avx512 level. op(B) is packed into panels of 64 columns
+   (four zmm) by up to KC rows, zero-padded; a micro-kernel keeps MR x 4 accumulators (MR = 6 rows
+   of op(A), each element broadcast from where it lies: A is not packed) and streams the panel from
+   L1/L2, as the persistent recurrent path's products do. Each element of C is one sum over k in
+   order, in blocks of KC added to C in order, whatever the threads and the part of C a thread
+   computes: f32 products do not depend on the thread count. Measured on Zen 5 (1 thread, GFLOP/s,
+   this kernel against OpenBLAS 0.3.21's Cooperlake (AVX-512) and Haswell (AVX2) kernels): 197-234
+   against 151-214 and 98-113 on the MLP's, CNN's and char-LM's products and 1024^3; at 2 threads
+   317-398 against 270-380. A product of one row (a vector times a matrix) is the BLAS's: packing
+   the matrix would read it twice. */
+#include "cpu.h"
+#include <stdlib.h>
+#include <string.h>
+
+/* Whether the f32 product [m, k] x [k, n] runs here rather than in the BLAS, decided once per
+   product (before the pool splits it, so that the choice does not depend on the threads):
+   KILN_SGEMM=kiln or blas forces it; else at the avx512 level when C has 2 rows or more and 16
+   columns or more (a narrower C fills a panel's vectors too thinly). */
+int kiln_cpu_sgemm_here(int64_t m, int64_t n, int64_t k) {
+#if defined(__AVX512F__)
+  static int mode = -1;   /* 0 BLAS, 1 kiln, 2 by the shape */
+  if (mode < 0) {
+    const char *e = getenv("KILN_SGEMM");
+    mode = e && strcmp(e, "kiln") == 0 ? 1 : e && strcmp(e, "blas") == 0 ? 0 : 2;
+  }
+  (void)k;
+  return mode == 1 || (mode == 2 && m >= 2 && n >= 16);
+#else
+  (void)m; (void)n; (void)k;
+  return 0;
+#endif
+}
+
+/* 1 where the BLAS's kernels are narrower than this level's vectors (or generic, or there is no
+   BLAS): kiln's own products are then faster (cpu/sgemm.c, the recurrent weights' grads). */
+int kiln_cpu_blas_narrow(void) {
+  static int narrow = -1;
+  if (narrow < 0) {
+    const char *core = kiln_blas_core();
+    int state = kiln_blas_state();
+    int wide = core && (strstr(core, "SkylakeX") || strstr(core, "Cooperlake") || strstr(core, "SapphireRapids"));
+#if defined(__AVX512F__)
+    narrow = state == KILN_BLAS_MISSING || state == KILN_BLAS_GENERIC || !wide;
+#else
+    (void)wide;
+    narrow = state == KILN_BLAS_MISSING || state == KILN_BLAS_GENERIC;
+#endif
+  }
+  return narrow;
+}
+
+#if defined(__AVX512F__)
+#include "transpose8.h"
+#include <immintrin.h>
+
+enum { MR = 6, PW = 64, KC = 2048 };
+
+/* The panel of columns [j0, j0 + nc) of op(B), rows [p0, p0 + kc): pb[p][q], zeros past nc. */
+static void pack_panel(int tb, const float *b, int64_t ldb, int64_t p0, int64_t kc, int64_t j0, int64_t nc, float *pb) {
+  if (tb == KILN_BLAS_NO_TRANS) {   /* rows of B along the columns: copied */
+    for (int64_t p = 0; p < kc; p++) {
+      const float *src = b + (p0 + p) * ldb + j0;
+      float *dst = pb + p * PW;
+      memcpy(dst, src, sizeof(float) * (size_t)nc);
+      if (nc < PW) memset(dst + nc, 0, sizeof(float) * (size_t)(PW - nc));
+    }
+    return;
+  }
+  /* B stored [n][k]: column j of op(B) is row j of B; 8 x 8 blocks transposed in registers */
+  int64_t q = 0;
+  for (; q + 8 <= nc; q += 8) {
+    const float *rows[8];
+    for (int r = 0; r < 8; r++) rows[r] = b + (j0 + q + r) * ldb + p0;
+    int64_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+      __m256 v[8];
+      for (int r = 0; r < 8; r++) v[r] = _mm256_loadu_ps(rows[r] + p);
+      kiln_transpose8_store(v, pb + p * PW + q, PW);
+    }
+    for (; p < kc; p++)
+      for (int r = 0; r < 8; r++) pb[p * PW + q + r] = rows[r][p];
+  }
+  for (; q < nc; q++)
+    for (int64_t p = 0; p < kc; p++) pb[p * PW + q] = b[(j0 + q) * ldb + p0 + p];
+  if (nc < PW)
+    for (int64_t p = 0; p < kc; p++) memset(pb + p * PW + nc, 0, sizeof(float) * (size_t)(PW - nc));
+}
+
+/* C[i0.., j0..] (nr rows, nc columns) = first ? alpha * acc + beta * C : C + alpha * acc, where acc
+   = rows [p0, p0 + kc) of op(A)'s NR rows times the panel. op(A)(r, p) is a[r * ars + p * aps].
+   beta == 0 reads nothing of C (it may hold NaN), as in the BLAS. */
+static inline __attribute__((always_inline)) void tile(const int NR, const int NV, const float *a, int64_t ars,
+                                                       int64_t aps, const float *pb, int64_t kc, float *c, int64_t ldc,
+                                                       int64_t nc, float alpha, float beta, int first) {
+  __m512 acc[MR][4];
+#pragma GCC unroll 6
+  for (int r = 0; r < NR; r++)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps();
+  const float *ar[MR];
+#pragma GCC unroll 6
+  for (int r = 0; r < NR; r++) ar[r] = a + r * ars;
+  for (int64_t p = 0; p < kc; p++) {
+    const float *bp = pb + p * PW;
+    __m512 w[4];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++) w[v] = _mm512_loadu_ps(bp + 16 * v);
+    /* the weights loaded once for the NR rows (else gcc folds a load into every FMA) */
+    if (NV > 0) __asm__("" : "+v"(w[0]));
+    if (NV > 1) __asm__("" : "+v"(w[1]));
+    if (NV > 2) __asm__("" : "+v"(w[2]));
+    if (NV > 3) __asm__("" : "+v"(w[3]));
+#pragma GCC unroll 6
+    for (int r = 0; r < NR; r++) {
+      __m512 x = _mm512_set1_ps(ar[r][p * aps]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) acc[r][v] = _mm512_fmadd_ps(x, w[v], acc[r][v]);
+    }
+  }
+  __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+#pragma GCC unroll 6
+  for (int r = 0; r < NR; r++)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++) {
+      int64_t left = nc - 16 * v;
+      __mmask16 mask = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+      float *o = c + r * ldc + 16 * v;
+      __m512 y = _mm512_mul_ps(va, acc[r][v]);
+      if (!first) y = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, o), y);
+      else if (beta != 0) y = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask, o), y);
+      _mm512_mask_storeu_ps(o, mask, y);
+    }
+}
+
+/* One tile of nr <= MR rows by a panel of nv vectors: the constant shapes' kernels. */
+static void tile_any(int nr, int nv, const float *a, int64_t ars, int64_t aps, const float *pb, int64_t kc, float *c,
+                     int64_t ldc, int64_t nc, float alpha, float beta, int first) {
+#define KILN_TILE(R, V) case (R) * 8 + (V): tile(R, V, a, ars, aps, pb, kc, c, ldc, nc, alpha, beta, first); return;
+#define KILN_TILE_ROW(R) KILN_TILE(R, 1) KILN_TILE(R, 2) KILN_TILE(R, 3) KILN_TILE(R, 4)
+  switch (nr * 8 + nv) {
+    KILN_TILE_ROW(1) KILN_TILE_ROW(2) KILN_TILE_ROW(3) KILN_TILE_ROW(4) KILN_TILE_ROW(5) KILN_TILE_ROW(6)
+  }
+#undef KILN_TILE_ROW
+#undef KILN_TILE
+}
+
+/* The calling thread's panel, kept between calls (each pool thread packs its own; at most
+   KC x PW floats, 512 KB): a fresh one per call would be mapped and faulted in each time. */
+static __thread float *panel_buf;
+static __thread size_t panel_bytes;
+
+static float *panel_for(size_t bytes) {
+  if (bytes > panel_bytes) {
+    free(panel_buf);
+    panel_buf = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    panel_bytes = panel_buf ? bytes : 0;
+  }
+  return panel_buf;
+}
+
+/* C[m, n] = alpha * op(A) op(B) + beta * C, row-major, as kiln_sgemm (CBLAS's arguments). */
+void kiln_cpu_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                    const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  int64_t kc0 = k < KC ? k : KC;
+  float *pb = panel_for(sizeof(float) * (size_t)((kc0 > 0 ? kc0 : 1) * PW));
+  if (!pb || k <= 0) {   /* no memory for a panel (or no products): the BLAS does it */
+    kiln_sgemm(ta, tb, (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+    return;
+  }
+  /* op(A)(i, p) at a[i * ars + p * aps] */
+  int64_t ars = ta == KILN_BLAS_NO_TRANS ? lda : 1, aps = ta == KILN_BLAS_NO_TRANS ? 1 : lda;
+  for (int64_t p0 = 0; p0 < k; p0 += KC) {
+    int64_t kc = k - p0 < KC ? k - p0 : KC;
+    for (int64_t j0 = 0; j0 < n; j0 += PW) {
+      int64_t nc = n - j0 < PW ? n - j0 : PW;
+      int nv = (int)((nc + 15) / 16);
+      pack_panel(tb, b, ldb, p0, kc, j0, nc, pb);
+      for (int64_t i0 = 0; i0 < m; i0 += MR) {
+        int nr = m - i0 < MR ? (int)(m - i0) : MR;
+        tile_any(nr, nv, a + i0 * ars + p0 * aps, ars, aps, pb, kc, c + i0 * ldc + j0, ldc, nc, alpha, beta, p0 == 0);
+      }
+    }
+  }
+}
+#else
+void kiln_cpu_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                    const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+  kiln_sgemm(ta, tb, (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+}
+#endif
