@@ -1,8 +1,8 @@
 /* test_sgemm.c: f32 matrix products on kiln's own kernel (cpu/sgemm.c, forced with
    KILN_SGEMM=kiln; at a level below avx512 the BLAS runs them and the same checks hold) against a
    naive loop in double: shapes around the micro-kernel's 6 rows and 64-column panels, k past the
-   2048-row block, every layout of the operands, addmm's alpha and beta (beta 0 ignores NaN in C),
-   and the same bits at 1 and 2 threads. */
+   2048-row block, every layout of the operands, C^T computed for a wide C, addmm's alpha and beta
+   (beta 0 ignores NaN in C), and the same bits at 1 and 2 threads. */
 #include "check.h"
 #include "internal.h"
 
@@ -71,6 +71,9 @@ static void test_shapes(void) {
     check_product(11, 80, 40, l & 1, l >> 1, -0.5, 2);
     check_product(11, 80, 40, l & 1, l >> 1, 3, 0);
     check_product(7, 33, 2100, l & 1, l >> 1, 0.25, -1);
+    /* C^T computed (B stored transposed, 16 times as many columns as rows) */
+    check_product(3, 70, 40, l & 1, l >> 1, -0.5, 2);
+    check_product(2, 40, 2100, l & 1, l >> 1, 0.25, -1);
   }
 }
 

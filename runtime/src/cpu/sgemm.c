@@ -55,43 +55,52 @@ int kiln_cpu_blas_narrow(void) {
 
 enum { MR = 6, PW = 64, KC = 2048 };
 
-/* The panel of columns [j0, j0 + nc) of op(B), rows [p0, p0 + kc): pb[p][q], zeros past nc. */
-static void pack_panel(int tb, const float *b, int64_t ldb, int64_t p0, int64_t kc, int64_t j0, int64_t nc, float *pb) {
-  if (tb == KILN_BLAS_NO_TRANS) {   /* rows of B along the columns: copied */
+/* The panel of columns [j0, j0 + nc), rows [p0, p0 + kc) of a [k, n] operand X whose element
+   (p, q) is x[p * sp + q * sq]: pb[p][q], zeros past nc. */
+static void pack_panel(const float *x, int64_t sp, int64_t sq, int64_t p0, int64_t kc, int64_t j0, int64_t nc,
+                       float *pb) {
+  if (sq == 1) {   /* rows along the columns: copied */
     for (int64_t p = 0; p < kc; p++) {
-      const float *src = b + (p0 + p) * ldb + j0;
       float *dst = pb + p * PW;
-      memcpy(dst, src, sizeof(float) * (size_t)nc);
+      /* rows a leading dimension apart (4 KB for a 1024-wide weight) defeat the hardware's
+         prefetch: the row 16 ahead asked for now */
+      if (p + 16 < kc)
+        for (int64_t q = 0; q < nc; q += 16) _mm_prefetch((const char *)(x + (p0 + p + 16) * sp + j0 + q), _MM_HINT_T0);
+      memcpy(dst, x + (p0 + p) * sp + j0, sizeof(float) * (size_t)nc);
       if (nc < PW) memset(dst + nc, 0, sizeof(float) * (size_t)(PW - nc));
     }
     return;
   }
-  /* B stored [n][k]: column j of op(B) is row j of B; 8 x 8 blocks transposed in registers */
+  /* columns along the rows: 8 x 8 blocks transposed in registers */
   int64_t q = 0;
-  for (; q + 8 <= nc; q += 8) {
-    const float *rows[8];
-    for (int r = 0; r < 8; r++) rows[r] = b + (j0 + q + r) * ldb + p0;
-    int64_t p = 0;
-    for (; p + 8 <= kc; p += 8) {
-      __m256 v[8];
-      for (int r = 0; r < 8; r++) v[r] = _mm256_loadu_ps(rows[r] + p);
-      kiln_transpose8_store(v, pb + p * PW + q, PW);
+  if (sp == 1)
+    for (; q + 8 <= nc; q += 8) {
+      const float *cols[8];
+      for (int r = 0; r < 8; r++) cols[r] = x + (j0 + q + r) * sq + p0;
+      int64_t p = 0;
+      for (; p + 8 <= kc; p += 8) {
+        __m256 v[8];
+        for (int r = 0; r < 8; r++) v[r] = _mm256_loadu_ps(cols[r] + p);
+        kiln_transpose8_store(v, pb + p * PW + q, PW);
+      }
+      for (; p < kc; p++)
+        for (int r = 0; r < 8; r++) pb[p * PW + q + r] = cols[r][p];
     }
-    for (; p < kc; p++)
-      for (int r = 0; r < 8; r++) pb[p * PW + q + r] = rows[r][p];
-  }
   for (; q < nc; q++)
-    for (int64_t p = 0; p < kc; p++) pb[p * PW + q] = b[(j0 + q) * ldb + p0 + p];
+    for (int64_t p = 0; p < kc; p++) pb[p * PW + q] = x[(p0 + p) * sp + (j0 + q) * sq];
   if (nc < PW)
     for (int64_t p = 0; p < kc; p++) memset(pb + p * PW + nc, 0, sizeof(float) * (size_t)(PW - nc));
 }
 
-/* C[i0.., j0..] (nr rows, nc columns) = first ? alpha * acc + beta * C : C + alpha * acc, where acc
-   = rows [p0, p0 + kc) of op(A)'s NR rows times the panel. op(A)(r, p) is a[r * ars + p * aps].
-   beta == 0 reads nothing of C (it may hold NaN), as in the BLAS. */
-static inline __attribute__((always_inline)) void tile(const int NR, const int NV, const float *a, int64_t ars,
-                                                       int64_t aps, const float *pb, int64_t kc, float *c, int64_t ldc,
-                                                       int64_t nc, float alpha, float beta, int first) {
+/* D[r][q] for NR rows and nc columns, at d[r * drs + q * dqs] (dqs == 1, or drs == 1 for a
+   transposed result: then through a buffer, written row of D by row) = first ? alpha * acc + beta *
+   D : D + alpha * acc, where acc = the broadcast operand's NR rows (element (r, p) at
+   a[r * ars + p * aps]) times the panel's kc rows. beta == 0 reads nothing of D (it may hold NaN),
+   as in the BLAS. */
+static inline __attribute__((always_inline)) void tile(const int NR, const int NV, const int TR, const float *a,
+                                                       int64_t ars, int64_t aps, const float *pb, int64_t kc, float *d,
+                                                       int64_t drs, int64_t dqs, int64_t nc, float alpha, float beta,
+                                                       int first) {
   __m512 acc[MR][4];
 #pragma GCC unroll 6
   for (int r = 0; r < NR; r++)
@@ -105,7 +114,7 @@ static inline __attribute__((always_inline)) void tile(const int NR, const int N
     __m512 w[4];
 #pragma GCC unroll 4
     for (int v = 0; v < NV; v++) w[v] = _mm512_loadu_ps(bp + 16 * v);
-    /* the weights loaded once for the NR rows (else gcc folds a load into every FMA) */
+    /* the panel's vectors loaded once for the NR rows (else gcc folds a load into every FMA) */
     if (NV > 0) __asm__("" : "+v"(w[0]));
     if (NV > 1) __asm__("" : "+v"(w[1]));
     if (NV > 2) __asm__("" : "+v"(w[2]));
@@ -118,13 +127,28 @@ static inline __attribute__((always_inline)) void tile(const int NR, const int N
     }
   }
   __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  if (TR) {   /* D's rows are columns of C: the tile into a buffer, then each C row's NR values */
+    float buf[MR][PW];
+    memset(buf, 0, sizeof buf);   /* only NV vectors of a row are stored; columns past them are not read */
+#pragma GCC unroll 6
+    for (int r = 0; r < NR; r++)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) _mm512_storeu_ps(&buf[r][16 * v], _mm512_mul_ps(va, acc[r][v]));
+    for (int64_t q = 0; q < nc; q++) {
+      float *o = d + q * dqs;
+#pragma GCC unroll 6
+      for (int r = 0; r < NR; r++)
+        o[r] = !first ? o[r] + buf[r][q] : beta != 0 ? beta * o[r] + buf[r][q] : buf[r][q];
+    }
+    return;
+  }
 #pragma GCC unroll 6
   for (int r = 0; r < NR; r++)
 #pragma GCC unroll 4
     for (int v = 0; v < NV; v++) {
       int64_t left = nc - 16 * v;
       __mmask16 mask = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
-      float *o = c + r * ldc + 16 * v;
+      float *o = d + r * drs + 16 * v;
       __m512 y = _mm512_mul_ps(va, acc[r][v]);
       if (!first) y = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, o), y);
       else if (beta != 0) y = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask, o), y);
@@ -133,9 +157,13 @@ static inline __attribute__((always_inline)) void tile(const int NR, const int N
 }
 
 /* One tile of nr <= MR rows by a panel of nv vectors: the constant shapes' kernels. */
-static void tile_any(int nr, int nv, const float *a, int64_t ars, int64_t aps, const float *pb, int64_t kc, float *c,
-                     int64_t ldc, int64_t nc, float alpha, float beta, int first) {
-#define KILN_TILE(R, V) case (R) * 8 + (V): tile(R, V, a, ars, aps, pb, kc, c, ldc, nc, alpha, beta, first); return;
+static void tile_any(int nr, int nv, int tr, const float *a, int64_t ars, int64_t aps, const float *pb, int64_t kc,
+                     float *d, int64_t drs, int64_t dqs, int64_t nc, float alpha, float beta, int first) {
+#define KILN_TILE(R, V)                                                                           \
+  case (R) * 8 + (V):                                                                             \
+    if (tr) tile(R, V, 1, a, ars, aps, pb, kc, d, drs, dqs, nc, alpha, beta, first);              \
+    else tile(R, V, 0, a, ars, aps, pb, kc, d, drs, dqs, nc, alpha, beta, first);                 \
+    return;
 #define KILN_TILE_ROW(R) KILN_TILE(R, 1) KILN_TILE(R, 2) KILN_TILE(R, 3) KILN_TILE(R, 4)
   switch (nr * 8 + nv) {
     KILN_TILE_ROW(1) KILN_TILE_ROW(2) KILN_TILE_ROW(3) KILN_TILE_ROW(4) KILN_TILE_ROW(5) KILN_TILE_ROW(6)
@@ -168,17 +196,29 @@ void kiln_cpu_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha
     kiln_sgemm(ta, tb, (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
     return;
   }
-  /* op(A)(i, p) at a[i * ars + p * aps] */
-  int64_t ars = ta == KILN_BLAS_NO_TRANS ? lda : 1, aps = ta == KILN_BLAS_NO_TRANS ? 1 : lda;
+  /* op(A)(i, p) at a[i * as_i + p * as_p], op(B)(p, j) at b[p * bs_p + j * bs_j] */
+  int64_t as_i = ta == KILN_BLAS_NO_TRANS ? lda : 1, as_p = ta == KILN_BLAS_NO_TRANS ? 1 : lda;
+  int64_t bs_p = tb == KILN_BLAS_NO_TRANS ? ldb : 1, bs_j = tb == KILN_BLAS_NO_TRANS ? 1 : ldb;
+  /* The packed operand: op(B) [k, n] for C, op(A) broadcast from where it lies; or op(A)^T [k, m]
+     for C^T = op(B)^T op(A)^T when B is stored [n, k] (rows of op(B)^T read along) and C has a
+     sixteenth as many rows as columns or fewer: a batch of 32 against a 1024 x 1024 weight (a
+     Linear's forward) packs the batch, not the weight (Zen 5: 112 -> 154 GFLOP/s; at 8 times as
+     many columns as rows it is no faster). Either way each element of C is the same FMAs in the
+     same order: the same bits. */
+  int tr = tb == KILN_BLAS_TRANS && 16 * m <= n;
+  const float *x = tr ? a : b, *y = tr ? b : a;
+  int64_t xs_p = tr ? as_p : bs_p, xs_q = tr ? as_i : bs_j, ys_r = tr ? bs_j : as_i, ys_p = tr ? bs_p : as_p;
+  int64_t rows = tr ? n : m, cols = tr ? m : n, drs = tr ? 1 : ldc, dqs = tr ? ldc : 1;
   for (int64_t p0 = 0; p0 < k; p0 += KC) {
     int64_t kc = k - p0 < KC ? k - p0 : KC;
-    for (int64_t j0 = 0; j0 < n; j0 += PW) {
-      int64_t nc = n - j0 < PW ? n - j0 : PW;
+    for (int64_t j0 = 0; j0 < cols; j0 += PW) {
+      int64_t nc = cols - j0 < PW ? cols - j0 : PW;
       int nv = (int)((nc + 15) / 16);
-      pack_panel(tb, b, ldb, p0, kc, j0, nc, pb);
-      for (int64_t i0 = 0; i0 < m; i0 += MR) {
-        int nr = m - i0 < MR ? (int)(m - i0) : MR;
-        tile_any(nr, nv, a + i0 * ars + p0 * aps, ars, aps, pb, kc, c + i0 * ldc + j0, ldc, nc, alpha, beta, p0 == 0);
+      pack_panel(x, xs_p, xs_q, p0, kc, j0, nc, pb);
+      for (int64_t i0 = 0; i0 < rows; i0 += MR) {
+        int nr = rows - i0 < MR ? (int)(rows - i0) : MR;
+        tile_any(nr, nv, tr, y + i0 * ys_r + p0 * ys_p, ys_r, ys_p, pb, kc, c + i0 * drs + j0 * dqs, drs, dqs, nc,
+                 alpha, beta, p0 == 0);
       }
     }
   }
