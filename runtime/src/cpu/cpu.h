@@ -63,7 +63,6 @@
 #define kiln_cpu_gemm_raw KILN_LEVEL_NAME(kiln_cpu_gemm_raw)
 #define kiln_cpu_sgemm KILN_LEVEL_NAME(kiln_cpu_sgemm)
 #define kiln_cpu_sgemm_here KILN_LEVEL_NAME(kiln_cpu_sgemm_here)
-#define kiln_cpu_blas_narrow KILN_LEVEL_NAME(kiln_cpu_blas_narrow)
 #define kiln_cpu_gemm_raw_fixed KILN_LEVEL_NAME(kiln_cpu_gemm_raw_fixed)
 #define kiln_cpu_copy KILN_LEVEL_NAME(kiln_cpu_copy)
 #define kiln_cpu_max2x2_plane_f32 KILN_LEVEL_NAME(kiln_cpu_max2x2_plane_f32)
@@ -82,11 +81,10 @@ int cpu_reduce(const struct kiln_call *c);
 int cpu_gemm(const struct kiln_call *c);
 /* cpu/sgemm.c: kiln's own f32 GEMM (the avx512 level; elsewhere it calls the BLAS), with
    kiln_sgemm's arguments; whether a product of [m, k] x [k, n] runs on it (decided once per
-   product, before any split); whether the BLAS is narrower than this level (or generic, or none). */
+   product, before any split). */
 void kiln_cpu_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                     const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 int kiln_cpu_sgemm_here(int64_t m, int64_t n, int64_t k);
-int kiln_cpu_blas_narrow(void);
 /* cpu/bf16_gemm.c: 1 when the CPU runs bf16 products natively (AVX512-BF16; KILN_BF16_EMULATE=1
    says no), and the product itself on 3-d bf16 tensors. */
 int kiln_cpu_bf16_native(void);

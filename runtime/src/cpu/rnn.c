@@ -1075,12 +1075,14 @@ static inline __attribute__((always_inline)) void gw_panels(int dt, void *ctx, i
 static void gw_panels_f32(void *ctx, int64_t p0, int64_t p1) { gw_panels(KILN_F32, ctx, p0, p1); }
 static void gw_panels_f64(void *ctx, int64_t p0, int64_t p1) { gw_panels(KILN_F64, ctx, p0, p1); }
 
-/* Whether the weights' grads run on the persistent path's products rather than the BLAS: where
-   the BLAS runs narrower vectors than this level's (an AVX2 core under the avx512 level, as
-   OPENBLAS_CORETYPE=Haswell loads on an AVX-512 CPU), or generic ones, or none is loaded. With an
-   AVX-512 core the two run level (LSTM forward + backward, 1 and 2 threads: 0.98 to 1.06 of the
-   BLAS's time), with an AVX2 core the products are 1.25 times as fast. */
-static int weight_grads_here(void) { return kiln_cpu_blas_narrow(); }
+/* Whether the weights' grads run on the persistent path's products rather than a GEMM: at the
+   avx512 level (the products in zmm; char-LM step, Zen 5, 1 thread: 24.3-24.9 against 26.9-28.5 ms
+   by kiln's own f32 GEMM or OpenBLAS's AVX-512 kernels, at 2 threads 15.4-16.1 against 16.8-19.3),
+   and where the BLAS's kernels are generic or there is none. */
+static int weight_grads_here(void) {
+  int state = kiln_blas_state();
+  return VEC_BYTES == 64 || state == KILN_BLAS_MISSING || state == KILN_BLAS_GENERIC;
+}
 
 /* The weights' grads on the persistent path's products: [h_prev | x]^T (R x T*B, transposed here
    8 x 8) times dgh packed by the team (gwp), panel by panel over the pool, then transposed into

@@ -31,24 +31,6 @@ int kiln_cpu_sgemm_here(int64_t m, int64_t n, int64_t k) {
 #endif
 }
 
-/* 1 where the BLAS's kernels are narrower than this level's vectors (or generic, or there is no
-   BLAS): kiln's own products are then faster (cpu/sgemm.c, the recurrent weights' grads). */
-int kiln_cpu_blas_narrow(void) {
-  static int narrow = -1;
-  if (narrow < 0) {
-    const char *core = kiln_blas_core();
-    int state = kiln_blas_state();
-    int wide = core && (strstr(core, "SkylakeX") || strstr(core, "Cooperlake") || strstr(core, "SapphireRapids"));
-#if defined(__AVX512F__)
-    narrow = state == KILN_BLAS_MISSING || state == KILN_BLAS_GENERIC || !wide;
-#else
-    (void)wide;
-    narrow = state == KILN_BLAS_MISSING || state == KILN_BLAS_GENERIC;
-#endif
-  }
-  return narrow;
-}
-
 #if defined(__AVX512F__)
 #include "transpose8.h"
 #include <immintrin.h>
