@@ -94,7 +94,7 @@ function kiln.set_gc_threshold(bytes, device)
   if bytes ~= nil then core.number_arg(bytes, "set_gc_threshold", "the byte count") end
   local on = device_type(device, "set_gc_threshold")
   if on == C.KILN_CPU then core.gc_threshold_fixed = bytes ~= nil end
-  C.kiln_memory_set_threshold(on, bytes or 16 * 2 ^ 20)
+  C.kiln_memory_set_threshold(on, bytes or (on == C.KILN_CPU and 64 or 16) * 2 ^ 20)
 end
 
 kiln.help = require("kiln.help").help

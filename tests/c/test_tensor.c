@@ -621,9 +621,16 @@ static void test_memory_stats(void) {
   CHECK(ms->live_bytes == live + 24020);   /* the view still holds it */
   kiln_tensor_release(v);
   CHECK(ms->live_bytes == live + 20);
+  CHECK(ms->since_collect == 20);   /* what the runtime freed needs no collection */
   kiln_tensor_release(s);
   CHECK(ms->live_bytes == live);
+  CHECK(ms->since_collect == 0);
   CHECK(ms->frees == frees + 2);
+  /* a storage allocated before the last collection, freed after it: since_collect stays at 0 */
+  struct kiln_tensor *old = kiln_tensor_empty(1, (int64_t[]){1000}, KILN_F32, CPU);
+  kiln_memory_collected();
+  kiln_tensor_release(old);
+  CHECK(ms->since_collect == 0);
   kiln_memory_collected();
   CHECK(ms->since_collect == 0);
   int64_t th = ms->threshold;

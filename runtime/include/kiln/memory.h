@@ -7,7 +7,7 @@
 struct kiln_memory_stats {
   int64_t live_bytes;     /* bytes in live storages */
   int64_t peak_bytes;     /* highest live_bytes so far */
-  int64_t since_collect;  /* bytes allocated since kiln_memory_collected() */
+  int64_t since_collect;  /* bytes allocated less bytes freed (not below 0) since kiln_memory_collected() */
   int64_t threshold;      /* when since_collect passes this, the bindings collect garbage */
   int64_t allocs;         /* storages allocated */
   int64_t frees;          /* storages freed */

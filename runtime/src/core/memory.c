@@ -2,7 +2,7 @@
 #include "internal.h"
 
 static struct kiln_memory_stats stats[KILN_DEVICE_TYPE_COUNT] = {
-  [KILN_CPU] = {.threshold = 16ll << 20},
+  [KILN_CPU] = {.threshold = 64ll << 20},
   [KILN_CUDA] = {.threshold = 1ll << 30},
 };
 
@@ -28,8 +28,15 @@ void kiln_memory_count_alloc(int device_type, int64_t nbytes) {
   while (live > peak && !__atomic_compare_exchange_n(&s->peak_bytes, &peak, live, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
 }
 
+/* A free takes its bytes off since_collect as well (not below 0): what the runtime frees by itself
+   (an op's temporaries, the autograd graph's saved tensors after backward) needs no collection;
+   only what stays alive (tensors Lua no longer reaches but has not finalized) brings the next one.
+   A training step that allocated 30 MB and freed most of it collected once a step before. */
 void kiln_memory_count_free(int device_type, int64_t nbytes) {
   struct kiln_memory_stats *s = &stats[device_type];
   __atomic_sub_fetch(&s->live_bytes, nbytes, __ATOMIC_RELAXED);
   __atomic_add_fetch(&s->frees, 1, __ATOMIC_RELAXED);
+  int64_t since = __atomic_load_n(&s->since_collect, __ATOMIC_RELAXED), next;
+  do next = since > nbytes ? since - nbytes : 0;
+  while (!__atomic_compare_exchange_n(&s->since_collect, &since, next, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
 }
