@@ -9,6 +9,7 @@
    317-398 against 270-380. A product of one row (a vector times a matrix) is the BLAS's: packing
    the matrix would read it twice. */
 #include "cpu.h"
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -155,15 +156,24 @@ static void tile_any(int nr, int nv, int tr, const float *a, int64_t ars, int64_
 }
 
 /* The calling thread's panel, kept between calls (each pool thread packs its own; at most
-   KC x PW floats, 512 KB): a fresh one per call would be mapped and faulted in each time. */
+   KC x PW floats, 512 KB): a fresh one per call would be mapped and faulted in each time. A
+   thread-specific key frees it when the thread ends (the pool's threads end when it is resized). */
 static __thread float *panel_buf;
 static __thread size_t panel_bytes;
+static pthread_key_t panel_key;
+static pthread_once_t panel_once = PTHREAD_ONCE_INIT;
+static int panel_key_ok;
+
+static void panel_key_make(void) { panel_key_ok = pthread_key_create(&panel_key, free) == 0; }
 
 static float *panel_for(size_t bytes) {
   if (bytes > panel_bytes) {
+    pthread_once(&panel_once, panel_key_make);
+    if (!panel_key_ok) return NULL;   /* no key, no buffer that could leak: the BLAS does it */
     free(panel_buf);
     panel_buf = aligned_alloc(64, (bytes + 63) / 64 * 64);
     panel_bytes = panel_buf ? bytes : 0;
+    pthread_setspecific(panel_key, panel_buf);
   }
   return panel_buf;
 }
