@@ -819,17 +819,7 @@ static inline __attribute__((always_inline)) void backward_team(int dt, struct l
         int64_t r = step_time(L, s, b) * B + b;
         for (int64_t p = p0; p < p1; p++) {
           int64_t c0 = p * PW, m = GH - c0 < PW ? GH - c0 : PW;
-          void *dst = dt_at(L->gwp, dt, (p * TB + r) * PW);
-          const void *src = dt_at(L->dgh, dt, r * GH + c0);
-#if defined(__AVX512F__)
-          /* whole panels (256 aligned bytes) stored past the cache: the panels (8 MB for the
-             char-LM) are read only after the last step, and a plain store reads each line first */
-          if (m == PW) {
-            for (int v = 0; v < 4; v++) _mm512_stream_si512((__m512i *)((char *)dst + 64 * v), _mm512_loadu_si512((const char *)src + 64 * v));
-            continue;
-          }
-#endif
-          memcpy(dst, src, es * (size_t)m);
+          memcpy(dt_at(L->gwp, dt, (p * TB + r) * PW), dt_at(L->dgh, dt, r * GH + c0), es * (size_t)m);
         }
       }
     }
@@ -846,9 +836,6 @@ static inline __attribute__((always_inline)) void backward_team(int dt, struct l
       else times_rows_f64(wi, GH, ni, na, xs, ys, 0, 0);
     }
   }
-#if defined(__AVX512F__)
-  if (L->gwp) _mm_sfence();   /* the streamed panels visible before the team's end */
-#endif
   free(wc); free(wi); free(prod); free(active); free(xs); free(ys);
 }
 static void backward_team_f32(void *ctx, int id, int nteam) { backward_team(KILN_F32, ctx, id, nteam); }
