@@ -2,7 +2,7 @@
    KILN_SGEMM=kiln; at a level below avx512 the BLAS runs them and the same checks hold) against a
    naive loop in double: shapes around the micro-kernel's 6 rows and 64-column panels, k past the
    2048-row block, every layout of the operands, C^T computed for a wide C, addmm's alpha and beta
-   (beta 0 ignores NaN in C), and the same bits at 1 and 2 threads. */
+   (beta 0 ignores NaN in C, alpha 0 NaN in A and B), and the same bits at 1 and 2 threads. */
 #include "check.h"
 #include "internal.h"
 
@@ -77,6 +77,19 @@ static void test_shapes(void) {
   }
 }
 
+/* alpha 0: C = beta C, and NaN in A or B does not reach it (the BLAS reads neither) */
+static void test_alpha_zero(void) {
+  struct kiln_tensor *a = filled(9, 40), *b = filled(40, 70), *c = filled(9, 70);
+  ((float *)kiln_tensor_data(a))[5] = NAN;
+  ((float *)kiln_tensor_data(b))[77] = INFINITY;
+  struct kiln_tensor *r = kiln_addmm(c, a, b, 0.5, 0);
+  int ok = r != NULL;
+  for (int64_t i = 0; ok && i < 9 * 70; i++)
+    ok = ((float *)kiln_tensor_data(r))[i] == 0.5f * ((float *)kiln_tensor_data(c))[i];
+  CHECK(ok);
+  kiln_tensor_release(r); kiln_tensor_release(a); kiln_tensor_release(b); kiln_tensor_release(c);
+}
+
 /* The same bits at 1 and 2 threads on kiln's kernel (each element is one sum over k in order;
    the BLAS's split products need not be). */
 static void test_threads(void) {
@@ -96,6 +109,7 @@ static void test_threads(void) {
 int main(void) {
   setenv("KILN_SGEMM", "kiln", 1);   /* read at the first f32 product */
   test_shapes();
+  test_alpha_zero();
   test_threads();
   return check_done("test_sgemm");
 }

@@ -184,7 +184,8 @@ void kiln_cpu_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha
   if (m <= 0 || n <= 0) return;
   int64_t kc0 = k < KC ? k : KC;
   float *pb = panel_for(sizeof(float) * (size_t)((kc0 > 0 ? kc0 : 1) * PW));
-  if (!pb || k <= 0) {   /* no memory for a panel (or no products): the BLAS does it */
+  if (!pb || k <= 0 || alpha == 0) {   /* no memory for a panel, or no products (C = beta C, A and B not read,
+                                            as the BLAS does: NaN in them does not reach C): the BLAS does it */
     kiln_sgemm(ta, tb, (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
     return;
   }
