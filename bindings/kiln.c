@@ -837,6 +837,7 @@ int main(int argc, char **argv)
     if (kiln_cpu_level_check() != KILN_OK) printf("cpu level note: %s\n", kiln_error_message());
     printf("blas: %s, core %s\n", kiln_blas_name(), kiln_blas_core());
     if (*kiln_blas_note()) printf("blas note: %s\n", kiln_blas_note());
+    printf("f32 products: %s\n", strcmp(kiln_cpu_f32_gemm(), "kiln") == 0 ? "kiln's own kernel (2+ rows, 16+ columns), the BLAS for the rest" : "the BLAS");
     return 0;
   }
   lua_State *L = luaL_newstate();

@@ -71,7 +71,7 @@ return {
   ["kiln.repl"] = "require \"kiln.repl\": the read-eval-print loop of the kiln command",
   ["kiln.catch_terminate"] = "kiln.catch_terminate(): from now on SIGTERM does not end the process but makes kiln.terminate_requested() true (finish the step, save, exit)",
   ["kiln.terminate_requested"] = "kiln.terminate_requested(): true once a SIGTERM came after kiln.catch_terminate()",
-  ["kiln.info"] = "kiln.info(): what kiln runs on: {version, luajit, threads, cpu = {name, vendor, family, model, features = {...}}, blas = {name, core, state, note}, cuda}; state is detected, corrected (kiln reloaded a generic OpenBLAS core), from_env, generic or missing",
+  ["kiln.info"] = "kiln.info(): what kiln runs on: {version, luajit, threads, cpu = {name, vendor, family, model, features = {...}}, blas = {name, core, state, note, f32_gemm}, cuda}; f32_gemm is \"kiln\" where kiln's own kernel computes f32 products (the avx512 level) or \"blas\"; state is detected, corrected (kiln reloaded a generic OpenBLAS core), from_env, generic or missing",
   ["kiln.help"] = "kiln.help(x), help(x) or ?x: one line on a kiln function, tensor method or module, by name or by value (try ?kiln.randn, ?Tensor:view, ?kiln.nn, help(kiln.sort))",
   ["kiln.dist"] = "kiln.dist: a job of several processes (kiln launch -n N script.lua): init(), rank(), world_size(), all_reduce, broadcast, all_gather, reduce_scatter, barrier, send, recv, new_group, DataParallel (docs/distributed.md)",
   ["kiln.dist.init"] = "kiln.dist.init([{timeout = seconds, single = false}]): join the job started by kiln launch or mpirun (outside one: an error that says how to launch; single = true: a world of one rank without MPI)",

@@ -81,6 +81,22 @@ describe("kiln.info", function()
     assert.truthy(({detected = 1, corrected = 1, from_env = 1, generic = 1})[info.blas.state], info.blas.state)
     assert.are.equal(kiln.get_num_threads(), info.threads)
   end)
+
+  it("says what computes f32 products: kiln's kernel at the avx512 level, KILN_SGEMM overriding", function()
+    local env, level = os.getenv("KILN_SGEMM"), info.cpu.level
+    if env == "blas" or level == "avx2" or level == "baseline" then assert.are.equal("blas", info.blas.f32_gemm)
+    elseif level == "avx512" then assert.are.equal("kiln", info.blas.f32_gemm) end   -- native: as -march made it
+    if not H.kiln_exe() then return end
+    local out = run("KILN_SGEMM=blas", "print(kiln.info().blas.f32_gemm)")
+    assert.are.equal("blas", out:match("%S+"))
+    out = run("KILN_SGEMM=kiln KILN_CPU_LEVEL=avx2", "print(kiln.info().blas.f32_gemm)")
+    if info.cpu.level ~= "native" then assert.are.equal("blas", out:match("%S+")) end   -- below avx512: the BLAS
+    if info.cpu.level == "avx512" then
+      assert.are.equal("kiln", run("env -u KILN_SGEMM", "print(kiln.info().blas.f32_gemm)"):match("%S+"))
+      local v = H.capture("env -u KILN_SGEMM " .. H.kiln_exe() .. " --version")
+      assert.truthy(v:find("f32 products: kiln's own kernel", 1, true), v)
+    end
+  end)
 end)
 
 describe("the BLAS core", function()

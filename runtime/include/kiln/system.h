@@ -31,6 +31,9 @@ int kiln_cpu_has(const char *feature);
    the CPU runs), or when the CPU lacks even the lowest level. */
 const char *kiln_cpu_level(void);
 int kiln_cpu_level_check(void);
+/* What computes f32 matrix products: "kiln" (kiln's own kernel, the avx512 level: every product of
+   2 or more rows and 16 or more columns) or "blas"; KILN_SGEMM=kiln|blas forces it. */
+const char *kiln_cpu_f32_gemm(void);
 
 /* The BLAS: its build string ("OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ..."), its core
    ("Haswell", "SkylakeX", "Prescott" ...), a kiln_blas_state, and one sentence on that state

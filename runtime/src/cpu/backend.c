@@ -41,20 +41,25 @@ static int cpu_memcpy(void *dst, const void *src, int64_t nbytes, int device_ind
    those of its -march level that kiln reads with cpuid. */
 extern const struct kiln_backend kiln_cpu_kernels_avx512, kiln_cpu_kernels_avx2, kiln_cpu_kernels_baseline,
     kiln_cpu_kernels_native;
+/* each level's rule for where f32 products run (cpu/sgemm.c) */
+int kiln_cpu_sgemm_here_avx512(int64_t, int64_t, int64_t), kiln_cpu_sgemm_here_avx2(int64_t, int64_t, int64_t),
+    kiln_cpu_sgemm_here_baseline(int64_t, int64_t, int64_t), kiln_cpu_sgemm_here_native(int64_t, int64_t, int64_t);
 static const struct cpu_level {
   const char *name;
   const struct kiln_backend *kernels;
   const char *needs;
+  int (*sgemm_here)(int64_t, int64_t, int64_t);
 } levels[] = {
 #if defined(KILN_CPU_NATIVE)
-  {"native", &kiln_cpu_kernels_native, ""},
+  {"native", &kiln_cpu_kernels_native, "", kiln_cpu_sgemm_here_native},
 #elif defined(KILN_CPU_X86_LEVELS)
   {"avx512", &kiln_cpu_kernels_avx512,
-   "avx512f avx512bw avx512cd avx512dq avx512vl avx2 avx fma f16c bmi1 bmi2 lzcnt movbe sse4.2 popcnt"},
-  {"avx2", &kiln_cpu_kernels_avx2, "avx2 avx fma f16c bmi1 bmi2 lzcnt movbe sse4.2 popcnt"},
-  {"baseline", &kiln_cpu_kernels_baseline, "sse4.2 sse4.1 ssse3 popcnt"},
+   "avx512f avx512bw avx512cd avx512dq avx512vl avx2 avx fma f16c bmi1 bmi2 lzcnt movbe sse4.2 popcnt",
+   kiln_cpu_sgemm_here_avx512},
+  {"avx2", &kiln_cpu_kernels_avx2, "avx2 avx fma f16c bmi1 bmi2 lzcnt movbe sse4.2 popcnt", kiln_cpu_sgemm_here_avx2},
+  {"baseline", &kiln_cpu_kernels_baseline, "sse4.2 sse4.1 ssse3 popcnt", kiln_cpu_sgemm_here_baseline},
 #else
-  {"baseline", &kiln_cpu_kernels_baseline, ""},
+  {"baseline", &kiln_cpu_kernels_baseline, "", kiln_cpu_sgemm_here_baseline},
 #endif
 };
 enum { LEVEL_COUNT = sizeof levels / sizeof levels[0] };
@@ -114,6 +119,8 @@ __attribute__((constructor(102))) static void cpu_level_choose(void) {
 }
 
 KILN_API const char *kiln_cpu_level(void) { return chosen->name; }
+
+KILN_API const char *kiln_cpu_f32_gemm(void) { return chosen->sgemm_here(64, 64, 64) ? "kiln" : "blas"; }
 
 KILN_API int kiln_cpu_level_check(void) {
   return level_error[0] ? kiln_fail(KILN_ERR_UNSUPPORTED, "%s", level_error) : KILN_OK;
