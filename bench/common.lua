@@ -36,7 +36,8 @@ function M.measure(fn, opts)
   return M.median(times)
 end
 
--- The f32 multiply-add rate of a large square product (OpenBLAS, at the current thread count),
+-- The f32 multiply-add rate of a large square product (kiln.matmul at the current thread count:
+-- kiln's own kernel at the avx512 level, OpenBLAS below it; kiln.info().blas.f32_gemm says which),
 -- GFLOP/s: a model's GEMM FLOP at this rate is the time no algorithm beats by much (its floor).
 function M.sgemm_gflops()
   local kiln = kiln or require "kiln"

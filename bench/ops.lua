@@ -60,7 +60,8 @@ do
   end
 end
 
--- ---- f32 GEMM: kiln's matmul (its pool, OpenBLAS single-threaded inside) vs direct cblas_sgemm ----
+-- ---- f32 GEMM: kiln's matmul (its pool; kiln's own kernel at the avx512 level, else OpenBLAS
+-- single-threaded inside) vs direct cblas_sgemm ----
 local sizes = quick and {256, 512} or {256, 512, 1024, 2048}
 for _, threads in ipairs({1, 2}) do
   for _, n in ipairs(sizes) do

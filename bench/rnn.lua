@@ -3,7 +3,7 @@
 -- char-LM training step (embedding 64, LSTM 256, sequence 64, batch 32, vocabulary 96, Adam),
 -- beside PyTorch's nn.LSTM in the same run when python3 has torch (bench/rnn.py, with
 -- OMP_WAIT_POLICY=passive). Medians; one JSON line per result. Each speedup line also gives
--- floor_ms, the layer's FLOP at the rate of a large OpenBLAS product at that thread count, and
+-- floor_ms, the layer's FLOP at the rate of a large f32 product (common.sgemm_gflops) at that thread count, and
 -- speedup_bound = gemm_ms / floor_ms, what no recurrence could beat by much.
 -- With --amp bf16 only the char-LM step runs, in f32 and under kiln.amp.autocast("bf16") (the
 -- peer under torch.autocast("cpu", dtype=torch.bfloat16)), with the speedup of bf16 over f32.
@@ -20,7 +20,7 @@ local hiddens = amp_dtype and {} or quick and {256} or {256, 512, 1024}
 local batches = quick and {1, 16} or {1, 4, 16, 64}
 local T, I = 64, 256
 local ours = {}
--- The f32 multiply-add rate of a large square product (OpenBLAS), GFLOP/s: every FLOP of a layer
+-- The f32 multiply-add rate of a large square product (common.sgemm_gflops), GFLOP/s: every FLOP of a layer
 -- at that rate is the time no algorithm of the recurrence beats by much (kiln's persistent
 -- products reach about 1.1x of it), so gemm_ms / floor_ms bounds the persistent speedup.
 local peak_gflops = common.sgemm_gflops
@@ -31,7 +31,7 @@ local function lstm_flop(T, B, I, H) return 2 * T * B * 4 * H * 3 * (I + H) end
 for _, threads in ipairs{1, 2} do
   kiln.set_num_threads(threads)
   local peak = peak_gflops()
-  kiln.ui.json{bench = "sgemm_peak", n = 1024, threads = threads, gflops = peak}
+  kiln.ui.json{bench = "sgemm_peak", n = 1024, threads = threads, gflops = peak, f32_gemm = kiln.info().blas.f32_gemm}
   for _, H in ipairs(hiddens) do
     for _, B in ipairs(batches) do
       for _, algo in ipairs{"gemm", "persistent"} do

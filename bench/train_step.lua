@@ -37,7 +37,7 @@ local ours = {}
 for _, threads in ipairs{1, 2} do
   kiln.set_num_threads(threads)
   local peak = common.sgemm_gflops()
-  kiln.ui.json{bench = "sgemm_peak", n = 1024, threads = threads, gflops = peak}
+  kiln.ui.json{bench = "sgemm_peak", n = 1024, threads = threads, gflops = peak, f32_gemm = kiln.info().blas.f32_gemm}
   for _, m in ipairs(models) do
     kiln.manual_seed(0)
     local model = m.make()
