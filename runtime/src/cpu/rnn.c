@@ -1434,14 +1434,43 @@ static int backward_bf(const struct kiln_call *c) {
     store_f32(bw->gx, gxf, T * B * I);
   }
   /* the weight grads in f32 (written transposed: x^T dgx is [I][GH], w_ih's grad [GH][I]), rounded
-     once when the weight is bf16 */
-  if (bw->gw_ih) {
+     once when the weight is bf16. Both wanted, every sequence of length T and dgh = dgx (not the
+     GRU): one product [x | h_prev]^T dgx, so that dgx (the large operand) is packed once */
+  int fused = bw->gw_ih && bw->gw_hh && !gather && L.dghb == L.dgxb && T * B > 0;
+  if (fused) {
+    const int64_t R = I + H;
+    uint16_t *xh = malloc(sizeof(uint16_t) * (size_t)(T * B * R + 1));
+    float *both = malloc(sizeof(float) * (size_t)(GH * R + 1));
+    if (!xh || !both) { free(xh); free(both); rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory"); goto done; }
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t b = 0; b < B; b++) {
+        int64_t k = t * B + b;
+        memcpy(xh + k * R, L.xb + k * I, sizeof(uint16_t) * (size_t)I);
+        memcpy(xh + k * R + I, h_before_bf(&L, L.reverse ? T - 1 - t : t, b, t), sizeof(uint16_t) * (size_t)H);
+      }
+    rc = kiln_cpu_gemm_bf16_f32(R, GH, T * B, 1.0f, xh, 1, R, L.dgxb, GHp, 1, 0.0f, both, 1, R);
+    free(xh);
+    float *gi = rc ? NULL : f32_out(bw->gw_ih, GH * I, &gwc), *gh = NULL, *ghc = NULL;
+    if (gi) gh = f32_out(bw->gw_hh, GH * H, &ghc);
+    if (!rc && (!gi || !gh)) rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory");
+    if (!rc) {
+      for (int64_t g = 0; g < GH; g++) {
+        memcpy(gi + g * I, both + g * R, sizeof(float) * (size_t)I);
+        memcpy(gh + g * H, both + g * R + I, sizeof(float) * (size_t)H);
+      }
+      if (gwc) store_f32(bw->gw_ih, gwc, GH * I);
+      if (ghc) store_f32(bw->gw_hh, ghc, GH * H);
+    }
+    free(both); free(gwc); free(ghc); gwc = NULL;
+    if (rc) goto done;
+  }
+  if (bw->gw_ih && !fused) {
     float *gw = f32_out(bw->gw_ih, GH * I, &gwc);
     if (!gw) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory"); goto done; }
     if ((rc = kiln_cpu_gemm_bf16_f32(I, GH, T * B, 1.0f, L.xb, 1, I, L.dgxb, GHp, 1, 0.0f, gw, 1, I))) goto done;
     if (gwc) { store_f32(bw->gw_ih, gwc, GH * I); free(gwc); gwc = NULL; }
   }
-  if (bw->gw_hh) {
+  if (bw->gw_hh && !fused) {
     float *gw = f32_out(bw->gw_hh, GH * H, &gwc);
     if (!gw) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory"); goto done; }
     if (!gather) {   /* as backward: the rows whose state before is h0, then the rest against the outputs */
