@@ -213,17 +213,17 @@ enum kiln_view_kind {
 void kiln_view_set_base(struct kiln_tensor *v, const struct kiln_tensor *t);
 int kiln_autograd_active(void);
 int kiln_autograd_wanted(int n, const struct kiln_tensor *const *inputs);
-/* out = kind(inputs...); ints/scalars as the kernel call had them. */
+/* t converted to dtype, a transposed matrix in its own layout (ops/views.c; autocast's casts and
+   the grad of a cast). */
+struct kiln_tensor *kiln_to_dtype_in_layout(const struct kiln_tensor *t, int dtype);
 /* Autocast at an op's front end (ops/autocast.c): 0 when no input of op needs converting under
    the thread's autocast; else 1 with out[i] the converted inputs (new references, NULL for NULL),
    or -1 on an error. The front end then calls itself with them (nothing left to convert) and
    releases them with kiln_autocast_release. */
-/* t converted to dtype, a transposed matrix in its own layout (ops/views.c; autocast's casts and
-   the grad of a cast). */
-struct kiln_tensor *kiln_to_dtype_in_layout(const struct kiln_tensor *t, int dtype);
 int kiln_autocast_inputs(int op, int n, const struct kiln_tensor *const *in, struct kiln_tensor **out);
 void kiln_autocast_release(int n, struct kiln_tensor **t);
 
+/* out = kind(inputs...); ints/scalars as the kernel call had them. */
 int kiln_autograd_record(int kind, struct kiln_tensor *out, int n, const struct kiln_tensor *const *inputs,
                          const double *scalars, const int64_t *ints, int nints, const struct kiln_tensor *extra);
 int kiln_autograd_record_call(const struct kiln_call *call, struct kiln_tensor *out);

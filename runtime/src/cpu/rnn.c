@@ -73,17 +73,15 @@ static void barrier_wait(struct barrier *b, int *local_sense) {
   }
 }
 
-/* exp and tanh for the f32 gates, without branches or calls so that the gate loops vectorise (a
-   sixth of a step's time went to the gates with kiln_vexpf and a tanh made of two branches).
-   gate_expf: e^x for x clamped to [-86, 89]: a degree-6 minimax polynomial (coefficients fitted
-   for relative error 3e-9 on |r| <= ln2/2) scaled by 2^n; results are normal or +infinity (from
-   x > 88.38), so a sigmoid's 1 / (1 + e^-x) stays within 2.5 ulp of the exact one and is 0 at
-   -infinity and 1 at +infinity; NaN stays NaN. gate_tanhf: x P(x^2) / Q(x^2) for x clamped to
-   [-9.02, 9.02] (beyond, tanh rounds to +-1 in f32), odd by its sign, degrees 5 and 4 fitted for relative error
-   1.3e-9; in f32 within 5.4 ulp of tanh (3.2e-7 relative), |result| <= 1, tanh(-0) = -0. Checked
-   at every float of [-88, 90] (sigmoid) and [0, 20] (tanh) against double. The two replace three
-   exps, a division and a Taylor series by one division and 11 FMAs: the LSTM forward's gates run
-   2.6 times as fast. */
+/* exp and tanh for the f32 gates, without branches or calls so that the gate loops vectorise, and
+   with one division each. gate_expf: e^x for x clamped to [-86, 89], a degree-6 minimax polynomial
+   (coefficients fitted for relative error 3e-9 on |r| <= ln2/2) scaled by 2^n; results are normal
+   or +infinity (from x > 88.38), so a sigmoid's 1 / (1 + e^-x) stays within 2.5 ulp of the exact
+   one and is 0 at -infinity and 1 at +infinity; NaN stays NaN. gate_tanhf: x P(x^2) / Q(x^2) for
+   |x| clamped to 9.02 (beyond, tanh rounds to 1 in f32) with x's sign, degrees 5 and 4 fitted for
+   relative error 1.3e-9; in f32 within 5.4 ulp of tanh (3.2e-7 relative), |result| <= 1,
+   tanh(-0) = -0. Checked at every float of [-88, 90] (sigmoid) and [0, 20] (tanh) against double.
+   The LSTM forward's gate loop runs 2.6 times as fast as with kiln_vexpf and a two-branch tanh. */
 static inline float gate_expf(float x) {
   float c = x < -86.0f ? -86.0f : x > 89.0f ? 89.0f : x;
   float n = __builtin_rintf(c * 1.44269504088896341f);
@@ -700,6 +698,15 @@ static void slice(int64_t H, int id, int nteam, int64_t *j0, int64_t *j1) {
   *j1 = H * (id + 1) / nteam;
 }
 
+/* Each thread of a team allocates its own buffers, then all learn at one barrier whether any
+   thread could not (L->bar.failed): 1 when every thread has its buffers, else 0 (each thread then
+   frees its own and returns, and the caller reports the failure). */
+static int team_ready(struct layer *L, int *sense, int ok) {
+  if (!ok) __atomic_store_n(&L->bar.failed, 1, __ATOMIC_RELAXED);
+  barrier_wait(&L->bar, sense);
+  return !__atomic_load_n(&L->bar.failed, __ATOMIC_RELAXED);
+}
+
 static inline __attribute__((always_inline)) void forward_team(int dt, struct layer *L, int id, int nteam) {
   int64_t j0, j1, H = L->H, G = L->G, B = L->B;
   slice(H, id, nteam, &j0, &j1);
@@ -717,9 +724,7 @@ static inline __attribute__((always_inline)) void forward_team(int dt, struct la
   unsigned char *active = malloc((size_t)B);
   const void **xs = malloc(sizeof(void *) * (size_t)(B + 1));
   void **ys = malloc(sizeof(void *) * (size_t)(B + 1));
-  if (!w || !cols || !prod || (I && !hx) || !active || !xs || !ys) __atomic_store_n(&L->bar.failed, 1, __ATOMIC_RELAXED);
-  barrier_wait(&L->bar, &sense);
-  if (__atomic_load_n(&L->bar.failed, __ATOMIC_RELAXED)) {
+  if (!team_ready(L, &sense, w && cols && prod && (!I || hx) && active && xs && ys)) {
     free(w); free(cols); free(prod); free(hx); free(active); free(xs); free(ys);
     return;
   }
@@ -784,9 +789,7 @@ static inline __attribute__((always_inline)) void backward_team(int dt, struct l
   unsigned char *active = malloc((size_t)B);
   const void **xs = malloc(sizeof(void *) * (size_t)(B + 1));
   void **ys = malloc(sizeof(void *) * (size_t)(B + 1));
-  if (!wc || (ni && !wi) || !prod || !active || !xs || !ys) __atomic_store_n(&L->bar.failed, 1, __ATOMIC_RELAXED);
-  barrier_wait(&L->bar, &sense);
-  if (__atomic_load_n(&L->bar.failed, __ATOMIC_RELAXED)) {
+  if (!team_ready(L, &sense, wc && (!ni || wi) && prod && active && xs && ys)) {
     free(wc); free(wi); free(prod); free(active); free(xs); free(ys);
     return;
   }
@@ -862,9 +865,7 @@ static void forward_team_bf(void *ctx, int id, int nteam) {
   unsigned char *active = malloc((size_t)B);
   const uint16_t **xs = malloc(sizeof(void *) * (size_t)(B + 1));
   void **ys = malloc(sizeof(void *) * (size_t)(B + 1));
-  if (!w || !rows || !prod || !yf || (I && !hx) || !active || !xs || !ys) __atomic_store_n(&L->bar.failed, 1, __ATOMIC_RELAXED);
-  barrier_wait(&L->bar, &sense);
-  if (__atomic_load_n(&L->bar.failed, __ATOMIC_RELAXED)) {
+  if (!team_ready(L, &sense, w && rows && prod && yf && (!I || hx) && active && xs && ys)) {
     free(w); free(rows); free(prod); free(yf); free(hx); free(active); free(xs); free(ys);
     return;
   }
@@ -926,9 +927,7 @@ static void backward_team_bf(void *ctx, int id, int nteam) {
   unsigned char *active = malloc((size_t)B);
   const uint16_t **xs = malloc(sizeof(void *) * (size_t)(B + 1));
   void **ys = malloc(sizeof(void *) * (size_t)(B + 1));
-  if (!wc || (ni && !wi) || !prod || !active || !xs || !ys) __atomic_store_n(&L->bar.failed, 1, __ATOMIC_RELAXED);
-  barrier_wait(&L->bar, &sense);
-  if (__atomic_load_n(&L->bar.failed, __ATOMIC_RELAXED)) {
+  if (!team_ready(L, &sense, wc && (!ni || wi) && prod && active && xs && ys)) {
     free(wc); free(wi); free(prod); free(active); free(xs); free(ys);
     return;
   }
@@ -1286,6 +1285,16 @@ static float *f32_out(struct kiln_tensor *t, int64_t n, float **scratch) {
   return *scratch = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
 }
 
+/* The bf16 copies a bf16 layer's products read, where allocated: h0 (one element more, 0, as the
+   rows are read in pairs) and the GEMM path's w_hh and w_ih. */
+static void round_inputs_bf(struct layer *L) {
+  int64_t BH = L->B * L->H;
+  kiln_cpu_rnn_bf16_round(L->h0b, L->h0, KILN_F32, BH);
+  L->h0b[BH] = 0;
+  if (L->whhb) kiln_cpu_rnn_bf16_round(L->whhb, L->w_hh, L->wdt, L->GH * L->H);
+  if (L->wihb) kiln_cpu_rnn_bf16_round(L->wihb, L->w_ih, L->wdt, L->GH * L->I);
+}
+
 static int forward_bf(const struct kiln_call *c) {
   const struct kiln_rnn_forward *f = c->extra;
   struct layer L = {0};
@@ -1324,10 +1333,7 @@ static int forward_bf(const struct kiln_call *c) {
     rc = kiln_fail(KILN_ERR_MEMORY, "rnn: out of memory for the layer's buffers");
     goto done;
   }
-  kiln_cpu_rnn_bf16_round(L.h0b, L.h0, KILN_F32, B * H);
-  L.h0b[B * H] = 0;
-  if (L.wihb) kiln_cpu_rnn_bf16_round(L.wihb, L.w_ih, L.wdt, GH * I);
-  if (L.whhb) kiln_cpu_rnn_bf16_round(L.whhb, L.w_hh, L.wdt, GH * H);
+  round_inputs_bf(&L);
   if (L.padded) memset(L.zb, 0, sizeof(uint16_t) * (size_t)c->out->numel);
   /* the input projection of every step: one GEMM on bf16 operands (cpu/bf16_gemm.c) */
   if (!fold && (rc = kiln_cpu_gemm_bf16_f32(T * B, GH, I, 1.0f, L.xb, I, 1, L.wihb, 1, I, 0.0f, L.xp, GH, 1))) goto done;
@@ -1399,10 +1405,7 @@ static int backward_bf(const struct kiln_call *c) {
     rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory for the layer's buffers");
     goto done;
   }
-  kiln_cpu_rnn_bf16_round(L.h0b, L.h0, KILN_F32, B * H);
-  L.h0b[B * H] = 0;
-  if (L.whhb) kiln_cpu_rnn_bf16_round(L.whhb, L.w_hh, L.wdt, GH * H);
-  if (L.wihb) kiln_cpu_rnn_bf16_round(L.wihb, L.w_ih, L.wdt, GH * I);
+  round_inputs_bf(&L);
   if (fold_gx) {
     L.gxb = kiln_tensor_data(bw->gx);
     if (L.padded) memset(L.gxb, 0, sizeof(uint16_t) * (size_t)(T * B * I));
