@@ -292,6 +292,7 @@ return {
   ["Tensor:erf"] = "t:erf(): the error function elementwise",
   ["Tensor:erfinv"] = "t:erfinv(): the inverse error function elementwise (+-1 give +-inf, |t| > 1 NaN)",
   ["Tensor:atan2"] = "t:atan2(x): the angle of the point (x, t) elementwise, in (-pi, pi] (broadcast; x may be a number)",
+  ["Tensor:relu_backward"] = "g:relu_backward(y): g where y > 0 (or NaN), else 0, elementwise: relu's derivative applied to the grad g of its output y, in one pass (broadcast)",
   ["Tensor:argsort"] = "t:argsort([dim = -1[, descending]]) or t:argsort{dim =, descending =}: i64 indices (from 1) that sort t along dim; stable",
   ["Tensor:sort"] = "t:sort([dim = -1[, descending]]) or t:sort{dim =, descending =}: the sorted values and their indices (from 1); stable, NaN last",
   ["Tensor:topk"] = "t:topk(k[, dim = -1[, largest = true[, sorted = true]]]): the k largest (smallest) values along dim and their indices (from 1)",

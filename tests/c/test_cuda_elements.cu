@@ -276,7 +276,8 @@ static void test_ops() {
   check_binary_all<KILN_OP_MINIMUM>(); check_binary_all<KILN_OP_REMAINDER>(); check_binary_all<KILN_OP_EQ>();
   check_binary_all<KILN_OP_NE>(); check_binary_all<KILN_OP_LT>(); check_binary_all<KILN_OP_LE>();
   check_binary_all<KILN_OP_GT>(); check_binary_all<KILN_OP_GE>(); check_binary_all<KILN_OP_LOGICAL_AND>();
-  check_binary_all<KILN_OP_LOGICAL_OR>();
+  check_binary_all<KILN_OP_LOGICAL_OR>(); check_binary_all<KILN_OP_ATAN2>();
+  check_binary_all<KILN_OP_RELU_BACKWARD>();
   check_clamp_where<float>();
   check_clamp_where<double>();
   check_clamp_where<int64_t>();

@@ -39,6 +39,11 @@ local checks = {
     return function(a) return a:erfinv() end, {(kiln.rand(4, 3, {dtype = "f64"}) * 1.6 - 0.8):t():requires_grad_()}
   end,
   atan2 = function(kiln) return function(a, b) return a:atan2(b) end, {t64(kiln, 3, 4), x64(kiln, 4)} end,
+  relu_backward = function(kiln)
+    -- linear in g; y (relu's output, no grad of its own) broadcast, with zeros and negatives
+    local y = kiln.tensor({0.5, 0, -1, 2}, {dtype = "f64"})
+    return function(g) return g:relu_backward(y) end, {t64(kiln, 3, 4)}
+  end,
   cumsum = function(kiln) return function(a) return a:cumsum(2) end, {t64(kiln, 3, 5)} end,
   cumprod = function(kiln)
     -- a zero on purpose: the derivative must not divide by x

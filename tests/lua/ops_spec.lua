@@ -229,6 +229,7 @@ local BINARY = {
   minimum = {math.min},
   remainder = {function(x, y) return x - math.floor(x / y) * y end, "divisor"},
   atan2 = {math.atan2},
+  relu_backward = {function(x, y) if y <= 0 then return 0 end return x end},   -- NaN in y passes x
   eq = {function(x, y) return x == y end, nil, true},
   ne = {function(x, y) return x ~= y end, nil, true},
   lt = {function(x, y) return x < y end, nil, true},
@@ -290,6 +291,39 @@ local function skip_pair(name, da, db)
   if kind == "divisor" and db == "bool" then return true end
   return false
 end
+
+describe("relu and relu_backward of bf16 (on the bits, cpu/elementwise.c)", function()
+  -- every bf16 bit pattern as x, and as y in another order, against the f32 kernels through exact
+  -- widening and rounding back (NaN quietened), which the bits path must match bit for bit
+  local ffi = require "ffi"
+  local function bf16_of(f)
+    local t = kiln.zeros(65536, {dtype = "bf16"})
+    local p = ffi.cast("uint16_t *", t.p.storage.data) + t.p.offset
+    for i = 0, 65535 do p[i] = f(i) end
+    return t
+  end
+  local function bits(t)
+    local p, r = ffi.cast("const uint16_t *", t.p.storage.data) + t.p.offset, {}
+    for i = 0, t:numel() - 1 do r[i + 1] = p[i] end
+    return r
+  end
+  local x, y = bf16_of(function(i) return i end), bf16_of(function(i) return (i * 40503) % 65536 end)
+  it("relu", function()
+    assert.same(bits(x:to("f32"):relu():to("bf16")), bits(x:relu()))
+    assert.equal(0x8000, bits(x:relu())[0x8000 + 1])   -- relu(-0) is -0, as in f32
+  end)
+  it("relu_backward", function()
+    local got = bits(x:relu_backward(y))
+    assert.same(bits(x:to("f32"):relu_backward(y:to("f32")):to("bf16")), got)
+    local yb = bits(y)
+    for i = 1, 65536 do   -- and the rule itself: 0 where y is +-0 or negative, else x (NaN quietened)
+      local v, g = yb[i], i - 1
+      local masked = v == 0 or (v >= 0x8000 and v <= 0xff80)
+      local want = masked and 0 or ((g % 32768 > 0x7f80) and bit.bor(g, 0x40) or g)
+      if got[i] ~= want then error(string.format("y %04x g %04x: %04x, want %04x", v, g, got[i], want)) end
+    end
+  end)
+end)
 
 describe("binary elementwise ops", function()
   for _, name in ipairs(BINARY_NAMES) do

@@ -38,6 +38,7 @@ extern "C" int cuda_binary(const struct kiln_call *c, struct cuda_device *dev) {
   case KILN_OP_LOGICAL_AND: return run_binary<KILN_OP_LOGICAL_AND>(c, dev);
   case KILN_OP_LOGICAL_OR: return run_binary<KILN_OP_LOGICAL_OR>(c, dev);
   case KILN_OP_ATAN2: return run_binary<KILN_OP_ATAN2>(c, dev);
+  case KILN_OP_RELU_BACKWARD: return run_binary<KILN_OP_RELU_BACKWARD>(c, dev);
   }
   return cuda_fail(KILN_ERR_ARGUMENT, "%s: not a binary op", kiln_op_name(c->op));
 }

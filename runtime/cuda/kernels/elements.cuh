@@ -165,7 +165,7 @@ template <int OP> constexpr bool takes_integers() {
   return OP == KILN_OP_NEG || OP == KILN_OP_ABS || OP == KILN_OP_SIGN || OP == KILN_OP_RELU || OP == KILN_OP_FLOOR ||
          OP == KILN_OP_CEIL || OP == KILN_OP_ROUND || OP == KILN_OP_TRUNC || OP == KILN_OP_SQUARE ||
          OP == KILN_OP_LOGICAL_NOT || (OP >= KILN_OP_ADD && OP <= KILN_OP_LOGICAL_OR && OP != KILN_OP_DIV) ||
-         OP == KILN_OP_WHERE || OP == KILN_OP_CLAMP;
+         OP == KILN_OP_WHERE || OP == KILN_OP_CLAMP || OP == KILN_OP_RELU_BACKWARD;
 }
 /* Ops whose result is bool. */
 template <int OP> constexpr bool gives_bool() {
@@ -226,6 +226,7 @@ template <int OP, class C> KILN_EL result_t<OP, C> binary(C x, C y) {
     if constexpr (F) return atan2f(x, y);
     else return atan2((double)x, (double)y);
   }
+  else if constexpr (OP == KILN_OP_RELU_BACKWARD) return y <= (C)0 ? (C)0 : x;   /* x masked by y > 0 (or NaN) */
   else if constexpr (OP == KILN_OP_EQ) return (uint8_t)(x == y);
   else if constexpr (OP == KILN_OP_NE) return (uint8_t)(x != y);
   else if constexpr (OP == KILN_OP_LT) return (uint8_t)(x < y);

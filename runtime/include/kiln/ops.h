@@ -44,6 +44,7 @@ enum kiln_op {
   /* added since; the enum only grows at its end, and an op's family is its row in the op table */
   KILN_OP_ISNAN, KILN_OP_ISINF, KILN_OP_ISFINITE,
   KILN_OP_ERFINV, KILN_OP_ATAN2, KILN_OP_ARGSORT, KILN_OP_CUMSUM, KILN_OP_CUMPROD, KILN_OP_CUMPROD_BACKWARD,
+  KILN_OP_RELU_BACKWARD,
   KILN_OP_COUNT
 };
 

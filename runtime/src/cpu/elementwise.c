@@ -146,6 +146,7 @@ static inline __attribute__((always_inline)) float binary_f32(int op, float x, f
   case KILN_OP_MINIMUM: return (x != x || x < y) ? x : y;
   case KILN_OP_REMAINDER: return fremf(x, y);
   case KILN_OP_ATAN2: return atan2f(x, y);
+  case KILN_OP_RELU_BACKWARD: return y <= 0 ? 0.0f : x;
   }
   return 0;
 }
@@ -161,6 +162,7 @@ static inline __attribute__((always_inline)) double binary_f64(int op, double x,
   case KILN_OP_MINIMUM: return (x != x || x < y) ? x : y;
   case KILN_OP_REMAINDER: return frem(x, y);
   case KILN_OP_ATAN2: return atan2(x, y);
+  case KILN_OP_RELU_BACKWARD: return y <= 0 ? 0.0 : x;
   }
   return 0;
 }
@@ -174,6 +176,7 @@ static inline __attribute__((always_inline)) int64_t binary_i64(int op, int64_t 
   case KILN_OP_MAXIMUM: return x > y ? x : y;
   case KILN_OP_MINIMUM: return x < y ? x : y;
   case KILN_OP_REMAINDER: return irem(x, y);
+  case KILN_OP_RELU_BACKWARD: return y <= 0 ? 0 : x;
   }
   return 0;
 }
@@ -325,6 +328,9 @@ static void erfinv_f32(int64_t n, void *o, const void *const *in, const double *
 static void erfinv_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; unary_loop_f64(KILN_OP_ERFINV, n, o, in); }
 static void atan2_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_f32(KILN_OP_ATAN2, n, o, in); }
 static void atan2_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_f64(KILN_OP_ATAN2, n, o, in); }
+static void relu_backward_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_f32(KILN_OP_RELU_BACKWARD, n, o, in); }
+static void relu_backward_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_f64(KILN_OP_RELU_BACKWARD, n, o, in); }
+static void relu_backward_i64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_i64(KILN_OP_RELU_BACKWARD, n, o, in); }
 static void add_f32(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_f32(KILN_OP_ADD, n, o, in); }
 static void add_f64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_f64(KILN_OP_ADD, n, o, in); }
 static void add_i64(int64_t n, void *o, const void *const *in, const double *sc) { (void)sc; binary_loop_i64(KILN_OP_ADD, n, o, in); }
@@ -487,6 +493,7 @@ static const ew_fn kernels[KILN_OP_COUNT][3] = {
   [KILN_OP_ISNAN] = {isnan_f32, isnan_f64, isnan_i64}, [KILN_OP_ISINF] = {isinf_f32, isinf_f64, isinf_i64},
   [KILN_OP_ISFINITE] = {isfinite_f32, isfinite_f64, isfinite_i64},
   [KILN_OP_ERFINV] = {erfinv_f32, erfinv_f64, NULL}, [KILN_OP_ATAN2] = {atan2_f32, atan2_f64, NULL},
+  [KILN_OP_RELU_BACKWARD] = {relu_backward_f32, relu_backward_f64, relu_backward_i64},
 };
 
 static int ctype_index(int ctype) { return ctype == KILN_F32 ? 0 : ctype == KILN_F64 ? 1 : 2; }
@@ -691,7 +698,34 @@ static void execute(struct kiln_tensor *out, const struct kiln_tensor *const *in
   kiln_parallel_for(out->numel, GRAIN, run_range, &p);
 }
 
+/* relu and relu_backward of bf16 tensors, contiguous and of one shape (the autocast network's
+   activations and their grads), on the bits rather than through f32 and back: the same bits as
+   the f32 path gives (a value passed whole or a +0, a NaN quietened as the rounding to bf16 does),
+   with no conversion either way. */
+struct bf16_job { int op; uint16_t *out; const uint16_t *a, *b; };
+static inline uint16_t bf16_quiet(uint16_t u) { return (uint16_t)((u & 0x7fffu) > 0x7f80u ? u | 0x40u : u); }
+static void bf16_range(void *ctx, int64_t begin, int64_t end) {
+  const struct bf16_job *j = ctx;
+  uint16_t *o = j->out;
+  const uint16_t *a = j->a, *b = j->b;
+  if (j->op == KILN_OP_RELU)   /* x < 0: a negative number other than -0 (-inf included, NaN not) */
+    for (int64_t i = begin; i < end; i++) o[i] = a[i] > 0x8000u && a[i] <= 0xff80u ? 0 : bf16_quiet(a[i]);
+  else   /* y <= 0: +-0 or a negative number */
+    for (int64_t i = begin; i < end; i++) o[i] = b[i] == 0 || (b[i] >= 0x8000u && b[i] <= 0xff80u) ? 0 : bf16_quiet(a[i]);
+}
+static int bf16_bits(const struct kiln_call *c) {
+  if ((c->op != KILN_OP_RELU && c->op != KILN_OP_RELU_BACKWARD) || c->out->dtype != KILN_BF16 || !kiln_is_contiguous(c->out))
+    return 0;
+  for (int k = 0; k < c->nin; k++)
+    if (!c->in[k] || c->in[k]->dtype != KILN_BF16 || !kiln_is_contiguous(c->in[k]) || !same_shape(c->in[k], c->out)) return 0;
+  if (c->out->numel == 0) return 1;
+  struct bf16_job j = {c->op, kiln_tensor_data(c->out), kiln_tensor_data(c->in[0]), c->nin > 1 ? kiln_tensor_data(c->in[1]) : NULL};
+  kiln_parallel_for(c->out->numel, GRAIN, bf16_range, &j);
+  return 1;
+}
+
 int cpu_elementwise(const struct kiln_call *c) {
+  if (bf16_bits(c)) return KILN_OK;
   int ctype = (int)c->ints[0];
   ew_fn fn = kernels[c->op][ctype_index(ctype)];
   if (!fn) return kiln_fail(KILN_ERR_DTYPE, "%s: not defined for %s", kiln_op_name(c->op), kiln_dtype_name(ctype));

@@ -107,6 +107,8 @@ const struct kiln_op_info kiln_ops[] = {
   [KILN_OP_CUMSUM] = {.name = "cumsum", .family = KILN_FAMILY_SCAN, .arity = 1, .flags = KILN_OPF_DIFFERENTIABLE | KILN_OPF_KEEPS_INTEGERS, .grad_inputs = ~0u, KILN_DERIVATIVE(kiln_scan_derivative), .dtypes_cpu = KILN_DT_ALL, .dtypes_cuda = KILN_DT_ALL, .autocast = KILN_AUTOCAST_F32},
   [KILN_OP_CUMPROD] = {.name = "cumprod", .family = KILN_FAMILY_SCAN, .arity = 1, .flags = KILN_OPF_DIFFERENTIABLE | KILN_OPF_KEEPS_INTEGERS, .saves = KILN_SAVE_IN0, .grad_inputs = ~0u, KILN_DERIVATIVE(kiln_scan_derivative), .dtypes_cpu = KILN_DT_ALL, .dtypes_cuda = KILN_DT_ALL, .autocast = KILN_AUTOCAST_F32},
   [KILN_OP_CUMPROD_BACKWARD] = {.name = "cumprod_backward", .family = KILN_FAMILY_SCAN, .arity = 2, .flags = KILN_OPF_BACKWARD, .dtypes_cpu = KILN_DT_F32_F64, .dtypes_cuda = KILN_DT_F32_F64, .autocast = KILN_AUTOCAST_F32},
+  /* relu's derivative in one pass: g where y > 0 (or NaN), else 0; differentiable in g (y's derivative is 0) */
+  [KILN_OP_RELU_BACKWARD] = {.name = "relu_backward", .family = KILN_FAMILY_BINARY, .arity = 2, .flags = KILN_OPF_DIFFERENTIABLE, .saves = KILN_SAVE_IN1, .grad_inputs = ~0u, KILN_DERIVATIVE(kiln_binary_derivative), .dtypes_cpu = KILN_DT_ALL, .dtypes_cuda = KILN_DT_ALL, .autocast = KILN_AUTOCAST_PROMOTE},
 };
 _Static_assert(sizeof kiln_ops / sizeof kiln_ops[0] == KILN_OP_COUNT, "the op table must have one row per op");
 

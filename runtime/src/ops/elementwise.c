@@ -237,8 +237,8 @@ int kiln_unary_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kil
   case KILN_OP_COS: r[0] = B(s, KILN_OP_MUL, g, U(s, KILN_OP_NEG, U(s, KILN_OP_SIN, x))); break;
   case KILN_OP_TANH: r[0] = B(s, KILN_OP_MUL, g, SB(s, KILN_OP_SUB, 1, U(s, KILN_OP_SQUARE, out))); break;
   case KILN_OP_SIGMOID: r[0] = B(s, KILN_OP_MUL, g, B(s, KILN_OP_MUL, out, SB(s, KILN_OP_SUB, 1, out))); break;
-  /* relu's output is 0 or positive, so its sign is the mask (and stays in g's dtype: no bool pass) */
-  case KILN_OP_RELU: r[0] = B(s, KILN_OP_MUL, g, U(s, KILN_OP_SIGN, out)); break;
+  /* g where the output is positive, in one pass (relu_backward: a 0 there even where g is inf or NaN) */
+  case KILN_OP_RELU: r[0] = B(s, KILN_OP_RELU_BACKWARD, g, out); break;
   case KILN_OP_RECIPROCAL: r[0] = B(s, KILN_OP_MUL, U(s, KILN_OP_NEG, g), U(s, KILN_OP_SQUARE, out)); break;
   case KILN_OP_SQUARE: r[0] = B(s, KILN_OP_MUL, g, BS(s, KILN_OP_MUL, x, 2)); break;
   case KILN_OP_ERF:
@@ -314,6 +314,9 @@ int kiln_binary_derivative(struct kiln_node *n, struct kiln_tensor *g, struct ki
       r[1] = B(s, KILN_OP_MUL, U(s, KILN_OP_NEG, g), U(s, KILN_OP_FLOOR, B(s, KILN_OP_DIV, x, y)));
     }
     if (scalar_rhs && reverse) r[0] = B(s, KILN_OP_MUL, U(s, KILN_OP_NEG, g), U(s, KILN_OP_FLOOR, SB(s, KILN_OP_DIV, sv, x)));
+    break;
+  case KILN_OP_RELU_BACKWARD:   /* relu_backward(x, y) is x masked by y > 0: linear in x; 0 in y (no grad) */
+    if (!reverse) r[0] = scalar_rhs ? BS(s, KILN_OP_RELU_BACKWARD, g, sv) : B(s, KILN_OP_RELU_BACKWARD, g, y);
     break;
   case KILN_OP_ATAN2:   /* atan2(x, y): d/dx = y / (x^2 + y^2), d/dy = -x / (x^2 + y^2) */
     if (scalar_rhs) {
