@@ -460,6 +460,42 @@ describe("pooling", function()
     end
   end)
 
+  it("max_pool2d 2x2's grad in f32 and bf16 is gy at each maximum and 0 elsewhere (-0 as +0, NaN kept)", function()
+    -- planes of 9 x 10 and 8 x 10 (the written-once backward, a row past the last window in the
+    -- first) and 7 x 9 (the scatter); gy of mixed signs with -0 and NaN among them
+    for _, case in ipairs{{9, 10, "f32"}, {8, 10, "f32"}, {7, 9, "f32"}, {9, 10, "bf16"}, {8, 10, "bf16"}, {7, 9, "bf16"}} do
+      local H, W, dtype = case[1], case[2], case[3]
+      local OH, OW = math.floor(H / 2), math.floor(W / 2)
+      local x = leaf(kiln.randn(2, H, W):to(dtype))
+      local y = F.max_pool2d(x, 2)
+      local gvals = {}
+      for i = 1, 2 * OH * OW do gvals[i] = i % 5 == 0 and -0.0 or i % 7 == 0 and 0 / 0 or (i % 3 - 1) * 0.5 * i end
+      y:backward(kiln.tensor(gvals):view(2, OH, OW):to(dtype))
+      local xs, want = flat(x), {}
+      for i = 1, 2 * H * W do want[i] = 0 end
+      for p = 0, 1 do
+        for oh = 0, OH - 1 do
+          for ow = 0, OW - 1 do
+            local best, at
+            for ki = 0, 1 do
+              for kj = 0, 1 do
+                local i = p * H * W + (2 * oh + ki) * W + 2 * ow + kj + 1
+                if at == nil or xs[i] > best then best, at = xs[i], i end
+              end
+            end
+            want[at] = gvals[p * OH * OW + oh * OW + ow + 1] + 0
+          end
+        end
+      end
+      local got = flat(x.grad)
+      for i = 1, #want do
+        local a, b = got[i], want[i]
+        local same = (a ~= a and b ~= b) or (a == b and 1 / a == 1 / b)
+        assert(same, string.format("%s %dx%d: grad %d is %s, want %s", dtype, H, W, i, tostring(a), tostring(b)))
+      end
+    end
+  end)
+
   it("max_pool2d's stride defaults to the kernel size, and a stride may be given in place", function()
     local x = randn({1, 1, 6, 6})
     assert_shape(F.max_pool2d(x, 2), {1, 1, 3, 3})
