@@ -270,6 +270,47 @@ static int backward_columns(void *ctx) {
   return KILN_OK;
 }
 
+/* The backward's sums over the batch, by output channel over the pool (each channel's sums in the
+   same order whatever the threads): the weights' grad from the parts' partials (oneDNN's [parts][O,
+   K], or the columns' [parts][K, O], transposed), rounded once; the bias's grad from gy, sixteen f32
+   lanes per image (so that the loop vectorises) added in double. */
+struct bf16_sums {
+  const struct cg *g;
+  const uint16_t *gy;
+  uint16_t *gw, *gb;
+  float *partials;
+  int64_t parts;
+  int transposed;
+};
+static void sum_weights(void *ctx, int64_t o0, int64_t o1) {
+  const struct bf16_sums *s = ctx;
+  int64_t K = s->g->K, O = s->g->O, KO = K * O;
+  for (int64_t o = o0; o < o1; o++)
+    for (int64_t kk = 0; kk < K; kk++) {
+      int64_t e = s->transposed ? kk * O + o : o * K + kk;
+      float v = s->partials[e];
+      for (int64_t t = 1; t < s->parts; t++) v += s->partials[t * KO + e];
+      s->gw[o * K + kk] = convert_f32_to_bf16(v);
+    }
+}
+static void sum_bias(void *ctx, int64_t o0, int64_t o1) {
+  const struct bf16_sums *s = ctx;
+  const struct cg *g = s->g;
+  for (int64_t o = o0; o < o1; o++) {
+    double sum = 0;
+    for (int64_t n = 0; n < g->N; n++) {
+      const uint16_t *p = s->gy + (n * g->O + o) * g->P;
+      float lane[16] = {0};
+      int64_t q = 0;
+      for (; q + 16 <= g->P; q += 16)
+        for (int l = 0; l < 16; l++) lane[l] += convert_bf16_to_f32(p[q + l]);
+      for (; q < g->P; q++) lane[0] += convert_bf16_to_f32(p[q]);
+      for (int l = 0; l < 16; l++) sum += lane[l];
+    }
+    s->gb[o] = convert_f32_to_bf16((float)sum);
+  }
+}
+
 int cpu_conv2d_backward_bf16(const struct kiln_call *c) {
   const struct kiln_conv_grads *out = c->extra;
   if (dtype_ok("conv2d_backward", c->in[0])) return kiln_error_code();
@@ -310,36 +351,17 @@ int cpu_conv2d_backward_bf16(const struct kiln_call *c) {
     for (int64_t i = 0; i < out->gx->numel; i++) j.gx[i] = j.bias ? j.bias[(i / HW) % g.C] : 0;
   }
   if (out->gw) {
-    if (want_gw && cj.ran_onednn) {   /* gw [O, K] from oneDNN's partials [parts][O, K], added in part order */
-      uint16_t *gwd = kiln_tensor_data(out->gw);
-      for (int64_t t = 1; t < cj.parts; t++)
-        for (int64_t e = 0; e < g.K * g.O; e++) onednn_partials[e] += onednn_partials[t * g.K * g.O + e];
-      for (int64_t e = 0; e < g.K * g.O; e++) gwd[e] = convert_f32_to_bf16(onednn_partials[e]);
-    } else if (want_gw) {   /* gw [O, K] from the partials of gw^T, added in part order */
-      uint16_t *gwd = kiln_tensor_data(out->gw);
-      for (int64_t t = 1; t < j.parts; t++)
-        for (int64_t e = 0; e < g.K * g.O; e++) partials[e] += partials[t * g.K * g.O + e];
-      for (int64_t o = 0; o < g.O; o++)
-        for (int64_t kk = 0; kk < g.K; kk++) gwd[o * g.K + kk] = convert_f32_to_bf16(partials[kk * g.O + o]);
+    if (want_gw && (cj.ran_onednn || partials)) {   /* gw [O, K] from the partials, added in part order */
+      struct bf16_sums sj = {.g = &g, .gy = j.gy, .gw = kiln_tensor_data(out->gw), .partials = cj.ran_onednn ? onednn_partials : partials,
+                             .parts = cj.ran_onednn ? cj.parts : j.parts, .transposed = !cj.ran_onednn};
+      kiln_parallel_for(g.O, 1, sum_weights, &sj);
     } else {
       kiln_cpu_fill(out->gw, 0);
     }
   }
   if (out->gb) {
-    uint16_t *gb = kiln_tensor_data(out->gb);
-    for (int64_t o = 0; o < g.O; o++) {
-      double s = 0;
-      for (int64_t n = 0; n < g.N; n++) {   /* sixteen f32 lanes per image, so that the loop vectorises */
-        const uint16_t *p = j.gy + (n * g.O + o) * g.P;
-        float lane[16] = {0};
-        int64_t q = 0;
-        for (; q + 16 <= g.P; q += 16)
-          for (int l = 0; l < 16; l++) lane[l] += convert_bf16_to_f32(p[q + l]);
-        for (; q < g.P; q++) lane[0] += convert_bf16_to_f32(p[q]);
-        for (int l = 0; l < 16; l++) s += lane[l];
-      }
-      gb[o] = convert_f32_to_bf16((float)s);
-    }
+    struct bf16_sums sj = {.g = &g, .gy = j.gy, .gb = kiln_tensor_data(out->gb)};
+    kiln_parallel_for(g.O, 8, sum_bias, &sj);
   }
 done:
   free(partials);
