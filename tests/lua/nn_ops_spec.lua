@@ -415,6 +415,20 @@ describe("pooling", function()
     end)
   end
 
+  -- where the 2x2 window (oh, ow) of plane p of vals (H x W planes, flat from 1) has its maximum:
+  -- the first in raster order, or the last NaN
+  local function window_max_at(vals, p, H, W, oh, ow)
+    local best, at
+    for ki = 0, 1 do
+      for kj = 0, 1 do
+        local i = p * H * W + (2 * oh + ki) * W + 2 * ow + kj + 1
+        local v = vals[i]
+        if at == nil or v ~= v or (best == best and v > best) then best, at = v, i end
+      end
+    end
+    return at
+  end
+
   it("max_pool2d 2x2 in f32 and bf16 picks the first maximum in raster order, or the last NaN, on every tie", function()
     -- values from {0, 1, 2} and NaNs, so that most windows tie; planes of 8 x 10 (the whole-plane
     -- path) and 7 x 9 (the general body)
@@ -438,14 +452,8 @@ describe("pooling", function()
       for p = 0, 2 do
         for oh = 0, OH - 1 do
           for ow = 0, OW - 1 do
-            local best, at
-            for ki = 0, 1 do
-              for kj = 0, 1 do
-                local i = p * H * W + (2 * oh + ki) * W + 2 * ow + kj + 1
-                local v = vals[i]
-                if at == nil or v ~= v or (best == best and v > best) then best, at = v, i end
-              end
-            end
+            local at = window_max_at(vals, p, H, W, oh, ow)
+            local best = vals[at]
             want[#want + 1] = best
             grad[at] = grad[at] + 1
           end
@@ -476,14 +484,7 @@ describe("pooling", function()
       for p = 0, 1 do
         for oh = 0, OH - 1 do
           for ow = 0, OW - 1 do
-            local best, at
-            for ki = 0, 1 do
-              for kj = 0, 1 do
-                local i = p * H * W + (2 * oh + ki) * W + 2 * ow + kj + 1
-                if at == nil or xs[i] > best then best, at = xs[i], i end
-              end
-            end
-            want[at] = gvals[p * OH * OW + oh * OW + ow + 1] + 0
+            want[window_max_at(xs, p, H, W, oh, ow)] = gvals[p * OH * OW + oh * OW + ow + 1] + 0
           end
         end
       end
