@@ -106,6 +106,25 @@ describe("amp bf16 arithmetic", function()
       assert.are.same(got:float():totable(), ab:t():contiguous():t():matmul(bb):float():totable())
     end
   end)
+
+  it("multiplies bf16 batches, a short k and weights used transposed to the same values", function()
+    -- k of 100 and 64 (B packed whole first, C written by rows), k of 260 (by column panels), whole
+    -- and partial tiles; A or B shared across a batch of 2; B stored by columns (x w^T)
+    kiln.manual_seed(2)
+    for _, s in ipairs{{40, 100, 70}, {64, 64, 96}, {33, 260, 65}} do
+      local a, b = kiln.randn(2, s[1], s[2]):to("bf16"), kiln.randn(2, s[2], s[3]):to("bf16")
+      for _, case in ipairs{{a, b}, {a[1], b}, {a, b[2]}, {a[2], b[1]:t():contiguous():t()}} do
+        local x, y = case[1], case[2]
+        local want = x:double():matmul(y:double())
+        local got = x:matmul(y)
+        assert.are.same(want:size(), got:size())
+        assert.is_true(max_rel(got, want) < 2 ^ -7, table.concat(s, "x"))
+      end
+      -- one product, the same bits however its operands are laid out
+      local w = kiln.randn(s[3], s[2]):to("bf16")
+      assert.are.same(a[1]:matmul(w:t():contiguous()):float():totable(), a[1]:matmul(w:t()):float():totable())
+    end
+  end)
   it("convolves bf16 tensors, forward and backward, as f64 arithmetic on the rounded inputs", function()
     kiln.manual_seed(3)
     local F = kiln.F

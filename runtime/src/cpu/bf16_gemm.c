@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { MR = 8, NR = 32 };
+enum { MR = 8, NR = 32, ROWS_MODE_MAX_PAIRS = 64 };
 
 struct bgemm {
   int64_t nbatch, n, m, k, kp, npad, panels;   /* kp: pairs of k; npad: n rounded up to MR */
@@ -22,6 +22,7 @@ struct bgemm {
   int a_once;                                  /* A broadcast over the batch: packed once */
   int c_f32;                                   /* c holds f32 (kept unrounded) rather than bf16 */
   uint32_t *pa;                                /* packed A: (1 or nbatch) x npad x kp */
+  uint32_t *pball;                             /* rows mode: every panel of op(B) */
 };
 
 int kiln_cpu_bf16_native(void) {
@@ -93,18 +94,21 @@ static void pack_b_rows(const uint16_t *b, int64_t r, int64_t pairs, uint32_t *p
   }
 }
 
-/* A full panel of B stored by columns (B[p][j] at j*s + p): each pair is adjacent in memory, and
-   16 of them are gathered at once. */
+/* A full panel of B stored by columns (B[p][j] at j*s + p: a weight used transposed, x W^T): each
+   pair is one 32-bit word of a column, so the panel is the transpose of NR columns' words, 8 x 8
+   words at a time in registers (pairs past a multiple of 8 one by one). Returns the pairs done. */
 __attribute__((target("avx512f,avx512bw,avx512vl")))
-static void pack_b_cols(const uint16_t *b, int64_t s, int64_t pairs, uint32_t *pb) {
-  __m512i idx0 = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                    _mm512_set1_epi32((int)s));
-  __m512i idx1 = _mm512_add_epi32(idx0, _mm512_set1_epi32((int)(16 * s)));
-  for (int64_t p = 0; p < pairs; p++) {
-    __m512i step = _mm512_set1_epi32((int)(2 * p));
-    _mm512_storeu_si512(pb + p * NR, _mm512_i32gather_epi32(_mm512_add_epi32(idx0, step), b, 2));
-    _mm512_storeu_si512(pb + p * NR + 16, _mm512_i32gather_epi32(_mm512_add_epi32(idx1, step), b, 2));
-  }
+static int64_t pack_b_cols(const uint16_t *b, int64_t s, int64_t pairs, uint32_t *pb) {
+  int64_t p = 0;
+  for (; p + 8 <= pairs; p += 8)
+    for (int q0 = 0; q0 < NR; q0 += 8) {
+      __m256 v[8];
+      for (int r = 0; r < 8; r++) v[r] = _mm256_loadu_ps((const float *)(b + (q0 + r) * s + 2 * p));
+      kiln_transpose8_store(v, (float *)(pb + p * NR + q0), NR);
+    }
+  for (; p < pairs; p++)
+    for (int q = 0; q < NR; q++) pb[p * NR + q] = pair(b[q * s + 2 * p], b[q * s + 2 * p + 1]);
+  return p;
 }
 
 /* Panel of columns [j0, j0 + NR) of op(B): pb[p][q] = (B[2p][j0+q], B[2p+1][j0+q]). */
@@ -113,7 +117,7 @@ static void pack_b(const struct bgemm *g, int64_t bi, int64_t j0, uint32_t *pb) 
   int64_t r = g->bs[1], s = g->bs[2], nq = g->m - j0 < NR ? g->m - j0 : NR;
   int64_t p = 0;
   if (s == 1 && nq == NR) { pack_b_rows(b + j0, r, g->k / 2, pb); p = g->k / 2; }
-  else if (r == 1 && nq == NR && (NR * s + g->k) < ((int64_t)1 << 30)) { pack_b_cols(b + j0 * s, s, g->k / 2, pb); p = g->k / 2; }
+  else if (r == 1 && nq == NR) p = pack_b_cols(b + j0 * s, s, g->k / 2, pb);
   for (; p < g->kp; p++) {
     uint32_t *row = pb + p * NR;
     const uint16_t *b0 = b + 2 * p * r + j0 * s;
@@ -123,9 +127,11 @@ static void pack_b(const struct bgemm *g, int64_t bi, int64_t j0, uint32_t *pb) 
   }
 }
 
-/* tile[MR][NR] = packed A rows (MR of them, kp pairs each) @ the packed B panel. */
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
-static void kernel_8x32(const uint32_t *pa, const uint32_t *pb, int64_t kp, float *tile) {
+/* tile[MR][NR] = packed A rows (MR of them, kp pairs each) @ the packed B panel; or, with c, the
+   products rounded straight into 8 x 32 bf16 of C (rows ldc apart): C = A B, no tile in between
+   (a whole tile, alpha 1, beta 0, the common case). */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"), always_inline))
+static inline void kernel_body(const uint32_t *pa, const uint32_t *pb, int64_t kp, float *tile, uint16_t *c, int64_t ldc) {
   __m512 acc[MR][2];
   for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
   for (int64_t p = 0; p < kp; p++) {
@@ -139,9 +145,22 @@ static void kernel_8x32(const uint32_t *pa, const uint32_t *pb, int64_t kp, floa
     }
   }
   for (int r = 0; r < MR; r++) {
-    _mm512_storeu_ps(tile + r * NR, acc[r][0]);
-    _mm512_storeu_ps(tile + r * NR + 16, acc[r][1]);
+    if (c) {
+      _mm256_storeu_si256((__m256i *)(c + r * ldc), (__m256i)_mm512_cvtneps_pbh(acc[r][0]));
+      _mm256_storeu_si256((__m256i *)(c + r * ldc + 16), (__m256i)_mm512_cvtneps_pbh(acc[r][1]));
+    } else {
+      _mm512_storeu_ps(tile + r * NR, acc[r][0]);
+      _mm512_storeu_ps(tile + r * NR + 16, acc[r][1]);
+    }
   }
+}
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+static void kernel_8x32(const uint32_t *pa, const uint32_t *pb, int64_t kp, float *tile) {
+  kernel_body(pa, pb, kp, tile, NULL, 0);
+}
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+static void kernel_8x32_bf16(const uint32_t *pa, const uint32_t *pb, int64_t kp, uint16_t *c, int64_t ldc) {
+  kernel_body(pa, pb, kp, NULL, c, ldc);
 }
 
 /* Rows of a tile into contiguous bf16 rows of c: alpha * tile + beta * c, rounded to nearest even
@@ -203,6 +222,42 @@ static void store_cols_f32(const struct bgemm *g, const float *tile, float *c, i
   }
 }
 
+/* A tile's nr x nq results into C at rows i0.., columns j0.. of batch bi. */
+static void store_tile(const struct bgemm *g, const float *tile, int64_t bi, int64_t i0, int64_t j0, int64_t nr, int64_t nq) {
+  if (g->c_f32) {
+    float *cf = (float *)g->c + bi * g->cs[0] + i0 * g->cs[1] + j0 * g->cs[2];
+    if (g->cs[2] == 1) { store_rows_f32(g, tile, cf, nr, nq); return; }
+    if (g->cs[1] == 1 && nr == MR && nq == NR) { store_cols_f32(g, tile, cf, g->cs[2]); return; }
+    for (int64_t r = 0; r < nr; r++)
+      for (int64_t q = 0; q < nq; q++) {
+        float *o = cf + r * g->cs[1] + q * g->cs[2];
+        *o = g->alpha * tile[r * NR + q] + (g->beta != 0 ? g->beta * *o : 0.0f);
+      }
+    return;
+  }
+  uint16_t *c = (uint16_t *)g->c + bi * g->cs[0];
+  if (g->cs[2] == 1) { store_rows(g, tile, c + i0 * g->cs[1] + j0, nr, nq); return; }
+  for (int64_t r = 0; r < nr; r++) {
+    uint16_t *ci = c + (i0 + r) * g->cs[1] + j0 * g->cs[2];
+    for (int64_t q = 0; q < nq; q++) {
+      float v = g->alpha * tile[r * NR + q];
+      if (g->beta != 0) v += g->beta * kiln_bf16_to_f32(ci[q * g->cs[2]]);
+      ci[q * g->cs[2]] = kiln_f32_to_bf16(v);
+    }
+  }
+}
+
+/* One tile: rounded straight into bf16 C where it can, else through tile and store_tile. */
+static void multiply_tile(const struct bgemm *g, const uint32_t *pa, const uint32_t *pb, float *tile, int64_t bi, int64_t i0,
+                          int64_t j0, int64_t nr, int64_t nq) {
+  if (!g->c_f32 && g->cs[2] == 1 && nr == MR && nq == NR && g->alpha == 1 && g->beta == 0) {
+    kernel_8x32_bf16(pa, pb, g->kp, (uint16_t *)g->c + bi * g->cs[0] + i0 * g->cs[1] + j0, g->cs[1]);
+    return;
+  }
+  kernel_8x32(pa, pb, g->kp, tile);
+  store_tile(g, tile, bi, i0, j0, nr, nq);
+}
+
 static void panel_range(void *ctx, int64_t begin, int64_t end) {
   const struct bgemm *g = ctx;
   uint32_t *pb = malloc(sizeof(uint32_t) * (size_t)(g->kp * NR));
@@ -211,33 +266,33 @@ static void panel_range(void *ctx, int64_t begin, int64_t end) {
   for (int64_t t = begin; t < end; t++) {
     int64_t bi = t / g->panels, j0 = (t % g->panels) * NR, nq = g->m - j0 < NR ? g->m - j0 : NR;
     pack_b(g, bi, j0, pb);
-    uint16_t *c = (uint16_t *)g->c + bi * g->cs[0];
-    for (int64_t i0 = 0; i0 < g->n; i0 += MR) {
-      kernel_8x32(g->pa + ((g->a_once ? 0 : bi) * g->npad + i0) * g->kp, pb, g->kp, tile);
-      int64_t nr = g->n - i0 < MR ? g->n - i0 : MR;
-      if (g->c_f32) {
-        float *cf = (float *)g->c + bi * g->cs[0] + i0 * g->cs[1] + j0 * g->cs[2];
-        if (g->cs[2] == 1) { store_rows_f32(g, tile, cf, nr, nq); continue; }
-        if (g->cs[1] == 1 && nr == MR && nq == NR) { store_cols_f32(g, tile, cf, g->cs[2]); continue; }
-        for (int64_t r = 0; r < nr; r++)
-          for (int64_t q = 0; q < nq; q++) {
-            float *o = cf + r * g->cs[1] + q * g->cs[2];
-            *o = g->alpha * tile[r * NR + q] + (g->beta != 0 ? g->beta * *o : 0.0f);
-          }
-        continue;
-      }
-      if (g->cs[2] == 1) { store_rows(g, tile, c + i0 * g->cs[1] + j0, nr, nq); continue; }
-      for (int64_t r = 0; r < nr; r++) {
-        uint16_t *ci = c + (i0 + r) * g->cs[1] + j0 * g->cs[2];
-        for (int64_t q = 0; q < nq; q++) {
-          float v = g->alpha * tile[r * NR + q];
-          if (g->beta != 0) v += g->beta * kiln_bf16_to_f32(ci[q * g->cs[2]]);
-          ci[q * g->cs[2]] = kiln_f32_to_bf16(v);
-        }
-      }
-    }
+    for (int64_t i0 = 0; i0 < g->n; i0 += MR)
+      multiply_tile(g, g->pa + ((g->a_once ? 0 : bi) * g->npad + i0) * g->kp, pb, tile, bi, i0, j0,
+                    g->n - i0 < MR ? g->n - i0 : MR, nq);
   }
   free(pb);
+}
+
+/* Rows mode, for a short k (a weight's grad over a batch, k = the batch): op(B) is packed whole
+   first (pball: every panel, kp x NR words each), then each task takes MR rows across all the
+   panels, so that C is written row by row rather than down its columns one 64-byte piece at a
+   time. The same kernel sums each element in the same order as the panel order does. */
+static void pack_b_range(void *ctx, int64_t begin, int64_t end) {
+  const struct bgemm *g = ctx;
+  for (int64_t t = begin; t < end; t++) pack_b(g, t / g->panels, (t % g->panels) * NR, g->pball + t * g->kp * NR);
+}
+static void row_range(void *ctx, int64_t begin, int64_t end) {
+  const struct bgemm *g = ctx;
+  float tile[MR * NR];
+  int64_t blocks = g->npad / MR;
+  for (int64_t t = begin; t < end; t++) {
+    int64_t bi = t / blocks, i0 = (t % blocks) * MR, nr = g->n - i0 < MR ? g->n - i0 : MR;
+    for (int64_t pnl = 0; pnl < g->panels; pnl++) {
+      int64_t j0 = pnl * NR, nq = g->m - j0 < NR ? g->m - j0 : NR;
+      multiply_tile(g, g->pa + ((g->a_once ? 0 : bi) * g->npad + i0) * g->kp, g->pball + (bi * g->panels + pnl) * g->kp * NR,
+                    tile, bi, i0, j0, nr, nq);
+    }
+  }
 }
 
 /* Pack and multiply: g holds the shapes, pointers and strides; g->pa is allocated here. */
@@ -262,8 +317,21 @@ static int bgemm_run(struct bgemm *g, int64_t abatch) {
   if (serial || abatch * g->npad * g->kp < (1 << 18)) pack_a_range(g, 0, blocks);
   else kiln_parallel_for(blocks, 1, pack_a_range, g);
   int64_t tasks = g->nbatch * g->panels;
-  if (serial) panel_range(g, 0, tasks);
-  else kiln_parallel_for(tasks, 1, panel_range, g);
+  /* rows mode where k is short and op(B) packed whole stays in L2 (256 KB) */
+  size_t nball = sizeof(uint32_t) * (size_t)(tasks * g->kp * NR);
+  if (g->kp <= ROWS_MODE_MAX_PAIRS && g->n >= 4 * MR && nball <= ((size_t)256 << 10) && (g->pball = malloc(nball))) {
+    if (serial) pack_b_range(g, 0, tasks);
+    else kiln_parallel_for(tasks, 1, pack_b_range, g);
+    int64_t rblocks = g->nbatch * (g->npad / MR);   /* every batch's rows, A shared or not */
+    if (serial) row_range(g, 0, rblocks);
+    else kiln_parallel_for(rblocks, 1, row_range, g);
+    free(g->pball);
+    g->pball = NULL;
+  } else if (serial) {
+    panel_range(g, 0, tasks);
+  } else {
+    kiln_parallel_for(tasks, 1, panel_range, g);
+  }
   free(g->pa);
   g->pa = NULL;
   return KILN_OK;
