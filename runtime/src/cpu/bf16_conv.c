@@ -285,13 +285,18 @@ struct bf16_sums {
 static void sum_weights(void *ctx, int64_t o0, int64_t o1) {
   const struct bf16_sums *s = ctx;
   int64_t K = s->g->K, O = s->g->O, KO = K * O;
-  for (int64_t o = o0; o < o1; o++)
-    for (int64_t kk = 0; kk < K; kk++) {
-      int64_t e = s->transposed ? kk * O + o : o * K + kk;
-      float v = s->partials[e];
-      for (int64_t t = 1; t < s->parts; t++) v += s->partials[t * KO + e];
-      s->gw[o * K + kk] = convert_f32_to_bf16(v);
-    }
+  float *p = s->partials;   /* the parts added into part 0, part by part (rows of it, vectorised) */
+  if (!s->transposed) {
+    for (int64_t t = 1; t < s->parts; t++)
+      for (int64_t e = o0 * K; e < o1 * K; e++) p[e] += p[t * KO + e];
+    for (int64_t e = o0 * K; e < o1 * K; e++) s->gw[e] = convert_f32_to_bf16(p[e]);
+    return;
+  }
+  for (int64_t kk = 0; kk < K; kk++) {
+    for (int64_t t = 1; t < s->parts; t++)
+      for (int64_t o = o0; o < o1; o++) p[kk * O + o] += p[t * KO + kk * O + o];
+    for (int64_t o = o0; o < o1; o++) s->gw[o * K + kk] = convert_f32_to_bf16(p[kk * O + o]);
+  }
 }
 static void sum_bias(void *ctx, int64_t o0, int64_t o1) {
   const struct bf16_sums *s = ctx;
@@ -354,7 +359,7 @@ int cpu_conv2d_backward_bf16(const struct kiln_call *c) {
     if (want_gw && (cj.ran_onednn || partials)) {   /* gw [O, K] from the partials, added in part order */
       struct bf16_sums sj = {.g = &g, .gy = j.gy, .gw = kiln_tensor_data(out->gw), .partials = cj.ran_onednn ? onednn_partials : partials,
                              .parts = cj.ran_onednn ? cj.parts : j.parts, .transposed = !cj.ran_onednn};
-      kiln_parallel_for(g.O, 1, sum_weights, &sj);
+      kiln_parallel_for(g.O, 8, sum_weights, &sj);
     } else {
       kiln_cpu_fill(out->gw, 0);
     }
