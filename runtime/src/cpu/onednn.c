@@ -8,7 +8,7 @@
    - else, in benchmark mode (KILN_CONV_BENCHMARK=1, kiln.set_conv_benchmark(true)), the first call
      of a shape runs both, timed, and the faster is kept for that shape;
    - else oneDNN wherever it takes the shape, but for the grad of a one-channel input (im2col's
-     is about twice as fast there, bench/conv.lua).
+     is about twice as fast there, bench/conv.lua) and every bf16 pass of a one-channel input.
    Benchmark mode is off by default, as PyTorch's cudnn.benchmark: a choice made by timing may
    differ between two runs, and then so would the last bits of their results.
 
@@ -261,8 +261,10 @@ int kiln_cpu_conv_run(struct kiln_conv_job *c) {
   k.sh = c->sh; k.sw = c->sw; k.ph = c->ph; k.pw = c->pw; k.dh = c->dh; k.dw = c->dw; k.G = c->G;
   int bench = forced < 0 && benchmark_mode();
   /* measured (bench/conv.lua): oneDNN's grad of a one-channel input (a first layer whose input
-     requires grad) runs 1.8-2.3x slower than im2col's, f32 and bf16; the rest of its passes win */
-  int slow_input_grad = forced < 0 && !bench && c->gx && c->C == c->G;
+     requires grad) runs 1.8-2.3x slower than im2col's, f32 and bf16; in bf16 its forward and weight
+     grad of a one-channel input lose too (the CNN's first layer, Zen 5, 1 thread: 0.64 against
+     0.55-0.63 ms, and 0.59-0.61 against 0.38-0.42); the rest of its passes win */
+  int slow_input_grad = forced < 0 && !bench && ((c->gx && c->C == c->G) || (c->dtype == KILN_BF16 && c->C == 1));
   pthread_mutex_lock(&cache_mu);
   struct choice_entry *e = choice_find(&k);
   int known = e && (!bench || e->im2col_ms > 0 || e->algo == ALGO_IM2COL);
