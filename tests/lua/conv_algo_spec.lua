@@ -17,6 +17,8 @@ local cases = {
   {x = {2, 8, 7, 7}, w = {8, 8, 1, 1}, o = {}},                                         -- 1x1
   {x = {4, 6, 9, 8}, w = {6, 1, 3, 3}, o = {groups = 6, padding = 1}},                  -- depthwise
   {x = {2, 3, 11, 11}, w = {4, 3, 4, 4}, o = {stride = 3}},                             -- a last row no output reads
+  {x = {3, 2, 19, 19}, w = {3, 2, 4, 4}, o = {}},   -- bf16 columns by permutes: rows of 16, inputs over 32 values apart
+  {x = {2, 3, 10, 6}, w = {2, 3, 3, 3}, o = {}},    -- and rows of 4, 8 rows to a permute
 }
 
 -- y = conv(x, w, b) and the grads of sum(y * g), with the algorithm set, in dtype.

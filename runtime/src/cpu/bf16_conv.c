@@ -57,6 +57,40 @@ static void copy_row_avx512(uint16_t *d, const uint16_t *s, int64_t off, int64_t
   }
 }
 
+/* The columns of a stride-1, unpadded, undilated convolution whose output rows are short (OW
+   divides 32: the CNN's second conv has 8): R = 32 / OW output rows are 32 consecutive values of a
+   column row, and their inputs lie within (R - 1) * W + OW <= 64 values of the plane, so each 32
+   come from two masked loads and one two-source permute (vpermt2w) instead of R short moves. */
+static int rows_by_permute(const struct cg *g) {
+  if (g->sh != 1 || g->sw != 1 || g->dh != 1 || g->dw != 1 || g->ph != 0 || g->pw != 0 || g->OW < 1 || 32 % g->OW)
+    return 0;
+  int64_t R = 32 / g->OW;
+  return g->P % 32 == 0 && (R - 1) * g->W + g->OW <= 64;
+}
+__attribute__((target("avx512f,avx512bw,avx512vl")))
+static void im2col_permute(const struct cg *g, const uint16_t *restrict x, int64_t n0, int64_t nb, int64_t c0,
+                           uint16_t *restrict col) {
+  int64_t ld = nb * g->P, R = 32 / g->OW, span = (R - 1) * g->W + g->OW;
+  uint16_t at[32];
+  for (int l = 0; l < 32; l++) at[l] = (uint16_t)((l / g->OW) * g->W + l % g->OW);
+  __m512i idx = _mm512_loadu_si512(at);
+  __mmask32 mlo = span >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << span) - 1);
+  __mmask32 mhi = span > 32 ? (__mmask32)((((uint64_t)1 << (span - 32)) - 1)) : 0;   /* lanes past span are not read */
+  for (int64_t c = 0; c < g->Cg; c++)
+    for (int64_t ki = 0; ki < g->kh; ki++)
+      for (int64_t kj = 0; kj < g->kw; kj++) {
+        uint16_t *restrict row = col + ((c * g->kh + ki) * g->kw + kj) * ld;
+        for (int64_t i = 0; i < nb; i++) {
+          const uint16_t *base = x + ((n0 + i) * g->C + c0 + c) * g->H * g->W + ki * g->W + kj;
+          for (int64_t q = 0; q < g->P / 32; q++) {
+            const uint16_t *src = base + q * R * g->W;
+            __m512i lo = _mm512_maskz_loadu_epi16(mlo, src), hi = _mm512_maskz_loadu_epi16(mhi, src + 32);
+            _mm512_storeu_si512(row + i * g->P + q * 32, _mm512_permutex2var_epi16(lo, idx, hi));
+          }
+        }
+      }
+}
+
 /* Rows of the columns are short (8 values in the benchmark's second conv): a loop beats memcpy,
    which gcc would otherwise put in its place. */
 __attribute__((optimize("no-tree-loop-distribute-patterns")))
@@ -64,6 +98,7 @@ static void im2col_bf16(const struct cg *g, const uint16_t *restrict x, int64_t 
                         uint16_t *restrict col) {
   int64_t ld = nb * g->P;
   int fast = kiln_cpu_has("avx512bw");
+  if (fast && rows_by_permute(g)) { im2col_permute(g, x, n0, nb, c0, col); return; }
   for (int64_t c = 0; c < g->Cg; c++)
     for (int64_t ki = 0; ki < g->kh; ki++)
       for (int64_t kj = 0; kj < g->kw; kj++) {
