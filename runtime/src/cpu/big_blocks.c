@@ -9,10 +9,9 @@
 #include "cpu.h"
 #include <pthread.h>
 #include <stdlib.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
-enum { SLOTS = 16, HUGE_PAGE = 2 << 20 };
+enum { SLOTS = 16 };
 
 static struct {
   pthread_mutex_t lock;
@@ -46,22 +45,6 @@ static void drop(int i) {   /* lock held */
   cache.slot[i].n = 0;
 }
 
-/* A block of n bytes, 64-byte aligned; from 2 MiB on, aligned to 2 MiB and marked for the
-   kernel's transparent huge pages (where it has them in "madvise" mode, as Debian's default
-   kernel does, a plain allocation gets 4 KiB pages): the large activations, reserves and
-   scratch that kernels stream through then cost one TLB entry per 2 MiB. The char-LM step
-   (Zen 5, 1 thread, best of 25 x 4 steps, three runs): f32 22.1-23.4 ms against 23.5-25.8, bf16
-   12.9-14.6 against 13.6-15.0, measured with glibc's own huge-page tunable. */
-static void *aligned(size_t n) {
-  void *p = NULL;
-  if (n < HUGE_PAGE) return posix_memalign(&p, 64, n) ? NULL : p;
-  if (posix_memalign(&p, HUGE_PAGE, n)) return NULL;
-#if defined(MADV_HUGEPAGE)
-  (void)madvise(p, n, MADV_HUGEPAGE);   /* a hint: without THP the block is as before */
-#endif
-  return p;
-}
-
 void *kiln_cpu_alloc(size_t nbytes) {
   size_t n = rounded(nbytes);
   if (n >= KILN_BIG_BLOCK) {
@@ -80,10 +63,10 @@ void *kiln_cpu_alloc(size_t nbytes) {
     pthread_mutex_unlock(&cache.lock);
     if (p) return p;
   }
-  void *p = aligned(n);
+  void *p = aligned_alloc(64, n);
   if (!p) {   /* what the cache holds may be what is missing */
     kiln_cpu_trim();
-    p = aligned(n);
+    p = aligned_alloc(64, n);
   }
   return p;
 }
