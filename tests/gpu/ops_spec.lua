@@ -28,7 +28,8 @@ local function has_kernel(name) return not ON_GPU or kiln.cuda.has_kernel(name) 
 
 local exact = {}
 for name in ([[copy fill neg abs sign relu floor ceil round trunc square logical_not add sub mul div sqrt rsqrt
-  reciprocal maximum minimum remainder eq ne lt le gt ge logical_and logical_or where clamp uniform randint]]):gmatch("%S+") do
+  reciprocal maximum minimum remainder eq ne lt le gt ge logical_and logical_or where clamp uniform randint
+  relu_backward]]):gmatch("%S+") do
   exact[name] = true
 end
 
@@ -155,7 +156,7 @@ end
 local unary_ops = {"neg", "abs", "sign", "sqrt", "rsqrt", "exp", "log", "log1p", "expm1", "sin", "cos", "tanh", "sigmoid",
                    "relu", "floor", "ceil", "round", "trunc", "reciprocal", "square", "erf", "logical_not", "erfinv"}
 local binary_ops = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "remainder", "eq", "ne", "lt", "le", "gt",
-                    "ge", "logical_and", "logical_or", "atan2"}
+                    "ge", "logical_and", "logical_or", "atan2", "relu_backward"}
 local comparisons = {eq = true, ne = true, lt = true, le = true, gt = true, ge = true, logical_and = true,
                      logical_or = true, logical_not = true}
 
