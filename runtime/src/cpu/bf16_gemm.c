@@ -318,7 +318,8 @@ static int bgemm_run(struct bgemm *g, int64_t abatch) {
   if (serial || abatch * g->npad * g->kp < (1 << 18)) pack_a_range(g, 0, blocks);
   else kiln_parallel_for(blocks, 1, pack_a_range, g);
   int64_t tasks = g->nbatch * g->panels;
-  /* rows mode where k is short and op(B) packed whole stays in L2 (256 KB) */
+  /* rows mode where k is short, C has rows for several row blocks (4 or more: fewer leave its panels
+     the better split) and op(B) packed whole stays in L2 (256 KB) */
   size_t nball = sizeof(uint32_t) * (size_t)(tasks * g->kp * NR);
   if (g->kp <= ROWS_MODE_MAX_PAIRS && g->n >= 4 * MR && nball <= ((size_t)256 << 10) && (g->pball = malloc(nball))) {
     if (serial) pack_b_range(g, 0, tasks);

@@ -264,7 +264,7 @@ int kiln_cpu_conv_run(struct kiln_conv_job *c) {
      requires grad) runs 1.8-2.3x slower than im2col's, f32 and bf16; in bf16 its forward and weight
      grad of a one-channel input lose too (the CNN's first layer, Zen 5, 1 thread: 0.64 against
      0.55-0.63 ms, and 0.59-0.61 against 0.38-0.42); the rest of its passes win */
-  int slow_input_grad = forced < 0 && !bench && ((c->gx && c->C == c->G) || (c->dtype == KILN_BF16 && c->C == 1));
+  int one_channel_im2col = forced < 0 && !bench && ((c->gx && c->C == c->G) || (c->dtype == KILN_BF16 && c->C == 1));
   pthread_mutex_lock(&cache_mu);
   struct choice_entry *e = choice_find(&k);
   int known = e && (!bench || e->im2col_ms > 0 || e->algo == ALGO_IM2COL);
@@ -288,7 +288,7 @@ int kiln_cpu_conv_run(struct kiln_conv_job *c) {
       if (r == 0 || t < im2col_ms) im2col_ms = t;
     }
   }
-  for (int r = 0; r < (slow_input_grad ? 0 : !known && bench ? 2 : 1); r++) {
+  for (int r = 0; r < (one_channel_im2col ? 0 : !known && bench ? 2 : 1); r++) {
     double t0 = now_ms();
     rc = run_onednn(c, impl, sizeof impl);
     double t = now_ms() - t0;
