@@ -84,6 +84,15 @@ function M.command(o, mpirun)
   return table.concat(parts, " ")
 end
 
+-- The first failed rank and why, noted in st as the job's output comes in: a rank's own error
+-- message ("kiln: ...") or a signal is specific; mpirun's report that a rank called MPI_Abort is
+-- generic, and gives way to that rank's specific reason when it arrives later (the two come through
+-- different channels, and the abort can overtake the message that caused it). Else the first wins.
+function M.note_failure(st, rank, reason, generic)
+  if st.failed and not (st.generic and not generic and st.failed == rank) then return end
+  st.failed, st.reason, st.generic = rank, reason, generic
+end
+
 -- main(argv): argv[1..] are the words after `kiln launch`.
 function M.main(argv)
   local words = {}
@@ -101,21 +110,21 @@ function M.main(argv)
   local status_file = os.tmpname()
   local cmd = "sh -c " .. quote(M.command(o, mpirun) .. " 2>&1; echo $? > " .. quote(status_file))
   local pipe = assert(io.popen(cmd, "r"))
-  local failed, reason, in_banner = nil, nil, false
+  local st, in_banner = {}, false
   for line in pipe:lines() do
     local rank, stream, text = line:match("^%[%d+,(%d+)%]<(%a+)>:(.*)$")
     if rank then
       local out = stream == "stderr" and io.stderr or io.stdout
       out:write("[", rank, "] ", text, "\n")
       out:flush()
-      if stream == "stderr" and not failed and text:match("^kiln: ") then failed, reason = tonumber(rank), text:sub(7) end
+      if stream == "stderr" and text:match("^kiln: ") then M.note_failure(st, tonumber(rank), text:sub(7), false) end
     elseif line:match("^%-%-%-%-%-%-%-%-%-%-") then
       in_banner = not in_banner   -- mpirun's own boxed reports: read, summarised below
     else
       local r, sig = line:match("process rank (%d+) with PID %d+ on node %S+ exited on signal (%d+)")
-      if r and not failed then failed, reason = tonumber(r), "killed by signal " .. sig end
+      if r then M.note_failure(st, tonumber(r), "killed by signal " .. sig, false) end
       local ar = line:match("MPI_ABORT was invoked on rank (%d+)")
-      if ar and not failed then failed, reason = tonumber(ar), "it ended the job (MPI_Abort)" end
+      if ar then M.note_failure(st, tonumber(ar), "it ended the job (MPI_Abort)", true) end
       local chatter = line:match("^%[[%w%.%-]+:%d+%] ")   -- mpirun's own notes ("[host:pid] ...")
       if not in_banner and not chatter and not line:match("^%s*$") and not r then io.stderr:write(line, "\n") end
     end
@@ -126,8 +135,8 @@ function M.main(argv)
   if f then f:close() end
   os.remove(status_file)
   if code ~= 0 then
-    if failed then
-      io.stderr:write(string.format("kiln launch: rank %d failed: %s; the job was stopped (exit %d)\n", failed, reason, code))
+    if st.failed then
+      io.stderr:write(string.format("kiln launch: rank %d failed: %s; the job was stopped (exit %d)\n", st.failed, st.reason, code))
     else
       io.stderr:write(string.format("kiln launch: the job failed (mpirun exit %d)\n", code))
     end

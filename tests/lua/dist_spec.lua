@@ -94,6 +94,25 @@ describe("kiln.dist's scaling model", function()
   end)
 end)
 
+describe("kiln launch's summary of a failed job", function()
+  local function summary(events)
+    local st = {}
+    for _, e in ipairs(events) do launch.note_failure(st, e[1], e[2], e[3]) end
+    return st.failed, st.reason
+  end
+  it("keeps a rank's own error over mpirun's MPI_Abort report, whichever comes first", function()
+    local err, abort = {1, "x.lua:13: boom", false}, {1, "it ended the job (MPI_Abort)", true}
+    assert.same({1, "x.lua:13: boom"}, {summary{abort, err}})
+    assert.same({1, "x.lua:13: boom"}, {summary{err, abort}})
+    assert.same({1, "it ended the job (MPI_Abort)"}, {summary{abort}})
+  end)
+  it("otherwise keeps the first failure", function()
+    assert.same({0, "y.lua:2: first"}, {summary{{0, "y.lua:2: first", false}, {1, "killed by signal 9", false}}})
+    -- another rank's error does not replace an abort's rank
+    assert.same({1, "it ended the job (MPI_Abort)"}, {summary{{1, "it ended the job (MPI_Abort)", true}, {0, "z: later", false}}})
+  end)
+end)
+
 describe("kiln launch's command line", function()
   it("builds mpirun's, with the rank count, oversubscription, the deadline and the script's arguments", function()
     local o = assert(launch.parse{"-n", "4", "--timeout", "30", "train.lua", "--lr", "0.1", "-n", "7"})
