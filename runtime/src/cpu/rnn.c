@@ -518,28 +518,30 @@ static void cell_forward_f64(struct layer *L, int64_t s, int64_t b, int64_t j0, 
 
 /* The grads of units [j0, j1) of sequence b at step s: dh[b] holds the grad of the step's output
    state (the output's grad added here), dc[b] that of its cell. Writes the pre-activation grads
-   to dgx and dgh (time rows; dgh is dgx but for the GRU), and dc[b] for the step before. */
+   to dgx and dgh (time rows; dgh is dgx but for the GRU), or to the rows gxr and ghr (a row of GH
+   each, the bf16 team's scratch) when given, and dc[b] for the step before. */
 static inline __attribute__((always_inline)) void cell_backward(int dt, struct layer *L, int64_t s, int64_t b, int64_t j0,
-                                                                int64_t j1) {
+                                                                int64_t j1, void *gxr, void *ghr) {
   int64_t H = L->H, t = step_time(L, s, b), row = t * L->B + b, GH = L->GH, n = j1 - j0;
   const void *gy = dt_at(L->gz, dt, row * H + j0), *res = L->res ? dt_at(L->res, dt, row * L->RS * H + j0) : NULL;
-  void *dh = dt_at(L->dh, dt, b * H + j0), *dgx = dt_at(L->dgx, dt, row * GH + j0);
+  void *dh = dt_at(L->dh, dt, b * H + j0), *dgx = gxr ? dt_at(gxr, dt, j0) : dt_at(L->dgx, dt, row * GH + j0);
   if (L->mode == KILN_RNN_LSTM) {
     const void *cp = s == 0 ? dt_at(L->c0, dt, b * H) : dt_at(L->res, dt, (prev_time(L, t) * L->B + b) * L->RS * H + 4 * H);
     lstm_backward(dt, H, n, gy, res, dt_at(cp, dt, j0), dh, dt_at(L->dc, dt, b * H + j0), dgx);
   } else if (L->mode == KILN_RNN_GRU) {
-    gru_backward(dt, H, n, gy, res, dt_at(h_before(dt, L, s, b, t), dt, j0), dh, dgx, dt_at(L->dgh, dt, row * GH + j0));
+    gru_backward(dt, H, n, gy, res, dt_at(h_before(dt, L, s, b, t), dt, j0), dh, dgx,
+                 ghr ? dt_at(ghr, dt, j0) : dt_at(L->dgh, dt, row * GH + j0));
   } else if (L->mode == KILN_RNN_RELU) {
     plain_backward(dt, 1, n, gy, dt_at(L->z, dt, row * H + j0), dh, dgx);
   } else {
     plain_backward(dt, 0, n, gy, dt_at(L->z, dt, row * H + j0), dh, dgx);
   }
 }
-static void cell_backward_f32(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1) {
-  cell_backward(KILN_F32, L, s, b, j0, j1);
+static void cell_backward_f32(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1, float *gxr, float *ghr) {
+  cell_backward(KILN_F32, L, s, b, j0, j1, gxr, ghr);
 }
 static void cell_backward_f64(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1) {
-  cell_backward(KILN_F64, L, s, b, j0, j1);
+  cell_backward(KILN_F64, L, s, b, j0, j1, NULL, NULL);
 }
 
 /* The grad of the state before step s for units [k0, k1) of sequence b, from prod[k - k0] (its
@@ -577,9 +579,10 @@ static inline __attribute__((always_inline)) void bias_rows(int dt, struct layer
 }
 static void bias_rows_f32(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1) { bias_rows(KILN_F32, L, s, b, j0, j1); }
 
-/* bf16: the rows of dgx (and dgh) of units [j0, j1) of sequence b at step s rounded into dgxb
-   (dghb), the rows the products and the weight grads read, and added to the bias grads when the
-   team sums them (gbx, gbh), in one pass */
+/* bf16: the rows of dgx (and dgh) of units [j0, j1) of sequence b at step s, from the f32 rows
+   gxr and ghr (GH each; ghr is gxr but for the GRU), rounded into dgxb (dghb), the rows the
+   products and the weight grads read, and added to the bias grads when the team sums them (gbx,
+   gbh), in one pass */
 static inline __attribute__((always_inline)) void grad_rows_one(int64_t n, const float *restrict src, uint16_t *restrict dst,
                                                                 float *restrict gb) {
   if (gb)
@@ -587,17 +590,16 @@ static inline __attribute__((always_inline)) void grad_rows_one(int64_t n, const
   else
     for (int64_t j = 0; j < n; j++) dst[j] = convert_f32_to_bf16(src[j]);
 }
-static void grad_rows_bf(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1, int sums) {
+static void grad_rows_bf(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1, int sums, const float *gxr,
+                         const float *ghr) {
   int64_t row = step_time(L, s, b) * L->B + b;
   for (int64_t g = 0; g < L->G; g++) {
     int64_t k = g * L->H + j0;
-    grad_rows_one(j1 - j0, (const float *)L->dgx + row * L->GH + k, L->dgxb + row * L->GHp + k,
-                  sums && L->gbx ? (float *)L->gbx + k : NULL);
+    grad_rows_one(j1 - j0, gxr + k, L->dgxb + row * L->GHp + k, sums && L->gbx ? (float *)L->gbx + k : NULL);
     if (L->dghb != L->dgxb)
-      grad_rows_one(j1 - j0, (const float *)L->dgh + row * L->GH + k, L->dghb + row * L->GHp + k,
-                    sums && L->gbh ? (float *)L->gbh + k : NULL);
+      grad_rows_one(j1 - j0, ghr + k, L->dghb + row * L->GHp + k, sums && L->gbh ? (float *)L->gbh + k : NULL);
     else if (sums && L->gbh)
-      for (int64_t j = k; j < k + j1 - j0; j++) ((float *)L->gbh)[j] += ((const float *)L->dgh)[row * L->GH + j];
+      for (int64_t j = k; j < k + j1 - j0; j++) ((float *)L->gbh)[j] += ghr[j];
   }
 }
 static void bias_rows_f64(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1) { bias_rows(KILN_F64, L, s, b, j0, j1); }
@@ -620,8 +622,11 @@ static inline __attribute__((always_inline)) void backward_rows(int dt, const st
   struct layer *L = r->L;
   for (int64_t b = b0; b < b1; b++)
     if (r->s < L->len[b]) {
-      dt == KILN_F32 ? cell_backward_f32(L, r->s, b, 0, L->H) : cell_backward_f64(L, r->s, b, 0, L->H);
-      if (L->bf) grad_rows_bf(L, r->s, b, 0, L->H, 0);
+      dt == KILN_F32 ? cell_backward_f32(L, r->s, b, 0, L->H, NULL, NULL) : cell_backward_f64(L, r->s, b, 0, L->H);
+      if (L->bf) {
+        int64_t row = step_time(L, r->s, b) * L->B + b;
+        grad_rows_bf(L, r->s, b, 0, L->H, 0, (const float *)L->dgx + row * L->GH, (const float *)L->dgh + row * L->GH);
+      }
     }
 }
 static void backward_rows_f32(void *ctx, int64_t b0, int64_t b1) { backward_rows(KILN_F32, ctx, b0, b1); }
@@ -799,7 +804,7 @@ static inline __attribute__((always_inline)) void backward_team(int dt, struct l
     for (int64_t b = 0; b < B; b++) {
       active[b] = s < L->len[b];
       if (!active[b]) continue;
-      dt == KILN_F32 ? cell_backward_f32(L, s, b, j0, j1) : cell_backward_f64(L, s, b, j0, j1);
+      dt == KILN_F32 ? cell_backward_f32(L, s, b, j0, j1, NULL, NULL) : cell_backward_f64(L, s, b, j0, j1);
       if (L->gbx || L->gbh) dt == KILN_F32 ? bias_rows_f32(L, s, b, j0, j1) : bias_rows_f64(L, s, b, j0, j1);
     }
     barrier_wait(&L->bar, &sense);
@@ -924,11 +929,14 @@ static void backward_team_bf(void *ctx, int id, int nteam) {
   uint32_t *wc = malloc(sizeof(uint32_t) * (size_t)((nj + PW - 1) / PW * PW * kp + 1));
   uint32_t *wi = ni ? malloc(sizeof(uint32_t) * (size_t)((ni + PW - 1) / PW * PW * kp + 1)) : NULL;
   float *prod = malloc(sizeof(float) * (size_t)(B * nj + 1));
+  /* a step's f32 grads of one sequence, rounded into dgxb (dghb) as soon as they are written: a
+     row of dgx (and of dgh for the GRU), of which this thread fills its units */
+  float *gxr = malloc(sizeof(float) * (size_t)(2 * GH + 1)), *ghr = L->dghb != L->dgxb ? gxr + GH : gxr;
   unsigned char *active = malloc((size_t)B);
   const uint16_t **xs = malloc(sizeof(void *) * (size_t)(B + 1));
   void **ys = malloc(sizeof(void *) * (size_t)(B + 1));
-  if (!team_ready(L, &sense, wc && (!ni || wi) && prod && active && xs && ys)) {
-    free(wc); free(wi); free(prod); free(active); free(xs); free(ys);
+  if (!team_ready(L, &sense, wc && (!ni || wi) && prod && gxr && active && xs && ys)) {
+    free(wc); free(wi); free(prod); free(gxr); free(active); free(xs); free(ys);
     return;
   }
   kiln_cpu_rnn_bf16_pack_rows(wc, nj, GH, (const char *)L->w_hh + ws * (size_t)j0, L->wdt, H);
@@ -937,8 +945,8 @@ static void backward_team_bf(void *ctx, int id, int nteam) {
     for (int64_t b = 0; b < B; b++) {
       active[b] = s < L->len[b];
       if (!active[b]) continue;
-      cell_backward_f32(L, s, b, j0, j1);
-      grad_rows_bf(L, s, b, j0, j1, 1);
+      cell_backward_f32(L, s, b, j0, j1, gxr, ghr);
+      grad_rows_bf(L, s, b, j0, j1, 1, gxr, ghr);
     }
     barrier_wait(&L->bar, &sense);
     int64_t na = 0;
@@ -959,7 +967,7 @@ static void backward_team_bf(void *ctx, int id, int nteam) {
       kiln_cpu_rnn_bf16_times(wi, GH, ni, na, xs, ys, 1, 0, 0);
     }
   }
-  free(wc); free(wi); free(prod); free(active); free(xs); free(ys);
+  free(wc); free(wi); free(prod); free(gxr); free(active); free(xs); free(ys);
 }
 
 /* ---- the layer ---- */
@@ -1383,8 +1391,12 @@ static int backward_bf(const struct kiln_call *c) {
     if (zf)
       for (size_t i = 0; i < nz; i++) zf[i] = convert_bf16_to_f32(L.zb[i]);
   }
-  L.dgx = scratch(nbig, L.padded);
-  L.dgh = gru ? scratch(nbig, L.padded) : L.dgx;
+  /* the f32 grads dgx (dgh) in full for the GEMM path; the persistent team keeps one row of them
+     per thread and rounds it at once */
+  if (!persistent) {
+    L.dgx = scratch(nbig, L.padded);
+    L.dgh = gru ? scratch(nbig, L.padded) : L.dgx;
+  }
   L.dgxb = scratch(nbigb, L.padded || (GH & 1));
   L.dghb = gru ? scratch(nbigb, L.padded || (GH & 1)) : L.dgxb;
   L.dh = malloc(sizeof(float) * nbh);
@@ -1399,7 +1411,8 @@ static int backward_bf(const struct kiln_call *c) {
   if (bw->gx && !fold_gx) L.wihb = malloc(sizeof(uint16_t) * (size_t)(GH * I + 1));
   int gather = L.padded || T * B == 0;
   if (bw->gw_hh && gather) hprev = scratch(sizeof(uint16_t) * (size_t)(T * B * H + 1), L.padded);
-  if (!L.gz || !L.h0 || !L.c0 || (L.mode != KILN_RNN_LSTM && !zf) || !L.dgx || !L.dgh || !L.dgxb || !L.dghb || !L.dh ||
+  if (!L.gz || !L.h0 || !L.c0 || (L.mode != KILN_RNN_LSTM && !zf) || (!persistent && (!L.dgx || !L.dgh)) || !L.dgxb ||
+      !L.dghb || !L.dh ||
       !L.dc || !L.tmp || !L.h0b || (!persistent && !L.whhb) || (!persistent && L.reverse && L.padded && !L.dgs) ||
       (bw->gx && !fold_gx && !L.wihb) || (bw->gw_hh && gather && !hprev)) {
     rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory for the layer's buffers");
