@@ -1,7 +1,9 @@
 /* cpu/bf16_pool.c: max pooling of bf16 tensors (what autocast's max_pool2d runs on the CPU), forward
    and backward, so that a bf16 network's activations stay bf16 between its convolutions. Values are
    compared exactly (bf16 in f32); the largest wins, a NaN wins at once, as cpu/pool.c does; the
-   backward adds the grads of overlapping windows in f32 and rounds once. */
+   backward adds the grads of overlapping windows in f32 and rounds once. At the avx512 level the
+   common case, 2 x 2 windows of stride 2 over planes of even width, runs on the bits sixteen
+   outputs a vector, and its backward writes each grad once (no f32 plane, no scatter). */
 #include "cpu.h"
 #include "convert.h"
 #include "nn_calls.h"
@@ -14,14 +16,119 @@ struct bpool {
   const uint16_t *in;
   uint16_t *out;
   int64_t *idx;
+  int fast;   /* 2 x 2 windows, stride 2, W = 2 OW: each input in at most one window */
   int failed;
 };
+
+#if defined(__AVX512BW__)
+#include <immintrin.h>
+
+/* 2 x 2 windows, stride 2, of a plane whose width is twice the output's (W = 2 OW), sixteen
+   outputs at a time: a vector of 32 values of a row holds each window's pair of that row in a
+   32-bit lane, so the left one widened to f32 is the lane shifted up and the right one the lane's
+   high half. The four are compared in raster order as take() does in cpu/pool.c (a larger value
+   or a NaN replaces the best: the first maximum, or the last NaN), the best's own bits are the
+   output, and its rank in the window (0 to 3) gives the index. */
+static void max2x2_plane(const uint16_t *x, int64_t H, int64_t OH, int64_t OW, int64_t W, uint16_t *y, int64_t *idx) {
+  const __m512i hi = _mm512_set1_epi32((int)0xffff0000u), lane2 = _mm512_slli_epi32(
+                 _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 1);
+  const __m512i rank1 = _mm512_set1_epi32(1), rank2 = _mm512_set1_epi32(2), rank3 = _mm512_set1_epi32(3);
+  const __m512i w = _mm512_set1_epi32((int)W);
+  for (int64_t oh = 0; oh < OH; oh++) {
+    const uint16_t *r0 = x + 2 * oh * W, *r1 = r0 + W;
+    for (int64_t ow = 0; ow < OW; ow += 16) {
+      int64_t n = OW - ow < 16 ? OW - ow : 16, o = oh * OW + ow;
+      __mmask32 m32 = n == 16 ? 0xffffffffu : (__mmask32)((1u << (2 * n)) - 1);
+      __mmask16 m16 = (__mmask16)((1u << n) - 1);
+      /* whole vectors within the plane: the lanes past n read the next row (not used) and write
+         outputs of the next row, which it writes again; partly masked loads and stores of cold
+         memory stall (Zen 5) */
+      int whole = o + 16 <= OH * OW;
+      __m512i v0 = whole ? _mm512_loadu_si512(r0 + 2 * ow) : _mm512_maskz_loadu_epi16(m32, r0 + 2 * ow);
+      __m512i v1 = whole && (2 * oh + 1) * W + 2 * ow + 32 <= H * W ? _mm512_loadu_si512(r1 + 2 * ow)
+                                                                   : _mm512_maskz_loadu_epi16(m32, r1 + 2 * ow);
+      __m512 best = _mm512_castsi512_ps(_mm512_slli_epi32(v0, 16));
+      __m512i rank = _mm512_setzero_si512();
+      __m512 cand[3] = {_mm512_castsi512_ps(_mm512_and_si512(v0, hi)), _mm512_castsi512_ps(_mm512_slli_epi32(v1, 16)),
+                        _mm512_castsi512_ps(_mm512_and_si512(v1, hi))};
+      __m512i ranks[3] = {rank1, rank2, rank3};
+      for (int k = 0; k < 3; k++) {
+        __mmask16 take = _mm512_cmp_ps_mask(cand[k], best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(cand[k], cand[k], _CMP_UNORD_Q);
+        best = _mm512_mask_mov_ps(best, take, cand[k]);
+        rank = _mm512_mask_mov_epi32(rank, take, ranks[k]);
+      }
+      __m256i yv = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(best), 16));
+      if (whole) _mm256_storeu_si256((void *)(y + o), yv);
+      else _mm256_mask_storeu_epi16(y + o, m16, yv);
+      /* 2 oh W + 2 ow + (rank & 1) + (rank >> 1) W */
+      __m512i at = _mm512_add_epi32(_mm512_set1_epi32((int)(2 * oh * W + 2 * ow)), lane2);
+      at = _mm512_add_epi32(at, _mm512_and_si512(rank, rank1));
+      at = _mm512_add_epi32(at, _mm512_mullo_epi32(_mm512_srli_epi32(rank, 1), w));
+      if (whole) {
+        _mm512_storeu_si512(idx + o, _mm512_cvtepi32_epi64(_mm512_castsi512_si256(at)));
+        _mm512_storeu_si512(idx + o + 8, _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(at, 1)));
+        continue;
+      }
+      _mm512_mask_storeu_epi64(idx + o, (__mmask8)m16, _mm512_cvtepi32_epi64(_mm512_castsi512_si256(at)));
+      if (n > 8) _mm512_mask_storeu_epi64(idx + o + 8, (__mmask8)(m16 >> 8), _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(at, 1)));
+    }
+  }
+}
+
+/* The backward of max2x2_plane, each element of gx written once: gy at the maximum of its window
+   (as the scatter's f32 sum rounds it: -0 as +0, a NaN quieted), 0 elsewhere and in a last odd
+   row. 1 (nothing trusted) when an index is not in its own window. */
+static int max2x2_back_plane(const uint16_t *gy, const int64_t *idx, int64_t H, int64_t OH, int64_t OW, int64_t W,
+                             uint16_t *gx) {
+  const __m512i lane2 = _mm512_slli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 1);
+  const __m512i one = _mm512_set1_epi32(1), w = _mm512_set1_epi32((int)W), w1 = _mm512_set1_epi32((int)W + 1);
+  const __m512i negzero = _mm512_set1_epi32(0x8000), absmask = _mm512_set1_epi32(0x7fff), inf = _mm512_set1_epi32(0x7f80);
+  const __m512i quiet = _mm512_set1_epi32(0x40), zero = _mm512_setzero_si512();
+  for (int64_t oh = 0; oh < OH; oh++) {
+    uint16_t *g0 = gx + 2 * oh * W, *g1 = g0 + W;
+    for (int64_t ow = 0; ow < OW; ow += 16) {
+      int64_t n = OW - ow < 16 ? OW - ow : 16, o = oh * OW + ow;
+      __mmask32 m32 = n == 16 ? 0xffffffffu : (__mmask32)((1u << (2 * n)) - 1);
+      __mmask16 m16 = (__mmask16)((1u << n) - 1);
+      /* within the plane, whole vectors (the lanes past n are not used): partly masked loads
+         of cold memory stall (Zen 5) */
+      int whole = o + 16 <= OH * OW;
+      __m512i g = _mm512_cvtepu16_epi32(whole ? _mm256_loadu_si256((const void *)(gy + o)) : _mm256_maskz_loadu_epi16(m16, gy + o));
+      g = _mm512_mask_mov_epi32(g, _mm512_cmpeq_epi32_mask(g, negzero), zero);
+      g = _mm512_mask_or_epi32(g, _mm512_cmpgt_epi32_mask(_mm512_and_si512(g, absmask), inf), g, quiet);
+      __m256i lo = _mm512_cvtepi64_epi32(whole ? _mm512_loadu_si512(idx + o) : _mm512_maskz_loadu_epi64((__mmask8)m16, idx + o));
+      __m256i hi = _mm512_cvtepi64_epi32(whole ? _mm512_loadu_si512(idx + o + 8)
+                                               : _mm512_maskz_loadu_epi64((__mmask8)(m16 >> 8), idx + o + 8));
+      __m512i at = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+      __m512i local = _mm512_sub_epi32(at, _mm512_add_epi32(_mm512_set1_epi32((int)(2 * oh * W + 2 * ow)), lane2));
+      __mmask16 ok = _mm512_cmpeq_epi32_mask(local, zero) | _mm512_cmpeq_epi32_mask(local, one) |
+                     _mm512_cmpeq_epi32_mask(local, w) | _mm512_cmpeq_epi32_mask(local, w1);
+      if ((ok & m16) != m16) return 1;
+      __mmask16 right = _mm512_test_epi32_mask(local, one), low = _mm512_cmpge_epi32_mask(local, w);
+      __m512i t = _mm512_mask_slli_epi32(g, right, g, 16);   /* the pair's right half, or its left */
+      /* whole vectors where what they write past the row's pairs is written again by a store after
+         them, within the plane: the lower row's spills into the next window row (a later pair);
+         the upper row's into the lower row, which only a row of one vector writes after it */
+      __m512i v0 = _mm512_maskz_mov_epi32((__mmask16)~low, t), v1 = _mm512_maskz_mov_epi32(low, t);
+      int64_t at0 = 2 * oh * W + 2 * ow;
+      if ((OW <= 16 || 2 * ow + 32 <= W) && at0 + 32 <= H * W) _mm512_storeu_si512(g0 + 2 * ow, v0);
+      else _mm512_mask_storeu_epi16(g0 + 2 * ow, m32, v0);
+      if (at0 + W + 32 <= H * W) _mm512_storeu_si512(g1 + 2 * ow, v1);
+      else _mm512_mask_storeu_epi16(g1 + 2 * ow, m32, v1);
+    }
+  }
+  if (H > 2 * OH) memset(gx + 2 * OH * W, 0, sizeof(uint16_t) * (size_t)((H - 2 * OH) * W));
+  return 0;
+}
+#endif
 
 static void init(struct bpool *j, const struct kiln_call *c, const struct kiln_tensor *x, const struct kiln_tensor *y) {
   int nd = x->ndim;
   j->H = x->sizes[nd - 2]; j->W = x->sizes[nd - 1]; j->OH = y->sizes[nd - 2]; j->OW = y->sizes[nd - 1];
   j->kh = c->ints[0]; j->kw = c->ints[1]; j->sh = c->ints[2]; j->sw = c->ints[3]; j->ph = c->ints[4]; j->pw = c->ints[5];
   j->dh = c->ints[6]; j->dw = c->ints[7];
+  j->fast = j->kh == 2 && j->kw == 2 && j->sh == 2 && j->sw == 2 && j->ph == 0 && j->pw == 0 && j->dh == 1 && j->dw == 1 &&
+            2 * j->OH <= j->H && 2 * j->OW == j->W;
 }
 
 static void max_planes(void *ctx, int64_t begin, int64_t end) {
@@ -39,6 +146,12 @@ static void max_planes(void *ctx, int64_t begin, int64_t end) {
     const uint16_t *x = j->in + p * H * W;
     uint16_t *y = j->out + p * OH * OW;
     int64_t *idx = j->idx + p * OH * OW;
+#if defined(__AVX512BW__)
+    if (j->fast && H * W <= INT32_MAX) {
+      max2x2_plane(x, H, OH, OW, W, y, idx);
+      continue;
+    }
+#endif
     if (plane2x2) {
       for (int64_t i = 0; i < 2 * OH * W; i++) xf[i] = convert_bf16_to_f32(x[i]);
       kiln_cpu_max2x2_plane_f32(xf, OH, OW, W, yf, idx, t, tk, k);
@@ -115,6 +228,9 @@ static void max_back_planes(void *ctx, int64_t begin, int64_t end) {
     const uint16_t *gy = j->in + p * OHW;
     const int64_t *idx = j->idx + p * OHW;
     uint16_t *gx = j->out + p * HW;
+#if defined(__AVX512BW__)
+    if (j->fast && HW <= INT32_MAX && !max2x2_back_plane(gy, idx, j->H, j->OH, j->OW, j->W, gx)) continue;
+#endif
     memset(acc, 0, sizeof(float) * (size_t)HW);
     for (int64_t o = 0; o < OHW; o++) acc[idx[o]] += convert_bf16_to_f32(gy[o]);
     for (int64_t i = 0; i < HW; i++) gx[i] = convert_f32_to_bf16(acc[i]);
