@@ -83,6 +83,60 @@ void kiln_cpu_max2x2_plane_f32(const float *restrict x, int64_t OH, int64_t OW, 
     }
 }
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+/* 2 x 2 windows, stride 2, of an f32 plane whose width is twice the output's (W = 2 OW), sixteen
+   outputs at a time: 32 values of each of the window's two rows in two vectors, split into the
+   windows' left and right values (vpermt2ps), compared in raster order as take() does (a larger
+   value or a NaN replaces the best: the first maximum, or the last NaN); the best's rank in the
+   window (0 to 3) gives the index. Whole vectors within the plane: the lanes past the row's n
+   windows read further rows (not used) and write outputs of later rows, which those write again
+   (partly masked loads and stores of cold memory stall, Zen 5). */
+static void max2x2_plane_avx512(const float *x, int64_t H, int64_t OH, int64_t OW, int64_t W, float *y, int64_t *idx) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1)), lane2 = _mm512_srli_epi32(even, 0);
+  const __m512i rank1 = _mm512_set1_epi32(1), w = _mm512_set1_epi32((int)W);
+  const __m512i ranks[3] = {rank1, _mm512_set1_epi32(2), _mm512_set1_epi32(3)};
+  for (int64_t oh = 0; oh < OH; oh++)
+    for (int64_t ow = 0; ow < OW; ow += 16) {
+      int64_t n = OW - ow < 16 ? OW - ow : 16, o = oh * OW + ow, at0 = 2 * oh * W + 2 * ow;
+      __mmask16 m16 = (__mmask16)((1u << n) - 1), mlo = n >= 8 ? 0xffff : (__mmask16)((1u << (2 * n)) - 1);
+      __mmask16 mhi = n > 8 ? (__mmask16)((1u << (2 * n - 16)) - 1) : 0;
+      __m512 v[4];   /* row 0's 32 values, then row 1's */
+      for (int r = 0; r < 2; r++) {
+        const float *src = x + at0 + r * W;
+        int whole = at0 + r * W + 32 <= H * W;
+        v[2 * r] = whole ? _mm512_loadu_ps(src) : _mm512_maskz_loadu_ps(mlo, src);
+        v[2 * r + 1] = whole ? _mm512_loadu_ps(src + 16) : _mm512_maskz_loadu_ps(mhi, src + 16);
+      }
+      __m512 best = _mm512_permutex2var_ps(v[0], even, v[1]);
+      __m512 cand[3] = {_mm512_permutex2var_ps(v[0], odd, v[1]), _mm512_permutex2var_ps(v[2], even, v[3]),
+                        _mm512_permutex2var_ps(v[2], odd, v[3])};
+      __m512i rank = _mm512_setzero_si512();
+      for (int k = 0; k < 3; k++) {
+        __mmask16 take = _mm512_cmp_ps_mask(cand[k], best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(cand[k], cand[k], _CMP_UNORD_Q);
+        best = _mm512_mask_mov_ps(best, take, cand[k]);
+        rank = _mm512_mask_mov_epi32(rank, take, ranks[k]);
+      }
+      /* 2 oh W + 2 ow + (rank & 1) + (rank >> 1) W */
+      __m512i at = _mm512_add_epi32(_mm512_set1_epi32((int)at0), lane2);
+      at = _mm512_add_epi32(at, _mm512_and_si512(rank, rank1));
+      at = _mm512_add_epi32(at, _mm512_mullo_epi32(_mm512_srli_epi32(rank, 1), w));
+      __m512i lo = _mm512_cvtepi32_epi64(_mm512_castsi512_si256(at)), hi = _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(at, 1));
+      if (o + 16 <= OH * OW) {
+        _mm512_storeu_ps(y + o, best);
+        _mm512_storeu_si512(idx + o, lo);
+        _mm512_storeu_si512(idx + o + 8, hi);
+      } else {
+        _mm512_mask_storeu_ps(y + o, m16, best);
+        _mm512_mask_storeu_epi64(idx + o, (__mmask8)m16, lo);
+        _mm512_mask_storeu_epi64(idx + o + 8, (__mmask8)(m16 >> 8), hi);
+      }
+    }
+}
+#endif
+
 static inline __attribute__((always_inline)) int pool_is_2x2(const struct pool_job *j) {
   return j->kh == 2 && j->kw == 2 && j->sh == 2 && j->sw == 2 && j->ph == 0 && j->pw == 0 && j->dh == 1 && j->dw == 1 &&
          2 * j->OH <= j->H && 2 * j->OW <= j->W;
@@ -99,6 +153,12 @@ static inline __attribute__((always_inline)) void max_pool_planes(int dt, const 
     const void *x = dt_at(j->in, dt, p * H * W);
     void *y = dt_at(j->out, dt, p * OH * OW);
     int64_t *idx = j->idx + p * OH * OW;
+#if defined(__AVX512F__)
+    if (dt == KILN_F32 && pool_is_2x2(j) && 2 * OW == W && H * W <= INT32_MAX) {
+      max2x2_plane_avx512((const float *)x, H, OH, OW, W, (float *)y, idx);
+      continue;
+    }
+#endif
     if (plane2x2) {
       kiln_cpu_max2x2_plane_f32((const float *)x, OH, OW, W, (float *)y, idx, t, tk, k);
       continue;
