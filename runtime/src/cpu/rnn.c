@@ -353,6 +353,7 @@ struct layer {
   uint16_t *h0b;                 /* [B,H] h0 rounded, one element to spare */
   uint16_t *whhb, *wihb;         /* w_hh, w_ih rounded (the GEMM path and the GEMMs of the layer) */
   uint16_t *dgxb, *dghb;         /* [T,B,GHp] dgx and dgh rounded (dghb = dgxb but for the GRU) */
+  const uint16_t *gzb;           /* the bf16 grad of Z, read as it is by the persistent LSTM (else gz, in f32) */
   uint16_t *gxb;                 /* [T,B,I] x's grad (bf16), when the persistent team computes it */
   int64_t GHp;                   /* GH rounded up to even: dgxb's rows */
   uint16_t *hb;                  /* the GEMM path: [B,H] the state rounded, the step's product's rows */
@@ -436,12 +437,15 @@ static inline __attribute__((always_inline)) void plain_forward(int dt, const in
   }
 }
 
-static inline __attribute__((always_inline)) void lstm_backward(int dt, int64_t H, int64_t n, const void *restrict gy,
-                                                                const void *restrict res, const void *restrict cp,
-                                                                void *restrict dh, void *restrict dc, void *restrict dgx) {
+/* bf (a constant): the bf16 team's form, in f32: gy read as bf16, the four grads written rounded
+   to bf16 (dgx a row of dgxb) and added to the bias grads gb when given (the f32 values) */
+static inline __attribute__((always_inline)) void lstm_backward(int dt, const int bf, int64_t H, int64_t n,
+                                                                const void *restrict gy, const void *restrict res,
+                                                                const void *restrict cp, void *restrict dh, void *restrict dc,
+                                                                void *restrict dgx, float *restrict gb) {
 #pragma GCC ivdep   /* gate rows are H >= n apart: no overlap */
   for (int64_t j = 0; j < n; j++) {
-    double d = dt_add(dt, dt_load(dh, dt, j), dt_load(gy, dt, j));
+    double d = dt_add(dt, dt_load(dh, dt, j), bf ? (double)convert_bf16_to_f32(((const uint16_t *)gy)[j]) : dt_load(gy, dt, j));
     dt_store(dh, dt, j, d);
     double i = dt_load(res, dt, j), f = dt_load(res, dt, H + j), g = dt_load(res, dt, 2 * H + j);
     double o = dt_load(res, dt, 3 * H + j), tc = gate_tanh(dt, dt_load(res, dt, 4 * H + j));
@@ -451,10 +455,17 @@ static inline __attribute__((always_inline)) void lstm_backward(int dt, int64_t 
     double dg = dt_mul(dt, dt_mul(dt, dct, i), dt_sub(dt, 1, dt_mul(dt, g, g)));
     double dout = dt_mul(dt, dt_mul(dt, dt_mul(dt, d, tc), o), dt_sub(dt, 1, o));
     dt_store(dc, dt, j, dt_mul(dt, dct, f));
-    dt_store(dgx, dt, j, di);
-    dt_store(dgx, dt, H + j, df);
-    dt_store(dgx, dt, 2 * H + j, dg);
-    dt_store(dgx, dt, 3 * H + j, dout);
+    if (bf) {
+      uint16_t *o = dgx;
+      o[j] = convert_f32_to_bf16((float)di); o[H + j] = convert_f32_to_bf16((float)df);
+      o[2 * H + j] = convert_f32_to_bf16((float)dg); o[3 * H + j] = convert_f32_to_bf16((float)dout);
+      if (gb) { gb[j] += (float)di; gb[H + j] += (float)df; gb[2 * H + j] += (float)dg; gb[3 * H + j] += (float)dout; }
+    } else {
+      dt_store(dgx, dt, j, di);
+      dt_store(dgx, dt, H + j, df);
+      dt_store(dgx, dt, 2 * H + j, dg);
+      dt_store(dgx, dt, 3 * H + j, dout);
+    }
   }
 }
 
@@ -527,7 +538,7 @@ static inline __attribute__((always_inline)) void cell_backward(int dt, struct l
   void *dh = dt_at(L->dh, dt, b * H + j0), *dgx = gxr ? dt_at(gxr, dt, j0) : dt_at(L->dgx, dt, row * GH + j0);
   if (L->mode == KILN_RNN_LSTM) {
     const void *cp = s == 0 ? dt_at(L->c0, dt, b * H) : dt_at(L->res, dt, (prev_time(L, t) * L->B + b) * L->RS * H + 4 * H);
-    lstm_backward(dt, H, n, gy, res, dt_at(cp, dt, j0), dh, dt_at(L->dc, dt, b * H + j0), dgx);
+    lstm_backward(dt, 0, H, n, gy, res, dt_at(cp, dt, j0), dh, dt_at(L->dc, dt, b * H + j0), dgx, NULL);
   } else if (L->mode == KILN_RNN_GRU) {
     gru_backward(dt, H, n, gy, res, dt_at(h_before(dt, L, s, b, t), dt, j0), dh, dgx,
                  ghr ? dt_at(ghr, dt, j0) : dt_at(L->dgh, dt, row * GH + j0));
@@ -542,6 +553,16 @@ static void cell_backward_f32(struct layer *L, int64_t s, int64_t b, int64_t j0,
 }
 static void cell_backward_f64(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1) {
   cell_backward(KILN_F64, L, s, b, j0, j1, NULL, NULL);
+}
+/* The LSTM's in the bf16 team, in one pass: gy from the bf16 grad of Z (L->gzb), the grads
+   rounded straight into dgxb and summed into the bias grads (as grad_rows_bf does after
+   cell_backward_f32, the same bits) */
+static void cell_backward_lstm_bf(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1) {
+  int64_t H = L->H, t = step_time(L, s, b), row = t * L->B + b, RS = L->RS, n = j1 - j0;
+  const float *res = (const float *)L->res + row * RS * H + j0;
+  const float *cp = s == 0 ? (const float *)L->c0 + b * H : (const float *)L->res + (prev_time(L, t) * L->B + b) * RS * H + 4 * H;
+  lstm_backward(KILN_F32, 1, H, n, L->gzb + row * H + j0, res, cp + j0, (float *)L->dh + b * H + j0, (float *)L->dc + b * H + j0,
+                L->dgxb + row * L->GHp + j0, L->gbx ? (float *)L->gbx + j0 : NULL);
 }
 
 /* The grad of the state before step s for units [k0, k1) of sequence b, from prod[k - k0] (its
@@ -945,6 +966,10 @@ static void backward_team_bf(void *ctx, int id, int nteam) {
     for (int64_t b = 0; b < B; b++) {
       active[b] = s < L->len[b];
       if (!active[b]) continue;
+      if (L->gzb) {
+        cell_backward_lstm_bf(L, s, b, j0, j1);
+        continue;
+      }
       cell_backward_f32(L, s, b, j0, j1, gxr, ghr);
       grad_rows_bf(L, s, b, j0, j1, 1, gxr, ghr);
     }
@@ -1383,7 +1408,16 @@ static int backward_bf(const struct kiln_call *c) {
   int rc = KILN_OK;
   size_t nbig = sizeof(float) * (size_t)(T * B * GH > 0 ? T * B * GH : 1), nbh = (size_t)(B * H > 0 ? B * H : 1);
   size_t nbigb = sizeof(uint16_t) * (size_t)(T * B * GHp + 1), nz = (size_t)((T + S) * B * H);
-  L.gz = f32_of(bw->gz, (T + S) * B * H, &gzc);
+  /* the persistent LSTM reads gz as it is (bf16) but for the last state's grads, below; the rest an f32 copy */
+  const float *gz_last = NULL;   /* rows T.. of gz (the last states' grads) in f32 */
+  if (persistent && L.mode == KILN_RNN_LSTM && bw->gz->dtype == KILN_BF16) {
+    L.gzb = kiln_tensor_data(bw->gz);
+    if ((gzc = malloc(sizeof(float) * (size_t)(S * B * H + 1))))
+      for (int64_t i = 0; i < S * B * H; i++) gzc[i] = convert_bf16_to_f32(L.gzb[T * B * H + i]);
+    gz_last = gzc;
+  } else if ((L.gz = f32_of(bw->gz, (T + S) * B * H, &gzc))) {
+    gz_last = (const float *)L.gz + T * B * H;
+  }
   if (bw->t.h0) L.h0 = f32_of(bw->t.h0, B * H, &h0c);
   if (bw->t.c0) L.c0 = f32_of(bw->t.c0, B * H, &c0c);
   if (L.mode != KILN_RNN_LSTM) {   /* the GRU and the plain RNN read the outputs (the states) in f32 */
@@ -1411,7 +1445,7 @@ static int backward_bf(const struct kiln_call *c) {
   if (bw->gx && !fold_gx) L.wihb = malloc(sizeof(uint16_t) * (size_t)(GH * I + 1));
   int gather = L.padded || T * B == 0;
   if (bw->gw_hh && gather) hprev = scratch(sizeof(uint16_t) * (size_t)(T * B * H + 1), L.padded);
-  if (!L.gz || !L.h0 || !L.c0 || (L.mode != KILN_RNN_LSTM && !zf) || (!persistent && (!L.dgx || !L.dgh)) || !L.dgxb ||
+  if (!gz_last || !L.h0 || !L.c0 || (L.mode != KILN_RNN_LSTM && !zf) || (!persistent && (!L.dgx || !L.dgh)) || !L.dgxb ||
       !L.dghb || !L.dh ||
       !L.dc || !L.tmp || !L.h0b || (!persistent && !L.whhb) || (!persistent && L.reverse && L.padded && !L.dgs) ||
       (bw->gx && !fold_gx && !L.wihb) || (bw->gw_hh && gather && !hprev)) {
@@ -1432,8 +1466,8 @@ static int backward_bf(const struct kiln_call *c) {
     if (L.gbx) memset(L.gbx, 0, sizeof(float) * (size_t)GH);
     if (L.gbh) memset(L.gbh, 0, sizeof(float) * (size_t)GH);
   }
-  memcpy(L.dh, (const float *)L.gz + T * B * H, sizeof(float) * (size_t)(B * H));
-  if (L.mode == KILN_RNN_LSTM) memcpy(L.dc, (const float *)L.gz + (T + 1) * B * H, sizeof(float) * (size_t)(B * H));
+  memcpy(L.dh, gz_last, sizeof(float) * (size_t)(B * H));
+  if (L.mode == KILN_RNN_LSTM) memcpy(L.dc, gz_last + B * H, sizeof(float) * (size_t)(B * H));
   else memset(L.dc, 0, sizeof(float) * (size_t)(B * H));
   if (persistent) {
     barrier_init(&L.bar, kiln_parallel_team_size());
