@@ -13,6 +13,9 @@
 #include <string.h>
 #if defined(__linux__)
 #include <limits.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 #include <linux/futex.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -798,6 +801,21 @@ static inline __attribute__((always_inline)) void forward_team(int dt, struct la
 static void forward_team_f32(void *ctx, int id, int nteam) { forward_team(KILN_F32, ctx, id, nteam); }
 static void forward_team_f64(void *ctx, int id, int nteam) { forward_team(KILN_F64, ctx, id, nteam); }
 
+/* m elements of a row of dgh into a row of its panels (gwp, 64-byte aligned rows): a whole row of
+   a panel at the avx512 level by streaming stores, which do not read the cold lines first (gwp is
+   read only by the weights' grads after the team: 1.8% of the LSTM's backward + forward, Zen 5) */
+static inline __attribute__((always_inline)) void panel_row(int dt, void *dst, const void *src, int64_t m) {
+#if defined(__AVX512F__)
+  if (m == panel_width(dt)) {
+    for (int v = 0; v < 4; v++)
+      if (dt == KILN_F32) _mm512_stream_ps((float *)dst + 16 * v, _mm512_loadu_ps((const float *)src + 16 * v));
+      else _mm512_stream_pd((double *)dst + 8 * v, _mm512_loadu_pd((const double *)src + 8 * v));
+    return;
+  }
+#endif
+  memcpy(dst, src, dt_size(dt) * (size_t)m);
+}
+
 static inline __attribute__((always_inline)) void backward_team(int dt, struct layer *L, int id, int nteam) {
   int64_t j0, j1, H = L->H, GH = L->GH, B = L->B;
   slice(H, id, nteam, &j0, &j1);
@@ -848,7 +866,7 @@ static inline __attribute__((always_inline)) void backward_team(int dt, struct l
         int64_t r = step_time(L, s, b) * B + b;
         for (int64_t p = p0; p < p1; p++) {
           int64_t c0 = p * PW, m = GH - c0 < PW ? GH - c0 : PW;
-          memcpy(dt_at(L->gwp, dt, (p * TB + r) * PW), dt_at(L->dgh, dt, r * GH + c0), es * (size_t)m);
+          panel_row(dt, dt_at(L->gwp, dt, (p * TB + r) * PW), dt_at(L->dgh, dt, r * GH + c0), m);
         }
       }
     }
@@ -865,6 +883,9 @@ static inline __attribute__((always_inline)) void backward_team(int dt, struct l
       else times_rows_f64(wi, GH, ni, na, xs, ys, 0, 0);
     }
   }
+#if defined(__AVX512F__)
+  if (L->gwp) _mm_sfence();   /* panel_row's stores seen before the weights' grads read them */
+#endif
   free(wc); free(wi); free(prod); free(active); free(xs); free(ys);
 }
 static void backward_team_f32(void *ctx, int id, int nteam) { backward_team(KILN_F32, ctx, id, nteam); }
