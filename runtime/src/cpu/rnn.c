@@ -440,12 +440,13 @@ static inline __attribute__((always_inline)) void plain_forward(int dt, const in
   }
 }
 
-/* bf (a constant): the bf16 team's form, in f32: gy read as bf16, the four grads written rounded
-   to bf16 (dgx a row of dgxb) and added to the bias grads gb when given (the f32 values) */
+/* The four grads are added to the bias grads gb (the team's sums) when given. bf (a constant): the
+   bf16 team's form, in f32: gy read as bf16, the grads written rounded to bf16 (dgx a row of dgxb)
+   and their f32 values added to gb. */
 static inline __attribute__((always_inline)) void lstm_backward(int dt, const int bf, int64_t H, int64_t n,
                                                                 const void *restrict gy, const void *restrict res,
                                                                 const void *restrict cp, void *restrict dh, void *restrict dc,
-                                                                void *restrict dgx, float *restrict gb) {
+                                                                void *restrict dgx, void *restrict gb) {
 #pragma GCC ivdep   /* gate rows are H >= n apart: no overlap */
   for (int64_t j = 0; j < n; j++) {
     double d = dt_add(dt, dt_load(dh, dt, j), bf ? (double)convert_bf16_to_f32(((const uint16_t *)gy)[j]) : dt_load(gy, dt, j));
@@ -462,12 +463,17 @@ static inline __attribute__((always_inline)) void lstm_backward(int dt, const in
       uint16_t *o = dgx;
       o[j] = convert_f32_to_bf16((float)di); o[H + j] = convert_f32_to_bf16((float)df);
       o[2 * H + j] = convert_f32_to_bf16((float)dg); o[3 * H + j] = convert_f32_to_bf16((float)dout);
-      if (gb) { gb[j] += (float)di; gb[H + j] += (float)df; gb[2 * H + j] += (float)dg; gb[3 * H + j] += (float)dout; }
     } else {
       dt_store(dgx, dt, j, di);
       dt_store(dgx, dt, H + j, df);
       dt_store(dgx, dt, 2 * H + j, dg);
       dt_store(dgx, dt, 3 * H + j, dout);
+    }
+    if (gb) {
+      dt_store(gb, dt, j, dt_add(dt, dt_load(gb, dt, j), di));
+      dt_store(gb, dt, H + j, dt_add(dt, dt_load(gb, dt, H + j), df));
+      dt_store(gb, dt, 2 * H + j, dt_add(dt, dt_load(gb, dt, 2 * H + j), dg));
+      dt_store(gb, dt, 3 * H + j, dt_add(dt, dt_load(gb, dt, 3 * H + j), dout));
     }
   }
 }
@@ -533,15 +539,17 @@ static void cell_forward_f64(struct layer *L, int64_t s, int64_t b, int64_t j0, 
 /* The grads of units [j0, j1) of sequence b at step s: dh[b] holds the grad of the step's output
    state (the output's grad added here), dc[b] that of its cell. Writes the pre-activation grads
    to dgx and dgh (time rows; dgh is dgx but for the GRU), or to the rows gxr and ghr (a row of GH
-   each, the bf16 team's scratch) when given, and dc[b] for the step before. */
+   each, the bf16 team's scratch) when given, and dc[b] for the step before. With sums, the LSTM's
+   grads are also added to the bias grads gbx, in the pass (bias_rows' sums, for the other modes). */
 static inline __attribute__((always_inline)) void cell_backward(int dt, struct layer *L, int64_t s, int64_t b, int64_t j0,
-                                                                int64_t j1, void *gxr, void *ghr) {
+                                                                int64_t j1, void *gxr, void *ghr, int sums) {
   int64_t H = L->H, t = step_time(L, s, b), row = t * L->B + b, GH = L->GH, n = j1 - j0;
   const void *gy = dt_at(L->gz, dt, row * H + j0), *res = L->res ? dt_at(L->res, dt, row * L->RS * H + j0) : NULL;
   void *dh = dt_at(L->dh, dt, b * H + j0), *dgx = gxr ? dt_at(gxr, dt, j0) : dt_at(L->dgx, dt, row * GH + j0);
   if (L->mode == KILN_RNN_LSTM) {
     const void *cp = s == 0 ? dt_at(L->c0, dt, b * H) : dt_at(L->res, dt, (prev_time(L, t) * L->B + b) * L->RS * H + 4 * H);
-    lstm_backward(dt, 0, H, n, gy, res, dt_at(cp, dt, j0), dh, dt_at(L->dc, dt, b * H + j0), dgx, NULL);
+    lstm_backward(dt, 0, H, n, gy, res, dt_at(cp, dt, j0), dh, dt_at(L->dc, dt, b * H + j0), dgx,
+                  sums && L->gbx ? dt_at(L->gbx, dt, j0) : NULL);
   } else if (L->mode == KILN_RNN_GRU) {
     gru_backward(dt, H, n, gy, res, dt_at(h_before(dt, L, s, b, t), dt, j0), dh, dgx,
                  ghr ? dt_at(ghr, dt, j0) : dt_at(L->dgh, dt, row * GH + j0));
@@ -551,11 +559,11 @@ static inline __attribute__((always_inline)) void cell_backward(int dt, struct l
     plain_backward(dt, 0, n, gy, dt_at(L->z, dt, row * H + j0), dh, dgx);
   }
 }
-static void cell_backward_f32(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1, float *gxr, float *ghr) {
-  cell_backward(KILN_F32, L, s, b, j0, j1, gxr, ghr);
+static void cell_backward_f32(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1, float *gxr, float *ghr, int sums) {
+  cell_backward(KILN_F32, L, s, b, j0, j1, gxr, ghr, sums);
 }
-static void cell_backward_f64(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1) {
-  cell_backward(KILN_F64, L, s, b, j0, j1, NULL, NULL);
+static void cell_backward_f64(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1, int sums) {
+  cell_backward(KILN_F64, L, s, b, j0, j1, NULL, NULL, sums);
 }
 /* The LSTM's in the bf16 team, in one pass: gy from the bf16 grad of Z (L->gzb), the grads
    rounded straight into dgxb and summed into the bias grads (as grad_rows_bf does after
@@ -646,7 +654,7 @@ static inline __attribute__((always_inline)) void backward_rows(int dt, const st
   struct layer *L = r->L;
   for (int64_t b = b0; b < b1; b++)
     if (r->s < L->len[b]) {
-      dt == KILN_F32 ? cell_backward_f32(L, r->s, b, 0, L->H, NULL, NULL) : cell_backward_f64(L, r->s, b, 0, L->H);
+      dt == KILN_F32 ? cell_backward_f32(L, r->s, b, 0, L->H, NULL, NULL, 0) : cell_backward_f64(L, r->s, b, 0, L->H, 0);
       if (L->bf) {
         int64_t row = step_time(L, r->s, b) * L->B + b;
         grad_rows_bf(L, r->s, b, 0, L->H, 0, (const float *)L->dgx + row * L->GH, (const float *)L->dgh + row * L->GH);
@@ -843,8 +851,9 @@ static inline __attribute__((always_inline)) void backward_team(int dt, struct l
     for (int64_t b = 0; b < B; b++) {
       active[b] = s < L->len[b];
       if (!active[b]) continue;
-      dt == KILN_F32 ? cell_backward_f32(L, s, b, j0, j1, NULL, NULL) : cell_backward_f64(L, s, b, j0, j1);
-      if (L->gbx || L->gbh) dt == KILN_F32 ? bias_rows_f32(L, s, b, j0, j1) : bias_rows_f64(L, s, b, j0, j1);
+      dt == KILN_F32 ? cell_backward_f32(L, s, b, j0, j1, NULL, NULL, 1) : cell_backward_f64(L, s, b, j0, j1, 1);
+      if ((L->gbx || L->gbh) && L->mode != KILN_RNN_LSTM)
+        dt == KILN_F32 ? bias_rows_f32(L, s, b, j0, j1) : bias_rows_f64(L, s, b, j0, j1);
     }
     barrier_wait(&L->bar, &sense);
     /* this step's rows are read where they are in dgh, by time, so that the next step may write
@@ -991,7 +1000,7 @@ static void backward_team_bf(void *ctx, int id, int nteam) {
         cell_backward_lstm_bf(L, s, b, j0, j1);
         continue;
       }
-      cell_backward_f32(L, s, b, j0, j1, gxr, ghr);
+      cell_backward_f32(L, s, b, j0, j1, gxr, ghr, 0);
       grad_rows_bf(L, s, b, j0, j1, 1, gxr, ghr);
     }
     barrier_wait(&L->bar, &sense);
