@@ -390,7 +390,8 @@ static inline __attribute__((always_inline)) double gate_in(int dt, const void *
 /* The gate loops over n units, with restrict pointers (at the first unit; gates are H apart) so
    that they vectorise. Where two products meet in a sum they are computed in this order: gcc
    fuses the first into an FMA. */
-static inline __attribute__((always_inline)) void lstm_forward(int dt, int64_t H, int64_t n, const void *restrict xp,
+/* bf (a constant): the bf16 team's form, y a row of bf16 outputs, written rounded */
+static inline __attribute__((always_inline)) void lstm_forward(int dt, const int bf, int64_t H, int64_t n, const void *restrict xp,
                                                                const void *restrict bi, const void *restrict hh,
                                                                const void *restrict bh, void *restrict c,
                                                                void *restrict res, void *restrict ho, void *restrict y) {
@@ -406,7 +407,9 @@ static inline __attribute__((always_inline)) void lstm_forward(int dt, int64_t H
     double hn = dt_mul(dt, o, gate_tanh(dt, cn));
     dt_store(res, dt, j, i); dt_store(res, dt, H + j, f); dt_store(res, dt, 2 * H + j, g);
     dt_store(res, dt, 3 * H + j, o); dt_store(res, dt, 4 * H + j, cn);
-    dt_store(c, dt, j, cn); dt_store(ho, dt, j, hn); dt_store(y, dt, j, hn);
+    dt_store(c, dt, j, cn); dt_store(ho, dt, j, hn);
+    if (bf) ((uint16_t *)y)[j] = convert_f32_to_bf16((float)hn);
+    else dt_store(y, dt, j, hn);
   }
 }
 
@@ -521,7 +524,7 @@ static inline __attribute__((always_inline)) void cell_forward(int dt, struct la
   /* the output row; bf16: yf, a scratch row of the caller's, then the output rounded into zb */
   void *y = L->bf ? yf : dt_at(L->z, dt, row * H + j0), *ho = dt_at(hout, dt, b * H + j0);
   void *res = L->res ? dt_at(L->res, dt, row * L->RS * H + j0) : NULL;
-  if (L->mode == KILN_RNN_LSTM) lstm_forward(dt, H, n, xp, bi, hh, bh, dt_at(L->c, dt, b * H + j0), res, ho, y);
+  if (L->mode == KILN_RNN_LSTM) lstm_forward(dt, 0, H, n, xp, bi, hh, bh, dt_at(L->c, dt, b * H + j0), res, ho, y);
   else if (L->mode == KILN_RNN_GRU) gru_forward(dt, H, n, xp, bi, hh, bh, dt_at(hin, dt, b * H + j0), res, ho, y);
   else if (L->mode == KILN_RNN_RELU) plain_forward(dt, 1, n, xp, bi, hh, bh, ho, y);
   else plain_forward(dt, 0, n, xp, bi, hh, bh, ho, y);
@@ -534,6 +537,15 @@ static void cell_forward_f32(struct layer *L, int64_t s, int64_t b, int64_t j0, 
 static void cell_forward_f64(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1, const void *hin, void *hout,
                              void *yf) {
   cell_forward(KILN_F64, L, s, b, j0, j1, hin, hout, yf);
+}
+/* The LSTM's in the bf16 team: its outputs rounded into zb in the gates' pass (cell_forward's
+   second pass, the same bits) */
+static void cell_forward_lstm_bf(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1, void *hout) {
+  int64_t H = L->H, t = step_time(L, s, b), row = t * L->B + b, GH = L->GH, n = j1 - j0;
+  const float *xp = L->xp ? (const float *)L->xp + row * GH + j0 : (const float *)L->zero + j0;
+  lstm_forward(KILN_F32, 1, H, n, xp, (const float *)L->b_ih + j0, (const float *)L->hh + b * GH + j0,
+               (const float *)L->b_hh + j0, (float *)L->c + b * H + j0, L->res ? (float *)L->res + row * L->RS * H + j0 : NULL,
+               (float *)hout + b * H + j0, L->zb + row * H + j0);
 }
 
 /* The grads of units [j0, j1) of sequence b at step s: dh[b] holds the grad of the step's output
@@ -959,7 +971,8 @@ static void forward_team_bf(void *ctx, int id, int nteam) {
       float *hh = (float *)L->hh + b * L->GH;
       if (!direct)
         for (int64_t g = 0; g < G; g++) memcpy(hh + g * H + j0, prod + b * nq + g * nj, sizeof(float) * (size_t)nj);
-      cell_forward_f32(L, s, b, j0, j1, hcur, hnext, yf);
+      if (L->mode == KILN_RNN_LSTM) cell_forward_lstm_bf(L, s, b, j0, j1, hnext);
+      else cell_forward_f32(L, s, b, j0, j1, hcur, hnext, yf);
     }
     float *swap = hcur; hcur = hnext; hnext = swap;
     barrier_wait(&L->bar, &sense);
