@@ -463,9 +463,9 @@ static inline __attribute__((always_inline)) void lstm_backward(int dt, const in
     double dout = dt_mul(dt, dt_mul(dt, dt_mul(dt, d, tc), o), dt_sub(dt, 1, o));
     dt_store(dc, dt, j, dt_mul(dt, dct, f));
     if (bf) {
-      uint16_t *o = dgx;
-      o[j] = convert_f32_to_bf16((float)di); o[H + j] = convert_f32_to_bf16((float)df);
-      o[2 * H + j] = convert_f32_to_bf16((float)dg); o[3 * H + j] = convert_f32_to_bf16((float)dout);
+      uint16_t *row = dgx;
+      row[j] = convert_f32_to_bf16((float)di); row[H + j] = convert_f32_to_bf16((float)df);
+      row[2 * H + j] = convert_f32_to_bf16((float)dg); row[3 * H + j] = convert_f32_to_bf16((float)dout);
     } else {
       dt_store(dgx, dt, j, di);
       dt_store(dgx, dt, H + j, df);
