@@ -164,31 +164,37 @@ static void times_emulated(const uint32_t *packed, int64_t K, int64_t n, int64_t
 /* ---- AVX512-BF16 ---- */
 
 #if defined(__x86_64__)
+/* One pair row kk of a panel against NB rows: the pair x[q][2kk], x[q][2kk+1] broadcast straight
+   from the row, or (last: an odd K's final element) that element alone, as the row's next element
+   is not ours. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"), always_inline))
+static inline void npair(const int NB, const int last, const uint32_t *ak, const uint16_t *const *x, int64_t kk,
+                         __m512 acc[][4]) {
+  __m512i w0 = _mm512_loadu_si512(ak), w1 = _mm512_loadu_si512(ak + 16), w2 = _mm512_loadu_si512(ak + 32);
+  __m512i w3 = _mm512_loadu_si512(ak + 48);
+  /* the four weight vectors are loaded once for the NB sequences (as in cpu/rnn.c) */
+  __asm__("" : "+v"(w0), "+v"(w1), "+v"(w2), "+v"(w3));
+  for (int q = 0; q < NB; q++) {
+    uint32_t pr = 0;
+    memcpy(&pr, x[q] + 2 * kk, last ? 2 : 4);
+    __m512bh xv = (__m512bh)_mm512_set1_epi32((int)pr);
+    acc[q][0] = _mm512_dpbf16_ps(acc[q][0], xv, (__m512bh)w0);
+    acc[q][1] = _mm512_dpbf16_ps(acc[q][1], xv, (__m512bh)w1);
+    acc[q][2] = _mm512_dpbf16_ps(acc[q][2], xv, (__m512bh)w2);
+    acc[q][3] = _mm512_dpbf16_ps(acc[q][3], xv, (__m512bh)w3);
+  }
+}
+
 /* (the target attribute on its own line, the name on the next: tools/isa_check.lua reads them so) */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"), always_inline))
 static inline void nblock(const int NB, const uint32_t *ap, int64_t K, const uint16_t *const *x, void *const *y, int64_t out,
                           int64_t m, int out_bf16) {
-  const int64_t kp = (K + 1) / 2, full = K & 1 ? kp - 1 : kp;
+  const int64_t kp = (K + 1) / 2, full = K / 2;
   __m512 acc[4][4];
   for (int q = 0; q < NB; q++)
     for (int v = 0; v < 4; v++) acc[q][v] = _mm512_setzero_ps();
-  for (int64_t kk = 0; kk < kp; kk++) {
-    const uint32_t *ak = ap + kk * NPW;
-    __m512i w0 = _mm512_loadu_si512(ak), w1 = _mm512_loadu_si512(ak + 16), w2 = _mm512_loadu_si512(ak + 32);
-    __m512i w3 = _mm512_loadu_si512(ak + 48);
-    /* the four weight vectors are loaded once for the NB sequences (as in cpu/rnn.c) */
-    __asm__("" : "+v"(w0), "+v"(w1), "+v"(w2), "+v"(w3));
-    for (int q = 0; q < NB; q++) {
-      uint32_t pr;
-      memcpy(&pr, x[q] + 2 * kk, 4);
-      if (kk >= full) pr &= 0xffffu;   /* past K: the row's next element is not ours */
-      __m512bh xv = (__m512bh)_mm512_set1_epi32((int)pr);
-      acc[q][0] = _mm512_dpbf16_ps(acc[q][0], xv, (__m512bh)w0);
-      acc[q][1] = _mm512_dpbf16_ps(acc[q][1], xv, (__m512bh)w1);
-      acc[q][2] = _mm512_dpbf16_ps(acc[q][2], xv, (__m512bh)w2);
-      acc[q][3] = _mm512_dpbf16_ps(acc[q][3], xv, (__m512bh)w3);
-    }
-  }
+  for (int64_t kk = 0; kk < full; kk++) npair(NB, 0, ap + kk * NPW, x, kk, acc);
+  if (full < kp) npair(NB, 1, ap + full * NPW, x, full, acc);
   for (int q = 0; q < NB; q++) {
     if (m == NPW && !out_bf16) {
       float *o = (float *)y[q] + out;
