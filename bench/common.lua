@@ -1,5 +1,5 @@
 -- bench/common.lua: what the benchmarks share: their flags (--quick, --no-peer), a monotonic
--- clock, medians, and the median time of repeated calls.
+-- clock, medians, and the median (and best) time of repeated calls.
 local ffi = require "ffi"
 
 local M = {quick = false, peer = true}
@@ -12,7 +12,7 @@ local ts = ffi.new("kiln_bench_ts")
 function M.now() ffi.C.clock_gettime(1, ts) return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9 end
 function M.median(xs) table.sort(xs) local n = #xs return n % 2 == 1 and xs[(n + 1) / 2] or (xs[n / 2] + xs[n / 2 + 1]) / 2 end
 
--- Median seconds per call of fn: after `warmup` calls (default 1) and a quarter of a second of
+-- Median seconds per call of fn, and the best rep's: after `warmup` calls (default 1) and a quarter of a second of
 -- untimed calls, reps (3 quick, 5 otherwise) of enough calls to last about `target` seconds each
 -- ({quick, full} seconds, default {0.05, 0.25}). The untimed calls bring the process to the state
 -- a training loop runs in: an op on 4 MB tensors takes about a hundred calls (the heap growing
@@ -33,7 +33,7 @@ function M.measure(fn, opts)
     for _ = 1, n do fn() end
     times[#times + 1] = (M.now() - t0) / n
   end
-  return M.median(times)
+  return M.median(times), math.min(unpack(times))
 end
 
 -- The f32 multiply-add rate of a large square product (kiln.matmul at the current thread count:

@@ -8,9 +8,13 @@ threads = int(next(a for i, a in enumerate(args) if a.isdigit() and (i == 0 or a
 quick = "--quick" in sys.argv
 
 def measure(fn, warmup=1, target=(0.05, 0.25)):
+    """Median seconds per call of fn (measure_both's first)."""
+    return measure_both(fn, warmup, target)[0]
+
+def measure_both(fn, warmup=1, target=(0.05, 0.25)):
     """Median seconds per call of fn: after `warmup` calls and a quarter of a second of untimed
     calls (the same rule as bench/common.lua), reps (3 quick, 5 otherwise) of enough calls to last
-    about target[0] (quick) or target[1] seconds each."""
+    about target[0] (quick) or target[1] seconds each; and the best rep's."""
     for _ in range(warmup):
         fn()
     t0 = time.perf_counter()
@@ -24,4 +28,4 @@ def measure(fn, warmup=1, target=(0.05, 0.25)):
         for _ in range(n):
             fn()
         times.append((time.perf_counter() - t0) / n)
-    return statistics.median(times)
+    return statistics.median(times), min(times)
