@@ -21,7 +21,7 @@ struct bpool {
 };
 
 #if defined(__AVX512BW__)
-#include <immintrin.h>
+#include "max2x2.h"
 
 /* 2 x 2 windows, stride 2, of a plane whose width is twice the output's (W = 2 OW), sixteen
    outputs at a time: a vector of 32 values of a row holds each window's pair of that row in a
@@ -30,10 +30,7 @@ struct bpool {
    or a NaN replaces the best: the first maximum, or the last NaN), the best's own bits are the
    output, and its rank in the window (0 to 3) gives the index. */
 static void max2x2_plane(const uint16_t *x, int64_t H, int64_t OH, int64_t OW, int64_t W, uint16_t *y, int64_t *idx) {
-  const __m512i hi = _mm512_set1_epi32((int)0xffff0000u), lane2 = _mm512_slli_epi32(
-                 _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 1);
-  const __m512i rank1 = _mm512_set1_epi32(1), rank2 = _mm512_set1_epi32(2), rank3 = _mm512_set1_epi32(3);
-  const __m512i w = _mm512_set1_epi32((int)W);
+  const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
   for (int64_t oh = 0; oh < OH; oh++) {
     const uint16_t *r0 = x + 2 * oh * W, *r1 = r0 + W;
     for (int64_t ow = 0; ow < OW; ow += 16) {
@@ -47,23 +44,14 @@ static void max2x2_plane(const uint16_t *x, int64_t H, int64_t OH, int64_t OW, i
       __m512i v0 = whole ? _mm512_loadu_si512(r0 + 2 * ow) : _mm512_maskz_loadu_epi16(m32, r0 + 2 * ow);
       __m512i v1 = whole && (2 * oh + 1) * W + 2 * ow + 32 <= H * W ? _mm512_loadu_si512(r1 + 2 * ow)
                                                                    : _mm512_maskz_loadu_epi16(m32, r1 + 2 * ow);
-      __m512 best = _mm512_castsi512_ps(_mm512_slli_epi32(v0, 16));
-      __m512i rank = _mm512_setzero_si512();
-      __m512 cand[3] = {_mm512_castsi512_ps(_mm512_and_si512(v0, hi)), _mm512_castsi512_ps(_mm512_slli_epi32(v1, 16)),
-                        _mm512_castsi512_ps(_mm512_and_si512(v1, hi))};
-      __m512i ranks[3] = {rank1, rank2, rank3};
-      for (int k = 0; k < 3; k++) {
-        __mmask16 take = _mm512_cmp_ps_mask(cand[k], best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(cand[k], cand[k], _CMP_UNORD_Q);
-        best = _mm512_mask_mov_ps(best, take, cand[k]);
-        rank = _mm512_mask_mov_epi32(rank, take, ranks[k]);
-      }
+      __m512 cand[4] = {_mm512_castsi512_ps(_mm512_slli_epi32(v0, 16)), _mm512_castsi512_ps(_mm512_and_si512(v0, hi)),
+                        _mm512_castsi512_ps(_mm512_slli_epi32(v1, 16)), _mm512_castsi512_ps(_mm512_and_si512(v1, hi))};
+      __m512i rank;
+      __m512 best = kiln_max2x2_pick(cand, &rank);
       __m256i yv = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(best), 16));
       if (whole) _mm256_storeu_si256((void *)(y + o), yv);
       else _mm256_mask_storeu_epi16(y + o, m16, yv);
-      /* 2 oh W + 2 ow + (rank & 1) + (rank >> 1) W */
-      __m512i at = _mm512_add_epi32(_mm512_set1_epi32((int)(2 * oh * W + 2 * ow)), lane2);
-      at = _mm512_add_epi32(at, _mm512_and_si512(rank, rank1));
-      at = _mm512_add_epi32(at, _mm512_mullo_epi32(_mm512_srli_epi32(rank, 1), w));
+      __m512i at = kiln_max2x2_index(2 * oh * W + 2 * ow, rank, W);
       if (whole) {
         _mm512_storeu_si512(idx + o, _mm512_cvtepi32_epi64(_mm512_castsi512_si256(at)));
         _mm512_storeu_si512(idx + o + 8, _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(at, 1)));

@@ -84,7 +84,7 @@ void kiln_cpu_max2x2_plane_f32(const float *restrict x, int64_t OH, int64_t OW, 
 }
 
 #if defined(__AVX512F__)
-#include <immintrin.h>
+#include "max2x2.h"
 
 /* 2 x 2 windows, stride 2, of an f32 plane whose width is twice the output's (W = 2 OW), sixteen
    outputs at a time: 32 values of each of the window's two rows in two vectors, split into the
@@ -95,9 +95,7 @@ void kiln_cpu_max2x2_plane_f32(const float *restrict x, int64_t OH, int64_t OW, 
    (partly masked loads and stores of cold memory stall, Zen 5). */
 static void max2x2_plane_avx512(const float *x, int64_t H, int64_t OH, int64_t OW, int64_t W, float *y, int64_t *idx) {
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1)), lane2 = _mm512_srli_epi32(even, 0);
-  const __m512i rank1 = _mm512_set1_epi32(1), w = _mm512_set1_epi32((int)W);
-  const __m512i ranks[3] = {rank1, _mm512_set1_epi32(2), _mm512_set1_epi32(3)};
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
   for (int64_t oh = 0; oh < OH; oh++)
     for (int64_t ow = 0; ow < OW; ow += 16) {
       int64_t n = OW - ow < 16 ? OW - ow : 16, o = oh * OW + ow, at0 = 2 * oh * W + 2 * ow;
@@ -110,19 +108,11 @@ static void max2x2_plane_avx512(const float *x, int64_t H, int64_t OH, int64_t O
         v[2 * r] = whole ? _mm512_loadu_ps(src) : _mm512_maskz_loadu_ps(mlo, src);
         v[2 * r + 1] = whole ? _mm512_loadu_ps(src + 16) : _mm512_maskz_loadu_ps(mhi, src + 16);
       }
-      __m512 best = _mm512_permutex2var_ps(v[0], even, v[1]);
-      __m512 cand[3] = {_mm512_permutex2var_ps(v[0], odd, v[1]), _mm512_permutex2var_ps(v[2], even, v[3]),
-                        _mm512_permutex2var_ps(v[2], odd, v[3])};
-      __m512i rank = _mm512_setzero_si512();
-      for (int k = 0; k < 3; k++) {
-        __mmask16 take = _mm512_cmp_ps_mask(cand[k], best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(cand[k], cand[k], _CMP_UNORD_Q);
-        best = _mm512_mask_mov_ps(best, take, cand[k]);
-        rank = _mm512_mask_mov_epi32(rank, take, ranks[k]);
-      }
-      /* 2 oh W + 2 ow + (rank & 1) + (rank >> 1) W */
-      __m512i at = _mm512_add_epi32(_mm512_set1_epi32((int)at0), lane2);
-      at = _mm512_add_epi32(at, _mm512_and_si512(rank, rank1));
-      at = _mm512_add_epi32(at, _mm512_mullo_epi32(_mm512_srli_epi32(rank, 1), w));
+      __m512 cand[4] = {_mm512_permutex2var_ps(v[0], even, v[1]), _mm512_permutex2var_ps(v[0], odd, v[1]),
+                        _mm512_permutex2var_ps(v[2], even, v[3]), _mm512_permutex2var_ps(v[2], odd, v[3])};
+      __m512i rank;
+      __m512 best = kiln_max2x2_pick(cand, &rank);
+      __m512i at = kiln_max2x2_index(at0, rank, W);
       __m512i lo = _mm512_cvtepi32_epi64(_mm512_castsi512_si256(at)), hi = _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(at, 1));
       if (o + 16 <= OH * OW) {
         _mm512_storeu_ps(y + o, best);

@@ -994,12 +994,13 @@ static void backward_team_bf(void *ctx, int id, int nteam) {
   uint32_t *wi = ni ? malloc(sizeof(uint32_t) * (size_t)((ni + PW - 1) / PW * PW * kp + 1)) : NULL;
   float *prod = malloc(sizeof(float) * (size_t)(B * nj + 1));
   /* a step's f32 grads of one sequence, rounded into dgxb (dghb) as soon as they are written: a
-     row of dgx (and of dgh for the GRU), of which this thread fills its units */
-  float *gxr = malloc(sizeof(float) * (size_t)(2 * GH + 1)), *ghr = L->dghb != L->dgxb ? gxr + GH : gxr;
+     row of dgx (and of dgh for the GRU), of which this thread fills its units; none for the LSTM,
+     whose gates write dgxb themselves (cell_backward_lstm_bf) */
+  float *gxr = L->gzb ? NULL : malloc(sizeof(float) * (size_t)(2 * GH + 1)), *ghr = L->dghb != L->dgxb ? gxr + GH : gxr;
   unsigned char *active = malloc((size_t)B);
   const uint16_t **xs = malloc(sizeof(void *) * (size_t)(B + 1));
   void **ys = malloc(sizeof(void *) * (size_t)(B + 1));
-  if (!team_ready(L, &sense, wc && (!ni || wi) && prod && gxr && active && xs && ys)) {
+  if (!team_ready(L, &sense, wc && (!ni || wi) && prod && (L->gzb || gxr) && active && xs && ys)) {
     free(wc); free(wi); free(prod); free(gxr); free(active); free(xs); free(ys);
     return;
   }

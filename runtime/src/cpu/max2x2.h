@@ -1,0 +1,34 @@
+/* cpu/max2x2.h: what the AVX-512 2x2 max pooling of f32 (cpu/pool.c) and bf16 (cpu/bf16_pool.c)
+   share: sixteen windows' four candidates in f32 lanes, compared in raster order, and the flat
+   index of each window's pick. Only at the avx512 level. */
+#ifndef KILN_CPU_MAX2X2_H
+#define KILN_CPU_MAX2X2_H
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#include <stdint.h>
+
+/* The pick of each lane's window among its values in raster order (c[0] top left, c[1] top
+   right, c[2] bottom left, c[3] bottom right), as cpu/pool.c's take(): a larger value or a NaN
+   replaces the best, so the first maximum wins, or the last NaN. *rank: 0 to 3. */
+static inline __attribute__((always_inline)) __m512 kiln_max2x2_pick(const __m512 c[4], __m512i *rank) {
+  __m512 best = c[0];
+  __m512i r = _mm512_setzero_si512();
+  for (int k = 1; k < 4; k++) {
+    __mmask16 take = _mm512_cmp_ps_mask(c[k], best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(c[k], c[k], _CMP_UNORD_Q);
+    best = _mm512_mask_mov_ps(best, take, c[k]);
+    r = _mm512_mask_mov_epi32(r, take, _mm512_set1_epi32(k));
+  }
+  *rank = r;
+  return best;
+}
+
+/* The plane index of each pick, windows starting at at0 (2 oh W + 2 ow) two columns apart:
+   at0 + 2 lane + (rank & 1) + (rank >> 1) W, in 32 bits. */
+static inline __attribute__((always_inline)) __m512i kiln_max2x2_index(int64_t at0, __m512i rank, int64_t W) {
+  const __m512i lane2 = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  __m512i at = _mm512_add_epi32(_mm512_set1_epi32((int)at0), lane2);
+  at = _mm512_add_epi32(at, _mm512_and_si512(rank, _mm512_set1_epi32(1)));
+  return _mm512_add_epi32(at, _mm512_mullo_epi32(_mm512_srli_epi32(rank, 1), _mm512_set1_epi32((int)W)));
+}
+#endif
+#endif
