@@ -18,6 +18,7 @@ return {
   ["kiln.nn.functional.rnn_layer"] = "F.rnn_layer(mode, x [T,B,I], h0, c0, w_ih, w_hh, b_ih, b_hh[, {lengths, reverse, algorithm}]): one layer and direction -> [T+S,B,H] (outputs, h_n, c_n)",
   ["kiln.nn.functional.rnn_algorithm"] = "F.rnn_algorithm(mode, batch, hidden[, {dtype, device, algorithm}]): \"gemm\", \"persistent\" or \"cudnn\", and why",
   ["kiln.nn.functional.conv2d"] = "F.conv2d(input [N,C,H,W], weight [O,C/groups,kh,kw], bias [O] or nil[, {stride, padding, dilation, groups}]): 2-d convolution (cross-correlation, as PyTorch's)",
+  ["kiln.nn.functional.conv2d_relu_max_pool2d"] = "F.conv2d_relu_max_pool2d(input, weight, bias or nil[, {stride, padding, dilation, groups}]): F.max_pool2d(F.conv2d(...):relu(), 2) as one call, the same bits; one kernel for f32 on a CPU with AVX-512 where oneDNN convolves, the three ops elsewhere. nn.Sequential calls it for Conv2d, ReLU, MaxPool2d(2) in a row (nn.fusion = false: never)",
   ["kiln.nn.functional.max_pool2d"] = "F.max_pool2d(input, kernel_size[, stride][, {stride, padding, dilation, ceil_mode}]): the maximum of each window (stride defaults to the kernel size)",
   ["kiln.nn.functional.avg_pool2d"] = "F.avg_pool2d(input, kernel_size[, stride][, {stride, padding, ceil_mode, count_include_pad = true}]): the mean of each window",
   ["kiln.nn.functional.batch_norm"] = "F.batch_norm(input, running_mean, running_var[, weight, bias][, {training = false, momentum = 0.1, eps = 1e-5}]): normalise each channel; in training the running stats are updated in place",

@@ -68,15 +68,23 @@ end
 local conv_opts = set("stride", "padding", "dilation", "groups")
 
 -- conv2d(input [N,C,H,W], weight [O,C/groups,kh,kw], bias [O] or nil, {stride, padding, dilation, groups})
-function F.conv2d(x, w, b, opts)
+local function conv_call(fn, op, x, w, b, opts)
   b, opts = split_optional(b, opts)
-  opts = options(opts, conv_opts, "conv2d")
-  tensor(x, "input", "conv2d") tensor(w, "weight", "conv2d")
-  local sh, sw = pair(opts.stride or 1, "conv2d: stride")
-  local dh, dw = pair(opts.dilation or 1, "conv2d: dilation")
-  local ph, pw = conv_padding(opts.padding, w, dh, dw, sh, sw, "conv2d")
-  return wrap(C.kiln_conv2d(x.p, w.p, optional_tensor(b, "bias", "conv2d"), sh, sw, ph, pw, dh, dw,
-                            integer(opts.groups or 1, "conv2d: groups")))
+  opts = options(opts, conv_opts, op)
+  tensor(x, "input", op) tensor(w, "weight", op)
+  local sh, sw = pair(opts.stride or 1, op .. ": stride")
+  local dh, dw = pair(opts.dilation or 1, op .. ": dilation")
+  local ph, pw = conv_padding(opts.padding, w, dh, dw, sh, sw, op)
+  return wrap(fn(x.p, w.p, optional_tensor(b, "bias", op), sh, sw, ph, pw, dh, dw, integer(opts.groups or 1, op .. ": groups")))
+end
+function F.conv2d(x, w, b, opts) return conv_call(C.kiln_conv2d, "conv2d", x, w, b, opts) end
+
+-- conv2d_relu_max_pool2d(input, weight, bias, {stride, padding, dilation, groups}): max_pool2d(relu(conv2d(...)), 2)
+-- as one kernel where kiln has one (f32 on the CPU, where oneDNN convolves: docs/cpu.md), the three
+-- ops elsewhere; the result and the grads are the same bits either way. nn.Sequential calls it for
+-- a Conv2d, ReLU, MaxPool2d(2) run of layers.
+function F.conv2d_relu_max_pool2d(x, w, b, opts)
+  return conv_call(C.kiln_conv2d_relu_max_pool2d, "conv2d_relu_max_pool2d", x, w, b, opts)
 end
 
 -- conv1d(input [N,C,L], weight [O,C/groups,k], bias, {stride, padding, dilation, groups}): conv2d with H = 1.

@@ -199,6 +199,23 @@ static size_t weights_bytes(void *p) {
 }
 static size_t workspace_bytes(void *p) { return ((struct plan *)p)->workspace; }
 
+/* The channel block of the pass's activation side (the forward's output, a backward pass's grad
+   of the output) in the primitive's layout: 16 or 8 for nChw16c / nChw8c, 0 when it is kiln's NCHW
+   itself, -1 for any other layout. */
+static int block(void *p) {
+  struct plan *pl = p;
+  const struct side *s = pl->pass == KILN_ONEDNN_FORWARD ? &pl->o : pl->pass == KILN_ONEDNN_BACKWARD_DATA ? &pl->a : &pl->b;
+  if (!s->reorder) return 0;
+  static const struct { dnnl_format_tag_t tag; int block; } tags[] = {{dnnl_nChw16c, 16}, {dnnl_nChw8c, 8}};
+  for (int i = 0; i < 2; i++) {
+    dnnl_memory_desc_t b;
+    if (dnnl_memory_desc_init_by_tag(&b, s->user.ndims, s->user.dims, s->user.data_type, tags[i].tag) == dnnl_success &&
+        dnnl_memory_desc_equal(&b, &s->inner))
+      return tags[i].block;
+  }
+  return -1;
+}
+
 /* A memory object over ptr, or NULL. */
 static dnnl_memory_t mem(const dnnl_memory_desc_t *md, const void *ptr) {
   dnnl_memory_t m = NULL;
@@ -234,16 +251,18 @@ static const void *take(const struct side *s, const void *user, char *ws, char *
 }
 
 static int run(void *p, const void *a, const void *b, const void *w, const void *bias, void *out, void *workspace,
-               char *err, size_t n) {
+               int flags, char *err, size_t n) {
   struct plan *pl = p;
   char *ws = workspace;
   int failed = !stream();
   if (failed) { snprintf(err, n, "oneDNN: cannot make a stream"); return -1; }
-  const void *ai = take(&pl->a, a, ws, err, n, &failed);
-  const void *bi = pl->pass == KILN_ONEDNN_BACKWARD_WEIGHTS ? take(&pl->b, b, ws, err, n, &failed) : NULL;
+  int given = flags & KILN_ONEDNN_GRAD_BLOCKED;   /* the output's grad comes in the primitive's layout */
+  const void *ai = given && pl->pass == KILN_ONEDNN_BACKWARD_DATA ? a : take(&pl->a, a, ws, err, n, &failed);
+  const void *bi = pl->pass != KILN_ONEDNN_BACKWARD_WEIGHTS ? NULL : given ? b : take(&pl->b, b, ws, err, n, &failed);
   if (failed) return -1;
   struct side *os = pl->pass == KILN_ONEDNN_BACKWARD_WEIGHTS ? &pl->w : &pl->o;
-  void *oi = os->reorder ? ws + os->off : out;
+  int keep = (flags & KILN_ONEDNN_OUT_BLOCKED) && pl->pass == KILN_ONEDNN_FORWARD;   /* the output stays in it */
+  void *oi = os->reorder && !keep ? ws + os->off : out;
   dnnl_memory_t m[5] = {0};
   int nargs = 0;
   dnnl_exec_arg_t args[5];
@@ -272,7 +291,7 @@ static int run(void *p, const void *a, const void *b, const void *w, const void 
   for (int i = 0; i < 5; i++)
     if (m[i]) dnnl_memory_destroy(m[i]);
   if (st != dnnl_success) { snprintf(err, n, "oneDNN convolution: %s", status_name(st)); return -1; }
-  if (os->reorder) return reorder(os->reorder, &os->inner, oi, &os->user, out, err, n);
+  if (os->reorder && !keep) return reorder(os->reorder, &os->inner, oi, &os->user, out, err, n);
   return 0;
 }
 
@@ -283,6 +302,7 @@ static struct kiln_onednn table = {
   .impl = impl,
   .weights_bytes = weights_bytes,
   .workspace_bytes = workspace_bytes,
+  .block = block,
   .prepare_weights = prepare_weights,
   .run = run,
 };

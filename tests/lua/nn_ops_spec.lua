@@ -955,3 +955,116 @@ describe("conv at 1 and 2 threads", function()
     end)
   end
 end)
+
+describe("conv2d_relu_max_pool2d", function()
+  -- bit for bit: NaN equals NaN, and +0 differs from -0
+  local function same_bits(a, b, what)
+    local x, y = flat(a), flat(b)
+    assert(#x == #y, what .. ": sizes differ")
+    for i = 1, #x do
+      local u, v = x[i], y[i]
+      local ok = (u ~= u and v ~= v) or (u == v and (u ~= 0 or 1 / u == 1 / v))
+      assert(ok, string.format("%s: element %d is %.9g, expected %.9g", what, i, u, v))
+    end
+  end
+  local function grads(fn, x, w, b, gy)
+    local y = fn(x, w, b)
+    y:mul(gy):sum():backward()
+    local r = {y = y:detach(), gx = x.grad, gw = w.grad, gb = b and b.grad}
+    for _, t in ipairs{x, w, b} do t.grad = nil end
+    return r
+  end
+  local fused_here = kiln.info().cpu.level == "avx512" and kiln.info().onednn.name ~= nil
+
+  it("has the bits of conv2d, relu and max_pool2d in its output and every grad, at 1 and 2 threads", function()
+    local threads = kiln.get_num_threads()
+    -- x [N,C,H,W], O, k, options, which inputs want grads (x, w, b; b false: no bias)
+    local cases = {
+      {{64, 1, 28, 28}, 32, 5, {}, {false, true, true}},     -- the CNN's first layer
+      {{64, 32, 12, 12}, 64, 5, {}, {true, true, true}},     -- and its second
+      {{5, 3, 13, 11}, 20, 3, {padding = 1}, {true, true, true}},   -- 20 channels: a part-filled block; odd sides
+      {{3, 17, 9, 40}, 33, 3, {}, {true, true, false}},      -- pooled rows of 19: two chunks of sixteen
+      {{2, 8, 15, 36}, 16, 2, {stride = 2}, {false, false, true}},  -- the bias grad alone
+      {{4, 6, 10, 10}, 12, 3, {groups = 2, dilation = 2}, {true, true, true}},
+      {{17, 4, 9, 9}, 16, 2, {}, {true, true, true}},        -- 17 images: parts of two sizes
+    }
+    for n, case in ipairs(cases) do
+      kiln.manual_seed(n)
+      local shape, O, k, opts, want = case[1], case[2], case[3], case[4], case[5]
+      local x = kiln.randn(shape):requires_grad_(want[1])
+      if n == 3 then   -- NaN in an image: its windows are NaN, and the grads equal the three ops'
+        local d = flat(x)
+        d[numel(shape) / shape[1] + 2 * shape[4] + 4] = 0 / 0
+        x = kiln.tensor(d, {dtype = "f32"}):view(shape):requires_grad_(want[1])
+      end
+      local w = (kiln.randn(O, shape[2] / (opts.groups or 1), k, k) * 0.3):requires_grad_(want[2])
+      local b = want[3] ~= false and kiln.randn(O):requires_grad_(want[3]) or nil
+      local fused = function(x_, w_, b_) return F.conv2d_relu_max_pool2d(x_, w_, b_, opts) end
+      local three = function(x_, w_, b_) return F.max_pool2d(F.conv2d(x_, w_, b_, opts):relu(), 2) end
+      local gy = kiln.randn(fused(x, w, b):size())
+      for _, t in ipairs{1, 2} do
+        kiln.set_num_threads(t)
+        local a, e = grads(fused, x, w, b, gy), grads(three, x, w, b, gy)
+        local what = string.format("case %d at %d threads", n, t)
+        same_bits(a.y, e.y, what .. ": output")
+        for _, g in ipairs{"gx", "gw", "gb"} do
+          assert(not a[g] == not e[g], what .. ": " .. g .. " given by one and not the other")
+          if a[g] then same_bits(a[g], e[g], what .. ": " .. g) end
+        end
+      end
+      if n == 3 then assert.is_true(fused(x, w, b):isnan():any():item()) end
+    end
+    kiln.set_num_threads(threads)
+  end)
+
+  it("runs as one kernel for f32 where it can (avx512 and oneDNN), and as the three ops elsewhere", function()
+    local x, w = kiln.randn(2, 3, 12, 12):requires_grad_(), kiln.randn(16, 3, 3, 3):requires_grad_()
+    -- im2col forced or benchmark mode: the three ops (the choice is theirs)
+    local one = fused_here and kiln.conv_algorithm() ~= "im2col" and not kiln.conv_benchmark()
+    assert.equal(one and "Conv2d_relu_max_pool2dBackward" or "Max_pool2dBackward", F.conv2d_relu_max_pool2d(x, w).grad_fn)
+    assert.equal("Max_pool2dBackward", F.conv2d_relu_max_pool2d(x:double(), w:double()).grad_fn)
+    assert_shape(F.conv2d_relu_max_pool2d(x, w), {2, 16, 5, 5})
+  end)
+
+  it("is what nn.Sequential runs for Conv2d, ReLU, MaxPool2d(2), with the bits of nn.fusion = false", function()
+    local nn = kiln.nn
+    kiln.manual_seed(3)
+    local model = nn.Sequential{nn.Conv2d(1, 8, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(8, 16, 3), nn.ReLU(), nn.MaxPool2d(2),
+                                nn.Flatten(), nn.Linear(16 * 5 * 5, 10)}
+    local x = kiln.randn(6, 1, 26, 26)
+    local function run()
+      model:zero_grad()
+      local y = model(x)
+      y:sum():backward()
+      local r = {y:detach()}
+      for _, p in ipairs(model:parameters()) do r[#r + 1] = p.grad:clone() end
+      return r
+    end
+    local fused = run()
+    nn.fusion = false
+    local ok, three = pcall(run)
+    nn.fusion = nil
+    assert(ok, three)
+    for i = 1, #fused do same_bits(fused[i], three[i], "tensor " .. i) end
+    -- what fuses: the three modules as kiln defines them, the pool 2x2 at stride 2
+    local conv, relu = nn.Conv2d(1, 4, 3), nn.ReLU()
+    assert.is_true(nn._fuses_relu_max_pool2d(conv, relu, nn.MaxPool2d(2)))
+    assert.is_false(nn._fuses_relu_max_pool2d(conv, relu, nn.MaxPool2d(3)))
+    assert.is_false(nn._fuses_relu_max_pool2d(conv, relu, nn.MaxPool2d(2, {stride = 1})))
+    assert.is_false(nn._fuses_relu_max_pool2d(conv, nn.Tanh(), nn.MaxPool2d(2)))
+    local own = nn.Conv2d(1, 4, 3)
+    own.forward = function(self, t) return t end
+    assert.is_false(nn._fuses_relu_max_pool2d(own, relu, nn.MaxPool2d(2)))
+  end)
+
+  it("says what was wrong in its own name, and the next call works", function()
+    local x, w = kiln.randn(2, 3, 8, 8), kiln.randn(4, 5, 3, 3)
+    local ok, err = pcall(F.conv2d_relu_max_pool2d, x, w)
+    assert.is_false(ok)
+    assert.matches("conv2d_relu_max_pool2d: input %[2,3,8,8%] has 3 channels but weight %[4,5,3,3%] expects 5", err)
+    ok, err = pcall(F.conv2d_relu_max_pool2d, kiln.randn(2, 3, 3, 3), kiln.randn(4, 3, 3, 3))
+    assert.is_false(ok)
+    assert.matches("max_pool2d: input %[2,4,1,1%] is too small", err)
+    assert_shape(F.conv2d_relu_max_pool2d(x, kiln.randn(4, 3, 3, 3)), {2, 4, 3, 3})
+  end)
+end)

@@ -85,6 +85,11 @@ local checks = {
     return function(x, w, b) return kiln.F.conv2d(x, w, b, {stride = 2, padding = 1}) end,
            {x64(kiln, 2, 3, 5, 6), x64(kiln, 4, 3, 3, 3), x64(kiln, 4)}
   end,
+  -- f64 runs the three ops (the f32 kernel is checked against them bit for bit: nn_ops_spec)
+  conv2d_relu_max_pool2d = function(kiln)
+    return function(x, w, b) return kiln.F.conv2d_relu_max_pool2d(x, w, b, {padding = 1}) end,
+           {x64(kiln, 2, 3, 5, 6), x64(kiln, 4, 3, 3, 3), x64(kiln, 4)}
+  end,
   max_pool2d = function(kiln) return function(x) return kiln.F.max_pool2d(x, 2) end, {x64(kiln, 2, 3, 4, 6)} end,
   avg_pool2d = function(kiln) return function(x) return kiln.F.avg_pool2d(x, 3, 2) end, {x64(kiln, 2, 3, 5, 5)} end,
   batch_norm = function(kiln)
@@ -201,6 +206,7 @@ local composites = {
 
 -- Ops whose output's grad_fn is another op's (the check covers the op inside it).
 -- matmul records gemm on 3-d operands and returns a view of its result.
-local grad_fn_of = {gemm = "ViewBackward"}
+-- the f64 check of conv2d_relu_max_pool2d runs the three ops: the last is max_pool2d
+local grad_fn_of = {gemm = "ViewBackward", conv2d_relu_max_pool2d = "Max_pool2dBackward"}
 
 return {checks = checks, grad_fn_of = grad_fn_of, composites = composites}

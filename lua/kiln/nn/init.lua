@@ -359,7 +359,15 @@ function Sequential:add(m)
   return self
 end
 function Sequential:forward(x)
-  for _, k in ipairs(self._child_names) do x = self._children[k](x) end
+  local names, children, i = self._child_names, self._children, 1
+  while i <= #names do
+    local m = children[names[i]]
+    if i + 2 <= #names and nn._fuses_relu_max_pool2d(m, children[names[i + 1]], children[names[i + 2]]) then
+      x, i = m(x, "relu_max_pool2d"), i + 3   -- Conv2d, ReLU, MaxPool2d(2) as one call (nn/layers.lua)
+    else
+      x, i = m(x), i + 1
+    end
+  end
   return x
 end
 function Sequential:__len() return #self._child_names end

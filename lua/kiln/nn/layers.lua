@@ -89,7 +89,7 @@ return function(nn)
     if repr then A.extra_repr = repr end
     return A
   end
-  activation("ReLU", function(x) return x:relu() end)
+  local ReLU = activation("ReLU", function(x) return x:relu() end)
   activation("Sigmoid", function(x) return x:sigmoid() end)
   activation("Tanh", function(x) return x:tanh() end)
   activation("LeakyReLU", function(x, slope)
@@ -158,9 +158,10 @@ return function(nn)
       init.uniform_(self.bias, -bound, bound)
     end
   end
-  function Conv2d:forward(x)
-    return F().conv2d(x, self.weight, self.bias, {stride = self.stride, padding = self.padding,
-                                                  dilation = self.dilation, groups = self.groups})
+  -- fused: "relu_max_pool2d" (from nn.Sequential, below) is max_pool2d(relu(conv), 2) in one call
+  function Conv2d:forward(x, fused)
+    return F()[fused == "relu_max_pool2d" and "conv2d_relu_max_pool2d" or "conv2d"](x, self.weight, self.bias,
+      {stride = self.stride, padding = self.padding, dilation = self.dilation, groups = self.groups})
   end
   function Conv2d:extra_repr()
     local s = string.format("%d→%d, %dx%d", self.in_channels, self.out_channels, self.kernel_size[1], self.kernel_size[2])
@@ -233,6 +234,17 @@ return function(nn)
     return F().max_pool2d(x, self.kernel_size, {stride = self.stride, padding = self.padding, dilation = self.dilation, ceil_mode = self.ceil_mode})
   end
   function MaxPool2d:extra_repr() return string.format("%dx%d", self.kernel_size[1], self.kernel_size[2]) end
+
+  -- nn.Sequential runs a Conv2d, a ReLU and a MaxPool2d(2) that follow each other as one call of
+  -- F.conv2d_relu_max_pool2d (the same bits as the three: docs/nn.md) unless nn.fusion is false.
+  -- Only the modules as kiln defines them fuse: none whose forward was replaced.
+  local function plain(m, class) return getmetatable(m) == class and rawget(m, "forward") == nil end
+  local function is(v, a, b) return v[1] == a and v[2] == b end
+  function nn._fuses_relu_max_pool2d(conv, relu, pool)
+    return nn.fusion ~= false and plain(conv, Conv2d) and plain(relu, ReLU) and plain(pool, MaxPool2d) and
+           is(pool.kernel_size, 2, 2) and is(pool.stride, 2, 2) and is(pool.padding, 0, 0) and is(pool.dilation, 1, 1) and
+           not pool.ceil_mode
+  end
 
   local AvgPool2d = nn.define("AvgPool2d")
   function AvgPool2d:init(k, opts)

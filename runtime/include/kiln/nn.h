@@ -12,6 +12,11 @@ enum kiln_reduction { KILN_REDUCTION_NONE = 0, KILN_REDUCTION_MEAN = 1, KILN_RED
 struct kiln_tensor *kiln_conv2d(const struct kiln_tensor *input, const struct kiln_tensor *weight,
                                 const struct kiln_tensor *bias, int64_t stride_h, int64_t stride_w, int64_t pad_h,
                                 int64_t pad_w, int64_t dil_h, int64_t dil_w, int64_t groups);
+/* max_pool2d(relu(conv2d(...)), 2): 2x2 windows at stride 2 -> [N,O,OH/2,OW/2]. One kernel where the
+   CPU has one (f32), the three ops elsewhere; the same result either way. */
+struct kiln_tensor *kiln_conv2d_relu_max_pool2d(const struct kiln_tensor *input, const struct kiln_tensor *weight,
+                                                const struct kiln_tensor *bias, int64_t stride_h, int64_t stride_w,
+                                                int64_t pad_h, int64_t pad_w, int64_t dil_h, int64_t dil_w, int64_t groups);
 /* The input-gradient of conv2d as an op: input [N,C,H,W], weight [C,O/groups,kh,kw], bias [O] or NULL
    -> [N,O,(H-1)*stride-2*pad+dil*(k-1)+out_pad+1,...]. */
 struct kiln_tensor *kiln_conv_transpose2d(const struct kiln_tensor *input, const struct kiln_tensor *weight,

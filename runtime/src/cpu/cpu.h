@@ -27,6 +27,8 @@
 #define cpu_random KILN_LEVEL_NAME(cpu_random)
 #define cpu_conv2d KILN_LEVEL_NAME(cpu_conv2d)
 #define cpu_conv2d_backward KILN_LEVEL_NAME(cpu_conv2d_backward)
+#define cpu_conv2d_relu_pool KILN_LEVEL_NAME(cpu_conv2d_relu_pool)
+#define cpu_conv2d_relu_pool_backward KILN_LEVEL_NAME(cpu_conv2d_relu_pool_backward)
 #define cpu_max_pool2d KILN_LEVEL_NAME(cpu_max_pool2d)
 #define cpu_max_pool2d_backward KILN_LEVEL_NAME(cpu_max_pool2d_backward)
 #define cpu_avg_pool2d KILN_LEVEL_NAME(cpu_avg_pool2d)
@@ -125,6 +127,8 @@ int cpu_random(const struct kiln_call *c);
 /* the fused nn ops (cpu/conv.c, pool.c, norm.c, softmax.c, dropout.c) */
 int cpu_conv2d(const struct kiln_call *c);
 int cpu_conv2d_backward(const struct kiln_call *c);
+int cpu_conv2d_relu_pool(const struct kiln_call *c);
+int cpu_conv2d_relu_pool_backward(const struct kiln_call *c);
 int cpu_max_pool2d(const struct kiln_call *c);
 int cpu_max_pool2d_backward(const struct kiln_call *c);
 int cpu_avg_pool2d(const struct kiln_call *c);
@@ -162,6 +166,13 @@ struct kiln_conv_job {
   int (*im2col)(void *ctx);
   void *ctx;
   int ran_onednn;
+  /* A fused layer (cpu/conv.c: conv2d, relu and 2x2 max pooling) runs on oneDNN alone, and its
+     output and output grad never exist in NCHW: forward, each part's output goes in oneDNN's
+     blocked layout (nChw{block}c) to epilogue instead of y; backward, prologue writes each part's
+     output grad in that layout, which the passes read. kiln_cpu_conv_run returns 1 (not taken)
+     when oneDNN does not run it so: none loaded, another layout, im2col forced, benchmark mode. */
+  void (*epilogue)(void *ctx, int64_t n0, int64_t nb, const void *blocked, int block);
+  void (*prologue)(void *ctx, int64_t n0, int64_t nb, void *blocked, int block);
 };
 int kiln_cpu_conv_run(struct kiln_conv_job *c);
 

@@ -16,6 +16,7 @@ const struct kiln_backend kiln_cpu_kernels = {
     [KILN_OP_MASKED_SELECT] = cpu_masked_select,
     [KILN_OP_UNIFORM] = cpu_random, [KILN_OP_NORMAL] = cpu_random, [KILN_OP_RANDINT] = cpu_random,
     [KILN_OP_CONV2D] = cpu_conv2d, [KILN_OP_CONV2D_BACKWARD] = cpu_conv2d_backward,
+    [KILN_OP_CONV2D_RELU_MAX_POOL2D] = cpu_conv2d_relu_pool, [KILN_OP_CONV2D_RELU_MAX_POOL2D_BACKWARD] = cpu_conv2d_relu_pool_backward,
     [KILN_OP_MAX_POOL2D] = cpu_max_pool2d, [KILN_OP_MAX_POOL2D_BACKWARD] = cpu_max_pool2d_backward,
     [KILN_OP_AVG_POOL2D] = cpu_avg_pool2d, [KILN_OP_AVG_POOL2D_BACKWARD] = cpu_avg_pool2d_backward,
     [KILN_OP_BATCH_NORM] = cpu_batch_norm, [KILN_OP_BATCH_NORM_BACKWARD] = cpu_batch_norm_backward,

@@ -147,6 +147,7 @@ struct job {
   void *plan[3][2];              /* [pass][0: the smaller part, 1: the larger] */
   int64_t small;                 /* images in the smaller part */
   char *wbuf[2][2];              /* forward / backward-data weights in oneDNN's layout, per part size */
+  int block;                     /* a fused job: the channel block of its blocked activations */
   int failed;
   char err[256];
 };
@@ -168,12 +169,18 @@ static void run_parts(void *ctx, int64_t begin, int64_t end) {
   struct job *j = ctx;
   const struct kiln_conv_job *c = j->c;
   size_t es = (size_t)kiln_dtype_size(c->dtype), ws_bytes = 0;
-  char *ws = NULL, err[256];
+  char *ws = NULL, *blk = NULL, err[256];
+  int fused = c->epilogue || c->prologue;
+  if (fused) {   /* the part's output (grad) in the blocked layout */
+    size_t bytes = (size_t)((j->small + 1) * ((c->O + j->block - 1) / j->block * j->block) * c->OH * c->OW) * es;
+    if (!(blk = aligned_alloc(64, (bytes + 63) & ~(size_t)63))) { fail_job(j, "out of memory for a part's output"); return; }
+  }
   for (int64_t t = begin; t < end && !__atomic_load_n(&j->failed, __ATOMIC_RELAXED); t++) {
     int64_t n0 = part_begin(c, t), nb = part_begin(c, t + 1) - n0;
     int size = nb != j->small;
-    int passes[3] = {c->y ? KILN_ONEDNN_FORWARD : -1, c->partials ? KILN_ONEDNN_BACKWARD_WEIGHTS : -1,
+    int passes[3] = {c->y || c->epilogue ? KILN_ONEDNN_FORWARD : -1, c->partials ? KILN_ONEDNN_BACKWARD_WEIGHTS : -1,
                      c->gx ? KILN_ONEDNN_BACKWARD_DATA : -1};
+    if (c->prologue && nb > 0) c->prologue(c->ctx, n0, nb, blk, j->block);
     for (int k = 0; k < 3; k++) {
       if (passes[k] < 0 || nb == 0) continue;
       void *p = j->plan[passes[k]][size];
@@ -185,20 +192,24 @@ static void run_parts(void *ctx, int64_t begin, int64_t end) {
       }
       int rc;
       const char *x = (const char *)c->x + n0 * c->C * c->H * c->W * es;
-      const char *gy = (const char *)c->gy + n0 * c->O * c->OH * c->OW * es;
-      if (passes[k] == KILN_ONEDNN_FORWARD)
+      const char *gy = c->prologue ? blk : (const char *)c->gy + n0 * c->O * c->OH * c->OW * es;
+      int flags = c->prologue ? KILN_ONEDNN_GRAD_BLOCKED : 0;
+      if (passes[k] == KILN_ONEDNN_FORWARD) {
         rc = lib->run(p, x, NULL, j->wbuf[0][size] ? j->wbuf[0][size] : c->w, c->bias,
-                      (char *)c->y + n0 * c->O * c->OH * c->OW * es, ws, err, sizeof err);
-      else if (passes[k] == KILN_ONEDNN_BACKWARD_WEIGHTS)
-        rc = lib->run(p, x, gy, NULL, NULL, (float *)c->partials + t * c->O * (c->C / c->G) * c->kh * c->kw, ws, err,
-                      sizeof err);
+                      c->epilogue ? blk : (char *)c->y + n0 * c->O * c->OH * c->OW * es, ws,
+                      c->epilogue ? KILN_ONEDNN_OUT_BLOCKED : 0, err, sizeof err);
+        if (!rc && c->epilogue) c->epilogue(c->ctx, n0, nb, blk, j->block);
+      } else if (passes[k] == KILN_ONEDNN_BACKWARD_WEIGHTS)
+        rc = lib->run(p, x, gy, NULL, NULL, (float *)c->partials + t * c->O * (c->C / c->G) * c->kh * c->kw, ws, flags,
+                      err, sizeof err);
       else
         rc = lib->run(p, gy, NULL, j->wbuf[1][size] ? j->wbuf[1][size] : c->w, NULL,
-                      (char *)c->gx + n0 * c->C * c->H * c->W * es, ws, err, sizeof err);
+                      (char *)c->gx + n0 * c->C * c->H * c->W * es, ws, flags, err, sizeof err);
       if (rc) { fail_job(j, err); break; }
     }
   }
   free(ws);
+  free(blk);
 }
 
 /* Make the plans of the passes c asks for, for both part sizes, and the weights they read.
@@ -207,7 +218,7 @@ static int job_init(struct job *j, const struct kiln_conv_job *c) {
   memset(j, 0, sizeof *j);
   j->c = c;
   j->small = c->N / c->parts;
-  int passes[3] = {c->y ? KILN_ONEDNN_FORWARD : -1, c->partials ? KILN_ONEDNN_BACKWARD_WEIGHTS : -1,
+  int passes[3] = {c->y || c->epilogue ? KILN_ONEDNN_FORWARD : -1, c->partials ? KILN_ONEDNN_BACKWARD_WEIGHTS : -1,
                    c->gx ? KILN_ONEDNN_BACKWARD_DATA : -1};
   char err[256];
   for (int k = 0; k < 3; k++)
@@ -217,6 +228,18 @@ static int job_init(struct job *j, const struct kiln_conv_job *c) {
       struct kiln_onednn_shape s;
       shape_of(c, passes[k], nb, &s);
       if (!(j->plan[passes[k]][size] = plan_for(&s, err, sizeof err))) return 1;
+      if (c->epilogue || c->prologue) {   /* a fused job: every pass on the same blocked layout */
+        int b = lib->block(j->plan[passes[k]][size]);
+        if (b <= 0 || (j->block && b != j->block)) return 1;
+        j->block = b;
+        /* the forward is taken only where both backward passes will read that layout too */
+        for (int bp = KILN_ONEDNN_BACKWARD_DATA; c->epilogue && bp <= KILN_ONEDNN_BACKWARD_WEIGHTS; bp++) {
+          struct kiln_onednn_shape bs;
+          shape_of(c, bp, nb, &bs);
+          void *plan = plan_for(&bs, err, sizeof err);
+          if (!plan || lib->block(plan) != b) return 1;
+        }
+      }
       if (passes[k] == KILN_ONEDNN_BACKWARD_WEIGHTS) continue;
       size_t wb = lib->weights_bytes(j->plan[passes[k]][size]);
       int slot = passes[k] == KILN_ONEDNN_FORWARD ? 0 : 1;
@@ -244,7 +267,7 @@ static int run_onednn(const struct kiln_conv_job *c, char *impl, size_t nimpl) {
                                                      : j.plan[KILN_ONEDNN_BACKWARD_WEIGHTS][0];
     if (impl && any) snprintf(impl, nimpl, "%s", lib->impl(any));
     kiln_parallel_for(c->parts, 1, run_parts, &j);
-    if (j.failed) { kiln_fail(strstr(j.err, "out of memory") ? KILN_ERR_MEMORY : KILN_ERR_UNSUPPORTED, "conv2d%s: %s", c->y ? "" : "_backward", j.err); rc = -1; }
+    if (j.failed) { kiln_fail(strstr(j.err, "out of memory") ? KILN_ERR_MEMORY : KILN_ERR_UNSUPPORTED, "conv2d%s: %s", c->y || c->epilogue ? "" : "_backward", j.err); rc = -1; }
   }
   job_free(&j);
   return rc;
@@ -253,6 +276,16 @@ static int run_onednn(const struct kiln_conv_job *c, char *impl, size_t nimpl) {
 int kiln_cpu_conv_run(struct kiln_conv_job *c) {
   int forced = forced_algo();
   c->ran_onednn = 0;
+  if (c->epilogue || c->prologue) {
+    /* a fused layer: its forward follows the setting (im2col forced or benchmark mode: not taken,
+       the caller runs the three ops); its backward runs as its forward did */
+    if (c->epilogue && (forced == ALGO_IM2COL || (forced < 0 && benchmark_mode()))) return 1;
+    if (c->dtype != KILN_F32 || !onednn()) return 1;
+    int rc = run_onednn(c, NULL, 0);
+    if (rc < 0) return kiln_error_code();
+    c->ran_onednn = rc == 0;
+    return rc;
+  }
   if (forced == ALGO_IM2COL || (c->dtype != KILN_F32 && c->dtype != KILN_BF16) || !onednn()) return c->im2col(c->ctx);
   struct choice_key k;
   memset(&k, 0, sizeof k);

@@ -9,12 +9,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KILN_ONEDNN_VERSION 1
+#define KILN_ONEDNN_VERSION 2
 
 enum kiln_onednn_pass {
   KILN_ONEDNN_FORWARD,        /* run(x, -, w', bias, y) */
   KILN_ONEDNN_BACKWARD_DATA,  /* run(gy, -, w', -, gx) */
   KILN_ONEDNN_BACKWARD_WEIGHTS /* run(x, gy, -, -, gw): gw in OIHW (f32) */
+};
+
+/* run's flags */
+enum {
+  KILN_ONEDNN_OUT_BLOCKED = 1,   /* forward: the output is left in the primitive's layout (block) at out */
+  KILN_ONEDNN_GRAD_BLOCKED = 2   /* backward: the output's grad is given in the primitive's layout */
 };
 
 struct kiln_onednn_shape {
@@ -34,10 +40,14 @@ struct kiln_onednn {
   const char *(*impl)(void *plan);            /* oneDNN's name of its kernel: "jit:avx512_core" */
   size_t (*weights_bytes)(void *plan);        /* the weights in the layout the pass reads; 0: as given */
   size_t (*workspace_bytes)(void *plan);      /* what run needs besides (64-byte aligned) */
+  /* The channel block of the pass's output (forward) or output grad (backward) in the layout the
+     primitive reads or writes: 16 or 8 (nChw16c, nChw8c: [N][C/b][H][W][b], channels past C
+     zero), 0 for NCHW itself, -1 for another layout. */
+  int (*block)(void *plan);
   /* The weights w (OIHW) into wbuf (weights_bytes) for forward and backward data, once a call. */
   int (*prepare_weights)(void *plan, const void *w, void *wbuf, char *err, size_t n);
   int (*run)(void *plan, const void *a, const void *b, const void *w, const void *bias, void *out, void *workspace,
-             char *err, size_t n);
+             int flags, char *err, size_t n);
 };
 
 typedef const struct kiln_onednn *(*kiln_onednn_open_fn)(int version);

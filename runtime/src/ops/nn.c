@@ -86,6 +86,29 @@ static int conv_tensors(const char *op, const struct kiln_tensor *x, const struc
   return KILN_OK;
 }
 
+/* The checks of conv2d, and its output's sizes. */
+static int conv_sizes(const char *op, const struct kiln_tensor *x, const struct kiln_tensor *w, const struct kiln_tensor *b,
+                      int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t groups, int64_t sizes[4]) {
+  if (conv_tensors(op, x, w, b) || conv_params(op, sh, sw, ph, pw, dh, dw, groups)) return kiln_error_code();
+  int64_t N = x->sizes[0], C = x->sizes[1], H = x->sizes[2], W = x->sizes[3];
+  int64_t O = w->sizes[0], kh = w->sizes[2], kw = w->sizes[3];
+  if (C % groups || O % groups)
+    return kiln_fail(KILN_ERR_SHAPE, "%s: input %s and weight %s: channels in (%lld) and out (%lld) must be multiples of groups = %lld",
+                     op, kiln_shape_string(x), kiln_shape_string(w), (long long)C, (long long)O, (long long)groups);
+  if (w->sizes[1] * groups != C)
+    return kiln_fail(KILN_ERR_SHAPE, "%s: input %s has %lld channels but weight %s expects %lld (%lld per group, groups = %lld)",
+                     op, kiln_shape_string(x), (long long)C, kiln_shape_string(w), (long long)(w->sizes[1] * groups),
+                     (long long)w->sizes[1], (long long)groups);
+  if (kh < 1 || kw < 1) return kiln_fail(KILN_ERR_SHAPE, "%s: weight %s has an empty kernel", op, kiln_shape_string(w));
+  if (check_vector(op, "bias", b, O, x)) return kiln_error_code();
+  int64_t eh = H + 2 * ph - dh * (kh - 1) - 1, ew = W + 2 * pw - dw * (kw - 1) - 1;
+  if (eh < 0 || ew < 0)
+    return kiln_fail(KILN_ERR_SHAPE, "%s: input %s padded by (%lld, %lld) is smaller than the kernel %s dilated by (%lld, %lld)",
+                     op, kiln_shape_string(x), (long long)ph, (long long)pw, kiln_shape_string(w), (long long)dh, (long long)dw);
+  sizes[0] = N; sizes[1] = O; sizes[2] = eh / sh + 1; sizes[3] = ew / sw + 1;
+  return KILN_OK;
+}
+
 KILN_API struct kiln_tensor *kiln_conv2d(const struct kiln_tensor *x, const struct kiln_tensor *w, const struct kiln_tensor *b,
                                          int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t groups) {
   struct kiln_tensor *ac[3];
@@ -98,33 +121,8 @@ KILN_API struct kiln_tensor *kiln_conv2d(const struct kiln_tensor *x, const stru
   }
   default: return NULL;
   }
-  const char *op = "conv2d";
-  if (conv_tensors(op, x, w, b) || conv_params(op, sh, sw, ph, pw, dh, dw, groups)) return NULL;
-  int64_t N = x->sizes[0], C = x->sizes[1], H = x->sizes[2], W = x->sizes[3];
-  int64_t O = w->sizes[0], kh = w->sizes[2], kw = w->sizes[3];
-  if (C % groups || O % groups) {
-    kiln_fail(KILN_ERR_SHAPE, "%s: input %s and weight %s: channels in (%lld) and out (%lld) must be multiples of groups = %lld",
-              op, kiln_shape_string(x), kiln_shape_string(w), (long long)C, (long long)O, (long long)groups);
-    return NULL;
-  }
-  if (w->sizes[1] * groups != C) {
-    kiln_fail(KILN_ERR_SHAPE, "%s: input %s has %lld channels but weight %s expects %lld (%lld per group, groups = %lld)",
-              op, kiln_shape_string(x), (long long)C, kiln_shape_string(w), (long long)(w->sizes[1] * groups),
-              (long long)w->sizes[1], (long long)groups);
-    return NULL;
-  }
-  if (kh < 1 || kw < 1) {
-    kiln_fail(KILN_ERR_SHAPE, "%s: weight %s has an empty kernel", op, kiln_shape_string(w));
-    return NULL;
-  }
-  if (check_vector(op, "bias", b, O, x)) return NULL;
-  int64_t eh = H + 2 * ph - dh * (kh - 1) - 1, ew = W + 2 * pw - dw * (kw - 1) - 1;
-  if (eh < 0 || ew < 0) {
-    kiln_fail(KILN_ERR_SHAPE, "%s: input %s padded by (%lld, %lld) is smaller than the kernel %s dilated by (%lld, %lld)",
-              op, kiln_shape_string(x), (long long)ph, (long long)pw, kiln_shape_string(w), (long long)dh, (long long)dw);
-    return NULL;
-  }
-  int64_t sizes[4] = {N, O, eh / sh + 1, ew / sw + 1};
+  int64_t sizes[4];
+  if (conv_sizes("conv2d", x, w, b, sh, sw, ph, pw, dh, dw, groups, sizes)) return NULL;
   struct kiln_tensor *out = kiln_tensor_empty(4, sizes, x->dtype, x->device);
   if (!out) return NULL;
   int64_t ints[CONV_NODE_INTS] = {sh, sw, ph, pw, dh, dw, groups, 0, 0, 0};
@@ -133,6 +131,59 @@ KILN_API struct kiln_tensor *kiln_conv2d(const struct kiln_tensor *x, const stru
   if (!run(x->device, &call, out)) return NULL;
   const struct kiln_tensor *inputs[3] = {x, w, b}, *saved[2] = {x, w};
   return record(KILN_OP_CONV2D, out, 3, inputs, NULL, ints, CONV_NODE_INTS, saved, 2);
+}
+
+/* conv2d, relu and max_pool2d of 2x2 windows at stride 2, as one kernel where the CPU has one
+   (cpu/conv.c: f32, oneDNN's blocked layout, avx512), else as the three ops; the same bits
+   either way. */
+KILN_API struct kiln_tensor *kiln_conv2d_relu_max_pool2d(const struct kiln_tensor *x, const struct kiln_tensor *w,
+                                                         const struct kiln_tensor *b, int64_t sh, int64_t sw, int64_t ph,
+                                                         int64_t pw, int64_t dh, int64_t dw, int64_t groups) {
+  int64_t sizes[4];
+  struct kiln_tensor *ac[3];
+  int cast = kiln_autocast_inputs(KILN_OP_CONV2D, 3, (const struct kiln_tensor *[]){x, w, b}, ac);
+  if (cast < 0) return NULL;
+  if (cast == 1) kiln_autocast_release(3, ac);   /* the three ops cast for themselves */
+  else if (conv_sizes("conv2d_relu_max_pool2d", x, w, b, sh, sw, ph, pw, dh, dw, groups, sizes)) return NULL;
+  if (cast == 0 && x->device.type == KILN_CPU && x->dtype == KILN_F32 && sizes[2] >= 2 && sizes[3] >= 2) {
+    int64_t psizes[4] = {sizes[0], sizes[1], sizes[2] / 2, sizes[3] / 2};
+    struct kiln_tensor *out = kiln_tensor_empty(4, psizes, x->dtype, x->device);
+    if (!out) return NULL;
+    int64_t ints[KILN_CONV_POOL_INTS] = {sh, sw, ph, pw, dh, dw, groups, sizes[2], sizes[3]};
+    struct kiln_conv_pool cp = {0};
+    struct kiln_call call = {.op = KILN_OP_CONV2D_RELU_MAX_POOL2D, .out = out, .in = {x, w, b}, .nin = 3,
+                             .nints = KILN_CONV_POOL_INTS, .extra = &cp};
+    memcpy(call.ints, ints, sizeof ints);
+    if (!run(x->device, &call, out)) return NULL;
+    if (cp.taken) {
+      const struct kiln_tensor *inputs[3] = {x, w, b}, *saved[3] = {x, w, cp.codes};
+      out = record(KILN_OP_CONV2D_RELU_MAX_POOL2D, out, 3, inputs, NULL, ints, KILN_CONV_POOL_INTS, saved, 3);
+      kiln_tensor_release(cp.codes);
+      return out;
+    }
+    kiln_tensor_release(out);
+  }
+  struct kiln_tensor *y = kiln_conv2d(x, w, b, sh, sw, ph, pw, dh, dw, groups);
+  struct kiln_tensor *r = y ? kiln_unary(KILN_OP_RELU, y) : NULL;
+  kiln_tensor_release(y);
+  struct kiln_tensor *p = r ? kiln_max_pool2d(r, 2, 2, 2, 2, 0, 0, 1, 1, 0) : NULL;
+  kiln_tensor_release(r);
+  return p;
+}
+
+int kiln_conv_pool_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
+  struct kiln_conv_grads grads = {0};
+  struct kiln_tensor **slot[3] = {&grads.gx, &grads.gw, &grads.gb};
+  for (int i = 0; i < 3 && i < n->nin; i++) {
+    if (!n->in[i].needs) continue;
+    if (!(gin[i] = kiln_tensor_empty(n->in[i].ndim, n->in[i].sizes, n->in[i].dtype, n->in[i].device))) return kiln_error_code();
+    *slot[i] = gin[i];
+  }
+  if (!grads.gx && !grads.gw && !grads.gb) return KILN_OK;
+  struct kiln_call call = {.op = KILN_OP_CONV2D_RELU_MAX_POOL2D_BACKWARD, .in = {g, n->saved[0], n->saved[1], n->saved[2]}, .nin = 4,
+                           .nints = KILN_CONV_POOL_INTS, .extra = &grads};
+  memcpy(call.ints, n->ints, sizeof(int64_t) * KILN_CONV_POOL_INTS);
+  return kiln_dispatch(g->device, &call);
 }
 
 KILN_API struct kiln_tensor *kiln_conv_transpose2d(const struct kiln_tensor *x, const struct kiln_tensor *w,
