@@ -236,6 +236,18 @@ static int reorder(dnnl_primitive_t r, const dnnl_memory_desc_t *from_md, const 
   return st == dnnl_success ? 0 : -1;
 }
 
+/* A weight-grad pass: the bytes of the grad in the primitive's own layout (0: OIHW itself), and
+   that layout's grad (a sum of partials left in it) into OIHW. */
+static size_t grad_weights_bytes(void *p) {
+  struct plan *pl = p;
+  return pl->pass == KILN_ONEDNN_BACKWARD_WEIGHTS && pl->w.reorder ? pl->w.bytes : 0;
+}
+static int grad_weights_out(void *p, const void *blocked, void *gw, char *err, size_t n) {
+  struct plan *pl = p;
+  if (!stream()) { snprintf(err, n, "oneDNN: cannot make a stream"); return -1; }
+  return reorder(pl->w.reorder, &pl->w.inner, blocked, &pl->w.user, gw, err, n);
+}
+
 static int prepare_weights(void *p, const void *w, void *wbuf, char *err, size_t n) {
   struct plan *pl = p;
   if (!stream()) { snprintf(err, n, "oneDNN: cannot make a stream"); return -1; }
@@ -261,7 +273,8 @@ static int run(void *p, const void *a, const void *b, const void *w, const void 
   const void *bi = pl->pass != KILN_ONEDNN_BACKWARD_WEIGHTS ? NULL : given ? b : take(&pl->b, b, ws, err, n, &failed);
   if (failed) return -1;
   struct side *os = pl->pass == KILN_ONEDNN_BACKWARD_WEIGHTS ? &pl->w : &pl->o;
-  int keep = (flags & KILN_ONEDNN_OUT_BLOCKED) && pl->pass == KILN_ONEDNN_FORWARD;   /* the output stays in it */
+  int keep = ((flags & KILN_ONEDNN_OUT_BLOCKED) && pl->pass == KILN_ONEDNN_FORWARD) ||   /* the output stays in it */
+             ((flags & KILN_ONEDNN_GW_BLOCKED) && pl->pass == KILN_ONEDNN_BACKWARD_WEIGHTS);
   void *oi = os->reorder && !keep ? ws + os->off : out;
   dnnl_memory_t m[5] = {0};
   int nargs = 0;
@@ -303,6 +316,8 @@ static struct kiln_onednn table = {
   .weights_bytes = weights_bytes,
   .workspace_bytes = workspace_bytes,
   .block = block,
+  .grad_weights_bytes = grad_weights_bytes,
+  .grad_weights_out = grad_weights_out,
   .prepare_weights = prepare_weights,
   .run = run,
 };

@@ -393,7 +393,7 @@ int cpu_conv2d_backward_bf16(const struct kiln_call *c) {
   if (out->gw) {
     if (want_gw && (cj.ran_onednn || partials)) {   /* gw [O, K] from the partials, added in part order */
       struct bf16_sums sj = {.g = &g, .gy = j.gy, .gw = kiln_tensor_data(out->gw), .partials = cj.ran_onednn ? onednn_partials : partials,
-                             .parts = cj.ran_onednn ? cj.parts : j.parts, .transposed = !cj.ran_onednn};
+                             .parts = cj.partials_summed ? 1 : cj.ran_onednn ? cj.parts : j.parts, .transposed = !cj.ran_onednn};
       kiln_parallel_for(g.O, 8, sum_weights, &sj);
     } else {
       kiln_cpu_fill(out->gw, 0);

@@ -444,6 +444,7 @@ int cpu_conv2d_backward(const struct kiln_call *c) {
   if (out->gw && c->in[1] && !(x = dense(c->in[1]))) { rc = kiln_error_code(); goto done; }
   if (out->gx && c->in[3] && !(bias = dense(c->in[3]))) { rc = kiln_error_code(); goto done; }
   const struct kiln_tensor *xs = out->gx ? out->gx : x;   /* the input's sizes */
+  int cj_summed = 0;   /* oneDNN added the parts' grad weights */
   int es = kiln_dtype_size(gy->dtype);
   struct bwd_job j = {.dt = gy->dtype};
   geom_init(&j.g, c->ints, gy->sizes[0], w->sizes[1] * c->ints[6], xs ? xs->sizes[2] : 0, xs ? xs->sizes[3] : 0, w,
@@ -473,9 +474,12 @@ int cpu_conv2d_backward(const struct kiln_call *c) {
       conv_job(&cj, g, j.dt, j.x, j.w);
       cj.gy = j.gy; cj.gx = j.gx; cj.partials = j.partials; cj.im2col = backward_im2col; cj.ctx = &j;
       if ((rc = kiln_cpu_conv_run(&cj))) goto done;
+      cj_summed = cj.partials_summed;
     }
   }
-  if (partials) {
+  if (partials && cj_summed) {
+    memcpy(kiln_tensor_data(out->gw), partials, (size_t)(g->O * g->K * es));
+  } else if (partials) {
     struct sum_job s = {g, j.dt, partials, kiln_tensor_data(out->gw), g->O * g->K};
     kiln_parallel_for(s.n, 16384, sum_partials, &s);
   }
@@ -688,7 +692,9 @@ int cpu_conv2d_relu_pool_backward(const struct kiln_call *c) {
       rc = kiln_fail(KILN_ERR_UNSUPPORTED, "conv2d_relu_max_pool2d backward: oneDNN no longer takes the shape of its forward");
     if (rc) goto done;
   }
-  if (partials) {
+  if (partials && cj.partials_summed) {
+    memcpy(kiln_tensor_data(out->gw), partials, sizeof(float) * (size_t)(g->O * g->K));
+  } else if (partials) {
     struct sum_job s = {g, KILN_F32, partials, kiln_tensor_data(out->gw), g->O * g->K};
     kiln_parallel_for(s.n, 16384, sum_partials, &s);
   }

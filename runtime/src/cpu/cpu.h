@@ -166,6 +166,7 @@ struct kiln_conv_job {
   int (*im2col)(void *ctx);
   void *ctx;
   int ran_onednn;
+  int partials_summed;   /* set by the run: partials' first slot holds the parts' sum (added in part order) */
   /* A fused layer (cpu/conv.c: conv2d, relu and 2x2 max pooling) runs on oneDNN alone, and its
      output and output grad never exist in NCHW: forward, each part's output goes in oneDNN's
      blocked layout (nChw{block}c) to epilogue instead of y; backward, prologue writes each part's
@@ -201,6 +202,7 @@ static inline double kiln_fold_lanes(double *l, int n) {
 }
 /* 16 floats and 16 int32 masks, for loops gcc does not vectorise by itself (compare-and-select) */
 typedef float kiln_vf16 __attribute__((vector_size(16 * sizeof(float))));
+typedef float kiln_vf16u __attribute__((vector_size(16 * sizeof(float)), aligned(4)));   /* at any address */
 typedef int32_t kiln_vi16 __attribute__((vector_size(16 * sizeof(int32_t))));
 
 /* CPU memory, 64-byte aligned (cpu/big_blocks.c): blocks of KILN_BIG_BLOCK bytes or more are kept

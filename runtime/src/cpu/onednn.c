@@ -148,6 +148,8 @@ struct job {
   int64_t small;                 /* images in the smaller part */
   char *wbuf[2][2];              /* forward / backward-data weights in oneDNN's layout, per part size */
   int block;                     /* a fused job: the channel block of its blocked activations */
+  char *gwb;                     /* the parts' weight grads in oneDNN's layout, gw_stride bytes apart, or NULL */
+  size_t gw_stride;
   int failed;
   char err[256];
 };
@@ -199,7 +201,9 @@ static void run_parts(void *ctx, int64_t begin, int64_t end) {
                       c->epilogue ? blk : (char *)c->y + n0 * c->O * c->OH * c->OW * es, ws,
                       c->epilogue ? KILN_ONEDNN_OUT_BLOCKED : 0, err, sizeof err);
         if (!rc && c->epilogue) c->epilogue(c->ctx, n0, nb, blk, j->block);
-      } else if (passes[k] == KILN_ONEDNN_BACKWARD_WEIGHTS)
+      } else if (passes[k] == KILN_ONEDNN_BACKWARD_WEIGHTS && j->gwb)
+        rc = lib->run(p, x, gy, NULL, NULL, j->gwb + t * j->gw_stride, ws, flags | KILN_ONEDNN_GW_BLOCKED, err, sizeof err);
+      else if (passes[k] == KILN_ONEDNN_BACKWARD_WEIGHTS)
         rc = lib->run(p, x, gy, NULL, NULL, (float *)c->partials + t * c->O * (c->C / c->G) * c->kh * c->kw, ws, flags,
                       err, sizeof err);
       else
@@ -255,18 +259,58 @@ static int job_init(struct job *j, const struct kiln_conv_job *c) {
 static void job_free(struct job *j) {
   for (int a = 0; a < 2; a++)
     for (int b = 0; b < 2; b++) free(j->wbuf[a][b]);
+  free(j->gwb);
 }
 
-/* Run c by oneDNN: 0 done, 1 not taken, -1 an error. */
-static int run_onednn(const struct kiln_conv_job *c, char *impl, size_t nimpl) {
+/* The parts' weight grads added into part 0's, element by element in part order (as the callers
+   add the parts' OIHW grads: the same bits, before the one reorder instead of after one each). */
+static void sum_gw(void *ctx, int64_t begin, int64_t end) {
+  const struct job *j = ctx;
+  for (int64_t i0 = begin; i0 < end; i0 += 1024) {   /* a piece of part 0 in L1 while the parts are added */
+    float *restrict p0 = (float *)j->gwb + i0;
+    int64_t n = end - i0 < 1024 ? end - i0 : 1024;
+    for (int64_t t = 1; t < j->c->parts; t++) {
+      const float *restrict pt = (const float *)(j->gwb + t * j->gw_stride) + i0;
+      int64_t i = 0;
+      for (; i + 16 <= n; i += 16) {   /* sixteen at a time (this file is built for the baseline level) */
+        kiln_vf16u a, b;
+        memcpy(&a, p0 + i, sizeof a);
+        memcpy(&b, pt + i, sizeof b);
+        a += b;
+        memcpy(p0 + i, &a, sizeof a);
+      }
+      for (; i < n; i++) p0[i] += pt[i];
+    }
+  }
+}
+
+/* Run c by oneDNN: 0 done, 1 not taken, -1 an error. Where the weight grad's layout is oneDNN's
+   own and every part has as many images (one plan), the parts' grads stay in that layout, are added
+   there and reordered once, into partials' first slot (partials_summed). */
+static int run_onednn(struct kiln_conv_job *c, char *impl, size_t nimpl) {
   struct job j;
   int rc = job_init(&j, c);
+  void *wplan = j.plan[KILN_ONEDNN_BACKWARD_WEIGHTS][0];
+  size_t gw_bytes = rc == 0 && wplan && c->N % c->parts == 0 ? lib->grad_weights_bytes(wplan) : 0;
+  if (gw_bytes) {
+    j.gw_stride = (gw_bytes + 63) & ~(size_t)63;
+    if (!(j.gwb = aligned_alloc(64, j.gw_stride * (size_t)c->parts))) {
+      kiln_fail(KILN_ERR_MEMORY, "conv2d_backward: out of memory for oneDNN's weight grads");
+      rc = -1;
+    }
+  }
   if (rc == 0) {
     void *any = j.plan[KILN_ONEDNN_FORWARD][0] ? j.plan[KILN_ONEDNN_FORWARD][0]
               : j.plan[KILN_ONEDNN_BACKWARD_DATA][0] ? j.plan[KILN_ONEDNN_BACKWARD_DATA][0]
                                                      : j.plan[KILN_ONEDNN_BACKWARD_WEIGHTS][0];
     if (impl && any) snprintf(impl, nimpl, "%s", lib->impl(any));
     kiln_parallel_for(c->parts, 1, run_parts, &j);
+    if (!j.failed && j.gwb) {
+      char err[256];
+      kiln_parallel_for((int64_t)(gw_bytes / sizeof(float)), 16384, sum_gw, &j);
+      if (lib->grad_weights_out(wplan, j.gwb, c->partials, err, sizeof err)) fail_job(&j, err);
+      else c->partials_summed = 1;
+    }
     if (j.failed) { kiln_fail(strstr(j.err, "out of memory") ? KILN_ERR_MEMORY : KILN_ERR_UNSUPPORTED, "conv2d%s: %s", c->y || c->epilogue ? "" : "_backward", j.err); rc = -1; }
   }
   job_free(&j);
@@ -276,6 +320,7 @@ static int run_onednn(const struct kiln_conv_job *c, char *impl, size_t nimpl) {
 int kiln_cpu_conv_run(struct kiln_conv_job *c) {
   int forced = forced_algo();
   c->ran_onednn = 0;
+  c->partials_summed = 0;
   if (c->epilogue || c->prologue) {
     /* a fused layer: its forward follows the setting (im2col forced or benchmark mode: not taken,
        the caller runs the three ops); its backward runs as its forward did */

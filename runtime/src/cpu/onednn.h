@@ -20,7 +20,8 @@ enum kiln_onednn_pass {
 /* run's flags */
 enum {
   KILN_ONEDNN_OUT_BLOCKED = 1,   /* forward: the output is left in the primitive's layout (block) at out */
-  KILN_ONEDNN_GRAD_BLOCKED = 2   /* backward: the output's grad is given in the primitive's layout */
+  KILN_ONEDNN_GRAD_BLOCKED = 2,  /* backward: the output's grad is given in the primitive's layout */
+  KILN_ONEDNN_GW_BLOCKED = 4     /* weight grad: left in the primitive's layout (grad_weights_bytes) at out */
 };
 
 struct kiln_onednn_shape {
@@ -44,6 +45,10 @@ struct kiln_onednn {
      primitive reads or writes: 16 or 8 (nChw16c, nChw8c: [N][C/b][H][W][b], channels past C
      zero), 0 for NCHW itself, -1 for another layout. */
   int (*block)(void *plan);
+  /* A weight-grad plan: the bytes of its grad in the primitive's own layout (0: OIHW itself), and a
+     grad in that layout (the parts' sum, say) into OIHW. */
+  size_t (*grad_weights_bytes)(void *plan);
+  int (*grad_weights_out)(void *plan, const void *blocked, void *gw, char *err, size_t n);
   /* The weights w (OIHW) into wbuf (weights_bytes) for forward and backward data, once a call. */
   int (*prepare_weights)(void *plan, const void *w, void *wbuf, char *err, size_t n);
   int (*run)(void *plan, const void *a, const void *b, const void *w, const void *bias, void *out, void *workspace,
