@@ -317,6 +317,21 @@ static int run_onednn(struct kiln_conv_job *c, char *impl, size_t nimpl) {
   return rc;
 }
 
+/* c by im2col, whatever oneDNN left in partials before (benchmark mode runs both) */
+static int run_im2col(struct kiln_conv_job *c) {
+  c->partials_summed = 0;
+  return c->im2col(c->ctx);
+}
+
+int kiln_cpu_conv_fused_way(const struct kiln_conv_job *c, int input_grad) {
+  int forced = forced_algo();
+  if (forced == ALGO_IM2COL || !onednn()) return 1;
+  if (forced < 0 && benchmark_mode()) return -1;
+  /* the auto rule's one-channel cases, as below */
+  if (forced < 0 && ((input_grad && c->C == c->G) || (c->dtype == KILN_BF16 && c->C == 1))) return 1;
+  return 0;
+}
+
 int kiln_cpu_conv_run(struct kiln_conv_job *c) {
   int forced = forced_algo();
   c->ran_onednn = 0;
@@ -325,13 +340,13 @@ int kiln_cpu_conv_run(struct kiln_conv_job *c) {
     /* a fused layer: its forward follows the setting (im2col forced or benchmark mode: not taken,
        the caller runs the three ops); its backward runs as its forward did */
     if (c->epilogue && (forced == ALGO_IM2COL || (forced < 0 && benchmark_mode()))) return 1;
-    if (c->dtype != KILN_F32 || !onednn()) return 1;
+    if ((c->dtype != KILN_F32 && c->dtype != KILN_BF16) || !onednn()) return 1;
     int rc = run_onednn(c, NULL, 0);
     if (rc < 0) return kiln_error_code();
     c->ran_onednn = rc == 0;
     return rc;
   }
-  if (forced == ALGO_IM2COL || (c->dtype != KILN_F32 && c->dtype != KILN_BF16) || !onednn()) return c->im2col(c->ctx);
+  if (forced == ALGO_IM2COL || (c->dtype != KILN_F32 && c->dtype != KILN_BF16) || !onednn()) return run_im2col(c);
   struct choice_key k;
   memset(&k, 0, sizeof k);
   k.backward = c->y == NULL; k.gx = c->gx != NULL; k.gw = c->partials != NULL; k.dtype = c->dtype;
@@ -348,7 +363,7 @@ int kiln_cpu_conv_run(struct kiln_conv_job *c) {
   int known = e && (!bench || e->im2col_ms > 0 || e->algo == ALGO_IM2COL);
   int algo = e ? e->algo : ALGO_ONEDNN;
   pthread_mutex_unlock(&cache_mu);
-  if (known && algo == ALGO_IM2COL) return c->im2col(c->ctx);
+  if (known && algo == ALGO_IM2COL) return run_im2col(c);
   char impl[64] = "";
   double im2col_ms = 0, onednn_ms = 0;
   int rc = 1;   /* 1: oneDNN not taken */
@@ -361,7 +376,7 @@ int kiln_cpu_conv_run(struct kiln_conv_job *c) {
     job_free(&warm);
     for (int r = 0; r < 2; r++) {
       double t0 = now_ms();
-      if ((rc = c->im2col(c->ctx))) return rc;
+      if ((rc = run_im2col(c))) return rc;
       double t = now_ms() - t0;
       if (r == 0 || t < im2col_ms) im2col_ms = t;
     }
@@ -390,9 +405,9 @@ int kiln_cpu_conv_run(struct kiln_conv_job *c) {
     }
     pthread_mutex_unlock(&cache_mu);
     /* benchmark mode, im2col faster: run it again so that the result is the one kept from now on */
-    if (rc == 0 && bench && im2col_ms < onednn_ms) return c->im2col(c->ctx);
+    if (rc == 0 && bench && im2col_ms < onednn_ms) return run_im2col(c);
   }
-  if (rc == 1) return c->im2col(c->ctx);
+  if (rc == 1) return run_im2col(c);
   c->ran_onednn = 1;
   return KILN_OK;
 }
