@@ -1017,6 +1017,47 @@ describe("conv2d_relu_max_pool2d", function()
     kiln.set_num_threads(threads)
   end)
 
+  it("under bf16 autocast has the bits of the three bf16 ops, in oneDNN's layout and in the columns", function()
+    local threads = kiln.get_num_threads()
+    -- x [N,C,H,W], O, k, options, which inputs want grads (x, w, b), the layout it runs in here
+    local cases = {
+      {{64, 1, 28, 28}, 32, 5, {}, {false, true, true}, "columns"},   -- the one-channel first layer (auto rule)
+      {{6, 1, 20, 20}, 16, 3, {padding = 1}, {true, true, true}, "columns"},
+      {{64, 32, 12, 12}, 64, 5, {}, {true, true, true}, "oneDNN"},
+      {{3, 17, 9, 40}, 33, 3, {}, {true, true, false}, "oneDNN"},     -- a part-filled block, pooled rows of 19
+      {{4, 16, 11, 12}, 32, 3, {}, {false, false, true}, "oneDNN"},   -- the bias grad alone; 90 positions a plane
+      {{2, 1, 13, 12}, 8, 3, {}, {false, true, true}, "columns"},     -- an odd last row; 110 positions
+    }
+    for n, case in ipairs(cases) do
+      kiln.manual_seed(20 + n)
+      local shape, O, k, opts, want = case[1], case[2], case[3], case[4], case[5]
+      local d = flat(kiln.randn(shape))
+      if n == 3 then d[7] = 0 / 0 d[8] = -0.0 end   -- a NaN and a -0 in the first image
+      local x = kiln.tensor(d, {dtype = "f32"}):view(shape):requires_grad_(want[1])
+      local w = (kiln.randn(O, shape[2], k, k) * 0.3):requires_grad_(want[2])
+      local b = want[3] ~= false and kiln.randn(O):requires_grad_(want[3]) or nil
+      local function amp(fn) return function(x_, w_, b_) return kiln.amp.autocast("bf16", function() return fn(x_, w_, b_):float() end) end end
+      local fused = amp(function(x_, w_, b_) return F.conv2d_relu_max_pool2d(x_, w_, b_, opts) end)
+      local three = amp(function(x_, w_, b_) return F.max_pool2d(F.conv2d(x_, w_, b_, opts):relu(), 2) end)
+      local gy = kiln.randn(fused(x, w, b):size())
+      for _, t in ipairs{1, 2} do
+        kiln.set_num_threads(t)
+        local a, e = grads(fused, x, w, b, gy), grads(three, x, w, b, gy)
+        local what = string.format("bf16 case %d at %d threads", n, t)
+        same_bits(a.y, e.y, what .. ": output")
+        for _, g in ipairs{"gx", "gw", "gb"} do
+          assert(not a[g] == not e[g], what .. ": " .. g .. " given by one and not the other")
+          if a[g] then same_bits(a[g], e[g], what .. ": " .. g) end
+        end
+      end
+      if fused_here and kiln.conv_algorithm() == "auto" and not kiln.conv_benchmark() then   -- it ran as one kernel
+        local y = kiln.amp.autocast("bf16", function() return F.conv2d_relu_max_pool2d(x, w, b, opts) end)
+        assert.equal("Conv2d_relu_max_pool2dBackward", y.grad_fn, "bf16 case " .. n .. " (" .. case[6] .. ")")
+      end
+    end
+    kiln.set_num_threads(threads)
+  end)
+
   it("runs as one kernel for f32 where it can (avx512 and oneDNN), and as the three ops elsewhere", function()
     local x, w = kiln.randn(2, 3, 12, 12):requires_grad_(), kiln.randn(16, 3, 3, 3):requires_grad_()
     -- im2col forced or benchmark mode: the three ops (the choice is theirs)

@@ -16,15 +16,16 @@ enum { KILN_CONV_INTS = 7 };
 
 /* CONV2D_RELU_POOL: conv2d, relu and max_pool2d of 2x2 windows at stride 2 as one call; out the
    pooled y [N,O,OH/2,OW/2]; in x, w, bias as CONV2D; ints: CONV2D's, then OH, OW (the conv's
-   output); extra: struct kiln_conv_pool. A CPU kernel may decline the call (taken stays 0, nothing
+   output), then the layout the kernel says (0 in the forward's call); extra: struct kiln_conv_pool. A CPU kernel may decline the call (taken stays 0, nothing
    written): the front end then runs the three ops. When taken, codes holds what the backward reads
    (the kernel's own layout). CONV2D_RELU_POOL_BACKWARD: in the pooled gy, x (NULL unless gw is
    wanted), w, codes; same ints; extra: struct kiln_conv_grads. */
 struct kiln_conv_pool {
+  int input_grad;              /* given: the input's grad will be asked for */
   struct kiln_tensor *codes;   /* made by the kernel */
-  int taken;
+  int taken, layout;           /* layout: which layout codes is in, the backward's last int */
 };
-enum { KILN_CONV_POOL_INTS = KILN_CONV_INTS + 2 };
+enum { KILN_CONV_POOL_INTS = KILN_CONV_INTS + 3 };
 
 /* MAX_POOL2D: out y; in x ([N,C,H,W] or [C,H,W]); extra: the i64 indices tensor (shaped like y,
    h * W + w into each plane). ints: kh, kw, sh, sw, ph, pw, dil_h, dil_w.

@@ -165,14 +165,19 @@ struct fwd_job {
   uint16_t *y;
   const struct kiln_tensor *input;
   int failed;
+  struct pool_fuse *fuse;   /* conv2d_relu_max_pool2d: y is a chunk's own, pooled from there (below) */
 };
+struct pool_fuse;
+static void fused_pool_chunk(const struct pool_fuse *f, const struct cg *g, int64_t n0, int64_t nb, const uint16_t *y);
+static void fused_gyc(const struct pool_fuse *f, const struct cg *g, int64_t n0, int64_t nb, uint16_t *gyc);
 
 static void fwd_chunks(void *ctx, int64_t begin, int64_t end) {
   struct fwd_job *j = ctx;
   const struct cg *g = j->g;
   uint16_t *col = malloc(sizeof(uint16_t) * (size_t)(g->K * g->nb * g->P) + 64);
   float *tmp = malloc(sizeof(float) * (size_t)(g->Og * g->nb * g->P) + 64);
-  if (!col || !tmp) { __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED); free(col); free(tmp); return; }
+  uint16_t *ybuf = j->fuse ? malloc(sizeof(uint16_t) * (size_t)(g->nb * g->O * g->P) + 64) : NULL;
+  if (!col || !tmp || (j->fuse && !ybuf)) { __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED); free(col); free(tmp); free(ybuf); return; }
   for (int64_t ch = begin; ch < end; ch++) {
     int64_t n0 = ch * g->nb, nb = g->N - n0 < g->nb ? g->N - n0 : g->nb, ld = nb * g->P;
     for (int64_t gi = 0; gi < g->G; gi++) {
@@ -184,15 +189,16 @@ static void fwd_chunks(void *ctx, int64_t begin, int64_t end) {
       for (int64_t o = 0; o < g->Og; o++) {
         float bias = j->b ? convert_bf16_to_f32(j->b[gi * g->Og + o]) : 0.0f;
         for (int64_t i = 0; i < nb; i++) {
-          uint16_t *yo = j->y + ((n0 + i) * g->O + gi * g->Og + o) * g->P;
+          uint16_t *yo = (ybuf ? ybuf + (i * g->O + gi * g->Og + o) * g->P : j->y + ((n0 + i) * g->O + gi * g->Og + o) * g->P);
           const float *t = tmp + o * ld + i * g->P;
           for (int64_t q = 0; q < g->P; q++) yo[q] = convert_f32_to_bf16(t[q] + bias);
         }
       }
     }
+    if (ybuf) fused_pool_chunk(j->fuse, g, n0, nb, ybuf);
   }
 out:
-  free(col); free(tmp);
+  free(col); free(tmp); free(ybuf);
 }
 
 /* The choice's view of a convolution (cpu/onednn.c): kiln's 16 fixed batch parts. */
@@ -245,6 +251,7 @@ struct bwd_job {
   float *partials;         /* [parts][K][O]: grad weight transposed, or NULL */
   int64_t nchunks, parts;
   int failed;
+  const struct pool_fuse *fuse;   /* conv2d_relu_max_pool2d: gy from the pooled grad (below) */
 };
 
 static void bwd_parts(void *ctx, int64_t begin, int64_t end) {
@@ -263,10 +270,12 @@ static void bwd_parts(void *ctx, int64_t begin, int64_t end) {
       int64_t n0 = ch * g->nb, nb = g->N - n0 < g->nb ? g->N - n0 : g->nb, ld = nb * g->P;
       if (j->gx) memset(gxf, 0, sizeof(float) * (size_t)(nb * g->C * HW));
       for (int64_t gi = 0; gi < g->G; gi++) {
-        for (int64_t i = 0; i < nb; i++)   /* this group's grad output of the chunk: gyc [Og, nb*P] */
-          for (int64_t o = 0; o < g->Og; o++)
-            memcpy(gyc + o * ld + i * g->P, j->gy + ((n0 + i) * g->O + gi * g->Og + o) * g->P,
-                   sizeof(uint16_t) * (size_t)g->P);
+        if (j->fuse) fused_gyc(j->fuse, g, n0, nb, gyc);   /* one group */
+        else
+          for (int64_t i = 0; i < nb; i++)   /* this group's grad output of the chunk: gyc [Og, nb*P] */
+            for (int64_t o = 0; o < g->Og; o++)
+              memcpy(gyc + o * ld + i * g->P, j->gy + ((n0 + i) * g->O + gi * g->Og + o) * g->P,
+                     sizeof(uint16_t) * (size_t)g->P);
         if (partial) {
           /* gw^T [K, O] (this group's columns) = col [K, ld] @ gyc^T [ld, Og]: the small operand is packed */
           im2col_bf16(g, j->x, n0, nb, gi * g->Cg, col);
@@ -351,24 +360,241 @@ static void sum_bias(void *ctx, int64_t o0, int64_t o1) {
   }
 }
 
-int cpu_conv2d_backward_bf16(const struct kiln_call *c) {
+/* ---- conv2d, relu and 2x2 max pooling as one call (bf16) ----
+   As cpu/conv.c's f32 form, with the bits of the three bf16 ops (relu on the bits and max pooling
+   as cpu/elementwise.c and cpu/bf16_pool.c do them: a NaN quieted, the first maximum or the last
+   NaN, the grad at a window's pick as its scatter rounds it: -0 as +0, a NaN quieted; the bias grad
+   in sixteen f32 lanes a plane, added in double), in the layout the three ops' convolution runs in:
+   oneDNN's blocked one (nChw16c, sixteen bf16 channels a position) where oneDNN convolves, or
+   kiln's columns (a chunk's NCHW planes) where they do (the one-channel first layer under the
+   auto rule). Planes of even width only (cpu/bf16_pool.c's vector case), one group. */
+struct pool_fuse {
+  int columns;              /* 1: the columns' NCHW planes; 0: oneDNN's blocked layout */
+  int64_t O, OH, OW, PH, PW;
+  uint16_t *y;              /* forward: the pooled output */
+  const uint16_t *gp;       /* backward: its grad */
+  uint8_t *codes;           /* a window's pick (0-3) or 4 (no grad): [N][O/16][PH][PW][16] blocked, [N][O][PH][PW] columns */
+  float *lanes;             /* backward: [N][O][16], the bias grad's lanes, or NULL */
+};
+
+#if defined(__AVX512BW__)
+#include "max2x2.h"
+#include "transpose16.h"
+
+/* bf16 relu on widened values: a negative number (not -0) is +0, a NaN quieted, as cpu/elementwise.c */
+static inline __attribute__((always_inline)) __m512 relu_bf(__m512 x) {
+  x = relu16(x);
+  return _mm512_castsi512_ps(_mm512_mask_or_epi32(_mm512_castps_si512(x), _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q),
+                                                  _mm512_castps_si512(x), _mm512_set1_epi32(0x400000)));
+}
+/* a grad's bits (16-bit values in 32-bit lanes) as max pooling's scatter rounds them: -0 as +0, a NaN quieted */
+static inline __attribute__((always_inline)) __m512i scatter_bits(__m512i g) {
+  g = _mm512_mask_mov_epi32(g, _mm512_cmpeq_epi32_mask(g, _mm512_set1_epi32(0x8000)), _mm512_setzero_si512());
+  return _mm512_mask_or_epi32(g, _mm512_cmpgt_epi32_mask(_mm512_and_si512(g, _mm512_set1_epi32(0x7fff)), _mm512_set1_epi32(0x7f80)),
+                              g, _mm512_set1_epi32(0x40));
+}
+static inline __attribute__((always_inline)) __m512i code_of(__m512 best, __m512i rank) {
+  return _mm512_mask_mov_epi32(rank, _mm512_cmp_ps_mask(best, _mm512_setzero_ps(), _CMP_LE_OQ), _mm512_set1_epi32(4));
+}
+
+/* columns, forward: relu and the 2x2 max of a plane (W = 2 OW), as cpu/bf16_pool.c's max2x2_plane */
+static void relu_pool_plane(const uint16_t *x, int64_t H, int64_t OH, int64_t OW, int64_t W, uint16_t *y, uint8_t *code) {
+  const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+  for (int64_t oh = 0; oh < OH; oh++) {
+    const uint16_t *r0 = x + 2 * oh * W, *r1 = r0 + W;
+    for (int64_t ow = 0; ow < OW; ow += 16) {
+      int64_t n = OW - ow < 16 ? OW - ow : 16, o = oh * OW + ow;
+      __mmask32 m32 = n == 16 ? 0xffffffffu : (__mmask32)((1u << (2 * n)) - 1);
+      __mmask16 m16 = (__mmask16)((1u << n) - 1);
+      int whole = o + 16 <= OH * OW;
+      __m512i v0 = whole ? _mm512_loadu_si512(r0 + 2 * ow) : _mm512_maskz_loadu_epi16(m32, r0 + 2 * ow);
+      __m512i v1 = whole && (2 * oh + 1) * W + 2 * ow + 32 <= H * W ? _mm512_loadu_si512(r1 + 2 * ow)
+                                                                   : _mm512_maskz_loadu_epi16(m32, r1 + 2 * ow);
+      __m512 cand[4] = {relu_bf(_mm512_castsi512_ps(_mm512_slli_epi32(v0, 16))), relu_bf(_mm512_castsi512_ps(_mm512_and_si512(v0, hi))),
+                        relu_bf(_mm512_castsi512_ps(_mm512_slli_epi32(v1, 16))), relu_bf(_mm512_castsi512_ps(_mm512_and_si512(v1, hi)))};
+      __m512i rank;
+      __m512 best = kiln_max2x2_pick(cand, &rank);
+      __m256i yv = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(best), 16));
+      __m128i cv = _mm512_cvtepi32_epi8(code_of(best, rank));
+      if (whole) { _mm256_storeu_si256((void *)(y + o), yv); _mm_storeu_si128((void *)(code + o), cv); }
+      else { _mm256_mask_storeu_epi16(y + o, m16, yv); _mm_mask_storeu_epi8(code + o, m16, cv); }
+    }
+  }
+}
+
+/* columns, backward: a plane's grad from the pooled grad and the codes, each element written once,
+   as cpu/bf16_pool.c's max2x2_back_plane */
+static void relu_pool_back_plane(const uint16_t *gy, const uint8_t *code, int64_t H, int64_t OH, int64_t OW, int64_t W,
+                                 uint16_t *gx) {
+  const __m512i one = _mm512_set1_epi32(1), two = _mm512_set1_epi32(2), four = _mm512_set1_epi32(4);
+  for (int64_t oh = 0; oh < OH; oh++) {
+    uint16_t *g0 = gx + 2 * oh * W, *g1 = g0 + W;
+    for (int64_t ow = 0; ow < OW; ow += 16) {
+      int64_t n = OW - ow < 16 ? OW - ow : 16, o = oh * OW + ow;
+      __mmask32 m32 = n == 16 ? 0xffffffffu : (__mmask32)((1u << (2 * n)) - 1);
+      __mmask16 m16 = (__mmask16)((1u << n) - 1);
+      int whole = o + 16 <= OH * OW;
+      __m512i g = _mm512_cvtepu16_epi32(whole ? _mm256_loadu_si256((const void *)(gy + o)) : _mm256_maskz_loadu_epi16(m16, gy + o));
+      __m512i r = _mm512_cvtepu8_epi32(whole ? _mm_loadu_si128((const void *)(code + o)) : _mm_maskz_loadu_epi8(m16, code + o));
+      g = _mm512_maskz_mov_epi32(_mm512_cmpneq_epi32_mask(r, four), scatter_bits(g));
+      __mmask16 right = _mm512_test_epi32_mask(r, one), low = _mm512_cmpge_epi32_mask(r, two);
+      __m512i t = _mm512_mask_slli_epi32(g, right, g, 16);
+      __m512i v0 = _mm512_maskz_mov_epi32((__mmask16)~low, t), v1 = _mm512_maskz_mov_epi32(low, t);
+      int64_t at0 = 2 * oh * W + 2 * ow;
+      if ((OW <= 16 || 2 * ow + 32 <= W) && at0 + 32 <= H * W) _mm512_storeu_si512(g0 + 2 * ow, v0);
+      else _mm512_mask_storeu_epi16(g0 + 2 * ow, m32, v0);
+      if (at0 + W + 32 <= H * W) _mm512_storeu_si512(g1 + 2 * ow, v1);
+      else _mm512_mask_storeu_epi16(g1 + 2 * ow, m32, v1);
+    }
+  }
+  if (H > 2 * OH) memset(gx + 2 * OH * W, 0, sizeof(uint16_t) * (size_t)((H - 2 * OH) * W));
+}
+
+/* The bias grad's lanes of a plane of P, as sum_bias: value q in lane q % 16, the last P % 16 in lane 0 */
+static void plane_lanes(const uint16_t *p, int64_t P, float *lanes) {
+  __m512 acc = _mm512_setzero_ps();
+  int64_t q = 0;
+  for (; q + 16 <= P; q += 16)
+    acc = _mm512_add_ps(acc, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)(p + q))), 16)));
+  _mm512_storeu_ps(lanes, acc);
+  for (; q < P; q++) lanes[0] += convert_bf16_to_f32(p[q]);
+}
+
+static void fused_pool_chunk(const struct pool_fuse *f, const struct cg *g, int64_t n0, int64_t nb, const uint16_t *y) {
+  int64_t PP = f->PH * f->PW;
+  for (int64_t i = 0; i < nb; i++)
+    for (int64_t o = 0; o < g->O; o++)
+      relu_pool_plane(y + (i * g->O + o) * g->P, g->OH, f->PH, f->PW, g->OW, f->y + ((n0 + i) * g->O + o) * PP,
+                      f->codes + ((n0 + i) * g->O + o) * PP);
+}
+
+static void fused_gyc(const struct pool_fuse *f, const struct cg *g, int64_t n0, int64_t nb, uint16_t *gyc) {
+  int64_t PP = f->PH * f->PW, ld = nb * g->P;
+  for (int64_t i = 0; i < nb; i++)
+    for (int64_t o = 0; o < g->O; o++) {
+      uint16_t *plane = gyc + o * ld + i * g->P;
+      int64_t at = ((n0 + i) * g->O + o) * PP;
+      relu_pool_back_plane(f->gp + at, f->codes + at, g->OH, f->PH, f->PW, g->OW, plane);
+      if (f->lanes) plane_lanes(plane, g->P, f->lanes + ((n0 + i) * g->O + o) * 16);
+    }
+}
+
+/* blocked, forward: each part's output as oneDNN leaves it, sixteen channels a position */
+static void blocked_epilogue(void *ctx, int64_t n0, int64_t nb, const void *blocked, int block) {
+  const struct pool_fuse *f = ctx;
+  int64_t OW = f->OW, OHW = f->OH * f->OW, PH = f->PH, PW = f->PW, Cb = (f->O + 15) / 16;
+  (void)block;
+  for (int64_t n = 0; n < nb; n++)
+    for (int64_t cb = 0; cb < Cb; cb++) {
+      const uint16_t *plane = (const uint16_t *)blocked + (n * Cb + cb) * OHW * 16;
+      uint8_t *code = f->codes + ((n0 + n) * Cb + cb) * PH * PW * 16;
+      uint16_t *out = f->y + ((n0 + n) * f->O + cb * 16) * PH * PW;
+      int64_t nc = f->O - cb * 16 < 16 ? f->O - cb * 16 : 16;
+      for (int64_t ph = 0; ph < PH; ph++)
+        for (int64_t pw0 = 0; pw0 < PW; pw0 += 16) {
+          int m = PW - pw0 < 16 ? (int)(PW - pw0) : 16;
+          __m512 v[16];
+          for (int i = 0; i < m; i++) {
+            const uint16_t *at = plane + (2 * ph * OW + 2 * (pw0 + i)) * 16;
+            __m512 c[4];
+            const int64_t off[4] = {0, 16, OW * 16, OW * 16 + 16};
+            for (int k = 0; k < 4; k++)
+              c[k] = relu_bf(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_load_si256((const void *)(at + off[k]))), 16)));
+            __m512i rank;
+            v[i] = kiln_max2x2_pick(c, &rank);
+            _mm_storeu_si128((__m128i *)(code + (ph * PW + pw0 + i) * 16), _mm512_cvtepi32_epi8(code_of(v[i], rank)));
+          }
+          for (int i = m; i < 16; i++) v[i] = _mm512_setzero_ps();
+          transpose16(v);
+          for (int64_t k = 0; k < nc; k++)
+            _mm256_mask_storeu_epi16(out + k * PH * PW + ph * PW + pw0, (__mmask16)((1u << m) - 1),
+                                     _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v[k]), 16)));
+        }
+    }
+}
+
+/* blocked, backward: each part's output grad in oneDNN's layout, and the bias grad's lanes */
+static void blocked_prologue(void *ctx, int64_t n0, int64_t nb, void *blocked, int block) {
+  const struct pool_fuse *f = ctx;
+  int64_t OW = f->OW, OHW = f->OH * f->OW, PH = f->PH, PW = f->PW, Cb = (f->O + 15) / 16, P16 = OHW - OHW % 16;
+  __m512i row[PW + 16];
+  (void)block;
+  for (int64_t n = 0; n < nb; n++)
+    for (int64_t cb = 0; cb < Cb; cb++) {
+      uint16_t *plane = (uint16_t *)blocked + (n * Cb + cb) * OHW * 16;
+      const uint8_t *code = f->codes + ((n0 + n) * Cb + cb) * PH * PW * 16;
+      const uint16_t *gp = f->gp + ((n0 + n) * f->O + cb * 16) * PH * PW;
+      int64_t nc = f->O - cb * 16 < 16 ? f->O - cb * 16 : 16;
+      for (int64_t ph = 0; ph < PH; ph++) {
+        for (int64_t pw0 = 0; pw0 < PW; pw0 += 16) {
+          int m = PW - pw0 < 16 ? (int)(PW - pw0) : 16;
+          __m512 v[16];
+          for (int64_t k = 0; k < 16; k++)
+            v[k] = k < nc ? _mm512_castsi512_ps(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16((__mmask16)((1u << m) - 1), gp + k * PH * PW + ph * PW + pw0)))
+                          : _mm512_setzero_ps();
+          transpose16(v);
+          for (int i = 0; i < m; i++) row[pw0 + i] = scatter_bits(_mm512_castps_si512(v[i]));
+        }
+        for (int dy = 0; dy < 2; dy++) {
+          uint16_t *at = plane + (2 * ph + dy) * OW * 16;
+          for (int64_t pw = 0; pw < PW; pw++, at += 32) {
+            __m512i r = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(code + (ph * PW + pw) * 16)));
+            _mm256_store_si256((void *)at, _mm512_cvtepi32_epi16(_mm512_maskz_mov_epi32(_mm512_cmpeq_epi32_mask(r, _mm512_set1_epi32(2 * dy)), row[pw])));
+            _mm256_store_si256((void *)(at + 16), _mm512_cvtepi32_epi16(_mm512_maskz_mov_epi32(_mm512_cmpeq_epi32_mask(r, _mm512_set1_epi32(2 * dy + 1)), row[pw])));
+          }
+          if (OW & 1) _mm256_store_si256((void *)at, _mm256_setzero_si256());
+        }
+      }
+      for (int64_t p = 2 * PH * OW; p < OHW; p++) _mm256_store_si256((void *)(plane + p * 16), _mm256_setzero_si256());
+      if (f->lanes) {   /* position p in lane p % 16, the last OHW % 16 in lane 0, as sum_bias */
+        __m512 acc[16];
+        for (int l = 0; l < 16; l++) acc[l] = _mm512_setzero_ps();
+        int64_t p = 0;
+        for (; p < P16; p += 16)
+          for (int l = 0; l < 16; l++)
+            acc[l] = _mm512_add_ps(acc[l], _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_load_si256((const void *)(plane + (p + l) * 16))), 16)));
+        for (; p < OHW; p++)
+          acc[0] = _mm512_add_ps(acc[0], _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_load_si256((const void *)(plane + p * 16))), 16)));
+        float a[16][16];
+        for (int l = 0; l < 16; l++) _mm512_storeu_ps(a[l], acc[l]);
+        for (int64_t k = 0; k < nc; k++)
+          for (int l = 0; l < 16; l++) f->lanes[((n0 + n) * f->O + cb * 16 + k) * 16 + l] = a[l][k];
+      }
+    }
+}
+#else
+static void fused_pool_chunk(const struct pool_fuse *f, const struct cg *g, int64_t n0, int64_t nb, const uint16_t *y) {
+  (void)f; (void)g; (void)n0; (void)nb; (void)y;
+}
+static void fused_gyc(const struct pool_fuse *f, const struct cg *g, int64_t n0, int64_t nb, uint16_t *gyc) {
+  (void)f; (void)g; (void)n0; (void)nb; (void)gyc;
+}
+static void blocked_prologue(void *ctx, int64_t n0, int64_t nb, void *blocked, int block) {
+  (void)ctx; (void)n0; (void)nb; (void)blocked; (void)block;
+}
+#endif
+
+/* The backward; f: conv2d_relu_max_pool2d's (no gy: each chunk's or part's is made from the pooled
+   grad, and the bias grad's lanes with it), else NULL. */
+static int backward_bf16(const struct kiln_call *c, struct pool_fuse *f) {
   const struct kiln_conv_grads *out = c->extra;
-  if (dtype_ok("conv2d_backward", c->in[0])) return kiln_error_code();
-  struct kiln_tensor *gy = kiln_cpu_contiguous(c->in[0]), *x = NULL, *w = kiln_cpu_contiguous(c->in[2]), *bias = NULL;
+  if (!f && dtype_ok("conv2d_backward", c->in[0])) return kiln_error_code();
+  struct kiln_tensor *gy = f ? NULL : kiln_cpu_contiguous(c->in[0]), *x = NULL, *w = kiln_cpu_contiguous(c->in[2]), *bias = NULL;
   float *partials = NULL, *onednn_partials = NULL;
   int rc = KILN_OK;
-  if (!gy || !w) { rc = kiln_error_code(); goto done; }
-  if (out->gw && c->in[1] && !(x = kiln_cpu_contiguous(c->in[1]))) { rc = kiln_error_code(); goto done; }
-  if (out->gx && c->in[3] && !(bias = kiln_cpu_contiguous(c->in[3]))) { rc = kiln_error_code(); goto done; }
+  if ((!f && !gy) || !w) { rc = kiln_error_code(); goto done; }
+  if ((out->gw || f) && c->in[1] && !(x = kiln_cpu_contiguous(c->in[1]))) { rc = kiln_error_code(); goto done; }
+  if (!f && out->gx && c->in[3] && !(bias = kiln_cpu_contiguous(c->in[3]))) { rc = kiln_error_code(); goto done; }
   const struct kiln_tensor *xs = out->gx ? out->gx : x;
   struct cg g;
-  cg_init(&g, c->ints, gy->sizes[0], w->sizes[1] * c->ints[6], xs ? xs->sizes[2] : 0, xs ? xs->sizes[3] : 0, w,
-          gy->sizes[1], gy->sizes[2], gy->sizes[3]);
-  int want_gw = out->gw && x && g.N > 0 && g.P > 0, want_gx = out->gx && out->gx->numel > 0;
+  cg_init(&g, c->ints, f ? xs->sizes[0] : gy->sizes[0], w->sizes[1] * c->ints[6], xs ? xs->sizes[2] : 0, xs ? xs->sizes[3] : 0, w,
+          f ? w->sizes[0] : gy->sizes[1], f ? c->ints[KILN_CONV_INTS] : gy->sizes[2], f ? c->ints[KILN_CONV_INTS + 1] : gy->sizes[3]);
+  /* fused, the bias grad alone: the weight grad's pass makes gy (its sum unused) */
+  int want_gw = (out->gw || (f && !out->gx)) && x && g.N > 0 && g.P > 0, want_gx = out->gx && out->gx->numel > 0;
   int64_t HW = g.H * g.W, nchunks = g.N > 0 ? (g.N + g.nb - 1) / g.nb : 0;
-  struct bwd_job j = {.g = &g, .gy = kiln_tensor_data(gy), .x = x ? kiln_tensor_data(x) : NULL, .w = kiln_tensor_data(w),
+  struct bwd_job j = {.g = &g, .gy = gy ? kiln_tensor_data(gy) : NULL, .x = x ? kiln_tensor_data(x) : NULL, .w = kiln_tensor_data(w),
                       .bias = bias ? kiln_tensor_data(bias) : NULL, .gx = want_gx ? kiln_tensor_data(out->gx) : NULL,
-                      .nchunks = nchunks, .parts = nchunks < PARTS ? nchunks : PARTS};
+                      .nchunks = nchunks, .parts = nchunks < PARTS ? nchunks : PARTS, .fuse = f && f->columns ? f : NULL};
   if (want_gw) {
     partials = malloc(sizeof(float) * (size_t)(j.parts * g.K * g.O) + 64);
     if (!partials) { rc = kiln_fail(KILN_ERR_MEMORY, "conv2d_backward: out of memory for the grad-weight partials"); goto done; }
@@ -376,14 +602,19 @@ int cpu_conv2d_backward_bf16(const struct kiln_call *c) {
   }
   struct kiln_conv_job cj;
   conv_job(&cj, &g, j.x, j.w);
-  if (g.P > 0 && (j.gx || j.partials) && !j.bias) {   /* oneDNN's bf16 kernels, or the columns (cpu/onednn.c) */
+  if (f && f->columns) {   /* as the forward ran: the columns */
+    if ((j.gx || j.partials) && (rc = backward_columns(&j))) goto done;
+  } else if (g.P > 0 && (j.gx || j.partials) && !j.bias) {   /* oneDNN's bf16 kernels, or the columns (cpu/onednn.c) */
     cj.gy = j.gy; cj.gx = j.gx;
     if (want_gw && !(cj.partials = onednn_partials = malloc(sizeof(float) * (size_t)(cj.parts * g.K * g.O) + 64))) {
       rc = kiln_fail(KILN_ERR_MEMORY, "conv2d_backward: out of memory for the grad-weight partials");
       goto done;
     }
     cj.im2col = backward_columns; cj.ctx = &j;
-    if ((rc = kiln_cpu_conv_run(&cj))) goto done;
+    if (f) { cj.im2col = NULL; cj.prologue = blocked_prologue; cj.ctx = f; }
+    if ((rc = kiln_cpu_conv_run(&cj)) == 1 && f)
+      rc = kiln_fail(KILN_ERR_UNSUPPORTED, "conv2d_relu_max_pool2d backward: oneDNN no longer takes the shape of its forward");
+    if (rc) goto done;
   } else if (g.P > 0 && (j.gx || j.partials) && (rc = backward_columns(&j))) {   /* conv_transpose2d's forward */
     goto done;
   }
@@ -399,7 +630,15 @@ int cpu_conv2d_backward_bf16(const struct kiln_call *c) {
       kiln_cpu_fill(out->gw, 0);
     }
   }
-  if (out->gb) {
+  if (out->gb && f) {   /* the lanes of each image in order, in double, as sum_bias */
+    uint16_t *gb = kiln_tensor_data(out->gb);
+    for (int64_t o = 0; o < g.O; o++) {
+      double sum = 0;
+      for (int64_t n = 0; n < g.N; n++)
+        for (int l = 0; l < 16; l++) sum += f->lanes[(n * g.O + o) * 16 + l];
+      gb[o] = convert_f32_to_bf16((float)sum);
+    }
+  } else if (out->gb) {
     struct bf16_sums sj = {.g = &g, .gy = j.gy, .gb = kiln_tensor_data(out->gb)};
     kiln_parallel_for(g.O, 8, sum_bias, &sj);
   }
@@ -408,4 +647,72 @@ done:
   free(onednn_partials);
   kiln_tensor_release(gy); kiln_tensor_release(x); kiln_tensor_release(w); kiln_tensor_release(bias);
   return rc;
+}
+
+int cpu_conv2d_backward_bf16(const struct kiln_call *c) { return backward_bf16(c, NULL); }
+
+int cpu_conv2d_relu_pool_bf16(const struct kiln_call *c) {
+  struct kiln_conv_pool *cp = (struct kiln_conv_pool *)c->extra;
+  cp->taken = 0;
+#if defined(__AVX512BW__)
+  struct kiln_tensor *y = c->out;
+  int64_t OH = c->ints[KILN_CONV_INTS], OW = c->ints[KILN_CONV_INTS + 1];
+  /* even planes (the pooling's vector case), one group, a pooled row the prologue's stack holds */
+  if (y->numel == 0 || (OW & 1) || c->ints[6] != 1 || y->sizes[3] > 512) return KILN_OK;
+  struct kiln_tensor *x = kiln_cpu_contiguous(c->in[0]), *w = kiln_cpu_contiguous(c->in[1]);
+  struct kiln_tensor *b = c->in[2] ? kiln_cpu_contiguous(c->in[2]) : NULL;
+  int rc = KILN_OK;
+  if (!x || !w || (c->in[2] && !b)) { rc = kiln_error_code(); goto done; }
+  struct cg g;
+  cg_init(&g, c->ints, x->sizes[0], x->sizes[1], x->sizes[2], x->sizes[3], w, y->sizes[1], OH, OW);
+  struct pool_fuse f = {.O = g.O, .OH = OH, .OW = OW, .PH = y->sizes[2], .PW = y->sizes[3], .y = kiln_tensor_data(y)};
+  struct kiln_conv_job cj;
+  conv_job(&cj, &g, kiln_tensor_data(x), kiln_tensor_data(w));
+  int way = kiln_cpu_conv_fused_way(&cj, cp->input_grad);   /* where the three ops' convolution would run */
+  if (way < 0) goto done;
+  f.columns = way == 1;
+  int64_t ncodes = g.N * (f.columns ? g.O : (g.O + 15) / 16 * 16) * f.PH * f.PW;
+  if (!(cp->codes = kiln_tensor_empty(1, &ncodes, KILN_U8, y->device))) { rc = kiln_error_code(); goto done; }
+  f.codes = kiln_tensor_data(cp->codes);
+  if (f.columns) {
+    struct fwd_job j = {.g = &g, .x = kiln_tensor_data(x), .w = kiln_tensor_data(w), .b = b ? kiln_tensor_data(b) : NULL,
+                        .input = x, .fuse = &f};
+    rc = forward_columns(&j);
+    cp->taken = rc == KILN_OK;
+  } else {
+    cj.bias = b ? kiln_tensor_data(b) : NULL; cj.epilogue = blocked_epilogue; cj.ctx = &f;
+    rc = kiln_cpu_conv_run(&cj);
+    if (rc == 1) rc = KILN_OK;
+    else cp->taken = rc == KILN_OK;
+  }
+  cp->layout = f.columns;
+  if (!cp->taken) { kiln_tensor_release(cp->codes); cp->codes = NULL; }
+done:
+  kiln_tensor_release(x); kiln_tensor_release(w); kiln_tensor_release(b);
+  return rc;
+#else
+  return KILN_OK;   /* not taken below avx512 */
+#endif
+}
+
+int cpu_conv2d_relu_pool_backward_bf16(const struct kiln_call *c) {
+#if defined(__AVX512BW__)
+  const struct kiln_conv_grads *out = c->extra;
+  struct kiln_tensor *gp = kiln_cpu_contiguous(c->in[0]);
+  if (!gp) return kiln_error_code();
+  int64_t N = gp->sizes[0], O = gp->sizes[1];
+  struct pool_fuse f = {.columns = (int)c->ints[KILN_CONV_INTS + 2], .O = O, .OH = c->ints[KILN_CONV_INTS],
+                        .OW = c->ints[KILN_CONV_INTS + 1], .PH = gp->sizes[2], .PW = gp->sizes[3], .gp = kiln_tensor_data(gp),
+                        .codes = kiln_tensor_data(c->in[3])};
+  int rc = KILN_OK;
+  if (out->gb && !(f.lanes = malloc(sizeof(float) * (size_t)(N * O * 16) + 64)))
+    rc = kiln_fail(KILN_ERR_MEMORY, "conv2d_relu_max_pool2d backward: out of memory for the bias grad");
+  if (!rc) rc = backward_bf16(c, &f);
+  free(f.lanes);
+  kiln_tensor_release(gp);
+  return rc;
+#else
+  (void)c;
+  return kiln_fail(KILN_ERR_UNSUPPORTED, "conv2d_relu_max_pool2d backward: no fused kernel at this instruction-set level");
+#endif
 }

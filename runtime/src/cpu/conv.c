@@ -515,34 +515,7 @@ struct pool_job {
 
 #if defined(__AVX512F__)
 #include "max2x2.h"
-
-/* v[i][j] <- v[j][i] for 16 vectors of 16 floats */
-static inline __attribute__((always_inline)) void transpose16(__m512 v[16]) {
-  __m512 t[16], u[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_ps(v[i], v[i + 1]);
-    t[i + 1] = _mm512_unpackhi_ps(v[i], v[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    u[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
-    u[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xee);
-    u[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-    u[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xee);
-  }
-  for (int h = 0; h < 16; h += 8)   /* u[h..h+3] and u[h+4..h+7]: rows h..h+7 */
-    for (int k = 0; k < 4; k++) {
-      t[h + k] = _mm512_shuffle_f32x4(u[h + k], u[h + 4 + k], 0x88);
-      t[h + 4 + k] = _mm512_shuffle_f32x4(u[h + k], u[h + 4 + k], 0xdd);
-    }
-  for (int k = 0; k < 8; k++) {
-    v[k] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0x88);
-    v[k + 8] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0xdd);
-  }
-}
-
-static inline __m512 relu16(__m512 x) {   /* x < 0 ? 0 : x, as relu: NaN and -0 stay */
-  return _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ), _mm512_setzero_ps());
-}
+#include "transpose16.h"
 
 static void pool_epilogue(void *ctx, int64_t n0, int64_t nb, const void *blocked, int block) {
   const struct pool_job *j = ctx;
@@ -625,22 +598,25 @@ static void pool_prologue(void *ctx, int64_t n0, int64_t nb, void *blocked, int 
 
 int cpu_conv2d_relu_pool(const struct kiln_call *c) {
   struct kiln_conv_pool *cp = (struct kiln_conv_pool *)c->extra;
+  if (c->in[0]->dtype == KILN_BF16) return cpu_conv2d_relu_pool_bf16(c);   /* cpu/bf16_conv.c */
   cp->taken = 0;
 #if defined(__AVX512F__)
   struct kiln_tensor *y = c->out;
-  /* the prologue keeps a pooled row of vectors on the stack */
-  if (c->in[0]->dtype != KILN_F32 || y->numel == 0 || y->sizes[3] > 512) return KILN_OK;
+  /* planes of even width (max_pool2d's vector case: the same pick), a pooled row the prologue's
+     stack holds */
+  if (c->in[0]->dtype != KILN_F32 || y->numel == 0 || (c->ints[KILN_CONV_INTS + 1] & 1) || y->sizes[3] > 512) return KILN_OK;
   struct kiln_tensor *x = dense(c->in[0]), *w = dense(c->in[1]), *b = c->in[2] ? dense(c->in[2]) : NULL;
   int rc = KILN_OK;
   if (!x || !w || (c->in[2] && !b)) { rc = kiln_error_code(); goto done; }
   struct pool_job j = {.PH = y->sizes[2], .PW = y->sizes[3], .y = kiln_tensor_data(y)};
   geom_init(&j.g, c->ints, x->sizes[0], x->sizes[1], x->sizes[2], x->sizes[3], w, y->sizes[1], c->ints[KILN_CONV_INTS],
             c->ints[KILN_CONV_INTS + 1], 4);
+  struct kiln_conv_job cj;
+  conv_job(&cj, &j.g, KILN_F32, kiln_tensor_data(x), kiln_tensor_data(w));
+  if (kiln_cpu_conv_fused_way(&cj, cp->input_grad) != 0) goto done;   /* the three ops would not run oneDNN */
   int64_t ncodes = j.g.N * (j.g.O + 15) / 16 * 16 * j.PH * j.PW;
   if (!(cp->codes = kiln_tensor_empty(1, &ncodes, KILN_U8, y->device))) { rc = kiln_error_code(); goto done; }
   j.codes = kiln_tensor_data(cp->codes);
-  struct kiln_conv_job cj;
-  conv_job(&cj, &j.g, KILN_F32, kiln_tensor_data(x), kiln_tensor_data(w));
   cj.bias = b ? kiln_tensor_data(b) : NULL; cj.epilogue = pool_epilogue; cj.ctx = &j;
   rc = kiln_cpu_conv_run(&cj);
   if (rc == 1) rc = KILN_OK;   /* not taken */
@@ -655,6 +631,7 @@ done:
 }
 
 int cpu_conv2d_relu_pool_backward(const struct kiln_call *c) {
+  if (c->in[0]->dtype == KILN_BF16) return cpu_conv2d_relu_pool_backward_bf16(c);   /* cpu/bf16_conv.c */
 #if defined(__AVX512F__)
   const struct kiln_conv_grads *out = c->extra;
   struct kiln_tensor *gp = dense(c->in[0]), *x = c->in[1] ? dense(c->in[1]) : NULL, *w = dense(c->in[2]);

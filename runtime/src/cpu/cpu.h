@@ -53,6 +53,8 @@
 #define cpu_gemm_bf16 KILN_LEVEL_NAME(cpu_gemm_bf16)
 #define cpu_conv2d_bf16 KILN_LEVEL_NAME(cpu_conv2d_bf16)
 #define cpu_conv2d_backward_bf16 KILN_LEVEL_NAME(cpu_conv2d_backward_bf16)
+#define cpu_conv2d_relu_pool_bf16 KILN_LEVEL_NAME(cpu_conv2d_relu_pool_bf16)
+#define cpu_conv2d_relu_pool_backward_bf16 KILN_LEVEL_NAME(cpu_conv2d_relu_pool_backward_bf16)
 #define cpu_max_pool2d_bf16 KILN_LEVEL_NAME(cpu_max_pool2d_bf16)
 #define cpu_max_pool2d_backward_bf16 KILN_LEVEL_NAME(cpu_max_pool2d_backward_bf16)
 #define kiln_cpu_bf16_native KILN_LEVEL_NAME(kiln_cpu_bf16_native)
@@ -111,6 +113,8 @@ void kiln_cpu_rnn_bf16_times(const uint32_t *packed, int64_t K, int64_t n, int64
                              void *const *ys, int out_bf16, int64_t span, int64_t stride);
 int cpu_conv2d_bf16(const struct kiln_call *c);
 int cpu_conv2d_backward_bf16(const struct kiln_call *c);
+int cpu_conv2d_relu_pool_bf16(const struct kiln_call *c);
+int cpu_conv2d_relu_pool_backward_bf16(const struct kiln_call *c);
 int cpu_max_pool2d_bf16(const struct kiln_call *c);
 int cpu_max_pool2d_backward_bf16(const struct kiln_call *c);
 /* 2 x 2 max pooling, stride 2, of one f32 plane of width W = 2 * OW (cpu/pool.c): y [OH, OW] and
@@ -176,6 +180,10 @@ struct kiln_conv_job {
   void (*prologue)(void *ctx, int64_t n0, int64_t nb, void *blocked, int block);
 };
 int kiln_cpu_conv_run(struct kiln_conv_job *c);
+/* Where the three ops of a fused layer would convolve c (the choice kiln_cpu_conv_run makes): 1 by
+   im2col (forced, no oneDNN, or the auto rule's one-channel cases; input_grad: the input's grad
+   will be asked for), 0 by oneDNN where it takes the shape, -1 by a timing (benchmark mode). */
+int kiln_cpu_conv_fused_way(const struct kiln_conv_job *c, int input_grad);
 
 /* What CPU kernels use in place of the public ops, which dispatch and record (cpu/elementwise.c):
    a strided copy with conversion and broadcasting of src to dst's shape, a fill, and t itself when

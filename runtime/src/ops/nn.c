@@ -141,21 +141,28 @@ KILN_API struct kiln_tensor *kiln_conv2d_relu_max_pool2d(const struct kiln_tenso
                                                          int64_t pw, int64_t dh, int64_t dw, int64_t groups) {
   int64_t sizes[4];
   struct kiln_tensor *ac[3];
-  int cast = kiln_autocast_inputs(KILN_OP_CONV2D, 3, (const struct kiln_tensor *[]){x, w, b}, ac);
-  if (cast < 0) return NULL;
-  if (cast == 1) kiln_autocast_release(3, ac);   /* the three ops cast for themselves */
-  else if (conv_sizes("conv2d_relu_max_pool2d", x, w, b, sh, sw, ph, pw, dh, dw, groups, sizes)) return NULL;
-  if (cast == 0 && x->device.type == KILN_CPU && x->dtype == KILN_F32 && sizes[2] >= 2 && sizes[3] >= 2) {
+  switch (kiln_autocast_inputs(KILN_OP_CONV2D, 3, (const struct kiln_tensor *[]){x, w, b}, ac)) {
+  case 0: break;
+  case 1: {   /* as conv2d: the cast inputs are what the layer (or its three ops) reads */
+    struct kiln_tensor *r = kiln_conv2d_relu_max_pool2d(ac[0], ac[1], ac[2], sh, sw, ph, pw, dh, dw, groups);
+    kiln_autocast_release(3, ac);
+    return r;
+  }
+  default: return NULL;
+  }
+  if (conv_sizes("conv2d_relu_max_pool2d", x, w, b, sh, sw, ph, pw, dh, dw, groups, sizes)) return NULL;
+  if (x->device.type == KILN_CPU && (x->dtype == KILN_F32 || x->dtype == KILN_BF16) && sizes[2] >= 2 && sizes[3] >= 2) {
     int64_t psizes[4] = {sizes[0], sizes[1], sizes[2] / 2, sizes[3] / 2};
     struct kiln_tensor *out = kiln_tensor_empty(4, psizes, x->dtype, x->device);
     if (!out) return NULL;
-    int64_t ints[KILN_CONV_POOL_INTS] = {sh, sw, ph, pw, dh, dw, groups, sizes[2], sizes[3]};
-    struct kiln_conv_pool cp = {0};
+    int64_t ints[KILN_CONV_POOL_INTS] = {sh, sw, ph, pw, dh, dw, groups, sizes[2], sizes[3], 0};
+    struct kiln_conv_pool cp = {.input_grad = kiln_grad_enabled() && x->requires_grad};
     struct kiln_call call = {.op = KILN_OP_CONV2D_RELU_MAX_POOL2D, .out = out, .in = {x, w, b}, .nin = 3,
                              .nints = KILN_CONV_POOL_INTS, .extra = &cp};
     memcpy(call.ints, ints, sizeof ints);
     if (!run(x->device, &call, out)) return NULL;
     if (cp.taken) {
+      ints[KILN_CONV_INTS + 2] = cp.layout;
       const struct kiln_tensor *inputs[3] = {x, w, b}, *saved[3] = {x, w, cp.codes};
       out = record(KILN_OP_CONV2D_RELU_MAX_POOL2D, out, 3, inputs, NULL, ints, KILN_CONV_POOL_INTS, saved, 3);
       kiln_tensor_release(cp.codes);
