@@ -149,12 +149,26 @@ struct job {
   char *wbuf[2][2];              /* forward / backward-data weights in oneDNN's layout, per part size */
   int block;                     /* a fused job: the channel block of its blocked activations */
   char *gwb;                     /* the parts' weight grads in oneDNN's layout, gw_stride bytes apart, or NULL */
-  size_t gw_stride;
+  size_t gw_bytes, gw_stride;
+  int64_t folded;                /* the parts added into part 0's grad so far (atomic) */
   int failed;
   char err[256];
 };
 
 static int64_t part_begin(const struct kiln_conv_job *c, int64_t t) { return t * c->N / c->parts; }
+
+/* p[i] += q[i], i < n, sixteen at a time (this file is built for the baseline level) */
+static void add_into(float *restrict p, const float *restrict q, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    kiln_vf16u a, b;
+    memcpy(&a, p + i, sizeof a);
+    memcpy(&b, q + i, sizeof b);
+    a += b;
+    memcpy(p + i, &a, sizeof a);
+  }
+  for (; i < n; i++) p[i] += q[i];
+}
 
 static void shape_of(const struct kiln_conv_job *c, int pass, int64_t nb, struct kiln_onednn_shape *s) {
   memset(s, 0, sizeof *s);
@@ -201,8 +215,15 @@ static void run_parts(void *ctx, int64_t begin, int64_t end) {
                       c->epilogue ? blk : (char *)c->y + n0 * c->O * c->OH * c->OW * es, ws,
                       c->epilogue ? KILN_ONEDNN_OUT_BLOCKED : 0, err, sizeof err);
         if (!rc && c->epilogue) c->epilogue(c->ctx, n0, nb, blk, j->block);
-      } else if (passes[k] == KILN_ONEDNN_BACKWARD_WEIGHTS && j->gwb)
+      } else if (passes[k] == KILN_ONEDNN_BACKWARD_WEIGHTS && j->gwb) {
         rc = lib->run(p, x, gy, NULL, NULL, j->gwb + t * j->gw_stride, ws, flags | KILN_ONEDNN_GW_BLOCKED, err, sizeof err);
+        /* the next part of the sum while the grad is in cache: part t is added where parts 0..t-1
+           already are (in this thread, or in another before it); else it waits for the join */
+        if (!rc && __atomic_load_n(&j->folded, __ATOMIC_ACQUIRE) == t) {
+          if (t > 0) add_into((float *)j->gwb, (const float *)(j->gwb + t * j->gw_stride), (int64_t)(j->gw_bytes / sizeof(float)));
+          __atomic_store_n(&j->folded, t + 1, __ATOMIC_RELEASE);
+        }
+      }
       else if (passes[k] == KILN_ONEDNN_BACKWARD_WEIGHTS)
         rc = lib->run(p, x, gy, NULL, NULL, (float *)c->partials + t * c->O * (c->C / c->G) * c->kh * c->kw, ws, flags,
                       err, sizeof err);
@@ -263,24 +284,13 @@ static void job_free(struct job *j) {
 }
 
 /* The parts' weight grads added into part 0's, element by element in part order (as the callers
-   add the parts' OIHW grads: the same bits, before the one reorder instead of after one each). */
+   add the parts' OIHW grads: the same bits, before the one reorder instead of after one each):
+   those run_parts did not add as it went. */
 static void sum_gw(void *ctx, int64_t begin, int64_t end) {
   const struct job *j = ctx;
   for (int64_t i0 = begin; i0 < end; i0 += 1024) {   /* a piece of part 0 in L1 while the parts are added */
-    float *restrict p0 = (float *)j->gwb + i0;
     int64_t n = end - i0 < 1024 ? end - i0 : 1024;
-    for (int64_t t = 1; t < j->c->parts; t++) {
-      const float *restrict pt = (const float *)(j->gwb + t * j->gw_stride) + i0;
-      int64_t i = 0;
-      for (; i + 16 <= n; i += 16) {   /* sixteen at a time (this file is built for the baseline level) */
-        kiln_vf16u a, b;
-        memcpy(&a, p0 + i, sizeof a);
-        memcpy(&b, pt + i, sizeof b);
-        a += b;
-        memcpy(p0 + i, &a, sizeof a);
-      }
-      for (; i < n; i++) p0[i] += pt[i];
-    }
+    for (int64_t t = j->folded; t < j->c->parts; t++) add_into((float *)j->gwb + i0, (const float *)(j->gwb + t * j->gw_stride) + i0, n);
   }
 }
 
@@ -293,6 +303,7 @@ static int run_onednn(struct kiln_conv_job *c, char *impl, size_t nimpl) {
   void *wplan = j.plan[KILN_ONEDNN_BACKWARD_WEIGHTS][0];
   size_t gw_bytes = rc == 0 && wplan && c->N % c->parts == 0 ? lib->grad_weights_bytes(wplan) : 0;
   if (gw_bytes) {
+    j.gw_bytes = gw_bytes;
     j.gw_stride = (gw_bytes + 63) & ~(size_t)63;
     if (!(j.gwb = aligned_alloc(64, j.gw_stride * (size_t)c->parts))) {
       kiln_fail(KILN_ERR_MEMORY, "conv2d_backward: out of memory for oneDNN's weight grads");
@@ -307,7 +318,7 @@ static int run_onednn(struct kiln_conv_job *c, char *impl, size_t nimpl) {
     kiln_parallel_for(c->parts, 1, run_parts, &j);
     if (!j.failed && j.gwb) {
       char err[256];
-      kiln_parallel_for((int64_t)(gw_bytes / sizeof(float)), 16384, sum_gw, &j);
+      if (j.folded < c->parts) kiln_parallel_for((int64_t)(gw_bytes / sizeof(float)), 16384, sum_gw, &j);
       if (lib->grad_weights_out(wplan, j.gwb, c->partials, err, sizeof err)) fail_job(&j, err);
       else c->partials_summed = 1;
     }
