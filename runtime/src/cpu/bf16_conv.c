@@ -516,35 +516,36 @@ static void blocked_epilogue(void *ctx, int64_t n0, int64_t nb, const void *bloc
 /* blocked, backward: each part's output grad in oneDNN's layout, and the bias grad's lanes */
 static void blocked_prologue(void *ctx, int64_t n0, int64_t nb, void *blocked, int block) {
   const struct pool_fuse *f = ctx;
-  int64_t OW = f->OW, OHW = f->OH * f->OW, PH = f->PH, PW = f->PW, Cb = (f->O + 15) / 16, P16 = OHW - OHW % 16;
-  __m512i row[PW + 16];
+  int64_t OW = f->OW, OHW = f->OH * f->OW, PH = f->PH, PW = f->PW, PP = PH * PW, Cb = (f->O + 15) / 16, P16 = OHW - OHW % 16;
   (void)block;
   for (int64_t n = 0; n < nb; n++)
     for (int64_t cb = 0; cb < Cb; cb++) {
       uint16_t *plane = (uint16_t *)blocked + (n * Cb + cb) * OHW * 16;
       const uint8_t *code = f->codes + ((n0 + n) * Cb + cb) * PH * PW * 16;
-      const uint16_t *gp = f->gp + ((n0 + n) * f->O + cb * 16) * PH * PW;
+      const uint16_t *gp = f->gp + ((n0 + n) * f->O + cb * 16) * PP;
       int64_t nc = f->O - cb * 16 < 16 ? f->O - cb * 16 : 16;
-      for (int64_t ph = 0; ph < PH; ph++) {
-        for (int64_t pw0 = 0; pw0 < PW; pw0 += 16) {
-          int m = PW - pw0 < 16 ? (int)(PW - pw0) : 16;
-          __m512 v[16];
-          for (int64_t k = 0; k < 16; k++)
-            v[k] = k < nc ? _mm512_castsi512_ps(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16((__mmask16)((1u << m) - 1), gp + k * PH * PW + ph * PW + pw0)))
-                          : _mm512_setzero_ps();
-          transpose16(v);
-          for (int i = 0; i < m; i++) row[pw0 + i] = scatter_bits(_mm512_castps_si512(v[i]));
-        }
-        for (int dy = 0; dy < 2; dy++) {
-          uint16_t *at = plane + (2 * ph + dy) * OW * 16;
-          for (int64_t pw = 0; pw < PW; pw++, at += 32) {
-            __m512i r = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(code + (ph * PW + pw) * 16)));
-            _mm256_store_si256((void *)at, _mm512_cvtepi32_epi16(_mm512_maskz_mov_epi32(_mm512_cmpeq_epi32_mask(r, _mm512_set1_epi32(2 * dy)), row[pw])));
-            _mm256_store_si256((void *)(at + 16), _mm512_cvtepi32_epi16(_mm512_maskz_mov_epi32(_mm512_cmpeq_epi32_mask(r, _mm512_set1_epi32(2 * dy + 1)), row[pw])));
-          }
-          if (OW & 1) _mm256_store_si256((void *)at, _mm256_setzero_si256());
+      /* sixteen pooled positions at a time in the plane's flat order (each channel's grads read
+         along), their windows' four positions written from the codes */
+      for (int64_t p0 = 0, ph = 0, pw = 0; p0 < PP; p0 += 16) {
+        int m = PP - p0 < 16 ? (int)(PP - p0) : 16;
+        __m512 v[16];
+        for (int64_t k = 0; k < 16; k++)
+          v[k] = k < nc ? _mm512_castsi512_ps(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16((__mmask16)((1u << m) - 1), gp + k * PP + p0)))
+                        : _mm512_setzero_ps();
+        for (int64_t k = 0; k < nc; k++) _mm_prefetch((const char *)(gp + k * PP + p0 + 64), _MM_HINT_T0);   /* sixteen streams */
+        transpose16(v);
+        for (int i = 0; i < m; i++) {
+          __m512i gv = scatter_bits(_mm512_castps_si512(v[i]));
+          __m512i r = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(code + (p0 + i) * 16)));
+          uint16_t *at = plane + (2 * ph * OW + 2 * pw) * 16;
+          const int64_t off[4] = {0, 16, OW * 16, OW * 16 + 16};
+          for (int q = 0; q < 4; q++)
+            _mm256_store_si256((void *)(at + off[q]), _mm512_cvtepi32_epi16(_mm512_maskz_mov_epi32(_mm512_cmpeq_epi32_mask(r, _mm512_set1_epi32(q)), gv)));
+          if (++pw == PW) { pw = 0; ph++; }
         }
       }
+      if (OW & 1)   /* a last column no window reads */
+        for (int64_t h = 0; h < 2 * PH; h++) _mm256_store_si256((void *)(plane + (h * OW + OW - 1) * 16), _mm256_setzero_si256());
       for (int64_t p = 2 * PH * OW; p < OHW; p++) _mm256_store_si256((void *)(plane + p * 16), _mm256_setzero_si256());
       if (f->lanes) {   /* position p in lane p % 16, the last OHW % 16 in lane 0, as sum_bias */
         __m512 acc[16];
@@ -657,8 +658,8 @@ int cpu_conv2d_relu_pool_bf16(const struct kiln_call *c) {
 #if defined(__AVX512BW__)
   struct kiln_tensor *y = c->out;
   int64_t OH = c->ints[KILN_CONV_INTS], OW = c->ints[KILN_CONV_INTS + 1];
-  /* even planes (the pooling's vector case), one group, a pooled row the prologue's stack holds */
-  if (y->numel == 0 || (OW & 1) || c->ints[6] != 1 || y->sizes[3] > 512) return KILN_OK;
+  /* even planes (the pooling's vector case), one group */
+  if (y->numel == 0 || (OW & 1) || c->ints[6] != 1) return KILN_OK;
   struct kiln_tensor *x = kiln_cpu_contiguous(c->in[0]), *w = kiln_cpu_contiguous(c->in[1]);
   struct kiln_tensor *b = c->in[2] ? kiln_cpu_contiguous(c->in[2]) : NULL;
   int rc = KILN_OK;

@@ -551,34 +551,36 @@ static void pool_epilogue(void *ctx, int64_t n0, int64_t nb, const void *blocked
 static void pool_prologue(void *ctx, int64_t n0, int64_t nb, void *blocked, int block) {
   const struct pool_job *j = ctx;
   const struct geom *g = &j->g;
-  int64_t OW = g->OW, OH = g->OH, OHW = OH * OW, PH = j->PH, PW = j->PW, Cb = (g->O + 15) / 16, P8 = OHW - OHW % 8;
-  __m512 row[PW + 16];   /* one pooled row's grads, channels in lanes */
+  int64_t OW = g->OW, OH = g->OH, OHW = OH * OW, PH = j->PH, PW = j->PW, PP = PH * PW, Cb = (g->O + 15) / 16, P8 = OHW - OHW % 8;
   (void)block;
   for (int64_t n = 0; n < nb; n++)
     for (int64_t cb = 0; cb < Cb; cb++) {
       float *plane = (float *)blocked + (n * Cb + cb) * OHW * 16;
       const uint8_t *code = j->codes + ((n0 + n) * Cb + cb) * PH * PW * 16;
-      const float *gp = j->gp + ((n0 + n) * g->O + cb * 16) * PH * PW;
+      const float *gp = j->gp + ((n0 + n) * g->O + cb * 16) * PP;
       int64_t nc = g->O - cb * 16 < 16 ? g->O - cb * 16 : 16;
-      for (int64_t ph = 0; ph < PH; ph++) {
-        for (int64_t pw0 = 0; pw0 < PW; pw0 += 16) {
-          int m = PW - pw0 < 16 ? (int)(PW - pw0) : 16;
-          __m512 v[16];
-          for (int64_t k = 0; k < 16; k++)
-            v[k] = k < nc ? _mm512_maskz_loadu_ps((__mmask16)((1u << m) - 1), gp + k * PH * PW + ph * PW + pw0) : _mm512_setzero_ps();
-          transpose16(v);
-          for (int i = 0; i < m; i++) row[pw0 + i] = _mm512_add_ps(_mm512_setzero_ps(), v[i]);   /* 0 + g, as max_pool2d's backward */
-        }
-        for (int dy = 0; dy < 2; dy++) {
-          float *at = plane + (2 * ph + dy) * OW * 16;
-          for (int64_t pw = 0; pw < PW; pw++, at += 32) {
-            __m512i r = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(code + (ph * PW + pw) * 16)));
-            _mm512_store_ps(at, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(r, _mm512_set1_epi32(2 * dy)), row[pw]));
-            _mm512_store_ps(at + 16, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(r, _mm512_set1_epi32(2 * dy + 1)), row[pw]));
-          }
-          if (OW & 1) _mm512_store_ps(at, _mm512_setzero_ps());   /* a last column no window reads */
+      /* sixteen pooled positions at a time in the plane's flat order (each channel's grads read
+         along), their windows' four positions written from the codes */
+      for (int64_t p0 = 0, ph = 0, pw = 0; p0 < PP; p0 += 16) {
+        int m = PP - p0 < 16 ? (int)(PP - p0) : 16;
+        __m512 v[16];
+        for (int64_t k = 0; k < 16; k++)
+          v[k] = k < nc ? _mm512_maskz_loadu_ps((__mmask16)((1u << m) - 1), gp + k * PP + p0) : _mm512_setzero_ps();
+        for (int64_t k = 0; k < nc; k++) _mm_prefetch((const char *)(gp + k * PP + p0 + 64), _MM_HINT_T0);   /* sixteen streams */
+        transpose16(v);
+        for (int i = 0; i < m; i++) {
+          __m512 gv = _mm512_add_ps(_mm512_setzero_ps(), v[i]);   /* 0 + g, as max_pool2d's backward */
+          __m512i r = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(code + (p0 + i) * 16)));
+          float *at = plane + (2 * ph * OW + 2 * pw) * 16;
+          _mm512_store_ps(at, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(r, _mm512_set1_epi32(0)), gv));
+          _mm512_store_ps(at + 16, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(r, _mm512_set1_epi32(1)), gv));
+          _mm512_store_ps(at + OW * 16, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(r, _mm512_set1_epi32(2)), gv));
+          _mm512_store_ps(at + OW * 16 + 16, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(r, _mm512_set1_epi32(3)), gv));
+          if (++pw == PW) { pw = 0; ph++; }
         }
       }
+      if (OW & 1)   /* a last column no window reads */
+        for (int64_t h = 0; h < 2 * PH; h++) _mm512_store_ps(plane + (h * OW + OW - 1) * 16, _mm512_setzero_ps());
       for (int64_t p = 2 * PH * OW; p < OHW; p++) _mm512_store_ps(plane + p * 16, _mm512_setzero_ps());   /* and a last row */
       if (j->lanes) {   /* the bias grad's lanes: position p in lane p % 8, the last OHW % 8 in lane 0, as sum_bias */
         __m512 acc[8];
@@ -602,9 +604,8 @@ int cpu_conv2d_relu_pool(const struct kiln_call *c) {
   cp->taken = 0;
 #if defined(__AVX512F__)
   struct kiln_tensor *y = c->out;
-  /* planes of even width (max_pool2d's vector case: the same pick), a pooled row the prologue's
-     stack holds */
-  if (c->in[0]->dtype != KILN_F32 || y->numel == 0 || (c->ints[KILN_CONV_INTS + 1] & 1) || y->sizes[3] > 512) return KILN_OK;
+  /* planes of even width (max_pool2d's vector case: the same pick) */
+  if (c->in[0]->dtype != KILN_F32 || y->numel == 0 || (c->ints[KILN_CONV_INTS + 1] & 1)) return KILN_OK;
   struct kiln_tensor *x = dense(c->in[0]), *w = dense(c->in[1]), *b = c->in[2] ? dense(c->in[2]) : NULL;
   int rc = KILN_OK;
   if (!x || !w || (c->in[2] && !b)) { rc = kiln_error_code(); goto done; }
