@@ -7,6 +7,7 @@
 #include "cpu.h"
 #include "convert.h"
 #include "nn_calls.h"
+#include "blocked_pool.h"
 #include <immintrin.h>
 #include <stdlib.h>
 #include <string.h>
@@ -171,11 +172,10 @@ struct fwd_job {
   uint16_t *y;
   const struct kiln_tensor *input;
   int failed;
-  struct pool_fuse *fuse;   /* conv2d_relu_max_pool2d: y is a chunk's own, pooled from there (below) */
+  struct kiln_pool_fuse *fuse;   /* conv2d_relu_max_pool2d: y is a chunk's own, pooled from there (below) */
 };
-struct pool_fuse;
-static void fused_pool_chunk(const struct pool_fuse *f, const struct cg *g, int64_t n0, int64_t nb, const uint16_t *y);
-static void fused_gyc(const struct pool_fuse *f, const struct cg *g, int64_t n0, int64_t nb, uint16_t *gyc);
+static void fused_pool_chunk(const struct kiln_pool_fuse *f, const struct cg *g, int64_t n0, int64_t nb, const uint16_t *y);
+static void fused_gyc(const struct kiln_pool_fuse *f, const struct cg *g, int64_t n0, int64_t nb, uint16_t *gyc);
 
 static void fwd_chunks(void *ctx, int64_t begin, int64_t end) {
   struct fwd_job *j = ctx;
@@ -257,7 +257,7 @@ struct bwd_job {
   float *partials;         /* [parts][K][O]: grad weight transposed, or NULL */
   int64_t nchunks, parts;
   int failed;
-  const struct pool_fuse *fuse;   /* conv2d_relu_max_pool2d: gy from the pooled grad (below) */
+  const struct kiln_pool_fuse *fuse;   /* conv2d_relu_max_pool2d: gy from the pooled grad (below) */
 };
 
 static void bwd_parts(void *ctx, int64_t begin, int64_t end) {
@@ -374,34 +374,7 @@ static void sum_bias(void *ctx, int64_t o0, int64_t o1) {
    oneDNN's blocked one (nChw16c, sixteen bf16 channels a position) where oneDNN convolves, or
    kiln's columns (a chunk's NCHW planes) where they do (the one-channel first layer under the
    auto rule). Planes of even width only (cpu/bf16_pool.c's vector case), one group. */
-struct pool_fuse {
-  int columns;              /* 1: the columns' NCHW planes; 0: oneDNN's blocked layout */
-  int64_t O, OH, OW, PH, PW;
-  uint16_t *y;              /* forward: the pooled output */
-  const uint16_t *gp;       /* backward: its grad */
-  uint8_t *codes;           /* a window's pick (0-3) or 4 (no grad): [N][O/16][PH][PW][16] blocked, [N][O][PH][PW] columns */
-  float *lanes;             /* backward: [N][O][16], the bias grad's lanes, or NULL */
-};
-
 #if defined(__AVX512BW__)
-#include "max2x2.h"
-#include "transpose16.h"
-
-/* bf16 relu on widened values: a negative number (not -0) is +0, a NaN quieted, as cpu/elementwise.c */
-static inline __attribute__((always_inline)) __m512 relu_bf(__m512 x) {
-  x = relu16(x);
-  return _mm512_castsi512_ps(_mm512_mask_or_epi32(_mm512_castps_si512(x), _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q),
-                                                  _mm512_castps_si512(x), _mm512_set1_epi32(0x400000)));
-}
-/* a grad's bits (16-bit values in 32-bit lanes) as max pooling's scatter rounds them: -0 as +0, a NaN quieted */
-static inline __attribute__((always_inline)) __m512i scatter_bits(__m512i g) {
-  g = _mm512_mask_mov_epi32(g, _mm512_cmpeq_epi32_mask(g, _mm512_set1_epi32(0x8000)), _mm512_setzero_si512());
-  return _mm512_mask_or_epi32(g, _mm512_cmpgt_epi32_mask(_mm512_and_si512(g, _mm512_set1_epi32(0x7fff)), _mm512_set1_epi32(0x7f80)),
-                              g, _mm512_set1_epi32(0x40));
-}
-static inline __attribute__((always_inline)) __m512i code_of(__m512 best, __m512i rank) {
-  return _mm512_mask_mov_epi32(rank, _mm512_cmp_ps_mask(best, _mm512_setzero_ps(), _CMP_LE_OQ), _mm512_set1_epi32(4));
-}
 
 /* columns, forward: relu and the 2x2 max of a plane (W = 2 OW), as cpu/bf16_pool.c's max2x2_plane */
 static void relu_pool_plane(const uint16_t *x, int64_t H, int64_t OH, int64_t OW, int64_t W, uint16_t *y, uint8_t *code) {
@@ -416,12 +389,12 @@ static void relu_pool_plane(const uint16_t *x, int64_t H, int64_t OH, int64_t OW
       __m512i v0 = whole ? _mm512_loadu_si512(r0 + 2 * ow) : _mm512_maskz_loadu_epi16(m32, r0 + 2 * ow);
       __m512i v1 = whole && (2 * oh + 1) * W + 2 * ow + 32 <= H * W ? _mm512_loadu_si512(r1 + 2 * ow)
                                                                    : _mm512_maskz_loadu_epi16(m32, r1 + 2 * ow);
-      __m512 cand[4] = {relu_bf(_mm512_castsi512_ps(_mm512_slli_epi32(v0, 16))), relu_bf(_mm512_castsi512_ps(_mm512_and_si512(v0, hi))),
-                        relu_bf(_mm512_castsi512_ps(_mm512_slli_epi32(v1, 16))), relu_bf(_mm512_castsi512_ps(_mm512_and_si512(v1, hi)))};
+      __m512 cand[4] = {kiln_relu_bf16(_mm512_castsi512_ps(_mm512_slli_epi32(v0, 16))), kiln_relu_bf16(_mm512_castsi512_ps(_mm512_and_si512(v0, hi))),
+                        kiln_relu_bf16(_mm512_castsi512_ps(_mm512_slli_epi32(v1, 16))), kiln_relu_bf16(_mm512_castsi512_ps(_mm512_and_si512(v1, hi)))};
       __m512i rank;
       __m512 best = kiln_max2x2_pick(cand, &rank);
       __m256i yv = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(best), 16));
-      __m128i cv = _mm512_cvtepi32_epi8(code_of(best, rank));
+      __m128i cv = _mm512_cvtepi32_epi8(kiln_pool_code(best, rank));
       if (whole) { _mm256_storeu_si256((void *)(y + o), yv); _mm_storeu_si128((void *)(code + o), cv); }
       else { _mm256_mask_storeu_epi16(y + o, m16, yv); _mm_mask_storeu_epi8(code + o, m16, cv); }
     }
@@ -442,7 +415,7 @@ static void relu_pool_back_plane(const uint16_t *gy, const uint8_t *code, int64_
       int whole = o + 16 <= OH * OW;
       __m512i g = _mm512_cvtepu16_epi32(whole ? _mm256_loadu_si256((const void *)(gy + o)) : _mm256_maskz_loadu_epi16(m16, gy + o));
       __m512i r = _mm512_cvtepu8_epi32(whole ? _mm_loadu_si128((const void *)(code + o)) : _mm_maskz_loadu_epi8(m16, code + o));
-      g = _mm512_maskz_mov_epi32(_mm512_cmpneq_epi32_mask(r, four), scatter_bits(g));
+      g = _mm512_maskz_mov_epi32(_mm512_cmpneq_epi32_mask(r, four), kiln_scatter_bf16(g));
       __mmask16 right = _mm512_test_epi32_mask(r, one), low = _mm512_cmpge_epi32_mask(r, two);
       __m512i t = _mm512_mask_slli_epi32(g, right, g, 16);
       __m512i v0 = _mm512_maskz_mov_epi32((__mmask16)~low, t), v1 = _mm512_maskz_mov_epi32(low, t);
@@ -466,114 +439,39 @@ static void plane_lanes(const uint16_t *p, int64_t P, float *lanes) {
   for (; q < P; q++) lanes[0] += convert_bf16_to_f32(p[q]);
 }
 
-static void fused_pool_chunk(const struct pool_fuse *f, const struct cg *g, int64_t n0, int64_t nb, const uint16_t *y) {
+static void fused_pool_chunk(const struct kiln_pool_fuse *f, const struct cg *g, int64_t n0, int64_t nb, const uint16_t *y) {
   int64_t PP = f->PH * f->PW;
   for (int64_t i = 0; i < nb; i++)
     for (int64_t o = 0; o < g->O; o++)
-      relu_pool_plane(y + (i * g->O + o) * g->P, g->OH, f->PH, f->PW, g->OW, f->y + ((n0 + i) * g->O + o) * PP,
+      relu_pool_plane(y + (i * g->O + o) * g->P, g->OH, f->PH, f->PW, g->OW, (uint16_t *)f->y + ((n0 + i) * g->O + o) * PP,
                       f->codes + ((n0 + i) * g->O + o) * PP);
 }
 
-static void fused_gyc(const struct pool_fuse *f, const struct cg *g, int64_t n0, int64_t nb, uint16_t *gyc) {
+static void fused_gyc(const struct kiln_pool_fuse *f, const struct cg *g, int64_t n0, int64_t nb, uint16_t *gyc) {
   int64_t PP = f->PH * f->PW, ld = nb * g->P;
   for (int64_t i = 0; i < nb; i++)
     for (int64_t o = 0; o < g->O; o++) {
       uint16_t *plane = gyc + o * ld + i * g->P;
       int64_t at = ((n0 + i) * g->O + o) * PP;
-      relu_pool_back_plane(f->gp + at, f->codes + at, g->OH, f->PH, f->PW, g->OW, plane);
+      relu_pool_back_plane((const uint16_t *)f->gp + at, f->codes + at, g->OH, f->PH, f->PW, g->OW, plane);
       if (f->lanes) plane_lanes(plane, g->P, f->lanes + ((n0 + i) * g->O + o) * 16);
     }
 }
 
-/* blocked, forward: each part's output as oneDNN leaves it, sixteen channels a position */
+/* oneDNN's blocked layout: cpu/blocked_pool.h's passes in bf16 */
 static void blocked_epilogue(void *ctx, int64_t n0, int64_t nb, const void *blocked, int block) {
-  const struct pool_fuse *f = ctx;
-  int64_t OW = f->OW, OHW = f->OH * f->OW, PH = f->PH, PW = f->PW, Cb = (f->O + 15) / 16;
   (void)block;
-  for (int64_t n = 0; n < nb; n++)
-    for (int64_t cb = 0; cb < Cb; cb++) {
-      const uint16_t *plane = (const uint16_t *)blocked + (n * Cb + cb) * OHW * 16;
-      uint8_t *code = f->codes + ((n0 + n) * Cb + cb) * PH * PW * 16;
-      uint16_t *out = f->y + ((n0 + n) * f->O + cb * 16) * PH * PW;
-      int64_t nc = f->O - cb * 16 < 16 ? f->O - cb * 16 : 16;
-      for (int64_t ph = 0; ph < PH; ph++)
-        for (int64_t pw0 = 0; pw0 < PW; pw0 += 16) {
-          int m = PW - pw0 < 16 ? (int)(PW - pw0) : 16;
-          __m512 v[16];
-          for (int i = 0; i < m; i++) {
-            const uint16_t *at = plane + (2 * ph * OW + 2 * (pw0 + i)) * 16;
-            __m512 c[4];
-            const int64_t off[4] = {0, 16, OW * 16, OW * 16 + 16};
-            for (int k = 0; k < 4; k++)
-              c[k] = relu_bf(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_load_si256((const void *)(at + off[k]))), 16)));
-            __m512i rank;
-            v[i] = kiln_max2x2_pick(c, &rank);
-            _mm_storeu_si128((__m128i *)(code + (ph * PW + pw0 + i) * 16), _mm512_cvtepi32_epi8(code_of(v[i], rank)));
-          }
-          for (int i = m; i < 16; i++) v[i] = _mm512_setzero_ps();
-          transpose16(v);
-          for (int64_t k = 0; k < nc; k++)
-            _mm256_mask_storeu_epi16(out + k * PH * PW + ph * PW + pw0, (__mmask16)((1u << m) - 1),
-                                     _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v[k]), 16)));
-        }
-    }
+  kiln_blocked_pool_epilogue(1, ctx, n0, nb, blocked);
 }
-
-/* blocked, backward: each part's output grad in oneDNN's layout, and the bias grad's lanes */
 static void blocked_prologue(void *ctx, int64_t n0, int64_t nb, void *blocked, int block) {
-  const struct pool_fuse *f = ctx;
-  int64_t OW = f->OW, OHW = f->OH * f->OW, PH = f->PH, PW = f->PW, PP = PH * PW, Cb = (f->O + 15) / 16, P16 = OHW - OHW % 16;
   (void)block;
-  for (int64_t n = 0; n < nb; n++)
-    for (int64_t cb = 0; cb < Cb; cb++) {
-      uint16_t *plane = (uint16_t *)blocked + (n * Cb + cb) * OHW * 16;
-      const uint8_t *code = f->codes + ((n0 + n) * Cb + cb) * PH * PW * 16;
-      const uint16_t *gp = f->gp + ((n0 + n) * f->O + cb * 16) * PP;
-      int64_t nc = f->O - cb * 16 < 16 ? f->O - cb * 16 : 16;
-      /* sixteen pooled positions at a time in the plane's flat order (each channel's grads read
-         along), their windows' four positions written from the codes */
-      for (int64_t p0 = 0, ph = 0, pw = 0; p0 < PP; p0 += 16) {
-        int m = PP - p0 < 16 ? (int)(PP - p0) : 16;
-        __m512 v[16];
-        for (int64_t k = 0; k < 16; k++)
-          v[k] = k < nc ? _mm512_castsi512_ps(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16((__mmask16)((1u << m) - 1), gp + k * PP + p0)))
-                        : _mm512_setzero_ps();
-        for (int64_t k = 0; k < nc; k++) _mm_prefetch((const char *)(gp + k * PP + p0 + 64), _MM_HINT_T0);   /* sixteen streams */
-        transpose16(v);
-        for (int i = 0; i < m; i++) {
-          __m512i gv = scatter_bits(_mm512_castps_si512(v[i]));
-          __m512i r = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(code + (p0 + i) * 16)));
-          uint16_t *at = plane + (2 * ph * OW + 2 * pw) * 16;
-          const int64_t off[4] = {0, 16, OW * 16, OW * 16 + 16};
-          for (int q = 0; q < 4; q++)
-            _mm256_store_si256((void *)(at + off[q]), _mm512_cvtepi32_epi16(_mm512_maskz_mov_epi32(_mm512_cmpeq_epi32_mask(r, _mm512_set1_epi32(q)), gv)));
-          if (++pw == PW) { pw = 0; ph++; }
-        }
-      }
-      if (OW & 1)   /* a last column no window reads */
-        for (int64_t h = 0; h < 2 * PH; h++) _mm256_store_si256((void *)(plane + (h * OW + OW - 1) * 16), _mm256_setzero_si256());
-      for (int64_t p = 2 * PH * OW; p < OHW; p++) _mm256_store_si256((void *)(plane + p * 16), _mm256_setzero_si256());
-      if (f->lanes) {   /* position p in lane p % 16, the last OHW % 16 in lane 0, as sum_bias */
-        __m512 acc[16];
-        for (int l = 0; l < 16; l++) acc[l] = _mm512_setzero_ps();
-        int64_t p = 0;
-        for (; p < P16; p += 16)
-          for (int l = 0; l < 16; l++)
-            acc[l] = _mm512_add_ps(acc[l], _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_load_si256((const void *)(plane + (p + l) * 16))), 16)));
-        for (; p < OHW; p++)
-          acc[0] = _mm512_add_ps(acc[0], _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_load_si256((const void *)(plane + p * 16))), 16)));
-        float a[16][16];
-        for (int l = 0; l < 16; l++) _mm512_storeu_ps(a[l], acc[l]);
-        for (int64_t k = 0; k < nc; k++)
-          for (int l = 0; l < 16; l++) f->lanes[((n0 + n) * f->O + cb * 16 + k) * 16 + l] = a[l][k];
-      }
-    }
+  kiln_blocked_pool_prologue(1, ctx, n0, nb, blocked);
 }
 #else
-static void fused_pool_chunk(const struct pool_fuse *f, const struct cg *g, int64_t n0, int64_t nb, const uint16_t *y) {
+static void fused_pool_chunk(const struct kiln_pool_fuse *f, const struct cg *g, int64_t n0, int64_t nb, const uint16_t *y) {
   (void)f; (void)g; (void)n0; (void)nb; (void)y;
 }
-static void fused_gyc(const struct pool_fuse *f, const struct cg *g, int64_t n0, int64_t nb, uint16_t *gyc) {
+static void fused_gyc(const struct kiln_pool_fuse *f, const struct cg *g, int64_t n0, int64_t nb, uint16_t *gyc) {
   (void)f; (void)g; (void)n0; (void)nb; (void)gyc;
 }
 static void blocked_prologue(void *ctx, int64_t n0, int64_t nb, void *blocked, int block) {
@@ -583,7 +481,7 @@ static void blocked_prologue(void *ctx, int64_t n0, int64_t nb, void *blocked, i
 
 /* The backward; f: conv2d_relu_max_pool2d's (no gy: each chunk's or part's is made from the pooled
    grad, and the bias grad's lanes with it), else NULL. */
-static int backward_bf16(const struct kiln_call *c, struct pool_fuse *f) {
+static int backward_bf16(const struct kiln_call *c, struct kiln_pool_fuse *f) {
   const struct kiln_conv_grads *out = c->extra;
   if (!f && dtype_ok("conv2d_backward", c->in[0])) return kiln_error_code();
   struct kiln_tensor *gy = f ? NULL : kiln_cpu_contiguous(c->in[0]), *x = NULL, *w = kiln_cpu_contiguous(c->in[2]), *bias = NULL;
@@ -672,7 +570,7 @@ int cpu_conv2d_relu_pool_bf16(const struct kiln_call *c) {
   if (!x || !w || (c->in[2] && !b)) { rc = kiln_error_code(); goto done; }
   struct cg g;
   cg_init(&g, c->ints, x->sizes[0], x->sizes[1], x->sizes[2], x->sizes[3], w, y->sizes[1], OH, OW);
-  struct pool_fuse f = {.O = g.O, .OH = OH, .OW = OW, .PH = y->sizes[2], .PW = y->sizes[3], .y = kiln_tensor_data(y)};
+  struct kiln_pool_fuse f = {.O = g.O, .OH = OH, .OW = OW, .PH = y->sizes[2], .PW = y->sizes[3], .y = kiln_tensor_data(y)};
   struct kiln_conv_job cj;
   conv_job(&cj, &g, kiln_tensor_data(x), kiln_tensor_data(w));
   int way = kiln_cpu_conv_fused_way(&cj, cp->input_grad);   /* where the three ops' convolution would run */
@@ -708,7 +606,7 @@ int cpu_conv2d_relu_pool_backward_bf16(const struct kiln_call *c) {
   struct kiln_tensor *gp = kiln_cpu_contiguous(c->in[0]);
   if (!gp) return kiln_error_code();
   int64_t N = gp->sizes[0], O = gp->sizes[1];
-  struct pool_fuse f = {.columns = (int)c->ints[KILN_CONV_INTS + 2], .O = O, .OH = c->ints[KILN_CONV_INTS],
+  struct kiln_pool_fuse f = {.columns = (int)c->ints[KILN_CONV_INTS + 2], .O = O, .OH = c->ints[KILN_CONV_INTS],
                         .OW = c->ints[KILN_CONV_INTS + 1], .PH = gp->sizes[2], .PW = gp->sizes[3], .gp = kiln_tensor_data(gp),
                         .codes = kiln_tensor_data(c->in[3])};
   int rc = KILN_OK;

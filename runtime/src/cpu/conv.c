@@ -495,106 +495,22 @@ done:
 
 /* ---- conv2d, relu and 2x2 max pooling as one call ----
    The three ops of a LeNet layer, where oneDNN convolves: its forward leaves each part's output in
-   its blocked layout (nChw16c: sixteen channels a vector, cpu/onednn.c), and the epilogue takes the
-   relu and the 2x2 stride-2 max of it from there, while the part is still in cache, into the pooled
-   NCHW output, with one code a window: the rank of its pick (0-3 in raster order, picked as
-   max_pool2d picks at this level: cpu/max2x2.h) or 4 where the relu passes no grad (a pick <= 0).
-   Backward, the prologue writes each part's output grad in that layout from the pooled grad and the
-   codes, with the bias grad's lanes in sum_bias' order; oneDNN's passes read it there. No
-   activation of the layer is ever in NCHW but the pooled one, and every result has the bits of
-   conv2d -> relu -> max_pool2d. Taken at the avx512 level only (sixteen-channel blocks), where
-   oneDNN convolves the shape in that layout; elsewhere the front end runs the three ops. */
-struct pool_job {
-  struct geom g;
-  int64_t PH, PW;
-  float *y;                 /* forward: the pooled output */
-  const float *gp;          /* backward: its grad */
-  uint8_t *codes;           /* [N][O/16][PH][PW][16] */
-  float *lanes;             /* backward: [N][O][8], the bias grad's lanes, or NULL */
-};
-
-#if defined(__AVX512F__)
-#include "max2x2.h"
-#include "transpose16.h"
-
+   its blocked layout (nChw16c: sixteen channels a vector, cpu/onednn.c), the epilogue takes the
+   relu and the 2x2 stride-2 max from there while the part is in cache, and backward the prologue
+   writes each part's output grad in that layout for oneDNN's passes (cpu/blocked_pool.h, shared
+   with bf16). No activation of the layer is ever in NCHW but the pooled one, and every result has
+   the bits of conv2d -> relu -> max_pool2d. Taken at the avx512 level only (sixteen-channel
+   blocks), where the three ops would convolve on oneDNN in that layout; elsewhere the front end
+   runs them. */
+#include "blocked_pool.h"
+#if defined(__AVX512BW__)
 static void pool_epilogue(void *ctx, int64_t n0, int64_t nb, const void *blocked, int block) {
-  const struct pool_job *j = ctx;
-  const struct geom *g = &j->g;
-  int64_t OW = g->OW, OHW = g->OH * g->OW, PH = j->PH, PW = j->PW, Cb = (g->O + 15) / 16;
   (void)block;
-  for (int64_t n = 0; n < nb; n++)
-    for (int64_t cb = 0; cb < Cb; cb++) {
-      const float *plane = (const float *)blocked + (n * Cb + cb) * OHW * 16;
-      uint8_t *code = j->codes + ((n0 + n) * Cb + cb) * PH * PW * 16;
-      float *out = j->y + ((n0 + n) * g->O + cb * 16) * PH * PW;
-      int64_t nc = g->O - cb * 16 < 16 ? g->O - cb * 16 : 16;
-      for (int64_t ph = 0; ph < PH; ph++)
-        for (int64_t pw0 = 0; pw0 < PW; pw0 += 16) {
-          int m = PW - pw0 < 16 ? (int)(PW - pw0) : 16;
-          __m512 v[16];
-          for (int i = 0; i < m; i++) {
-            const float *at = plane + (2 * ph * OW + 2 * (pw0 + i)) * 16;
-            __m512 c[4] = {relu16(_mm512_load_ps(at)), relu16(_mm512_load_ps(at + 16)),
-                           relu16(_mm512_load_ps(at + OW * 16)), relu16(_mm512_load_ps(at + OW * 16 + 16))};
-            __m512i rank;
-            v[i] = kiln_max2x2_pick(c, &rank);
-            rank = _mm512_mask_mov_epi32(rank, _mm512_cmp_ps_mask(v[i], _mm512_setzero_ps(), _CMP_LE_OQ), _mm512_set1_epi32(4));
-            _mm_storeu_si128((__m128i *)(code + (ph * PW + pw0 + i) * 16), _mm512_cvtepi32_epi8(rank));
-          }
-          for (int i = m; i < 16; i++) v[i] = _mm512_setzero_ps();
-          transpose16(v);
-          for (int64_t k = 0; k < nc; k++) _mm512_mask_storeu_ps(out + k * PH * PW + ph * PW + pw0, (__mmask16)((1u << m) - 1), v[k]);
-        }
-    }
+  kiln_blocked_pool_epilogue(0, ctx, n0, nb, blocked);
 }
-
 static void pool_prologue(void *ctx, int64_t n0, int64_t nb, void *blocked, int block) {
-  const struct pool_job *j = ctx;
-  const struct geom *g = &j->g;
-  int64_t OW = g->OW, OH = g->OH, OHW = OH * OW, PH = j->PH, PW = j->PW, PP = PH * PW, Cb = (g->O + 15) / 16, P8 = OHW - OHW % 8;
   (void)block;
-  for (int64_t n = 0; n < nb; n++)
-    for (int64_t cb = 0; cb < Cb; cb++) {
-      float *plane = (float *)blocked + (n * Cb + cb) * OHW * 16;
-      const uint8_t *code = j->codes + ((n0 + n) * Cb + cb) * PH * PW * 16;
-      const float *gp = j->gp + ((n0 + n) * g->O + cb * 16) * PP;
-      int64_t nc = g->O - cb * 16 < 16 ? g->O - cb * 16 : 16;
-      /* sixteen pooled positions at a time in the plane's flat order (each channel's grads read
-         along), their windows' four positions written from the codes */
-      for (int64_t p0 = 0, ph = 0, pw = 0; p0 < PP; p0 += 16) {
-        int m = PP - p0 < 16 ? (int)(PP - p0) : 16;
-        __m512 v[16];
-        for (int64_t k = 0; k < 16; k++)
-          v[k] = k < nc ? _mm512_maskz_loadu_ps((__mmask16)((1u << m) - 1), gp + k * PP + p0) : _mm512_setzero_ps();
-        for (int64_t k = 0; k < nc; k++) _mm_prefetch((const char *)(gp + k * PP + p0 + 64), _MM_HINT_T0);   /* sixteen streams */
-        transpose16(v);
-        for (int i = 0; i < m; i++) {
-          __m512 gv = _mm512_add_ps(_mm512_setzero_ps(), v[i]);   /* 0 + g, as max_pool2d's backward */
-          __m512i r = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(code + (p0 + i) * 16)));
-          float *at = plane + (2 * ph * OW + 2 * pw) * 16;
-          _mm512_store_ps(at, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(r, _mm512_set1_epi32(0)), gv));
-          _mm512_store_ps(at + 16, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(r, _mm512_set1_epi32(1)), gv));
-          _mm512_store_ps(at + OW * 16, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(r, _mm512_set1_epi32(2)), gv));
-          _mm512_store_ps(at + OW * 16 + 16, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(r, _mm512_set1_epi32(3)), gv));
-          if (++pw == PW) { pw = 0; ph++; }
-        }
-      }
-      if (OW & 1)   /* a last column no window reads */
-        for (int64_t h = 0; h < 2 * PH; h++) _mm512_store_ps(plane + (h * OW + OW - 1) * 16, _mm512_setzero_ps());
-      for (int64_t p = 2 * PH * OW; p < OHW; p++) _mm512_store_ps(plane + p * 16, _mm512_setzero_ps());   /* and a last row */
-      if (j->lanes) {   /* the bias grad's lanes: position p in lane p % 8, the last OHW % 8 in lane 0, as sum_bias */
-        __m512 acc[8];
-        for (int l = 0; l < 8; l++) acc[l] = _mm512_setzero_ps();
-        int64_t p = 0;
-        for (; p < P8; p += 8)
-          for (int l = 0; l < 8; l++) acc[l] = _mm512_add_ps(acc[l], _mm512_load_ps(plane + (p + l) * 16));
-        for (; p < OHW; p++) acc[0] = _mm512_add_ps(acc[0], _mm512_load_ps(plane + p * 16));
-        float a[8][16];
-        for (int l = 0; l < 8; l++) _mm512_storeu_ps(a[l], acc[l]);
-        for (int64_t k = 0; k < nc; k++)
-          for (int l = 0; l < 8; l++) j->lanes[((n0 + n) * g->O + cb * 16 + k) * 8 + l] = a[l][k];
-      }
-    }
+  kiln_blocked_pool_prologue(0, ctx, n0, nb, blocked);
 }
 #endif
 
@@ -602,23 +518,24 @@ int cpu_conv2d_relu_pool(const struct kiln_call *c) {
   struct kiln_conv_pool *cp = (struct kiln_conv_pool *)c->extra;
   if (c->in[0]->dtype == KILN_BF16) return cpu_conv2d_relu_pool_bf16(c);   /* cpu/bf16_conv.c */
   cp->taken = 0;
-#if defined(__AVX512F__)
+#if defined(__AVX512BW__)
   struct kiln_tensor *y = c->out;
   /* planes of even width (max_pool2d's vector case: the same pick) */
   if (c->in[0]->dtype != KILN_F32 || y->numel == 0 || (c->ints[KILN_CONV_INTS + 1] & 1)) return KILN_OK;
   struct kiln_tensor *x = dense(c->in[0]), *w = dense(c->in[1]), *b = c->in[2] ? dense(c->in[2]) : NULL;
   int rc = KILN_OK;
   if (!x || !w || (c->in[2] && !b)) { rc = kiln_error_code(); goto done; }
-  struct pool_job j = {.PH = y->sizes[2], .PW = y->sizes[3], .y = kiln_tensor_data(y)};
-  geom_init(&j.g, c->ints, x->sizes[0], x->sizes[1], x->sizes[2], x->sizes[3], w, y->sizes[1], c->ints[KILN_CONV_INTS],
+  struct geom g;
+  geom_init(&g, c->ints, x->sizes[0], x->sizes[1], x->sizes[2], x->sizes[3], w, y->sizes[1], c->ints[KILN_CONV_INTS],
             c->ints[KILN_CONV_INTS + 1], 4);
+  struct kiln_pool_fuse f = {.O = g.O, .OH = g.OH, .OW = g.OW, .PH = y->sizes[2], .PW = y->sizes[3], .y = kiln_tensor_data(y)};
   struct kiln_conv_job cj;
-  conv_job(&cj, &j.g, KILN_F32, kiln_tensor_data(x), kiln_tensor_data(w));
+  conv_job(&cj, &g, KILN_F32, kiln_tensor_data(x), kiln_tensor_data(w));
   if (kiln_cpu_conv_fused_way(&cj, cp->input_grad) != 0) goto done;   /* the three ops would not run oneDNN */
-  int64_t ncodes = j.g.N * (j.g.O + 15) / 16 * 16 * j.PH * j.PW;
+  int64_t ncodes = g.N * (g.O + 15) / 16 * 16 * f.PH * f.PW;
   if (!(cp->codes = kiln_tensor_empty(1, &ncodes, KILN_U8, y->device))) { rc = kiln_error_code(); goto done; }
-  j.codes = kiln_tensor_data(cp->codes);
-  cj.bias = b ? kiln_tensor_data(b) : NULL; cj.epilogue = pool_epilogue; cj.ctx = &j;
+  f.codes = kiln_tensor_data(cp->codes);
+  cj.bias = b ? kiln_tensor_data(b) : NULL; cj.epilogue = pool_epilogue; cj.ctx = &f;
   rc = kiln_cpu_conv_run(&cj);
   if (rc == 1) rc = KILN_OK;   /* not taken */
   else if (rc == KILN_OK) cp->taken = 1;
@@ -633,7 +550,7 @@ done:
 
 int cpu_conv2d_relu_pool_backward(const struct kiln_call *c) {
   if (c->in[0]->dtype == KILN_BF16) return cpu_conv2d_relu_pool_backward_bf16(c);   /* cpu/bf16_conv.c */
-#if defined(__AVX512F__)
+#if defined(__AVX512BW__)
   const struct kiln_conv_grads *out = c->extra;
   struct kiln_tensor *gp = dense(c->in[0]), *x = c->in[1] ? dense(c->in[1]) : NULL, *w = dense(c->in[2]);
   const struct kiln_tensor *codes = c->in[3];
@@ -641,22 +558,24 @@ int cpu_conv2d_relu_pool_backward(const struct kiln_call *c) {
   float *lanes = NULL;
   int rc = KILN_OK;
   if (!gp || !w || (c->in[1] && !x)) { rc = kiln_error_code(); goto done; }
-  struct pool_job j = {.PH = gp->sizes[2], .PW = gp->sizes[3], .gp = kiln_tensor_data(gp), .codes = kiln_tensor_data(codes)};
-  geom_init(&j.g, c->ints, gp->sizes[0], w->sizes[1] * c->ints[6], out->gx ? out->gx->sizes[2] : x->sizes[2],
+  struct geom gg;
+  geom_init(&gg, c->ints, gp->sizes[0], w->sizes[1] * c->ints[6], out->gx ? out->gx->sizes[2] : x->sizes[2],
             out->gx ? out->gx->sizes[3] : x->sizes[3], w, gp->sizes[1], c->ints[KILN_CONV_INTS], c->ints[KILN_CONV_INTS + 1], 4);
-  const struct geom *g = &j.g;
+  const struct geom *g = &gg;
+  struct kiln_pool_fuse f = {.O = g->O, .OH = g->OH, .OW = g->OW, .PH = gp->sizes[2], .PW = gp->sizes[3],
+                             .gp = kiln_tensor_data(gp), .codes = kiln_tensor_data(codes)};
   if (out->gw && !(partials = malloc((size_t)(g->parts * g->O * g->K) * 4 + 64))) {
     rc = kiln_fail(KILN_ERR_MEMORY, "conv2d_relu_max_pool2d backward: out of memory for the grad-weight partials");
     goto done;
   }
-  if (out->gb && !(j.lanes = lanes = malloc(sizeof(float) * (size_t)(g->N * g->O * 8)))) {
+  if (out->gb && !(f.lanes = lanes = malloc(sizeof(float) * (size_t)(g->N * g->O * 8)))) {
     rc = kiln_fail(KILN_ERR_MEMORY, "conv2d_relu_max_pool2d backward: out of memory for the bias grad");
     goto done;
   }
   struct kiln_conv_job cj;
   conv_job(&cj, g, KILN_F32, x ? kiln_tensor_data(x) : NULL, kiln_tensor_data(w));
   cj.gx = out->gx ? kiln_tensor_data(out->gx) : NULL; cj.partials = partials;
-  cj.prologue = pool_prologue; cj.ctx = &j;
+  cj.prologue = pool_prologue; cj.ctx = &f;
   if (!cj.gx && !partials && lanes) {   /* the bias alone: the grad weight's pass runs the prologue, its sum unused */
     if (!(cj.partials = malloc((size_t)(g->parts * g->O * g->K) * 4 + 64))) {
       rc = kiln_fail(KILN_ERR_MEMORY, "conv2d_relu_max_pool2d backward: out of memory for the grad-weight partials");
