@@ -975,9 +975,24 @@ describe("conv2d_relu_max_pool2d", function()
     return r
   end
   local fused_here = kiln.info().cpu.level == "avx512" and kiln.info().onednn.name ~= nil
+  -- the fused call and the three ops give the same output and grads, bit for bit, at 1 and 2 threads
+  local function agree(fused, three, x, w, b, label)
+    local threads = kiln.get_num_threads()
+    local gy = kiln.randn(fused(x, w, b):size())
+    for _, t in ipairs{1, 2} do
+      kiln.set_num_threads(t)
+      local a, e = grads(fused, x, w, b, gy), grads(three, x, w, b, gy)
+      local what = string.format("%s at %d threads", label, t)
+      same_bits(a.y, e.y, what .. ": output")
+      for _, g in ipairs{"gx", "gw", "gb"} do
+        assert(not a[g] == not e[g], what .. ": " .. g .. " given by one and not the other")
+        if a[g] then same_bits(a[g], e[g], what .. ": " .. g) end
+      end
+    end
+    kiln.set_num_threads(threads)
+  end
 
   it("has the bits of conv2d, relu and max_pool2d in its output and every grad, at 1 and 2 threads", function()
-    local threads = kiln.get_num_threads()
     -- x [N,C,H,W], O, k, options, which inputs want grads (x, w, b; b false: no bias)
     local cases = {
       {{64, 1, 28, 28}, 32, 5, {}, {false, true, true}},     -- the CNN's first layer
@@ -1001,24 +1016,12 @@ describe("conv2d_relu_max_pool2d", function()
       local b = want[3] ~= false and kiln.randn(O):requires_grad_(want[3]) or nil
       local fused = function(x_, w_, b_) return F.conv2d_relu_max_pool2d(x_, w_, b_, opts) end
       local three = function(x_, w_, b_) return F.max_pool2d(F.conv2d(x_, w_, b_, opts):relu(), 2) end
-      local gy = kiln.randn(fused(x, w, b):size())
-      for _, t in ipairs{1, 2} do
-        kiln.set_num_threads(t)
-        local a, e = grads(fused, x, w, b, gy), grads(three, x, w, b, gy)
-        local what = string.format("case %d at %d threads", n, t)
-        same_bits(a.y, e.y, what .. ": output")
-        for _, g in ipairs{"gx", "gw", "gb"} do
-          assert(not a[g] == not e[g], what .. ": " .. g .. " given by one and not the other")
-          if a[g] then same_bits(a[g], e[g], what .. ": " .. g) end
-        end
-      end
+      agree(fused, three, x, w, b, "case " .. n)
       if n == 3 then assert.is_true(fused(x, w, b):isnan():any():item()) end
     end
-    kiln.set_num_threads(threads)
   end)
 
   it("under bf16 autocast has the bits of the three bf16 ops, in oneDNN's layout and in the columns", function()
-    local threads = kiln.get_num_threads()
     -- x [N,C,H,W], O, k, options, which inputs want grads (x, w, b), the layout it runs in here
     local cases = {
       {{64, 1, 28, 28}, 32, 5, {}, {false, true, true}, "columns"},   -- the one-channel first layer (auto rule)
@@ -1039,23 +1042,12 @@ describe("conv2d_relu_max_pool2d", function()
       local function amp(fn) return function(x_, w_, b_) return kiln.amp.autocast("bf16", function() return fn(x_, w_, b_):float() end) end end
       local fused = amp(function(x_, w_, b_) return F.conv2d_relu_max_pool2d(x_, w_, b_, opts) end)
       local three = amp(function(x_, w_, b_) return F.max_pool2d(F.conv2d(x_, w_, b_, opts):relu(), 2) end)
-      local gy = kiln.randn(fused(x, w, b):size())
-      for _, t in ipairs{1, 2} do
-        kiln.set_num_threads(t)
-        local a, e = grads(fused, x, w, b, gy), grads(three, x, w, b, gy)
-        local what = string.format("bf16 case %d at %d threads", n, t)
-        same_bits(a.y, e.y, what .. ": output")
-        for _, g in ipairs{"gx", "gw", "gb"} do
-          assert(not a[g] == not e[g], what .. ": " .. g .. " given by one and not the other")
-          if a[g] then same_bits(a[g], e[g], what .. ": " .. g) end
-        end
-      end
+      agree(fused, three, x, w, b, "bf16 case " .. n)
       if fused_here and kiln.conv_algorithm() == "auto" and not kiln.conv_benchmark() then   -- it ran as one kernel
         local y = kiln.amp.autocast("bf16", function() return F.conv2d_relu_max_pool2d(x, w, b, opts) end)
         assert.equal("Conv2d_relu_max_pool2dBackward", y.grad_fn, "bf16 case " .. n .. " (" .. case[6] .. ")")
       end
     end
-    kiln.set_num_threads(threads)
   end)
 
   it("runs as one kernel for f32 where it can (avx512 and oneDNN), and as the three ops elsewhere", function()

@@ -407,23 +407,14 @@ static void relu_pool_back_plane(const uint16_t *gy, const uint8_t *code, int64_
                                  uint16_t *gx) {
   const __m512i one = _mm512_set1_epi32(1), two = _mm512_set1_epi32(2), four = _mm512_set1_epi32(4);
   for (int64_t oh = 0; oh < OH; oh++) {
-    uint16_t *g0 = gx + 2 * oh * W, *g1 = g0 + W;
     for (int64_t ow = 0; ow < OW; ow += 16) {
       int64_t n = OW - ow < 16 ? OW - ow : 16, o = oh * OW + ow;
-      __mmask32 m32 = n == 16 ? 0xffffffffu : (__mmask32)((1u << (2 * n)) - 1);
       __mmask16 m16 = (__mmask16)((1u << n) - 1);
       int whole = o + 16 <= OH * OW;
       __m512i g = _mm512_cvtepu16_epi32(whole ? _mm256_loadu_si256((const void *)(gy + o)) : _mm256_maskz_loadu_epi16(m16, gy + o));
       __m512i r = _mm512_cvtepu8_epi32(whole ? _mm_loadu_si128((const void *)(code + o)) : _mm_maskz_loadu_epi8(m16, code + o));
       g = _mm512_maskz_mov_epi32(_mm512_cmpneq_epi32_mask(r, four), kiln_scatter_bf16(g));
-      __mmask16 right = _mm512_test_epi32_mask(r, one), low = _mm512_cmpge_epi32_mask(r, two);
-      __m512i t = _mm512_mask_slli_epi32(g, right, g, 16);
-      __m512i v0 = _mm512_maskz_mov_epi32((__mmask16)~low, t), v1 = _mm512_maskz_mov_epi32(low, t);
-      int64_t at0 = 2 * oh * W + 2 * ow;
-      if ((OW <= 16 || 2 * ow + 32 <= W) && at0 + 32 <= H * W) _mm512_storeu_si512(g0 + 2 * ow, v0);
-      else _mm512_mask_storeu_epi16(g0 + 2 * ow, m32, v0);
-      if (at0 + W + 32 <= H * W) _mm512_storeu_si512(g1 + 2 * ow, v1);
-      else _mm512_mask_storeu_epi16(g1 + 2 * ow, m32, v1);
+      kiln_max2x2_put_bf16(gx, H, W, OW, oh, ow, n, g, _mm512_test_epi32_mask(r, one), _mm512_cmpge_epi32_mask(r, two));
     }
   }
   if (H > 2 * OH) memset(gx + 2 * OH * W, 0, sizeof(uint16_t) * (size_t)((H - 2 * OH) * W));

@@ -73,10 +73,8 @@ static int max2x2_back_plane(const uint16_t *gy, const int64_t *idx, int64_t H, 
   const __m512i negzero = _mm512_set1_epi32(0x8000), absmask = _mm512_set1_epi32(0x7fff), inf = _mm512_set1_epi32(0x7f80);
   const __m512i quiet = _mm512_set1_epi32(0x40), zero = _mm512_setzero_si512();
   for (int64_t oh = 0; oh < OH; oh++) {
-    uint16_t *g0 = gx + 2 * oh * W, *g1 = g0 + W;
     for (int64_t ow = 0; ow < OW; ow += 16) {
       int64_t n = OW - ow < 16 ? OW - ow : 16, o = oh * OW + ow;
-      __mmask32 m32 = n == 16 ? 0xffffffffu : (__mmask32)((1u << (2 * n)) - 1);
       __mmask16 m16 = (__mmask16)((1u << n) - 1);
       /* within the plane, whole vectors (the lanes past n are not used): partly masked loads
          of cold memory stall (Zen 5) */
@@ -92,17 +90,7 @@ static int max2x2_back_plane(const uint16_t *gy, const int64_t *idx, int64_t H, 
       __mmask16 ok = _mm512_cmpeq_epi32_mask(local, zero) | _mm512_cmpeq_epi32_mask(local, one) |
                      _mm512_cmpeq_epi32_mask(local, w) | _mm512_cmpeq_epi32_mask(local, w1);
       if ((ok & m16) != m16) return 1;
-      __mmask16 right = _mm512_test_epi32_mask(local, one), low = _mm512_cmpge_epi32_mask(local, w);
-      __m512i t = _mm512_mask_slli_epi32(g, right, g, 16);   /* the pair's right half, or its left */
-      /* whole vectors where what they write past the row's pairs is written again by a store after
-         them, within the plane: the lower row's spills into the next window row (a later pair);
-         the upper row's into the lower row, which only a row of one vector writes after it */
-      __m512i v0 = _mm512_maskz_mov_epi32((__mmask16)~low, t), v1 = _mm512_maskz_mov_epi32(low, t);
-      int64_t at0 = 2 * oh * W + 2 * ow;
-      if ((OW <= 16 || 2 * ow + 32 <= W) && at0 + 32 <= H * W) _mm512_storeu_si512(g0 + 2 * ow, v0);
-      else _mm512_mask_storeu_epi16(g0 + 2 * ow, m32, v0);
-      if (at0 + W + 32 <= H * W) _mm512_storeu_si512(g1 + 2 * ow, v1);
-      else _mm512_mask_storeu_epi16(g1 + 2 * ow, m32, v1);
+      kiln_max2x2_put_bf16(gx, H, W, OW, oh, ow, n, g, _mm512_test_epi32_mask(local, one), _mm512_cmpge_epi32_mask(local, w));
     }
   }
   if (H > 2 * OH) memset(gx + 2 * OH * W, 0, sizeof(uint16_t) * (size_t)((H - 2 * OH) * W));

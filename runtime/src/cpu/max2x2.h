@@ -30,5 +30,27 @@ static inline __attribute__((always_inline)) __m512i kiln_max2x2_index(int64_t a
   at = _mm512_add_epi32(at, _mm512_and_si512(rank, _mm512_set1_epi32(1)));
   return _mm512_add_epi32(at, _mm512_mullo_epi32(_mm512_srli_epi32(rank, 1), _mm512_set1_epi32((int)W)));
 }
+
+#if defined(__AVX512BW__)
+/* The bf16 backward's stores (cpu/bf16_pool.c, cpu/bf16_conv.c): sixteen windows' grads g (16-bit
+   values in 32-bit lanes, 0 where none goes) put each at its pick (right: the pair's right
+   column, low: the lower row) in output rows 2 oh and 2 oh + 1 of the plane gx [H, W = 2 OW] from
+   column 2 ow, n windows (n < 16: the row's last), every element of the pairs written once. Whole
+   vectors where what they write past the row's pairs is written again by a store after them,
+   within the plane: the lower row's spills into the next window row (a later pair), the upper
+   row's into the lower row, which only a row of one vector writes after it. */
+static inline __attribute__((always_inline)) void kiln_max2x2_put_bf16(uint16_t *gx, int64_t H, int64_t W, int64_t OW, int64_t oh,
+                                                                    int64_t ow, int64_t n, __m512i g, __mmask16 right, __mmask16 low) {
+  __mmask32 m32 = n == 16 ? 0xffffffffu : (__mmask32)((1u << (2 * n)) - 1);
+  uint16_t *g0 = gx + 2 * oh * W, *g1 = g0 + W;
+  __m512i t = _mm512_mask_slli_epi32(g, right, g, 16);   /* the pair's right half, or its left */
+  __m512i v0 = _mm512_maskz_mov_epi32((__mmask16)~low, t), v1 = _mm512_maskz_mov_epi32(low, t);
+  int64_t at0 = 2 * oh * W + 2 * ow;
+  if ((OW <= 16 || 2 * ow + 32 <= W) && at0 + 32 <= H * W) _mm512_storeu_si512(g0 + 2 * ow, v0);
+  else _mm512_mask_storeu_epi16(g0 + 2 * ow, m32, v0);
+  if (at0 + W + 32 <= H * W) _mm512_storeu_si512(g1 + 2 * ow, v1);
+  else _mm512_mask_storeu_epi16(g1 + 2 * ow, m32, v1);
+}
+#endif
 #endif
 #endif
