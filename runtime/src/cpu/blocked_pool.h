@@ -70,7 +70,10 @@ static inline __attribute__((always_inline)) void kiln_blocked_pool_epilogue(int
           int m = PW - pw0 < 16 ? (int)(PW - pw0) : 16;
           __mmask16 mm = (__mmask16)((1u << m) - 1);
           __m512 v[16];
-          for (int i = 0; i < m; i++) {
+#pragma GCC unroll 16
+          for (int i = 0; i < 16; i++) {   /* whole, so that v stays in registers through the transpose */
+            v[i] = _mm512_setzero_ps();
+            if (i >= m) continue;
             const char *at = plane + (2 * ph * OW + 2 * (pw0 + i)) * 16 * es;
             __m512 c[4];
             for (int k = 0; k < 4; k++) c[k] = bf16 ? kiln_relu_bf16(kiln_bp_load(1, at + off[k])) : relu16(kiln_bp_load(0, at + off[k]));
@@ -78,7 +81,6 @@ static inline __attribute__((always_inline)) void kiln_blocked_pool_epilogue(int
             v[i] = kiln_max2x2_pick(c, &rank);
             _mm_storeu_si128((__m128i *)(code + (ph * PW + pw0 + i) * 16), _mm512_cvtepi32_epi8(kiln_pool_code(v[i], rank)));
           }
-          for (int i = m; i < 16; i++) v[i] = _mm512_setzero_ps();
           transpose16(v);
           for (int64_t k = 0; k < nc; k++) {
             char *row = out + (k * PH * PW + ph * PW + pw0) * es;
