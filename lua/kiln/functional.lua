@@ -80,7 +80,7 @@ end
 function F.conv2d(x, w, b, opts) return conv_call(C.kiln_conv2d, "conv2d", x, w, b, opts) end
 
 -- conv2d_relu_max_pool2d(input, weight, bias, {stride, padding, dilation, groups}): max_pool2d(relu(conv2d(...)), 2)
--- as one kernel where kiln has one (f32 on the CPU, where oneDNN convolves: docs/cpu.md), the three
+-- as one kernel where kiln has one (f32 and bf16 on a CPU with AVX-512: docs/cpu.md), the three
 -- ops elsewhere; the result and the grads are the same bits either way. nn.Sequential calls it for
 -- a Conv2d, ReLU, MaxPool2d(2) run of layers.
 function F.conv2d_relu_max_pool2d(x, w, b, opts)

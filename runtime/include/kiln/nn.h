@@ -13,7 +13,7 @@ struct kiln_tensor *kiln_conv2d(const struct kiln_tensor *input, const struct ki
                                 const struct kiln_tensor *bias, int64_t stride_h, int64_t stride_w, int64_t pad_h,
                                 int64_t pad_w, int64_t dil_h, int64_t dil_w, int64_t groups);
 /* max_pool2d(relu(conv2d(...)), 2): 2x2 windows at stride 2 -> [N,O,OH/2,OW/2]. One kernel where the
-   CPU has one (f32), the three ops elsewhere; the same result either way. */
+   CPU has one (f32, bf16), the three ops elsewhere; the same result either way. */
 struct kiln_tensor *kiln_conv2d_relu_max_pool2d(const struct kiln_tensor *input, const struct kiln_tensor *weight,
                                                 const struct kiln_tensor *bias, int64_t stride_h, int64_t stride_w,
                                                 int64_t pad_h, int64_t pad_w, int64_t dil_h, int64_t dil_w, int64_t groups);

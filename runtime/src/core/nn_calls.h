@@ -14,12 +14,13 @@ struct kiln_conv_grads {
 };
 enum { KILN_CONV_INTS = 7 };
 
-/* CONV2D_RELU_POOL: conv2d, relu and max_pool2d of 2x2 windows at stride 2 as one call; out the
-   pooled y [N,O,OH/2,OW/2]; in x, w, bias as CONV2D; ints: CONV2D's, then OH, OW (the conv's
-   output), then the layout the kernel says (0 in the forward's call); extra: struct kiln_conv_pool. A CPU kernel may decline the call (taken stays 0, nothing
-   written): the front end then runs the three ops. When taken, codes holds what the backward reads
-   (the kernel's own layout). CONV2D_RELU_POOL_BACKWARD: in the pooled gy, x (NULL unless gw is
-   wanted), w, codes; same ints; extra: struct kiln_conv_grads. */
+/* CONV2D_RELU_MAX_POOL2D: conv2d, relu and max_pool2d of 2x2 windows at stride 2 as one call; out
+   the pooled y [N,O,OH/2,OW/2]; in x, w, bias as CONV2D; ints: CONV2D's, then OH, OW (the conv's
+   output), then the layout the kernel took (0 in the forward's call); extra: struct
+   kiln_conv_pool. A CPU kernel may decline the call (taken stays 0, nothing written): the front
+   end then runs the three ops. When taken, codes holds what the backward reads (the kernel's own
+   layout). CONV2D_RELU_MAX_POOL2D_BACKWARD: in the pooled gy, x, w, codes; the same ints; extra:
+   struct kiln_conv_grads. */
 struct kiln_conv_pool {
   int input_grad;              /* given: the input's grad will be asked for */
   struct kiln_tensor *codes;   /* made by the kernel */

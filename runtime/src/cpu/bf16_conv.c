@@ -378,19 +378,14 @@ static void sum_bias(void *ctx, int64_t o0, int64_t o1) {
 
 /* columns, forward: relu and the 2x2 max of a plane (W = 2 OW), as cpu/bf16_pool.c's max2x2_plane */
 static void relu_pool_plane(const uint16_t *x, int64_t H, int64_t OH, int64_t OW, int64_t W, uint16_t *y, uint8_t *code) {
-  const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
   for (int64_t oh = 0; oh < OH; oh++) {
-    const uint16_t *r0 = x + 2 * oh * W, *r1 = r0 + W;
     for (int64_t ow = 0; ow < OW; ow += 16) {
       int64_t n = OW - ow < 16 ? OW - ow : 16, o = oh * OW + ow;
-      __mmask32 m32 = n == 16 ? 0xffffffffu : (__mmask32)((1u << (2 * n)) - 1);
       __mmask16 m16 = (__mmask16)((1u << n) - 1);
       int whole = o + 16 <= OH * OW;
-      __m512i v0 = whole ? _mm512_loadu_si512(r0 + 2 * ow) : _mm512_maskz_loadu_epi16(m32, r0 + 2 * ow);
-      __m512i v1 = whole && (2 * oh + 1) * W + 2 * ow + 32 <= H * W ? _mm512_loadu_si512(r1 + 2 * ow)
-                                                                   : _mm512_maskz_loadu_epi16(m32, r1 + 2 * ow);
-      __m512 cand[4] = {kiln_relu_bf16(_mm512_castsi512_ps(_mm512_slli_epi32(v0, 16))), kiln_relu_bf16(_mm512_castsi512_ps(_mm512_and_si512(v0, hi))),
-                        kiln_relu_bf16(_mm512_castsi512_ps(_mm512_slli_epi32(v1, 16))), kiln_relu_bf16(_mm512_castsi512_ps(_mm512_and_si512(v1, hi)))};
+      __m512 cand[4];
+      kiln_max2x2_load_bf16(x, H, W, oh, ow, n, whole, cand);
+      for (int k = 0; k < 4; k++) cand[k] = kiln_relu_bf16(cand[k]);
       __m512i rank;
       __m512 best = kiln_max2x2_pick(cand, &rank);
       __m256i yv = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(best), 16));
@@ -450,12 +445,10 @@ static void fused_gyc(const struct kiln_pool_fuse *f, const struct cg *g, int64_
 }
 
 /* oneDNN's blocked layout: cpu/blocked_pool.h's passes in bf16 */
-static void blocked_epilogue(void *ctx, int64_t n0, int64_t nb, const void *blocked, int block) {
-  (void)block;
+static void blocked_epilogue(void *ctx, int64_t n0, int64_t nb, const void *blocked) {
   kiln_blocked_pool_epilogue(1, ctx, n0, nb, blocked);
 }
-static void blocked_prologue(void *ctx, int64_t n0, int64_t nb, void *blocked, int block) {
-  (void)block;
+static void blocked_prologue(void *ctx, int64_t n0, int64_t nb, void *blocked) {
   kiln_blocked_pool_prologue(1, ctx, n0, nb, blocked);
 }
 #else
@@ -465,8 +458,8 @@ static void fused_pool_chunk(const struct kiln_pool_fuse *f, const struct cg *g,
 static void fused_gyc(const struct kiln_pool_fuse *f, const struct cg *g, int64_t n0, int64_t nb, uint16_t *gyc) {
   (void)f; (void)g; (void)n0; (void)nb; (void)gyc;
 }
-static void blocked_prologue(void *ctx, int64_t n0, int64_t nb, void *blocked, int block) {
-  (void)ctx; (void)n0; (void)nb; (void)blocked; (void)block;
+static void blocked_prologue(void *ctx, int64_t n0, int64_t nb, void *blocked) {
+  (void)ctx; (void)n0; (void)nb; (void)blocked;
 }
 #endif
 

@@ -30,22 +30,15 @@ struct bpool {
    or a NaN replaces the best: the first maximum, or the last NaN), the best's own bits are the
    output, and its rank in the window (0 to 3) gives the index. */
 static void max2x2_plane(const uint16_t *x, int64_t H, int64_t OH, int64_t OW, int64_t W, uint16_t *y, int64_t *idx) {
-  const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
   for (int64_t oh = 0; oh < OH; oh++) {
-    const uint16_t *r0 = x + 2 * oh * W, *r1 = r0 + W;
     for (int64_t ow = 0; ow < OW; ow += 16) {
       int64_t n = OW - ow < 16 ? OW - ow : 16, o = oh * OW + ow;
-      __mmask32 m32 = n == 16 ? 0xffffffffu : (__mmask32)((1u << (2 * n)) - 1);
       __mmask16 m16 = (__mmask16)((1u << n) - 1);
-      /* whole vectors within the plane: the lanes past n read the next row (not used) and write
-         outputs of the next row, which it writes again; partly masked loads and stores of cold
-         memory stall (Zen 5) */
+      /* whole vectors within the plane: the lanes past n write outputs of the next row, which it
+         writes again; partly masked stores of cold memory stall (Zen 5) */
       int whole = o + 16 <= OH * OW;
-      __m512i v0 = whole ? _mm512_loadu_si512(r0 + 2 * ow) : _mm512_maskz_loadu_epi16(m32, r0 + 2 * ow);
-      __m512i v1 = whole && (2 * oh + 1) * W + 2 * ow + 32 <= H * W ? _mm512_loadu_si512(r1 + 2 * ow)
-                                                                   : _mm512_maskz_loadu_epi16(m32, r1 + 2 * ow);
-      __m512 cand[4] = {_mm512_castsi512_ps(_mm512_slli_epi32(v0, 16)), _mm512_castsi512_ps(_mm512_and_si512(v0, hi)),
-                        _mm512_castsi512_ps(_mm512_slli_epi32(v1, 16)), _mm512_castsi512_ps(_mm512_and_si512(v1, hi))};
+      __m512 cand[4];
+      kiln_max2x2_load_bf16(x, H, W, oh, ow, n, whole, cand);
       __m512i rank;
       __m512 best = kiln_max2x2_pick(cand, &rank);
       __m256i yv = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(best), 16));

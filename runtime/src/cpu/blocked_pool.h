@@ -8,6 +8,7 @@
    - the prologue: the pooled grad and the codes -> the part's output grad in the blocked layout,
      each grad as max_pool2d's backward makes it (f32: 0 + g; bf16: -0 as +0, a NaN quieted), and
      the bias grad's lanes as that dtype's sum_bias adds them (f32: 8, bf16: 16).
+   Planes of even width (OW = 2 PW: the callers take no other, as max_pool2d's vector pick).
    Included at the avx512 level only. */
 #ifndef KILN_CPU_BLOCKED_POOL_H
 #define KILN_CPU_BLOCKED_POOL_H
@@ -126,8 +127,6 @@ static inline __attribute__((always_inline)) void kiln_blocked_pool_prologue(int
           if (++pw == PW) { pw = 0; ph++; }
         }
       }
-      if (OW & 1)   /* a last column no window reads */
-        for (int64_t h = 0; h < 2 * PH; h++) kiln_bp_store(bf16, plane + (h * OW + OW - 1) * 16 * es, 0, _mm512_setzero_ps());
       for (int64_t p = 2 * PH * OW; p < OHW; p++) kiln_bp_store(bf16, plane + p * 16 * es, 0, _mm512_setzero_ps());   /* a last row */
       if (f->lanes) {   /* position p in lane p % L, the last OHW % L in lane 0 */
         __m512 acc[16];

@@ -504,12 +504,10 @@ done:
    runs them. */
 #include "blocked_pool.h"
 #if defined(__AVX512BW__)
-static void pool_epilogue(void *ctx, int64_t n0, int64_t nb, const void *blocked, int block) {
-  (void)block;
+static void pool_epilogue(void *ctx, int64_t n0, int64_t nb, const void *blocked) {
   kiln_blocked_pool_epilogue(0, ctx, n0, nb, blocked);
 }
-static void pool_prologue(void *ctx, int64_t n0, int64_t nb, void *blocked, int block) {
-  (void)block;
+static void pool_prologue(void *ctx, int64_t n0, int64_t nb, void *blocked) {
   kiln_blocked_pool_prologue(0, ctx, n0, nb, blocked);
 }
 #endif

@@ -171,13 +171,13 @@ struct kiln_conv_job {
   void *ctx;
   int ran_onednn;
   int partials_summed;   /* set by the run: partials' first slot holds the parts' sum (added in part order) */
-  /* A fused layer (cpu/conv.c: conv2d, relu and 2x2 max pooling) runs on oneDNN alone, and its
-     output and output grad never exist in NCHW: forward, each part's output goes in oneDNN's
-     blocked layout (nChw{block}c) to epilogue instead of y; backward, prologue writes each part's
-     output grad in that layout, which the passes read. kiln_cpu_conv_run returns 1 (not taken)
-     when oneDNN does not run it so: none loaded, another layout, im2col forced, benchmark mode. */
-  void (*epilogue)(void *ctx, int64_t n0, int64_t nb, const void *blocked, int block);
-  void (*prologue)(void *ctx, int64_t n0, int64_t nb, void *blocked, int block);
+  /* A fused layer (cpu/conv.c, cpu/bf16_conv.c: conv2d, relu and 2x2 max pooling) runs on oneDNN
+     alone, and its output and output grad never exist in NCHW: forward, each part's output goes in
+     oneDNN's nChw16c to epilogue instead of y; backward, prologue writes each part's output grad in
+     that layout, which the passes read. Its forward's caller asks kiln_cpu_conv_fused_way first;
+     kiln_cpu_conv_run returns 1 (not taken) where oneDNN's passes use another layout. */
+  void (*epilogue)(void *ctx, int64_t n0, int64_t nb, const void *blocked);
+  void (*prologue)(void *ctx, int64_t n0, int64_t nb, void *blocked);
 };
 int kiln_cpu_conv_run(struct kiln_conv_job *c);
 /* Where the three ops of a fused layer would convolve c (the choice kiln_cpu_conv_run makes): 1 by

@@ -32,6 +32,26 @@ static inline __attribute__((always_inline)) __m512i kiln_max2x2_index(int64_t a
 }
 
 #if defined(__AVX512BW__)
+/* The bf16 forward's loads (cpu/bf16_pool.c, cpu/bf16_conv.c): the four candidates of sixteen
+   windows of plane x [H, W = 2 OW] from rows 2 oh and 2 oh + 1, column 2 ow, n windows, widened to
+   f32 (a vector of 32 values of a row holds each window's pair of that row in a 32-bit lane: the
+   left one is the lane shifted up, the right one its high half). Whole vectors (whole: the sixteen
+   outputs lie in the plane; the lanes past n read the next row, not used) where they stay in the
+   plane: partly masked loads of cold memory stall (Zen 5). */
+static inline __attribute__((always_inline)) void kiln_max2x2_load_bf16(const uint16_t *x, int64_t H, int64_t W, int64_t oh,
+                                                                     int64_t ow, int64_t n, int whole, __m512 c[4]) {
+  const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+  __mmask32 m32 = n == 16 ? 0xffffffffu : (__mmask32)((1u << (2 * n)) - 1);
+  const uint16_t *r0 = x + 2 * oh * W, *r1 = r0 + W;
+  __m512i v0 = whole ? _mm512_loadu_si512(r0 + 2 * ow) : _mm512_maskz_loadu_epi16(m32, r0 + 2 * ow);
+  __m512i v1 = whole && (2 * oh + 1) * W + 2 * ow + 32 <= H * W ? _mm512_loadu_si512(r1 + 2 * ow)
+                                                               : _mm512_maskz_loadu_epi16(m32, r1 + 2 * ow);
+  c[0] = _mm512_castsi512_ps(_mm512_slli_epi32(v0, 16));
+  c[1] = _mm512_castsi512_ps(_mm512_and_si512(v0, hi));
+  c[2] = _mm512_castsi512_ps(_mm512_slli_epi32(v1, 16));
+  c[3] = _mm512_castsi512_ps(_mm512_and_si512(v1, hi));
+}
+
 /* The bf16 backward's stores (cpu/bf16_pool.c, cpu/bf16_conv.c): sixteen windows' grads g (16-bit
    values in 32-bit lanes, 0 where none goes) put each at its pick (right: the pair's right
    column, low: the lower row) in output rows 2 oh and 2 oh + 1 of the plane gx [H, W = 2 OW] from

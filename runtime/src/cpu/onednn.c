@@ -147,7 +147,6 @@ struct job {
   void *plan[3][2];              /* [pass][0: the smaller part, 1: the larger] */
   int64_t small;                 /* images in the smaller part */
   char *wbuf[2][2];              /* forward / backward-data weights in oneDNN's layout, per part size */
-  int block;                     /* a fused job: the channel block of its blocked activations */
   char *gwb;                     /* the parts' weight grads in oneDNN's layout, gw_stride bytes apart, or NULL */
   size_t gw_bytes, gw_stride;
   int64_t folded;                /* the parts added into part 0's grad so far (atomic) */
@@ -187,8 +186,8 @@ static void run_parts(void *ctx, int64_t begin, int64_t end) {
   size_t es = (size_t)kiln_dtype_size(c->dtype), ws_bytes = 0;
   char *ws = NULL, *blk = NULL, err[256];
   int fused = c->epilogue || c->prologue;
-  if (fused) {   /* the part's output (grad) in the blocked layout */
-    size_t bytes = (size_t)((j->small + 1) * ((c->O + j->block - 1) / j->block * j->block) * c->OH * c->OW) * es;
+  if (fused) {   /* the part's output (grad) in nChw16c */
+    size_t bytes = (size_t)((j->small + 1) * ((c->O + 15) / 16 * 16) * c->OH * c->OW) * es;
     if (!(blk = aligned_alloc(64, (bytes + 63) & ~(size_t)63))) { fail_job(j, "out of memory for a part's output"); return; }
   }
   for (int64_t t = begin; t < end && !__atomic_load_n(&j->failed, __ATOMIC_RELAXED); t++) {
@@ -196,7 +195,7 @@ static void run_parts(void *ctx, int64_t begin, int64_t end) {
     int size = nb != j->small;
     int passes[3] = {c->y || c->epilogue ? KILN_ONEDNN_FORWARD : -1, c->partials ? KILN_ONEDNN_BACKWARD_WEIGHTS : -1,
                      c->gx ? KILN_ONEDNN_BACKWARD_DATA : -1};
-    if (c->prologue && nb > 0) c->prologue(c->ctx, n0, nb, blk, j->block);
+    if (c->prologue && nb > 0) c->prologue(c->ctx, n0, nb, blk);
     for (int k = 0; k < 3; k++) {
       if (passes[k] < 0 || nb == 0) continue;
       void *p = j->plan[passes[k]][size];
@@ -214,7 +213,7 @@ static void run_parts(void *ctx, int64_t begin, int64_t end) {
         rc = lib->run(p, x, NULL, j->wbuf[0][size] ? j->wbuf[0][size] : c->w, c->bias,
                       c->epilogue ? blk : (char *)c->y + n0 * c->O * c->OH * c->OW * es, ws,
                       c->epilogue ? KILN_ONEDNN_OUT_BLOCKED : 0, err, sizeof err);
-        if (!rc && c->epilogue) c->epilogue(c->ctx, n0, nb, blk, j->block);
+        if (!rc && c->epilogue) c->epilogue(c->ctx, n0, nb, blk);
       } else if (passes[k] == KILN_ONEDNN_BACKWARD_WEIGHTS && j->gwb) {
         rc = lib->run(p, x, gy, NULL, NULL, j->gwb + t * j->gw_stride, ws, flags | KILN_ONEDNN_GW_BLOCKED, err, sizeof err);
         /* the next part of the sum while the grad is in cache: part t is added where parts 0..t-1
@@ -253,16 +252,14 @@ static int job_init(struct job *j, const struct kiln_conv_job *c) {
       struct kiln_onednn_shape s;
       shape_of(c, passes[k], nb, &s);
       if (!(j->plan[passes[k]][size] = plan_for(&s, err, sizeof err))) return 1;
-      if (c->epilogue || c->prologue) {   /* a fused job: every pass on the same blocked layout */
-        int b = lib->block(j->plan[passes[k]][size]);
-        if (b <= 0 || (j->block && b != j->block)) return 1;
-        j->block = b;
+      if (c->epilogue || c->prologue) {   /* a fused job: every pass on nChw16c, which its kernels read */
+        if (lib->block(j->plan[passes[k]][size]) != 16) return 1;
         /* the forward is taken only where both backward passes will read that layout too */
         for (int bp = KILN_ONEDNN_BACKWARD_DATA; c->epilogue && bp <= KILN_ONEDNN_BACKWARD_WEIGHTS; bp++) {
           struct kiln_onednn_shape bs;
           shape_of(c, bp, nb, &bs);
           void *plan = plan_for(&bs, err, sizeof err);
-          if (!plan || lib->block(plan) != b) return 1;
+          if (!plan || lib->block(plan) != 16) return 1;
         }
       }
       if (passes[k] == KILN_ONEDNN_BACKWARD_WEIGHTS) continue;
@@ -347,11 +344,8 @@ int kiln_cpu_conv_run(struct kiln_conv_job *c) {
   int forced = forced_algo();
   c->ran_onednn = 0;
   c->partials_summed = 0;
-  if (c->epilogue || c->prologue) {
-    /* a fused layer: its forward follows the setting (im2col forced or benchmark mode: not taken,
-       the caller runs the three ops); its backward runs as its forward did */
-    if (c->epilogue && (forced == ALGO_IM2COL || (forced < 0 && benchmark_mode()))) return 1;
-    if ((c->dtype != KILN_F32 && c->dtype != KILN_BF16) || !onednn()) return 1;
+  if (c->epilogue || c->prologue) {   /* a fused layer, where kiln_cpu_conv_fused_way sent it */
+    if (!onednn()) return 1;
     int rc = run_onednn(c, NULL, 0);
     if (rc < 0) return kiln_error_code();
     c->ran_onednn = rc == 0;

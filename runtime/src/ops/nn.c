@@ -134,8 +134,8 @@ KILN_API struct kiln_tensor *kiln_conv2d(const struct kiln_tensor *x, const stru
 }
 
 /* conv2d, relu and max_pool2d of 2x2 windows at stride 2, as one kernel where the CPU has one
-   (cpu/conv.c: f32, oneDNN's blocked layout, avx512), else as the three ops; the same bits
-   either way. */
+   (cpu/conv.c, cpu/bf16_conv.c: f32 and bf16 at the avx512 level), else as the three ops; the same
+   bits either way. */
 KILN_API struct kiln_tensor *kiln_conv2d_relu_max_pool2d(const struct kiln_tensor *x, const struct kiln_tensor *w,
                                                          const struct kiln_tensor *b, int64_t sh, int64_t sw, int64_t ph,
                                                          int64_t pw, int64_t dh, int64_t dw, int64_t groups) {
