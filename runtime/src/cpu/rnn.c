@@ -115,6 +115,16 @@ static inline void transpose8_f32(float *dst, int64_t ld, const float *const *ro
   kiln_transpose8_store(r, dst, ld);
 }
 #endif
+#if defined(__AVX512F__)
+#include "transpose16.h"
+/* the same for a 16 x 16 block, whole 64-byte rows written (the weights' grads' transposes) */
+static inline void transpose16_f32(float *dst, int64_t ld, const float *const *rows, int64_t k0) {
+  __m512 r[16];
+  for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(rows[i] + k0);
+  transpose16(r);
+  for (int i = 0; i < 16; i++) _mm512_storeu_ps(dst + i * ld, r[i]);
+}
+#endif
 
 /* The batch from which the persistent forward folds the input projection into its per-step
    products (each weight then serves that many sequences a step) instead of one GEMM first, and
@@ -346,6 +356,8 @@ struct layer {
                                     step (the input projection's fold, backward); else NULL */
   void *gwp;                     /* dgh packed in panels [panels(GH)][T*B][PW] for the weights' grads,
                                     by the persistent team as it goes (weight_grads); else NULL */
+  int ring;                      /* dgx (= dgh) holds two steps' rows, [2,B,GH], step s's at s % 2:
+                                    the persistent team's, when nothing reads them after it */
   /* bf16: a layer whose input is bf16 (autocast's) runs its products on bf16 rows with f32 sums
      (cpu/bf16_rnn.c); its state, gates, reserve and grads stay f32 until their last rounding. The
      f32 buffers above are then f32 (x, z and gz are not used: xb, zb and an f32 copy of gz) */
@@ -366,6 +378,11 @@ struct layer {
 
 static inline int64_t step_time(const struct layer *L, int64_t s, int64_t b) {
   return L->reverse ? L->len[b] - 1 - s : s;
+}
+/* The row of dgx (dgh) holding the grads of sequence b at step s (its time row, or its row of the
+   step's half of the ring). */
+static inline int64_t grad_row(const struct layer *L, int64_t s, int64_t b) {
+  return L->ring ? (s & 1) * L->B + b : step_time(L, s, b) * L->B + b;
 }
 /* The time of the step before s (s > 0). */
 static inline int64_t prev_time(const struct layer *L, int64_t t) { return L->reverse ? t + 1 : t - 1; }
@@ -557,14 +574,14 @@ static inline __attribute__((always_inline)) void cell_backward(int dt, struct l
                                                                 int64_t j1, void *gxr, void *ghr, int sums) {
   int64_t H = L->H, t = step_time(L, s, b), row = t * L->B + b, GH = L->GH, n = j1 - j0;
   const void *gy = dt_at(L->gz, dt, row * H + j0), *res = L->res ? dt_at(L->res, dt, row * L->RS * H + j0) : NULL;
-  void *dh = dt_at(L->dh, dt, b * H + j0), *dgx = gxr ? dt_at(gxr, dt, j0) : dt_at(L->dgx, dt, row * GH + j0);
+  void *dh = dt_at(L->dh, dt, b * H + j0), *dgx = gxr ? dt_at(gxr, dt, j0) : dt_at(L->dgx, dt, grad_row(L, s, b) * GH + j0);
   if (L->mode == KILN_RNN_LSTM) {
     const void *cp = s == 0 ? dt_at(L->c0, dt, b * H) : dt_at(L->res, dt, (prev_time(L, t) * L->B + b) * L->RS * H + 4 * H);
     lstm_backward(dt, 0, H, n, gy, res, dt_at(cp, dt, j0), dh, dt_at(L->dc, dt, b * H + j0), dgx,
                   sums && L->gbx ? dt_at(L->gbx, dt, j0) : NULL);
   } else if (L->mode == KILN_RNN_GRU) {
     gru_backward(dt, H, n, gy, res, dt_at(h_before(dt, L, s, b, t), dt, j0), dh, dgx,
-                 ghr ? dt_at(ghr, dt, j0) : dt_at(L->dgh, dt, row * GH + j0));
+                 ghr ? dt_at(ghr, dt, j0) : dt_at(L->dgh, dt, grad_row(L, s, b) * GH + j0));
   } else if (L->mode == KILN_RNN_RELU) {
     plain_backward(dt, 1, n, gy, dt_at(L->z, dt, row * H + j0), dh, dgx);
   } else {
@@ -612,7 +629,7 @@ static void carry_back_f64(struct layer *L, int64_t s, int64_t b, int64_t k0, in
    persistent team's sums, kept per unit by the thread that owns it, over steps from the last. */
 static inline __attribute__((always_inline)) void bias_rows(int dt, struct layer *L, int64_t s, int64_t b, int64_t j0,
                                                             int64_t j1) {
-  int64_t row = step_time(L, s, b) * L->B + b;
+  int64_t row = grad_row(L, s, b);
   for (int k = 0; k < 2; k++) {
     void *gb = k ? L->gbh : L->gbx;
     if (!gb) continue;
@@ -872,7 +889,7 @@ static inline __attribute__((always_inline)) void backward_team(int dt, struct l
        its own rows while other threads still read these: one barrier per step */
     int64_t na = 0;
     for (int64_t b = 0; b < B; b++)
-      if (active[b]) { xs[na] = dt_at(L->dgh, dt, (step_time(L, s, b) * B + b) * GH); ys[na] = dt_at(prod, dt, b * nj); na++; }
+      if (active[b]) { xs[na] = dt_at(L->dgh, dt, grad_row(L, s, b) * GH); ys[na] = dt_at(prod, dt, b * nj); na++; }
     if (dt == KILN_F32) times_rows_f32(wc, GH, nj, na, xs, ys, 0, 0);
     else times_rows_f64(wc, GH, nj, na, xs, ys, 0, 0);
     for (int64_t b = 0; b < B; b++)
@@ -884,10 +901,10 @@ static inline __attribute__((always_inline)) void backward_team(int dt, struct l
       slice(np, id, nteam, &p0, &p1);
       for (int64_t b = 0; b < B; b++) {
         if (!active[b]) continue;
-        int64_t r = step_time(L, s, b) * B + b;
+        int64_t r = step_time(L, s, b) * B + b, rg = grad_row(L, s, b);
         for (int64_t p = p0; p < p1; p++) {
           int64_t c0 = p * PW, m = GH - c0 < PW ? GH - c0 : PW;
-          panel_row(dt, dt_at(L->gwp, dt, (p * TB + r) * PW), dt_at(L->dgh, dt, r * GH + c0), m);
+          panel_row(dt, dt_at(L->gwp, dt, (p * TB + r) * PW), dt_at(L->dgh, dt, rg * GH + c0), m);
         }
       }
     }
@@ -896,7 +913,7 @@ static inline __attribute__((always_inline)) void backward_team(int dt, struct l
       for (int64_t b = 0; b < B; b++)
         if (active[b]) {
           int64_t row = step_time(L, s, b) * B + b;
-          xs[na] = dt_at(L->dgx, dt, row * GH);
+          xs[na] = dt_at(L->dgx, dt, grad_row(L, s, b) * GH);
           ys[na] = dt_at(L->gx, dt, row * I + i0);
           na++;
         }
@@ -1117,8 +1134,8 @@ static int forward_f64(const struct kiln_call *c) { return forward(KILN_F64, c);
 
 /* dst[i * ld + r] = rows[r][k0 + i] for r < nr, i < nk (rows[r] NULL: zeros): a block of a
    transpose, 8 x 8 through registers in f32 */
-static inline __attribute__((always_inline)) void transpose_block(int dt, void *dst, int64_t ld, const void *const *rows,
-                                                                  int64_t k0, int nr, int nk) {
+static inline __attribute__((always_inline)) void transpose_block8(int dt, void *dst, int64_t ld, const void *const *rows,
+                                                                   int64_t k0, int nr, int nk) {
 #if defined(__AVX__)
   if (dt == KILN_F32 && nr == 8 && nk == 8 && rows[0] && rows[1] && rows[2] && rows[3] && rows[4] && rows[5] && rows[6] && rows[7]) {
     transpose8_f32(dst, ld, (const float *const *)rows, k0);
@@ -1127,6 +1144,21 @@ static inline __attribute__((always_inline)) void transpose_block(int dt, void *
 #endif
   for (int r = 0; r < nr; r++)
     for (int i = 0; i < nk; i++) dt_store(dst, dt, i * ld + r, rows[r] ? dt_load(rows[r], dt, k0 + i) : 0);
+}
+/* the same for nr, nk <= 16: 16 x 16 through registers in f32 at the avx512 level, else in
+   8 x 8 quarters */
+static inline __attribute__((always_inline)) void transpose_block(int dt, void *dst, int64_t ld, const void *const *rows,
+                                                                  int64_t k0, int nr, int nk) {
+#if defined(__AVX512F__)
+  if (dt == KILN_F32 && nr == 16 && nk == 16) {
+    int all = 1;
+    for (int r = 0; r < 16; r++) all &= rows[r] != NULL;
+    if (all) { transpose16_f32(dst, ld, (const float *const *)rows, k0); return; }
+  }
+#endif
+  for (int r0 = 0; r0 < nr; r0 += 8)
+    for (int i0 = 0; i0 < nk; i0 += 8)
+      transpose_block8(dt, dt_at(dst, dt, i0 * ld + r0), ld, rows + r0, k0 + i0, nr - r0 < 8 ? nr - r0 : 8, nk - i0 < 8 ? nk - i0 : 8);
 }
 
 /* The state before the step of row r = t * B + b (its time t), NULL past the sequence's end. */
@@ -1170,20 +1202,22 @@ static inline __attribute__((always_inline)) int weight_grads(int dt, struct lay
   /* rows a little longer than T*B and GH: 8 rows of a power-of-two length would fall in one set of
      L1 and evict each other in the transposes */
   const int64_t ldx = TB + 16, ldg = GH + 16;
+  /* the transposes' blocks: 16 x 16 in zmm for f32 at the avx512 level, else 8 x 8 */
+  const int TBK = VEC_BYTES == 64 && dt == KILN_F32 ? 16 : 8;
   const size_t es = dt_size(dt), nxt = es * (size_t)(R * ldx + 1), ngt = es * (size_t)(R * ldg + 1);
   void *xt = kiln_cpu_alloc(nxt), *gwt = kiln_cpu_alloc(ngt);
   if (!xt || !gwt) { kiln_cpu_free(xt, nxt); kiln_cpu_free(gwt, ngt); return kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory"); }
-  for (int64_t r0 = 0; r0 < TB; r0 += 8) {
-    int nr = TB - r0 < 8 ? (int)(TB - r0) : 8;
-    const void *hp[8], *xr[8];
+  for (int64_t r0 = 0; r0 < TB; r0 += TBK) {
+    int nr = TB - r0 < TBK ? (int)(TB - r0) : TBK;
+    const void *hp[16], *xr[16];
     for (int r = 0; r < nr; r++) {
       hp[r] = row_before(dt, L, r0 + r);
       xr[r] = hp[r] ? dt_at(L->x, dt, (r0 + r) * I) : NULL;   /* zeros past a sequence's end */
     }
-    for (int64_t k = 0; k < Hh; k += 8)
-      transpose_block(dt, dt_at(xt, dt, k * ldx + r0), ldx, hp, k, nr, Hh - k < 8 ? (int)(Hh - k) : 8);
-    for (int64_t k = 0; k < R - Hh; k += 8)
-      transpose_block(dt, dt_at(xt, dt, (Hh + k) * ldx + r0), ldx, xr, k, nr, R - Hh - k < 8 ? (int)(R - Hh - k) : 8);
+    for (int64_t k = 0; k < Hh; k += TBK)
+      transpose_block(dt, dt_at(xt, dt, k * ldx + r0), ldx, hp, k, nr, Hh - k < TBK ? (int)(Hh - k) : TBK);
+    for (int64_t k = 0; k < R - Hh; k += TBK)
+      transpose_block(dt, dt_at(xt, dt, (Hh + k) * ldx + r0), ldx, xr, k, nr, R - Hh - k < TBK ? (int)(R - Hh - k) : TBK);
   }
   struct gw_job j = {dt, L, xt, gwt, R, ldx, ldg};
   int64_t np = panels(dt, GH);
@@ -1192,12 +1226,12 @@ static inline __attribute__((always_inline)) int weight_grads(int dt, struct lay
     void *gw = part ? gw_ih : gw_hh;
     if (!gw) continue;
     int64_t k0 = part ? Hh : 0, nk = part ? I : H;
-    for (int64_t k = 0; k < nk; k += 8) {
-      int nr = nk - k < 8 ? (int)(nk - k) : 8;
-      const void *rows[8];
+    for (int64_t k = 0; k < nk; k += TBK) {
+      int nr = nk - k < TBK ? (int)(nk - k) : TBK;
+      const void *rows[16];
       for (int r = 0; r < nr; r++) rows[r] = dt_at(gwt, dt, (k0 + k + r) * ldg);
-      for (int64_t g = 0; g < GH; g += 8)
-        transpose_block(dt, dt_at(gw, dt, g * nk + k), nk, rows, g, nr, GH - g < 8 ? (int)(GH - g) : 8);
+      for (int64_t g = 0; g < GH; g += TBK)
+        transpose_block(dt, dt_at(gw, dt, g * nk + k), nk, rows, g, nr, GH - g < TBK ? (int)(GH - g) : TBK);
     }
   }
   (void)PW;
@@ -1233,7 +1267,15 @@ static inline __attribute__((always_inline)) int backward(int dt, const struct k
   size_t nbig = es * (size_t)(T * B * GH > 0 ? T * B * GH : 1), nbh = (size_t)(B * H > 0 ? B * H : 1);
   size_t nprev = es * (size_t)(T * B * H > 0 ? T * B * H : 1);
   size_t ngwp = es * (size_t)(panels(dt, GH) * panel_width(dt) * T * B + 1);
-  L.dgx = scratch(nbig, L.padded);
+  /* the persistent team's rows of dgx are read by nothing after it when it also packs them for the
+     weights' grads, computes x's grad and sums the bias grads (below; not the GRU, whose dgh is
+     apart): then two steps' rows, which stay in cache, rather than T steps' (8 MB, char-LM) */
+  int persistent = c->ints[2] == KILN_RNN_PERSISTENT;
+  int fold_gx = bw->gx && persistent && B >= KILN_RNN_FOLD_MIN_BATCH && H + I <= KILN_RNN_FOLD_MAX_ROWS && I > 0;
+  int team_gw = persistent && L.mode != KILN_RNN_GRU && (bw->gw_hh || bw->gw_ih) && T * B > 0 && weight_grads_here();
+  L.ring = persistent && L.mode != KILN_RNN_GRU && (!bw->gx || fold_gx) && (team_gw || (!bw->gw_hh && !bw->gw_ih));
+  if (L.ring) nbig = es * (size_t)(2 * B * GH > 0 ? 2 * B * GH : 1);
+  L.dgx = scratch(nbig, L.padded && !L.ring);
   L.dgh = L.mode == KILN_RNN_GRU ? scratch(nbig, L.padded) : L.dgx;
   /* the GEMM path's rows of a step, gathered when reversed sequences of several lengths put them
      at different times (backward_gemm) */
@@ -1253,7 +1295,7 @@ static inline __attribute__((always_inline)) int backward(int dt, const struct k
   }
   /* the persistent team computes x's grad step by step under the forward's fold rule: as many
      sequences a step and as small a packed w_ih (its columns, as tall as w_hh's) */
-  if (bw->gx && c->ints[2] == KILN_RNN_PERSISTENT && B >= KILN_RNN_FOLD_MIN_BATCH && H + I <= KILN_RNN_FOLD_MAX_ROWS && I > 0) {
+  if (fold_gx) {
     L.gx = kiln_tensor_data(bw->gx);
     if (L.padded) memset(L.gx, 0, es * (size_t)(T * B * I));   /* rows past a sequence's end */
   }
@@ -1262,7 +1304,7 @@ static inline __attribute__((always_inline)) int backward(int dt, const struct k
   else memset(L.dc, 0, es * (size_t)(B * H));
   /* the weights' grads on the team's products when dgh is dgx (not the GRU) and the BLAS is
      narrower (weight_grads_here): [h_prev | x] against dgh, which the team packs as it goes */
-  if (c->ints[2] == KILN_RNN_PERSISTENT && L.dgh == L.dgx && (bw->gw_hh || bw->gw_ih) && T * B > 0 && weight_grads_here()) {
+  if (team_gw) {
     L.gwp = scratch(ngwp, L.padded || GH % panel_width(dt));   /* zeros: rows past the ends, columns past GH */
     if (!L.gwp) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory for the layer's buffers"); goto done; }
   }
