@@ -138,6 +138,37 @@ describe("rnn_layer", function()
     assert.gradcheck(function(a, wi, wh) return F.rnn_layer("lstm", a, nil, nil, wi, wh, nil, nil) end, leaves{x, w_ih, w_hh})
   end)
 
+  it("saturates the f32 gates to exactly 0 and 1, and keeps NaN, on both paths (units in and past whole vectors)", function()
+    -- one step from zero states, every weight 0: the gates are sigmoid / tanh of the biases. Unit j
+    -- has i = sigmoid(v), g = tanh(u), f = 0, o = 1 (biases of +-100), so c_n = i * g is each gate
+    -- alone when the other is 1: tanh beyond 9.02 and sigmoid beyond 87 are exactly +-1 and 1 in f32
+    local H = 19   -- a whole vector of 16 units and a part
+    local vs = {100, 9.03, 50, -100, -9.03, 0 / 0, 9.01, 0.5, -0.5, 1e30, -1e30, 1 / 0, -1 / 0, 0, 88, -88, 3, -3, 20}
+    for _, algo in ipairs{"gemm", "persistent"} do
+      for _, which in ipairs{"tanh", "sigmoid"} do
+        local b = {}
+        for j = 1, H do
+          local v = vs[j]
+          b[j], b[H + j] = which == "sigmoid" and v or 100, -100
+          b[2 * H + j], b[3 * H + j] = which == "tanh" and v or 100, 100
+        end
+        local z = F.rnn_layer("lstm", kiln.zeros(1, 1, 1), nil, nil, kiln.zeros(4 * H, 1), kiln.zeros(4 * H, H),
+                              kiln.tensor(b), kiln.zeros(4 * H), {algorithm = algo})
+        local cn = z:select(1, 3):totable()[1]
+        for j = 1, H do
+          local v, got = vs[j], cn[j]
+          local want = which == "tanh" and math.tanh(v) or sigmoid(v)
+          local where = string.format("%s %s(%g): %.9g", algo, which, v, got)
+          if v ~= v then assert.is_true(got ~= got, where)
+          elseif math.abs(v) > 9.02 and which == "tanh" then assert.equal(v > 0 and 1 or -1, got, where)
+          elseif v > 88 and which == "sigmoid" then assert.equal(1, got, where)
+          elseif v == -1 / 0 then assert.equal(0, got, where)
+          else assert.is_true(math.abs(got - want) <= 6e-7 * math.max(math.abs(want), 1e-30), where) end
+        end
+      end
+    end
+  end)
+
   it("leaves padded steps out of the outputs and the gradients", function()
     kiln.manual_seed(6)
     local x = randn(6, 2, 3):requires_grad_()
