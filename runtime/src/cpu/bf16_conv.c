@@ -60,7 +60,8 @@ static void copy_row_avx512(uint16_t *d, const uint16_t *s, int64_t off, int64_t
       __mmask32 m = (__mmask32)((((uint64_t)1 << (b - a)) - 1) << (a - ow));
       v = _mm512_maskz_loadu_epi16(m, s + ow + off);   /* lanes outside m are not read */
     }
-    _mm512_mask_storeu_epi16(d + ow, all, v);
+    if (n >= 32) _mm512_storeu_si512(d + ow, v);   /* unmasked when whole: Zen's masked stores are slow */
+    else _mm512_mask_storeu_epi16(d + ow, all, v);
   }
 }
 

@@ -182,7 +182,8 @@ static void store_rows(const struct bgemm *g, const float *tile, uint16_t *c, in
         v = _mm512_fmadd_ps(beta, of, v);
       }
       __m256bh o = _mm512_cvtneps_pbh(v);
-      _mm256_mask_storeu_epi16(cr + 16 * h, mask, (__m256i)o);
+      if (left >= 16) _mm256_storeu_si256((__m256i *)(cr + 16 * h), (__m256i)o);   /* unmasked when whole */
+      else _mm256_mask_storeu_epi16(cr + 16 * h, mask, (__m256i)o);
     }
   }
 }
@@ -198,6 +199,11 @@ static void store_rows_f32(const struct bgemm *g, const float *tile, float *c, i
       if (left <= 0) break;
       __mmask16 mask = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
       __m512 v = _mm512_mul_ps(alpha, _mm512_loadu_ps(tile + r * NR + 16 * h));
+      if (left >= 16) {   /* whole vectors unmasked: Zen's masked stores are slow */
+        if (g->beta != 0) v = _mm512_fmadd_ps(beta, _mm512_loadu_ps(cr + 16 * h), v);
+        _mm512_storeu_ps(cr + 16 * h, v);
+        continue;
+      }
       if (g->beta != 0) v = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(mask, cr + 16 * h), v);
       _mm512_mask_storeu_ps(cr + 16 * h, mask, v);
     }

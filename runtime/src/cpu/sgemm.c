@@ -133,6 +133,12 @@ static inline __attribute__((always_inline)) void tile(const int NR, const int N
       __mmask16 mask = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
       float *o = d + r * drs + 16 * v;
       __m512 y = _mm512_mul_ps(va, acc[r][v]);
+      if (left >= 16) {   /* whole vectors unmasked: Zen's masked stores are slow */
+        if (!first) y = _mm512_add_ps(_mm512_loadu_ps(o), y);
+        else if (beta != 0) y = _mm512_fmadd_ps(vb, _mm512_loadu_ps(o), y);
+        _mm512_storeu_ps(o, y);
+        continue;
+      }
       if (!first) y = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, o), y);
       else if (beta != 0) y = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask, o), y);
       _mm512_mask_storeu_ps(o, mask, y);
