@@ -586,7 +586,7 @@ static inline __attribute__((always_inline)) void lstm_forward16(const int maske
                                                                  const float *restrict xp, const float *restrict bi,
                                                                  const float *restrict hh, const float *restrict bh,
                                                                  float *restrict c, float *restrict res, float *restrict ho,
-                                                                 float *restrict y) {
+                                                                 float *restrict y, uint16_t *restrict yb) {
 #define LD(p) (masked ? _mm512_maskz_loadu_ps(m, (p)) : _mm512_loadu_ps(p))
 #define ST(p, v) (masked ? _mm512_mask_storeu_ps((p), m, (v)) : _mm512_storeu_ps((p), (v)))
   __m512 gin[4];
@@ -600,16 +600,27 @@ static inline __attribute__((always_inline)) void lstm_forward16(const int maske
   if (res) {
     ST(res + j, i); ST(res + H + j, f); ST(res + 2 * H + j, g); ST(res + 3 * H + j, o); ST(res + 4 * H + j, cn);
   }
-  ST(c + j, cn); ST(ho + j, hn); ST(y + j, hn);
+  ST(c + j, cn); ST(ho + j, hn);
+  if (!yb) { ST(y + j, hn); return; }
+  /* the output rounded to bf16 as convert_f32_to_bf16 rounds: to nearest even, a NaN kept quiet */
+  __m512i u = _mm512_castps_si512(hn), top = _mm512_srli_epi32(u, 16);
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
+                                                 _mm512_and_si512(top, _mm512_set1_epi32(1))), 16);
+  __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  r = _mm512_mask_or_epi32(r, nan, top, _mm512_set1_epi32(0x40));
+  __m256i h = _mm512_cvtepi32_epi16(r);
+  if (masked) _mm256_mask_storeu_epi16(yb + j, m, h);
+  else _mm256_storeu_si256((__m256i *)(yb + j), h);
 #undef LD
 #undef ST
 }
+/* y the f32 output row, or (y NULL) yb the bf16 one (the bf16 team's form, bf = 1) */
 static void lstm_forward_f32_zmm(int64_t H, int64_t n, const float *restrict xp, const float *restrict bi,
                                  const float *restrict hh, const float *restrict bh, float *restrict c,
-                                 float *restrict res, float *restrict ho, float *restrict y) {
+                                 float *restrict res, float *restrict ho, float *restrict y, uint16_t *restrict yb) {
   int64_t j = 0;
-  for (; j + 16 <= n; j += 16) lstm_forward16(0, 0xffff, H, j, xp, bi, hh, bh, c, res, ho, y);
-  if (j < n) lstm_forward16(1, (__mmask16)((1u << (n - j)) - 1), H, j, xp, bi, hh, bh, c, res, ho, y);
+  for (; j + 16 <= n; j += 16) lstm_forward16(0, 0xffff, H, j, xp, bi, hh, bh, c, res, ho, y, yb);
+  if (j < n) lstm_forward16(1, (__mmask16)((1u << (n - j)) - 1), H, j, xp, bi, hh, bh, c, res, ho, y, yb);
 }
 #endif
 
@@ -626,7 +637,7 @@ static inline __attribute__((always_inline)) void cell_forward(int dt, struct la
   void *res = L->res ? dt_at(L->res, dt, row * L->RS * H + j0) : NULL;
 #if defined(__AVX512F__)
   if (dt == KILN_F32 && L->mode == KILN_RNN_LSTM)
-    lstm_forward_f32_zmm(H, n, xp, bi, hh, bh, (float *)L->c + b * H + j0, res, ho, y);
+    lstm_forward_f32_zmm(H, n, xp, bi, hh, bh, (float *)L->c + b * H + j0, res, ho, y, NULL);
   else
 #endif
   if (L->mode == KILN_RNN_LSTM) lstm_forward(dt, 0, H, n, xp, bi, hh, bh, dt_at(L->c, dt, b * H + j0), res, ho, y);
@@ -648,9 +659,15 @@ static void cell_forward_f64(struct layer *L, int64_t s, int64_t b, int64_t j0, 
 static void cell_forward_lstm_bf(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1, void *hout) {
   int64_t H = L->H, t = step_time(L, s, b), row = t * L->B + b, GH = L->GH, n = j1 - j0;
   const float *xp = L->xp ? (const float *)L->xp + row * GH + j0 : (const float *)L->zero + j0;
+#if defined(__AVX512F__)
+  lstm_forward_f32_zmm(H, n, xp, (const float *)L->b_ih + j0, (const float *)L->hh + b * GH + j0, (const float *)L->b_hh + j0,
+                       (float *)L->c + b * H + j0, L->res ? (float *)L->res + row * L->RS * H + j0 : NULL,
+                       (float *)hout + b * H + j0, NULL, L->zb + row * H + j0);
+#else
   lstm_forward(KILN_F32, 1, H, n, xp, (const float *)L->b_ih + j0, (const float *)L->hh + b * GH + j0,
                (const float *)L->b_hh + j0, (float *)L->c + b * H + j0, L->res ? (float *)L->res + row * L->RS * H + j0 : NULL,
                (float *)hout + b * H + j0, L->zb + row * H + j0);
+#endif
 }
 
 /* The grads of units [j0, j1) of sequence b at step s: dh[b] holds the grad of the step's output
