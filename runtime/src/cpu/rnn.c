@@ -535,9 +535,9 @@ static inline __attribute__((always_inline)) void plain_backward(int dt, const i
 
 #if defined(__AVX512F__)
 /* The f32 LSTM forward's gate loop in zmm: gate_expf, gate_tanhf and lstm_forward's arithmetic
-   operation by operation, with the multiply-adds gcc makes of lstm_forward (the same bits),
-   the clamps as vmaxps/vminps in the operand order that keeps a NaN (gcc makes each a compare and
-   two blends, and the loop ~200 instructions a vector). */
+   operation by operation, with the multiply-adds gcc makes of lstm_forward (the same bits, checked
+   at every f32 input), the clamps as vmaxps/vminps in the operand order that keeps a NaN (gcc's
+   loop makes each a compare and two blends, ~200 instructions a vector). */
 /* e^-x as p * scale: gate_expf(-x) as gcc's loop computes it, -x clamped for the reduction and
    x * -log2(e) clamped for the exponent (the same in range; a NaN keeps x's sign) */
 static inline __attribute__((always_inline)) __m512 gate_expneg16(__m512 x, __m512 *scale) {
@@ -580,8 +580,8 @@ static inline __attribute__((always_inline)) __m512 gate_tanh16(__m512 x) {
   /* t's sign is clear: copysign is an or */
   return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(t), _mm512_and_si512(sign, _mm512_castps_si512(x))));
 }
-/* sixteen units of lstm_forward (bf = 0) at j, the lanes of m (masked loads and stores only for
-   the last pass: Zen's masked stores are slow) */
+/* sixteen units of lstm_forward at j, the lanes of m (masked loads and stores only for the last
+   pass: Zen's masked stores are slow); the output to y, or rounded to bf16 into yb (bf = 1) */
 static inline __attribute__((always_inline)) void lstm_forward16(const int masked, __mmask16 m, int64_t H, int64_t j,
                                                                  const float *restrict xp, const float *restrict bi,
                                                                  const float *restrict hh, const float *restrict bh,
