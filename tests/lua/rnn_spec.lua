@@ -1,11 +1,13 @@
 -- Recurrent layers: every mode against a step-by-step reference written here with Lua numbers
 -- (lengths, reverse, initial states, layers, directions, batch_first), f64 gradient checks of
 -- every mode on both algorithms, the persistent path equal to the GEMM path (f32, forward and
--- backward), the cells, PyTorch's parameter names, and misuse errors.
+-- backward), the avx512 gate loop against the generic one (bits, in a child at the avx2 level),
+-- the cells, PyTorch's parameter names, and misuse errors.
 local kiln = kiln or require "kiln"
 require "kiln.testing"
 local F = require "kiln.functional"
 local nn = kiln.nn
+local helpers = require "helpers"
 
 local function sigmoid(v) return 1 / (1 + math.exp(-v)) end
 local gates = {rnn_tanh = 1, rnn_relu = 1, gru = 3, lstm = 4}
@@ -167,6 +169,51 @@ describe("rnn_layer", function()
         end
       end
     end
+  end)
+
+  it("runs the LSTM forward's gates at the avx512 level with the bits of the generic loop (avx2, a child process)", function()
+    local exe = helpers.kiln_exe()
+    if not exe then pending("not running under the kiln launcher") return end
+    if kiln.info().cpu.level ~= "avx512" then pending("the CPU has no avx512 level") return end
+    -- the weights 0, so that the products are exactly 0 and the gates are sigmoid / tanh of the
+    -- biases alone: values across the clamps, specials, and random ones; three steps from random
+    -- states (c carried through the multiply-adds); 37 units (a masked last pass); f32 on both
+    -- paths and the bf16 team (its output rounded in the loop)
+    local script, outs = os.tmpname() .. ".lua", {}
+    local f = assert(io.open(script, "w"))
+    f:write([[
+      local kiln = require "kiln"
+      local F, out = kiln.F, {}
+      local U, B = 37, 5
+      kiln.manual_seed(21)
+      local b = (kiln.randn(4 * U) * 6):totable()
+      local specials = {0 / 0, 1 / 0, -1 / 0, -0.0, 9.02, -9.03, 88.5, -88.5, 87.3, -87.3, 1e30, -1e30, 20, -20}
+      for k, v in ipairs(specials) do b[3 * k] = v end
+      local x, h0, c0 = kiln.zeros(3, B, 2), kiln.randn(B, U), kiln.randn(B, U) * 3
+      local w_ih, w_hh = kiln.zeros(4 * U, 2), kiln.zeros(4 * U, U)
+      for _, algo in ipairs{"gemm", "persistent"} do
+        out[algo] = F.rnn_layer("lstm", x, h0, c0, w_ih, w_hh, kiln.tensor(b), kiln.randn(4 * U), {algorithm = algo})
+        kiln.manual_seed(22)
+      end
+      out.bf16 = F.rnn_layer("lstm", x:to("bf16"), h0, c0, w_ih, w_hh, kiln.tensor(b), kiln.zeros(4 * U), {algorithm = "persistent"})
+      kiln.save(arg[1], out)
+    ]])
+    f:close()
+    for k, level in ipairs{"avx512", "avx2"} do
+      outs[k] = os.tmpname() .. ".safetensors"
+      local log, ok = helpers.capture(string.format("KILN_CPU_LEVEL=%s %s %s %s", level, exe, script, outs[k]))
+      assert.is_true(ok, log)
+    end
+    local a, g = kiln.load(outs[1]), kiln.load(outs[2])
+    for _, name in ipairs{"gemm", "persistent", "bf16"} do
+      local x, y = a[name]:float():reshape(a[name]:numel()):totable(), g[name]:float():reshape(g[name]:numel()):totable()
+      assert.equal(#y, #x, name)
+      for i = 1, #x do
+        local same = x[i] == y[i] and (x[i] ~= 0 or 1 / x[i] == 1 / y[i]) or (x[i] ~= x[i] and y[i] ~= y[i])
+        assert.is_true(same, string.format("%s element %d: avx512 %.9g, avx2 %.9g", name, i, x[i], y[i]))
+      end
+    end
+    os.remove(script); os.remove(outs[1]); os.remove(outs[2])
   end)
 
   it("leaves padded steps out of the outputs and the gradients", function()
