@@ -445,6 +445,7 @@ int cpu_conv2d_backward(const struct kiln_call *c) {
   if (out->gx && c->in[3] && !(bias = dense(c->in[3]))) { rc = kiln_error_code(); goto done; }
   const struct kiln_tensor *xs = out->gx ? out->gx : x;   /* the input's sizes */
   int cj_summed = 0;   /* oneDNN added the parts' grad weights */
+  int partials_done = 0;   /* ... and put their sum in gw */
   int es = kiln_dtype_size(gy->dtype);
   struct bwd_job j = {.dt = gy->dtype};
   geom_init(&j.g, c->ints, gy->sizes[0], w->sizes[1] * c->ints[6], xs ? xs->sizes[2] : 0, xs ? xs->sizes[3] : 0, w,
@@ -473,13 +474,15 @@ int cpu_conv2d_backward(const struct kiln_call *c) {
       struct kiln_conv_job cj;
       conv_job(&cj, g, j.dt, j.x, j.w);
       cj.gy = j.gy; cj.gx = j.gx; cj.partials = j.partials; cj.im2col = backward_im2col; cj.ctx = &j;
+      cj.gw = partials && j.dt == KILN_F32 ? kiln_tensor_data(out->gw) : NULL;   /* oneDNN's sum straight there */
       if ((rc = kiln_cpu_conv_run(&cj))) goto done;
       cj_summed = cj.partials_summed;
+      if (cj_summed && cj.gw) partials_done = 1;
     }
   }
-  if (partials && cj_summed) {
+  if (partials && cj_summed && !partials_done) {
     memcpy(kiln_tensor_data(out->gw), partials, (size_t)(g->O * g->K * es));
-  } else if (partials) {
+  } else if (partials && !cj_summed) {
     struct sum_job s = {g, j.dt, partials, kiln_tensor_data(out->gw), g->O * g->K};
     kiln_parallel_for(s.n, 16384, sum_partials, &s);
   }
@@ -546,6 +549,20 @@ done:
 #endif
 }
 
+#if defined(__AVX512BW__)
+/* gb[o] = the sum of the prologue's lanes [N, O, 8] of channel o, each image's in order, in double */
+struct lanes_job { const float *lanes; float *gb; int64_t N, O; };
+static void sum_lanes(void *ctx, int64_t begin, int64_t end) {
+  const struct lanes_job *j = ctx;
+  for (int64_t o = begin; o < end; o++) {
+    double s = 0;
+    for (int64_t n = 0; n < j->N; n++)
+      for (int l = 0; l < 8; l++) s += j->lanes[(n * j->O + o) * 8 + l];
+    j->gb[o] = (float)s;
+  }
+}
+#endif
+
 int cpu_conv2d_relu_pool_backward(const struct kiln_call *c) {
   if (c->in[0]->dtype == KILN_BF16) return cpu_conv2d_relu_pool_backward_bf16(c);   /* cpu/bf16_conv.c */
 #if defined(__AVX512BW__)
@@ -574,6 +591,7 @@ int cpu_conv2d_relu_pool_backward(const struct kiln_call *c) {
   conv_job(&cj, g, KILN_F32, x ? kiln_tensor_data(x) : NULL, kiln_tensor_data(w));
   cj.gx = out->gx ? kiln_tensor_data(out->gx) : NULL; cj.partials = partials;
   cj.prologue = pool_prologue; cj.ctx = &f;
+  cj.gw = partials ? kiln_tensor_data(out->gw) : NULL;   /* oneDNN's sum straight there */
   if (!cj.gx && !partials && lanes) {   /* the bias alone: the grad weight's pass runs the prologue, its sum unused */
     if (!(cj.partials = malloc((size_t)(g->parts * g->O * g->K) * 4 + 64))) {
       rc = kiln_fail(KILN_ERR_MEMORY, "conv2d_relu_max_pool2d backward: out of memory for the grad-weight partials");
@@ -587,20 +605,13 @@ int cpu_conv2d_relu_pool_backward(const struct kiln_call *c) {
       rc = kiln_fail(KILN_ERR_UNSUPPORTED, "conv2d_relu_max_pool2d backward: oneDNN no longer takes the shape of its forward");
     if (rc) goto done;
   }
-  if (partials && cj.partials_summed) {
-    memcpy(kiln_tensor_data(out->gw), partials, sizeof(float) * (size_t)(g->O * g->K));
-  } else if (partials) {
+  if (partials && !cj.partials_summed) {
     struct sum_job s = {g, KILN_F32, partials, kiln_tensor_data(out->gw), g->O * g->K};
     kiln_parallel_for(s.n, 16384, sum_partials, &s);
   }
   if (lanes) {   /* as sum_bias: each image's lanes in order, in double */
-    float *gb = kiln_tensor_data(out->gb);
-    for (int64_t o = 0; o < g->O; o++) {
-      double s = 0;
-      for (int64_t n = 0; n < g->N; n++)
-        for (int l = 0; l < 8; l++) s += lanes[(n * g->O + o) * 8 + l];
-      gb[o] = (float)s;
-    }
+    struct lanes_job lj = {lanes, kiln_tensor_data(out->gb), g->N, g->O};
+    kiln_parallel_for(g->O, 8, sum_lanes, &lj);
   }
 done:
   free(partials);

@@ -171,6 +171,7 @@ struct kiln_conv_job {
   void *ctx;
   int ran_onednn;
   int partials_summed;   /* set by the run: partials' first slot holds the parts' sum (added in part order) */
+  void *gw;              /* f32 only, or NULL: where that sum goes instead of partials' first slot */
   /* A fused layer (cpu/conv.c, cpu/bf16_conv.c: conv2d, relu and 2x2 max pooling) runs on oneDNN
      alone, and its output and output grad never exist in NCHW: forward, each part's output goes in
      oneDNN's nChw16c to epilogue instead of y; backward, prologue writes each part's output grad in

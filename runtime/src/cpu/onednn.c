@@ -293,7 +293,7 @@ static void sum_gw(void *ctx, int64_t begin, int64_t end) {
 
 /* Run c by oneDNN: 0 done, 1 not taken, -1 an error. Where the weight grad's layout is oneDNN's
    own and every part has as many images (one plan), the parts' grads stay in that layout, are added
-   there and reordered once, into partials' first slot (partials_summed). */
+   there and reordered once, into c->gw or else partials' first slot (partials_summed). */
 static int run_onednn(struct kiln_conv_job *c, char *impl, size_t nimpl) {
   struct job j;
   int rc = job_init(&j, c);
@@ -316,7 +316,7 @@ static int run_onednn(struct kiln_conv_job *c, char *impl, size_t nimpl) {
     if (!j.failed && j.gwb) {
       char err[256];
       if (j.folded < c->parts) kiln_parallel_for((int64_t)(gw_bytes / sizeof(float)), 16384, sum_gw, &j);
-      if (lib->grad_weights_out(wplan, j.gwb, c->partials, err, sizeof err)) fail_job(&j, err);
+      if (lib->grad_weights_out(wplan, j.gwb, c->gw ? c->gw : c->partials, err, sizeof err)) fail_job(&j, err);
       else c->partials_summed = 1;
     }
     if (j.failed) { kiln_fail(strstr(j.err, "out of memory") ? KILN_ERR_MEMORY : KILN_ERR_UNSUPPORTED, "conv2d%s: %s", c->y || c->epilogue ? "" : "_backward", j.err); rc = -1; }
