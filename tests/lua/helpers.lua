@@ -470,6 +470,28 @@ function M.kiln_exe()
   return exe:match("/kiln$") and exe or nil
 end
 
+-- Run the Lua source script under the kiln launcher exe once per environment prefix of envs
+-- (for example "KILN_CPU_LEVEL=avx2"), each child writing its tensors to the path arg[1] with
+-- kiln.save; the tables kiln.load reads back, in envs' order. A child that fails fails the spec
+-- with its output.
+function M.children_outputs(exe, script, envs)
+  local kiln = require "kiln"
+  local path = os.tmpname() .. ".lua"
+  local f = assert(io.open(path, "w"))
+  f:write(script)
+  f:close()
+  local outs = {}
+  for k, env in ipairs(envs) do
+    local out = os.tmpname() .. ".safetensors"
+    local log, ok = M.capture(string.format("%s %s %s %s", env, exe, path, out))
+    if not ok then os.remove(path) error("child " .. env .. " failed:\n" .. log, 2) end
+    outs[k] = kiln.load(out)
+    os.remove(out)
+  end
+  os.remove(path)
+  return outs
+end
+
 -- ---- values PyTorch computed (tests/fixtures/, written by tools/torch_fixtures.py) ----
 
 local FIXTURES = (debug.getinfo(1, "S").source:match("^@(.*/)") or "tests/lua/") .. "../fixtures/"
