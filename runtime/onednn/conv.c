@@ -242,11 +242,10 @@ static struct slot *slot_of(struct plan *pl) {
   return NULL;
 }
 
-/* A memory object of md over ptr: this thread's for md, pointed at ptr, or (*owned set) a new one
-   the caller destroys; NULL when oneDNN cannot make one. A call's arguments have distinct
-   descriptors, so one object per descriptor serves them all. */
-static dnnl_memory_t mem(struct plan *pl, const dnnl_memory_desc_t *md, const void *ptr, int *owned) {
-  struct slot *sl = slot_of(pl);
+/* A memory object of md over ptr: the slot's for md (sl: the calling thread's), pointed at ptr,
+   or (*owned set) a new one the caller destroys; NULL when oneDNN cannot make one. A call's
+   arguments have distinct descriptors, so one object per descriptor serves them all. */
+static dnnl_memory_t mem(struct slot *sl, const dnnl_memory_desc_t *md, const void *ptr, int *owned) {
   dnnl_memory_t m = NULL;
   *owned = 0;
   if (sl) {
@@ -266,7 +265,8 @@ static dnnl_memory_t mem(struct plan *pl, const dnnl_memory_desc_t *md, const vo
 static int reorder(struct plan *pl, dnnl_primitive_t r, const dnnl_memory_desc_t *from_md, const void *from,
                    const dnnl_memory_desc_t *to_md, void *to, char *err, size_t n) {
   int fo, to_;
-  dnnl_memory_t f = mem(pl, from_md, from, &fo), t = mem(pl, to_md, to, &to_);
+  struct slot *sl = slot_of(pl);
+  dnnl_memory_t f = mem(sl, from_md, from, &fo), t = mem(sl, to_md, to, &to_);
   dnnl_status_t st = dnnl_out_of_memory;
   if (f && t) {
     dnnl_exec_arg_t args[] = {{DNNL_ARG_FROM, f}, {DNNL_ARG_TO, t}};
@@ -320,26 +320,27 @@ static int run(void *p, const void *a, const void *b, const void *w, const void 
   void *oi = os->reorder && !keep ? ws + os->off : out;
   dnnl_memory_t m[5] = {0};
   int owned[5] = {0};
+  struct slot *sl = slot_of(pl);
   int nargs = 0;
   dnnl_exec_arg_t args[5];
   if (pl->pass == KILN_ONEDNN_FORWARD) {
-    m[0] = mem(pl, &pl->a.inner, ai, &owned[0]); m[1] = mem(pl, &pl->w.inner, w, &owned[1]); m[2] = mem(pl, &pl->o.inner, oi, &owned[2]);
+    m[0] = mem(sl, &pl->a.inner, ai, &owned[0]); m[1] = mem(sl, &pl->w.inner, w, &owned[1]); m[2] = mem(sl, &pl->o.inner, oi, &owned[2]);
     args[0] = (dnnl_exec_arg_t){DNNL_ARG_SRC, m[0]}; args[1] = (dnnl_exec_arg_t){DNNL_ARG_WEIGHTS, m[1]};
     args[2] = (dnnl_exec_arg_t){DNNL_ARG_DST, m[2]};
     nargs = 3;
-    if (pl->bias) { m[3] = mem(pl, &pl->bias_md, bias, &owned[3]); args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, m[3]}; }
+    if (pl->bias) { m[3] = mem(sl, &pl->bias_md, bias, &owned[3]); args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, m[3]}; }
   } else if (pl->pass == KILN_ONEDNN_BACKWARD_DATA) {
-    m[0] = mem(pl, &pl->a.inner, ai, &owned[0]); m[1] = mem(pl, &pl->w.inner, w, &owned[1]); m[2] = mem(pl, &pl->o.inner, oi, &owned[2]);
+    m[0] = mem(sl, &pl->a.inner, ai, &owned[0]); m[1] = mem(sl, &pl->w.inner, w, &owned[1]); m[2] = mem(sl, &pl->o.inner, oi, &owned[2]);
     args[0] = (dnnl_exec_arg_t){DNNL_ARG_DIFF_DST, m[0]}; args[1] = (dnnl_exec_arg_t){DNNL_ARG_WEIGHTS, m[1]};
     args[2] = (dnnl_exec_arg_t){DNNL_ARG_DIFF_SRC, m[2]};
     nargs = 3;
   } else {
-    m[0] = mem(pl, &pl->a.inner, ai, &owned[0]); m[1] = mem(pl, &pl->b.inner, bi, &owned[1]); m[2] = mem(pl, &pl->w.inner, oi, &owned[2]);
+    m[0] = mem(sl, &pl->a.inner, ai, &owned[0]); m[1] = mem(sl, &pl->b.inner, bi, &owned[1]); m[2] = mem(sl, &pl->w.inner, oi, &owned[2]);
     args[0] = (dnnl_exec_arg_t){DNNL_ARG_SRC, m[0]}; args[1] = (dnnl_exec_arg_t){DNNL_ARG_DIFF_DST, m[1]};
     args[2] = (dnnl_exec_arg_t){DNNL_ARG_DIFF_WEIGHTS, m[2]};
     nargs = 3;
   }
-  m[4] = mem(pl, &pl->scratch_md, ws + pl->scratch_off, &owned[4]);
+  m[4] = mem(sl, &pl->scratch_md, ws + pl->scratch_off, &owned[4]);
   args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, m[4]};
   dnnl_status_t st = dnnl_out_of_memory;
   int ok = m[0] && m[1] && m[2] && m[4] && (!pl->bias || pl->pass != KILN_ONEDNN_FORWARD || m[3]);

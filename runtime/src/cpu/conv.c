@@ -444,8 +444,7 @@ int cpu_conv2d_backward(const struct kiln_call *c) {
   if (out->gw && c->in[1] && !(x = dense(c->in[1]))) { rc = kiln_error_code(); goto done; }
   if (out->gx && c->in[3] && !(bias = dense(c->in[3]))) { rc = kiln_error_code(); goto done; }
   const struct kiln_tensor *xs = out->gx ? out->gx : x;   /* the input's sizes */
-  int cj_summed = 0;   /* oneDNN added the parts' grad weights */
-  int partials_done = 0;   /* ... and put their sum in gw */
+  int cj_summed = 0;   /* oneDNN added the parts' grad weights, into gw */
   int es = kiln_dtype_size(gy->dtype);
   struct bwd_job j = {.dt = gy->dtype};
   geom_init(&j.g, c->ints, gy->sizes[0], w->sizes[1] * c->ints[6], xs ? xs->sizes[2] : 0, xs ? xs->sizes[3] : 0, w,
@@ -474,15 +473,13 @@ int cpu_conv2d_backward(const struct kiln_call *c) {
       struct kiln_conv_job cj;
       conv_job(&cj, g, j.dt, j.x, j.w);
       cj.gy = j.gy; cj.gx = j.gx; cj.partials = j.partials; cj.im2col = backward_im2col; cj.ctx = &j;
-      cj.gw = partials && j.dt == KILN_F32 ? kiln_tensor_data(out->gw) : NULL;   /* oneDNN's sum straight there */
+      /* oneDNN's sum straight there (it sums only f32: bf16 went to cpu/bf16_conv.c, f64 it does not take) */
+      cj.gw = partials ? kiln_tensor_data(out->gw) : NULL;
       if ((rc = kiln_cpu_conv_run(&cj))) goto done;
       cj_summed = cj.partials_summed;
-      if (cj_summed && cj.gw) partials_done = 1;
     }
   }
-  if (partials && cj_summed && !partials_done) {
-    memcpy(kiln_tensor_data(out->gw), partials, (size_t)(g->O * g->K * es));
-  } else if (partials && !cj_summed) {
+  if (partials && !cj_summed) {
     struct sum_job s = {g, j.dt, partials, kiln_tensor_data(out->gw), g->O * g->K};
     kiln_parallel_for(s.n, 16384, sum_partials, &s);
   }
