@@ -35,7 +35,7 @@ for _, threads in ipairs{1, 2} do
       local w = kiln.randn(unpack(s.w)):to(dtype):requires_grad_()
       local b = kiln.randn(s.w[1]):to(dtype):requires_grad_()
       local g
-      for _, algo in ipairs{"im2col", "onednn"} do
+      for _, algo in ipairs{"im2col", "onednn", "winograd"} do
         kiln.set_conv_algorithm(algo)
         local fwd = common.measure(function() return F.conv2d(x:detach(), w:detach(), b:detach(), s.o) end) * 1000
         local both = common.measure(function()

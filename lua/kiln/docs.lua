@@ -174,7 +174,7 @@ return {
   ["kiln.mm"] = "kiln.mm(a, b): the matrix product of [n, k] and [k, m]",
   ["kiln.bmm"] = "kiln.bmm(a, b): batched matrix product of [b, n, k] and [b, k, m]",
   ["kiln.addmm"] = "kiln.addmm(c, a, b[, beta, alpha]): beta * c + alpha * (a @ b)",
-  ["kiln.set_conv_algorithm"] = 'kiln.set_conv_algorithm(name): how f32 CPU convolutions run: "auto" (oneDNN where it takes the shape, else im2col + GEMM), "im2col" or "onednn"; e.g. kiln.set_conv_algorithm("im2col")',
+  ["kiln.set_conv_algorithm"] = 'kiln.set_conv_algorithm(name): how f32 CPU convolutions run: "auto" (kiln\'s Winograd for 3x3 and 5x5 kernels of stride 1 and 16+ channels at the avx512 level, else oneDNN where it takes the shape, else im2col + GEMM), "im2col", "onednn" or "winograd" (where it does not take a shape: as auto); e.g. kiln.set_conv_algorithm("im2col")',
   ["kiln.conv_algorithm"] = 'kiln.conv_algorithm(): the CPU convolutions\' algorithm setting ("auto", "im2col" or "onednn")',
   ["kiln.set_conv_benchmark"] = "kiln.set_conv_benchmark(on): time im2col and oneDNN on each new CPU convolution shape and keep the faster (results may then differ in their last bits between runs)",
   ["kiln.conv_benchmark"] = "kiln.conv_benchmark(): whether CPU convolution benchmark mode is on",

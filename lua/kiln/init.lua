@@ -99,15 +99,15 @@ end
 
 kiln.help = require("kiln.help").help
 
--- The CPU convolutions' algorithm (docs/cpu.md): "auto" (oneDNN where it takes the shape, else
--- im2col + GEMM), "im2col" or "onednn"; benchmark mode times both on a shape's first call and
--- keeps the faster. Both settings live in the environment (KILN_CONV_ALGO, KILN_CONV_BENCHMARK),
+-- The CPU convolutions' algorithm (docs/cpu.md): "auto" (kiln's Winograd where it takes the shape,
+-- else oneDNN where it does, else im2col + GEMM), "im2col", "onednn" or "winograd"; benchmark mode
+-- times each on a shape's first call and keeps the fastest. Both settings live in the environment (KILN_CONV_ALGO, KILN_CONV_BENCHMARK),
 -- so that the C side reads them on every convolution, and a child process inherits them.
 pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite);")
-local conv_algorithms = {auto = true, im2col = true, onednn = true}
+local conv_algorithms = {auto = true, im2col = true, onednn = true, winograd = true}
 function kiln.set_conv_algorithm(name)
   if not conv_algorithms[name] then
-    error(string.format('kiln.set_conv_algorithm: %s is not an algorithm: "auto", "im2col" or "onednn"',
+    error(string.format('kiln.set_conv_algorithm: %s is not an algorithm: "auto", "im2col", "onednn" or "winograd"',
                         type(name) == "string" and string.format("%q", name) or tostring(name)), 2)
   end
   ffi.C.setenv("KILN_CONV_ALGO", name, 1)

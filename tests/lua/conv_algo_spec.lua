@@ -1,8 +1,10 @@
--- The CPU convolutions' two algorithms (docs/cpu.md): oneDNN's kernels (libkiln_onednn.so) against
--- the im2col + GEMM path, both against the f64 result (which the naive loops of nn_ops_spec check),
+-- The CPU convolutions' three algorithms (docs/cpu.md): oneDNN's kernels (libkiln_onednn.so) and
+-- kiln's Winograd kernels (cpu/winograd.c: 3x3 and 5x5, stride 1, at the avx512 level) against the
+-- im2col + GEMM path, all against the f64 result (which the naive loops of nn_ops_spec check),
 -- forward and every grad, on shapes that stress the batch parts, strides, padding, dilation,
--- groups, 1x1 and one-channel kernels; bitwise equal at 1 and 2 threads; the per-shape choice,
--- benchmark mode, and kiln without oneDNN.
+-- groups, 1x1 and one-channel kernels, channels that fill part of a 16-lane block, planes that
+-- fill part of a tile; bitwise equal at 1 and 2 threads; the per-shape choice, benchmark mode,
+-- infinities and NaN, and kiln without oneDNN.
 local kiln = require "kiln"
 local H = require "helpers"
 local F = kiln.functional
@@ -19,7 +21,10 @@ local cases = {
   {x = {2, 3, 11, 11}, w = {4, 3, 4, 4}, o = {stride = 3}},                             -- a last row no output reads
   {x = {3, 2, 19, 19}, w = {3, 2, 4, 4}, o = {}},   -- bf16 columns by permutes: rows of 16, inputs over 32 values apart
   {x = {2, 3, 10, 6}, w = {2, 3, 3, 3}, o = {}},    -- and rows of 4, 8 rows to a permute
+  {x = {18, 20, 9, 7}, w = {24, 20, 3, 3}, o = {padding = 1}},   -- Winograd F(4x4, 3x3): part tiles, part blocks
+  {x = {3, 17, 11, 10}, w = {33, 17, 5, 5}, o = {padding = 2}},  -- F(2x2, 5x5), odd sides; parts of 0 and 1 image
 }
+local winograd_here = kiln.info().cpu.level == "avx512"
 
 -- y = conv(x, w, b) and the grads of sum(y * g), with the algorithm set, in dtype.
 local function run(c, algo, dtype, seed, prep)
@@ -61,7 +66,7 @@ describe("CPU convolution algorithms", function()
     it(string.format("agree with f64, forward and grads: case %d (x %s, w %s)", i, table.concat(c.x, "x"),
                      table.concat(c.w, "x")), function()
       local ref = run(c, "im2col", "f64")
-      for _, algo in ipairs{"im2col", "onednn"} do
+      for _, algo in ipairs{"im2col", "onednn", "winograd"} do
         local got = run(c, algo, "f32")
         for _, k in ipairs{"y", "gx", "gw", "gb"} do
           local e = rel_err(got[k], ref[k])
@@ -89,10 +94,11 @@ describe("CPU convolution algorithms", function()
     end)
   end
 
-  it("chooses oneDNN where it has a kernel, im2col where it has none or measured slower", function()
+  it("chooses Winograd where it takes the shape, oneDNN where it has a kernel, im2col where it has none or measured slower", function()
     if not onednn.name then return pending(onednn.note) end
     kiln.conv_choices(true)
     run(cases[1], "auto", "f32")
+    run(cases[3], "auto", "f32")
     run(cases[7], "auto", "f32")
     run(cases[2], "auto", "f32")
     run(cases[2], "auto", "bf16")
@@ -100,8 +106,10 @@ describe("CPU convolution algorithms", function()
     local function find(pat)
       for _, l in ipairs(lines) do if l:find(pat, 1, true) then return l end end
     end
-    assert.truthy(find("forward f32 x [64,32,12,12] w [64,32,5,5]"):match(": onednn "), table.concat(lines, "\n"))
-    assert.truthy(find("backward input weight f32 x [64,32,12,12]"):match(": onednn "), table.concat(lines, "\n"))
+    local five = winograd_here and ": winograd$" or ": onednn "   -- 5x5, stride 1, 32 channels
+    assert.truthy(find("forward f32 x [64,32,12,12] w [64,32,5,5]"):match(five), table.concat(lines, "\n"))
+    assert.truthy(find("backward input weight f32 x [64,32,12,12]"):match(five), table.concat(lines, "\n"))
+    assert.truthy(find("forward f32 x [5,3,11,9]"):match(": onednn "), table.concat(lines, "\n"))   -- stride 2
     assert.truthy(find("forward f32 x [2,3,11,11]"):match(": im2col$"), table.concat(lines, "\n"))
     -- a one-channel input's grad: im2col (measured about twice as fast); its forward: oneDNN
     assert.truthy(find("forward f32 x [3,1,28,28]"):match(": onednn "), table.concat(lines, "\n"))
@@ -114,13 +122,14 @@ describe("CPU convolution algorithms", function()
   it("gives the same bits at 1 and 2 threads", function()
     if not onednn.name then return pending(onednn.note) end
     local threads = kiln.get_num_threads()
-    for _, i in ipairs{1, 4} do
+    for _, r in ipairs{{1, "onednn"}, {4, "onednn"}, {1, "winograd"}, {10, "winograd"}, {11, "winograd"}} do
+      local i, algo = r[1], r[2]
       kiln.set_num_threads(1)
-      local one = run(cases[i], "onednn", "f32")
+      local one = run(cases[i], algo, "f32")
       kiln.set_num_threads(2)
-      local two = run(cases[i], "onednn", "f32")
+      local two = run(cases[i], algo, "f32")
       for _, k in ipairs{"y", "gx", "gw", "gb"} do
-        assert.is_true(same(one[k], two[k]), string.format("case %d: %s differs between 1 and 2 threads", i, k))
+        assert.is_true(same(one[k], two[k]), string.format("case %d by %s: %s differs between 1 and 2 threads", i, algo, k))
       end
     end
     kiln.set_num_threads(threads)
@@ -145,10 +154,54 @@ describe("CPU convolution algorithms", function()
     end
   end)
 
-  it("refuses an algorithm it does not know, naming the three", function()
-    local ok, err = pcall(kiln.set_conv_algorithm, "winograd")
+  it("times Winograd too, and keeps the fastest's result", function()
+    if not onednn.name or not winograd_here then return pending("needs oneDNN and the avx512 level") end
+    local c = cases[10]
+    local by = {im2col = run(c, "im2col", "f32"), onednn = run(c, "onednn", "f32"), winograd = run(c, "winograd", "f32")}
+    assert.is_false(same(by.winograd.y, by.onednn.y))   -- a different computation: other bits
+    kiln.conv_choices(true)
+    kiln.set_conv_benchmark(true)
+    local first = run(c, "auto", "f32")
+    local lines = kiln.conv_choices()
+    assert.equal(2, #lines, table.concat(lines, "\n"))
+    for _, l in ipairs(lines) do
+      local algo = l:match(": (%w+)")
+      assert.truthy(l:match("%(timed: im2col [%d.]+ ms, onednn [%d.]+ ms[^)]*, winograd [%d.]+ ms%)$"), l)
+      local key = l:match("^forward") and "y" or "gw"
+      assert.is_true(same(first[key], by[algo][key]), l)
+    end
+  end)
+
+  it("leaves an input or weights with an infinity or a NaN to the other algorithms, whose results it gives", function()
+    if not winograd_here then return pending("Winograd runs at the avx512 level only") end
+    -- a tile's transforms would spread a NaN to the tile's every output and make inf - inf a NaN
+    local c = cases[1]
+    local function bits(t)   -- NaN as a string, so that positions compare
+      local out = {}
+      for i, v in ipairs(t:contiguous():reshape(-1):totable()) do out[i] = v ~= v and "nan" or v end
+      return out
+    end
+    for _, which in ipairs{"x", "w"} do
+      local function prep(t)
+        if (which == "x" and t:dim() == 4 and t:size(2) == 32) or (which == "w" and t:dim() == 4 and t:size(1) == 64) then
+          local d = t:contiguous():reshape(-1):totable()
+          d[5] = 1 / 0
+          d[700] = 0 / 0
+          t = kiln.tensor(d, {dtype = "f32"}):view(t:size())
+        end
+        return t
+      end
+      local auto = run(c, "winograd", "f32", 1, prep)
+      local other = run(c, "onednn", "f32", 1, prep)
+      assert.same(bits(other.y), bits(auto.y), which)
+      assert.is_true(auto.y:isinf():any():item() or which == "w", which)
+    end
+  end)
+
+  it("refuses an algorithm it does not know, naming the four", function()
+    local ok, err = pcall(kiln.set_conv_algorithm, "fft")
     assert.is_false(ok)
-    assert.truthy(tostring(err):find('"winograd" is not an algorithm: "auto", "im2col" or "onednn"', 1, true), err)
+    assert.truthy(tostring(err):find('"fft" is not an algorithm: "auto", "im2col", "onednn" or "winograd"', 1, true), err)
     assert.equal("auto", kiln.conv_algorithm())
   end)
 

@@ -229,6 +229,7 @@ static void conv_job(struct kiln_conv_job *cj, const struct geom *g, int dt, con
   cj->dtype = dt; cj->N = g->N; cj->C = g->C; cj->H = g->H; cj->W = g->W; cj->O = g->O; cj->OH = g->OH; cj->OW = g->OW;
   cj->kh = g->kh; cj->kw = g->kw; cj->sh = g->sh; cj->sw = g->sw; cj->ph = g->ph; cj->pw = g->pw; cj->dh = g->dh;
   cj->dw = g->dw; cj->G = g->G; cj->parts = g->parts; cj->x = x; cj->w = w;
+  if (kiln_cpu_winograd_takes(cj)) cj->winograd = kiln_cpu_winograd_run;
 }
 
 static void conv_forward_parts(void *ctx, int64_t begin, int64_t end) {

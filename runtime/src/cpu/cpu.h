@@ -67,6 +67,8 @@
 #define kiln_cpu_gemm_raw KILN_LEVEL_NAME(kiln_cpu_gemm_raw)
 #define kiln_cpu_sgemm KILN_LEVEL_NAME(kiln_cpu_sgemm)
 #define kiln_cpu_sgemm_here KILN_LEVEL_NAME(kiln_cpu_sgemm_here)
+#define kiln_cpu_winograd_takes KILN_LEVEL_NAME(kiln_cpu_winograd_takes)
+#define kiln_cpu_winograd_run KILN_LEVEL_NAME(kiln_cpu_winograd_run)
 #define kiln_cpu_gemm_raw_fixed KILN_LEVEL_NAME(kiln_cpu_gemm_raw_fixed)
 #define kiln_cpu_copy KILN_LEVEL_NAME(kiln_cpu_copy)
 #define kiln_cpu_max2x2_plane_f32 KILN_LEVEL_NAME(kiln_cpu_max2x2_plane_f32)
@@ -179,8 +181,17 @@ struct kiln_conv_job {
      kiln_cpu_conv_run returns 1 (not taken) where oneDNN's passes use another layout. */
   void (*epilogue)(void *ctx, int64_t n0, int64_t nb, const void *blocked);
   void (*prologue)(void *ctx, int64_t n0, int64_t nb, void *blocked);
+  /* Set by the caller where its level's Winograd kernels take the shape (cpu/winograd.c): the
+     third algorithm, which runs every kind of job above (plain or fused) by itself. */
+  int (*winograd)(struct kiln_conv_job *c);
+  int ran_winograd;
 };
 int kiln_cpu_conv_run(struct kiln_conv_job *c);
+/* cpu/winograd.c: whether F(2x2, 5x5) or F(4x4, 3x3) takes c at this level, and the run: 0, an
+   error code, or 1 (not taken: an infinity or a NaN in a forward's input or weights); a weight grad
+   goes summed to c->gw, else partials' first slot (partials_summed). */
+int kiln_cpu_winograd_takes(const struct kiln_conv_job *c);
+int kiln_cpu_winograd_run(struct kiln_conv_job *c);
 /* Where the three ops of a fused layer would convolve c (the choice kiln_cpu_conv_run makes): 1 by
    im2col (forced, no oneDNN, or the auto rule's one-channel cases; input_grad: the input's grad
    will be asked for), 0 by oneDNN where it takes the shape, -1 by a timing (benchmark mode). */

@@ -70,12 +70,12 @@ KILN_API const char *kiln_onednn_note(void) {
   return lib_note;
 }
 
-enum { ALGO_IM2COL, ALGO_ONEDNN };
+enum { ALGO_IM2COL, ALGO_ONEDNN, ALGO_WINOGRAD };
 
 static int forced_algo(void) {   /* -1: not forced */
   const char *a = getenv("KILN_CONV_ALGO");
   if (!a || !*a || !strcmp(a, "auto")) return -1;
-  return !strcmp(a, "onednn") ? ALGO_ONEDNN : ALGO_IM2COL;
+  return !strcmp(a, "onednn") ? ALGO_ONEDNN : !strcmp(a, "winograd") ? ALGO_WINOGRAD : ALGO_IM2COL;
 }
 static int benchmark_mode(void) {
   const char *b = getenv("KILN_CONV_BENCHMARK");
@@ -98,7 +98,7 @@ struct choice_key {
 struct choice_entry {
   struct choice_key key;
   int algo;
-  double im2col_ms, onednn_ms;   /* benchmark mode's timings; 0 when not timed */
+  double im2col_ms, onednn_ms, winograd_ms;   /* benchmark mode's timings; 0 when not timed */
   char impl[64];
   struct choice_entry *next;
 };
@@ -331,9 +331,33 @@ static int run_im2col(struct kiln_conv_job *c) {
   return c->im2col(c->ctx);
 }
 
+/* the choice of the rule (not timed) for k, for kiln.conv_choices, where none is kept yet */
+static void remember(const struct choice_key *k, int algo) {
+  pthread_mutex_lock(&cache_mu);
+  struct choice_entry *e = choice_find(k);
+  if (!e && (e = calloc(1, sizeof *e))) {
+    e->key = *k;
+    e->algo = algo;
+    e->next = choices;
+    choices = e;
+    nchoices++;
+  }
+  pthread_mutex_unlock(&cache_mu);
+}
+
+/* c by kiln's Winograd kernels (cpu/winograd.c; c->winograd is set where they take the shape) */
+static int run_winograd(struct kiln_conv_job *c) {
+  c->partials_summed = 0;
+  int rc = c->winograd(c);
+  c->ran_winograd = rc == KILN_OK;
+  return rc;
+}
+
 int kiln_cpu_conv_fused_way(const struct kiln_conv_job *c, int input_grad) {
   int forced = forced_algo();
-  if (forced == ALGO_IM2COL || !onednn()) return 1;
+  if (forced == ALGO_IM2COL) return 1;
+  if (c->winograd && (forced == ALGO_WINOGRAD || (forced < 0 && !benchmark_mode()) || !onednn())) return 0;
+  if (!onednn()) return 1;
   if (forced < 0 && benchmark_mode()) return -1;
   /* the auto rule's one-channel cases, as below */
   if (forced < 0 && ((input_grad && c->C == c->G) || (c->dtype == KILN_BF16 && c->C == 1))) return 1;
@@ -342,22 +366,38 @@ int kiln_cpu_conv_fused_way(const struct kiln_conv_job *c, int input_grad) {
 
 int kiln_cpu_conv_run(struct kiln_conv_job *c) {
   int forced = forced_algo();
+  int bench = forced < 0 && benchmark_mode();
   c->ran_onednn = 0;
+  c->ran_winograd = 0;
   c->partials_summed = 0;
   if (c->epilogue || c->prologue) {   /* a fused layer, where kiln_cpu_conv_fused_way sent it */
+    if (c->winograd && (forced == ALGO_WINOGRAD || (forced < 0 && !bench) || !onednn())) {
+      int rc = run_winograd(c);
+      if (rc != 1) return rc;
+      c->winograd = NULL;   /* not taken (an infinity or a NaN): oneDNN's, else the three ops' */
+    }
     if (!onednn()) return 1;
     int rc = run_onednn(c, NULL, 0);
     if (rc < 0) return kiln_error_code();
+    if (rc == 1 && c->winograd) return run_winograd(c);   /* its forward ran there */
     c->ran_onednn = rc == 0;
     return rc;
   }
-  if (forced == ALGO_IM2COL || (c->dtype != KILN_F32 && c->dtype != KILN_BF16) || !onednn()) return run_im2col(c);
+  if (forced == ALGO_IM2COL || (c->dtype != KILN_F32 && c->dtype != KILN_BF16)) return run_im2col(c);
+  /* the auto rule: kiln's Winograd wherever it takes the shape (bench/conv.lua: 2-3x oneDNN's
+     speed on the benchmark CNN's second convolution, Zen 5), else oneDNN */
   struct choice_key k;
   memset(&k, 0, sizeof k);
   k.backward = c->y == NULL; k.gx = c->gx != NULL; k.gw = c->partials != NULL; k.dtype = c->dtype;
   k.N = c->N; k.C = c->C; k.H = c->H; k.W = c->W; k.O = c->O; k.OH = c->OH; k.OW = c->OW; k.kh = c->kh; k.kw = c->kw;
   k.sh = c->sh; k.sw = c->sw; k.ph = c->ph; k.pw = c->pw; k.dh = c->dh; k.dw = c->dw; k.G = c->G;
-  int bench = forced < 0 && benchmark_mode();
+  if (c->winograd && (forced == ALGO_WINOGRAD || (forced < 0 && !bench))) {
+    if (forced < 0) remember(&k, ALGO_WINOGRAD);
+    int rc = run_winograd(c);
+    if (rc != 1) return rc;
+    c->winograd = NULL;   /* not taken (an infinity or a NaN): as the rule goes without it */
+  }
+  if (!onednn() && !(bench && c->winograd)) return run_im2col(c);
   /* measured (bench/conv.lua): oneDNN's grad of a one-channel input (a first layer whose input
      requires grad) runs 1.8-2.3x slower than im2col's, f32 and bf16; in bf16 its forward and weight
      grad of a one-channel input lose too (the CNN's first layer, Zen 5, 1 thread: 0.64 against
@@ -369,32 +409,56 @@ int kiln_cpu_conv_run(struct kiln_conv_job *c) {
   int algo = e ? e->algo : ALGO_ONEDNN;
   pthread_mutex_unlock(&cache_mu);
   if (known && algo == ALGO_IM2COL) return run_im2col(c);
+  if (known && algo == ALGO_WINOGRAD && c->winograd && forced != ALGO_ONEDNN) {
+    int rc = run_winograd(c);
+    if (rc != 1) return rc;
+    c->winograd = NULL;
+    known = 0;
+  }
   char impl[64] = "";
-  double im2col_ms = 0, onednn_ms = 0;
-  int rc = 1;   /* 1: oneDNN not taken */
+  double im2col_ms = 0, onednn_ms = 0, winograd_ms = 0;
+  int rc = 1;    /* 1: oneDNN not taken */
+  int ran = -1;  /* whose result c holds */
   if (!known && bench) {
-    /* time both, twice each, and keep the faster's best; oneDNN's plans (its kernels are
-       generated when a plan is made) are made first, outside the timing. This call's result is
-       the faster one's too: each path writes every output afresh. */
-    struct job warm;
-    if ((rc = job_init(&warm, c)) < 0) { job_free(&warm); return kiln_error_code(); }
-    job_free(&warm);
+    /* time each, twice, and keep the fastest's best; oneDNN's plans (its kernels are generated
+       when a plan is made) are made first, outside the timing. This call's result is the fastest
+       one's too: each path writes every output afresh. */
+    if (onednn()) {
+      struct job warm;
+      if ((rc = job_init(&warm, c)) < 0) { job_free(&warm); return kiln_error_code(); }
+      job_free(&warm);
+    }
     for (int r = 0; r < 2; r++) {
       double t0 = now_ms();
       if ((rc = run_im2col(c))) return rc;
       double t = now_ms() - t0;
       if (r == 0 || t < im2col_ms) im2col_ms = t;
     }
+    rc = 1;
+    ran = ALGO_IM2COL;
   }
-  for (int r = 0; r < (one_channel_im2col ? 0 : !known && bench ? 2 : 1); r++) {
+  for (int r = 0; onednn() && r < (one_channel_im2col ? 0 : !known && bench ? 2 : 1); r++) {
     double t0 = now_ms();
     rc = run_onednn(c, impl, sizeof impl);
     double t = now_ms() - t0;
     if (rc) break;
+    ran = ALGO_ONEDNN;
     if (r == 0 || t < onednn_ms) onednn_ms = t;
   }
   if (rc < 0) return kiln_error_code();
+  for (int r = 0; !known && bench && c->winograd && r < 2; r++) {
+    double t0 = now_ms();
+    int wrc = run_winograd(c);
+    if (wrc == 1) { winograd_ms = 0; break; }   /* not taken: an infinity or a NaN */
+    if (wrc) return kiln_error_code();
+    double t = now_ms() - t0;
+    if (r == 0 || t < winograd_ms) winograd_ms = t;
+    ran = ALGO_WINOGRAD;
+  }
+  int best = rc == 0 ? ALGO_ONEDNN : ALGO_IM2COL;
   if (!known) {
+    if (bench && rc == 0 && im2col_ms < onednn_ms) best = ALGO_IM2COL;
+    if (winograd_ms > 0 && winograd_ms < (best == ALGO_ONEDNN ? onednn_ms : im2col_ms)) best = ALGO_WINOGRAD;
     pthread_mutex_lock(&cache_mu);
     if (!(e = choice_find(&k)) && (e = calloc(1, sizeof *e))) {
       e->next = choices;
@@ -403,17 +467,24 @@ int kiln_cpu_conv_run(struct kiln_conv_job *c) {
     }
     if (e) {
       e->key = k;
-      e->algo = rc == 1 || (bench && im2col_ms < onednn_ms) ? ALGO_IM2COL : ALGO_ONEDNN;
+      e->algo = best;
       e->im2col_ms = im2col_ms;
       e->onednn_ms = rc == 1 ? 0 : onednn_ms;
+      e->winograd_ms = winograd_ms;
       snprintf(e->impl, sizeof e->impl, "%s", rc == 1 ? "" : impl);
     }
     pthread_mutex_unlock(&cache_mu);
-    /* benchmark mode, im2col faster: run it again so that the result is the one kept from now on */
-    if (rc == 0 && bench && im2col_ms < onednn_ms) return run_im2col(c);
   }
-  if (rc == 1) return run_im2col(c);
-  c->ran_onednn = 1;
+  /* the choice's result, where another path ran last (benchmark mode) or none did */
+  if (best != ran) {
+    if (best == ALGO_IM2COL) return run_im2col(c);
+    if (best == ALGO_WINOGRAD && (rc = run_winograd(c)) != 1) return rc;
+    if (best == ALGO_WINOGRAD) return rc == 0 ? KILN_OK : run_im2col(c);
+    c->partials_summed = 0;   /* as another path left it */
+    if ((rc = run_onednn(c, NULL, 0)) < 0) return kiln_error_code();
+    if (rc == 1) return run_im2col(c);
+  }
+  c->ran_onednn = best == ALGO_ONEDNN;
   return KILN_OK;
 }
 
@@ -432,6 +503,8 @@ KILN_API const char *kiln_conv_choice(int64_t i) {
   for (int64_t k = nchoices - 1; e && k > i; k--) e = e->next;
   if (!e || i < 0) { pthread_mutex_unlock(&cache_mu); return NULL; }
   const struct choice_key *k = &e->key;
+  char wino[48] = "";
+  if (e->winograd_ms > 0) snprintf(wino, sizeof wino, ", winograd %.3f ms", e->winograd_ms);
   int n = snprintf(line, sizeof line,
                    "%s%s%s %s x [%lld,%lld,%lld,%lld] w [%lld,%lld,%lld,%lld] stride %lld,%lld pad %lld,%lld dilation "
                    "%lld,%lld groups %lld: %s%s%s",
@@ -439,11 +512,11 @@ KILN_API const char *kiln_conv_choice(int64_t i) {
                    k->backward && k->gw ? " weight" : "", kiln_dtype_name(k->dtype), (long long)k->N, (long long)k->C, (long long)k->H,
                    (long long)k->W, (long long)k->O, (long long)(k->C / (k->G ? k->G : 1)), (long long)k->kh,
                    (long long)k->kw, (long long)k->sh, (long long)k->sw, (long long)k->ph, (long long)k->pw,
-                   (long long)k->dh, (long long)k->dw, (long long)k->G, e->algo == ALGO_ONEDNN ? "onednn" : "im2col",
+                   (long long)k->dh, (long long)k->dw, (long long)k->G, e->algo == ALGO_ONEDNN ? "onednn" : e->algo == ALGO_WINOGRAD ? "winograd" : "im2col",
                    e->algo == ALGO_ONEDNN && e->impl[0] ? " " : "", e->algo == ALGO_ONEDNN ? e->impl : "");
   if (e->im2col_ms > 0 && n > 0 && (size_t)n < sizeof line)
-    snprintf(line + n, sizeof line - (size_t)n, " (timed: im2col %.3f ms, onednn %.3f ms%s%s)", e->im2col_ms, e->onednn_ms,
-             e->algo == ALGO_IM2COL && e->impl[0] ? " by " : "", e->algo == ALGO_IM2COL ? e->impl : "");
+    snprintf(line + n, sizeof line - (size_t)n, " (timed: im2col %.3f ms, onednn %.3f ms%s%s%s)", e->im2col_ms, e->onednn_ms,
+             e->algo != ALGO_ONEDNN && e->impl[0] ? " by " : "", e->algo != ALGO_ONEDNN ? e->impl : "", wino);
   pthread_mutex_unlock(&cache_mu);
   return line;
 }
