@@ -24,7 +24,9 @@ local cases = {
   {x = {18, 20, 9, 7}, w = {24, 20, 3, 3}, o = {padding = 1}},   -- Winograd F(4x4, 3x3): part tiles, part blocks
   {x = {3, 17, 11, 10}, w = {33, 17, 5, 5}, o = {padding = 2}},  -- F(2x2, 5x5), odd sides; parts of 0 and 1 image
 }
-local winograd_here = kiln.info().cpu.level == "avx512"
+-- Winograd's kernels are built at the avx512 level (and in a KILN_NATIVE build on a CPU with AVX-512)
+local cpu = kiln.info().cpu
+local winograd_here = cpu.level == "avx512" or (cpu.level == "native" and (","  .. table.concat(cpu.features, ",") .. ","):find(",avx512f,", 1, true) ~= nil)
 
 -- y = conv(x, w, b) and the grads of sum(y * g), with the algorithm set, in dtype.
 local function run(c, algo, dtype, seed, prep)
