@@ -67,6 +67,7 @@
 #define kiln_cpu_gemm_raw KILN_LEVEL_NAME(kiln_cpu_gemm_raw)
 #define kiln_cpu_sgemm KILN_LEVEL_NAME(kiln_cpu_sgemm)
 #define kiln_cpu_sgemm_here KILN_LEVEL_NAME(kiln_cpu_sgemm_here)
+#define kiln_cpu_sgemm_panels KILN_LEVEL_NAME(kiln_cpu_sgemm_panels)
 #define kiln_cpu_winograd_takes KILN_LEVEL_NAME(kiln_cpu_winograd_takes)
 #define kiln_cpu_winograd_run KILN_LEVEL_NAME(kiln_cpu_winograd_run)
 #define kiln_cpu_gemm_raw_fixed KILN_LEVEL_NAME(kiln_cpu_gemm_raw_fixed)
@@ -91,6 +92,11 @@ int cpu_gemm(const struct kiln_call *c);
 void kiln_cpu_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                     const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 int kiln_cpu_sgemm_here(int64_t m, int64_t n, int64_t k);
+/* The avx512 level's product with op(B) given as kiln_cpu_sgemm's panels (cpu/sgemm.c): 64 columns a
+   panel, [ceil(n / 64)][k][64], zeros past n, k at most KILN_SGEMM_PANEL_K (its block of k). */
+enum { KILN_SGEMM_PANEL_K = 2048 };
+void kiln_cpu_sgemm_panels(int ta, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda, const float *pb,
+                           float beta, float *c, int64_t ldc);
 /* cpu/bf16_gemm.c: 1 when the CPU runs bf16 products natively (AVX512-BF16; KILN_BF16_EMULATE=1
    says no), and the product itself on 3-d bf16 tensors. */
 int kiln_cpu_bf16_native(void);

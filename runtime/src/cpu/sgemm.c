@@ -36,7 +36,7 @@ int kiln_cpu_sgemm_here(int64_t m, int64_t n, int64_t k) {
 #include "transpose8.h"
 #include <immintrin.h>
 
-enum { MR = 6, PW = 64, KC = 2048 };
+enum { MR = 6, PW = 64, KC = KILN_SGEMM_PANEL_K };
 
 /* The panel of columns [j0, j0 + nc), rows [p0, p0 + kc) of a [k, n] operand X whose element
    (p, q) is x[p * sp + q * sq]: pb[p][q], zeros past nc. */
@@ -219,6 +219,23 @@ void kiln_cpu_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha
         tile_any(nr, nv, tr, y + i0 * ys_r + p0 * ys_p, ys_r, ys_p, pb, kc, c + i0 * drs + j0 * dqs, drs, dqs, nc,
                  alpha, beta, p0 == 0);
       }
+    }
+  }
+}
+
+/* C[m, n] = alpha * op(A) B + beta * C where B comes packed as kiln_cpu_sgemm packs it, panels of
+   64 columns [ceil(n / 64)][k][64] with zeros past n, k <= KILN_SGEMM_PANEL_K: for a B that serves
+   many products (cpu/winograd.c's transformed weights, one packing a call instead of one a part).
+   The same FMAs in the same order as kiln_cpu_sgemm: the same bits. */
+void kiln_cpu_sgemm_panels(int ta, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda, const float *pb,
+                           float beta, float *c, int64_t ldc) {
+  int64_t as_i = ta == KILN_BLAS_NO_TRANS ? lda : 1, as_p = ta == KILN_BLAS_NO_TRANS ? 1 : lda;
+  for (int64_t j0 = 0; j0 < n; j0 += PW) {
+    int64_t nc = n - j0 < PW ? n - j0 : PW;
+    const float *panel = pb + j0 / PW * k * PW;
+    for (int64_t i0 = 0; i0 < m; i0 += MR) {
+      int nr = m - i0 < MR ? (int)(m - i0) : MR;
+      tile_any(nr, (int)((nc + 15) / 16), 0, a + i0 * as_i, as_i, as_p, panel, k, c + i0 * ldc + j0, ldc, 1, nc, alpha, beta, 1);
     }
   }
 }

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #if defined(__AVX512F__)
+#include "transpose16.h"
 #include <immintrin.h>
 
 enum { ALPHA = 6, TE = 36, PLANE_BYTES = 16 << 20 };
@@ -85,7 +86,9 @@ struct wjob {
   int64_t Cp, Op, Hp, Wp;        /* channels rounded up to 16; the zero-padded input plane */
   int64_t n0, T;                 /* the part being run: its first image, its tiles */
   int64_t VS, MS;                /* V's and M's planes (one per tile element) apart, in floats */
-  float *U, *V, *M, *dU;         /* [36][Cp][Op]; a part's [36][T][Cp], [36][T][Op]; [parts][36][Cp][Op] */
+  float *U, *UT;                 /* [36][US] and [36][UTS]: the weights as kiln's GEMM panels of U [Cp][Op] and U^T */
+  int64_t US, UTS;
+  float *V, *M, *dU;             /* a part's [36][T][Cp] and [36][T][Op]; [parts][36][Cp][Op] */
   int64_t folded;                /* the parts' weight grads added into part 0's so far (atomic) */
   int failed, nonfinite;         /* out of memory; an infinity or NaN in the input or the weights */
 };
@@ -123,7 +126,15 @@ INLINE void weights_body(struct wjob *j, int r, const float *G, int64_t begin, i
       __m512 x[25], u[TE];
       for (int e = 0; e < rr; e++) x[e] = _mm512_load_ps(lanes[e]);
       sandwich(u, x, r, r, ALPHA, ALPHA, G, r, 1, G, r, 1);
-      for (int e = 0; e < TE; e++) _mm512_storeu_ps(j->U + (e * j->Cp + ch) * j->Op + o0, u[e]);
+      /* U's panel o0 / 64, row ch; U^T's panel ch / 64, rows o0.. (a lane a row) */
+      for (int e = 0; e < TE; e++) _mm512_storeu_ps(j->U + e * j->US + (o0 / 64 * j->Cp + ch) * 64 + o0 % 64, u[e]);
+      if (j->UT)
+        for (int e = 0; e < TE; e++) {
+          float l[16] __attribute__((aligned(64)));
+          _mm512_store_ps(l, u[e]);
+          float *t = j->UT + e * j->UTS + (ch / 64 * j->Op + o0) * 64 + ch % 64;
+          for (int q = 0; q < 16; q++) t[q * 64] = l[q];
+        }
     }
 }
 static void weights_in(void *ctx, int64_t begin, int64_t end) {
@@ -160,12 +171,19 @@ static void plane_in(const struct wjob *j, int64_t n, float *xt) {
   int64_t C = c->C, H = c->H, W = c->W, Cp = j->Cp, Wp = j->Wp;
   memset(xt, 0, sizeof(float) * (size_t)(j->Hp * Wp * Cp));
   const float *xn = (const float *)c->x + n * C * H * W;
-  for (int64_t ch = 0; ch < C; ch++)
-    for (int64_t h = 0; h < H; h++) {
-      float *row = xt + ((h + c->ph) * Wp + c->pw) * Cp + ch;
-      const float *src = xn + (ch * H + h) * W;
-      for (int64_t w = 0; w < W; w++) row[w * Cp] = src[w];
-    }
+  /* sixteen channels by sixteen columns at a time, transposed in registers */
+  for (int64_t c0 = 0; c0 < C; c0 += 16)
+    for (int64_t h = 0; h < H; h++)
+      for (int64_t w0 = 0; w0 < W; w0 += 16) {
+        int64_t nw = W - w0 < 16 ? W - w0 : 16;
+        __mmask16 mask = (__mmask16)((1u << nw) - 1);
+        __m512 v[16];
+        for (int i = 0; i < 16; i++)
+          v[i] = c0 + i < C ? _mm512_maskz_loadu_ps(mask, xn + ((c0 + i) * H + h) * W + w0) : _mm512_setzero_ps();
+        transpose16(v);
+        float *dst = xt + ((h + c->ph) * Wp + w0 + c->pw) * Cp + c0;
+        for (int64_t i = 0; i < nw; i++) _mm512_storeu_ps(dst + i * Cp, v[i]);
+      }
 }
 
 INLINE void input_tiles(const struct wjob *j, int m, int64_t n, const float *xt) {
@@ -248,14 +266,20 @@ INLINE void input_grad_tiles(const struct wjob *j, int m, int64_t n, float *xt) 
             _mm512_storeu_ps(s, _mm512_add_ps(_mm512_loadu_ps(s), d[a * ALPHA + b]));
           }
       }
+  /* the plane's channels back to NCHW rows, sixteen columns at a time */
   int64_t C = c->C, H = c->H, W = c->W;
   float *gx = (float *)c->gx + n * C * H * W;
-  for (int64_t ch = 0; ch < C; ch++)
-    for (int64_t h = 0; h < H; h++) {
-      const float *row = xt + ((h + c->ph) * Wp + c->pw) * Cp + ch;
-      float *dst = gx + (ch * H + h) * W;
-      for (int64_t w = 0; w < W; w++) dst[w] = row[w * Cp];
-    }
+  for (int64_t c0 = 0; c0 < C; c0 += 16)
+    for (int64_t h = 0; h < H; h++)
+      for (int64_t w0 = 0; w0 < W; w0 += 16) {
+        int64_t nw = W - w0 < 16 ? W - w0 : 16;
+        __mmask16 mask = (__mmask16)((1u << nw) - 1);
+        __m512 v[16];
+        const float *src = xt + ((h + c->ph) * Wp + w0 + c->pw) * Cp + c0;
+        for (int i = 0; i < 16; i++) v[i] = i < nw ? _mm512_loadu_ps(src + i * Cp) : _mm512_setzero_ps();
+        transpose16(v);
+        for (int64_t i = 0; i < 16 && c0 + i < C; i++) _mm512_mask_storeu_ps(gx + ((c0 + i) * H + h) * W + w0, mask, v[i]);
+      }
 }
 
 /* ---- the passes, a part at a time (parts: c->parts, as every convolution path cuts the batch) ----
@@ -265,25 +289,36 @@ INLINE void input_grad_tiles(const struct wjob *j, int m, int64_t n, float *xt) 
 static size_t blk_floats(const struct wjob *j, int64_t nb) { return (size_t)(nb * j->Op * j->c->OH * j->c->OW); }
 static int64_t most_images(const struct kiln_conv_job *c) { return (c->N + c->parts - 1) / c->parts; }
 
-/* blocked [nb][Op/16][OH][OW][16] <-> NCHW, the padded channels zero */
+/* blocked [nb][Op/16][OH][OW][16] <-> NCHW, the padded channels zero: sixteen channels by sixteen
+   positions at a time, transposed in registers */
 static void to_blocked(const struct wjob *j, const float *src, int64_t nb, float *blk) {
   int64_t O = j->c->O, P = j->c->OH * j->c->OW, Op = j->Op;
-  memset(blk, 0, sizeof(float) * blk_floats(j, nb));
   for (int64_t i = 0; i < nb; i++)
-    for (int64_t o = 0; o < O; o++) {
-      float *dst = blk + (i * Op + o / 16 * 16) * P + o % 16;
-      const float *s = src + (i * O + o) * P;
-      for (int64_t p = 0; p < P; p++) dst[p * 16] = s[p];
-    }
+    for (int64_t o0 = 0; o0 < Op; o0 += 16)
+      for (int64_t p0 = 0; p0 < P; p0 += 16) {
+        int64_t np = P - p0 < 16 ? P - p0 : 16;
+        __mmask16 mask = (__mmask16)((1u << np) - 1);
+        __m512 v[16];
+        for (int r = 0; r < 16; r++)
+          v[r] = o0 + r < O ? _mm512_maskz_loadu_ps(mask, src + (i * O + o0 + r) * P + p0) : _mm512_setzero_ps();
+        transpose16(v);
+        float *dst = blk + (i * Op + o0) * P + p0 * 16;
+        for (int64_t q = 0; q < np; q++) _mm512_store_ps(dst + q * 16, v[q]);
+      }
 }
 static void from_blocked(const struct wjob *j, const float *blk, int64_t nb, float *dst) {
   int64_t O = j->c->O, P = j->c->OH * j->c->OW, Op = j->Op;
   for (int64_t i = 0; i < nb; i++)
-    for (int64_t o = 0; o < O; o++) {
-      const float *s = blk + (i * Op + o / 16 * 16) * P + o % 16;
-      float *d = dst + (i * O + o) * P;
-      for (int64_t p = 0; p < P; p++) d[p] = s[p * 16];
-    }
+    for (int64_t o0 = 0; o0 < Op; o0 += 16)
+      for (int64_t p0 = 0; p0 < P; p0 += 16) {
+        int64_t np = P - p0 < 16 ? P - p0 : 16;
+        __mmask16 mask = (__mmask16)((1u << np) - 1);
+        __m512 v[16];
+        const float *src = blk + (i * Op + o0) * P + p0 * 16;
+        for (int q = 0; q < 16; q++) v[q] = q < np ? _mm512_load_ps(src + q * 16) : _mm512_setzero_ps();
+        transpose16(v);
+        for (int64_t r = 0; r < 16 && o0 + r < O; r++) _mm512_mask_storeu_ps(dst + (i * O + o0 + r) * P + p0, mask, v[r]);
+      }
 }
 
 /* a thread's buffers: its part's V and M (with its own plane strides), the padded plane, the blocked output */
@@ -326,8 +361,8 @@ static void forward_parts(void *ctx, int64_t begin, int64_t end) {
       else input_tiles(w, 4, n, b.xt);
     }
     for (int64_t e = 0; e < TE; e++)
-      gemm(KILN_BLAS_NO_TRANS, KILN_BLAS_NO_TRANS, w->T, j->Op, j->Cp, w->V + e * w->VS, j->Cp, j->U + e * j->Cp * j->Op, j->Op, 0,
-           w->M + e * w->MS, j->Op);
+      kiln_cpu_sgemm_panels(KILN_BLAS_NO_TRANS, w->T, j->Op, j->Cp, 1.0f, w->V + e * w->VS, j->Cp, j->U + e * j->US, 0.0f,
+                            w->M + e * w->MS, j->Op);
     for (int64_t n = n0; n < n0 + nb; n++) {
       float *o = b.blk + blk_floats(j, n - n0);
       if (j->m == 2) output_tiles(w, 2, &AT2[0][0], n, o);
@@ -373,8 +408,12 @@ static void backward_parts(void *ctx, int64_t begin, int64_t end) {
       }
       for (int64_t e = 0; e < TE; e++) {   /* the weight grad's product (reading V), then the input grad's, into V */
         float *V = w->V + e * w->VS, *M = w->M + e * w->MS;
-        if (dU) gemm(KILN_BLAS_TRANS, KILN_BLAS_NO_TRANS, j->Cp, j->Op, w->T, V, j->Cp, M, j->Op, 0, dU + e * j->Cp * j->Op, j->Op);
-        if (c->gx) gemm(KILN_BLAS_NO_TRANS, KILN_BLAS_TRANS, w->T, j->Cp, j->Op, M, j->Op, j->U + e * j->Cp * j->Op, j->Op, 0, V, j->Cp);
+        /* M' is the panel itself where O fills one (64 columns) */
+        if (dU && j->Op == 64 && w->T <= KILN_SGEMM_PANEL_K)
+          kiln_cpu_sgemm_panels(KILN_BLAS_TRANS, j->Cp, j->Op, w->T, 1.0f, V, j->Cp, M, 0.0f, dU + e * j->Cp * j->Op, j->Op);
+        else if (dU)
+          gemm(KILN_BLAS_TRANS, KILN_BLAS_NO_TRANS, j->Cp, j->Op, w->T, V, j->Cp, M, j->Op, 0, dU + e * j->Cp * j->Op, j->Op);
+        if (c->gx) kiln_cpu_sgemm_panels(KILN_BLAS_NO_TRANS, w->T, j->Cp, j->Op, 1.0f, M, j->Op, j->UT + e * j->UTS, 0.0f, V, j->Cp);
       }
       if (c->gx)
         for (int64_t n = n0; n < n0 + nb; n++) {
@@ -405,6 +444,7 @@ static void sum_parts(void *ctx, int64_t begin, int64_t end) {
 int kiln_cpu_winograd_takes(const struct kiln_conv_job *c) {
   if (c->dtype != KILN_F32 || c->G != 1 || c->sh != 1 || c->sw != 1 || c->dh != 1 || c->dw != 1) return 0;
   if (c->kh != c->kw || (c->kh != 5 && c->kh != 3) || c->C < 16 || c->O < 16 || c->N <= 0) return 0;
+  if (c->C > KILN_SGEMM_PANEL_K || c->O > KILN_SGEMM_PANEL_K) return 0;   /* the products' k: one panel block */
   if (c->OH <= 0 || c->OW <= 0) return 0;
   int m = c->kh == 5 ? 2 : 4;
   int64_t Hp = (c->OH + m - 1) / m * m + c->kh - 1, Wp = (c->OW + m - 1) / m * m + c->kw - 1;
@@ -428,17 +468,22 @@ int kiln_cpu_winograd_run(struct kiln_conv_job *c) {
   /* an infinity or a NaN in the forward's weights or input: not taken (1), for the other paths' results
      (a tile's transforms would spread it to the tile's every output, and make inf - inf a NaN) */
   if (forward && any_nonfinite(c->w, c->O * c->C * c->kh * c->kw)) return 1;
-  size_t ub = sizeof(float) * (size_t)(TE * j.Cp * j.Op), db = gw ? ub * (size_t)c->parts : 0;
+  j.US = (j.Op + 63) / 64 * j.Cp * 64;
+  j.UTS = (j.Cp + 63) / 64 * j.Op * 64;
+  size_t ub = sizeof(float) * (size_t)(TE * j.US), utb = gx ? sizeof(float) * (size_t)(TE * j.UTS) : 0;
+  size_t db = gw ? sizeof(float) * (size_t)(TE * j.Cp * j.Op * c->parts) : 0;
   int rc = KILN_OK;
   j.U = forward || gx ? kiln_cpu_alloc(ub) : NULL;
+  j.UT = gx ? kiln_cpu_alloc(utb) : NULL;
   j.dU = gw ? kiln_cpu_alloc(db) : NULL;
-  if ((!j.U && (forward || gx)) || (gw && !j.dU)) {
+  if ((!j.U && (forward || gx)) || (gx && !j.UT) || (gw && !j.dU)) {
     rc = kiln_fail(KILN_ERR_MEMORY, "conv2d%s: out of memory for the Winograd buffers (%.1f MB)", forward ? "" : "_backward",
-                   (double)(ub + db) / 1e6);
+                   (double)(ub + utb + db) / 1e6);
     goto done;
   }
-  if (j.U) {
+  if (j.U) {   /* zeros past C and O, and in the panels' columns past O */
     memset(j.U, 0, ub);
+    if (j.UT) memset(j.UT, 0, utb);
     kiln_parallel_for(c->C, 4, weights_in, &j);
   }
   kiln_parallel_for(c->parts, 1, forward ? forward_parts : backward_parts, &j);
@@ -458,6 +503,7 @@ int kiln_cpu_winograd_run(struct kiln_conv_job *c) {
   }
 done:
   if (j.U) kiln_cpu_free(j.U, ub);
+  if (j.UT) kiln_cpu_free(j.UT, utb);
   if (j.dU) kiln_cpu_free(j.dU, db);
   return rc;
 }
