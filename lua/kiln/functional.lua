@@ -484,14 +484,16 @@ end
 
 -- rnn_layer(mode, input [T,B,I], h0 [B,H] or nil, c0 or nil, w_ih, w_hh, b_ih, b_hh,
 --           {lengths =, reverse =, algorithm =}) -> Z [T+S,B,H]: the outputs Z[1..T], the final
--- hidden state Z[T+1] and, for an LSTM, the final cell state Z[T+2] (kiln/rnn.h).
+-- hidden state Z[T+1] and, for an LSTM, the final cell state Z[T+2] (kiln/rnn.h). w_ih nil: input is
+-- the input already projected, [T,B,G*H] (CPU, f32 or f64).
 local rnn_layer_options = set("lengths", "reverse", "algorithm")   -- the options rnn_layer knows
 function F.rnn_layer(mode, x, h0, c0, w_ih, w_hh, b_ih, b_hh, opts)
   opts = options(opts, rnn_layer_options, "rnn_layer")
   local m = rnn_mode(mode, "rnn_layer")
-  tensor(x, "input", mode) tensor(w_ih, "weight_ih", mode) tensor(w_hh, "weight_hh", mode)
+  tensor(x, "input", mode) tensor(w_hh, "weight_hh", mode)
   local lengths = F.rnn_lengths(opts.lengths, mode)
-  return wrap(C.kiln_rnn_layer(m, x.p, optional_tensor(h0, "h0", mode), optional_tensor(c0, "c0", mode), w_ih.p, w_hh.p,
+  return wrap(C.kiln_rnn_layer(m, x.p, optional_tensor(h0, "h0", mode), optional_tensor(c0, "c0", mode),
+                               optional_tensor(w_ih, "weight_ih", mode), w_hh.p,
                                optional_tensor(b_ih, "bias_ih", mode), optional_tensor(b_hh, "bias_hh", mode),
                                lengths and lengths.p or nil, opts.reverse and 1 or 0, rnn_algo(opts.algorithm, mode)))
 end

@@ -514,3 +514,109 @@ describe("nn.RNNCell, nn.GRUCell, nn.LSTMCell", function()
     assert_error(function() cell(randn(2, 3), randn(3, 4)) end, "h is %[3,4%], expected %[2,4%]")
   end)
 end)
+
+describe("an Embedding feeding a recurrent layer", function()
+  -- F.rnn_layer, watched: whether each call had a weight_ih (nil: the projected input)
+  local calls, orig
+  before_each(function()
+    calls, orig = {}, F.rnn_layer
+    F.rnn_layer = function(mode, x, h0, c0, w_ih, ...)
+      calls[#calls + 1] = w_ih == nil and "projected" or "product"
+      return orig(mode, x, h0, c0, w_ih, ...)
+    end
+  end)
+  after_each(function() F.rnn_layer = orig nn.fold_embedding = nil end)
+
+  -- the output and every grad of sum(out * g), the fold on or off; prep may change x after the lookup
+  local function run(mode, o, fold, prep)
+    nn.fold_embedding = fold
+    kiln.manual_seed(3)
+    local T, V, E, H, B = 6, 9, 5, 4, 11
+    local emb = nn.Embedding(V, E, {dtype = "f64"})
+    local rnn = nn[mode](E, H, {dtype = "f64", batch_first = o.batch_first, bidirectional = o.bidirectional,
+                                num_layers = o.layers or 1, algorithm = o.algorithm})
+    local idx = kiln.randint(1, V + 1, o.batch_first and {B, T} or {T, B})
+    local x = emb(idx)
+    if prep then x = prep(x, emb) end
+    local out = rnn(x, nil, o.lengths)
+    kiln.manual_seed(5)
+    local g = randn(out:size()):double()
+    out:mul(g):sum():backward()
+    local r = {out:detach(), emb.weight.grad}
+    for _, p in ipairs(rnn:parameters()) do r[#r + 1] = p.grad end
+    return r
+  end
+  local function close(a, b, tol, what)
+    assert.equal(#a, #b, what)
+    for i = 1, #a do
+      local d = (a[i] - b[i]):abs():max():item()
+      assert(d <= tol, string.format("%s: tensor %d differs by %.3g", what, i, d))
+    end
+  end
+  local lengths = {6, 3, 5, 1, 6, 2, 4, 6, 5, 3, 2}
+
+  it("looks the first layer's input projection up in the projected table, with the product's results", function()
+    for _, mode in ipairs{"LSTM", "GRU", "RNN"} do
+      for n, o in ipairs{{}, {batch_first = true, bidirectional = true, layers = 2}, {algorithm = "gemm", lengths = lengths},
+                         {algorithm = "persistent", lengths = lengths, bidirectional = true}} do
+        local what = mode .. " case " .. n
+        calls = {}
+        local product = run(mode, o, false)
+        assert.same({}, (function() local p = {} for _, c in ipairs(calls) do if c == "projected" then p[#p + 1] = c end end return p end)(), what)
+        calls = {}
+        local folded = run(mode, o, nil)
+        -- the first layer's directions took the table's rows; a second layer multiplies as before
+        assert.equal("projected", calls[1], what)
+        if o.bidirectional then assert.equal("projected", calls[2], what) end
+        if o.layers == 2 then assert.equal("product", calls[#calls], what) end
+        close(product, folded, 1e-12, what)
+      end
+    end
+  end)
+
+  it("multiplies as before when the lookup's output, its table or its indices were written since", function()
+    local o = {algorithm = "persistent"}
+    for _, prep in ipairs{
+      function(x) return x:mul_(2) end,                                                -- the output
+      function(x, emb) kiln.no_grad(function() emb.weight:add_(1) end) return x end,   -- the table
+    } do
+      calls = {}
+      local a = run("LSTM", o, nil, prep)
+      assert.same({"product"}, calls)
+      local b = run("LSTM", o, false, prep)
+      close(a, b, 0, "in-place write")
+    end
+    -- a copy of the rows is not the lookup's output either
+    calls = {}
+    run("LSTM", o, nil, function(x) return x:clone() end)
+    assert.same({"product"}, calls)
+  end)
+
+  it("multiplies as before under autocast and in f32 gives the product's results within rounding", function()
+    kiln.manual_seed(6)
+    local emb, lstm = nn.Embedding(9, 8), nn.LSTM(8, 16)
+    local idx = kiln.randint(1, 10, {12, 5})
+    calls = {}
+    kiln.amp.autocast("bf16", function() return lstm(emb(idx)) end)
+    assert.same({"product"}, calls)
+    calls = {}
+    local a = lstm(emb(idx))
+    nn.fold_embedding = false
+    local b = lstm(emb(idx))
+    assert.same({"projected", "product"}, calls)
+    assert((a - b):abs():max():item() < 1e-6)
+  end)
+
+  it("takes a projected input in F.rnn_layer: an f64 gradient check, and what is wrong named", function()
+    kiln.manual_seed(7)
+    local xp, h0, w_hh, b_ih = f64(4, 3, 8), f64(3, 2), f64(8, 2) * 0.5, f64(8)
+    for _, algo in ipairs{"gemm", "persistent"} do
+      assert.gradcheck(function(a, h, wh, bi) return orig("lstm", a, h, nil, nil, wh, bi, nil, {algorithm = algo}) end,
+                       leaves{xp, h0, w_hh, b_ih})
+    end
+    assert_error(function() orig("lstm", f64(4, 3, 6), nil, nil, nil, w_hh, nil, nil) end,
+                 "lstm: without weight_ih the input is the projected one, %[T,B,8%]; got %[4,3,6%]")
+    assert_error(function() orig("lstm", xp:to("bf16"), nil, nil, nil, w_hh:float(), nil, nil) end,
+                 "lstm: a projected input %(no weight_ih%) runs on the CPU in f32 or f64; input %[4,3,8%] is bf16 on cpu")
+  end)
+end)

@@ -123,13 +123,17 @@ return function(nn)
     self.num_embeddings, self.embedding_dim = num, dim
     self.weight = self:parameter(factory.randn(num, dim, {dtype = opts.dtype}))
   end
-  -- indices count from 1, like every index in kiln's Lua API
+  -- indices count from 1, like every index in kiln's Lua API. The output remembers where it came
+  -- from (nn._embedded_rows), so that a recurrent layer it feeds directly can look its input
+  -- projection up in the projected table instead of multiplying every row (nn/rnn.lua).
   function Embedding:forward(idx)
     local flat = idx:reshape(-1)
     local rows = self.weight:index_select(1, flat)
     local sizes = idx:size()
     sizes[#sizes + 1] = self.embedding_dim
-    return rows:view(sizes)
+    local out = rows:view(sizes)
+    nn._embedded_rows(out, self.weight, flat)
+    return out
   end
   function Embedding:extra_repr() return string.format("%d, %d", self.num_embeddings, self.embedding_dim) end
 

@@ -4,6 +4,7 @@
 -- one fused kernel, and backward through time a C routine. Parameters carry PyTorch's names and
 -- layouts (weight_ih_l0, weight_hh_l0, bias_ih_l0, bias_hh_l0, ..._reverse; gates i,f,g,o for
 -- the LSTM and r,z,n for the GRU), so state dicts exchange with PyTorch.
+local ffi = require "ffi"
 local factory = require "kiln.factory"
 local functional = require "kiln.functional"
 local core = require "kiln.core"
@@ -16,6 +17,29 @@ return function(nn)
   local titles = {rnn_tanh = "RNN", rnn_relu = "RNN", gru = "GRU", lstm = "LSTM"}
 
   local function shape(t) return "[" .. table.concat(t:size(), ",") .. "]" end
+
+  -- Embedding outputs (nn.Embedding:forward records each: nn._embedded_rows): out -> the table, the flat indices and
+  -- the three storages' versions then. A layer fed such an output directly, nothing written to
+  -- the three since, takes its first input projection as rows of the table projected once,
+  -- (weight w_ih^T)[index]: [V, G*H] multiply-adds for V rows instead of for T*B. Weak keys:
+  -- nothing here keeps a tensor alive.
+  local embedded = setmetatable({}, {__mode = "k"})
+  local function version(t) return tonumber(t.p.storage.version) end
+  function nn._embedded_rows(out, weight, flat)
+    embedded[out] = {weight = weight, flat = flat, v = {version(out), version(weight), version(flat)}}
+  end
+  -- the table's rows where x is such an output and folding pays (fewer rows in the table than
+  -- steps times sequences; the CPU, f32 or f64, autocast off; nn.fold_embedding ~= false, as
+  -- nn.fusion), else nil
+  local function embedded_table(x)
+    local e = embedded[x]
+    if not e or nn.fold_embedding == false or x:dim() ~= 3 then return nil end
+    if version(x) ~= e.v[1] or version(e.weight) ~= e.v[2] or version(e.flat) ~= e.v[3] then return nil end
+    local dt = x:dtype()
+    if x:device() ~= "cpu" or (dt ~= "f32" and dt ~= "f64") or ffi.C.kiln_autocast_get() >= 0 then return nil end
+    if e.weight:dtype() ~= dt or e.weight:size(1) >= x:size(1) * x:size(2) then return nil end
+    return e
+  end
 
   -- (input_size, hidden_size, opts) or ({input_size =, hidden_size =, ...})
   local function arguments(name, a, b, c)
@@ -113,6 +137,7 @@ return function(nn)
       raise(string.format("%s: input %s has %d dims (expected 3: %s, or 2 for one sequence)", name, shape(x), x:dim(),
                           self.batch_first and "[batch,T,input_size]" or "[T,batch,input_size]"))
     end
+    local table_rows = embedded_table(x)
     if self.batch_first then x = x:transpose(1, 2) end
     if x:size(3) ~= self.input_size then
       raise(string.format("%s: input %s has %d features, expected input_size %d", name, shape(x), x:size(3), self.input_size))
@@ -132,8 +157,15 @@ return function(nn)
       local outs = {}
       for d = 0, D - 1 do
         local sfx, k = "_l" .. l .. (d == 1 and "_reverse" or ""), l * D + d + 1
-        local z = F().rnn_layer(self.mode, input, h0 and h0:select(1, k), c0 and c0:select(1, k),
-                                self["weight_ih" .. sfx], self["weight_hh" .. sfx], self["bias_ih" .. sfx],
+        local x_in, w_ih = input, self["weight_ih" .. sfx]
+        if l == 0 and table_rows then   -- the projected table's rows, in x's order, [T,B,G*H]
+          local rows = F().linear(table_rows.weight, w_ih):index_select(1, table_rows.flat)
+          local GH = w_ih:size(1)
+          x_in = self.batch_first and rows:view(B, T, GH):transpose(1, 2) or rows:view(T, B, GH)
+          w_ih = nil
+        end
+        local z = F().rnn_layer(self.mode, x_in, h0 and h0:select(1, k), c0 and c0:select(1, k),
+                                w_ih, self["weight_hh" .. sfx], self["bias_ih" .. sfx],
                                 self["bias_hh" .. sfx], {lengths = lengths, reverse = d == 1, algorithm = self.algorithm})
         outs[d + 1] = z:narrow(1, 1, T)
         hn[k] = z:select(1, T + 1)

@@ -337,6 +337,7 @@ static void times_rows_f64(const double *packed, int64_t K, int64_t n, int64_t n
 struct layer {
   int mode, reverse, G, RS;
   int padded;                    /* some sequence is shorter than T: rows past its end stay 0 */
+  int projected;                 /* no w_ih: x is the projected input [T][B][GH], xp itself (I = 0) */
   int64_t T, B, I, H, GH;
   const int64_t *len;            /* [B] */
   const void *x, *h0, *c0;       /* h0, c0: [B,H], zeros when the layer has none */
@@ -1169,7 +1170,11 @@ static int setup(int dt, struct layer *L, int mode, int reverse, const struct ki
   L->T = t->x->sizes[0]; L->B = t->x->sizes[1]; L->I = t->x->sizes[2];
   L->H = t->w_hh->sizes[1]; L->GH = L->G * L->H;
   L->x = kiln_tensor_data(t->x);
-  L->w_ih = kiln_tensor_data(t->w_ih); L->w_hh = kiln_tensor_data(t->w_hh);
+  /* no w_ih: x is the input already projected, [T][B][GH] (kiln/rnn.h), which the steps read as
+     they read the projection they make; the layer has no input of its own (I = 0) */
+  L->projected = t->w_ih == NULL;
+  if (L->projected) L->I = 0;
+  L->w_ih = t->w_ih ? kiln_tensor_data(t->w_ih) : NULL; L->w_hh = kiln_tensor_data(t->w_hh);
   int64_t nz = L->GH > L->B * L->H ? L->GH : L->B * L->H;
   *zeros = calloc((size_t)nz, dt_size(dt));
   int64_t *len = malloc(sizeof(int64_t) * (size_t)(L->B > 0 ? L->B : 1));
@@ -1199,9 +1204,9 @@ static inline __attribute__((always_inline)) int forward(int dt, const struct ki
      enough sequences a step and a panel of [w_hh | w_ih] is small (LSTM and plain
      RNN: a GRU's n gate keeps the two apart) */
   int fold = c->ints[2] == KILN_RNN_PERSISTENT && L.mode != KILN_RNN_GRU && B >= KILN_RNN_FOLD_MIN_BATCH &&
-             H + L.I <= KILN_RNN_FOLD_MAX_ROWS;
+             H + L.I <= KILN_RNN_FOLD_MAX_ROWS && !L.projected;
   size_t nxp = es * (size_t)(T * B * GH > 0 ? T * B * GH : 1);   /* large: from the block cache */
-  L.xp = fold ? NULL : kiln_cpu_alloc(nxp);
+  L.xp = fold ? NULL : L.projected ? (void *)L.x : kiln_cpu_alloc(nxp);
   L.zero = zeros;
   L.hh = calloc((size_t)(B * GH > 0 ? B * GH : 1), es);
   L.h = malloc(es * (size_t)(B * H > 0 ? B * H : 1));
@@ -1214,7 +1219,7 @@ static inline __attribute__((always_inline)) int forward(int dt, const struct ki
   }
   if (L.padded) memset(L.z, 0, es * (size_t)c->out->numel);   /* else every row is written */
   /* the input projection of every step: one GEMM */
-  if (!fold) kiln_cpu_gemm_raw(dt, 0, 1, T * B, GH, L.I, 1.0, L.x, L.I, L.w_ih, L.I, 0.0, L.xp, GH);
+  if (!fold && !L.projected) kiln_cpu_gemm_raw(dt, 0, 1, T * B, GH, L.I, 1.0, L.x, L.I, L.w_ih, L.I, 0.0, L.xp, GH);
   memcpy(L.h, L.h0, es * (size_t)(B * H));
   memcpy(L.c, L.c0, es * (size_t)(B * H));
   if (c->ints[2] == KILN_RNN_PERSISTENT) {
@@ -1229,7 +1234,8 @@ static inline __attribute__((always_inline)) int forward(int dt, const struct ki
   memcpy(dt_at(L.z, dt, T * B * H), L.h, es * (size_t)(B * H));
   if (L.mode == KILN_RNN_LSTM) memcpy(dt_at(L.z, dt, (T + 1) * B * H), L.c, es * (size_t)(B * H));
 done:
-  kiln_cpu_free(L.xp, nxp); free(L.hh);
+  if (!L.projected) kiln_cpu_free(L.xp, nxp);
+  free(L.hh);
   free(L.h); free(L.hnext); free(L.c);
   free((void *)L.len); free(zeros);
   return rc;
@@ -1380,7 +1386,14 @@ static inline __attribute__((always_inline)) int backward(int dt, const struct k
   int team_gw = persistent && L.mode != KILN_RNN_GRU && (bw->gw_hh || bw->gw_ih) && T * B > 0 && weight_grads_here();
   L.ring = persistent && L.mode != KILN_RNN_GRU && (!bw->gx || fold_gx) && (team_gw || (!bw->gw_hh && !bw->gw_ih));
   if (L.ring) nbig = es * (size_t)(2 * B * GH > 0 ? 2 * B * GH : 1);
-  L.dgx = scratch(nbig, L.padded && !L.ring);
+  /* a projected input's grad is dgx itself: the steps write it there */
+  int into_gx = L.projected && bw->gx && !L.ring;
+  if (into_gx) {
+    L.dgx = kiln_tensor_data(bw->gx);
+    if (L.padded) memset(L.dgx, 0, nbig);
+  } else {
+    L.dgx = scratch(nbig, L.padded && !L.ring);
+  }
   L.dgh = L.mode == KILN_RNN_GRU ? scratch(nbig, L.padded) : L.dgx;
   /* the GEMM path's rows of a step, gathered when reversed sequences of several lengths put them
      at different times (backward_gemm) */
@@ -1434,7 +1447,7 @@ static inline __attribute__((always_inline)) int backward(int dt, const struct k
   }
   if (bw->gh0) memcpy(kiln_tensor_data(bw->gh0), L.dh, es * (size_t)(B * H));
   if (bw->gc0) memcpy(kiln_tensor_data(bw->gc0), L.dc, es * (size_t)(B * H));
-  if (bw->gx && !L.gx) kiln_cpu_gemm_raw(dt, 0, 0, T * B, I, GH, 1.0, L.dgx, GH, L.w_ih, I, 0.0, kiln_tensor_data(bw->gx), I);
+  if (bw->gx && !L.gx && !into_gx) kiln_cpu_gemm_raw(dt, 0, 0, T * B, I, GH, 1.0, L.dgx, GH, L.w_ih, I, 0.0, kiln_tensor_data(bw->gx), I);
   if (L.gwp) {
     if ((rc = weight_grads(dt, &L, bw->gw_hh ? kiln_tensor_data(bw->gw_hh) : NULL, bw->gw_ih ? kiln_tensor_data(bw->gw_ih) : NULL)))
       goto done;
@@ -1470,7 +1483,8 @@ static inline __attribute__((always_inline)) int backward(int dt, const struct k
   }
 done:
   if (L.dgh != L.dgx) kiln_cpu_free(L.dgh, nbig);
-  kiln_cpu_free(L.dgx, nbig); kiln_cpu_free(hprev, nprev); kiln_cpu_free(L.gwp, ngwp);
+  if (!into_gx) kiln_cpu_free(L.dgx, nbig);
+  kiln_cpu_free(hprev, nprev); kiln_cpu_free(L.gwp, ngwp);
   free(L.dgs); free(L.dh); free(L.dc); free(L.tmp);
   free((void *)L.len); free(zeros);
   return rc;

@@ -178,7 +178,7 @@ KILN_API struct kiln_tensor *kiln_rnn_layer(int mode, const struct kiln_tensor *
     kiln_fail(KILN_ERR_ARGUMENT, "%s: algorithm %d (expected 0 auto, 1 GEMM, 2 persistent, 3 cuDNN)", op, algo);
     return NULL;
   }
-  if (kiln_check_live(op, x) || kiln_check_live(op, w_ih) || kiln_check_live(op, w_hh)) return NULL;
+  if (kiln_check_live(op, x) || (w_ih && kiln_check_live(op, w_ih)) || kiln_check_live(op, w_hh)) return NULL;
   if (x->ndim != 3) {
     kiln_fail(KILN_ERR_SHAPE, "%s: input %s has %d dims (expected 3: [T,B,input_size])", op, kiln_shape_string(x), x->ndim);
     return NULL;
@@ -199,7 +199,19 @@ KILN_API struct kiln_tensor *kiln_rnn_layer(int mode, const struct kiln_tensor *
   }
   int64_t H = w_hh->sizes[1], GH = G * H;
   int64_t s_ih[2] = {GH, I}, s_hh[2] = {GH, H}, s_b[1] = {GH}, s_h[2] = {B, H};
-  if (w_ih->ndim == 2 && w_ih->sizes[0] == GH && w_ih->sizes[1] != I) {
+  /* no weight_ih: x is the input already multiplied by it ([T,B,gates*hidden]: nn's Embedding
+     feeding a layer, its table projected once), on the CPU in f32 or f64 */
+  if (!w_ih && I != GH) {
+    kiln_fail(KILN_ERR_SHAPE, "%s: without weight_ih the input is the projected one, [T,B,%lld]; got %s", op, (long long)GH,
+              kiln_shape_string(x));
+    return NULL;
+  }
+  if (!w_ih && (x->device.type != KILN_CPU || x->dtype == KILN_BF16)) {
+    kiln_fail(KILN_ERR_UNSUPPORTED, "%s: a projected input (no weight_ih) runs on the CPU in f32 or f64; input %s is %s on %s", op,
+              kiln_shape_string(x), kiln_dtype_name(x->dtype), kiln_device_name(x->device));
+    return NULL;
+  }
+  if (w_ih && w_ih->ndim == 2 && w_ih->sizes[0] == GH && w_ih->sizes[1] != I) {
     kiln_fail(KILN_ERR_SHAPE, "%s: input %s has %lld features but weight_ih %s expects %lld", op, kiln_shape_string(x),
               (long long)I, kiln_shape_string(w_ih), (long long)w_ih->sizes[1]);
     return NULL;
