@@ -23,6 +23,7 @@ local cases = {
   {x = {2, 3, 10, 6}, w = {2, 3, 3, 3}, o = {}},    -- and rows of 4, 8 rows to a permute
   {x = {18, 20, 9, 7}, w = {24, 20, 3, 3}, o = {padding = 1}},   -- Winograd F(4x4, 3x3): part tiles, part blocks
   {x = {3, 17, 11, 10}, w = {33, 17, 5, 5}, o = {padding = 2}},  -- F(2x2, 5x5), odd sides; parts of 0 and 1 image
+  {x = {2, 130, 5, 3}, w = {70, 130, 3, 3}, o = {padding = 2}},  -- a padding past the kernel's half, 3 panels of O
 }
 -- Winograd's kernels are built at the avx512 level (and in a KILN_NATIVE build on a CPU with AVX-512)
 local cpu = kiln.info().cpu

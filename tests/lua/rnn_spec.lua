@@ -592,19 +592,31 @@ describe("an Embedding feeding a recurrent layer", function()
     assert.same({"product"}, calls)
   end)
 
-  it("multiplies as before under autocast and in f32 gives the product's results within rounding", function()
+  it("in f32 and under bf16 autocast gives the product's results within rounding; under f16 it multiplies", function()
     kiln.manual_seed(6)
     local emb, lstm = nn.Embedding(9, 8), nn.LSTM(8, 16)
     local idx = kiln.randint(1, 10, {12, 5})
+    local function run(fold, dtype)
+      nn.fold_embedding = fold
+      emb:zero_grad() lstm:zero_grad()
+      local out = kiln.amp.autocast(dtype, function() return lstm(emb(idx)) end)
+      out:float():sum():backward()
+      return {out:float():detach(), emb.weight.grad, lstm.weight_ih_l0.grad, lstm.weight_hh_l0.grad, lstm.bias_ih_l0.grad}
+    end
+    for _, dtype in ipairs{"f32", "bf16"} do
+      calls = {}
+      local a = run(nil, dtype ~= "f32" and dtype or nil)
+      local b = run(false, dtype ~= "f32" and dtype or nil)
+      assert.same({"projected", "product"}, calls, dtype)
+      for i = 1, #a do
+        local scale = math.max(b[i]:abs():max():item(), 1)
+        local d = (a[i] - b[i]):abs():max():item() / scale
+        assert(d < (dtype == "f32" and 1e-6 or 2e-2), string.format("%s: tensor %d differs by %.3g (relative)", dtype, i, d))
+      end
+    end
     calls = {}
-    kiln.amp.autocast("bf16", function() return lstm(emb(idx)) end)
+    kiln.amp.autocast("f16", function() return lstm(emb(idx)) end)
     assert.same({"product"}, calls)
-    calls = {}
-    local a = lstm(emb(idx))
-    nn.fold_embedding = false
-    local b = lstm(emb(idx))
-    assert.same({"projected", "product"}, calls)
-    assert((a - b):abs():max():item() < 1e-6)
   end)
 
   it("takes a projected input in F.rnn_layer: an f64 gradient check, and what is wrong named", function()
@@ -618,5 +630,27 @@ describe("an Embedding feeding a recurrent layer", function()
                  "lstm: without weight_ih the input is the projected one, %[T,B,8%]; got %[4,3,6%]")
     assert_error(function() orig("lstm", xp:to("bf16"), nil, nil, nil, w_hh:float(), nil, nil) end,
                  "lstm: a projected input %(no weight_ih%) runs on the CPU in f32 or f64; input %[4,3,8%] is bf16 on cpu")
+  end)
+
+  it("looks a projected input up in a table by index in F.rnn_layer: the rows' results, an f64 gradient check, bad indices named", function()
+    kiln.manual_seed(8)
+    local tbl, w_hh, b_ih = f64(5, 8), f64(8, 2) * 0.5, f64(8)
+    local index = kiln.tensor({{1, 5, 2}, {5, 5, 3}, {4, 1, 1}, {2, 3, 5}}, {dtype = "i64"})
+    for _, algo in ipairs{"gemm", "persistent"} do
+      for _, lengths in ipairs{false, {4, 2, 3}} do
+        local o = {algorithm = algo, lengths = lengths or nil}
+        local rows = tbl:index_select(1, index:reshape(-1)):view(4, 3, 8)
+        local want = orig("lstm", rows, nil, nil, nil, w_hh, b_ih, nil, o)
+        o.index = index
+        local got = orig("lstm", tbl, nil, nil, nil, w_hh, b_ih, nil, o)
+        assert.is_true((got - want):abs():max():item() < 1e-14, algo)
+        assert.gradcheck(function(t, wh, bi) return orig("lstm", t, nil, nil, nil, wh, bi, nil, o) end, leaves{tbl, w_hh, b_ih})
+      end
+    end
+    assert_error(function() orig("lstm", tbl, nil, nil, nil, w_hh, nil, nil, {index = index + 1}) end,
+                 "lstm: index 5 at step 0, sequence 1 is outside the table %[5,8%] %(rows 0..4%)")
+    assert_error(function() orig("lstm", f64(5, 6), nil, nil, nil, w_hh, nil, nil, {index = index}) end,
+                 "lstm: the looked%-up table %[5,6%] has 6 columns, expected gates%*hidden = 8")
+    assert_error(function() orig("lstm", tbl, nil, nil, f64(8, 3), w_hh, nil, nil, {index = index}) end, "weight_ih must be nil")
   end)
 end)

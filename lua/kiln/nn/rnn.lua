@@ -4,10 +4,10 @@
 -- one fused kernel, and backward through time a C routine. Parameters carry PyTorch's names and
 -- layouts (weight_ih_l0, weight_hh_l0, bias_ih_l0, bias_hh_l0, ..._reverse; gates i,f,g,o for
 -- the LSTM and r,z,n for the GRU), so state dicts exchange with PyTorch.
-local ffi = require "ffi"
 local factory = require "kiln.factory"
 local functional = require "kiln.functional"
 local core = require "kiln.core"
+local amp = require "kiln.amp"
 local raise = core.raise
 
 return function(nn)
@@ -29,16 +29,26 @@ return function(nn)
     embedded[out] = {weight = weight, flat = flat, v = {version(out), version(weight), version(flat)}}
   end
   -- the table's rows where x is such an output and folding pays (fewer rows in the table than
-  -- steps times sequences; the CPU, f32 or f64, autocast off; nn.fold_embedding ~= false, as
-  -- nn.fusion), else nil
+  -- steps times sequences; the CPU, f32 or f64, autocast off or bf16; nn.fold_embedding ~= false,
+  -- as nn.fusion), else nil
   local function embedded_table(x)
     local e = embedded[x]
     if not e or nn.fold_embedding == false or x:dim() ~= 3 then return nil end
     if version(x) ~= e.v[1] or version(e.weight) ~= e.v[2] or version(e.flat) ~= e.v[3] then return nil end
-    local dt = x:dtype()
-    if x:device() ~= "cpu" or (dt ~= "f32" and dt ~= "f64") or ffi.C.kiln_autocast_get() >= 0 then return nil end
+    local dt, lower = x:dtype(), amp.autocast_dtype()
+    if x:device() ~= "cpu" or (dt ~= "f32" and dt ~= "f64") or (lower and (lower ~= "bf16" or dt ~= "f32")) then return nil end
     if e.weight:dtype() ~= dt or e.weight:size(1) >= x:size(1) * x:size(2) then return nil end
     return e
+  end
+  -- the projected table [V, G*H]: weight w_ih^T, or under bf16 autocast the f32 product of the two
+  -- rounded to bf16 (what the bf16 layer makes of its rounded input and w_ih), which it reads in f32
+  local function projected_table(weight, w_ih)
+    if not amp.autocast_dtype() then return F().linear(weight, w_ih) end
+    local saved = amp.set_autocast(nil)
+    local ok, p = pcall(function() return F().linear(weight:to("bf16"):to("f32"), w_ih:to("bf16"):to("f32")) end)
+    amp.set_autocast(saved)
+    if not ok then error(p, 0) end
+    return p
   end
 
   -- (input_size, hidden_size, opts) or ({input_size =, hidden_size =, ...})
@@ -157,16 +167,14 @@ return function(nn)
       local outs = {}
       for d = 0, D - 1 do
         local sfx, k = "_l" .. l .. (d == 1 and "_reverse" or ""), l * D + d + 1
-        local x_in, w_ih = input, self["weight_ih" .. sfx]
-        if l == 0 and table_rows then   -- the projected table's rows, in x's order, [T,B,G*H]
-          local rows = F().linear(table_rows.weight, w_ih):index_select(1, table_rows.flat)
-          local GH = w_ih:size(1)
-          x_in = self.batch_first and rows:view(B, T, GH):transpose(1, 2) or rows:view(T, B, GH)
-          w_ih = nil
+        local x_in, w_ih, index = input, self["weight_ih" .. sfx], nil
+        if l == 0 and table_rows then   -- the projected table, and each step's row of it [T,B]
+          x_in, w_ih = projected_table(table_rows.weight, w_ih), nil
+          index = self.batch_first and table_rows.flat:view(B, T):transpose(1, 2) or table_rows.flat:view(T, B)
         end
         local z = F().rnn_layer(self.mode, x_in, h0 and h0:select(1, k), c0 and c0:select(1, k),
-                                w_ih, self["weight_hh" .. sfx], self["bias_ih" .. sfx],
-                                self["bias_hh" .. sfx], {lengths = lengths, reverse = d == 1, algorithm = self.algorithm})
+                                w_ih, self["weight_hh" .. sfx], self["bias_ih" .. sfx], self["bias_hh" .. sfx],
+                                {lengths = lengths, reverse = d == 1, algorithm = self.algorithm, index = index})
         outs[d + 1] = z:narrow(1, 1, T)
         hn[k] = z:select(1, T + 1)
         if lstm then cn[k] = z:select(1, T + 2) end

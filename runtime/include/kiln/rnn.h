@@ -27,13 +27,24 @@ enum kiln_rnn_algo { KILN_RNN_AUTO = 0, KILN_RNN_GEMM = 1, KILN_RNN_PERSISTENT =
    Returns Z [T+S, B, H]: Z[0..T-1] the outputs, Z[T] the final hidden state, and for LSTM
    (S = 2) Z[T+1] the final cell state; S = 1 otherwise.
    w_ih NULL: x is the input already projected, x w_ih^T [T,B,G*H] (b_ih still added by the layer),
-   and its grad is the grad of that projection; the CPU, f32 or f64 (nn's Embedding feeding a
-   layer: its table projected once, lua/kiln/nn/rnn.lua). */
+   and its grad is the grad of that projection; the CPU, f32 or f64, or a bf16 layer under bf16
+   autocast reading it in f32 (kiln_rnn_layer_lookup below reads such rows from a table). */
 struct kiln_tensor *kiln_rnn_layer(int mode, const struct kiln_tensor *x, const struct kiln_tensor *h0,
                                    const struct kiln_tensor *c0, const struct kiln_tensor *w_ih,
                                    const struct kiln_tensor *w_hh, const struct kiln_tensor *b_ih,
                                    const struct kiln_tensor *b_hh, const struct kiln_tensor *lengths, int reverse,
                                    int algo);
+
+/* kiln_rnn_layer with its projected input looked up: table [V, G*H] holds x w_ih^T for V inputs
+   (an Embedding's table projected once), index i64 [T,B] on the CPU (counting from 0) names each
+   step's row; the steps read the rows where they lie, and the table's grad is the sum of each
+   step's pre-activation grads in its row. The CPU, f32 or f64 (a bf16 layer under bf16 autocast,
+   reading the table in f32). */
+struct kiln_tensor *kiln_rnn_layer_lookup(int mode, const struct kiln_tensor *table, const struct kiln_tensor *index,
+                                          const struct kiln_tensor *h0, const struct kiln_tensor *c0,
+                                          const struct kiln_tensor *w_hh, const struct kiln_tensor *b_ih,
+                                          const struct kiln_tensor *b_hh, const struct kiln_tensor *lengths, int reverse,
+                                          int algo);
 
 /* The algorithm kiln_rnn_layer would run for this layer (never AUTO), and in why (when not NULL)
    the reason in words, e.g. why PERSISTENT cannot be used. Asking for PERSISTENT or CUDNN where it

@@ -10,6 +10,8 @@ struct kiln_rnn_tensors {
   const struct kiln_tensor *w_ih, *w_hh;       /* [G*H,I], [G*H,H] */
   const struct kiln_tensor *b_ih, *b_hh;       /* [G*H] or NULL */
   const struct kiln_tensor *lengths;           /* [B] or NULL */
+  const struct kiln_tensor *index;             /* i64 [T,B]: x is a table [V,G*H] of projected rows it
+                                                  picks (w_ih NULL), or NULL */
 };
 
 /* What a step keeps for the backward, per (t, b), in units of H: LSTM i,f,g,o (activated) and c;

@@ -338,6 +338,7 @@ struct layer {
   int mode, reverse, G, RS;
   int padded;                    /* some sequence is shorter than T: rows past its end stay 0 */
   int projected;                 /* no w_ih: x is the projected input [T][B][GH], xp itself (I = 0) */
+  const int64_t *xidx;           /* or NULL: xp's row of step row (t * B + b) is xidx[row] (a table's) */
   int64_t T, B, I, H, GH;
   const int64_t *len;            /* [B] */
   const void *x, *h0, *c0;       /* h0, c0: [B,H], zeros when the layer has none */
@@ -631,7 +632,7 @@ static void lstm_forward_f32_zmm(int64_t H, int64_t n, const float *restrict xp,
 static inline __attribute__((always_inline)) void cell_forward(int dt, struct layer *L, int64_t s, int64_t b, int64_t j0,
                                                                int64_t j1, const void *hin, void *hout, void *yf) {
   int64_t H = L->H, t = step_time(L, s, b), row = t * L->B + b, n = j1 - j0;
-  const void *xp = L->xp ? dt_at(L->xp, dt, row * L->GH + j0) : dt_at(L->zero, dt, j0);
+  const void *xp = L->xp ? dt_at(L->xp, dt, (L->xidx ? L->xidx[row] : row) * L->GH + j0) : dt_at(L->zero, dt, j0);
   const void *bi = dt_at(L->b_ih, dt, j0), *hh = dt_at(L->hh, dt, b * L->GH + j0), *bh = dt_at(L->b_hh, dt, j0);
   /* the output row; bf16: yf, a scratch row of the caller's, then the output rounded into zb */
   void *y = L->bf ? yf : dt_at(L->z, dt, row * H + j0), *ho = dt_at(hout, dt, b * H + j0);
@@ -659,7 +660,7 @@ static void cell_forward_f64(struct layer *L, int64_t s, int64_t b, int64_t j0, 
    second pass, the same bits) */
 static void cell_forward_lstm_bf(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1, void *hout) {
   int64_t H = L->H, t = step_time(L, s, b), row = t * L->B + b, GH = L->GH, n = j1 - j0;
-  const float *xp = L->xp ? (const float *)L->xp + row * GH + j0 : (const float *)L->zero + j0;
+  const float *xp = L->xp ? (const float *)L->xp + (L->xidx ? L->xidx[row] : row) * GH + j0 : (const float *)L->zero + j0;
 #if defined(__AVX512F__)
   lstm_forward_f32_zmm(H, n, xp, (const float *)L->b_ih + j0, (const float *)L->hh + b * GH + j0, (const float *)L->b_hh + j0,
                        (float *)L->c + b * H + j0, L->res ? (float *)L->res + row * L->RS * H + j0 : NULL,
@@ -1167,12 +1168,15 @@ static void backward_team_bf(void *ctx, int id, int nteam) {
 static int setup(int dt, struct layer *L, int mode, int reverse, const struct kiln_rnn_tensors *t, void **zeros) {
   L->mode = mode; L->reverse = reverse;
   L->G = kiln_rnn_gates(mode); L->RS = kiln_rnn_reserve(mode);
-  L->T = t->x->sizes[0]; L->B = t->x->sizes[1]; L->I = t->x->sizes[2];
+  const struct kiln_tensor *steps = t->index ? t->index : t->x;   /* [T,B,...] */
+  L->T = steps->sizes[0]; L->B = steps->sizes[1]; L->I = t->index ? 0 : t->x->sizes[2];
   L->H = t->w_hh->sizes[1]; L->GH = L->G * L->H;
   L->x = kiln_tensor_data(t->x);
-  /* no w_ih: x is the input already projected, [T][B][GH] (kiln/rnn.h), which the steps read as
-     they read the projection they make; the layer has no input of its own (I = 0) */
+  /* no w_ih: x is the input already projected, [T][B][GH], or a table of such rows that index
+     picks (kiln/rnn.h), which the steps read as they read the projection they make; the layer has
+     no input of its own (I = 0) */
   L->projected = t->w_ih == NULL;
+  L->xidx = t->index ? kiln_tensor_data(t->index) : NULL;
   if (L->projected) L->I = 0;
   L->w_ih = t->w_ih ? kiln_tensor_data(t->w_ih) : NULL; L->w_hh = kiln_tensor_data(t->w_hh);
   int64_t nz = L->GH > L->B * L->H ? L->GH : L->B * L->H;
@@ -1364,6 +1368,38 @@ static inline __attribute__((always_inline)) void bias_grad(int dt, void *dst, c
     for (int64_t q = 0; q < GH; q++) dt_store(dst, dt, q, dt_add(dt, dt_load(dst, dt, q), dt_load(src, dt, r * GH + q)));
 }
 
+/* A looked-up input's grad, the table's [V][GH]: each step's row of dgx added into the row its
+   index names, in step order; columns shared out over the pool (each column's sums in one thread,
+   in the same order at any thread count). dgx's rows are f32/f64 (dgx) or rounded bf16 (dgxb,
+   GHp apart). */
+struct table_job { int dt; const struct layer *L; void *gt; int64_t V; };
+static void table_columns(void *ctx, int64_t q0, int64_t q1) {
+  const struct table_job *j = ctx;
+  const struct layer *L = j->L;
+  int64_t GH = L->GH, rows = L->T * L->B;
+  for (int64_t v = 0; v < j->V; v++) memset(dt_at(j->gt, j->dt, v * GH + q0), 0, dt_size(j->dt) * (size_t)(q1 - q0));
+  for (int64_t r = 0; r < rows; r++) {
+    int64_t v = L->xidx[r];
+    if (L->dgxb) {
+      float *g = (float *)j->gt + v * GH;
+      const uint16_t *d = L->dgxb + r * L->GHp;
+      for (int64_t q = q0; q < q1; q++) g[q] += convert_bf16_to_f32(d[q]);
+    } else if (j->dt == KILN_F32) {
+      float *g = (float *)j->gt + v * GH;
+      const float *d = (const float *)L->dgx + r * GH;
+      for (int64_t q = q0; q < q1; q++) g[q] += d[q];
+    } else {
+      double *g = (double *)j->gt + v * GH;
+      const double *d = (const double *)L->dgx + r * GH;
+      for (int64_t q = q0; q < q1; q++) g[q] += d[q];
+    }
+  }
+}
+static void table_grad(int dt, const struct layer *L, void *gt, int64_t V) {
+  struct table_job j = {dt, L, gt, V};
+  kiln_parallel_for(L->GH, 64, table_columns, &j);
+}
+
 static inline __attribute__((always_inline)) int backward(int dt, const struct kiln_call *c) {
   const struct kiln_rnn_backward *bw = c->extra;
   struct layer L = {0};
@@ -1386,8 +1422,8 @@ static inline __attribute__((always_inline)) int backward(int dt, const struct k
   int team_gw = persistent && L.mode != KILN_RNN_GRU && (bw->gw_hh || bw->gw_ih) && T * B > 0 && weight_grads_here();
   L.ring = persistent && L.mode != KILN_RNN_GRU && (!bw->gx || fold_gx) && (team_gw || (!bw->gw_hh && !bw->gw_ih));
   if (L.ring) nbig = es * (size_t)(2 * B * GH > 0 ? 2 * B * GH : 1);
-  /* a projected input's grad is dgx itself: the steps write it there */
-  int into_gx = L.projected && bw->gx && !L.ring;
+  /* a projected input's grad is dgx itself: the steps write it there (a table's: added by rows below) */
+  int into_gx = L.projected && !L.xidx && bw->gx && !L.ring;
   if (into_gx) {
     L.dgx = kiln_tensor_data(bw->gx);
     if (L.padded) memset(L.dgx, 0, nbig);
@@ -1447,7 +1483,11 @@ static inline __attribute__((always_inline)) int backward(int dt, const struct k
   }
   if (bw->gh0) memcpy(kiln_tensor_data(bw->gh0), L.dh, es * (size_t)(B * H));
   if (bw->gc0) memcpy(kiln_tensor_data(bw->gc0), L.dc, es * (size_t)(B * H));
-  if (bw->gx && !L.gx && !into_gx) kiln_cpu_gemm_raw(dt, 0, 0, T * B, I, GH, 1.0, L.dgx, GH, L.w_ih, I, 0.0, kiln_tensor_data(bw->gx), I);
+  if (bw->gx && L.xidx) {
+    table_grad(dt, &L, kiln_tensor_data(bw->gx), bw->gx->sizes[0]);
+  } else if (bw->gx && !L.gx && !into_gx) {
+    kiln_cpu_gemm_raw(dt, 0, 0, T * B, I, GH, 1.0, L.dgx, GH, L.w_ih, I, 0.0, kiln_tensor_data(bw->gx), I);
+  }
   if (L.gwp) {
     if ((rc = weight_grads(dt, &L, bw->gw_hh ? kiln_tensor_data(bw->gw_hh) : NULL, bw->gw_ih ? kiln_tensor_data(bw->gw_ih) : NULL)))
       goto done;
@@ -1542,18 +1582,18 @@ static int forward_bf(const struct kiln_call *c) {
   int persistent = c->ints[2] == KILN_RNN_PERSISTENT;
   L.bf = 1;
   L.wdt = f->t.w_hh->dtype;
-  L.xb = L.x; L.x = NULL;
+  L.xb = L.projected ? NULL : L.x; L.x = NULL;   /* a projected input: f32, the steps' xp itself */
   L.zb = kiln_tensor_data(c->out);
   L.res = f->reserve ? kiln_tensor_data(f->reserve) : NULL;
   float *h0c = NULL, *c0c = NULL, *bic = NULL, *bhc = NULL;
   int rc = KILN_OK, fold = persistent && L.mode != KILN_RNN_GRU && B >= KILN_RNN_FOLD_MIN_BATCH &&
-                          H + I <= KILN_RNN_FOLD_MAX_ROWS;
+                          H + I <= KILN_RNN_FOLD_MAX_ROWS && !L.projected;
   if (f->t.h0) L.h0 = f32_of(f->t.h0, B * H, &h0c);
   if (f->t.c0) L.c0 = f32_of(f->t.c0, B * H, &c0c);
   if (f->t.b_ih) L.b_ih = f32_of(f->t.b_ih, GH, &bic);
   if (f->t.b_hh) L.b_hh = f32_of(f->t.b_hh, GH, &bhc);
   size_t nxp = sizeof(float) * (size_t)(T * B * GH > 0 ? T * B * GH : 1), nbh = (size_t)(B * H > 0 ? B * H : 1);
-  L.xp = fold ? NULL : kiln_cpu_alloc(nxp);
+  L.xp = fold ? NULL : L.projected ? (void *)kiln_tensor_data(f->t.x) : kiln_cpu_alloc(nxp);
   L.zero = zeros;
   L.hh = calloc((size_t)(B * GH > 0 ? B * GH : 1), sizeof(float));
   L.h = malloc(sizeof(float) * nbh);
@@ -1574,7 +1614,8 @@ static int forward_bf(const struct kiln_call *c) {
   round_inputs_bf(&L);
   if (L.padded) memset(L.zb, 0, sizeof(uint16_t) * (size_t)c->out->numel);
   /* the input projection of every step: one GEMM on bf16 operands (cpu/bf16_gemm.c) */
-  if (!fold && (rc = kiln_cpu_gemm_bf16_f32(T * B, GH, I, 1.0f, L.xb, I, 1, L.wihb, 1, I, 0.0f, L.xp, GH, 1))) goto done;
+  if (!fold && !L.projected && (rc = kiln_cpu_gemm_bf16_f32(T * B, GH, I, 1.0f, L.xb, I, 1, L.wihb, 1, I, 0.0f, L.xp, GH, 1)))
+    goto done;
   memcpy(L.h, L.h0, sizeof(float) * (size_t)(B * H));
   memcpy(L.c, L.c0, sizeof(float) * (size_t)(B * H));
   if (persistent) {
@@ -1588,7 +1629,8 @@ static int forward_bf(const struct kiln_call *c) {
   kiln_cpu_rnn_bf16_round(L.zb + T * B * H, L.h, KILN_F32, B * H);
   if (L.mode == KILN_RNN_LSTM) kiln_cpu_rnn_bf16_round(L.zb + (T + 1) * B * H, L.c, KILN_F32, B * H);
 done:
-  kiln_cpu_free(L.xp, nxp); free(L.hh);
+  if (!L.projected) kiln_cpu_free(L.xp, nxp);
+  free(L.hh);
   free(L.h); free(L.hnext); free(L.c); free(L.h0b); free(L.wihb); free(L.whhb); free(L.hb); free(L.yrows);
   free(h0c); free(c0c); free(bic); free(bhc);
   free((void *)L.len); free(zeros);
@@ -1604,7 +1646,7 @@ static int backward_bf(const struct kiln_call *c) {
   int persistent = c->ints[2] == KILN_RNN_PERSISTENT, gru = L.mode == KILN_RNN_GRU;
   L.bf = 1;
   L.wdt = bw->t.w_hh->dtype;
-  L.xb = L.x; L.x = NULL;
+  L.xb = L.projected ? NULL : L.x; L.x = NULL;
   L.zb = kiln_tensor_data(bw->z);
   L.res = bw->reserve ? kiln_tensor_data(bw->reserve) : NULL;
   L.GHp = GHp;
@@ -1683,7 +1725,13 @@ static int backward_bf(const struct kiln_call *c) {
   }
   if (bw->gh0) store_f32(bw->gh0, L.dh, B * H);
   if (bw->gc0) store_f32(bw->gc0, L.dc, B * H);
-  if (bw->gx && !fold_gx) {   /* dgx rounded times w_ih rounded, then rounded once */
+  if (bw->gx && L.xidx) {   /* a looked-up input's grad: dgx rounded (as the products below read it), by rows */
+    table_grad(KILN_F32, &L, kiln_tensor_data(bw->gx), bw->gx->sizes[0]);
+  } else if (bw->gx && L.projected) {   /* a projected input's grad: dgx rounded */
+    float *gx = kiln_tensor_data(bw->gx);
+    for (int64_t r = 0; r < T * B; r++)
+      for (int64_t q = 0; q < GH; q++) gx[r * GH + q] = convert_bf16_to_f32(L.dgxb[r * GHp + q]);
+  } else if (bw->gx && !fold_gx) {   /* dgx rounded times w_ih rounded, then rounded once */
     if (!(gxf = malloc(sizeof(float) * (size_t)(T * B * I + 1)))) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory"); goto done; }
     if ((rc = kiln_cpu_gemm_bf16_f32(T * B, I, GH, 1.0f, L.dgxb, GHp, 1, L.wihb, I, 1, 0.0f, gxf, I, 1))) goto done;
     store_f32(bw->gx, gxf, T * B * I);
@@ -1773,6 +1821,6 @@ int cpu_rnn(const struct kiln_call *c) {
 
 int cpu_rnn_backward(const struct kiln_call *c) {
   const struct kiln_rnn_backward *bw = c->extra;
-  if (bw->t.x->dtype == KILN_BF16) return backward_bf(c);
+  if (bw->z->dtype == KILN_BF16) return backward_bf(c);   /* a bf16 layer (its input bf16, or projected f32) */
   return bw->gz->dtype == KILN_F64 ? backward_f64(c) : backward_f32(c);
 }

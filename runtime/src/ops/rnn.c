@@ -142,6 +142,7 @@ static int autocast_layer(const struct kiln_tensor *const *in, struct kiln_tenso
   for (int i = 0; i < 7; i++) {
     const struct kiln_tensor *t = in[i];
     if (!t || (t->storage && (t->storage->flags & KILN_STORAGE_FREED))) continue;   /* the checks below refuse it */
+    if (i == 0 && !in[3]) continue;   /* a projected input stays as it is (layer_dtype) */
     int want = kiln_autocast_dtype(KILN_OP_RNN, t->dtype, t->device.type, lower);
     if (i > 0 && want == KILN_BF16 && t->dtype == KILN_F32) want = KILN_F32;
     if (want == t->dtype) continue;
@@ -151,11 +152,22 @@ static int autocast_layer(const struct kiln_tensor *const *in, struct kiln_tenso
   return change;
 }
 
-KILN_API struct kiln_tensor *kiln_rnn_layer(int mode, const struct kiln_tensor *x, const struct kiln_tensor *h0,
-                                            const struct kiln_tensor *c0, const struct kiln_tensor *w_ih,
-                                            const struct kiln_tensor *w_hh, const struct kiln_tensor *b_ih,
-                                            const struct kiln_tensor *b_hh, const struct kiln_tensor *lengths, int reverse,
-                                            int algo) {
+/* The dtype a layer runs in: its input's, but for a projected f32 input (no w_ih) on the CPU
+   under bf16 autocast: a bf16 layer that reads the projection in f32, as it reads the one it makes
+   from bf16 operands. */
+static int layer_dtype(const struct kiln_tensor *x, const struct kiln_tensor *w_ih) {
+  int lower = kiln_autocast_get();
+  if (!w_ih && x->dtype == KILN_F32 && x->device.type == KILN_CPU && lower >= 0 &&
+      kiln_autocast_dtype(KILN_OP_RNN, KILN_F32, KILN_CPU, lower) == KILN_BF16)
+    return KILN_BF16;
+  return x->dtype;
+}
+
+/* A layer; index: x is a table [V, G*H] of projected rows that index [T,B] picks (w_ih NULL) */
+static struct kiln_tensor *layer(int mode, const struct kiln_tensor *x, const struct kiln_tensor *index,
+                                 const struct kiln_tensor *h0, const struct kiln_tensor *c0, const struct kiln_tensor *w_ih,
+                                 const struct kiln_tensor *w_hh, const struct kiln_tensor *b_ih, const struct kiln_tensor *b_hh,
+                                 const struct kiln_tensor *lengths, int reverse, int algo) {
   const struct kiln_tensor *given[7] = {x, h0, c0, w_ih, w_hh, b_ih, b_hh};
   struct kiln_tensor *ac[7];
   switch (autocast_layer(given, ac)) {
@@ -163,7 +175,7 @@ KILN_API struct kiln_tensor *kiln_rnn_layer(int mode, const struct kiln_tensor *
   case 1: {
     const struct kiln_tensor *u[7];
     for (int i = 0; i < 7; i++) u[i] = ac[i] ? ac[i] : given[i];
-    struct kiln_tensor *r = kiln_rnn_layer(mode, u[0], u[1], u[2], u[3], u[4], u[5], u[6], lengths, reverse, algo);
+    struct kiln_tensor *r = layer(mode, u[0], index, u[1], u[2], u[3], u[4], u[5], u[6], lengths, reverse, algo);
     kiln_autocast_release(7, ac);
     return r;
   }
@@ -178,8 +190,15 @@ KILN_API struct kiln_tensor *kiln_rnn_layer(int mode, const struct kiln_tensor *
     kiln_fail(KILN_ERR_ARGUMENT, "%s: algorithm %d (expected 0 auto, 1 GEMM, 2 persistent, 3 cuDNN)", op, algo);
     return NULL;
   }
-  if (kiln_check_live(op, x) || (w_ih && kiln_check_live(op, w_ih)) || kiln_check_live(op, w_hh)) return NULL;
-  if (x->ndim != 3) {
+  if (kiln_check_live(op, x) || (w_ih && kiln_check_live(op, w_ih)) || kiln_check_live(op, w_hh) ||
+      (index && kiln_check_live(op, index)))
+    return NULL;
+  if (index && (index->ndim != 2 || index->dtype != KILN_I64 || index->device.type != KILN_CPU || x->ndim != 2)) {
+    kiln_fail(KILN_ERR_SHAPE, "%s: a looked-up input is a table [rows, gates*hidden] and an i64 index [T,B] on the CPU; got %s and %s %s",
+              op, kiln_shape_string(x), kiln_shape_string(index), kiln_dtype_name(index->dtype));
+    return NULL;
+  }
+  if (!index && x->ndim != 3) {
     kiln_fail(KILN_ERR_SHAPE, "%s: input %s has %d dims (expected 3: [T,B,input_size])", op, kiln_shape_string(x), x->ndim);
     return NULL;
   }
@@ -188,7 +207,8 @@ KILN_API struct kiln_tensor *kiln_rnn_layer(int mode, const struct kiln_tensor *
               kiln_dtype_name(x->dtype), kiln_device_name(x->device));
     return NULL;
   }
-  int64_t T = x->sizes[0], B = x->sizes[1], I = x->sizes[2], G = kiln_rnn_gates(mode);
+  int64_t T = index ? index->sizes[0] : x->sizes[0], B = index ? index->sizes[1] : x->sizes[1];
+  int64_t I = index ? x->sizes[1] : x->sizes[2], G = kiln_rnn_gates(mode);
   if (T < 1 || B < 1) {
     kiln_fail(KILN_ERR_SHAPE, "%s: input %s has no steps or no sequences", op, kiln_shape_string(x));
     return NULL;
@@ -199,11 +219,16 @@ KILN_API struct kiln_tensor *kiln_rnn_layer(int mode, const struct kiln_tensor *
   }
   int64_t H = w_hh->sizes[1], GH = G * H;
   int64_t s_ih[2] = {GH, I}, s_hh[2] = {GH, H}, s_b[1] = {GH}, s_h[2] = {B, H};
-  /* no weight_ih: x is the input already multiplied by it ([T,B,gates*hidden]: nn's Embedding
-     feeding a layer, its table projected once), on the CPU in f32 or f64 */
+  /* no weight_ih: x is the input already multiplied by it ([T,B,gates*hidden], or a table of such
+     rows that index picks: nn's Embedding feeding a layer, its table projected once), on the CPU
+     in f32 or f64 (under bf16 autocast the layer runs in bf16 and reads it in f32: layer_dtype) */
   if (!w_ih && I != GH) {
-    kiln_fail(KILN_ERR_SHAPE, "%s: without weight_ih the input is the projected one, [T,B,%lld]; got %s", op, (long long)GH,
-              kiln_shape_string(x));
+    if (index)
+      kiln_fail(KILN_ERR_SHAPE, "%s: the looked-up table %s has %lld columns, expected gates*hidden = %lld", op, kiln_shape_string(x),
+                (long long)I, (long long)GH);
+    else
+      kiln_fail(KILN_ERR_SHAPE, "%s: without weight_ih the input is the projected one, [T,B,%lld]; got %s", op, (long long)GH,
+                kiln_shape_string(x));
     return NULL;
   }
   if (!w_ih && (x->device.type != KILN_CPU || x->dtype == KILN_BF16)) {
@@ -225,15 +250,30 @@ KILN_API struct kiln_tensor *kiln_rnn_layer(int mode, const struct kiln_tensor *
     return NULL;
   }
   if (lengths && check_lengths(op, lengths, T, B)) return NULL;
+  if (index) {   /* every row the index names is in the table */
+    struct kiln_tensor *ic = kiln_contiguous(index);
+    if (!ic) return NULL;
+    const int64_t *iv = kiln_tensor_data(ic);
+    for (int64_t r = 0; r < T * B; r++)
+      if (iv[r] < 0 || iv[r] >= x->sizes[0]) {
+        kiln_fail(KILN_ERR_INDEX, "%s: index %lld at step %lld, sequence %lld is outside the table %s (rows 0..%lld)", op,
+                  (long long)iv[r], (long long)(r / B), (long long)(r % B), kiln_shape_string(x), (long long)x->sizes[0] - 1);
+        kiln_tensor_release(ic);
+        return NULL;
+      }
+    kiln_tensor_release(ic);
+  }
 
   const struct kiln_tensor *orig[NIN] = {x, h0, c0, w_ih, w_hh, b_ih, b_hh};
-  struct kiln_tensor *in[NIN] = {0}, *len = NULL, *z = NULL, *reserve = NULL;
+  struct kiln_tensor *in[NIN] = {0}, *len = NULL, *z = NULL, *reserve = NULL, *idx = NULL;
   for (int k = 0; k < NIN; k++)
     if (orig[k] && !(in[k] = kiln_contiguous(orig[k]))) goto fail;
   if (lengths && !(len = kiln_contiguous(lengths))) goto fail;
+  if (index && !(idx = kiln_contiguous(index))) goto fail;
   int64_t zs[3] = {T + kiln_rnn_states(mode), B, H};
-  if (!(z = kiln_tensor_empty(3, zs, x->dtype, x->device))) goto fail;
-  int chosen = kiln_rnn_choose_algo(mode, B, H, x->dtype, x->device, algo, NULL, 0);
+  int ldt = layer_dtype(x, w_ih);
+  if (!(z = kiln_tensor_empty(3, zs, ldt, x->device))) goto fail;
+  int chosen = kiln_rnn_choose_algo(mode, B, H, ldt, x->device, algo, NULL, 0);
   if (chosen == KILN_RNN_CUDNN && I == 0) chosen = KILN_RNN_GEMM;   /* cuDNN needs an input feature */
   /* one step (the cells): the team would pack the weights for a single product, which a GEMM
      runs as fast (persistent / GEMM time 0.75 to 0.97 at one step, 1.0 to 1.15 at four) */
@@ -241,25 +281,48 @@ KILN_API struct kiln_tensor *kiln_rnn_layer(int mode, const struct kiln_tensor *
   /* cuDNN's reserve is made by its kernel (rnn_calls.h) */
   if (kiln_rnn_reserve(mode) && chosen != KILN_RNN_CUDNN) {   /* a bf16 layer's gates and cells: f32 */
     int64_t rs[3] = {T, B, kiln_rnn_reserve(mode) * H};
-    if (!(reserve = kiln_tensor_empty(3, rs, x->dtype == KILN_BF16 ? KILN_F32 : x->dtype, x->device))) goto fail;
+    if (!(reserve = kiln_tensor_empty(3, rs, ldt == KILN_BF16 ? KILN_F32 : ldt, x->device))) goto fail;
   }
-  struct kiln_rnn_forward f = {{in[IN_X], in[IN_H0], in[IN_C0], in[IN_W_IH], in[IN_W_HH], in[IN_B_IH], in[IN_B_HH], len}, reserve, NULL,
-                               !kiln_autograd_wanted(NIN, orig)};
-  struct kiln_call call = {.op = KILN_OP_RNN, .out = z, .nints = 3, .ints = {mode, reverse ? 1 : 0, chosen}, .extra = &f};
+  struct kiln_rnn_forward f = {{in[IN_X], in[IN_H0], in[IN_C0], in[IN_W_IH], in[IN_W_HH], in[IN_B_IH], in[IN_B_HH], len, idx},
+                               reserve, NULL, !kiln_autograd_wanted(NIN, orig)};
+  struct kiln_call call = {.op = KILN_OP_RNN, .out = z, .nints = 4, .ints = {mode, reverse ? 1 : 0, chosen, idx != NULL}, .extra = &f};
   int rc = kiln_dispatch(x->device, &call);
   if (f.cudnn_reserve) reserve = f.cudnn_reserve;
   if (rc) goto fail;
-  const struct kiln_tensor *saved[NSAVED] = {[S_X] = in[IN_X], [S_H0] = in[IN_H0], [S_C0] = in[IN_C0], [S_W_IH] = in[IN_W_IH],
-                                             [S_W_HH] = in[IN_W_HH], [S_Z] = z, [S_RESERVE] = reserve, [S_LENGTHS] = len};
-  if (kiln_autograd_record_saved(KILN_OP_RNN, z, NIN, orig, NULL, call.ints, 3, saved, NSAVED)) goto fail;
+  /* a looked-up input has no w_ih: its slot keeps the index (ints[3] says which) */
+  const struct kiln_tensor *saved[NSAVED] = {[S_X] = in[IN_X], [S_H0] = in[IN_H0], [S_C0] = in[IN_C0],
+                                             [S_W_IH] = idx ? idx : in[IN_W_IH], [S_W_HH] = in[IN_W_HH], [S_Z] = z,
+                                             [S_RESERVE] = reserve, [S_LENGTHS] = len};
+  if (kiln_autograd_record_saved(KILN_OP_RNN, z, NIN, orig, NULL, call.ints, 4, saved, NSAVED)) goto fail;
   for (int k = 0; k < NIN; k++) kiln_tensor_release(in[k]);
   kiln_tensor_release(len);
+  kiln_tensor_release(idx);
   kiln_tensor_release(reserve);
   return z;
 fail:
   for (int k = 0; k < NIN; k++) kiln_tensor_release(in[k]);
-  kiln_tensor_release(len); kiln_tensor_release(z); kiln_tensor_release(reserve);
+  kiln_tensor_release(len); kiln_tensor_release(z); kiln_tensor_release(reserve); kiln_tensor_release(idx);
   return NULL;
+}
+
+KILN_API struct kiln_tensor *kiln_rnn_layer(int mode, const struct kiln_tensor *x, const struct kiln_tensor *h0,
+                                            const struct kiln_tensor *c0, const struct kiln_tensor *w_ih,
+                                            const struct kiln_tensor *w_hh, const struct kiln_tensor *b_ih,
+                                            const struct kiln_tensor *b_hh, const struct kiln_tensor *lengths, int reverse,
+                                            int algo) {
+  return layer(mode, x, NULL, h0, c0, w_ih, w_hh, b_ih, b_hh, lengths, reverse, algo);
+}
+
+KILN_API struct kiln_tensor *kiln_rnn_layer_lookup(int mode, const struct kiln_tensor *table, const struct kiln_tensor *index,
+                                                   const struct kiln_tensor *h0, const struct kiln_tensor *c0,
+                                                   const struct kiln_tensor *w_hh, const struct kiln_tensor *b_ih,
+                                                   const struct kiln_tensor *b_hh, const struct kiln_tensor *lengths, int reverse,
+                                                   int algo) {
+  if (!index) {
+    kiln_fail(KILN_ERR_ARGUMENT, "rnn_layer_lookup: the index is missing (NULL)");
+    return NULL;
+  }
+  return layer(mode, table, index, h0, c0, NULL, w_hh, b_ih, b_hh, lengths, reverse, algo);
 }
 
 int kiln_rnn_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
@@ -272,8 +335,10 @@ int kiln_rnn_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_
       return kiln_error_code();
     }
   }
+  int lookup = n->nints > 3 && n->ints[3];   /* S_W_IH holds the index */
   struct kiln_rnn_backward bw = {
-    .t = {n->saved[S_X], n->saved[S_H0], n->saved[S_C0], n->saved[S_W_IH], n->saved[S_W_HH], NULL, NULL, n->saved[S_LENGTHS]},
+    .t = {n->saved[S_X], n->saved[S_H0], n->saved[S_C0], lookup ? NULL : n->saved[S_W_IH], n->saved[S_W_HH], NULL, NULL,
+          n->saved[S_LENGTHS], lookup ? n->saved[S_W_IH] : NULL},
     .z = n->saved[S_Z], .reserve = n->saved[S_RESERVE], .gz = gz,
     .gx = gin[IN_X], .gh0 = gin[IN_H0], .gc0 = gin[IN_C0], .gw_ih = gin[IN_W_IH], .gw_hh = gin[IN_W_HH],
     .gb_ih = gin[IN_B_IH], .gb_hh = gin[IN_B_HH]};
