@@ -166,24 +166,34 @@ static void weights_out(void *ctx, int64_t begin, int64_t end) {
 
 /* ---- the input: the zero-padded plane with channels last, then V = B^T d B a tile ---- */
 
+/* Channel rows <-> channels-last vectors, sixteen by sixteen, transposed in registers. rows_in: nr
+   rows (the rest zeros) of nc floats, rows rs apart -> nc vectors of sixteen lanes at dst, ds apart.
+   rows_out: nc vectors at src, ss apart -> nr rows of nc floats at dst, rows ds apart. */
+static inline void rows_in(const float *src, int64_t rs, int64_t nr, int64_t nc, float *dst, int64_t ds) {
+  __mmask16 mask = (__mmask16)((1u << nc) - 1);
+  __m512 v[16];
+  for (int r = 0; r < 16; r++) v[r] = r < nr ? _mm512_maskz_loadu_ps(mask, src + r * rs) : _mm512_setzero_ps();
+  transpose16(v);
+  for (int64_t q = 0; q < nc; q++) _mm512_storeu_ps(dst + q * ds, v[q]);
+}
+static inline void rows_out(const float *src, int64_t ss, int64_t nc, float *dst, int64_t ds, int64_t nr) {
+  __mmask16 mask = (__mmask16)((1u << nc) - 1);
+  __m512 v[16];
+  for (int q = 0; q < 16; q++) v[q] = q < nc ? _mm512_loadu_ps(src + q * ss) : _mm512_setzero_ps();
+  transpose16(v);
+  for (int64_t r = 0; r < 16 && r < nr; r++) _mm512_mask_storeu_ps(dst + r * ds, mask, v[r]);
+}
+static int64_t upto16(int64_t n) { return n < 16 ? n : 16; }
+
 static void plane_in(const struct wjob *j, int64_t n, float *xt) {
   const struct kiln_conv_job *c = j->c;
   int64_t C = c->C, H = c->H, W = c->W, Cp = j->Cp, Wp = j->Wp;
   memset(xt, 0, sizeof(float) * (size_t)(j->Hp * Wp * Cp));
   const float *xn = (const float *)c->x + n * C * H * W;
-  /* sixteen channels by sixteen columns at a time, transposed in registers */
   for (int64_t c0 = 0; c0 < C; c0 += 16)
     for (int64_t h = 0; h < H; h++)
-      for (int64_t w0 = 0; w0 < W; w0 += 16) {
-        int64_t nw = W - w0 < 16 ? W - w0 : 16;
-        __mmask16 mask = (__mmask16)((1u << nw) - 1);
-        __m512 v[16];
-        for (int i = 0; i < 16; i++)
-          v[i] = c0 + i < C ? _mm512_maskz_loadu_ps(mask, xn + ((c0 + i) * H + h) * W + w0) : _mm512_setzero_ps();
-        transpose16(v);
-        float *dst = xt + ((h + c->ph) * Wp + w0 + c->pw) * Cp + c0;
-        for (int64_t i = 0; i < nw; i++) _mm512_storeu_ps(dst + i * Cp, v[i]);
-      }
+      for (int64_t w0 = 0; w0 < W; w0 += 16)
+        rows_in(xn + (c0 * H + h) * W + w0, H * W, upto16(C - c0), upto16(W - w0), xt + ((h + c->ph) * Wp + w0 + c->pw) * Cp + c0, Cp);
 }
 
 INLINE void input_tiles(const struct wjob *j, int m, int64_t n, const float *xt) {
@@ -271,15 +281,8 @@ INLINE void input_grad_tiles(const struct wjob *j, int m, int64_t n, float *xt) 
   float *gx = (float *)c->gx + n * C * H * W;
   for (int64_t c0 = 0; c0 < C; c0 += 16)
     for (int64_t h = 0; h < H; h++)
-      for (int64_t w0 = 0; w0 < W; w0 += 16) {
-        int64_t nw = W - w0 < 16 ? W - w0 : 16;
-        __mmask16 mask = (__mmask16)((1u << nw) - 1);
-        __m512 v[16];
-        const float *src = xt + ((h + c->ph) * Wp + w0 + c->pw) * Cp + c0;
-        for (int i = 0; i < 16; i++) v[i] = i < nw ? _mm512_loadu_ps(src + i * Cp) : _mm512_setzero_ps();
-        transpose16(v);
-        for (int64_t i = 0; i < 16 && c0 + i < C; i++) _mm512_mask_storeu_ps(gx + ((c0 + i) * H + h) * W + w0, mask, v[i]);
-      }
+      for (int64_t w0 = 0; w0 < W; w0 += 16)
+        rows_out(xt + ((h + c->ph) * Wp + w0 + c->pw) * Cp + c0, Cp, upto16(W - w0), gx + (c0 * H + h) * W + w0, H * W, C - c0);
 }
 
 /* ---- the passes, a part at a time (parts: c->parts, as every convolution path cuts the batch) ----
@@ -289,36 +292,20 @@ INLINE void input_grad_tiles(const struct wjob *j, int m, int64_t n, float *xt) 
 static size_t blk_floats(const struct wjob *j, int64_t nb) { return (size_t)(nb * j->Op * j->c->OH * j->c->OW); }
 static int64_t most_images(const struct kiln_conv_job *c) { return (c->N + c->parts - 1) / c->parts; }
 
-/* blocked [nb][Op/16][OH][OW][16] <-> NCHW, the padded channels zero: sixteen channels by sixteen
-   positions at a time, transposed in registers */
+/* blocked [nb][Op/16][OH][OW][16] <-> NCHW, the padded channels zero */
 static void to_blocked(const struct wjob *j, const float *src, int64_t nb, float *blk) {
   int64_t O = j->c->O, P = j->c->OH * j->c->OW, Op = j->Op;
   for (int64_t i = 0; i < nb; i++)
     for (int64_t o0 = 0; o0 < Op; o0 += 16)
-      for (int64_t p0 = 0; p0 < P; p0 += 16) {
-        int64_t np = P - p0 < 16 ? P - p0 : 16;
-        __mmask16 mask = (__mmask16)((1u << np) - 1);
-        __m512 v[16];
-        for (int r = 0; r < 16; r++)
-          v[r] = o0 + r < O ? _mm512_maskz_loadu_ps(mask, src + (i * O + o0 + r) * P + p0) : _mm512_setzero_ps();
-        transpose16(v);
-        float *dst = blk + (i * Op + o0) * P + p0 * 16;
-        for (int64_t q = 0; q < np; q++) _mm512_store_ps(dst + q * 16, v[q]);
-      }
+      for (int64_t p0 = 0; p0 < P; p0 += 16)
+        rows_in(src + (i * O + o0) * P + p0, P, O - o0, upto16(P - p0), blk + (i * Op + o0) * P + p0 * 16, 16);
 }
 static void from_blocked(const struct wjob *j, const float *blk, int64_t nb, float *dst) {
   int64_t O = j->c->O, P = j->c->OH * j->c->OW, Op = j->Op;
   for (int64_t i = 0; i < nb; i++)
     for (int64_t o0 = 0; o0 < Op; o0 += 16)
-      for (int64_t p0 = 0; p0 < P; p0 += 16) {
-        int64_t np = P - p0 < 16 ? P - p0 : 16;
-        __mmask16 mask = (__mmask16)((1u << np) - 1);
-        __m512 v[16];
-        const float *src = blk + (i * Op + o0) * P + p0 * 16;
-        for (int q = 0; q < 16; q++) v[q] = q < np ? _mm512_load_ps(src + q * 16) : _mm512_setzero_ps();
-        transpose16(v);
-        for (int64_t r = 0; r < 16 && o0 + r < O; r++) _mm512_mask_storeu_ps(dst + (i * O + o0 + r) * P + p0, mask, v[r]);
-      }
+      for (int64_t p0 = 0; p0 < P; p0 += 16)
+        rows_out(blk + (i * Op + o0) * P + p0 * 16, 16, upto16(P - p0), dst + (i * O + o0) * P + p0, P, O - o0);
 }
 
 /* a thread's buffers: its part's V and M (with its own plane strides), the padded plane, the blocked output */
