@@ -29,7 +29,7 @@
 #include "transpose16.h"
 #include <immintrin.h>
 
-enum { ALPHA = 6, TE = 36, PLANE_BYTES = 16 << 20 };
+enum { ALPHA = 6, TE = 36, PLANE_BYTES = 16 << 20, PART_BYTES = 64 << 20 };
 
 /* B^T, A^T and G for the points 0, 1, -1, 2, -2, infinity; B^T's rows scaled to integers (by 4, 6,
    6, 24, 24, 1) and G's by the inverse, so that the products U V are unchanged */
@@ -435,7 +435,11 @@ int kiln_cpu_winograd_takes(const struct kiln_conv_job *c) {
   if (c->OH <= 0 || c->OW <= 0) return 0;
   int m = c->kh == 5 ? 2 : 4;
   int64_t Hp = (c->OH + m - 1) / m * m + c->kh - 1, Wp = (c->OW + m - 1) / m * m + c->kw - 1;
-  return (double)Hp * (double)Wp * (double)((c->C + 15) / 16 * 16) * 4 <= PLANE_BYTES;   /* a thread's plane */
+  double Cp = (double)((c->C + 15) / 16 * 16), Op = (double)((c->O + 15) / 16 * 16);
+  double tiles = (double)most_images(c) * (double)((c->OH + m - 1) / m) * (double)((c->OW + m - 1) / m);
+  /* a thread's buffers: the padded plane, and its part's tiles' V and M (large images in large
+     parts are left to the other paths rather than take hundreds of MB a thread) */
+  return (double)Hp * (double)Wp * Cp * 4 <= PLANE_BYTES && tiles * TE * (Cp + Op) * 4 <= PART_BYTES;
 }
 
 int kiln_cpu_winograd_run(struct kiln_conv_job *c) {
