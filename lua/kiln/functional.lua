@@ -484,14 +484,15 @@ end
 
 -- rnn_layer(mode, input [T,B,I], h0 [B,H] or nil, c0 or nil, w_ih, w_hh, b_ih, b_hh,
 --           {lengths =, reverse =, algorithm =}) -> Z [T+S,B,H]: the outputs Z[1..T], the final
--- hidden state Z[T+1] and, for an LSTM, the final cell state Z[T+2] (kiln/rnn.h). w_ih nil: input is
--- the input already projected, [T,B,G*H], or with {index = [T,B]} (counting from 1) a table
--- [V,G*H] of projected rows that index names (CPU, f32 or f64; a bf16 layer under bf16 autocast).
+-- hidden state Z[T+1] and, for an LSTM, the final cell state Z[T+2] (kiln/rnn.h). With {index =
+-- [T,B]} (counting from 1) and w_ih nil, input is a table [V,G*H] of rows already multiplied by
+-- w_ih that index names (CPU, f32 or f64; a bf16 layer under bf16 autocast).
 local rnn_layer_options = set("lengths", "reverse", "algorithm", "index")   -- the options rnn_layer knows
 function F.rnn_layer(mode, x, h0, c0, w_ih, w_hh, b_ih, b_hh, opts)
   opts = options(opts, rnn_layer_options, "rnn_layer")
   local m = rnn_mode(mode, "rnn_layer")
   tensor(x, "input", mode) tensor(w_hh, "weight_hh", mode)
+  if opts.index == nil then tensor(w_ih, "weight_ih", mode) end
   local lengths = F.rnn_lengths(opts.lengths, mode)
   if opts.index ~= nil then   -- x is a table of projected rows, index [T,B] (from 1) names each step's
     if w_ih ~= nil then raise(string.format("%s: an index looks the projected input up in x; weight_ih must be nil", mode)) end
@@ -501,8 +502,7 @@ function F.rnn_layer(mode, x, h0, c0, w_ih, w_hh, b_ih, b_hh, opts)
                                         optional_tensor(b_ih, "bias_ih", mode), optional_tensor(b_hh, "bias_hh", mode),
                                         lengths and lengths.p or nil, opts.reverse and 1 or 0, rnn_algo(opts.algorithm, mode)))
   end
-  return wrap(C.kiln_rnn_layer(m, x.p, optional_tensor(h0, "h0", mode), optional_tensor(c0, "c0", mode),
-                               optional_tensor(w_ih, "weight_ih", mode), w_hh.p,
+  return wrap(C.kiln_rnn_layer(m, x.p, optional_tensor(h0, "h0", mode), optional_tensor(c0, "c0", mode), w_ih.p, w_hh.p,
                                optional_tensor(b_ih, "bias_ih", mode), optional_tensor(b_hh, "bias_hh", mode),
                                lengths and lengths.p or nil, opts.reverse and 1 or 0, rnn_algo(opts.algorithm, mode)))
 end

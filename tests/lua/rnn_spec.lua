@@ -619,32 +619,20 @@ describe("an Embedding feeding a recurrent layer", function()
     assert.same({"product"}, calls)
   end)
 
-  it("takes a projected input in F.rnn_layer: an f64 gradient check, and what is wrong named", function()
-    kiln.manual_seed(7)
-    local xp, h0, w_hh, b_ih = f64(4, 3, 8), f64(3, 2), f64(8, 2) * 0.5, f64(8)
-    for _, algo in ipairs{"gemm", "persistent"} do
-      assert.gradcheck(function(a, h, wh, bi) return orig("lstm", a, h, nil, nil, wh, bi, nil, {algorithm = algo}) end,
-                       leaves{xp, h0, w_hh, b_ih})
-    end
-    assert_error(function() orig("lstm", f64(4, 3, 6), nil, nil, nil, w_hh, nil, nil) end,
-                 "lstm: without weight_ih the input is the projected one, %[T,B,8%]; got %[4,3,6%]")
-    assert_error(function() orig("lstm", xp:to("bf16"), nil, nil, nil, w_hh:float(), nil, nil) end,
-                 "lstm: a projected input %(no weight_ih%) runs on the CPU in f32 or f64; input %[4,3,8%] is bf16 on cpu")
-  end)
-
   it("looks a projected input up in a table by index in F.rnn_layer: the rows' results, an f64 gradient check, bad indices named", function()
     kiln.manual_seed(8)
-    local tbl, w_hh, b_ih = f64(5, 8), f64(8, 2) * 0.5, f64(8)
+    local tbl, h0, w_hh, b_ih = f64(5, 8), f64(3, 2), f64(8, 2) * 0.5, f64(8)
     local index = kiln.tensor({{1, 5, 2}, {5, 5, 3}, {4, 1, 1}, {2, 3, 5}}, {dtype = "i64"})
     for _, algo in ipairs{"gemm", "persistent"} do
       for _, lengths in ipairs{false, {4, 2, 3}} do
         local o = {algorithm = algo, lengths = lengths or nil}
         local rows = tbl:index_select(1, index:reshape(-1)):view(4, 3, 8)
-        local want = orig("lstm", rows, nil, nil, nil, w_hh, b_ih, nil, o)
+        -- the rows as an input multiplied by an identity weight_ih: the same sums
+        local want = orig("lstm", rows, h0, nil, kiln.eye(8):double(), w_hh, b_ih, nil, o)
         o.index = index
-        local got = orig("lstm", tbl, nil, nil, nil, w_hh, b_ih, nil, o)
+        local got = orig("lstm", tbl, h0, nil, nil, w_hh, b_ih, nil, o)
         assert.is_true((got - want):abs():max():item() < 1e-14, algo)
-        assert.gradcheck(function(t, wh, bi) return orig("lstm", t, nil, nil, nil, wh, bi, nil, o) end, leaves{tbl, w_hh, b_ih})
+        assert.gradcheck(function(t, h, wh, bi) return orig("lstm", t, h, nil, nil, wh, bi, nil, o) end, leaves{tbl, h0, w_hh, b_ih})
       end
     end
     assert_error(function() orig("lstm", tbl, nil, nil, nil, w_hh, nil, nil, {index = index + 1}) end,
@@ -652,5 +640,8 @@ describe("an Embedding feeding a recurrent layer", function()
     assert_error(function() orig("lstm", f64(5, 6), nil, nil, nil, w_hh, nil, nil, {index = index}) end,
                  "lstm: the looked%-up table %[5,6%] has 6 columns, expected gates%*hidden = 8")
     assert_error(function() orig("lstm", tbl, nil, nil, f64(8, 3), w_hh, nil, nil, {index = index}) end, "weight_ih must be nil")
+    assert_error(function() orig("lstm", tbl:view(5, 1, 8), nil, nil, nil, w_hh, nil, nil) end, "weight_ih")
+    assert_error(function() orig("lstm", tbl:to("bf16"), nil, nil, nil, w_hh:float(), nil, nil, {index = index}) end,
+                 "lstm: a looked%-up table runs on the CPU in f32 or f64; table %[5,8%] is bf16 on cpu")
   end)
 end)

@@ -25,10 +25,7 @@ enum kiln_rnn_algo { KILN_RNN_AUTO = 0, KILN_RNN_GEMM = 1, KILN_RNN_PERSISTENT =
    Steps t >= lengths[b] neither change sequence b's state nor write its output (zeros there).
    reverse: run each sequence from its last valid step to its first.
    Returns Z [T+S, B, H]: Z[0..T-1] the outputs, Z[T] the final hidden state, and for LSTM
-   (S = 2) Z[T+1] the final cell state; S = 1 otherwise.
-   w_ih NULL: x is the input already projected, x w_ih^T [T,B,G*H] (b_ih still added by the layer),
-   and its grad is the grad of that projection; the CPU, f32 or f64, or a bf16 layer under bf16
-   autocast reading it in f32 (kiln_rnn_layer_lookup below reads such rows from a table). */
+   (S = 2) Z[T+1] the final cell state; S = 1 otherwise. */
 struct kiln_tensor *kiln_rnn_layer(int mode, const struct kiln_tensor *x, const struct kiln_tensor *h0,
                                    const struct kiln_tensor *c0, const struct kiln_tensor *w_ih,
                                    const struct kiln_tensor *w_hh, const struct kiln_tensor *b_ih,

@@ -337,8 +337,7 @@ static void times_rows_f64(const double *packed, int64_t K, int64_t n, int64_t n
 struct layer {
   int mode, reverse, G, RS;
   int padded;                    /* some sequence is shorter than T: rows past its end stay 0 */
-  int projected;                 /* no w_ih: x is the projected input [T][B][GH], xp itself (I = 0) */
-  const int64_t *xidx;           /* or NULL: xp's row of step row (t * B + b) is xidx[row] (a table's) */
+  const int64_t *xidx;           /* or NULL: xp is a table (x, I = 0), step row (t * B + b) its row xidx[row] */
   int64_t T, B, I, H, GH;
   const int64_t *len;            /* [B] */
   const void *x, *h0, *c0;       /* h0, c0: [B,H], zeros when the layer has none */
@@ -1172,12 +1171,9 @@ static int setup(int dt, struct layer *L, int mode, int reverse, const struct ki
   L->T = steps->sizes[0]; L->B = steps->sizes[1]; L->I = t->index ? 0 : t->x->sizes[2];
   L->H = t->w_hh->sizes[1]; L->GH = L->G * L->H;
   L->x = kiln_tensor_data(t->x);
-  /* no w_ih: x is the input already projected, [T][B][GH], or a table of such rows that index
-     picks (kiln/rnn.h), which the steps read as they read the projection they make; the layer has
-     no input of its own (I = 0) */
-  L->projected = t->w_ih == NULL;
+  /* an index: x is a table of rows already projected that it picks (kiln/rnn.h), which the steps
+     read as they read the projection they make; the layer has no input of its own (I = 0) */
   L->xidx = t->index ? kiln_tensor_data(t->index) : NULL;
-  if (L->projected) L->I = 0;
   L->w_ih = t->w_ih ? kiln_tensor_data(t->w_ih) : NULL; L->w_hh = kiln_tensor_data(t->w_hh);
   int64_t nz = L->GH > L->B * L->H ? L->GH : L->B * L->H;
   *zeros = calloc((size_t)nz, dt_size(dt));
@@ -1208,9 +1204,9 @@ static inline __attribute__((always_inline)) int forward(int dt, const struct ki
      enough sequences a step and a panel of [w_hh | w_ih] is small (LSTM and plain
      RNN: a GRU's n gate keeps the two apart) */
   int fold = c->ints[2] == KILN_RNN_PERSISTENT && L.mode != KILN_RNN_GRU && B >= KILN_RNN_FOLD_MIN_BATCH &&
-             H + L.I <= KILN_RNN_FOLD_MAX_ROWS && !L.projected;
+             H + L.I <= KILN_RNN_FOLD_MAX_ROWS && !L.xidx;
   size_t nxp = es * (size_t)(T * B * GH > 0 ? T * B * GH : 1);   /* large: from the block cache */
-  L.xp = fold ? NULL : L.projected ? (void *)L.x : kiln_cpu_alloc(nxp);
+  L.xp = fold ? NULL : L.xidx ? (void *)L.x : kiln_cpu_alloc(nxp);
   L.zero = zeros;
   L.hh = calloc((size_t)(B * GH > 0 ? B * GH : 1), es);
   L.h = malloc(es * (size_t)(B * H > 0 ? B * H : 1));
@@ -1223,7 +1219,7 @@ static inline __attribute__((always_inline)) int forward(int dt, const struct ki
   }
   if (L.padded) memset(L.z, 0, es * (size_t)c->out->numel);   /* else every row is written */
   /* the input projection of every step: one GEMM */
-  if (!fold && !L.projected) kiln_cpu_gemm_raw(dt, 0, 1, T * B, GH, L.I, 1.0, L.x, L.I, L.w_ih, L.I, 0.0, L.xp, GH);
+  if (!fold && !L.xidx) kiln_cpu_gemm_raw(dt, 0, 1, T * B, GH, L.I, 1.0, L.x, L.I, L.w_ih, L.I, 0.0, L.xp, GH);
   memcpy(L.h, L.h0, es * (size_t)(B * H));
   memcpy(L.c, L.c0, es * (size_t)(B * H));
   if (c->ints[2] == KILN_RNN_PERSISTENT) {
@@ -1238,7 +1234,7 @@ static inline __attribute__((always_inline)) int forward(int dt, const struct ki
   memcpy(dt_at(L.z, dt, T * B * H), L.h, es * (size_t)(B * H));
   if (L.mode == KILN_RNN_LSTM) memcpy(dt_at(L.z, dt, (T + 1) * B * H), L.c, es * (size_t)(B * H));
 done:
-  if (!L.projected) kiln_cpu_free(L.xp, nxp);
+  if (!L.xidx) kiln_cpu_free(L.xp, nxp);
   free(L.hh);
   free(L.h); free(L.hnext); free(L.c);
   free((void *)L.len); free(zeros);
@@ -1422,14 +1418,7 @@ static inline __attribute__((always_inline)) int backward(int dt, const struct k
   int team_gw = persistent && L.mode != KILN_RNN_GRU && (bw->gw_hh || bw->gw_ih) && T * B > 0 && weight_grads_here();
   L.ring = persistent && L.mode != KILN_RNN_GRU && (!bw->gx || fold_gx) && (team_gw || (!bw->gw_hh && !bw->gw_ih));
   if (L.ring) nbig = es * (size_t)(2 * B * GH > 0 ? 2 * B * GH : 1);
-  /* a projected input's grad is dgx itself: the steps write it there (a table's: added by rows below) */
-  int into_gx = L.projected && !L.xidx && bw->gx && !L.ring;
-  if (into_gx) {
-    L.dgx = kiln_tensor_data(bw->gx);
-    if (L.padded) memset(L.dgx, 0, nbig);
-  } else {
-    L.dgx = scratch(nbig, L.padded && !L.ring);
-  }
+  L.dgx = scratch(nbig, L.padded && !L.ring);
   L.dgh = L.mode == KILN_RNN_GRU ? scratch(nbig, L.padded) : L.dgx;
   /* the GEMM path's rows of a step, gathered when reversed sequences of several lengths put them
      at different times (backward_gemm) */
@@ -1485,7 +1474,7 @@ static inline __attribute__((always_inline)) int backward(int dt, const struct k
   if (bw->gc0) memcpy(kiln_tensor_data(bw->gc0), L.dc, es * (size_t)(B * H));
   if (bw->gx && L.xidx) {
     table_grad(dt, &L, kiln_tensor_data(bw->gx), bw->gx->sizes[0]);
-  } else if (bw->gx && !L.gx && !into_gx) {
+  } else if (bw->gx && !L.gx) {
     kiln_cpu_gemm_raw(dt, 0, 0, T * B, I, GH, 1.0, L.dgx, GH, L.w_ih, I, 0.0, kiln_tensor_data(bw->gx), I);
   }
   if (L.gwp) {
@@ -1523,8 +1512,7 @@ static inline __attribute__((always_inline)) int backward(int dt, const struct k
   }
 done:
   if (L.dgh != L.dgx) kiln_cpu_free(L.dgh, nbig);
-  if (!into_gx) kiln_cpu_free(L.dgx, nbig);
-  kiln_cpu_free(hprev, nprev); kiln_cpu_free(L.gwp, ngwp);
+  kiln_cpu_free(L.dgx, nbig); kiln_cpu_free(hprev, nprev); kiln_cpu_free(L.gwp, ngwp);
   free(L.dgs); free(L.dh); free(L.dc); free(L.tmp);
   free((void *)L.len); free(zeros);
   return rc;
@@ -1582,18 +1570,18 @@ static int forward_bf(const struct kiln_call *c) {
   int persistent = c->ints[2] == KILN_RNN_PERSISTENT;
   L.bf = 1;
   L.wdt = f->t.w_hh->dtype;
-  L.xb = L.projected ? NULL : L.x; L.x = NULL;   /* a projected input: f32, the steps' xp itself */
+  L.xb = L.xidx ? NULL : L.x; L.x = NULL;   /* a looked-up table: f32, the steps' xp itself */
   L.zb = kiln_tensor_data(c->out);
   L.res = f->reserve ? kiln_tensor_data(f->reserve) : NULL;
   float *h0c = NULL, *c0c = NULL, *bic = NULL, *bhc = NULL;
   int rc = KILN_OK, fold = persistent && L.mode != KILN_RNN_GRU && B >= KILN_RNN_FOLD_MIN_BATCH &&
-                          H + I <= KILN_RNN_FOLD_MAX_ROWS && !L.projected;
+                          H + I <= KILN_RNN_FOLD_MAX_ROWS && !L.xidx;
   if (f->t.h0) L.h0 = f32_of(f->t.h0, B * H, &h0c);
   if (f->t.c0) L.c0 = f32_of(f->t.c0, B * H, &c0c);
   if (f->t.b_ih) L.b_ih = f32_of(f->t.b_ih, GH, &bic);
   if (f->t.b_hh) L.b_hh = f32_of(f->t.b_hh, GH, &bhc);
   size_t nxp = sizeof(float) * (size_t)(T * B * GH > 0 ? T * B * GH : 1), nbh = (size_t)(B * H > 0 ? B * H : 1);
-  L.xp = fold ? NULL : L.projected ? (void *)kiln_tensor_data(f->t.x) : kiln_cpu_alloc(nxp);
+  L.xp = fold ? NULL : L.xidx ? (void *)kiln_tensor_data(f->t.x) : kiln_cpu_alloc(nxp);
   L.zero = zeros;
   L.hh = calloc((size_t)(B * GH > 0 ? B * GH : 1), sizeof(float));
   L.h = malloc(sizeof(float) * nbh);
@@ -1614,7 +1602,7 @@ static int forward_bf(const struct kiln_call *c) {
   round_inputs_bf(&L);
   if (L.padded) memset(L.zb, 0, sizeof(uint16_t) * (size_t)c->out->numel);
   /* the input projection of every step: one GEMM on bf16 operands (cpu/bf16_gemm.c) */
-  if (!fold && !L.projected && (rc = kiln_cpu_gemm_bf16_f32(T * B, GH, I, 1.0f, L.xb, I, 1, L.wihb, 1, I, 0.0f, L.xp, GH, 1)))
+  if (!fold && !L.xidx && (rc = kiln_cpu_gemm_bf16_f32(T * B, GH, I, 1.0f, L.xb, I, 1, L.wihb, 1, I, 0.0f, L.xp, GH, 1)))
     goto done;
   memcpy(L.h, L.h0, sizeof(float) * (size_t)(B * H));
   memcpy(L.c, L.c0, sizeof(float) * (size_t)(B * H));
@@ -1629,7 +1617,7 @@ static int forward_bf(const struct kiln_call *c) {
   kiln_cpu_rnn_bf16_round(L.zb + T * B * H, L.h, KILN_F32, B * H);
   if (L.mode == KILN_RNN_LSTM) kiln_cpu_rnn_bf16_round(L.zb + (T + 1) * B * H, L.c, KILN_F32, B * H);
 done:
-  if (!L.projected) kiln_cpu_free(L.xp, nxp);
+  if (!L.xidx) kiln_cpu_free(L.xp, nxp);
   free(L.hh);
   free(L.h); free(L.hnext); free(L.c); free(L.h0b); free(L.wihb); free(L.whhb); free(L.hb); free(L.yrows);
   free(h0c); free(c0c); free(bic); free(bhc);
@@ -1646,7 +1634,7 @@ static int backward_bf(const struct kiln_call *c) {
   int persistent = c->ints[2] == KILN_RNN_PERSISTENT, gru = L.mode == KILN_RNN_GRU;
   L.bf = 1;
   L.wdt = bw->t.w_hh->dtype;
-  L.xb = L.projected ? NULL : L.x; L.x = NULL;
+  L.xb = L.xidx ? NULL : L.x; L.x = NULL;
   L.zb = kiln_tensor_data(bw->z);
   L.res = bw->reserve ? kiln_tensor_data(bw->reserve) : NULL;
   L.GHp = GHp;
@@ -1727,10 +1715,6 @@ static int backward_bf(const struct kiln_call *c) {
   if (bw->gc0) store_f32(bw->gc0, L.dc, B * H);
   if (bw->gx && L.xidx) {   /* a looked-up input's grad: dgx rounded (as the products below read it), by rows */
     table_grad(KILN_F32, &L, kiln_tensor_data(bw->gx), bw->gx->sizes[0]);
-  } else if (bw->gx && L.projected) {   /* a projected input's grad: dgx rounded */
-    float *gx = kiln_tensor_data(bw->gx);
-    for (int64_t r = 0; r < T * B; r++)
-      for (int64_t q = 0; q < GH; q++) gx[r * GH + q] = convert_bf16_to_f32(L.dgxb[r * GHp + q]);
   } else if (bw->gx && !fold_gx) {   /* dgx rounded times w_ih rounded, then rounded once */
     if (!(gxf = malloc(sizeof(float) * (size_t)(T * B * I + 1)))) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory"); goto done; }
     if ((rc = kiln_cpu_gemm_bf16_f32(T * B, I, GH, 1.0f, L.dgxb, GHp, 1, L.wihb, I, 1, 0.0f, gxf, I, 1))) goto done;
@@ -1821,6 +1805,6 @@ int cpu_rnn(const struct kiln_call *c) {
 
 int cpu_rnn_backward(const struct kiln_call *c) {
   const struct kiln_rnn_backward *bw = c->extra;
-  if (bw->z->dtype == KILN_BF16) return backward_bf(c);   /* a bf16 layer (its input bf16, or projected f32) */
+  if (bw->z->dtype == KILN_BF16) return backward_bf(c);   /* a bf16 layer (its input bf16, or a looked-up f32 table) */
   return bw->gz->dtype == KILN_F64 ? backward_f64(c) : backward_f32(c);
 }

@@ -142,7 +142,7 @@ static int autocast_layer(const struct kiln_tensor *const *in, struct kiln_tenso
   for (int i = 0; i < 7; i++) {
     const struct kiln_tensor *t = in[i];
     if (!t || (t->storage && (t->storage->flags & KILN_STORAGE_FREED))) continue;   /* the checks below refuse it */
-    if (i == 0 && !in[3]) continue;   /* a projected input stays as it is (layer_dtype) */
+    if (i == 0 && !in[3]) continue;   /* a looked-up table stays as it is (layer_dtype) */
     int want = kiln_autocast_dtype(KILN_OP_RNN, t->dtype, t->device.type, lower);
     if (i > 0 && want == KILN_BF16 && t->dtype == KILN_F32) want = KILN_F32;
     if (want == t->dtype) continue;
@@ -152,7 +152,7 @@ static int autocast_layer(const struct kiln_tensor *const *in, struct kiln_tenso
   return change;
 }
 
-/* The dtype a layer runs in: its input's, but for a projected f32 input (no w_ih) on the CPU
+/* The dtype a layer runs in: its input's, but for a looked-up f32 table (no w_ih) on the CPU
    under bf16 autocast: a bf16 layer that reads the projection in f32, as it reads the one it makes
    from bf16 operands. */
 static int layer_dtype(const struct kiln_tensor *x, const struct kiln_tensor *w_ih) {
@@ -190,7 +190,7 @@ static struct kiln_tensor *layer(int mode, const struct kiln_tensor *x, const st
     kiln_fail(KILN_ERR_ARGUMENT, "%s: algorithm %d (expected 0 auto, 1 GEMM, 2 persistent, 3 cuDNN)", op, algo);
     return NULL;
   }
-  if (kiln_check_live(op, x) || (w_ih && kiln_check_live(op, w_ih)) || kiln_check_live(op, w_hh) ||
+  if (kiln_check_live(op, x) || (!index && kiln_check_live(op, w_ih)) || kiln_check_live(op, w_hh) ||
       (index && kiln_check_live(op, index)))
     return NULL;
   if (index && (index->ndim != 2 || index->dtype != KILN_I64 || index->device.type != KILN_CPU || x->ndim != 2)) {
@@ -219,20 +219,16 @@ static struct kiln_tensor *layer(int mode, const struct kiln_tensor *x, const st
   }
   int64_t H = w_hh->sizes[1], GH = G * H;
   int64_t s_ih[2] = {GH, I}, s_hh[2] = {GH, H}, s_b[1] = {GH}, s_h[2] = {B, H};
-  /* no weight_ih: x is the input already multiplied by it ([T,B,gates*hidden], or a table of such
-     rows that index picks: nn's Embedding feeding a layer, its table projected once), on the CPU
-     in f32 or f64 (under bf16 autocast the layer runs in bf16 and reads it in f32: layer_dtype) */
-  if (!w_ih && I != GH) {
-    if (index)
-      kiln_fail(KILN_ERR_SHAPE, "%s: the looked-up table %s has %lld columns, expected gates*hidden = %lld", op, kiln_shape_string(x),
-                (long long)I, (long long)GH);
-    else
-      kiln_fail(KILN_ERR_SHAPE, "%s: without weight_ih the input is the projected one, [T,B,%lld]; got %s", op, (long long)GH,
-                kiln_shape_string(x));
+  /* a looked-up input: x is a table of rows already multiplied by weight_ih, which index picks
+     (nn's Embedding feeding a layer, its table projected once), on the CPU in f32 or f64 (under
+     bf16 autocast the layer runs in bf16 and reads it in f32: layer_dtype) */
+  if (index && I != GH) {
+    kiln_fail(KILN_ERR_SHAPE, "%s: the looked-up table %s has %lld columns, expected gates*hidden = %lld", op, kiln_shape_string(x),
+              (long long)I, (long long)GH);
     return NULL;
   }
-  if (!w_ih && (x->device.type != KILN_CPU || x->dtype == KILN_BF16)) {
-    kiln_fail(KILN_ERR_UNSUPPORTED, "%s: a projected input (no weight_ih) runs on the CPU in f32 or f64; input %s is %s on %s", op,
+  if (index && (x->device.type != KILN_CPU || x->dtype == KILN_BF16)) {
+    kiln_fail(KILN_ERR_UNSUPPORTED, "%s: a looked-up table runs on the CPU in f32 or f64; table %s is %s on %s", op,
               kiln_shape_string(x), kiln_dtype_name(x->dtype), kiln_device_name(x->device));
     return NULL;
   }
