@@ -138,42 +138,33 @@ describe("CPU convolution algorithms", function()
     kiln.set_num_threads(threads)
   end)
 
-  it("times both on a shape's first call in benchmark mode, and keeps the faster's result", function()
-    if not onednn.name then return pending(onednn.note) end
-    local c = cases[3]
-    local by = {im2col = run(c, "im2col", "f32"), onednn = run(c, "onednn", "f32")}
-    kiln.conv_choices(true)
-    kiln.set_conv_benchmark(true)
-    local first = run(c, "auto", "f32")
-    local again = run(c, "auto", "f32")
-    local lines = kiln.conv_choices()
-    assert.equal(2, #lines, table.concat(lines, "\n"))
-    for _, l in ipairs(lines) do
-      local algo = l:match(": (%w+)")
-      assert.truthy(l:match("%(timed: im2col [%d.]+ ms, onednn [%d.]+ ms[^)]*%)$"), l)
-      local key = l:match("^forward") and "y" or "gw"
-      assert.is_true(same(first[key], by[algo][key]), l)
-      assert.is_true(same(again[key], by[algo][key]), l)
-    end
-  end)
-
-  it("times Winograd too, and keeps the fastest's result", function()
-    if not onednn.name or not winograd_here then return pending("needs oneDNN and the avx512 level") end
-    local c = cases[10]
-    local by = {im2col = run(c, "im2col", "f32"), onednn = run(c, "onednn", "f32"), winograd = run(c, "winograd", "f32")}
-    assert.is_false(same(by.winograd.y, by.onednn.y))   -- a different computation: other bits
-    kiln.conv_choices(true)
-    kiln.set_conv_benchmark(true)
-    local first = run(c, "auto", "f32")
-    local lines = kiln.conv_choices()
-    assert.equal(2, #lines, table.concat(lines, "\n"))
-    for _, l in ipairs(lines) do
-      local algo = l:match(": (%w+)")
-      assert.truthy(l:match("%(timed: im2col [%d.]+ ms, onednn [%d.]+ ms[^)]*, winograd [%d.]+ ms%)$"), l)
-      local key = l:match("^forward") and "y" or "gw"
-      assert.is_true(same(first[key], by[algo][key]), l)
-    end
-  end)
+  -- benchmark mode on a shape Winograd does not take (stride 2) and on one it does
+  for _, b in ipairs{{case = 3, algos = {"im2col", "onednn"}, times = "%(timed: im2col [%d.]+ ms, onednn [%d.]+ ms[^)]*%)$"},
+                     {case = 10, algos = {"im2col", "onednn", "winograd"},
+                      times = "%(timed: im2col [%d.]+ ms, onednn [%d.]+ ms[^)]*, winograd [%d.]+ ms%)$"}} do
+    it(string.format("times %s on a shape's first call in benchmark mode, and keeps the fastest's result",
+                     table.concat(b.algos, ", ")), function()
+      if not onednn.name then return pending(onednn.note) end
+      if #b.algos == 3 and not winograd_here then return pending("Winograd runs at the avx512 level only") end
+      local c = cases[b.case]
+      local by = {}
+      for _, algo in ipairs(b.algos) do by[algo] = run(c, algo, "f32") end
+      if by.winograd then assert.is_false(same(by.winograd.y, by.onednn.y)) end   -- a different computation: other bits
+      kiln.conv_choices(true)
+      kiln.set_conv_benchmark(true)
+      local first = run(c, "auto", "f32")
+      local again = run(c, "auto", "f32")
+      local lines = kiln.conv_choices()
+      assert.equal(2, #lines, table.concat(lines, "\n"))
+      for _, l in ipairs(lines) do
+        local algo = l:match(": (%w+)")
+        assert.truthy(l:match(b.times), l)
+        local key = l:match("^forward") and "y" or "gw"
+        assert.is_true(same(first[key], by[algo][key]), l)
+        assert.is_true(same(again[key], by[algo][key]), l)
+      end
+    end)
+  end
 
   it("leaves an input or weights with an infinity or a NaN to the other algorithms, whose results it gives", function()
     if not winograd_here then return pending("Winograd runs at the avx512 level only") end

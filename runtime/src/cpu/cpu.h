@@ -2,6 +2,7 @@
 #ifndef KILN_CPU_H
 #define KILN_CPU_H
 #include "../internal.h"
+#include <string.h>
 
 /* Every file of cpu/ but backend.c and big_blocks.c is compiled once per instruction-set level
    (docs/cpu.md): KILN_CPU_LEVEL is the level's name (baseline, avx2, avx512, or native in a
@@ -190,7 +191,6 @@ struct kiln_conv_job {
   /* Set by the caller where its level's Winograd kernels take the shape (cpu/winograd.c): the
      third algorithm, which runs every kind of job above (plain or fused) by itself. */
   int (*winograd)(struct kiln_conv_job *c);
-  int ran_winograd;
 };
 int kiln_cpu_conv_run(struct kiln_conv_job *c);
 /* cpu/winograd.c: whether F(2x2, 5x5) or F(4x4, 3x3) takes c at this level, and the run: 0, an
@@ -230,6 +230,20 @@ static inline double kiln_fold_lanes(double *l, int n) {
 typedef float kiln_vf16 __attribute__((vector_size(16 * sizeof(float))));
 typedef float kiln_vf16u __attribute__((vector_size(16 * sizeof(float)), aligned(4)));   /* at any address */
 typedef int32_t kiln_vi16 __attribute__((vector_size(16 * sizeof(int32_t))));
+
+/* p[i] += q[i], i < n, sixteen at a time at any level: the grad-weight partials' sums of
+   cpu/onednn.c and cpu/winograd.c (element by element, so in part order whatever the level) */
+static inline void kiln_add_into(float *restrict p, const float *restrict q, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    kiln_vf16u a, b;
+    memcpy(&a, p + i, sizeof a);
+    memcpy(&b, q + i, sizeof b);
+    a += b;
+    memcpy(p + i, &a, sizeof a);
+  }
+  for (; i < n; i++) p[i] += q[i];
+}
 
 /* CPU memory, 64-byte aligned (cpu/big_blocks.c): blocks of KILN_BIG_BLOCK bytes or more are kept
    when freed, within a budget, and reused, instead of being mapped and faulted in again. The

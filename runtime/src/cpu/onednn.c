@@ -156,18 +156,6 @@ struct job {
 
 static int64_t part_begin(const struct kiln_conv_job *c, int64_t t) { return t * c->N / c->parts; }
 
-/* p[i] += q[i], i < n, sixteen at a time (this file is built for the baseline level) */
-static void add_into(float *restrict p, const float *restrict q, int64_t n) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    kiln_vf16u a, b;
-    memcpy(&a, p + i, sizeof a);
-    memcpy(&b, q + i, sizeof b);
-    a += b;
-    memcpy(p + i, &a, sizeof a);
-  }
-  for (; i < n; i++) p[i] += q[i];
-}
 
 static void shape_of(const struct kiln_conv_job *c, int pass, int64_t nb, struct kiln_onednn_shape *s) {
   memset(s, 0, sizeof *s);
@@ -219,7 +207,7 @@ static void run_parts(void *ctx, int64_t begin, int64_t end) {
         /* the next part of the sum while the grad is in cache: part t is added where parts 0..t-1
            already are (in this thread, or in another before it); else it waits for the join */
         if (!rc && __atomic_load_n(&j->folded, __ATOMIC_ACQUIRE) == t) {
-          if (t > 0) add_into((float *)j->gwb, (const float *)(j->gwb + t * j->gw_stride), (int64_t)(j->gw_bytes / sizeof(float)));
+          if (t > 0) kiln_add_into((float *)j->gwb, (const float *)(j->gwb + t * j->gw_stride), (int64_t)(j->gw_bytes / sizeof(float)));
           __atomic_store_n(&j->folded, t + 1, __ATOMIC_RELEASE);
         }
       }
@@ -287,7 +275,7 @@ static void sum_gw(void *ctx, int64_t begin, int64_t end) {
   const struct job *j = ctx;
   for (int64_t i0 = begin; i0 < end; i0 += 1024) {   /* a piece of part 0 in L1 while the parts are added */
     int64_t n = end - i0 < 1024 ? end - i0 : 1024;
-    for (int64_t t = j->folded; t < j->c->parts; t++) add_into((float *)j->gwb + i0, (const float *)(j->gwb + t * j->gw_stride) + i0, n);
+    for (int64_t t = j->folded; t < j->c->parts; t++) kiln_add_into((float *)j->gwb + i0, (const float *)(j->gwb + t * j->gw_stride) + i0, n);
   }
 }
 
@@ -332,25 +320,27 @@ static int run_im2col(struct kiln_conv_job *c) {
 }
 
 /* the choice of the rule (not timed) for k, for kiln.conv_choices, where none is kept yet */
-static void remember(const struct choice_key *k, int algo) {
-  pthread_mutex_lock(&cache_mu);
+static struct choice_entry *entry_for(const struct choice_key *k) {   /* found or made (NULL: no memory); cache_mu held */
   struct choice_entry *e = choice_find(k);
   if (!e && (e = calloc(1, sizeof *e))) {
     e->key = *k;
-    e->algo = algo;
     e->next = choices;
     choices = e;
     nchoices++;
   }
+  return e;
+}
+static void remember(const struct choice_key *k, int algo) {
+  pthread_mutex_lock(&cache_mu);
+  struct choice_entry *e = choice_find(k);
+  if (!e && (e = entry_for(k))) e->algo = algo;
   pthread_mutex_unlock(&cache_mu);
 }
 
 /* c by kiln's Winograd kernels (cpu/winograd.c; c->winograd is set where they take the shape) */
 static int run_winograd(struct kiln_conv_job *c) {
   c->partials_summed = 0;
-  int rc = c->winograd(c);
-  c->ran_winograd = rc == KILN_OK;
-  return rc;
+  return c->winograd(c);
 }
 
 int kiln_cpu_conv_fused_way(const struct kiln_conv_job *c, int input_grad) {
@@ -368,7 +358,6 @@ int kiln_cpu_conv_run(struct kiln_conv_job *c) {
   int forced = forced_algo();
   int bench = forced < 0 && benchmark_mode();
   c->ran_onednn = 0;
-  c->ran_winograd = 0;
   c->partials_summed = 0;
   if (c->epilogue || c->prologue) {   /* a fused layer, where kiln_cpu_conv_fused_way sent it */
     if (c->winograd && (forced == ALGO_WINOGRAD || (forced < 0 && !bench) || !onednn())) {
@@ -460,13 +449,7 @@ int kiln_cpu_conv_run(struct kiln_conv_job *c) {
     if (bench && rc == 0 && im2col_ms < onednn_ms) best = ALGO_IM2COL;
     if (winograd_ms > 0 && winograd_ms < (best == ALGO_ONEDNN ? onednn_ms : im2col_ms)) best = ALGO_WINOGRAD;
     pthread_mutex_lock(&cache_mu);
-    if (!(e = choice_find(&k)) && (e = calloc(1, sizeof *e))) {
-      e->next = choices;
-      choices = e;
-      nchoices++;
-    }
-    if (e) {
-      e->key = k;
+    if ((e = entry_for(&k))) {
       e->algo = best;
       e->im2col_ms = im2col_ms;
       e->onednn_ms = rc == 1 ? 0 : onednn_ms;

@@ -361,11 +361,6 @@ static void forward_parts(void *ctx, int64_t begin, int64_t end) {
   free(b.mem);
 }
 
-/* p[i] += q[i], i < n */
-static void add_into(float *restrict p, const float *restrict q, int64_t n) {
-  for (int64_t i = 0; i < n; i++) p[i] += q[i];
-}
-
 static void backward_parts(void *ctx, int64_t begin, int64_t end) {
   struct wjob *j = ctx;
   struct kiln_conv_job *c = j->c;
@@ -411,7 +406,7 @@ static void backward_parts(void *ctx, int64_t begin, int64_t end) {
     /* the next part of the weight grad's sum while this one is in cache: part t is added where
        parts 0..t-1 already are (in this thread, or in another before it); else at the join */
     if (dU && __atomic_load_n(&j->folded, __ATOMIC_ACQUIRE) == t) {
-      if (t > 0) add_into(j->dU, dU, us);
+      if (t > 0) kiln_add_into(j->dU, dU, us);
       __atomic_store_n(&j->folded, t + 1, __ATOMIC_RELEASE);
     }
   }
@@ -424,7 +419,7 @@ static void sum_parts(void *ctx, int64_t begin, int64_t end) {
   int64_t us = TE * j->Cp * j->Op;
   for (int64_t i0 = begin; i0 < end; i0 += 1024) {
     int64_t n = end - i0 < 1024 ? end - i0 : 1024;
-    for (int64_t t = j->folded; t < j->c->parts; t++) add_into(j->dU + i0, j->dU + t * us + i0, n);
+    for (int64_t t = j->folded; t < j->c->parts; t++) kiln_add_into(j->dU + i0, j->dU + t * us + i0, n);
   }
 }
 
