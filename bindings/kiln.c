@@ -838,6 +838,7 @@ int main(int argc, char **argv)
     printf("blas: %s, core %s\n", kiln_blas_name(), kiln_blas_core());
     if (*kiln_blas_note()) printf("blas note: %s\n", kiln_blas_note());
     printf("f32 products: %s\n", strcmp(kiln_cpu_f32_gemm(), "kiln") == 0 ? "kiln's own kernel (2+ rows, 16+ columns), the BLAS for the rest" : "the BLAS");
+    printf("bf16 products: %s\n", kiln_cpu_bf16_products());
     return 0;
   }
   lua_State *L = luaL_newstate();

@@ -150,7 +150,7 @@ function kiln.info()
            level = ffi.string(C.kiln_cpu_level())},
     blas = {name = ffi.string(C.kiln_blas_name()), core = ffi.string(C.kiln_blas_core()),
             state = blas_states[C.kiln_blas_state()], note = ffi.string(C.kiln_blas_note()),
-            f32_gemm = ffi.string(C.kiln_cpu_f32_gemm())},
+            f32_gemm = ffi.string(C.kiln_cpu_f32_gemm()), bf16_products = ffi.string(C.kiln_cpu_bf16_products())},
     cuda = kiln.cuda.is_available(),
     onednn = {name = C.kiln_onednn_name() ~= nil and ffi.string(C.kiln_onednn_name()) or nil,
               note = ffi.string(C.kiln_onednn_note())},

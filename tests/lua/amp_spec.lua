@@ -107,6 +107,38 @@ describe("amp bf16 arithmetic", function()
     end
   end)
 
+  it("multiplies bf16 by f32 FMAs on the widened values where that is the faster (KILN_BF16_EMULATE=1 forces it)", function()
+    local exe = H.kiln_exe()
+    if not exe then pending("not running under the kiln launcher") return end
+    -- each operand widened as it lies (transposed, batched, shared across the batch, beta), or copied
+    -- first where it is a small view of a larger storage; the result rounded once
+    local native, widened = unpack(H.children_outputs(exe, [[
+      local kiln = require "kiln"
+      kiln.manual_seed(3)
+      local out = {products = kiln.tensor({0})}
+      local a, b = kiln.randn(2, 33, 70):to("bf16"), kiln.randn(2, 70, 45):to("bf16")
+      local big = kiln.randn(300, 400):to("bf16")
+      out.plain = a:matmul(b)
+      out.shared = a[1]:matmul(b)
+      out.transposed = a[2]:matmul(b[1]:t():contiguous():t())
+      out.view = big:narrow(2, 11, 33):t():matmul(big:narrow(2, 1, 20))
+      out.addmm = kiln.addmm(kiln.randn(33, 45):to("bf16"), a[1], b[2], 0.5, 2)
+      out.products = kiln.tensor({kiln.info().blas.bf16_products:match("^f32 FMAs") and 1 or 0})
+      for k, v in pairs{a = a, b = b, big = big} do out[k] = v end
+      kiln.save(arg[1], out)
+    ]], {"env -u KILN_BF16_EMULATE", "KILN_BF16_EMULATE=1"}))
+    assert.are.equal(1, widened.products[1])
+    local a, b, big = widened.a:double(), widened.b:double(), widened.big:double()
+    local want = {plain = a:matmul(b), shared = a[1]:matmul(b), transposed = a[2]:matmul(b[1]),
+                  view = big:narrow(2, 11, 33):t():matmul(big:narrow(2, 1, 20))}
+    for name, w in pairs(want) do
+      assert.are.equal("bf16", widened[name]:dtype(), name)
+      assert.is_true(max_rel(widened[name], w) < 2 ^ -7, name .. " " .. max_rel(widened[name], w))
+      assert.is_true(max_rel(native[name], w) < 2 ^ -7, name)
+    end
+    assert.is_true(max_rel(widened.addmm, native.addmm:double()) < 2 ^ -6)
+  end)
+
   it("multiplies bf16 batches, a short k and weights used transposed to the same values", function()
     -- k of 100 and 64 (B packed whole first, C written by rows), k of 260 (by column panels), whole
     -- and partial tiles; A or B shared across a batch of 2; B stored by columns (x w^T)

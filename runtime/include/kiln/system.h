@@ -34,6 +34,10 @@ int kiln_cpu_level_check(void);
 /* What computes f32 matrix products: "kiln" (kiln's own kernel, the avx512 level: every product of
    2 or more rows and 16 or more columns) or "blas"; KILN_SGEMM=kiln|blas forces it. */
 const char *kiln_cpu_f32_gemm(void);
+/* What computes bf16 products (autocast's on the CPU), in words: vdpbf16ps where the CPU has
+   AVX512-BF16 and runs it faster than f32 FMAs (measured once, on the first call), else f32 FMAs on
+   the widened values; KILN_BF16_EMULATE=1 or 0 forces one. */
+const char *kiln_cpu_bf16_products(void);
 
 /* The BLAS: its build string ("OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ..."), its core
    ("Haswell", "SkylakeX", "Prescott" ...), a kiln_blas_state, and one sentence on that state

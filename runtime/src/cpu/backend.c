@@ -122,6 +122,100 @@ KILN_API const char *kiln_cpu_level(void) { return chosen->name; }
 
 KILN_API const char *kiln_cpu_f32_gemm(void) { return chosen->sgemm_here(64, 64, 64) ? "kiln" : "blas"; }
 
+/* Whether this CPU's vdpbf16ps (32 bf16 products summed into 16 f32 lanes) multiplies faster than
+   its vfmadd231ps (16 f32 products): 16 independent chains of each, timed once, best of 7. Zen 4
+   and Zen 5 run the two at the same instruction rate (bf16 twice the products); Sapphire and
+   Emerald Rapids run vdpbf16ps at a quarter of it (half the products of f32), so that the f32
+   FMAs on widened bf16 values are the faster way there. bf16 wins when it does the same products
+   in at most two thirds of the time. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#include <pthread.h>
+#include <time.h>
+static double seconds_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+#define KILN_CHAINS16(OP) OP(0) OP(1) OP(2) OP(3) OP(4) OP(5) OP(6) OP(7) OP(8) OP(9) OP(10) OP(11) OP(12) OP(13) OP(14) OP(15)
+__attribute__((target("avx512f,avx512bf16"), noinline))
+static double time_dpbf16(int64_t n) {
+  __m512 c[16];
+  for (int i = 0; i < 16; i++) c[i] = _mm512_set1_ps((float)i);
+  __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f803f80), y = (__m512bh)_mm512_set1_epi32(0x3c003c00);
+  double t = seconds_now();
+  for (int64_t i = 0; i < n; i++) {
+#define KILN_DP(i) c[i] = _mm512_dpbf16_ps(c[i], x, y);
+    KILN_CHAINS16(KILN_DP)
+#undef KILN_DP
+    __asm__ volatile("" : "+v"(x), "+v"(y));
+  }
+  t = seconds_now() - t;
+  __m512 s = c[0];
+  for (int i = 1; i < 16; i++) s = _mm512_add_ps(s, c[i]);
+  volatile float sink = _mm512_reduce_add_ps(s);
+  (void)sink;
+  return t;
+}
+__attribute__((target("avx512f,fma"), noinline))
+static double time_fma(int64_t n) {
+  __m512 c[16];
+  for (int i = 0; i < 16; i++) c[i] = _mm512_set1_ps((float)i);
+  __m512 x = _mm512_set1_ps(1.0f), y = _mm512_set1_ps(0.0078125f);
+  double t = seconds_now();
+  for (int64_t i = 0; i < n; i++) {
+#define KILN_FMA(i) c[i] = _mm512_fmadd_ps(x, y, c[i]);
+    KILN_CHAINS16(KILN_FMA)
+#undef KILN_FMA
+    __asm__ volatile("" : "+v"(x), "+v"(y));
+  }
+  t = seconds_now() - t;
+  __m512 s = c[0];
+  for (int i = 1; i < 16; i++) s = _mm512_add_ps(s, c[i]);
+  volatile float sink = _mm512_reduce_add_ps(s);
+  (void)sink;
+  return t;
+}
+#undef KILN_CHAINS16
+static int bf16_fast;
+static double bf16_dp_s, bf16_fma_s;
+static pthread_once_t bf16_once = PTHREAD_ONCE_INIT;
+static void bf16_measure(void) {
+  if (!kiln_cpu_has("avx512_bf16") || !kiln_cpu_has("avx512f")) return;
+  double dp = 1e9, fma = 1e9;
+  for (int r = 0; r < 7; r++) {
+    double a = time_dpbf16(2048), b = time_fma(2048);
+    if (a < dp) dp = a;
+    if (b < fma) fma = b;
+  }
+  bf16_dp_s = dp;
+  bf16_fma_s = fma;
+  bf16_fast = dp <= 1.5 * fma;
+}
+int kiln_cpu_bf16_fast(void) {
+  pthread_once(&bf16_once, bf16_measure);
+  return bf16_fast;
+}
+#else
+int kiln_cpu_bf16_fast(void) { return 0; }
+static double bf16_dp_s, bf16_fma_s;
+#endif
+
+/* What computes bf16 products (autocast's on the CPU), for kiln.info() and kiln --version. */
+KILN_API const char *kiln_cpu_bf16_products(void) {
+  static char what[200];
+  const char *e = getenv("KILN_BF16_EMULATE");
+  if (!kiln_cpu_has("avx512_bf16")) return "f32 FMAs on the widened values (no AVX512-BF16)";
+  if (e && strcmp(e, "1") == 0) return "f32 FMAs on the widened values (KILN_BF16_EMULATE=1)";
+  if (e && strcmp(e, "0") == 0) return "vdpbf16ps (AVX512-BF16; KILN_BF16_EMULATE=0)";
+  int fast = kiln_cpu_bf16_fast();
+  snprintf(what, sizeof what, "%s (vdpbf16ps takes %.2fx an f32 FMA's time here)",
+           fast ? "vdpbf16ps (AVX512-BF16)"
+                : "matrix products by f32 FMAs on the widened values; vdpbf16ps in the recurrent layers",
+           bf16_fma_s > 0 ? bf16_dp_s / bf16_fma_s : 0.0);
+  return what;
+}
+
 KILN_API int kiln_cpu_level_check(void) {
   return level_error[0] ? kiln_fail(KILN_ERR_UNSUPPORTED, "%s", level_error) : KILN_OK;
 }

@@ -7,6 +7,7 @@
    KILN_BF16_EMULATE=1) cpu/gemm.c converts the operands to f32 and runs sgemm instead: the same
    f32 products of exact bf16 values and f32 sums, rounded once. */
 #include "cpu.h"
+#include "convert.h"
 #include "transpose8.h"
 #include <immintrin.h>
 #include <stdlib.h>
@@ -363,10 +364,16 @@ int kiln_cpu_gemm_bf16_f32(int64_t n, int64_t m, int64_t k, float alpha, const u
     if (n <= 0 || m <= 0) return KILN_OK;
     float *af = malloc(sizeof(float) * (size_t)(n * k) + 16), *bf = malloc(sizeof(float) * (size_t)(k * m) + 16);
     if (!af || !bf) { free(af); free(bf); return kiln_fail(KILN_ERR_MEMORY, "matmul: out of memory converting bf16 operands"); }
-    for (int64_t i = 0; i < n; i++)
-      for (int64_t p = 0; p < k; p++) af[i * k + p] = kiln_bf16_to_f32(a[i * as1 + p * as2]);
-    for (int64_t p = 0; p < k; p++)
-      for (int64_t j = 0; j < m; j++) bf[p * m + j] = kiln_bf16_to_f32(b[p * bs1 + j * bs2]);
+    if (as2 == 1)
+      for (int64_t i = 0; i < n; i++) convert_vectorised(af + i * k, KILN_F32, a + i * as1, KILN_BF16, k);
+    else
+      for (int64_t p = 0; p < k; p++)
+        for (int64_t i = 0; i < n; i++) af[i * k + p] = kiln_bf16_to_f32(a[i * as1 + p * as2]);
+    if (bs2 == 1)
+      for (int64_t p = 0; p < k; p++) convert_vectorised(bf + p * m, KILN_F32, b + p * bs1, KILN_BF16, m);
+    else
+      for (int64_t j = 0; j < m; j++)
+        for (int64_t p = 0; p < k; p++) bf[p * m + j] = kiln_bf16_to_f32(b[p * bs1 + j * bs2]);
     if (cs2 == 1) kiln_cpu_gemm_raw_fixed(KILN_F32, 0, 0, n, m, k, alpha, af, k, bf, m, beta, c, cs1);
     else kiln_cpu_gemm_raw_fixed(KILN_F32, 1, 1, m, n, k, alpha, bf, m, af, k, beta, c, cs2);   /* c^T = b^T a^T */
     free(af); free(bf);

@@ -98,8 +98,13 @@ int kiln_cpu_sgemm_here(int64_t m, int64_t n, int64_t k);
 enum { KILN_SGEMM_PANEL_K = 2048 };
 void kiln_cpu_sgemm_panels(int ta, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda, const float *pb,
                            float beta, float *c, int64_t ldc);
+/* cpu/backend.c, compiled once: 1 when this CPU's vdpbf16ps does bf16 products faster than its
+   FMAs do f32 ones (measured once, the first time it is asked). */
+int kiln_cpu_bf16_fast(void);
 /* cpu/bf16_gemm.c: 1 when the CPU runs bf16 products natively (AVX512-BF16; KILN_BF16_EMULATE=1
-   says no), and the product itself on 3-d bf16 tensors. */
+   says no): the recurrent layers' and the convolution columns' products. The matrix products of
+   cpu/gemm.c take vdpbf16ps only where kiln_cpu_bf16_fast says too (KILN_BF16_EMULATE=0: wherever
+   the CPU has it). And the product itself on 3-d bf16 tensors. */
 int kiln_cpu_bf16_native(void);
 int cpu_gemm_bf16(struct kiln_tensor *out, const struct kiln_tensor *a, const struct kiln_tensor *b, double alpha,
                   double beta);

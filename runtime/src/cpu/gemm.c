@@ -2,6 +2,7 @@
    single-threaded; the pool splits the output into row or column panels (or the batch) and
    each worker calls cblas on its part, so exactly one pool ever runs. */
 #include "cpu.h"
+#include "convert.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -135,14 +136,70 @@ static void gemm_naive_i64(struct kiln_tensor *out, const struct kiln_tensor *a,
       }
 }
 
+/* The storage a 3-d operand's elements span, from its first: 0 where that is not a plain forward
+   layout worth widening whole (a zero size, a negative stride, or a view of a small part of a
+   larger storage). */
+static int64_t widen_span(const struct kiln_tensor *t) {
+  int64_t span = 1;
+  for (int d = 0; d < 3; d++) {
+    if (t->sizes[d] <= 0 || t->strides[d] < 0) return 0;
+    span += (t->sizes[d] - 1) * t->strides[d];
+  }
+  return span <= 2 * t->numel + 4096 ? span : 0;
+}
+
+/* Whether bf16 matrix products run on vdpbf16ps: where the CPU has it and runs it faster than f32
+   FMAs (cpu/backend.c measures it), or KILN_BF16_EMULATE=0 asks for it. */
+static int bf16_products_native(void) {
+  const char *e = getenv("KILN_BF16_EMULATE");
+  return kiln_cpu_bf16_native() && ((e && strcmp(e, "0") == 0) || kiln_cpu_bf16_fast());
+}
+
+/* bf16 operands where f32 FMAs are the faster way (!bf16_products_native): each operand's storage
+   widened to f32 as it lies (exactly, in one vectorised pass, its strides kept), the f32 product,
+   and the result rounded to bf16 once (nearest even). 1 when the layouts do not suit it. */
+static int gemm_bf16_widened(struct kiln_tensor *out, const struct kiln_tensor *a, const struct kiln_tensor *b, double alpha,
+                             double beta, int *rc) {
+  struct gemm_job j = {.dtype = KILN_F32, .nbatch = out->sizes[0], .n = out->sizes[1], .m = out->sizes[2], .k = a->sizes[2],
+                       .alpha = alpha, .beta = beta};
+  int64_t sa = widen_span(a), sb = widen_span(b);
+  if (!sa || !sb || !blas_layout(a, &j.ta, &j.lda) || !blas_layout(b, &j.tb, &j.ldb)) return 1;
+  float *af = malloc(sizeof(float) * (size_t)(sa + sb) + 64);
+  struct kiln_tensor *C = af ? kiln_tensor_empty(3, out->sizes, KILN_F32, out->device) : NULL;
+  if (!C) {
+    free(af);
+    *rc = af ? kiln_error_code() : kiln_fail(KILN_ERR_MEMORY, "matmul: out of memory widening bf16 operands %s and %s",
+                                           kiln_shape_string(a), kiln_shape_string(b));
+    return 0;
+  }
+  float *bf = af + sa;
+  convert_vectorised(af, KILN_F32, kiln_tensor_data(a), KILN_BF16, sa);
+  convert_vectorised(bf, KILN_F32, kiln_tensor_data(b), KILN_BF16, sb);
+  if (beta != 0) kiln_cpu_copy(C, out);
+  j.a = (const char *)af; j.b = (const char *)bf; j.c = kiln_tensor_data(C);
+  j.sa = a->sizes[0] > 1 ? a->strides[0] : 0;
+  j.sb = b->sizes[0] > 1 ? b->strides[0] : 0;
+  j.sc = C->strides[0];
+  j.ldc = C->strides[1] > 0 ? C->strides[1] : 1;
+  gemm_run(&j);
+  *rc = kiln_cpu_copy(out, C);
+  free(af);
+  kiln_tensor_release(C);
+  return 0;
+}
+
 int cpu_gemm(const struct kiln_call *c) {
   struct kiln_tensor *out = c->out;
   const struct kiln_tensor *a = c->in[0], *b = c->in[1];
   double alpha = c->scalar[0], beta = c->scalar[1];
   if (out->numel == 0) return KILN_OK;
   if (!kiln_dtype_is_float(out->dtype)) { gemm_naive_i64(out, a, b, alpha, beta); return KILN_OK; }
-  if (out->dtype == KILN_BF16 && a->dtype == KILN_BF16 && b->dtype == KILN_BF16 && kiln_cpu_bf16_native())
+  if (out->dtype == KILN_BF16 && a->dtype == KILN_BF16 && b->dtype == KILN_BF16 && bf16_products_native())
     return cpu_gemm_bf16(out, a, b, alpha, beta);   /* cpu/bf16_gemm.c: AVX512-BF16 */
+  if (out->dtype == KILN_BF16 && a->dtype == KILN_BF16 && b->dtype == KILN_BF16) {
+    int rc = KILN_OK;
+    if (!gemm_bf16_widened(out, a, b, alpha, beta, &rc)) return rc;
+  }
   int dt = out->dtype == KILN_F64 ? KILN_F64 : KILN_F32;
   struct kiln_tensor *A = NULL, *Bm = NULL, *C = NULL;
   int rc = KILN_OK;
