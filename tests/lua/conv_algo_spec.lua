@@ -79,15 +79,16 @@ describe("CPU convolution algorithms", function()
     end)
   end
 
-  -- bf16 (what autocast's conv2d runs): both paths against f64 on the same bf16-rounded inputs;
-  -- each result is rounded to bf16 once (2^-8 relative), the grad of the weights summed in f32
+  -- bf16 (what autocast's conv2d runs): the three paths against f64 on the same bf16-rounded inputs
+  -- (Winograd in f32 arithmetic, widening its inputs and rounding its outputs); each result is
+  -- rounded to bf16 once (2^-8 relative), the grad of the weights summed in f32
   for i, c in ipairs(cases) do
     it(string.format("agree with f64 in bf16: case %d", i), function()
       local function rounded(dtype)
         return function(t) return t:to("bf16"):to(dtype) end
       end
       local ref = run(c, "im2col", "f64", 1, rounded("f64"))
-      for _, algo in ipairs{"im2col", "onednn"} do
+      for _, algo in ipairs{"im2col", "onednn", "winograd"} do
         local got = run(c, algo, "bf16", 1, rounded("bf16"))
         for _, k in ipairs{"y", "gx", "gw", "gb"} do
           local e = rel_err(got[k], ref[k])
@@ -105,6 +106,7 @@ describe("CPU convolution algorithms", function()
     run(cases[7], "auto", "f32")
     run(cases[2], "auto", "f32")
     run(cases[2], "auto", "bf16")
+    run(cases[1], "auto", "bf16")
     local lines = kiln.conv_choices()
     local function find(pat)
       for _, l in ipairs(lines) do if l:find(pat, 1, true) then return l end end
@@ -120,6 +122,9 @@ describe("CPU convolution algorithms", function()
     -- in bf16 a one-channel input goes to im2col for every pass (measured faster forward too)
     assert.truthy(find("forward bf16 x [3,1,28,28]"):match(": im2col$"), table.concat(lines, "\n"))
     assert.truthy(find("backward input weight bf16 x [3,1,28,28]"):match(": im2col$"), table.concat(lines, "\n"))
+    -- bf16 takes Winograd too (f32 arithmetic between its widened inputs and rounded outputs)
+    assert.truthy(find("forward bf16 x [64,32,12,12] w [64,32,5,5]"):match(five), table.concat(lines, "\n"))
+    assert.truthy(find("backward input weight bf16 x [64,32,12,12]"):match(five), table.concat(lines, "\n"))
   end)
 
   it("gives the same bits at 1 and 2 threads", function()
@@ -175,20 +180,22 @@ describe("CPU convolution algorithms", function()
       for i, v in ipairs(t:contiguous():reshape(-1):totable()) do out[i] = v ~= v and "nan" or v end
       return out
     end
-    for _, which in ipairs{"x", "w"} do
-      local function prep(t)
-        if (which == "x" and t:dim() == 4 and t:size(2) == 32) or (which == "w" and t:dim() == 4 and t:size(1) == 64) then
-          local d = t:contiguous():reshape(-1):totable()
-          d[5] = 1 / 0
-          d[700] = 0 / 0
-          t = kiln.tensor(d, {dtype = "f32"}):view(t:size())
+    for _, dtype in ipairs{"f32", "bf16"} do
+      for _, which in ipairs{"x", "w"} do
+        local function prep(t)
+          if (which == "x" and t:dim() == 4 and t:size(2) == 32) or (which == "w" and t:dim() == 4 and t:size(1) == 64) then
+            local d = t:contiguous():reshape(-1):totable()
+            d[5] = 1 / 0
+            d[700] = 0 / 0
+            t = kiln.tensor(d, {dtype = "f32"}):view(t:size())
+          end
+          return t:to(dtype)
         end
-        return t
+        local auto = run(c, "winograd", dtype, 1, prep)
+        local other = run(c, "onednn", dtype, 1, prep)
+        assert.same(bits(other.y), bits(auto.y), dtype .. " " .. which)
+        assert.is_true(auto.y:isinf():any():item() or which == "w", dtype .. " " .. which)
       end
-      local auto = run(c, "winograd", "f32", 1, prep)
-      local other = run(c, "onednn", "f32", 1, prep)
-      assert.same(bits(other.y), bits(auto.y), which)
-      assert.is_true(auto.y:isinf():any():item() or which == "w", which)
     end
   end)
 

@@ -215,6 +215,7 @@ static void conv_job(struct kiln_conv_job *cj, const struct cg *g, const void *x
   cj->OW = g->OW; cj->kh = g->kh; cj->kw = g->kw; cj->sh = g->sh; cj->sw = g->sw; cj->ph = g->ph; cj->pw = g->pw;
   cj->dh = g->dh; cj->dw = g->dw; cj->G = g->G; cj->parts = g->N < KILN_CONV_PARTS ? g->N : KILN_CONV_PARTS;
   cj->x = x; cj->w = w;
+  if (kiln_cpu_winograd_takes(cj)) cj->winograd = kiln_cpu_winograd_run;   /* f32 arithmetic, bf16 at its edges */
 }
 
 static int forward_columns(void *ctx) {
@@ -512,9 +513,11 @@ static int backward_bf16(const struct kiln_call *c, struct kiln_pool_fuse *f) {
     for (int64_t i = 0; i < out->gx->numel; i++) j.gx[i] = j.bias ? j.bias[(i / HW) % g.C] : 0;
   }
   if (out->gw) {
-    if (want_gw && (cj.ran_onednn || partials)) {   /* gw [O, K] from the partials, added in part order */
-      struct bf16_sums sj = {.g = &g, .gy = j.gy, .gw = kiln_tensor_data(out->gw), .partials = cj.ran_onednn ? onednn_partials : partials,
-                             .parts = cj.partials_summed ? 1 : cj.ran_onednn ? cj.parts : j.parts, .transposed = !cj.ran_onednn};
+    /* oneDNN's or Winograd's partials [parts][O][K] (Winograd's summed into the first), else the columns' [parts][K][O] */
+    int theirs = cj.ran_onednn || cj.partials_summed;
+    if (want_gw && (theirs || partials)) {   /* gw [O, K] from the partials, added in part order */
+      struct bf16_sums sj = {.g = &g, .gy = j.gy, .gw = kiln_tensor_data(out->gw), .partials = theirs ? onednn_partials : partials,
+                             .parts = cj.partials_summed ? 1 : cj.ran_onednn ? cj.parts : j.parts, .transposed = !theirs};
       kiln_parallel_for(g.O, 8, sum_weights, &sj);
     } else {
       kiln_cpu_fill(out->gw, 0);

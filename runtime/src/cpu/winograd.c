@@ -22,6 +22,7 @@
 
    Compiled at every level, taken at the avx512 level only (kiln_cpu_winograd_takes). */
 #include "cpu.h"
+#include "convert.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -91,14 +92,48 @@ struct wjob {
   float *V, *M, *dU;             /* a part's [36][T][Cp] and [36][T][Op]; [parts][36][Cp][Op] */
   int64_t folded;                /* the parts' weight grads added into part 0's so far (atomic) */
   int failed, nonfinite;         /* out of memory; an infinity or NaN in the input or the weights */
+  int bf;                        /* a bf16 job: x, w, bias, y, gy and gx in bf16, widened on the way in
+                                    and rounded once on the way out; the weight grad in f32 */
 };
 
-/* whether p[0..n) holds an infinity or a NaN (all exponent bits set) */
-static int any_nonfinite(const float *p, int64_t n) {
-  const uint32_t *u = (const uint32_t *)p;
+/* whether elements [i0, i0 + n) of p (f32, or bf16 when bf) hold an infinity or a NaN (all exponent bits set) */
+static int any_nonfinite(const void *p, int bf, int64_t i0, int64_t n) {
   uint32_t bad = 0;
-  for (int64_t i = 0; i < n; i++) bad |= (u[i] & 0x7f800000u) == 0x7f800000u;
+  if (bf) {
+    const uint16_t *u = (const uint16_t *)p + i0;
+    for (int64_t i = 0; i < n; i++) bad |= (u[i] & 0x7f80u) == 0x7f80u;
+  } else {
+    const uint32_t *u = (const uint32_t *)p + i0;
+    for (int64_t i = 0; i < n; i++) bad |= (u[i] & 0x7f800000u) == 0x7f800000u;
+  }
   return bad != 0;
+}
+
+/* sixteen bf16 values widened to f32 lanes (exactly); mask: the lanes read, the rest zero */
+static inline __m512 load_bf16(__mmask16 mask, const uint16_t *p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p)), 16));
+}
+/* sixteen f32 lanes rounded to bf16 (nearest even; a NaN stays NaN, made quiet), as convert.h does one */
+static inline __m256i round_bf16(__m512 v) {
+  __m512i u = _mm512_castps_si512(v), one = _mm512_set1_epi32(1);
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
+                                                 _mm512_and_si512(_mm512_srli_epi32(u, 16), one)), 16);
+  __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+  return _mm512_cvtepi32_epi16(r);
+}
+/* a blocked buffer of n f32 values <-> the same n values in bf16 at its start, in place (rounded,
+   front to back; widened, back to front: neither overwrites what it has yet to read) */
+static void blocked_round(float *blk, int64_t n) {
+  uint16_t *o = (uint16_t *)blk;
+  for (int64_t i = 0; i < n; i += 16) {
+    __m512 v = _mm512_load_ps(blk + i);
+    _mm256_storeu_si256((__m256i *)(o + i), round_bf16(v));
+  }
+}
+static void blocked_widen(float *blk, int64_t n) {
+  const uint16_t *h = (const uint16_t *)blk;
+  for (int64_t i = n - 16; i >= 0; i -= 16) _mm512_store_ps(blk + i, load_bf16(0xffff, h + i));
 }
 
 static int64_t part_begin(const struct kiln_conv_job *c, int64_t t) { return t * c->N / c->parts; }
@@ -116,13 +151,15 @@ static void gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *a
 INLINE void weights_body(struct wjob *j, int r, const float *G, int64_t begin, int64_t end) {
   const struct kiln_conv_job *c = j->c;
   const float *w = c->w;
+  const uint16_t *wb = c->w;
   int64_t C = c->C, O = c->O, rr = r * r;
   for (int64_t ch = begin; ch < end; ch++)
     for (int64_t o0 = 0; o0 < O; o0 += 16) {
       float lanes[25][16] __attribute__((aligned(64)));
       memset(lanes, 0, sizeof lanes);
       for (int64_t o = o0; o < O && o < o0 + 16; o++)
-        for (int e = 0; e < rr; e++) lanes[e][o - o0] = w[(o * C + ch) * rr + e];
+        for (int e = 0; e < rr; e++)
+          lanes[e][o - o0] = j->bf ? convert_bf16_to_f32(wb[(o * C + ch) * rr + e]) : w[(o * C + ch) * rr + e];
       __m512 x[25], u[TE];
       for (int e = 0; e < rr; e++) x[e] = _mm512_load_ps(lanes[e]);
       sandwich(u, x, r, r, ALPHA, ALPHA, G, r, 1, G, r, 1);
@@ -183,6 +220,21 @@ static inline void rows_out(const float *src, int64_t ss, int64_t nc, float *dst
   transpose16(v);
   for (int64_t r = 0; r < 16 && r < nr; r++) _mm512_mask_storeu_ps(dst + r * ds, mask, v[r]);
 }
+/* the same from bf16 rows (widened) and into bf16 rows (rounded) */
+static inline void rows_in_bf16(const uint16_t *src, int64_t rs, int64_t nr, int64_t nc, float *dst, int64_t ds) {
+  __mmask16 mask = (__mmask16)((1u << nc) - 1);
+  __m512 v[16];
+  for (int r = 0; r < 16; r++) v[r] = r < nr ? load_bf16(mask, src + r * rs) : _mm512_setzero_ps();
+  transpose16(v);
+  for (int64_t q = 0; q < nc; q++) _mm512_storeu_ps(dst + q * ds, v[q]);
+}
+static inline void rows_out_bf16(const float *src, int64_t ss, int64_t nc, uint16_t *dst, int64_t ds, int64_t nr) {
+  __mmask16 mask = (__mmask16)((1u << nc) - 1);
+  __m512 v[16];
+  for (int q = 0; q < 16; q++) v[q] = q < nc ? _mm512_loadu_ps(src + q * ss) : _mm512_setzero_ps();
+  transpose16(v);
+  for (int64_t r = 0; r < 16 && r < nr; r++) _mm256_mask_storeu_epi16(dst + r * ds, mask, round_bf16(v[r]));
+}
 static int64_t upto16(int64_t n) { return n < 16 ? n : 16; }
 
 static void plane_in(const struct wjob *j, int64_t n, float *xt) {
@@ -190,10 +242,14 @@ static void plane_in(const struct wjob *j, int64_t n, float *xt) {
   int64_t C = c->C, H = c->H, W = c->W, Cp = j->Cp, Wp = j->Wp;
   memset(xt, 0, sizeof(float) * (size_t)(j->Hp * Wp * Cp));
   const float *xn = (const float *)c->x + n * C * H * W;
+  const uint16_t *xb = (const uint16_t *)c->x + n * C * H * W;
   for (int64_t c0 = 0; c0 < C; c0 += 16)
     for (int64_t h = 0; h < H; h++)
-      for (int64_t w0 = 0; w0 < W; w0 += 16)
-        rows_in(xn + (c0 * H + h) * W + w0, H * W, upto16(C - c0), upto16(W - w0), xt + ((h + c->ph) * Wp + w0 + c->pw) * Cp + c0, Cp);
+      for (int64_t w0 = 0; w0 < W; w0 += 16) {
+        float *d = xt + ((h + c->ph) * Wp + w0 + c->pw) * Cp + c0;
+        if (j->bf) rows_in_bf16(xb + (c0 * H + h) * W + w0, H * W, upto16(C - c0), upto16(W - w0), d, Cp);
+        else rows_in(xn + (c0 * H + h) * W + w0, H * W, upto16(C - c0), upto16(W - w0), d, Cp);
+      }
 }
 
 INLINE void input_tiles(const struct wjob *j, int m, int64_t n, const float *xt) {
@@ -218,7 +274,8 @@ INLINE void output_tiles(const struct wjob *j, int m, const float *AT, int64_t n
   int64_t Op = j->Op, OH = c->OH, OW = c->OW, t0 = (n - j->n0) * j->TT;
   for (int64_t o0 = 0; o0 < Op; o0 += 16) {
     __m512 bias = _mm512_setzero_ps();
-    if (c->bias) bias = _mm512_maskz_loadu_ps((__mmask16)(c->O - o0 >= 16 ? 0xffff : (1u << (c->O - o0)) - 1), (const float *)c->bias + o0);
+    __mmask16 bm = (__mmask16)(c->O - o0 >= 16 ? 0xffff : (1u << (c->O - o0)) - 1);
+    if (c->bias) bias = j->bf ? load_bf16(bm, (const uint16_t *)c->bias + o0) : _mm512_maskz_loadu_ps(bm, (const float *)c->bias + o0);
     float *out = blk + o0 * OH * OW;
     for (int64_t ty = 0; ty < j->TH; ty++)
       for (int64_t tx = 0; tx < j->TW; tx++) {
@@ -279,10 +336,14 @@ INLINE void input_grad_tiles(const struct wjob *j, int m, int64_t n, float *xt) 
   /* the plane's channels back to NCHW rows, sixteen columns at a time */
   int64_t C = c->C, H = c->H, W = c->W;
   float *gx = (float *)c->gx + n * C * H * W;
+  uint16_t *gxb = (uint16_t *)c->gx + n * C * H * W;
   for (int64_t c0 = 0; c0 < C; c0 += 16)
     for (int64_t h = 0; h < H; h++)
-      for (int64_t w0 = 0; w0 < W; w0 += 16)
-        rows_out(xt + ((h + c->ph) * Wp + w0 + c->pw) * Cp + c0, Cp, upto16(W - w0), gx + (c0 * H + h) * W + w0, H * W, C - c0);
+      for (int64_t w0 = 0; w0 < W; w0 += 16) {
+        const float *s = xt + ((h + c->ph) * Wp + w0 + c->pw) * Cp + c0;
+        if (j->bf) rows_out_bf16(s, Cp, upto16(W - w0), gxb + (c0 * H + h) * W + w0, H * W, C - c0);
+        else rows_out(s, Cp, upto16(W - w0), gx + (c0 * H + h) * W + w0, H * W, C - c0);
+      }
 }
 
 /* ---- the passes, a part at a time (parts: c->parts, as every convolution path cuts the batch) ----
@@ -292,20 +353,29 @@ INLINE void input_grad_tiles(const struct wjob *j, int m, int64_t n, float *xt) 
 static size_t blk_floats(const struct wjob *j, int64_t nb) { return (size_t)(nb * j->Op * j->c->OH * j->c->OW); }
 static int64_t most_images(const struct kiln_conv_job *c) { return (c->N + c->parts - 1) / c->parts; }
 
-/* blocked [nb][Op/16][OH][OW][16] <-> NCHW, the padded channels zero */
-static void to_blocked(const struct wjob *j, const float *src, int64_t nb, float *blk) {
+/* blocked [nb][Op/16][OH][OW][16] <-> NCHW (elements from image n0 on; bf16 for a bf16 job), the
+   padded channels zero */
+static void to_blocked(const struct wjob *j, const void *src, int64_t n0, int64_t nb, float *blk) {
   int64_t O = j->c->O, P = j->c->OH * j->c->OW, Op = j->Op;
   for (int64_t i = 0; i < nb; i++)
     for (int64_t o0 = 0; o0 < Op; o0 += 16)
-      for (int64_t p0 = 0; p0 < P; p0 += 16)
-        rows_in(src + (i * O + o0) * P + p0, P, O - o0, upto16(P - p0), blk + (i * Op + o0) * P + p0 * 16, 16);
+      for (int64_t p0 = 0; p0 < P; p0 += 16) {
+        int64_t at = ((n0 + i) * O + o0) * P + p0;
+        float *d = blk + (i * Op + o0) * P + p0 * 16;
+        if (j->bf) rows_in_bf16((const uint16_t *)src + at, P, O - o0, upto16(P - p0), d, 16);
+        else rows_in((const float *)src + at, P, O - o0, upto16(P - p0), d, 16);
+      }
 }
-static void from_blocked(const struct wjob *j, const float *blk, int64_t nb, float *dst) {
+static void from_blocked(const struct wjob *j, const float *blk, int64_t n0, int64_t nb, void *dst) {
   int64_t O = j->c->O, P = j->c->OH * j->c->OW, Op = j->Op;
   for (int64_t i = 0; i < nb; i++)
     for (int64_t o0 = 0; o0 < Op; o0 += 16)
-      for (int64_t p0 = 0; p0 < P; p0 += 16)
-        rows_out(blk + (i * Op + o0) * P + p0 * 16, 16, upto16(P - p0), dst + (i * O + o0) * P + p0, P, O - o0);
+      for (int64_t p0 = 0; p0 < P; p0 += 16) {
+        int64_t at = ((n0 + i) * O + o0) * P + p0;
+        const float *s = blk + (i * Op + o0) * P + p0 * 16;
+        if (j->bf) rows_out_bf16(s, 16, upto16(P - p0), (uint16_t *)dst + at, P, O - o0);
+        else rows_out(s, 16, upto16(P - p0), (float *)dst + at, P, O - o0);
+      }
 }
 
 /* a thread's buffers: its part's V and M (with its own plane strides), the padded plane, the blocked output */
@@ -337,7 +407,7 @@ static void forward_parts(void *ctx, int64_t begin, int64_t end) {
     w->n0 = n0;
     w->T = nb * j->TT;
     for (int64_t n = n0; n < n0 + nb; n++)
-      if (any_nonfinite((const float *)c->x + n * c->C * c->H * c->W, c->C * c->H * c->W)) {
+      if (any_nonfinite(c->x, j->bf, n * c->C * c->H * c->W, c->C * c->H * c->W)) {
         __atomic_store_n(&j->nonfinite, 1, __ATOMIC_RELAXED);
         free(b.mem);
         return;
@@ -355,8 +425,12 @@ static void forward_parts(void *ctx, int64_t begin, int64_t end) {
       if (j->m == 2) output_tiles(w, 2, &AT2[0][0], n, o);
       else output_tiles(w, 4, &AT4[0][0], n, o);
     }
-    if (c->epilogue) c->epilogue(c->ctx, n0, nb, b.blk);
-    else from_blocked(j, b.blk, nb, (float *)c->y + n0 * c->O * c->OH * c->OW);
+    if (c->epilogue) {   /* a bf16 layer's epilogue reads bf16 lanes */
+      if (j->bf) blocked_round(b.blk, (int64_t)blk_floats(j, nb));
+      c->epilogue(c->ctx, n0, nb, b.blk);
+    } else {
+      from_blocked(j, b.blk, n0, nb, c->y);
+    }
   }
   free(b.mem);
 }
@@ -376,8 +450,12 @@ static void backward_parts(void *ctx, int64_t begin, int64_t end) {
     } else {
       w->n0 = n0;
       w->T = nb * j->TT;
-      if (c->prologue) c->prologue(c->ctx, n0, nb, b.blk);
-      else to_blocked(j, (const float *)c->gy + n0 * c->O * c->OH * c->OW, nb, b.blk);
+      if (c->prologue) {   /* a bf16 layer's prologue writes bf16 lanes */
+        c->prologue(c->ctx, n0, nb, b.blk);
+        if (j->bf) blocked_widen(b.blk, (int64_t)blk_floats(j, nb));
+      } else {
+        to_blocked(j, c->gy, n0, nb, b.blk);
+      }
       for (int64_t n = n0; n < n0 + nb; n++) {
         const float *g = b.blk + blk_floats(j, n - n0);
         if (j->m == 2) grad_tiles(w, 2, &AT2[0][0], n, g);
@@ -424,7 +502,7 @@ static void sum_parts(void *ctx, int64_t begin, int64_t end) {
 }
 
 int kiln_cpu_winograd_takes(const struct kiln_conv_job *c) {
-  if (c->dtype != KILN_F32 || c->G != 1 || c->sh != 1 || c->sw != 1 || c->dh != 1 || c->dw != 1) return 0;
+  if ((c->dtype != KILN_F32 && c->dtype != KILN_BF16) || c->G != 1 || c->sh != 1 || c->sw != 1 || c->dh != 1 || c->dw != 1) return 0;
   if (c->kh != c->kw || (c->kh != 5 && c->kh != 3) || c->C < 16 || c->O < 16 || c->N <= 0) return 0;
   if (c->C > KILN_SGEMM_PANEL_K || c->O > KILN_SGEMM_PANEL_K) return 0;   /* the products' k: one panel block */
   if (c->OH <= 0 || c->OW <= 0) return 0;
@@ -450,10 +528,11 @@ int kiln_cpu_winograd_run(struct kiln_conv_job *c) {
   j.Op = (c->O + 15) / 16 * 16;
   j.Hp = j.TH * j.m + j.r - 1;
   j.Wp = j.TW * j.m + j.r - 1;
+  j.bf = c->dtype == KILN_BF16;
   int forward = c->y || c->epilogue, gw = !forward && c->partials, gx = !forward && c->gx;
   /* an infinity or a NaN in the forward's weights or input: not taken (1), for the other paths' results
      (a tile's transforms would spread it to the tile's every output, and make inf - inf a NaN) */
-  if (forward && any_nonfinite(c->w, c->O * c->C * c->kh * c->kw)) return 1;
+  if (forward && any_nonfinite(c->w, j.bf, 0, c->O * c->C * c->kh * c->kw)) return 1;
   j.US = (j.Op + 63) / 64 * j.Cp * 64;
   j.UTS = (j.Cp + 63) / 64 * j.Op * 64;
   size_t ub = sizeof(float) * (size_t)(TE * j.US), utb = gx ? sizeof(float) * (size_t)(TE * j.UTS) : 0;
