@@ -314,14 +314,23 @@ KILN_API const char *kiln_blas_core(void) { return blas.core; }
 KILN_API int kiln_blas_state(void) { return blas.state; }
 KILN_API const char *kiln_blas_note(void) { return blas.note; }
 
+/* No products (alpha 0 or k 0): C = beta C here, reading neither A nor B, and not C when beta is 0
+   (it may hold NaN), as the reference BLAS does. OpenBLAS 0.3.21's SkylakeX and Cooperlake kernels
+   multiply anyway, so that a NaN or an infinity in A or B reached C through 0 * inf. */
+#define KILN_SCALE_ONLY(T)                                                                 \
+  for (int i = 0; i < m; i++)                                                             \
+    for (int j = 0; j < n; j++) c[(int64_t)i * ldc + j] = beta == 0 ? (T)0 : beta * c[(int64_t)i * ldc + j];
 void kiln_sgemm(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
                 float beta, float *c, int ldc) {
+  if (alpha == 0 || k <= 0) { KILN_SCALE_ONLY(float) return; }
   blas.sgemm(KILN_BLAS_ROW_MAJOR, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 void kiln_dgemm(int ta, int tb, int m, int n, int k, double alpha, const double *a, int lda, const double *b, int ldb,
                 double beta, double *c, int ldc) {
+  if (alpha == 0 || k <= 0) { KILN_SCALE_ONLY(double) return; }
   blas.dgemm(KILN_BLAS_ROW_MAJOR, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
+#undef KILN_SCALE_ONLY
 
 /* ---- SIGTERM, caught on request ---- */
 
