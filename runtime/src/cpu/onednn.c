@@ -337,6 +337,15 @@ static void remember(const struct choice_key *k, int algo) {
   pthread_mutex_unlock(&cache_mu);
 }
 
+/* Whether the auto rule sends c to Winograd where it takes the shape: always in f32; in bf16 where
+   the CPU's bf16 products are no faster than its f32 ones (cpu/backend.c's measure) and it has no
+   AMX: there Winograd's f32 arithmetic beats oneDNN's bf16 kernels (Emerald Rapids without AMX,
+   the CNN's second layer: 6.2 against 16.6 ms forward and backward), while oneDNN's AMX kernels,
+   and its vdpbf16ps ones on a CPU that runs vdpbf16ps at full rate, are kept. */
+static int winograd_by_rule(const struct kiln_conv_job *c) {
+  return c->dtype != KILN_BF16 || (!kiln_cpu_bf16_fast() && !kiln_cpu_has("amx_bf16"));
+}
+
 /* c by kiln's Winograd kernels (cpu/winograd.c; c->winograd is set where they take the shape) */
 static int run_winograd(struct kiln_conv_job *c) {
   c->partials_summed = 0;
@@ -346,7 +355,8 @@ static int run_winograd(struct kiln_conv_job *c) {
 int kiln_cpu_conv_fused_way(const struct kiln_conv_job *c, int input_grad) {
   int forced = forced_algo();
   if (forced == ALGO_IM2COL) return 1;
-  if (c->winograd && (forced == ALGO_WINOGRAD || (forced < 0 && !benchmark_mode()) || !onednn())) return 0;
+  if (c->winograd && (forced == ALGO_WINOGRAD || (forced < 0 && !benchmark_mode() && winograd_by_rule(c)) || !onednn()))
+    return 0;
   if (!onednn()) return 1;
   if (forced < 0 && benchmark_mode()) return -1;
   /* the auto rule's one-channel cases, as below */
@@ -360,7 +370,7 @@ int kiln_cpu_conv_run(struct kiln_conv_job *c) {
   c->ran_onednn = 0;
   c->partials_summed = 0;
   if (c->epilogue || c->prologue) {   /* a fused layer, where kiln_cpu_conv_fused_way sent it */
-    if (c->winograd && (forced == ALGO_WINOGRAD || (forced < 0 && !bench) || !onednn())) {
+    if (c->winograd && (forced == ALGO_WINOGRAD || (forced < 0 && !bench && winograd_by_rule(c)) || !onednn())) {
       int rc = run_winograd(c);
       if (rc != 1) return rc;
       c->winograd = NULL;   /* not taken (an infinity or a NaN): oneDNN's, else the three ops' */
@@ -373,14 +383,14 @@ int kiln_cpu_conv_run(struct kiln_conv_job *c) {
     return rc;
   }
   if (forced == ALGO_IM2COL || (c->dtype != KILN_F32 && c->dtype != KILN_BF16)) return run_im2col(c);
-  /* the auto rule: kiln's Winograd wherever it takes the shape (bench/conv.lua: 2-3x oneDNN's
-     speed on the benchmark CNN's second convolution, Zen 5), else oneDNN */
+  /* the auto rule: kiln's Winograd wherever it takes the shape and winograd_by_rule (bench/conv.lua:
+     2-3x oneDNN's speed on the benchmark CNN's second convolution, Zen 5), else oneDNN */
   struct choice_key k;
   memset(&k, 0, sizeof k);
   k.backward = c->y == NULL; k.gx = c->gx != NULL; k.gw = c->partials != NULL; k.dtype = c->dtype;
   k.N = c->N; k.C = c->C; k.H = c->H; k.W = c->W; k.O = c->O; k.OH = c->OH; k.OW = c->OW; k.kh = c->kh; k.kw = c->kw;
   k.sh = c->sh; k.sw = c->sw; k.ph = c->ph; k.pw = c->pw; k.dh = c->dh; k.dw = c->dw; k.G = c->G;
-  if (c->winograd && (forced == ALGO_WINOGRAD || (forced < 0 && !bench))) {
+  if (c->winograd && (forced == ALGO_WINOGRAD || (forced < 0 && !bench && winograd_by_rule(c)))) {
     if (forced < 0) remember(&k, ALGO_WINOGRAD);
     int rc = run_winograd(c);
     if (rc != 1) return rc;
