@@ -138,37 +138,28 @@ static double seconds_now(void) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 #define KILN_CHAINS16(OP) OP(0) OP(1) OP(2) OP(3) OP(4) OP(5) OP(6) OP(7) OP(8) OP(9) OP(10) OP(11) OP(12) OP(13) OP(14) OP(15)
-__attribute__((target("avx512f,avx512bf16"), noinline))
-static double time_dpbf16(int64_t n) {
-  __m512 c[16];
-  for (int i = 0; i < 16; i++) c[i] = _mm512_set1_ps((float)i);
-  __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f803f80), y = (__m512bh)_mm512_set1_epi32(0x3c003c00);
-  double t = seconds_now();
-  for (int64_t i = 0; i < n; i++) {
-#define KILN_DP(i) c[i] = _mm512_dpbf16_ps(c[i], x, y);
-    KILN_CHAINS16(KILN_DP)
-#undef KILN_DP
-    __asm__ volatile("" : "+v"(x), "+v"(y));
-  }
-  t = seconds_now() - t;
-  __m512 s = c[0];
-  for (int i = 1; i < 16; i++) s = _mm512_add_ps(s, c[i]);
-  volatile float sink = _mm512_reduce_add_ps(s);
-  (void)sink;
-  return t;
-}
-__attribute__((target("avx512f,fma"), noinline))
-static double time_fma(int64_t n) {
+/* 16 independent chains of vdpbf16ps (bf16) or of vfmadd231ps, n instructions each; the seconds */
+__attribute__((target("avx512f,avx512bf16,fma"), noinline))
+static double time_chains(int bf16, int64_t n) {
   __m512 c[16];
   for (int i = 0; i < 16; i++) c[i] = _mm512_set1_ps((float)i);
   __m512 x = _mm512_set1_ps(1.0f), y = _mm512_set1_ps(0.0078125f);
+  __m512bh xb = (__m512bh)_mm512_set1_epi32(0x3f803f80), yb = (__m512bh)_mm512_set1_epi32(0x3c003c00);
   double t = seconds_now();
-  for (int64_t i = 0; i < n; i++) {
+#define KILN_DP(i) c[i] = _mm512_dpbf16_ps(c[i], xb, yb);
 #define KILN_FMA(i) c[i] = _mm512_fmadd_ps(x, y, c[i]);
-    KILN_CHAINS16(KILN_FMA)
+  if (bf16)
+    for (int64_t i = 0; i < n; i++) {
+      KILN_CHAINS16(KILN_DP)
+      __asm__ volatile("" : "+v"(xb), "+v"(yb));
+    }
+  else
+    for (int64_t i = 0; i < n; i++) {
+      KILN_CHAINS16(KILN_FMA)
+      __asm__ volatile("" : "+v"(x), "+v"(y));
+    }
+#undef KILN_DP
 #undef KILN_FMA
-    __asm__ volatile("" : "+v"(x), "+v"(y));
-  }
   t = seconds_now() - t;
   __m512 s = c[0];
   for (int i = 1; i < 16; i++) s = _mm512_add_ps(s, c[i]);
@@ -184,7 +175,7 @@ static void bf16_measure(void) {
   if (!kiln_cpu_has("avx512_bf16") || !kiln_cpu_has("avx512f")) return;
   double dp = 1e9, fma = 1e9;
   for (int r = 0; r < 7; r++) {
-    double a = time_dpbf16(2048), b = time_fma(2048);
+    double a = time_chains(1, 2048), b = time_chains(0, 2048);
     if (a < dp) dp = a;
     if (b < fma) fma = b;
   }

@@ -203,37 +203,29 @@ static void weights_out(void *ctx, int64_t begin, int64_t end) {
 
 /* ---- the input: the zero-padded plane with channels last, then V = B^T d B a tile ---- */
 
-/* Channel rows <-> channels-last vectors, sixteen by sixteen, transposed in registers. rows_in: nr
-   rows (the rest zeros) of nc floats, rows rs apart -> nc vectors of sixteen lanes at dst, ds apart.
-   rows_out: nc vectors at src, ss apart -> nr rows of nc floats at dst, rows ds apart. */
-static inline void rows_in(const float *src, int64_t rs, int64_t nr, int64_t nc, float *dst, int64_t ds) {
+/* Channel rows <-> channels-last vectors, sixteen by sixteen, transposed in registers; the rows'
+   elements are f32, or bf16 when bf (widened on the way in, rounded on the way out). rows_in: nr
+   rows (the rest zeros) of nc elements, from element at of base, rows rs apart -> nc vectors of
+   sixteen lanes at dst, ds apart. rows_out: nc vectors at src, ss apart -> nr rows of nc elements
+   from element at of base, rows ds apart. */
+static inline void rows_in(int bf, const void *base, int64_t at, int64_t rs, int64_t nr, int64_t nc, float *dst, int64_t ds) {
   __mmask16 mask = (__mmask16)((1u << nc) - 1);
   __m512 v[16];
-  for (int r = 0; r < 16; r++) v[r] = r < nr ? _mm512_maskz_loadu_ps(mask, src + r * rs) : _mm512_setzero_ps();
+  for (int r = 0; r < 16; r++)
+    v[r] = r >= nr ? _mm512_setzero_ps()
+           : bf    ? load_bf16(mask, (const uint16_t *)base + at + r * rs)
+                   : _mm512_maskz_loadu_ps(mask, (const float *)base + at + r * rs);
   transpose16(v);
   for (int64_t q = 0; q < nc; q++) _mm512_storeu_ps(dst + q * ds, v[q]);
 }
-static inline void rows_out(const float *src, int64_t ss, int64_t nc, float *dst, int64_t ds, int64_t nr) {
+static inline void rows_out(int bf, const float *src, int64_t ss, int64_t nc, void *base, int64_t at, int64_t ds, int64_t nr) {
   __mmask16 mask = (__mmask16)((1u << nc) - 1);
   __m512 v[16];
   for (int q = 0; q < 16; q++) v[q] = q < nc ? _mm512_loadu_ps(src + q * ss) : _mm512_setzero_ps();
   transpose16(v);
-  for (int64_t r = 0; r < 16 && r < nr; r++) _mm512_mask_storeu_ps(dst + r * ds, mask, v[r]);
-}
-/* the same from bf16 rows (widened) and into bf16 rows (rounded) */
-static inline void rows_in_bf16(const uint16_t *src, int64_t rs, int64_t nr, int64_t nc, float *dst, int64_t ds) {
-  __mmask16 mask = (__mmask16)((1u << nc) - 1);
-  __m512 v[16];
-  for (int r = 0; r < 16; r++) v[r] = r < nr ? load_bf16(mask, src + r * rs) : _mm512_setzero_ps();
-  transpose16(v);
-  for (int64_t q = 0; q < nc; q++) _mm512_storeu_ps(dst + q * ds, v[q]);
-}
-static inline void rows_out_bf16(const float *src, int64_t ss, int64_t nc, uint16_t *dst, int64_t ds, int64_t nr) {
-  __mmask16 mask = (__mmask16)((1u << nc) - 1);
-  __m512 v[16];
-  for (int q = 0; q < 16; q++) v[q] = q < nc ? _mm512_loadu_ps(src + q * ss) : _mm512_setzero_ps();
-  transpose16(v);
-  for (int64_t r = 0; r < 16 && r < nr; r++) _mm256_mask_storeu_epi16(dst + r * ds, mask, round_bf16(v[r]));
+  for (int64_t r = 0; r < 16 && r < nr; r++)
+    if (bf) _mm256_mask_storeu_epi16((uint16_t *)base + at + r * ds, mask, round_bf16(v[r]));
+    else _mm512_mask_storeu_ps((float *)base + at + r * ds, mask, v[r]);
 }
 static int64_t upto16(int64_t n) { return n < 16 ? n : 16; }
 
@@ -241,15 +233,11 @@ static void plane_in(const struct wjob *j, int64_t n, float *xt) {
   const struct kiln_conv_job *c = j->c;
   int64_t C = c->C, H = c->H, W = c->W, Cp = j->Cp, Wp = j->Wp;
   memset(xt, 0, sizeof(float) * (size_t)(j->Hp * Wp * Cp));
-  const float *xn = (const float *)c->x + n * C * H * W;
-  const uint16_t *xb = (const uint16_t *)c->x + n * C * H * W;
   for (int64_t c0 = 0; c0 < C; c0 += 16)
     for (int64_t h = 0; h < H; h++)
-      for (int64_t w0 = 0; w0 < W; w0 += 16) {
-        float *d = xt + ((h + c->ph) * Wp + w0 + c->pw) * Cp + c0;
-        if (j->bf) rows_in_bf16(xb + (c0 * H + h) * W + w0, H * W, upto16(C - c0), upto16(W - w0), d, Cp);
-        else rows_in(xn + (c0 * H + h) * W + w0, H * W, upto16(C - c0), upto16(W - w0), d, Cp);
-      }
+      for (int64_t w0 = 0; w0 < W; w0 += 16)
+        rows_in(j->bf, c->x, ((n * C + c0) * H + h) * W + w0, H * W, upto16(C - c0), upto16(W - w0),
+                xt + ((h + c->ph) * Wp + w0 + c->pw) * Cp + c0, Cp);
 }
 
 INLINE void input_tiles(const struct wjob *j, int m, int64_t n, const float *xt) {
@@ -335,15 +323,11 @@ INLINE void input_grad_tiles(const struct wjob *j, int m, int64_t n, float *xt) 
       }
   /* the plane's channels back to NCHW rows, sixteen columns at a time */
   int64_t C = c->C, H = c->H, W = c->W;
-  float *gx = (float *)c->gx + n * C * H * W;
-  uint16_t *gxb = (uint16_t *)c->gx + n * C * H * W;
   for (int64_t c0 = 0; c0 < C; c0 += 16)
     for (int64_t h = 0; h < H; h++)
-      for (int64_t w0 = 0; w0 < W; w0 += 16) {
-        const float *s = xt + ((h + c->ph) * Wp + w0 + c->pw) * Cp + c0;
-        if (j->bf) rows_out_bf16(s, Cp, upto16(W - w0), gxb + (c0 * H + h) * W + w0, H * W, C - c0);
-        else rows_out(s, Cp, upto16(W - w0), gx + (c0 * H + h) * W + w0, H * W, C - c0);
-      }
+      for (int64_t w0 = 0; w0 < W; w0 += 16)
+        rows_out(j->bf, xt + ((h + c->ph) * Wp + w0 + c->pw) * Cp + c0, Cp, upto16(W - w0), c->gx,
+                 ((n * C + c0) * H + h) * W + w0, H * W, C - c0);
 }
 
 /* ---- the passes, a part at a time (parts: c->parts, as every convolution path cuts the batch) ----
@@ -359,23 +343,15 @@ static void to_blocked(const struct wjob *j, const void *src, int64_t n0, int64_
   int64_t O = j->c->O, P = j->c->OH * j->c->OW, Op = j->Op;
   for (int64_t i = 0; i < nb; i++)
     for (int64_t o0 = 0; o0 < Op; o0 += 16)
-      for (int64_t p0 = 0; p0 < P; p0 += 16) {
-        int64_t at = ((n0 + i) * O + o0) * P + p0;
-        float *d = blk + (i * Op + o0) * P + p0 * 16;
-        if (j->bf) rows_in_bf16((const uint16_t *)src + at, P, O - o0, upto16(P - p0), d, 16);
-        else rows_in((const float *)src + at, P, O - o0, upto16(P - p0), d, 16);
-      }
+      for (int64_t p0 = 0; p0 < P; p0 += 16)
+        rows_in(j->bf, src, ((n0 + i) * O + o0) * P + p0, P, O - o0, upto16(P - p0), blk + (i * Op + o0) * P + p0 * 16, 16);
 }
 static void from_blocked(const struct wjob *j, const float *blk, int64_t n0, int64_t nb, void *dst) {
   int64_t O = j->c->O, P = j->c->OH * j->c->OW, Op = j->Op;
   for (int64_t i = 0; i < nb; i++)
     for (int64_t o0 = 0; o0 < Op; o0 += 16)
-      for (int64_t p0 = 0; p0 < P; p0 += 16) {
-        int64_t at = ((n0 + i) * O + o0) * P + p0;
-        const float *s = blk + (i * Op + o0) * P + p0 * 16;
-        if (j->bf) rows_out_bf16(s, 16, upto16(P - p0), (uint16_t *)dst + at, P, O - o0);
-        else rows_out(s, 16, upto16(P - p0), (float *)dst + at, P, O - o0);
-      }
+      for (int64_t p0 = 0; p0 < P; p0 += 16)
+        rows_out(j->bf, blk + (i * Op + o0) * P + p0 * 16, 16, upto16(P - p0), dst, ((n0 + i) * O + o0) * P + p0, P, O - o0);
 }
 
 /* a thread's buffers: its part's V and M (with its own plane strides), the padded plane, the blocked output */
