@@ -200,6 +200,7 @@ log("model: embedding %d, LSTM %d x %d layer(s) (%s), %d parameters; seq %d, bat
     opt.embedding, opt.hidden, opt.layers,
     dist and string.format("split across %d ranks", dist.world_size()) or (lstm:algorithm_for(B)),
     model:num_parameters(), T, B, opt.lr, kiln.get_num_threads())
+if opt.amp == "bf16" then log("autocast bf16; bf16 products on this CPU: %s", kiln.info().blas.bf16_products) end
 
 local function detach(s) return {s[1]:detach(), s[2]:detach()} end
 

@@ -69,6 +69,7 @@ local criterion = nn.CrossEntropyLoss()
 log("kiln %s: %s (%d parameters), %d training images, %d threads, seed %d%s", kiln.version, opt.model,
     model:num_parameters(), train_x:size(1), kiln.get_num_threads(), opt.seed,
     dist and string.format(", %d ranks (%s)", ranks, dist.engine()) or "")
+if opt.amp == "bf16" then log("autocast bf16; bf16 products on this CPU: %s", kiln.info().blas.bf16_products) end
 
 -- In a data-parallel job each rank takes its own block of the test set (every image once) and the
 -- counts are summed over ranks.

@@ -76,6 +76,7 @@ local schedule = optim.lr_scheduler.OneCycleLR(adam, {max_lr = opt.lr, total_ste
 
 ui.log("kiln %s: conv + %d-layer bidirectional GRU (%d hidden), %d parameters, %d classes, %d threads, seed %d",
        kiln.version, opt.layers, opt.hidden, model:num_parameters(), digits.num_classes, kiln.get_num_threads(), opt.seed)
+if opt.amp == "bf16" then ui.log("autocast bf16; bf16 products on this CPU: %s", kiln.info().blas.bf16_products) end
 
 -- ---- batches ----
 -- Each epoch shuffles the utterances, sorts runs of 16 batches by length (less padding) and
