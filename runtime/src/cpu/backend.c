@@ -202,7 +202,7 @@ KILN_API const char *kiln_cpu_bf16_products(void) {
   int fast = kiln_cpu_bf16_fast();
   snprintf(what, sizeof what, "%s (vdpbf16ps takes %.2fx an f32 FMA's time here)",
            fast ? "vdpbf16ps (AVX512-BF16)"
-                : "matrix products by f32 FMAs on the widened values; vdpbf16ps in the recurrent layers",
+                : "matrix products and the recurrent layers' steps by f32 FMAs on the widened values",
            bf16_fma_s > 0 ? bf16_dp_s / bf16_fma_s : 0.0);
   return what;
 }

@@ -4,9 +4,10 @@
    W[2kk+1][c] in the high half, zeros past K and n), each step's rows x[b] in bf16 read as pairs,
    f32 sums.
 
-   With AVX512-BF16 (kiln_cpu_bf16_native) a panel is 64 columns and vdpbf16ps adds each pair's two
-   products into 16 f32 lanes, 4 sequences x 4 vectors at a time. Without it (or with
-   KILN_BF16_EMULATE=1) a panel is the level's 4 vectors of f32 lanes and the same sums are made
+   With AVX512-BF16, where it is faster than f32 FMAs (rnn_native), a panel is 64 columns and
+   vdpbf16ps adds each pair's two products into 16 f32 lanes, 4 sequences x 4 vectors at a time.
+   Without it (or with KILN_BF16_EMULATE=1) a panel is the level's 4 vectors of f32 lanes, each
+   step's rows are widened to f32 once for all the panels, and the same sums are made
    with f32 arithmetic in vdpbf16ps's order: for each pair the odd product, then the even one, each
    added with one rounding to nearest even (a product of two bf16 values is exact in f32, so an
    FMA, or a multiply and an add, round once), subnormal inputs and results taken as zero (MXCSR's
@@ -37,7 +38,14 @@ enum { ELANES = EVEC / 4, EPW = 4 * ELANES, NPW = 64 };
 typedef float ev_f32 __attribute__((vector_size(EVEC)));
 typedef uint32_t ev_u32 __attribute__((vector_size(EVEC)));
 
-int64_t kiln_cpu_rnn_bf16_panel(void) { return kiln_cpu_bf16_native() ? NPW : EPW; }
+/* vdpbf16ps where the CPU has it and runs it faster than the emulation's f32 FMAs (cpu/backend.c
+   measures it: not on Sapphire and Emerald Rapids, where the emulation takes about 0.55x its
+   time), or KILN_BF16_EMULATE=0 asks for it */
+static int rnn_native(void) {
+  const char *e = getenv("KILN_BF16_EMULATE");
+  return kiln_cpu_bf16_native() && ((e && strcmp(e, "0") == 0) || kiln_cpu_bf16_fast());
+}
+int64_t kiln_cpu_rnn_bf16_panel(void) { return rnn_native() ? NPW : EPW; }
 
 static inline uint16_t to_bf16(int sdt, const void *src, int64_t i) {
   return sdt == KILN_BF16 ? ((const uint16_t *)src)[i] : convert_f32_to_bf16(((const float *)src)[i]);
@@ -107,8 +115,12 @@ static inline __attribute__((always_inline)) void store_row(const float *acc, in
 
 /* ---- the emulation: f32 vectors of the level ---- */
 
-static inline __attribute__((always_inline)) void eblock(const int NB, const uint32_t *ap, int64_t K, const uint16_t *const *x,
-                                                         void *const *y, int64_t out, int64_t m, int out_bf16) {
+/* NB rows x against a panel. WIDE: x holds rows of 2 kp f32 values (the bf16 rows widened, a zero
+   past an odd K), whose elements are broadcast straight from memory; else the bf16 rows, each
+   pair widened here (slower: the broadcasts from registers take the FMAs' ports). */
+static inline __attribute__((always_inline)) void eblock(const int WIDE, const int NB, const uint32_t *ap, int64_t K,
+                                                         const void *const *x, void *const *y, int64_t out, int64_t m,
+                                                         int out_bf16) {
   const int64_t kp = (K + 1) / 2;
   ev_f32 acc[4][4];
   for (int q = 0; q < NB; q++)
@@ -117,8 +129,13 @@ static inline __attribute__((always_inline)) void eblock(const int NB, const uin
     const uint32_t *ak = ap + kk * EPW;
     float xo[4], xe[4];
     for (int q = 0; q < NB; q++) {
+      if (WIDE) {
+        xo[q] = ((const float *)x[q])[2 * kk + 1];
+        xe[q] = ((const float *)x[q])[2 * kk];
+        continue;
+      }
       uint32_t pr;
-      memcpy(&pr, x[q] + 2 * kk, 4);   /* the pair (x[2kk], x[2kk+1]); a row need not be 4-byte aligned */
+      memcpy(&pr, (const uint16_t *)x[q] + 2 * kk, 4);   /* the pair (x[2kk], x[2kk+1]); a row need not be 4-byte aligned */
       uint32_t hi = pr & 0xffff0000u, lo = pr << 16;
       if (kk == kp - 1 && (K & 1)) hi = 0;   /* past K: the row's next element is not ours */
       memcpy(&xo[q], &hi, 4);
@@ -141,6 +158,17 @@ static inline __attribute__((always_inline)) void eblock(const int NB, const uin
   }
 }
 
+/* the na rows against one panel, EBLOCK at a time */
+static inline __attribute__((always_inline)) void eblocks(const int WIDE, const uint32_t *ap, int64_t K, int64_t na,
+                                                          const void *const *x, void *const *y, int64_t out, int64_t m,
+                                                          int out_bf16) {
+  int64_t q = 0;
+  for (; q + EBLOCK <= na; q += EBLOCK) eblock(WIDE, EBLOCK, ap, K, x + q, y + q, out, m, out_bf16);
+  if (EBLOCK > 3 && na - q == 3) eblock(WIDE, 3, ap, K, x + q, y + q, out, m, out_bf16);
+  else if (na - q == 2) eblock(WIDE, 2, ap, K, x + q, y + q, out, m, out_bf16);
+  else if (na - q == 1) eblock(WIDE, 1, ap, K, x + q, y + q, out, m, out_bf16);
+}
+
 static void times_emulated(const uint32_t *packed, int64_t K, int64_t n, int64_t na, const uint16_t *const *xs, void *const *ys,
                            int out_bf16, int64_t span, int64_t stride) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -148,14 +176,23 @@ static void times_emulated(const uint32_t *packed, int64_t K, int64_t n, int64_t
   _mm_setcsr((csr & ~0x6000u) | 0x8040u);   /* round to nearest even, DAZ, FTZ: as vdpbf16ps */
 #endif
   const int64_t kp = (K + 1) / 2;
-  for (int64_t p = 0; p * EPW < n; p++) {
-    int64_t c0 = p * EPW, m = n - c0 < EPW ? n - c0 : EPW, out = span ? (c0 / span) * stride + c0 % span : c0, q = 0;
-    const uint32_t *ap = packed + p * kp * EPW;
-    for (; q + EBLOCK <= na; q += EBLOCK) eblock(EBLOCK, ap, K, xs + q, ys + q, out, m, out_bf16);
-    if (EBLOCK > 3 && na - q == 3) eblock(3, ap, K, xs + q, ys + q, out, m, out_bf16);
-    else if (na - q == 2) eblock(2, ap, K, xs + q, ys + q, out, m, out_bf16);
-    else if (na - q == 1) eblock(1, ap, K, xs + q, ys + q, out, m, out_bf16);
+  /* the rows widened once for all the panels (a step's rows: tens of KB) */
+  float *wide = malloc(sizeof(float) * (size_t)(na * 2 * kp + 1));
+  const void *rows[na > 0 ? na : 1];
+  for (int64_t q = 0; q < na; q++) {
+    if (!wide) { rows[q] = xs[q]; continue; }   /* no buffer: the pairs widened as they are read */
+    float *r = wide + q * 2 * kp;
+    for (int64_t k = 0; k < K; k++) r[k] = convert_bf16_to_f32(xs[q][k]);
+    if (K & 1) r[K] = 0;   /* past K: the row's next element is not ours */
+    rows[q] = r;
   }
+  for (int64_t p = 0; p * EPW < n; p++) {
+    int64_t c0 = p * EPW, m = n - c0 < EPW ? n - c0 : EPW, out = span ? (c0 / span) * stride + c0 % span : c0;
+    const uint32_t *ap = packed + p * kp * EPW;
+    if (wide) eblocks(1, ap, K, na, rows, ys, out, m, out_bf16);
+    else eblocks(0, ap, K, na, rows, ys, out, m, out_bf16);
+  }
+  free(wide);
 #if defined(__x86_64__) || defined(__i386__)
   _mm_setcsr(csr);
 #endif
@@ -225,7 +262,7 @@ static void times_native(const uint32_t *packed, int64_t K, int64_t n, int64_t n
 void kiln_cpu_rnn_bf16_times(const uint32_t *packed, int64_t K, int64_t n, int64_t na, const uint16_t *const *xs,
                              void *const *ys, int out_bf16, int64_t span, int64_t stride) {
 #if defined(__x86_64__)
-  if (kiln_cpu_bf16_native()) { times_native(packed, K, n, na, xs, ys, out_bf16, span, stride); return; }
+  if (rnn_native()) { times_native(packed, K, n, na, xs, ys, out_bf16, span, stride); return; }
 #endif
   times_emulated(packed, K, n, na, xs, ys, out_bf16, span, stride);
 }

@@ -102,9 +102,10 @@ void kiln_cpu_sgemm_panels(int ta, int64_t m, int64_t n, int64_t k, float alpha,
    FMAs do f32 ones (measured once, the first time it is asked). */
 int kiln_cpu_bf16_fast(void);
 /* cpu/bf16_gemm.c: 1 when the CPU runs bf16 products natively (AVX512-BF16; KILN_BF16_EMULATE=1
-   says no): the recurrent layers' and the convolution columns' products. The matrix products of
-   cpu/gemm.c take vdpbf16ps only where kiln_cpu_bf16_fast says too (KILN_BF16_EMULATE=0: wherever
-   the CPU has it). And the product itself on 3-d bf16 tensors. */
+   says no): the convolution columns' products and the recurrent layers' GEMMs. The matrix products
+   of cpu/gemm.c and the recurrent layers' steps (cpu/bf16_rnn.c) take vdpbf16ps only where
+   kiln_cpu_bf16_fast says too (KILN_BF16_EMULATE=0: wherever the CPU has it). And the product
+   itself on 3-d bf16 tensors. */
 int kiln_cpu_bf16_native(void);
 int cpu_gemm_bf16(struct kiln_tensor *out, const struct kiln_tensor *a, const struct kiln_tensor *b, double alpha,
                   double beta);
