@@ -64,6 +64,13 @@ static void test_shapes(void) {
     for (size_t y = 0; y < sizeof ns / sizeof *ns; y++)
       for (size_t z = 0; z < sizeof ks / sizeof *ks; z++)
         for (int l = 0; l < 4; l++) check_product(ms[x], ns[y], ks[z], l & 1, l >> 1, 1, 0);
+  /* A^T's rows packed first (8 panels of columns or more in one thread's part), and the k past a
+     block of 2048 with it */
+  int threads = kiln_get_num_threads();
+  kiln_set_num_threads(1);
+  for (int l = 0; l < 4; l++) check_product(50, 600, 300, l & 1, l >> 1, 1, 0);
+  for (int l = 0; l < 2; l++) check_product(13, 520, 2048 + 37, 1, l, -0.5, 2);
+  kiln_set_num_threads(threads);
   /* k past a block of 2048 rows: the second block is added to C */
   for (int l = 0; l < 4; l++) check_product(9, 70, 2048 + 37, l & 1, l >> 1, 1, 0);
   /* addmm: alpha and beta, in one block and across two */
