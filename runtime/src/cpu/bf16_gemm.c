@@ -37,6 +37,15 @@ int kiln_cpu_bf16_native(void) {
   return native;
 }
 
+int kiln_cpu_bf16_products_native(void) {
+  static int native = -1;
+  if (native < 0) {
+    const char *e = getenv("KILN_BF16_EMULATE");
+    native = kiln_cpu_bf16_native() && ((e && strcmp(e, "0") == 0) || kiln_cpu_bf16_fast());
+  }
+  return native;
+}
+
 static inline uint32_t pair(uint16_t lo, uint16_t hi) { return (uint32_t)lo | ((uint32_t)hi << 16); }
 
 

@@ -4,9 +4,9 @@
    W[2kk+1][c] in the high half, zeros past K and n), each step's rows x[b] in bf16 read as pairs,
    f32 sums.
 
-   With AVX512-BF16, where it is faster than f32 FMAs (rnn_native), a panel is 64 columns and
-   vdpbf16ps adds each pair's two products into 16 f32 lanes, 4 sequences x 4 vectors at a time.
-   Without it (or with KILN_BF16_EMULATE=1) a panel is the level's 4 vectors of f32 lanes, each
+   With AVX512-BF16, where it is faster than f32 FMAs (kiln_cpu_bf16_products_native), a panel is
+   64 columns and vdpbf16ps adds each pair's two products into 16 f32 lanes, 4 sequences x 4
+   vectors at a time. Without it (or with KILN_BF16_EMULATE=1) a panel is the level's 4 vectors of f32 lanes, each
    step's rows are widened to f32 once for all the panels, and the same sums are made
    with f32 arithmetic in vdpbf16ps's order: for each pair the odd product, then the even one, each
    added with one rounding to nearest even (a product of two bf16 values is exact in f32, so an
@@ -38,14 +38,9 @@ enum { ELANES = EVEC / 4, EPW = 4 * ELANES, NPW = 64 };
 typedef float ev_f32 __attribute__((vector_size(EVEC)));
 typedef uint32_t ev_u32 __attribute__((vector_size(EVEC)));
 
-/* vdpbf16ps where the CPU has it and runs it faster than the emulation's f32 FMAs (cpu/backend.c
-   measures it: not on Sapphire and Emerald Rapids, where the emulation takes about 0.55x its
-   time), or KILN_BF16_EMULATE=0 asks for it */
-static int rnn_native(void) {
-  const char *e = getenv("KILN_BF16_EMULATE");
-  return kiln_cpu_bf16_native() && ((e && strcmp(e, "0") == 0) || kiln_cpu_bf16_fast());
-}
-int64_t kiln_cpu_rnn_bf16_panel(void) { return rnn_native() ? NPW : EPW; }
+/* vdpbf16ps where the CPU runs it faster than the emulation's f32 FMAs (not Sapphire and Emerald
+   Rapids, where the emulation takes about 0.55-0.7x its time) */
+int64_t kiln_cpu_rnn_bf16_panel(void) { return kiln_cpu_bf16_products_native() ? NPW : EPW; }
 
 static inline uint16_t to_bf16(int sdt, const void *src, int64_t i) {
   return sdt == KILN_BF16 ? ((const uint16_t *)src)[i] : convert_f32_to_bf16(((const float *)src)[i]);
@@ -262,7 +257,7 @@ static void times_native(const uint32_t *packed, int64_t K, int64_t n, int64_t n
 void kiln_cpu_rnn_bf16_times(const uint32_t *packed, int64_t K, int64_t n, int64_t na, const uint16_t *const *xs,
                              void *const *ys, int out_bf16, int64_t span, int64_t stride) {
 #if defined(__x86_64__)
-  if (rnn_native()) { times_native(packed, K, n, na, xs, ys, out_bf16, span, stride); return; }
+  if (kiln_cpu_bf16_products_native()) { times_native(packed, K, n, na, xs, ys, out_bf16, span, stride); return; }
 #endif
   times_emulated(packed, K, n, na, xs, ys, out_bf16, span, stride);
 }

@@ -25,6 +25,7 @@ struct kiln_pool_fuse {
 };
 
 #if defined(__AVX512BW__)
+#include "bf16x16.h"
 #include "max2x2.h"
 #include "transpose16.h"
 
@@ -47,7 +48,7 @@ static inline __attribute__((always_inline)) __m512i kiln_pool_code(__m512 best,
 
 /* sixteen channels at p (a position of the blocked layout) as f32 lanes */
 static inline __attribute__((always_inline)) __m512 kiln_bp_load(int bf16, const char *p) {
-  if (bf16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_load_si256((const __m256i *)p)), 16));
+  if (bf16) return kiln_bf16x16_load(0xffff, (const uint16_t *)p);
   return _mm512_load_ps((const float *)p);
 }
 /* f32 lanes (a grad's bits for bf16: 16-bit values in 32-bit lanes) where mask, else 0, to position p */

@@ -59,6 +59,7 @@
 #define cpu_max_pool2d_bf16 KILN_LEVEL_NAME(cpu_max_pool2d_bf16)
 #define cpu_max_pool2d_backward_bf16 KILN_LEVEL_NAME(cpu_max_pool2d_backward_bf16)
 #define kiln_cpu_bf16_native KILN_LEVEL_NAME(kiln_cpu_bf16_native)
+#define kiln_cpu_bf16_products_native KILN_LEVEL_NAME(kiln_cpu_bf16_products_native)
 #define kiln_cpu_gemm_bf16_f32 KILN_LEVEL_NAME(kiln_cpu_gemm_bf16_f32)
 #define kiln_cpu_rnn_bf16_panel KILN_LEVEL_NAME(kiln_cpu_rnn_bf16_panel)
 #define kiln_cpu_rnn_bf16_round KILN_LEVEL_NAME(kiln_cpu_rnn_bf16_round)
@@ -104,9 +105,11 @@ int kiln_cpu_bf16_fast(void);
 /* cpu/bf16_gemm.c: 1 when the CPU runs bf16 products natively (AVX512-BF16; KILN_BF16_EMULATE=1
    says no): the convolution columns' products and the recurrent layers' GEMMs. The matrix products
    of cpu/gemm.c and the recurrent layers' steps (cpu/bf16_rnn.c) take vdpbf16ps only where
-   kiln_cpu_bf16_fast says too (KILN_BF16_EMULATE=0: wherever the CPU has it). And the product
-   itself on 3-d bf16 tensors. */
+   kiln_cpu_bf16_products_native says so: natively and kiln_cpu_bf16_fast, or KILN_BF16_EMULATE=0
+   (wherever the CPU has it). Both read the environment once. And the product itself on 3-d bf16
+   tensors. */
 int kiln_cpu_bf16_native(void);
+int kiln_cpu_bf16_products_native(void);
 int cpu_gemm_bf16(struct kiln_tensor *out, const struct kiln_tensor *a, const struct kiln_tensor *b, double alpha,
                   double beta);
 /* c [n,m] (f32) = alpha * A @ B + beta * c for bf16 A [n,k] and B [k,m], each given by its element

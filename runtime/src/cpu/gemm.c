@@ -148,16 +148,10 @@ static int64_t widen_span(const struct kiln_tensor *t) {
   return span <= 2 * t->numel + 4096 ? span : 0;
 }
 
-/* Whether bf16 matrix products run on vdpbf16ps: where the CPU has it and runs it faster than f32
-   FMAs (cpu/backend.c measures it), or KILN_BF16_EMULATE=0 asks for it. */
-static int bf16_products_native(void) {
-  const char *e = getenv("KILN_BF16_EMULATE");
-  return kiln_cpu_bf16_native() && ((e && strcmp(e, "0") == 0) || kiln_cpu_bf16_fast());
-}
-
-/* bf16 operands where f32 FMAs are the faster way (!bf16_products_native): each operand's storage
-   widened to f32 as it lies (exactly, in one vectorised pass, its strides kept), the f32 product,
-   and the result rounded to bf16 once (nearest even). 1 when the layouts do not suit it. */
+/* bf16 operands where f32 FMAs are the faster way (!kiln_cpu_bf16_products_native): each
+   operand's storage widened to f32 as it lies (exactly, in one vectorised pass, its strides
+   kept), the f32 product, and the result rounded to bf16 once (nearest even). 1 when the layouts
+   do not suit it. */
 static int gemm_bf16_widened(struct kiln_tensor *out, const struct kiln_tensor *a, const struct kiln_tensor *b, double alpha,
                              double beta, int *rc) {
   struct gemm_job j = {.dtype = KILN_F32, .nbatch = out->sizes[0], .n = out->sizes[1], .m = out->sizes[2], .k = a->sizes[2],
@@ -194,7 +188,7 @@ int cpu_gemm(const struct kiln_call *c) {
   double alpha = c->scalar[0], beta = c->scalar[1];
   if (out->numel == 0) return KILN_OK;
   if (!kiln_dtype_is_float(out->dtype)) { gemm_naive_i64(out, a, b, alpha, beta); return KILN_OK; }
-  if (out->dtype == KILN_BF16 && a->dtype == KILN_BF16 && b->dtype == KILN_BF16 && bf16_products_native())
+  if (out->dtype == KILN_BF16 && a->dtype == KILN_BF16 && b->dtype == KILN_BF16 && kiln_cpu_bf16_products_native())
     return cpu_gemm_bf16(out, a, b, alpha, beta);   /* cpu/bf16_gemm.c: AVX512-BF16 */
   if (out->dtype == KILN_BF16 && a->dtype == KILN_BF16 && b->dtype == KILN_BF16) {
     int rc = KILN_OK;

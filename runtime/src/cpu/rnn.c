@@ -14,7 +14,7 @@
 #if defined(__linux__)
 #include <limits.h>
 #if defined(__AVX512F__)
-#include <immintrin.h>
+#include "bf16x16.h"
 #endif
 #include <linux/futex.h>
 #include <sys/syscall.h>
@@ -603,13 +603,7 @@ static inline __attribute__((always_inline)) void lstm_forward16(const int maske
   }
   ST(c + j, cn); ST(ho + j, hn);
   if (!yb) { ST(y + j, hn); return; }
-  /* the output rounded to bf16 as convert_f32_to_bf16 rounds: to nearest even, a NaN kept quiet */
-  __m512i u = _mm512_castps_si512(hn), top = _mm512_srli_epi32(u, 16);
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
-                                                 _mm512_and_si512(top, _mm512_set1_epi32(1))), 16);
-  __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-  r = _mm512_mask_or_epi32(r, nan, top, _mm512_set1_epi32(0x40));
-  __m256i h = _mm512_cvtepi32_epi16(r);
+  __m256i h = kiln_bf16x16_round(hn);   /* as convert_f32_to_bf16 rounds */
   if (masked) _mm256_mask_storeu_epi16(yb + j, m, h);
   else _mm256_storeu_si256((__m256i *)(yb + j), h);
 #undef LD

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #if defined(__AVX512F__)
+#include "bf16x16.h"
 #include "transpose16.h"
 #include <immintrin.h>
 
@@ -109,31 +110,18 @@ static int any_nonfinite(const void *p, int bf, int64_t i0, int64_t n) {
   return bad != 0;
 }
 
-/* sixteen bf16 values widened to f32 lanes (exactly); mask: the lanes read, the rest zero */
-static inline __m512 load_bf16(__mmask16 mask, const uint16_t *p) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p)), 16));
-}
-/* sixteen f32 lanes rounded to bf16 (nearest even; a NaN stays NaN, made quiet), as convert.h does one */
-static inline __m256i round_bf16(__m512 v) {
-  __m512i u = _mm512_castps_si512(v), one = _mm512_set1_epi32(1);
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
-                                                 _mm512_and_si512(_mm512_srli_epi32(u, 16), one)), 16);
-  __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
-  return _mm512_cvtepi32_epi16(r);
-}
 /* a blocked buffer of n f32 values <-> the same n values in bf16 at its start, in place (rounded,
    front to back; widened, back to front: neither overwrites what it has yet to read) */
 static void blocked_round(float *blk, int64_t n) {
   uint16_t *o = (uint16_t *)blk;
   for (int64_t i = 0; i < n; i += 16) {
     __m512 v = _mm512_load_ps(blk + i);
-    _mm256_storeu_si256((__m256i *)(o + i), round_bf16(v));
+    _mm256_storeu_si256((__m256i *)(o + i), kiln_bf16x16_round(v));
   }
 }
 static void blocked_widen(float *blk, int64_t n) {
   const uint16_t *h = (const uint16_t *)blk;
-  for (int64_t i = n - 16; i >= 0; i -= 16) _mm512_store_ps(blk + i, load_bf16(0xffff, h + i));
+  for (int64_t i = n - 16; i >= 0; i -= 16) _mm512_store_ps(blk + i, kiln_bf16x16_load(0xffff, h + i));
 }
 
 static int64_t part_begin(const struct kiln_conv_job *c, int64_t t) { return t * c->N / c->parts; }
@@ -213,7 +201,7 @@ static inline void rows_in(int bf, const void *base, int64_t at, int64_t rs, int
   __m512 v[16];
   for (int r = 0; r < 16; r++)
     v[r] = r >= nr ? _mm512_setzero_ps()
-           : bf    ? load_bf16(mask, (const uint16_t *)base + at + r * rs)
+           : bf    ? kiln_bf16x16_load(mask, (const uint16_t *)base + at + r * rs)
                    : _mm512_maskz_loadu_ps(mask, (const float *)base + at + r * rs);
   transpose16(v);
   for (int64_t q = 0; q < nc; q++) _mm512_storeu_ps(dst + q * ds, v[q]);
@@ -224,7 +212,7 @@ static inline void rows_out(int bf, const float *src, int64_t ss, int64_t nc, vo
   for (int q = 0; q < 16; q++) v[q] = q < nc ? _mm512_loadu_ps(src + q * ss) : _mm512_setzero_ps();
   transpose16(v);
   for (int64_t r = 0; r < 16 && r < nr; r++)
-    if (bf) _mm256_mask_storeu_epi16((uint16_t *)base + at + r * ds, mask, round_bf16(v[r]));
+    if (bf) _mm256_mask_storeu_epi16((uint16_t *)base + at + r * ds, mask, kiln_bf16x16_round(v[r]));
     else _mm512_mask_storeu_ps((float *)base + at + r * ds, mask, v[r]);
 }
 static int64_t upto16(int64_t n) { return n < 16 ? n : 16; }
@@ -263,7 +251,7 @@ INLINE void output_tiles(const struct wjob *j, int m, const float *AT, int64_t n
   for (int64_t o0 = 0; o0 < Op; o0 += 16) {
     __m512 bias = _mm512_setzero_ps();
     __mmask16 bm = (__mmask16)(c->O - o0 >= 16 ? 0xffff : (1u << (c->O - o0)) - 1);
-    if (c->bias) bias = j->bf ? load_bf16(bm, (const uint16_t *)c->bias + o0) : _mm512_maskz_loadu_ps(bm, (const float *)c->bias + o0);
+    if (c->bias) bias = j->bf ? kiln_bf16x16_load(bm, (const uint16_t *)c->bias + o0) : _mm512_maskz_loadu_ps(bm, (const float *)c->bias + o0);
     float *out = blk + o0 * OH * OW;
     for (int64_t ty = 0; ty < j->TH; ty++)
       for (int64_t tx = 0; tx < j->TW; tx++) {
