@@ -12,7 +12,7 @@ local LUA_NAME = {
   sgd_step = "kiln.optim.SGD", adam_step = "kiln.optim.Adam", rmsprop_step = "kiln.optim.RMSprop",
   adagrad_step = "kiln.optim.Adagrad", rnn = "kiln.nn.functional.rnn_layer",
 }
-local FUNCTIONAL = {conv2d = 1, conv2d_relu_max_pool2d = 1, max_pool2d = 1, avg_pool2d = 1, batch_norm = 1, layer_norm = 1, group_norm = 1,
+local FUNCTIONAL = {conv2d = 1, conv2d_relu_max_pool2d = 1, linear = 1, max_pool2d = 1, avg_pool2d = 1, batch_norm = 1, layer_norm = 1, group_norm = 1,
                     softmax = 1, log_softmax = 1, nll_loss = 1, dropout = 1, ctc_loss = 1}
 
 local function read(path)

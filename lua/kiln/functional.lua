@@ -518,14 +518,16 @@ end
 
 -- ---- composites: ops written with the ops above, their derivatives those of their parts ----
 
--- linear(x [*, in], weight [out, in], bias [out] or nil): x weight^T + bias, as nn.Linear.
-function F.linear(x, w, b)
-  tensor(x, "input", "linear") tensor(w, "weight", "linear")
-  if b ~= nil then tensor(b, "bias", "linear") end
-  local y = x:matmul(w:t())
-  if b ~= nil then y = y + b end
-  return y
+-- linear(x [*, in], weight [out, in], bias [out] or nil): x weight^T + bias, as nn.Linear; one op
+-- (kiln_linear): on the CPU in f32 and f64 the product's stores add the bias, elsewhere matmul and
+-- add. linear_relu(x, weight, bias): relu(linear(...)) the same way, the same bits as the ops;
+-- nn.Sequential calls it for a Linear and a ReLU in a row.
+local function linear_call(op, x, w, b, relu)
+  tensor(x, "input", op) tensor(w, "weight", op)
+  return wrap(C.kiln_linear(x.p, w.p, optional_tensor(b, "bias", op), relu))
 end
+function F.linear(x, w, b) return linear_call("linear", x, w, b, 0) end
+function F.linear_relu(x, w, b) return linear_call("linear_relu", x, w, b, 1) end
 
 local loss_options = set("reduction")
 local function reduced(v, r, op)

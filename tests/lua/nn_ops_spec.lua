@@ -956,41 +956,42 @@ describe("conv at 1 and 2 threads", function()
   end
 end)
 
+-- bit for bit: NaN equals NaN, and +0 differs from -0
+local function same_bits(a, b, what)
+  local x, y = flat(a), flat(b)
+  assert(#x == #y, what .. ": sizes differ")
+  for i = 1, #x do
+    local u, v = x[i], y[i]
+    local ok = (u ~= u and v ~= v) or (u == v and (u ~= 0 or 1 / u == 1 / v))
+    assert(ok, string.format("%s: element %d is %.9g, expected %.9g", what, i, u, v))
+  end
+end
+local function grads(fn, x, w, b, gy)
+  local y = fn(x, w, b)
+  y:mul(gy):sum():backward()
+  local r = {y = y:detach(), gx = x.grad, gw = w.grad, gb = b and b.grad}
+  for _, t in ipairs{x, w, b} do t.grad = nil end
+  return r
+end
+-- the fused call and the three ops give the same output and grads, bit for bit, at 1 and 2 threads
+local function agree(fused, three, x, w, b, label)
+  local threads = kiln.get_num_threads()
+  local gy = kiln.randn(fused(x, w, b):size())
+  for _, t in ipairs{1, 2} do
+    kiln.set_num_threads(t)
+    local a, e = grads(fused, x, w, b, gy), grads(three, x, w, b, gy)
+    local what = string.format("%s at %d threads", label, t)
+    same_bits(a.y, e.y, what .. ": output")
+    for _, g in ipairs{"gx", "gw", "gb"} do
+      assert(not a[g] == not e[g], what .. ": " .. g .. " given by one and not the other")
+      if a[g] then same_bits(a[g], e[g], what .. ": " .. g) end
+    end
+  end
+  kiln.set_num_threads(threads)
+end
+
 describe("conv2d_relu_max_pool2d", function()
-  -- bit for bit: NaN equals NaN, and +0 differs from -0
-  local function same_bits(a, b, what)
-    local x, y = flat(a), flat(b)
-    assert(#x == #y, what .. ": sizes differ")
-    for i = 1, #x do
-      local u, v = x[i], y[i]
-      local ok = (u ~= u and v ~= v) or (u == v and (u ~= 0 or 1 / u == 1 / v))
-      assert(ok, string.format("%s: element %d is %.9g, expected %.9g", what, i, u, v))
-    end
-  end
-  local function grads(fn, x, w, b, gy)
-    local y = fn(x, w, b)
-    y:mul(gy):sum():backward()
-    local r = {y = y:detach(), gx = x.grad, gw = w.grad, gb = b and b.grad}
-    for _, t in ipairs{x, w, b} do t.grad = nil end
-    return r
-  end
   local fused_here = kiln.info().cpu.level == "avx512" and kiln.info().onednn.name ~= nil
-  -- the fused call and the three ops give the same output and grads, bit for bit, at 1 and 2 threads
-  local function agree(fused, three, x, w, b, label)
-    local threads = kiln.get_num_threads()
-    local gy = kiln.randn(fused(x, w, b):size())
-    for _, t in ipairs{1, 2} do
-      kiln.set_num_threads(t)
-      local a, e = grads(fused, x, w, b, gy), grads(three, x, w, b, gy)
-      local what = string.format("%s at %d threads", label, t)
-      same_bits(a.y, e.y, what .. ": output")
-      for _, g in ipairs{"gx", "gw", "gb"} do
-        assert(not a[g] == not e[g], what .. ": " .. g .. " given by one and not the other")
-        if a[g] then same_bits(a[g], e[g], what .. ": " .. g) end
-      end
-    end
-    kiln.set_num_threads(threads)
-  end
 
   it("has the bits of conv2d, relu and max_pool2d in its output and every grad, at 1 and 2 threads", function()
     -- x [N,C,H,W], O, k, options, which inputs want grads (x, w, b; b false: no bias)
@@ -1099,5 +1100,101 @@ describe("conv2d_relu_max_pool2d", function()
     assert.is_false(ok)
     assert.matches("max_pool2d: input %[2,4,1,1%] is too small", err)
     assert_shape(F.conv2d_relu_max_pool2d(x, kiln.randn(4, 3, 3, 3)), {2, 4, 3, 3})
+  end)
+end)
+
+describe("linear and linear_relu", function()
+  local nn = kiln.nn
+  -- the leading dims of x flattened into one product, as PyTorch's linear does
+  local function three(relu)
+    return function(x, w, b)
+      local sizes, rows = {}, 1
+      for d = 1, x:dim() - 1 do sizes[d], rows = x:size(d), rows * x:size(d) end
+      sizes[math.max(x:dim(), 1)] = w:size(1)
+      local y = x:reshape(rows, x:size(-1)):matmul(w:t())
+      if b then y = y + b end
+      return (relu and y:relu() or y):view(sizes)
+    end
+  end
+
+  it("have the bits of matmul, add and relu in the output and every grad, f32 and f64, at 1 and 2 threads", function()
+    -- x's sizes, out features, which inputs want grads (x, w, b; b false: no bias)
+    local cases = {
+      {{128, 784}, 512, {false, true, true}},    -- the MLP's first layer
+      {{128, 256}, 10, {true, true, true}},      -- 10 columns: the BLAS's product, then bias and relu
+      {{7, 2100}, 33, {true, true, true}},       -- k past kiln's 2048-row block: the last block's stores
+      {{4, 40}, 80, {true, true, true}},         -- C^T computed (a sixteenth as many rows as columns): bias by rows
+      {{2, 3, 5, 64}, 70, {true, true, false}},  -- 4-d input, no bias
+      {{1, 48}, 80, {true, true, true}},         -- one row: the BLAS's product
+      {{64}, 16, {true, false, true}},           -- 1-d input
+      {{9, 0}, 5, {true, true, true}},           -- no features: the bias alone
+    }
+    for n, case in ipairs(cases) do
+      for _, dtype in ipairs{"f32", "f64"} do
+        kiln.manual_seed(n)
+        local shape, O, want = case[1], case[2], case[3]
+        local d = flat(kiln.randn(shape))
+        if n == 2 then d[5] = 0 / 0 end   -- NaN in a row: NaN through relu, and in the grads
+        local x = kiln.tensor(d, {dtype = dtype}):view(shape):requires_grad_(want[1])
+        local w = (kiln.randn(O, shape[#shape], {dtype = dtype}) * 0.3):requires_grad_(want[2])
+        local b = want[3] ~= false and kiln.randn(O, {dtype = dtype}):requires_grad_(want[3]) or nil
+        agree(F.linear, three(false), x, w, b, string.format("linear case %d %s", n, dtype))
+        agree(F.linear_relu, three(true), x, w, b, string.format("linear_relu case %d %s", n, dtype))
+        if n == 2 then assert.is_true(F.linear_relu(x, w, b):isnan():any():item()) end
+      end
+    end
+  end)
+
+  it("reads a transposed input and weight, and a strided bias", function()
+    local x = kiln.randn(20, 30):t():requires_grad_()          -- [30, 20], columns along
+    local w = kiln.randn(20, 40):t():requires_grad_()          -- [40, 20]
+    local b = kiln.randn(40, 2):select(2, 1):requires_grad_()  -- every other element
+    agree(F.linear_relu, three(true), x, w, b, "strided")
+  end)
+
+  it("is one op on the CPU in f32 and f64, and matmul, add and relu under bf16 autocast", function()
+    local x, w, b = kiln.randn(6, 8):requires_grad_(), kiln.randn(5, 8):requires_grad_(), kiln.randn(5):requires_grad_()
+    assert.equal("LinearBackward", F.linear(x, w, b).grad_fn)
+    assert.equal("LinearBackward", F.linear_relu(x:double(), w:double(), b:double()).grad_fn)
+    assert.equal("ViewBackward", F.linear(x:view(2, 3, 8), w).grad_fn)   -- the op's [6, 5] viewed as [2, 3, 5]
+    local y = kiln.amp.autocast("bf16", function() return F.linear_relu(x, w, b) end)
+    assert.equal("bf16", y:dtype())
+    assert.equal("ReluBackward", y.grad_fn)
+    -- the bias is cast with the input and the weight, as PyTorch's autocast casts linear's
+    local e = (x:bfloat16():matmul(w:bfloat16():t()) + b:bfloat16()):relu()
+    same_bits(y:float(), e:float(), "bf16 linear_relu")
+  end)
+
+  it("is what nn.Sequential runs for a Linear and a ReLU, unless nn.fusion is false", function()
+    kiln.manual_seed(3)
+    local net = nn.Sequential{nn.Linear(12, 20), nn.ReLU(), nn.Linear(20, 7), nn.ReLU(), nn.Linear(7, 3)}
+    local x = kiln.randn(9, 12)
+    local y = net(x)
+    local a = net[4](net[3](net[2](net[1](x))))
+    assert.equal("ReluBackward", a.grad_fn)
+    same_bits(net[5](a), y, "Sequential")
+    local h = nn.Sequential{net[1], net[2]}(x)
+    assert.equal("LinearBackward", h.grad_fn)
+    nn.fusion = false
+    local ok, r = pcall(function() return nn.Sequential{net[1], net[2]}(x) end)
+    nn.fusion = nil
+    assert.is_true(ok, tostring(r))
+    assert.equal("ReluBackward", r.grad_fn)
+    same_bits(r, h, "nn.fusion = false")
+    local relu = nn.ReLU()
+    relu.forward = function(_, t) return t:relu() * 2 end   -- a replaced forward: not fused
+    same_bits(nn.Sequential{net[1], relu}(x), net[1](x):relu() * 2, "replaced ReLU forward")
+  end)
+
+  it("names the shapes and dtypes that do not fit, and the next call works", function()
+    local function err(fn, ...) local ok, e = pcall(fn, ...) assert.is_false(ok) return tostring(e) end
+    assert.matches("linear: input %[4,6%] has 6 features in its last dim but weight %[3,5%] expects 5",
+                   err(F.linear, kiln.randn(4, 6), kiln.randn(3, 5)))
+    assert.matches("linear: weight %[15%] must be 2%-d", err(F.linear, kiln.randn(4, 5), kiln.randn(15)))
+    assert.matches("linear: bias %[4%] does not fit weight %[3,5%] %(expected %[3%]%)",
+                   err(F.linear_relu, kiln.randn(4, 5), kiln.randn(3, 5), kiln.randn(4)))
+    assert.matches("linear: input %[4,5%] f32, weight %[3,5%] f64: dtypes differ",
+                   err(F.linear, kiln.randn(4, 5), kiln.randn(3, 5, {dtype = "f64"})))
+    assert_shape(F.linear_relu(kiln.randn(4, 5), kiln.randn(3, 5), kiln.randn(3)), {4, 3})
   end)
 end)

@@ -90,6 +90,10 @@ local checks = {
     return function(x, w, b) return kiln.F.conv2d_relu_max_pool2d(x, w, b, {padding = 1}) end,
            {x64(kiln, 2, 3, 5, 6), x64(kiln, 4, 3, 3, 3), x64(kiln, 4)}
   end,
+  -- relu and the bias through the op's own derivative (f64 runs the fused op); x read transposed
+  linear = function(kiln)
+    return function(x, w, b) return kiln.F.linear_relu(x, w, b) end, {t64(kiln, 5, 4), x64(kiln, 3, 4), x64(kiln, 3)}
+  end,
   max_pool2d = function(kiln) return function(x) return kiln.F.max_pool2d(x, 2) end, {x64(kiln, 2, 3, 4, 6)} end,
   avg_pool2d = function(kiln) return function(x) return kiln.F.avg_pool2d(x, 3, 2) end, {x64(kiln, 2, 3, 5, 5)} end,
   batch_norm = function(kiln)

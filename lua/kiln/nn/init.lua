@@ -364,6 +364,8 @@ function Sequential:forward(x)
     local m = children[names[i]]
     if i + 2 <= #names and nn._fuses_relu_max_pool2d(m, children[names[i + 1]], children[names[i + 2]]) then
       x, i = m(x, "relu_max_pool2d"), i + 3   -- Conv2d, ReLU, MaxPool2d(2) as one call (nn/layers.lua)
+    elseif i + 1 <= #names and nn._fuses_linear_relu(m, children[names[i + 1]]) then
+      x, i = m(x, "relu"), i + 2              -- Linear, ReLU as one call
     else
       x, i = m(x), i + 1
     end

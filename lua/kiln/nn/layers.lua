@@ -59,16 +59,14 @@ return function(nn)
       init.uniform_(self.bias, -bound, bound)
     end
   end
-  function Linear:forward(x)
+  -- fused: "relu" (from nn.Sequential, below) is relu(linear(x)) in one call
+  function Linear:forward(x, fused)
     local n = x:dim() > 0 and x:size(-1) or nil
     if n ~= self.in_features then   -- the weight's shape would say it transposed: say it in features
       core.raise(string.format("%s features in its last dim, expected in_features %d", n and tostring(n) or "no",
                                self.in_features))
     end
-    if self.bias and x:dim() == 2 then return self.bias:addmm(x, self.weight:t()) end
-    local y = x:matmul(self.weight:t())
-    if self.bias then y = y + self.bias end
-    return y
+    return F()[fused == "relu" and "linear_relu" or "linear"](x, self.weight, self.bias)
   end
   function Linear:extra_repr()
     return string.format("%d→%d%s", self.in_features, self.out_features, self.bias and "" or ", no bias")
@@ -244,6 +242,11 @@ return function(nn)
   -- Only the modules as kiln defines them fuse: none whose forward was replaced.
   local function plain(m, class) return getmetatable(m) == class and rawget(m, "forward") == nil end
   local function is(v, a, b) return v[1] == a and v[2] == b end
+  -- nn.Sequential runs a Linear and a ReLU that follows it as one call of F.linear_relu (the same
+  -- bits as the two) unless nn.fusion is false.
+  function nn._fuses_linear_relu(linear, relu)
+    return nn.fusion ~= false and plain(linear, Linear) and plain(relu, ReLU)
+  end
   function nn._fuses_relu_max_pool2d(conv, relu, pool)
     return nn.fusion ~= false and plain(conv, Conv2d) and plain(relu, ReLU) and plain(pool, MaxPool2d) and
            is(pool.kernel_size, 2, 2) and is(pool.stride, 2, 2) and is(pool.padding, 0, 0) and is(pool.dilation, 1, 1) and

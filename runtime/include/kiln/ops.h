@@ -46,6 +46,7 @@ enum kiln_op {
   KILN_OP_ERFINV, KILN_OP_ATAN2, KILN_OP_ARGSORT, KILN_OP_CUMSUM, KILN_OP_CUMPROD, KILN_OP_CUMPROD_BACKWARD,
   KILN_OP_RELU_BACKWARD,
   KILN_OP_CONV2D_RELU_MAX_POOL2D, KILN_OP_CONV2D_RELU_MAX_POOL2D_BACKWARD,
+  KILN_OP_LINEAR,
   KILN_OP_COUNT
 };
 
@@ -127,6 +128,11 @@ int kiln_matmul_out(struct kiln_tensor *out, const struct kiln_tensor *a, const 
 /* beta * c + alpha * (a @ b), c broadcast to [n,m]. */
 struct kiln_tensor *kiln_addmm(const struct kiln_tensor *c, const struct kiln_tensor *a, const struct kiln_tensor *b,
                                double beta, double alpha);
+/* x [*, in] @ weight^T + bias (weight [out, in], bias [out] or NULL) -> [*, out], then relu when relu is
+   1: nn.Linear, and a ReLU after it, as one op. On the CPU in f32 and f64 one product whose stores
+   add the bias and clamp; matmul, add and relu elsewhere. The same bits either way. */
+struct kiln_tensor *kiln_linear(const struct kiln_tensor *x, const struct kiln_tensor *weight, const struct kiln_tensor *bias,
+                                int relu);
 
 /* How f32 matrix products may compute on a GPU, as PyTorch's set_float32_matmul_precision:
    HIGHEST (the default) in exact f32; HIGH may use TF32 tensor cores (inputs rounded to 10

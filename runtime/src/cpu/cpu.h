@@ -19,6 +19,8 @@
 #define cpu_fill KILN_LEVEL_NAME(cpu_fill)
 #define cpu_reduce KILN_LEVEL_NAME(cpu_reduce)
 #define cpu_gemm KILN_LEVEL_NAME(cpu_gemm)
+#define cpu_linear KILN_LEVEL_NAME(cpu_linear)
+#define kiln_cpu_linear_finish KILN_LEVEL_NAME(kiln_cpu_linear_finish)
 #define cpu_cat KILN_LEVEL_NAME(cpu_cat)
 #define cpu_index_select KILN_LEVEL_NAME(cpu_index_select)
 #define cpu_gather KILN_LEVEL_NAME(cpu_gather)
@@ -68,6 +70,7 @@
 #define kiln_cpu_rnn_bf16_times KILN_LEVEL_NAME(kiln_cpu_rnn_bf16_times)
 #define kiln_cpu_gemm_raw KILN_LEVEL_NAME(kiln_cpu_gemm_raw)
 #define kiln_cpu_sgemm KILN_LEVEL_NAME(kiln_cpu_sgemm)
+#define kiln_cpu_sgemm_ep KILN_LEVEL_NAME(kiln_cpu_sgemm_ep)
 #define kiln_cpu_sgemm_here KILN_LEVEL_NAME(kiln_cpu_sgemm_here)
 #define kiln_cpu_sgemm_panels KILN_LEVEL_NAME(kiln_cpu_sgemm_panels)
 #define kiln_cpu_winograd_takes KILN_LEVEL_NAME(kiln_cpu_winograd_takes)
@@ -88,11 +91,21 @@ int cpu_copy(const struct kiln_call *c);
 int cpu_fill(const struct kiln_call *c);
 int cpu_reduce(const struct kiln_call *c);
 int cpu_gemm(const struct kiln_call *c);
+/* LINEAR (cpu/gemm.c): out [N, O] = x [N, I] w^T + b, relu'd when ints[0] is 1; f32 and f64. */
+int cpu_linear(const struct kiln_call *c);
+/* C [m, n] (rows ldc apart) of dtype f32 or f64 as LINEAR leaves it: each element + bias[column]
+   (bias NULL: nothing), then x < 0 ? 0 : x when relu is 1, as the add and relu ops would. */
+void kiln_cpu_linear_finish(int dtype, int64_t m, int64_t n, void *c, int64_t ldc, const void *bias, int relu);
 /* cpu/sgemm.c: kiln's own f32 GEMM (the avx512 level; elsewhere it calls the BLAS), with
    kiln_sgemm's arguments; whether a product of [m, k] x [k, n] runs on it (decided once per
    product, before any split). */
 void kiln_cpu_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                     const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+/* What is done to each element of C as it is stored the last time: + bias[column] (bias NULL:
+   nothing), then x < 0 ? 0 : x when relu is 1 (as the add and relu ops would, the same bits). */
+struct kiln_sgemm_ep { const float *bias; int relu; };
+void kiln_cpu_sgemm_ep(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                       const float *b, int64_t ldb, float beta, float *c, int64_t ldc, const struct kiln_sgemm_ep *ep);
 int kiln_cpu_sgemm_here(int64_t m, int64_t n, int64_t k);
 /* The avx512 level's product with op(B) given as kiln_cpu_sgemm's panels (cpu/sgemm.c): 64 columns a
    panel, [ceil(n / 64)][k][64], zeros past n, k at most KILN_SGEMM_PANEL_K (its block of k). */

@@ -18,7 +18,23 @@ struct gemm_job {
   int split;                 /* 0: by batch, 1: by rows of c, 2: by columns of c */
   int64_t panel;             /* rows or columns per part */
   int own;                   /* f32 on kiln's own kernel (cpu/sgemm.c), chosen for the whole product */
+  const void *bias;          /* LINEAR: + bias[column of c] as c is stored (or NULL) */
+  int relu;                  /* LINEAR: then x < 0 ? 0 : x */
 };
+
+void kiln_cpu_linear_finish(int dtype, int64_t m, int64_t n, void *c, int64_t ldc, const void *bias, int relu) {
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t q = 0; q < n; q++)
+      if (dtype == KILN_F32) {
+        float *o = (float *)c + i * ldc + q, y = *o;
+        if (bias) y = y + ((const float *)bias)[q];
+        *o = relu && y < 0 ? 0.0f : y;
+      } else {
+        double *o = (double *)c + i * ldc + q, y = *o;
+        if (bias) y = y + ((const double *)bias)[q];
+        *o = relu && y < 0 ? 0.0 : y;
+      }
+}
 
 static void gemm_block(const struct gemm_job *j, int64_t bi, int64_t r0, int64_t rn, int64_t c0, int64_t cn) {
   int es = j->dtype == KILN_F32 ? 4 : 8;
@@ -26,15 +42,20 @@ static void gemm_block(const struct gemm_job *j, int64_t bi, int64_t r0, int64_t
   const char *a = j->a + (bi * j->sa + (j->ta == KILN_BLAS_NO_TRANS ? r0 * j->lda : r0)) * es;
   const char *b = j->b + (bi * j->sb + (j->tb == KILN_BLAS_NO_TRANS ? c0 : c0 * j->ldb)) * es;
   char *c = j->c + (bi * j->sc + r0 * j->ldc + c0) * es;
-  if (j->dtype == KILN_F32 && j->own)
-    kiln_cpu_sgemm(j->ta, j->tb, rn, cn, j->k, (float)j->alpha, (const float *)a, j->lda, (const float *)b, j->ldb,
-                   (float)j->beta, (float *)c, j->ldc);
-  else if (j->dtype == KILN_F32)
+  const char *bias = j->bias ? (const char *)j->bias + c0 * es : NULL;
+  if (j->dtype == KILN_F32 && j->own) {   /* LINEAR's bias and relu as the tiles are stored */
+    struct kiln_sgemm_ep ep = {(const float *)bias, j->relu};
+    kiln_cpu_sgemm_ep(j->ta, j->tb, rn, cn, j->k, (float)j->alpha, (const float *)a, j->lda, (const float *)b, j->ldb,
+                      (float)j->beta, (float *)c, j->ldc, bias || j->relu ? &ep : NULL);
+    return;
+  }
+  if (j->dtype == KILN_F32)
     kiln_sgemm(j->ta, j->tb, (int)rn, (int)cn, (int)j->k, (float)j->alpha, (const float *)a, (int)j->lda,
                 (const float *)b, (int)j->ldb, (float)j->beta, (float *)c, (int)j->ldc);
   else
     kiln_dgemm(j->ta, j->tb, (int)rn, (int)cn, (int)j->k, j->alpha, (const double *)a, (int)j->lda,
                 (const double *)b, (int)j->ldb, j->beta, (double *)c, (int)j->ldc);
+  if (bias || j->relu) kiln_cpu_linear_finish(j->dtype, rn, cn, c, j->ldc, bias, j->relu);   /* the part still in cache */
 }
 
 static void gemm_range(void *ctx, int64_t begin, int64_t end) {
@@ -70,6 +91,9 @@ static void gemm_run_parts(struct gemm_job *j, int fixed_parts) {
           if (es == 4) *(float *)p = j->beta != 0 ? (float)(j->beta * *(float *)p) : 0.0f;
           else *(double *)p = j->beta != 0 ? j->beta * *(double *)p : 0.0;
         }
+    if (j->bias || j->relu)
+      for (int64_t bi = 0; bi < j->nbatch; bi++)
+        kiln_cpu_linear_finish(j->dtype, j->n, j->m, j->c + bi * j->sc * es, j->ldc, j->bias, j->relu);
     return;
   }
   j->own = j->dtype == KILN_F32 && kiln_cpu_sgemm_here(j->n, j->m, j->k);
@@ -109,12 +133,15 @@ void kiln_cpu_gemm_raw_fixed(int dtype, int trans_a, int trans_b, int64_t n, int
   gemm_raw(dtype, trans_a, trans_b, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc, 16);
 }
 
-/* A BLAS view of matrix t (dims 1, 2 of a 3-d tensor): transposed or not, and its leading dim. */
-static int blas_layout(const struct kiln_tensor *t, int *tr, int64_t *ld) {
-  int64_t rows = t->sizes[1], cols = t->sizes[2], s0 = t->strides[1], s1 = t->strides[2];
+/* A BLAS view of a rows x cols matrix with strides s0, s1: transposed or not, and its leading dim. */
+static int blas_layout_of(int64_t rows, int64_t cols, int64_t s0, int64_t s1, int *tr, int64_t *ld) {
   if ((s1 == 1 || cols == 1) && s0 >= (cols > 1 ? cols : 1)) { *tr = KILN_BLAS_NO_TRANS; *ld = s0 > 0 ? s0 : 1; if (rows == 1) *ld = cols > 1 ? cols : 1; return 1; }
   if ((s0 == 1 || rows == 1) && s1 >= (rows > 1 ? rows : 1)) { *tr = KILN_BLAS_TRANS; *ld = s1 > 0 ? s1 : 1; if (cols == 1) *ld = rows > 1 ? rows : 1; return 1; }
   return 0;
+}
+/* The same for dims 1, 2 of a 3-d tensor. */
+static int blas_layout(const struct kiln_tensor *t, int *tr, int64_t *ld) {
+  return blas_layout_of(t->sizes[1], t->sizes[2], t->strides[1], t->strides[2], tr, ld);
 }
 
 static void gemm_naive_i64(struct kiln_tensor *out, const struct kiln_tensor *a, const struct kiln_tensor *b, double alpha, double beta) {
@@ -228,4 +255,33 @@ int cpu_gemm(const struct kiln_call *c) {
 done:
   kiln_tensor_release(A); kiln_tensor_release(Bm); kiln_tensor_release(C);
   return rc;
+}
+
+/* LINEAR: out [N, O] (contiguous, made by the front end) = x [N, I] w^T + bias, then relu when
+   ints[0] is 1: one product whose stores add the bias and clamp (kiln's own f32 kernel), or the
+   BLAS's product and then the same arithmetic on each part while it is in cache. Either way each
+   element is the product's, + bias, then relu: the bits of matmul, add and relu. */
+int cpu_linear(const struct kiln_call *c) {
+  struct kiln_tensor *out = c->out;
+  const struct kiln_tensor *x = c->in[0], *w = c->in[1], *b = c->in[2];
+  if (out->numel == 0) return KILN_OK;
+  struct gemm_job j = {.dtype = out->dtype, .nbatch = 1, .n = x->sizes[0], .m = w->sizes[0], .k = x->sizes[1], .alpha = 1.0,
+                       .beta = 0.0, .bias = b ? kiln_tensor_data(b) : NULL, .relu = c->ints[0] != 0, .ldc = out->sizes[1]};
+  struct kiln_tensor *X = NULL;
+  if (!blas_layout_of(x->sizes[0], x->sizes[1], x->strides[0], x->strides[1], &j.ta, &j.lda)) {   /* odd strides: a copy */
+    if (!(X = kiln_tensor_empty(2, x->sizes, x->dtype, x->device))) return kiln_error_code();
+    kiln_cpu_copy(X, x);
+    blas_layout_of(X->sizes[0], X->sizes[1], X->strides[0], X->strides[1], &j.ta, &j.lda);
+  }
+  /* op(B) = w^T, [I, O] */
+  struct kiln_tensor *W = NULL;
+  if (!blas_layout_of(w->sizes[1], w->sizes[0], w->strides[1], w->strides[0], &j.tb, &j.ldb)) {
+    if (!(W = kiln_tensor_empty(2, w->sizes, w->dtype, w->device))) { kiln_tensor_release(X); return kiln_error_code(); }
+    kiln_cpu_copy(W, w);
+    blas_layout_of(W->sizes[1], W->sizes[0], W->strides[1], W->strides[0], &j.tb, &j.ldb);
+  }
+  j.a = kiln_tensor_data(X ? X : x); j.b = kiln_tensor_data(W ? W : w); j.c = kiln_tensor_data(out);
+  gemm_run(&j);
+  kiln_tensor_release(X); kiln_tensor_release(W);
+  return KILN_OK;
 }

@@ -10,7 +10,7 @@ const struct kiln_backend kiln_cpu_kernels = {
     [KILN_OP_SUM] = cpu_reduce, [KILN_OP_MEAN] = cpu_reduce, [KILN_OP_PROD] = cpu_reduce, [KILN_OP_MAX] = cpu_reduce,
     [KILN_OP_MIN] = cpu_reduce, [KILN_OP_ARGMAX] = cpu_reduce, [KILN_OP_ARGMIN] = cpu_reduce, [KILN_OP_VAR] = cpu_reduce,
     [KILN_OP_STD] = cpu_reduce, [KILN_OP_NORM] = cpu_reduce, [KILN_OP_LOGSUMEXP] = cpu_reduce,
-    [KILN_OP_GEMM] = cpu_gemm,
+    [KILN_OP_GEMM] = cpu_gemm, [KILN_OP_LINEAR] = cpu_linear,
     [KILN_OP_CAT] = cpu_cat, [KILN_OP_INDEX_SELECT] = cpu_index_select, [KILN_OP_GATHER] = cpu_gather,
     [KILN_OP_SCATTER_ADD] = cpu_scatter_add, [KILN_OP_MASKED_FILL] = cpu_masked_fill,
     [KILN_OP_MASKED_SELECT] = cpu_masked_select,

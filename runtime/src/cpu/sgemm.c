@@ -83,7 +83,7 @@ static void pack_panel(const float *x, int64_t sp, int64_t sq, int64_t p0, int64
 static inline __attribute__((always_inline)) void tile(const int NR, const int NV, const int TR, const float *a,
                                                        int64_t ars, int64_t aps, const float *pb, int64_t kc, float *d,
                                                        int64_t drs, int64_t dqs, int64_t nc, float alpha, float beta,
-                                                       int first) {
+                                                       int first, const float *bias, int relu) {
   __m512 acc[MR][4];
 #pragma GCC unroll 6
   for (int r = 0; r < NR; r++)
@@ -120,11 +120,15 @@ static inline __attribute__((always_inline)) void tile(const int NR, const int N
     for (int64_t q = 0; q < nc; q++) {
       float *o = d + q * dqs;
 #pragma GCC unroll 6
-      for (int r = 0; r < NR; r++)
-        o[r] = !first ? o[r] + buf[r][q] : beta != 0 ? beta * o[r] + buf[r][q] : buf[r][q];
+      for (int r = 0; r < NR; r++) {
+        float y = !first ? o[r] + buf[r][q] : beta != 0 ? beta * o[r] + buf[r][q] : buf[r][q];
+        if (bias) y = y + bias[r];   /* D's rows are C's columns */
+        o[r] = relu && y < 0 ? 0.0f : y;
+      }
     }
     return;
   }
+  const __m512 zero = _mm512_setzero_ps();
 #pragma GCC unroll 6
   for (int r = 0; r < NR; r++)
 #pragma GCC unroll 4
@@ -136,22 +140,28 @@ static inline __attribute__((always_inline)) void tile(const int NR, const int N
       if (left >= 16) {   /* whole vectors unmasked: Zen's masked stores are slow */
         if (!first) y = _mm512_add_ps(_mm512_loadu_ps(o), y);
         else if (beta != 0) y = _mm512_fmadd_ps(vb, _mm512_loadu_ps(o), y);
+        if (bias) y = _mm512_add_ps(y, _mm512_loadu_ps(bias + 16 * v));
+        /* x < 0 ? 0 : x, as the relu op: NaN and -0 kept */
+        if (relu) y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(y, zero, _CMP_LT_OQ), zero);
         _mm512_storeu_ps(o, y);
         continue;
       }
       if (!first) y = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, o), y);
       else if (beta != 0) y = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask, o), y);
+      if (bias) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(mask, bias + 16 * v));
+      if (relu) y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(y, zero, _CMP_LT_OQ), zero);
       _mm512_mask_storeu_ps(o, mask, y);
     }
 }
 
 /* One tile of nr <= MR rows by a panel of nv vectors: the constant shapes' kernels. */
 static void tile_any(int nr, int nv, int tr, const float *a, int64_t ars, int64_t aps, const float *pb, int64_t kc,
-                     float *d, int64_t drs, int64_t dqs, int64_t nc, float alpha, float beta, int first) {
+                     float *d, int64_t drs, int64_t dqs, int64_t nc, float alpha, float beta, int first, const float *bias,
+                     int relu) {
 #define KILN_TILE(R, V)                                                                           \
   case (R) * 8 + (V):                                                                             \
-    if (tr) tile(R, V, 1, a, ars, aps, pb, kc, d, drs, dqs, nc, alpha, beta, first);              \
-    else tile(R, V, 0, a, ars, aps, pb, kc, d, drs, dqs, nc, alpha, beta, first);                 \
+    if (tr) tile(R, V, 1, a, ars, aps, pb, kc, d, drs, dqs, nc, alpha, beta, first, bias, relu);  \
+    else tile(R, V, 0, a, ars, aps, pb, kc, d, drs, dqs, nc, alpha, beta, first, bias, relu);     \
     return;
 #define KILN_TILE_ROW(R) KILN_TILE(R, 1) KILN_TILE(R, 2) KILN_TILE(R, 3) KILN_TILE(R, 4)
   switch (nr * 8 + nv) {
@@ -187,14 +197,23 @@ static float *panel_for(size_t bytes) {
 /* C[m, n] = alpha * op(A) op(B) + beta * C, row-major, as kiln_sgemm (CBLAS's arguments). */
 void kiln_cpu_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                     const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+  kiln_cpu_sgemm_ep(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, NULL);
+}
+
+/* The same, with ep (or NULL) done to each element as the last block of k stores it. */
+void kiln_cpu_sgemm_ep(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                       const float *b, int64_t ldb, float beta, float *c, int64_t ldc, const struct kiln_sgemm_ep *ep) {
   if (m <= 0 || n <= 0) return;
   int64_t kc0 = k < KC ? k : KC;
   float *pb = panel_for(sizeof(float) * (size_t)((kc0 > 0 ? kc0 : 1) * PW));
   if (!pb || k <= 0 || alpha == 0) {   /* no memory for a panel, or no products (C = beta C, A and B not read,
                                             as the BLAS does: NaN in them does not reach C): the BLAS does it */
     kiln_sgemm(ta, tb, (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+    if (ep) kiln_cpu_linear_finish(KILN_F32, m, n, c, ldc, ep->bias, ep->relu);
     return;
   }
+  const float *bias = ep ? ep->bias : NULL;
+  int relu = ep ? ep->relu : 0;
   /* op(A)(i, p) at a[i * as_i + p * as_p], op(B)(p, j) at b[p * bs_p + j * bs_j] */
   int64_t as_i = ta == KILN_BLAS_NO_TRANS ? lda : 1, as_p = ta == KILN_BLAS_NO_TRANS ? 1 : lda;
   int64_t bs_p = tb == KILN_BLAS_NO_TRANS ? ldb : 1, bs_j = tb == KILN_BLAS_NO_TRANS ? 1 : ldb;
@@ -228,13 +247,17 @@ void kiln_cpu_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha
       int64_t nc = cols - j0 < PW ? cols - j0 : PW;
       int nv = (int)((nc + 15) / 16);
       pack_panel(x, xs_p, xs_q, p0, kc, j0, nc, pb);
+      int last = p0 + kc >= k;   /* ep's work on the last block's stores */
       for (int64_t i0 = 0; i0 < rows; i0 += MR) {
         int nr = rows - i0 < MR ? (int)(rows - i0) : MR;
+        /* the bias of a tile's columns of C: D's columns, or its rows when D is C^T */
+        const float *tb_bias = last && bias ? bias + (tr ? i0 : j0) : NULL;
         if (ybuf)
-          tile_any(nr, nv, tr, ybuf + i0 * kc, 1, MR, pb, kc, c + i0 * drs + j0 * dqs, drs, dqs, nc, alpha, beta, p0 == 0);
+          tile_any(nr, nv, tr, ybuf + i0 * kc, 1, MR, pb, kc, c + i0 * drs + j0 * dqs, drs, dqs, nc, alpha, beta, p0 == 0,
+                   tb_bias, last && relu);
         else
           tile_any(nr, nv, tr, y + i0 * ys_r + p0 * ys_p, ys_r, ys_p, pb, kc, c + i0 * drs + j0 * dqs, drs, dqs, nc,
-                   alpha, beta, p0 == 0);
+                   alpha, beta, p0 == 0, tb_bias, last && relu);
       }
     }
   }
@@ -253,7 +276,8 @@ void kiln_cpu_sgemm_panels(int ta, int64_t m, int64_t n, int64_t k, float alpha,
     const float *panel = pb + j0 / PW * k * PW;
     for (int64_t i0 = 0; i0 < m; i0 += MR) {
       int nr = m - i0 < MR ? (int)(m - i0) : MR;
-      tile_any(nr, (int)((nc + 15) / 16), 0, a + i0 * as_i, as_i, as_p, panel, k, c + i0 * ldc + j0, ldc, 1, nc, alpha, beta, 1);
+      tile_any(nr, (int)((nc + 15) / 16), 0, a + i0 * as_i, as_i, as_p, panel, k, c + i0 * ldc + j0, ldc, 1, nc, alpha, beta, 1,
+               NULL, 0);
     }
   }
 }
@@ -261,5 +285,10 @@ void kiln_cpu_sgemm_panels(int ta, int64_t m, int64_t n, int64_t k, float alpha,
 void kiln_cpu_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                     const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
   kiln_sgemm(ta, tb, (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+}
+void kiln_cpu_sgemm_ep(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                       const float *b, int64_t ldb, float beta, float *c, int64_t ldc, const struct kiln_sgemm_ep *ep) {
+  kiln_sgemm(ta, tb, (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+  if (ep) kiln_cpu_linear_finish(KILN_F32, m, n, c, ldc, ep->bias, ep->relu);
 }
 #endif

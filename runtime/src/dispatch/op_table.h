@@ -81,6 +81,7 @@ int kiln_index_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kil
 int kiln_conv_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin);
 int kiln_pool_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin);
 int kiln_conv_pool_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin);
+int kiln_linear_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin);
 int kiln_norm_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin);
 int kiln_softmax_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin);
 int kiln_nll_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin);

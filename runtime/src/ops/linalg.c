@@ -198,6 +198,70 @@ KILN_API struct kiln_tensor *kiln_addmm(const struct kiln_tensor *c, const struc
   return out;
 }
 
+/* LINEAR where a CPU kernel runs it (f32, f64: cpu/gemm.c); else matmul, add and relu, whose
+   arithmetic the kernel repeats element by element. Leading dims of x are flattened into one
+   product (as PyTorch's linear), not a batch of products as matmul of an N-d x would be. */
+KILN_API struct kiln_tensor *kiln_linear(const struct kiln_tensor *x, const struct kiln_tensor *w, const struct kiln_tensor *b,
+                                         int relu) {
+  struct kiln_tensor *ac[3];
+  /* cast as matmul's (and addmm's) inputs are, on every device: the bias too, as PyTorch's autocast
+     casts linear's; bf16/f16 then run as the three ops */
+  switch (kiln_autocast_inputs(KILN_OP_GEMM, 3, (const struct kiln_tensor *[]){x, w, b}, ac)) {
+  case 0: break;
+  case 1: {
+    struct kiln_tensor *r = kiln_linear(ac[0], ac[1], ac[2], relu);
+    kiln_autocast_release(3, ac);
+    return r;
+  }
+  default: return NULL;
+  }
+  if (kiln_check_live("linear", x) || kiln_check_live("linear", w) || (b && kiln_check_live("linear", b)) ||
+      kiln_check_same_device("linear", x, w) || (b && kiln_check_same_device("linear", x, b)))
+    return NULL;
+  if (w->ndim != 2) { kiln_fail(KILN_ERR_SHAPE, "linear: weight %s must be 2-d [out, in]", kiln_shape_string(w)); return NULL; }
+  int64_t O = w->sizes[0], I = w->sizes[1];
+  if (x->ndim < 1 || x->sizes[x->ndim - 1] != I) {
+    if (x->ndim < 1) kiln_fail(KILN_ERR_SHAPE, "linear: input %s has no dims; weight %s expects %lld features", kiln_shape_string(x),
+                               kiln_shape_string(w), (long long)I);
+    else kiln_fail(KILN_ERR_SHAPE, "linear: input %s has %lld features in its last dim but weight %s expects %lld",
+                   kiln_shape_string(x), (long long)x->sizes[x->ndim - 1], kiln_shape_string(w), (long long)I);
+    return NULL;
+  }
+  if (b && (b->ndim != 1 || b->sizes[0] != O)) {
+    kiln_fail(KILN_ERR_SHAPE, "linear: bias %s does not fit weight %s (expected [%lld])", kiln_shape_string(b), kiln_shape_string(w),
+              (long long)O);
+    return NULL;
+  }
+  int dt = x->dtype;
+  if (w->dtype != dt || (b && b->dtype != dt)) {
+    const struct kiln_tensor *o = w->dtype != dt ? w : b;
+    kiln_fail(KILN_ERR_DTYPE, "linear: input %s %s, %s %s %s: dtypes differ (convert one with :to())", kiln_shape_string(x),
+              kiln_dtype_name(dt), o == w ? "weight" : "bias", kiln_shape_string(o), kiln_dtype_name(o->dtype));
+    return NULL;
+  }
+  if (x->device.type != KILN_CPU || (dt != KILN_F32 && dt != KILN_F64)) {
+    struct kiln_tensor *wt = kiln_transpose(w, 0, 1), *y = wt ? kiln_matmul(x, wt) : NULL;
+    kiln_tensor_release(wt);
+    if (y && b) { struct kiln_tensor *t = kiln_binary(KILN_OP_ADD, y, b); kiln_tensor_release(y); y = t; }
+    if (y && relu) { struct kiln_tensor *t = kiln_unary(KILN_OP_RELU, y); kiln_tensor_release(y); y = t; }
+    return y;
+  }
+  int64_t N = 1, osz[KILN_MAX_DIMS];
+  for (int d = 0; d + 1 < x->ndim; d++) { N *= x->sizes[d]; osz[d] = x->sizes[d]; }
+  osz[x->ndim - 1] = O;
+  struct kiln_tensor *x2 = kiln_reshape(x, 2, (int64_t[]){N, I}), *bc = b ? kiln_contiguous(b) : NULL;
+  struct kiln_tensor *out = x2 && (bc || !b) ? kiln_tensor_empty(2, (int64_t[]){N, O}, dt, x->device) : NULL, *r = NULL;
+  if (out) {
+    int64_t ints[1] = {relu ? 1 : 0};
+    struct kiln_call call = {.op = KILN_OP_LINEAR, .out = out, .in = {x2, w, bc}, .nin = 3, .nints = 1, .ints = {ints[0]}};
+    const struct kiln_tensor *inputs[3] = {x2, w, bc}, *saved[3] = {x2, w, relu ? out : NULL};
+    if (!kiln_dispatch(x->device, &call) && !kiln_autograd_record_saved(KILN_OP_LINEAR, out, 3, inputs, NULL, ints, 1, saved, 3))
+      r = x->ndim == 2 ? (kiln_tensor_retain(out), out) : kiln_view(out, x->ndim, osz);
+  }
+  kiln_tensor_release(x2); kiln_tensor_release(bc); kiln_tensor_release(out);
+  return r;
+}
+
 /* ---- derivatives (named by the op table) ---- */
 
 int kiln_gemm_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
@@ -230,5 +294,21 @@ int kiln_gemm_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln
     scope_end(s);
     return kiln_no_derivative(n);
   }
+  return kiln_grad_finish(n, s, r, gin);
+}
+
+/* out = relu?(x w^T + b): g through relu (relu_backward on the saved output, as the relu op's
+   derivative), then the products and the bias's sum that matmul's and add's derivatives compute,
+   the same calls: the grads of the three ops, bit for bit. */
+int kiln_linear_derivative(struct kiln_node *n, struct kiln_tensor *g, struct kiln_tensor **gin) {
+  struct scope sc = {0}, *s = &sc;
+  struct kiln_tensor *x = n->saved[0], *w = n->saved[1], *r[4] = {0};
+  struct kiln_tensor *gp = n->ints[0] ? B(s, KILN_OP_RELU_BACKWARD, g, n->saved[2]) : g;
+  if (n->in[0].needs && !s->failed) r[0] = keep(s, kiln_matmul(gp, w));
+  if (n->in[1].needs && !s->failed) {
+    struct kiln_tensor *gt = keep(s, kiln_transpose(gp, 0, 1));
+    r[1] = gt ? keep(s, kiln_matmul(gt, x)) : NULL;
+  }
+  if (n->nin > 2 && n->in[2].needs && !s->failed) r[2] = gp;   /* summed over the rows to the bias's shape */
   return kiln_grad_finish(n, s, r, gin);
 }
