@@ -236,12 +236,15 @@ void kiln_cpu_sgemm_ep(int ta, int tb, int64_t m, int64_t n, int64_t k, float al
   float *ybuf = pack_y ? malloc(sizeof(float) * (size_t)(((rows + MR - 1) / MR) * MR * kc0) + 64) : NULL;
   for (int64_t p0 = 0; p0 < k; p0 += KC) {
     int64_t kc = k - p0 < KC ? k - p0 : KC;
-    if (ybuf)
-      for (int64_t i0 = 0; i0 < rows; i0 += MR) {
-        int64_t nr = rows - i0 < MR ? rows - i0 : MR;
-        float *t = ybuf + i0 * kc;
-        for (int64_t p = 0; p < kc; p++)
-          for (int64_t r = 0; r < nr; r++) t[p * MR + r] = y[(i0 + r) + (p0 + p) * ys_p];
+    if (ybuf)   /* row p of the block read along, its MR values a tile put at ybuf[tile][p] */
+      for (int64_t p = 0; p < kc; p++) {
+        const float *src = y + (p0 + p) * ys_p;
+        int64_t i0 = 0;
+        /* 8 values a step where 8 are there, the last 2 overwritten by the next k (so not for the last) */
+        if (p + 1 < kc)
+          for (; i0 + 8 <= rows; i0 += MR) _mm256_storeu_ps(ybuf + i0 * kc + p * MR, _mm256_loadu_ps(src + i0));
+        for (; i0 < rows; i0 += MR)
+          for (int64_t r = 0; r < MR && i0 + r < rows; r++) ybuf[i0 * kc + p * MR + r] = src[i0 + r];
       }
     for (int64_t j0 = 0; j0 < cols; j0 += PW) {
       int64_t nc = cols - j0 < PW ? cols - j0 : PW;
