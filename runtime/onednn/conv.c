@@ -1,5 +1,5 @@
-/* libkiln_onednn.so: oneDNN's convolutions for kiln's CPU backend, behind the table of
-   cpu/onednn.h. libkiln opens this library at run time (cpu/onednn.c), so that kiln without
+/* libkiln_onednn.so: oneDNN's convolutions, and its bf16 matmul, for kiln's CPU backend, behind
+   the table of cpu/onednn.h. libkiln opens this library at run time (cpu/onednn.c), so that kiln without
    oneDNN still starts and convolves by im2col + GEMM.
 
    A plan is one pass of one shape. Its primitive reads and writes oneDNN's own layouts (chosen
@@ -352,6 +352,64 @@ static int run(void *p, const void *a, const void *b, const void *w, const void 
   return 0;
 }
 
+/* ---- bf16 matrix products ---- */
+
+/* oneDNN's matmul of one shape and layout: bf16 operands read through their strides, f32 sums,
+   bf16 out; its kernel is oneDNN's choice for the CPU (AMX's tiles where there are, else
+   AVX512-BF16 or its f32 emulation). The sides keep the plain descriptors (no reorders). */
+static void *matmul_plan(const struct kiln_onednn_matmul *s, char *err, size_t n) {
+  struct plan *pl = calloc(1, sizeof *pl);
+  dnnl_primitive_desc_t pd = NULL;
+  dnnl_primitive_attr_t attr = NULL;
+  if (!pl) { snprintf(err, n, "oneDNN matmul plan: out of memory"); return NULL; }
+  if (!stream()) { snprintf(err, n, "oneDNN: cannot make a stream"); goto fail; }
+  pl->pass = -1;
+  dnnl_dims_t ad = {s->m, s->k}, bd = {s->k, s->n}, cd = {s->m, s->n};
+  dnnl_dims_t as = {s->ars, s->acs}, bs = {s->brs, s->bcs}, cs = {s->ldc, 1};
+  TRY(dnnl_memory_desc_init_by_strides(&pl->a.user, 2, ad, dnnl_bf16, as), "matmul input");
+  TRY(dnnl_memory_desc_init_by_strides(&pl->b.user, 2, bd, dnnl_bf16, bs), "matmul weights");
+  TRY(dnnl_memory_desc_init_by_strides(&pl->o.user, 2, cd, dnnl_bf16, cs), "matmul output");
+  pl->a.inner = pl->a.user; pl->b.inner = pl->b.user; pl->o.inner = pl->o.user;
+  TRY(dnnl_primitive_attr_create(&attr), "attributes");
+  TRY(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user), "scratchpad");
+  dnnl_matmul_desc_t md;
+  TRY(dnnl_matmul_desc_init(&md, &pl->a.user, &pl->b.user, NULL, &pl->o.user), "matmul");
+  TRY(dnnl_primitive_desc_create(&pd, &md, attr, engine, NULL), "matmul");
+  pl->scratch_md = *dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+  pl->scratch_off = 0;
+  pl->workspace = up64(dnnl_memory_desc_get_size(&pl->scratch_md));
+  const char *impl = NULL;
+  if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl)
+    snprintf(pl->impl, sizeof pl->impl, "%s", impl);
+  TRY(dnnl_primitive_create(&pl->prim, pd), "matmul");
+  dnnl_primitive_desc_destroy(pd);
+  dnnl_primitive_attr_destroy(attr);
+  return pl;
+fail:
+  if (pd) dnnl_primitive_desc_destroy(pd);
+  if (attr) dnnl_primitive_attr_destroy(attr);
+  plan_free(pl);
+  return NULL;
+}
+
+static int matmul_run(void *p, const void *a, const void *b, void *c, void *workspace, char *err, size_t n) {
+  struct plan *pl = p;
+  if (!stream()) { snprintf(err, n, "oneDNN: cannot make a stream"); return -1; }
+  struct slot *sl = slot_of(pl);
+  int owned[4] = {0};
+  dnnl_memory_t m[4] = {mem(sl, &pl->a.inner, a, &owned[0]), mem(sl, &pl->b.inner, b, &owned[1]),
+                        mem(sl, &pl->o.inner, c, &owned[2]), mem(sl, &pl->scratch_md, workspace, &owned[3])};
+  dnnl_status_t st = dnnl_out_of_memory;
+  if (m[0] && m[1] && m[2] && m[3]) {
+    dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, m[0]}, {DNNL_ARG_WEIGHTS, m[1]}, {DNNL_ARG_DST, m[2]}, {DNNL_ARG_SCRATCHPAD, m[3]}};
+    st = dnnl_primitive_execute(pl->prim, stream(), 4, args);
+  }
+  for (int i = 0; i < 4; i++)
+    if (m[i] && owned[i]) dnnl_memory_destroy(m[i]);
+  if (st != dnnl_success) { snprintf(err, n, "oneDNN matmul: %s", status_name(st)); return -1; }
+  return 0;
+}
+
 static struct kiln_onednn table = {
   .version = KILN_ONEDNN_VERSION,
   .plan = plan,
@@ -364,6 +422,8 @@ static struct kiln_onednn table = {
   .grad_weights_out = grad_weights_out,
   .prepare_weights = prepare_weights,
   .run = run,
+  .matmul_plan = matmul_plan,
+  .matmul_run = matmul_run,
 };
 
 EXPORT const struct kiln_onednn *kiln_onednn_open(int version) {

@@ -139,6 +139,39 @@ describe("amp bf16 arithmetic", function()
     assert.is_true(max_rel(widened.addmm, native.addmm:double()) < 2 ^ -6)
   end)
 
+  it("multiplies bf16 by oneDNN's matmul where the CPU has AMX (KILN_BF16_MATMUL=onednn forces it)", function()
+    local exe = H.kiln_exe()
+    if not exe then pending("not running under the kiln launcher") return end
+    if not kiln.info().onednn.name then pending("oneDNN is not loaded: " .. tostring(kiln.info().onednn.note)) return end
+    -- 130 rows by 600 columns: parts of 64 rows by 512 columns, whole and partial; operands
+    -- transposed as they lie, shared across a batch; the same bits at 1 and 2 threads
+    local script = [[
+      local kiln = require "kiln"
+      kiln.set_num_threads(tonumber(os.getenv("KILN_SPEC_THREADS")))
+      kiln.manual_seed(5)
+      local a, b = kiln.randn(2, 130, 70):to("bf16"), kiln.randn(2, 70, 600):to("bf16")
+      local out = {a = a, b = b, plain = a:matmul(b), shared = a[1]:matmul(b)}
+      out.ta = a[2]:t():contiguous():t():matmul(b[1])
+      out.tb = a[1]:matmul(b[2]:t():contiguous():t())
+      out.small = a[1]:narrow(1, 1, 5):matmul(b[1]:narrow(2, 1, 7))
+      out.products = kiln.tensor({kiln.info().blas.bf16_products:match("^matrix products by oneDNN's matmul") and 1 or 0})
+      kiln.save(arg[1], out)
+    ]]
+    local one, two = unpack(H.children_outputs(exe, script, {"KILN_BF16_MATMUL=onednn KILN_SPEC_THREADS=1",
+                                                             "KILN_BF16_MATMUL=onednn KILN_SPEC_THREADS=2"}))
+    assert.are.equal(1, one.products[1])
+    local a, b = one.a:double(), one.b:double()
+    local want = {plain = a:matmul(b), shared = a[1]:matmul(b), ta = a[2]:matmul(b[1]), tb = a[1]:matmul(b[2]),
+                  small = a[1]:narrow(1, 1, 5):matmul(b[1]:narrow(2, 1, 7))}
+    for name, w in pairs(want) do
+      assert.are.equal("bf16", one[name]:dtype(), name)
+      assert.is_true(max_rel(one[name], w) < 2 ^ -7, name .. " " .. max_rel(one[name], w))
+      assert.are.same(one[name]:float():totable(), two[name]:float():totable(), name .. " at 2 threads")
+    end
+    local never = unpack(H.children_outputs(exe, script, {"KILN_BF16_MATMUL=kiln KILN_SPEC_THREADS=1"}))
+    assert.are.equal(0, never.products[1])
+  end)
+
   it("multiplies bf16 batches, a short k and weights used transposed to the same values", function()
     -- k of 100 and 64 (B packed whole first, C written by rows), k of 260 (by column panels), whole
     -- and partial tiles; A or B shared across a batch of 2; B stored by columns (x w^T)

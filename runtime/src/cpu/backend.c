@@ -192,8 +192,8 @@ int kiln_cpu_bf16_fast(void) { return 0; }
 static double bf16_dp_s, bf16_fma_s;
 #endif
 
-/* What computes bf16 products (autocast's on the CPU), for kiln.info() and kiln --version. */
-KILN_API const char *kiln_cpu_bf16_products(void) {
+/* What multiplies bf16 in kiln's own kernels. */
+static const char *bf16_products_own(void) {
   static char what[200];
   const char *e = getenv("KILN_BF16_EMULATE");
   if (!kiln_cpu_has("avx512_bf16")) return "f32 FMAs on the widened values (no AVX512-BF16)";
@@ -205,6 +205,18 @@ KILN_API const char *kiln_cpu_bf16_products(void) {
                 : "matrix products and the recurrent layers' steps by f32 FMAs on the widened values",
            bf16_fma_s > 0 ? bf16_dp_s / bf16_fma_s : 0.0);
   return what;
+}
+
+/* What computes bf16 products (autocast's on the CPU), for kiln.info() and kiln --version. */
+KILN_API const char *kiln_cpu_bf16_products(void) {
+  static char with_onednn[300];
+  if (kiln_cpu_onednn_matmul_wanted()) {   /* matrix products by oneDNN (AMX), the recurrent steps as below */
+    const char *rest = bf16_products_own();
+    snprintf(with_onednn, sizeof with_onednn, "matrix products by oneDNN's matmul (%s); the rest: %s",
+             kiln_cpu_onednn_matmul_impl(), rest);
+    return with_onednn;
+  }
+  return bf16_products_own();
 }
 
 KILN_API int kiln_cpu_level_check(void) {

@@ -224,6 +224,12 @@ int kiln_cpu_winograd_run(struct kiln_conv_job *c);
    im2col (forced, no oneDNN, or the auto rule's one-channel cases; input_grad: the input's grad
    will be asked for), 0 by oneDNN where it takes the shape, -1 by a timing (benchmark mode). */
 int kiln_cpu_conv_fused_way(const struct kiln_conv_job *c, int input_grad);
+/* bf16 matrix products by oneDNN's matmul (cpu/onednn.c): whether they go there (AMX, or
+   KILN_BF16_MATMUL=onednn; the library loaded), oneDNN's name of its kernel, and the product
+   out [B, m, n] = a [B, m, k] b [B, k, n] (bf16): 1 when run (*rc its status), 0 when not taken. */
+int kiln_cpu_onednn_matmul_wanted(void);
+const char *kiln_cpu_onednn_matmul_impl(void);
+int kiln_cpu_onednn_gemm(struct kiln_tensor *out, const struct kiln_tensor *a, const struct kiln_tensor *b, int *rc);
 
 /* What CPU kernels use in place of the public ops, which dispatch and record (cpu/elementwise.c):
    a strided copy with conversion and broadcasting of src to dst's shape, a fill, and t itself when

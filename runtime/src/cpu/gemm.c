@@ -215,6 +215,10 @@ int cpu_gemm(const struct kiln_call *c) {
   double alpha = c->scalar[0], beta = c->scalar[1];
   if (out->numel == 0) return KILN_OK;
   if (!kiln_dtype_is_float(out->dtype)) { gemm_naive_i64(out, a, b, alpha, beta); return KILN_OK; }
+  if (out->dtype == KILN_BF16 && a->dtype == KILN_BF16 && b->dtype == KILN_BF16 && alpha == 1 && beta == 0) {
+    int rc;   /* where the CPU has AMX: oneDNN's matmul (cpu/onednn.c) */
+    if (kiln_cpu_onednn_gemm(out, a, b, &rc)) return rc;
+  }
   if (out->dtype == KILN_BF16 && a->dtype == KILN_BF16 && b->dtype == KILN_BF16 && kiln_cpu_bf16_products_native())
     return cpu_gemm_bf16(out, a, b, alpha, beta);   /* cpu/bf16_gemm.c: AVX512-BF16 */
   if (out->dtype == KILN_BF16 && a->dtype == KILN_BF16 && b->dtype == KILN_BF16) {

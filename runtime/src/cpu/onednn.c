@@ -524,3 +524,127 @@ KILN_API void kiln_conv_choices_clear(void) {
   nchoices = 0;
   pthread_mutex_unlock(&cache_mu);
 }
+
+/* ---- bf16 matrix products by oneDNN's matmul ----
+
+   Where the CPU has AMX (amx_bf16 usable), bf16 x bf16 -> bf16 products run as oneDNN's matmul,
+   whose kernels use AMX's tiles; elsewhere kiln's own (vdpbf16ps, or f32 FMAs on the widened
+   values: cpu/gemm.c). KILN_BF16_MATMUL=onednn forces oneDNN on any CPU (its AVX512-BF16 or
+   emulated kernels: the tests check its results here), =kiln never. Each matrix of the batch is
+   cut into fixed parts of 64 rows by 512 columns (whatever the threads: a part is one oneDNN
+   call, and its sums do not depend on the thread count), run by kiln's pool. */
+
+enum { MATMUL_ROWS = 64, MATMUL_COLS = 512 };
+
+struct matmul_entry {
+  struct kiln_onednn_matmul key;
+  void *plan;                    /* NULL: oneDNN has no kernel for it */
+  struct matmul_entry *next;
+};
+static struct matmul_entry *matmul_plans;
+
+static void *matmul_plan_for(const struct kiln_onednn_matmul *s, char *err, size_t n) {
+  pthread_mutex_lock(&cache_mu);
+  struct matmul_entry *e = matmul_plans;
+  while (e && memcmp(&e->key, s, sizeof *s) != 0) e = e->next;
+  if (!e && (e = calloc(1, sizeof *e))) {
+    e->key = *s;
+    e->plan = lib->matmul_plan(s, err, n);
+    e->next = matmul_plans;
+    matmul_plans = e;
+  } else if (e && !e->plan) {
+    snprintf(err, n, "oneDNN has no matmul for this shape");
+  } else if (!e) {
+    snprintf(err, n, "out of memory for a oneDNN plan");
+  }
+  void *p = e ? e->plan : NULL;
+  pthread_mutex_unlock(&cache_mu);
+  return p;
+}
+
+int kiln_cpu_onednn_matmul_wanted(void) {
+  static int wanted = -1;
+  if (wanted < 0) {
+    const char *e = getenv("KILN_BF16_MATMUL");
+    int forced = e && !strcmp(e, "onednn"), never = e && !strcmp(e, "kiln");
+    wanted = !never && (forced || kiln_cpu_has("amx_bf16")) && onednn() != NULL;
+  }
+  return wanted;
+}
+
+const char *kiln_cpu_onednn_matmul_impl(void) {
+  static char impl[64];
+  if (!impl[0] && kiln_cpu_onednn_matmul_wanted()) {
+    char err[200];
+    struct kiln_onednn_matmul s = {MATMUL_ROWS, 256, 256, 256, 1, 256, 1, 256};
+    void *p = matmul_plan_for(&s, err, sizeof err);
+    snprintf(impl, sizeof impl, "%s", p && lib->impl(p) ? lib->impl(p) : "?");
+  }
+  return impl;
+}
+
+struct matmul_job {
+  const char *a, *b;
+  char *c;
+  int64_t sa, sb, sc;            /* batch strides, in elements (0: one matrix for the batch) */
+  struct kiln_onednn_matmul whole;
+  int64_t rparts, cparts;        /* of each matrix: by rows, by columns */
+  int failed;
+  char err[200];
+  pthread_mutex_t mu;
+};
+
+static void matmul_parts(void *ctx, int64_t begin, int64_t end) {
+  struct matmul_job *j = ctx;
+  for (int64_t t = begin; t < end; t++) {
+    int64_t per = j->rparts * j->cparts, bi = t / per;
+    int64_t r0 = t % per / j->cparts * MATMUL_ROWS, c0 = t % j->cparts * MATMUL_COLS;
+    struct kiln_onednn_matmul s = j->whole;
+    s.m = j->whole.m - r0 < MATMUL_ROWS ? j->whole.m - r0 : MATMUL_ROWS;
+    s.n = j->whole.n - c0 < MATMUL_COLS ? j->whole.n - c0 : MATMUL_COLS;
+    char err[200] = "";
+    void *plan = matmul_plan_for(&s, err, sizeof err);
+    void *ws = plan ? aligned_alloc(64, lib->workspace_bytes(plan) + 64) : NULL;
+    int rc = !plan || !ws ? -1
+             : lib->matmul_run(plan, j->a + 2 * (bi * j->sa + r0 * s.ars), j->b + 2 * (bi * j->sb + c0 * s.bcs),
+                               j->c + 2 * (bi * j->sc + r0 * s.ldc + c0), ws, err, sizeof err);
+    free(ws);
+    if (rc) {
+      pthread_mutex_lock(&j->mu);
+      if (!j->failed) snprintf(j->err, sizeof j->err, "%s", plan && !ws ? "out of memory for oneDNN's scratchpad" : err);
+      j->failed = 1;
+      pthread_mutex_unlock(&j->mu);
+    }
+  }
+}
+
+/* out [B, m, n] = a [B, m, k] b [B, k, n], all bf16 (batch strides 0 for a shared matrix): 1 when
+   oneDNN ran it (*rc its status), 0 when not taken (no library, an output that is not row-major,
+   no kernel for a shape), before anything was written. */
+int kiln_cpu_onednn_gemm(struct kiln_tensor *out, const struct kiln_tensor *a, const struct kiln_tensor *b, int *rc) {
+  if (!kiln_cpu_onednn_matmul_wanted() || out->strides[2] != 1 || out->sizes[1] < 1 || out->sizes[2] < 1 || a->sizes[2] < 1)
+    return 0;
+  struct matmul_job j = {.a = kiln_tensor_data(a), .b = kiln_tensor_data(b), .c = kiln_tensor_data(out),
+                         .sa = a->sizes[0] > 1 ? a->strides[0] : 0, .sb = b->sizes[0] > 1 ? b->strides[0] : 0,
+                         .sc = out->strides[0], .mu = PTHREAD_MUTEX_INITIALIZER};
+  j.whole = (struct kiln_onednn_matmul){out->sizes[1], out->sizes[2], a->sizes[2], a->strides[1], a->strides[2], b->strides[1],
+                                        b->strides[2], out->strides[1]};
+  j.rparts = (j.whole.m + MATMUL_ROWS - 1) / MATMUL_ROWS;
+  j.cparts = (j.whole.n + MATMUL_COLS - 1) / MATMUL_COLS;
+  /* every part's plan made first (4 shapes at most): one oneDNN has no kernel for leaves the
+     product to kiln */
+  char err[200];
+  int64_t rows[2] = {MATMUL_ROWS, j.whole.m - (j.rparts - 1) * MATMUL_ROWS};
+  int64_t cols[2] = {MATMUL_COLS, j.whole.n - (j.cparts - 1) * MATMUL_COLS};
+  for (int r = j.rparts > 1 ? 0 : 1; r < 2; r++)
+    for (int q = j.cparts > 1 ? 0 : 1; q < 2; q++) {
+      struct kiln_onednn_matmul s = j.whole;
+      s.m = rows[r];
+      s.n = cols[q];
+      if (!matmul_plan_for(&s, err, sizeof err)) return 0;
+    }
+  kiln_parallel_for(out->sizes[0] * j.rparts * j.cparts, 1, matmul_parts, &j);
+  *rc = !j.failed ? KILN_OK
+        : kiln_fail(strstr(j.err, "out of memory") ? KILN_ERR_MEMORY : KILN_ERR_UNSUPPORTED, "matmul (bf16, oneDNN): %s", j.err);
+  return 1;
+}

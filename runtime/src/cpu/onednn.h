@@ -1,5 +1,5 @@
 /* cpu/onednn.h: the table between libkiln and libkiln_onednn.so (runtime/onednn/conv.c), the
-   convolutions of oneDNN, which libkiln opens at run time (cpu/onednn.c). A plan is one pass of one
+   convolutions of oneDNN and its bf16 matmul, which libkiln opens at run time (cpu/onednn.c). A plan is one pass of one
    convolution shape for one part of the batch; it runs single-threaded in the calling thread, so
    that kiln's pool runs the parts and no second thread pool exists. The tensors it reads and
    writes are kiln's dense NCHW / OIHW buffers; what oneDNN wants in its own blocked layouts lives
@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KILN_ONEDNN_VERSION 2
+#define KILN_ONEDNN_VERSION 3
 
 enum kiln_onednn_pass {
   KILN_ONEDNN_FORWARD,        /* run(x, -, w', bias, y) */
@@ -30,6 +30,13 @@ struct kiln_onednn_shape {
   int64_t O, OH, OW;          /* its output */
   int64_t kh, kw, sh, sw, ph, pw, dh, dw, groups;
   int32_t bias;               /* forward: a bias is added */
+};
+
+/* A bf16 matrix product (a part of one): C [m, n] = A [m, k] B [k, n], f32 sums rounded once;
+   A's element (i, p) at a[i * ars + p * acs], B's (p, j) at b[p * brs + j * bcs] (any strides:
+   transposed operands are read as they lie), C's (i, j) at c[i * ldc + j]. */
+struct kiln_onednn_matmul {
+  int64_t m, n, k, ars, acs, brs, bcs, ldc;
 };
 
 struct kiln_onednn {
@@ -53,6 +60,9 @@ struct kiln_onednn {
   int (*prepare_weights)(void *plan, const void *w, void *wbuf, char *err, size_t n);
   int (*run)(void *plan, const void *a, const void *b, const void *w, const void *bias, void *out, void *workspace,
              int flags, char *err, size_t n);
+  /* Version 3: a matmul plan (plan_free, impl and workspace_bytes serve it too), and its run. */
+  void *(*matmul_plan)(const struct kiln_onednn_matmul *s, char *err, size_t n);
+  int (*matmul_run)(void *plan, const void *a, const void *b, void *c, void *workspace, char *err, size_t n);
 };
 
 typedef const struct kiln_onednn *(*kiln_onednn_open_fn)(int version);
