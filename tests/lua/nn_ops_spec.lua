@@ -1195,6 +1195,18 @@ describe("linear and linear_relu", function()
                    err(F.linear_relu, kiln.randn(4, 5), kiln.randn(3, 5), kiln.randn(4)))
     assert.matches("linear: input %[4,5%] f32, weight %[3,5%] f64: dtypes differ",
                    err(F.linear, kiln.randn(4, 5), kiln.randn(3, 5, {dtype = "f64"})))
+    assert.matches("linear: not defined for bool tensors",
+                   err(F.linear, kiln.ones(4, 5, {dtype = "bool"}), kiln.ones(3, 5, {dtype = "bool"})))
+    local freed = kiln.randn(4, 5)
+    freed:free()
+    assert.matches("linear: tensor %[4,5%] f32 was freed", err(F.linear, freed, kiln.randn(3, 5)))
     assert_shape(F.linear_relu(kiln.randn(4, 5), kiln.randn(3, 5), kiln.randn(3)), {4, 3})
+    assert_shape(F.linear(kiln.randn(2, 0, 5), kiln.randn(3, 5), kiln.randn(3)), {2, 0, 3})
+    -- relu's saved output written in place before backward: the error names the op
+    local x, w = kiln.randn(4, 5):requires_grad_(), kiln.randn(3, 5):requires_grad_()
+    local y = F.linear_relu(x, w)
+    y:add_(1)
+    assert.matches("backward: linear saved %[4,3%] for its derivative, and it was changed in place",
+                   err(function() y:sum():backward() end))
   end)
 end)

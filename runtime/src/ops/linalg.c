@@ -239,6 +239,7 @@ KILN_API struct kiln_tensor *kiln_linear(const struct kiln_tensor *x, const stru
               kiln_dtype_name(dt), o == w ? "weight" : "bias", kiln_shape_string(o), kiln_dtype_name(o->dtype));
     return NULL;
   }
+  if (dt == KILN_BOOL) { kiln_fail(KILN_ERR_DTYPE, "linear: not defined for bool tensors"); return NULL; }
   if (x->device.type != KILN_CPU || (dt != KILN_F32 && dt != KILN_F64)) {
     struct kiln_tensor *wt = kiln_transpose(w, 0, 1), *y = wt ? kiln_matmul(x, wt) : NULL;
     kiln_tensor_release(wt);
