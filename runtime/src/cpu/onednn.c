@@ -85,7 +85,8 @@ static int benchmark_mode(void) {
 /* ---- plans and choices, cached per shape ---- */
 
 struct plan_entry {
-  struct kiln_onednn_shape key;
+  int matmul;                    /* the key: a convolution pass's shape, or a matmul's */
+  union { struct kiln_onednn_shape conv; struct kiln_onednn_matmul mm; } key;
   void *plan;                    /* NULL: oneDNN has no kernel for it */
   struct plan_entry *next;
 };
@@ -108,14 +109,20 @@ static struct plan_entry *plans;
 static struct choice_entry *choices;
 static int64_t nchoices;
 
-/* The plan of shape s (made on first use), or NULL with the reason in err. */
-static void *plan_for(const struct kiln_onednn_shape *s, char *err, size_t n) {
+/* The plan of a convolution pass's shape (conv) or a matmul's (mm), made on first use, or NULL
+   with the reason in err. */
+static void *cached_plan(const struct kiln_onednn_shape *conv, const struct kiln_onednn_matmul *mm, char *err, size_t n) {
+  struct plan_entry k;
+  memset(&k, 0, sizeof k);
+  k.matmul = mm != NULL;
+  if (mm) k.key.mm = *mm;
+  else k.key.conv = *conv;
   pthread_mutex_lock(&cache_mu);
   struct plan_entry *e = plans;
-  while (e && memcmp(&e->key, s, sizeof *s) != 0) e = e->next;
-  if (!e && (e = calloc(1, sizeof *e))) {
-    e->key = *s;
-    e->plan = lib->plan(s, err, n);
+  while (e && (e->matmul != k.matmul || memcmp(&e->key, &k.key, sizeof k.key) != 0)) e = e->next;
+  if (!e && (e = malloc(sizeof *e))) {
+    *e = k;
+    e->plan = mm ? lib->matmul_plan(mm, err, n) : lib->plan(conv, err, n);
     e->next = plans;
     plans = e;
   } else if (e && !e->plan) {
@@ -127,6 +134,7 @@ static void *plan_for(const struct kiln_onednn_shape *s, char *err, size_t n) {
   pthread_mutex_unlock(&cache_mu);
   return p;
 }
+static void *plan_for(const struct kiln_onednn_shape *s, char *err, size_t n) { return cached_plan(s, NULL, err, n); }
 
 static struct choice_entry *choice_find(const struct choice_key *k) {
   struct choice_entry *e = choices;
@@ -536,31 +544,7 @@ KILN_API void kiln_conv_choices_clear(void) {
 
 enum { MATMUL_ROWS = 64, MATMUL_COLS = 512 };
 
-struct matmul_entry {
-  struct kiln_onednn_matmul key;
-  void *plan;                    /* NULL: oneDNN has no kernel for it */
-  struct matmul_entry *next;
-};
-static struct matmul_entry *matmul_plans;
-
-static void *matmul_plan_for(const struct kiln_onednn_matmul *s, char *err, size_t n) {
-  pthread_mutex_lock(&cache_mu);
-  struct matmul_entry *e = matmul_plans;
-  while (e && memcmp(&e->key, s, sizeof *s) != 0) e = e->next;
-  if (!e && (e = calloc(1, sizeof *e))) {
-    e->key = *s;
-    e->plan = lib->matmul_plan(s, err, n);
-    e->next = matmul_plans;
-    matmul_plans = e;
-  } else if (e && !e->plan) {
-    snprintf(err, n, "oneDNN has no matmul for this shape");
-  } else if (!e) {
-    snprintf(err, n, "out of memory for a oneDNN plan");
-  }
-  void *p = e ? e->plan : NULL;
-  pthread_mutex_unlock(&cache_mu);
-  return p;
-}
+static void *matmul_plan_for(const struct kiln_onednn_matmul *s, char *err, size_t n) { return cached_plan(NULL, s, err, n); }
 
 int kiln_cpu_onednn_matmul_wanted(void) {
   static int wanted = -1;
