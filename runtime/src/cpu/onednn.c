@@ -56,7 +56,8 @@ static void open_lib(void) {
   memcpy(&open_fn, &sym, sizeof open_fn);
   lib = open_fn ? open_fn(KILN_ONEDNN_VERSION) : NULL;
   if (!lib) snprintf(lib_note, sizeof lib_note, "%s is not kiln's oneDNN library (version %d)", path, KILN_ONEDNN_VERSION);
-  else snprintf(lib_note, sizeof lib_note, "%s for f32 convolutions", lib->name);
+  else snprintf(lib_note, sizeof lib_note, "%s for convolutions%s", lib->name,
+           kiln_cpu_has("amx_bf16") ? " and bf16 matrix products (AMX)" : "");
 }
 
 static const struct kiln_onednn *onednn(void) {
