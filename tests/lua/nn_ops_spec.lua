@@ -1163,6 +1163,12 @@ describe("linear and linear_relu", function()
     -- the bias is cast with the input and the weight, as PyTorch's autocast casts linear's
     local e = (x:bfloat16():matmul(w:bfloat16():t()) + b:bfloat16()):relu()
     same_bits(y:float(), e:float(), "bf16 linear_relu")
+    -- the three ops flatten a 3-d input into one product too
+    local x3 = kiln.randn(2, 3, 8)
+    local y3 = kiln.amp.autocast("bf16", function() return F.linear(x3, w, b) end)
+    assert_shape(y3, {2, 3, 5})
+    same_bits(y3:float(), (x3:reshape(6, 8):bfloat16():matmul(w:bfloat16():t()) + b:bfloat16()):view(2, 3, 5):float(),
+              "bf16 linear of a 3-d input")
   end)
 
   it("is what nn.Sequential runs for a Linear and a ReLU, unless nn.fusion is false", function()

@@ -240,18 +240,21 @@ KILN_API struct kiln_tensor *kiln_linear(const struct kiln_tensor *x, const stru
     return NULL;
   }
   if (dt == KILN_BOOL) { kiln_fail(KILN_ERR_DTYPE, "linear: not defined for bool tensors"); return NULL; }
-  if (x->device.type != KILN_CPU || (dt != KILN_F32 && dt != KILN_F64)) {
-    struct kiln_tensor *wt = kiln_transpose(w, 0, 1), *y = wt ? kiln_matmul(x, wt) : NULL;
-    kiln_tensor_release(wt);
-    if (y && b) { struct kiln_tensor *t = kiln_binary(KILN_OP_ADD, y, b); kiln_tensor_release(y); y = t; }
-    if (y && relu) { struct kiln_tensor *t = kiln_unary(KILN_OP_RELU, y); kiln_tensor_release(y); y = t; }
-    return y;
-  }
   int64_t N = 1, osz[KILN_MAX_DIMS];
   for (int d = 0; d + 1 < x->ndim; d++) { N *= x->sizes[d]; osz[d] = x->sizes[d]; }
   osz[x->ndim - 1] = O;
-  struct kiln_tensor *x2 = kiln_reshape(x, 2, (int64_t[]){N, I}), *bc = b ? kiln_contiguous(b) : NULL;
-  struct kiln_tensor *out = x2 && (bc || !b) ? kiln_tensor_empty(2, (int64_t[]){N, O}, dt, x->device) : NULL, *r = NULL;
+  struct kiln_tensor *x2 = kiln_reshape(x, 2, (int64_t[]){N, I}), *r = NULL;
+  if (x2 && (x->device.type != KILN_CPU || (dt != KILN_F32 && dt != KILN_F64))) {   /* the three ops, on x2 as well */
+    struct kiln_tensor *wt = kiln_transpose(w, 0, 1), *y = wt ? kiln_matmul(x2, wt) : NULL;
+    kiln_tensor_release(wt);
+    kiln_tensor_release(x2);
+    if (y && b) { struct kiln_tensor *t = kiln_binary(KILN_OP_ADD, y, b); kiln_tensor_release(y); y = t; }
+    if (y && relu) { struct kiln_tensor *t = kiln_unary(KILN_OP_RELU, y); kiln_tensor_release(y); y = t; }
+    if (y && x->ndim != 2) { struct kiln_tensor *t = kiln_view(y, x->ndim, osz); kiln_tensor_release(y); y = t; }
+    return y;
+  }
+  struct kiln_tensor *bc = x2 && b ? kiln_contiguous(b) : NULL;
+  struct kiln_tensor *out = x2 && (bc || !b) ? kiln_tensor_empty(2, (int64_t[]){N, O}, dt, x->device) : NULL;
   if (out) {
     int64_t ints[1] = {relu ? 1 : 0};
     struct kiln_call call = {.op = KILN_OP_LINEAR, .out = out, .in = {x2, w, bc}, .nin = 3, .nints = 1, .ints = {ints[0]}};
