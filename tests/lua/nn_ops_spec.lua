@@ -1145,11 +1145,18 @@ describe("linear and linear_relu", function()
     end
   end)
 
-  it("reads a transposed input and weight, and a strided bias", function()
+  it("reads a transposed input and weight, a strided bias, and operands with odd strides", function()
     local x = kiln.randn(20, 30):t():requires_grad_()          -- [30, 20], columns along
     local w = kiln.randn(20, 40):t():requires_grad_()          -- [40, 20]
     local b = kiln.randn(40, 2):select(2, 1):requires_grad_()  -- every other element
     agree(F.linear_relu, three(true), x, w, b, "strided")
+    -- every other column: strides no BLAS layout takes, copied first (f32 and f64)
+    for _, dtype in ipairs{"f32", "f64"} do
+      local xs = kiln.randn(30, 20, 2, {dtype = dtype}):select(3, 1):requires_grad_()   -- [30, 20], strides (40, 2)
+      local ws = kiln.randn(40, 20, 2, {dtype = dtype}):select(3, 2):requires_grad_()   -- [40, 20]
+      agree(F.linear_relu, three(true), xs, ws, kiln.randn(40, {dtype = dtype}):requires_grad_(), "every other column " .. dtype)
+      agree(F.linear, three(false), xs, ws, nil, "every other column, no bias " .. dtype)
+    end
   end)
 
   it("is one op on the CPU in f32 and f64, and matmul, add and relu under bf16 autocast", function()

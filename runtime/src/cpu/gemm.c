@@ -23,17 +23,24 @@ struct gemm_job {
 };
 
 void kiln_cpu_linear_finish(int dtype, int64_t m, int64_t n, void *c, int64_t ldc, const void *bias, int relu) {
-  for (int64_t i = 0; i < m; i++)
-    for (int64_t q = 0; q < n; q++)
-      if (dtype == KILN_F32) {
-        float *o = (float *)c + i * ldc + q, y = *o;
-        if (bias) y = y + ((const float *)bias)[q];
-        *o = relu && y < 0 ? 0.0f : y;
-      } else {
-        double *o = (double *)c + i * ldc + q, y = *o;
-        if (bias) y = y + ((const double *)bias)[q];
-        *o = relu && y < 0 ? 0.0 : y;
+  if (dtype == KILN_F32)
+    for (int64_t i = 0; i < m; i++) {
+      float *o = (float *)c + i * ldc;
+      const float *bv = bias;
+      for (int64_t q = 0; q < n; q++) {
+        float y = bv ? o[q] + bv[q] : o[q];
+        o[q] = relu && y < 0 ? 0.0f : y;
       }
+    }
+  else
+    for (int64_t i = 0; i < m; i++) {
+      double *o = (double *)c + i * ldc;
+      const double *bv = bias;
+      for (int64_t q = 0; q < n; q++) {
+        double y = bv ? o[q] + bv[q] : o[q];
+        o[q] = relu && y < 0 ? 0.0 : y;
+      }
+    }
 }
 
 static void gemm_block(const struct gemm_job *j, int64_t bi, int64_t r0, int64_t rn, int64_t c0, int64_t cn) {
