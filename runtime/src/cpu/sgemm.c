@@ -49,13 +49,37 @@ static void pack_panel(const float *x, int64_t sp, int64_t sq, int64_t p0, int64
          prefetch: the row 16 ahead asked for now */
       if (p + 16 < kc)
         for (int64_t q = 0; q < nc; q += 16) _mm_prefetch((const char *)(x + (p0 + p + 16) * sp + j0 + q), _MM_HINT_T0);
-      memcpy(dst, x + (p0 + p) * sp + j0, sizeof(float) * (size_t)nc);
-      if (nc < PW) memset(dst + nc, 0, sizeof(float) * (size_t)(PW - nc));
+      const float *src = x + (p0 + p) * sp + j0;
+      if (nc == PW) {
+        __m512 v0 = _mm512_loadu_ps(src), v1 = _mm512_loadu_ps(src + 16), v2 = _mm512_loadu_ps(src + 32),
+               v3 = _mm512_loadu_ps(src + 48);
+        _mm512_store_ps(dst, v0); _mm512_store_ps(dst + 16, v1); _mm512_store_ps(dst + 32, v2);
+        _mm512_store_ps(dst + 48, v3);
+        continue;
+      }
+      for (int64_t v = 0; v < PW; v += 16) {
+        int64_t left = nc - v;
+        __mmask16 mask = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+        _mm512_store_ps(dst + v, _mm512_maskz_loadu_ps(mask, src + v));
+      }
     }
     return;
   }
   /* columns along the rows: 8 x 8 blocks transposed in registers */
   int64_t q = 0;
+  if (sp == 1)   /* 16 x 16 blocks where there are 16 columns, then 8 x 8 */
+    for (; q + 16 <= nc; q += 16) {
+      const float *cols[16];
+      for (int r = 0; r < 16; r++) cols[r] = x + (j0 + q + r) * sq + p0;
+      int64_t p = 0;
+      for (; p + 16 <= kc; p += 16) {
+        __m512 v[16];
+        for (int r = 0; r < 16; r++) v[r] = _mm512_loadu_ps(cols[r] + p);
+        kiln_transpose16_store(v, pb + p * PW + q, PW);
+      }
+      for (; p < kc; p++)
+        for (int r = 0; r < 16; r++) pb[p * PW + q + r] = cols[r][p];
+    }
   if (sp == 1)
     for (; q + 8 <= nc; q += 8) {
       const float *cols[8];
@@ -236,15 +260,16 @@ void kiln_cpu_sgemm_ep(int ta, int tb, int64_t m, int64_t n, int64_t k, float al
   float *ybuf = pack_y ? malloc(sizeof(float) * (size_t)(((rows + MR - 1) / MR) * MR * kc0) + 64) : NULL;
   for (int64_t p0 = 0; p0 < k; p0 += KC) {
     int64_t kc = k - p0 < KC ? k - p0 : KC;
-    if (ybuf)   /* row p of the block read along, its MR values a tile put at ybuf[tile][p] */
-      for (int64_t p = 0; p < kc; p++) {
-        const float *src = y + (p0 + p) * ys_p;
-        int64_t i0 = 0;
+    if (ybuf)   /* tile by tile, its MR rows' values at each k written in order: ybuf[tile][p][r] */
+      for (int64_t i0 = 0; i0 < rows; i0 += MR) {
+        const float *src = y + p0 * ys_p + i0;
+        float *dst = ybuf + i0 * kc;
+        int64_t p = 0;
         /* 8 values a step where 8 are there, the last 2 overwritten by the next k (so not for the last) */
-        if (p + 1 < kc)
-          for (; i0 + 8 <= rows; i0 += MR) _mm256_storeu_ps(ybuf + i0 * kc + p * MR, _mm256_loadu_ps(src + i0));
-        for (; i0 < rows; i0 += MR)
-          for (int64_t r = 0; r < MR && i0 + r < rows; r++) ybuf[i0 * kc + p * MR + r] = src[i0 + r];
+        if (i0 + 8 <= rows)
+          for (; p + 1 < kc; p++) _mm256_storeu_ps(dst + p * MR, _mm256_loadu_ps(src + p * ys_p));
+        for (; p < kc; p++)
+          for (int64_t r = 0; r < MR && i0 + r < rows; r++) dst[p * MR + r] = src[p * ys_p + r];
       }
     for (int64_t j0 = 0; j0 < cols; j0 += PW) {
       int64_t nc = cols - j0 < PW ? cols - j0 : PW;
