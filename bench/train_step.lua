@@ -7,7 +7,8 @@
 -- machine whose neighbours slow a rep, the best reps compare the code.
 -- With --amp bf16 the steps run under kiln.amp.autocast("bf16") and the peer under
 -- torch.autocast("cpu", dtype=torch.bfloat16), kiln's f32 step is measured too (train_step_amp_speedup);
--- the floor stays the f32 one.
+-- the floor stays the f32 one. Both sides warm up untimed for a second first, kiln until its first
+-- garbage collection too (see step_ms).
 -- usage: kiln bench/train_step.lua [--quick] [--no-peer] [--amp bf16]
 local kiln = kiln or require "kiln"
 local nn, optim = kiln.nn, kiln.optim
@@ -55,7 +56,15 @@ for _, threads in ipairs{1, 2} do
         loss:backward()
         opt:step()
       end
+      -- untimed: 5 steps, then on for a second (a quarter quick), and until kiln has collected its
+      -- garbage once (at most 10 s): before its first collection each step's garbage lands in pages
+      -- the process has not touched yet (docs/tensors.md, "Memory"), a cost of the run's first
+      -- ~170 MLP steps that the steady state does not have. The peer warms up for the same second.
       for _ = 1, 5 do step() end
+      local t0, collections = now(), kiln.memory_stats().collections
+      while now() - t0 < (quick and 0.25 or 1) or (kiln.memory_stats().collections == collections and now() - t0 < 10) do
+        step()
+      end
       local times = {}
       for _ = 1, reps do
         local t0 = now()

@@ -96,7 +96,9 @@ local fail = M.fail
 -- (A full collection of kiln's own heap, 1.3 MB, takes about a millisecond: at 16 MB a char-LM
 -- step that leaves 8 MB for the collector spent 0.65 ms a step collecting, at 64 MB 0.16 ms.)
 M.gc_threshold_fixed = false
+M.collections = 0   -- the collections kiln ran (kiln.memory_stats().collections)
 function collect()
+  M.collections = M.collections + 1
   C.kiln_memory_collected()
   collectgarbage("collect")
   if not M.gc_threshold_fixed then

@@ -188,7 +188,7 @@ return {
   ["kiln.save"] = "kiln.save(path, tensors[, metadata]): writes a table of named tensors (a state_dict) as safetensors, crash-safely",
   ["kiln.load"] = "kiln.load(path[, {mmap = true}]): reads a safetensors file: a table of tensors by name, and the metadata strings (mmap = false reads it into memory)",
   ["kiln.checkpoint"] = "kiln.checkpoint: save(dir, {model=, optimizer=, scheduler=, step=, ...}, {keep=N}), load(dir, {model=, ...}), latest(dir)",
-  ["kiln.memory_stats"] = "kiln.memory_stats([device]): live and peak bytes held by tensors (on the CPU also cached_bytes: freed large blocks kept for reuse)",
+  ["kiln.memory_stats"] = "kiln.memory_stats([device]): live and peak bytes held by tensors, allocation and free counts, the collection threshold and the collections kiln has run (on the CPU also cached_bytes: freed large blocks kept for reuse)",
   ["kiln.empty_cache"] = "kiln.empty_cache(): give the CPU's cached large blocks back to the system",
   ["kiln.version"] = "kiln.version: the version of the kiln runtime, a string (\"0.1.0\")",
   ["kiln.get_rng_state"] = "kiln.get_rng_state(): the state of the random number generator, {seed=, offset=}",

@@ -83,7 +83,7 @@ function kiln.memory_stats(device)
   local on = device_type(device, "memory_stats")
   local s = C.kiln_memory_stats(on)
   return {live_bytes = tonumber(s.live_bytes), peak_bytes = tonumber(s.peak_bytes), allocs = tonumber(s.allocs),
-          frees = tonumber(s.frees), threshold = tonumber(s.threshold),
+          frees = tonumber(s.frees), threshold = tonumber(s.threshold), collections = core.collections,
           cached_bytes = on == C.KILN_CPU and tonumber(C.kiln_cpu_cached_bytes()) or nil}
 end
 -- Give the CPU's cached blocks back to the system (kiln.cuda.empty_cache does the device's).

@@ -89,7 +89,7 @@ describe("memory accounting", function()
     kiln.set_gc_threshold(32 * MB)
     assert.equal(32 * MB, kiln.memory_stats().threshold)
     settle()
-    local before = live()
+    local before, collections = live(), kiln.memory_stats().collections
     local peak = 0
     local n, each = 200, 8 * MB
     for i = 1, n do
@@ -100,6 +100,9 @@ describe("memory accounting", function()
     -- 200 x 8 MB = 1600 MB allocated in all; what is alive at once stays near the threshold
     assert.is_true(peak >= each)
     assert.is_true(peak <= 32 * MB + 4 * each, string.format("peak %.0f MB", peak / MB))
+    -- one collection each time more than 32 MB piled up: every 5th tensor, 40 in all
+    local ran = kiln.memory_stats().collections - collections
+    assert.is_true(ran >= 30 and ran <= 41, "collections: " .. ran)
     settle()
     assert.equal(before, live())
   end)
