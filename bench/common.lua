@@ -60,16 +60,20 @@ end
 M.peer_python = peer_python()
 
 -- With --no-peer unset and the peer's python holding torch: runs `script` (bench/NAME.py, PyTorch's
--- side) at 1 and 2 threads, echoes its lines and calls on_line(line, threads) for each.
-function M.peer_lines(script, on_line)
-  if not M.peer or os.execute(M.peer_python .. " -c 'import torch' 2>/dev/null") ~= 0 then return end
-  for _, threads in ipairs{1, 2} do
-    local cmd = string.format("OMP_WAIT_POLICY=passive OMP_NUM_THREADS=%d OPENBLAS_NUM_THREADS=%d %s %s %d%s", threads, threads,
-                              M.peer_python, script, threads, M.quick and " --quick" or "")
+-- side) at each of `threads` (default 1 and 2), echoes its lines (unless quiet) and calls
+-- on_line(line, threads) for each.
+local has_torch
+function M.peer_lines(script, on_line, threads, quiet)
+  if not M.peer then return end
+  if has_torch == nil then has_torch = os.execute(M.peer_python .. " -c 'import torch' 2>/dev/null") == 0 end
+  if not has_torch then return end
+  for _, t in ipairs(threads or {1, 2}) do
+    local cmd = string.format("OMP_WAIT_POLICY=passive OMP_NUM_THREADS=%d OPENBLAS_NUM_THREADS=%d %s %s %d%s", t, t,
+                              M.peer_python, script, t, M.quick and " --quick" or "")
     local p = io.popen(cmd)
     for line in p:lines() do
-      io.write(line, "\n")
-      on_line(line, threads)
+      if not quiet then io.write(line, "\n") end
+      on_line(line, t)
     end
     p:close()
   end

@@ -9,13 +9,18 @@
 -- torch.autocast("cpu", dtype=torch.bfloat16), kiln's f32 step is measured too (train_step_amp_speedup);
 -- the floor stays the f32 one. Both sides warm up untimed for a second first, kiln until its first
 -- garbage collection too (see step_ms).
--- usage: kiln bench/train_step.lua [--quick] [--no-peer] [--amp bf16]
+-- With --pairs N, kiln and the peer are measured alternately, N times per model and thread count
+-- (the peer a process each time), and train_step_pairs gives the median of the N ratios: the
+-- figure to quote on a shared machine whose load changes from minute to minute.
+-- usage: kiln bench/train_step.lua [--quick] [--no-peer] [--amp bf16] [--pairs N]
 local kiln = kiln or require "kiln"
 local nn, optim = kiln.nn, kiln.optim
 local common = require "bench.common"
 local quick, now, median = common.quick, common.now, common.median
-local amp_dtype
-for i, a in ipairs(arg or {}) do if a == "--amp" then amp_dtype = arg[i + 1] end end
+local amp_dtype, pairs_n
+for i, a in ipairs(arg or {}) do
+  if a == "--amp" then amp_dtype = arg[i + 1] elseif a == "--pairs" then pairs_n = tonumber(arg[i + 1]) end
+end
 
 -- GEMM FLOP of one step (forward, grad of the input where it is needed, grad of the weight): a
 -- Linear of n_in -> n_out on a batch B is 2*B*n_in*n_out each; a convolution is its im2col product,
@@ -36,44 +41,85 @@ local models = {
   end},
 }
 
+-- One model's step, its state kept between calls (for --pairs): median and best ms of reps of
+-- steps after the warm-up; with --amp also kiln's f32 step (median, best).
+local function session(m)
+  kiln.manual_seed(0)
+  local model = m.make()
+  local opt = optim.SGD(model:parameters(), {lr = 0.01, momentum = 0.9})
+  local loss_fn = nn.CrossEntropyLoss()
+  local x = kiln.randn(m.batch, 1, 28, 28)
+  local y = kiln.randint(1, 11, {m.batch})
+  local steps, reps = quick and 10 or 40, quick and 3 or 7
+  local function step_ms(dtype)
+    local function step()
+      opt:zero_grad()
+      local loss = kiln.amp.autocast(dtype, function() return loss_fn(model(x), y) end)
+      loss:backward()
+      opt:step()
+    end
+    -- untimed: 5 steps, then on for a second (a quarter quick), and until kiln has collected its
+    -- garbage once (at most 10 s): before its first collection each step's garbage lands in pages
+    -- the process has not touched yet (docs/tensors.md, "Memory"), a cost of the run's first
+    -- ~170 MLP steps that the steady state does not have. The peer warms up for the same second.
+    for _ = 1, 5 do step() end
+    local t0, collections = now(), kiln.memory_stats().collections
+    while now() - t0 < (quick and 0.25 or 1) or (kiln.memory_stats().collections == collections and now() - t0 < 10) do
+      step()
+    end
+    local times = {}
+    for _ = 1, reps do
+      local t0 = now()
+      for _ = 1, steps do step() end
+      times[#times + 1] = (now() - t0) / steps * 1000
+    end
+    return median(times), math.min(unpack(times)), reps, steps
+  end
+  return step_ms
+end
+
+-- The peer's median and best ms for one model at a thread count (a process of its own), or nil.
+local function peer_once(name, threads)
+  local ms, best
+  common.peer_lines("bench/train_step.py --model " .. name .. (amp_dtype and " --amp " .. amp_dtype or ""), function(line)
+    if line:match('"model": "(%w+)"') == name then
+      ms, best = tonumber(line:match('"ms_per_step": ([%d%.e%-]+)')), tonumber(line:match('"best_ms": ([%d%.e%-]+)'))
+    end
+  end, {threads}, true)
+  return ms, best
+end
+
+if pairs_n then
+  -- kiln and the peer alternately, pairs_n times per model and thread count: each ratio compares two
+  -- measurements taken seconds apart, so that a shared machine's slow minutes hit both sides
+  for _, threads in ipairs{1, 2} do
+    kiln.set_num_threads(threads)
+    for _, m in ipairs(models) do
+      local step_ms = session(m)
+      local ratios, ks, ps = {}, {}, {}
+      for _ = 1, pairs_n do
+        local k = step_ms(amp_dtype)
+        local p = peer_once(m.name, threads)
+        if not p then break end
+        ks[#ks + 1], ps[#ps + 1], ratios[#ratios + 1] = k, p, k / p
+      end
+      if #ratios > 0 then
+        kiln.ui.json{bench = "train_step_pairs", model = m.name, threads = threads, amp = amp_dtype, pairs = #ratios,
+                     ratio = median(ratios), ratios = ratios, kiln_ms = median(ks), pytorch_ms = median(ps)}
+      end
+    end
+  end
+  os.exit(0)
+end
+
 local ours = {}
 for _, threads in ipairs{1, 2} do
   kiln.set_num_threads(threads)
   local peak = common.sgemm_gflops()
   kiln.ui.json{bench = "sgemm_peak", n = 1024, threads = threads, gflops = peak, f32_gemm = kiln.info().blas.f32_gemm}
   for _, m in ipairs(models) do
-    kiln.manual_seed(0)
-    local model = m.make()
-    local opt = optim.SGD(model:parameters(), {lr = 0.01, momentum = 0.9})
-    local loss_fn = nn.CrossEntropyLoss()
-    local x = kiln.randn(m.batch, 1, 28, 28)
-    local y = kiln.randint(1, 11, {m.batch})
-    local steps, reps = quick and 10 or 40, quick and 3 or 7
-    local function step_ms(dtype)
-      local function step()
-        opt:zero_grad()
-        local loss = kiln.amp.autocast(dtype, function() return loss_fn(model(x), y) end)
-        loss:backward()
-        opt:step()
-      end
-      -- untimed: 5 steps, then on for a second (a quarter quick), and until kiln has collected its
-      -- garbage once (at most 10 s): before its first collection each step's garbage lands in pages
-      -- the process has not touched yet (docs/tensors.md, "Memory"), a cost of the run's first
-      -- ~170 MLP steps that the steady state does not have. The peer warms up for the same second.
-      for _ = 1, 5 do step() end
-      local t0, collections = now(), kiln.memory_stats().collections
-      while now() - t0 < (quick and 0.25 or 1) or (kiln.memory_stats().collections == collections and now() - t0 < 10) do
-        step()
-      end
-      local times = {}
-      for _ = 1, reps do
-        local t0 = now()
-        for _ = 1, steps do step() end
-        times[#times + 1] = (now() - t0) / steps * 1000
-      end
-      return median(times), math.min(unpack(times))
-    end
-    local ms, best = step_ms(amp_dtype)
+    local step_ms = session(m)
+    local ms, best, reps, steps = step_ms(amp_dtype)
     if amp_dtype then   -- kiln's f32 step in the same run, for the speedup
       local f32, f32_best = step_ms(nil)
       kiln.ui.json{bench = "train_step_amp_speedup", model = m.name, amp = amp_dtype, threads = threads, f32_ms = f32,

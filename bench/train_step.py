@@ -1,5 +1,5 @@
 """PyTorch peer of bench/train_step.lua: the same models, batch sizes and thread counts.
-usage: OMP_WAIT_POLICY=passive python3 bench/train_step.py [--amp bf16] THREADS [--quick]
+usage: OMP_WAIT_POLICY=passive python3 bench/train_step.py [--amp bf16] [--model mlp|cnn] THREADS [--quick]
 With --amp bf16 the forward runs under torch.autocast("cpu", dtype=torch.bfloat16).
 Prints one JSON line per model: median step time (forward, backward, SGD momentum update)."""
 import contextlib, json, statistics, sys, time
@@ -11,6 +11,11 @@ amp = None
 if "--amp" in args:
     i = args.index("--amp")
     amp = args[i + 1]
+    del args[i:i + 2]
+only = None
+if "--model" in args:
+    i = args.index("--model")
+    only = args[i + 1]
     del args[i:i + 2]
 threads = int(args[0])
 def autocast():
@@ -27,6 +32,8 @@ def cnn():
                          nn.Flatten(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
 
 for name, make, batch in (("mlp", mlp, 128), ("cnn", cnn, 64)):
+    if only and name != only:
+        continue
     model = make()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
