@@ -33,6 +33,7 @@ int kiln_cpu_sgemm_here(int64_t m, int64_t n, int64_t k) {
 }
 
 #if defined(__AVX512F__)
+#include "transpose16.h"
 #include "transpose8.h"
 #include <immintrin.h>
 
@@ -75,7 +76,8 @@ static void pack_panel(const float *x, int64_t sp, int64_t sq, int64_t p0, int64
       for (; p + 16 <= kc; p += 16) {
         __m512 v[16];
         for (int r = 0; r < 16; r++) v[r] = _mm512_loadu_ps(cols[r] + p);
-        kiln_transpose16_store(v, pb + p * PW + q, PW);
+        transpose16(v);
+        for (int r = 0; r < 16; r++) _mm512_storeu_ps(pb + (p + r) * PW + q, v[r]);
       }
       for (; p < kc; p++)
         for (int r = 0; r < 16; r++) pb[p * PW + q + r] = cols[r][p];

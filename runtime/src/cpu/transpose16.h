@@ -1,7 +1,8 @@
 /* cpu/transpose16.h: sixteen vectors of sixteen 32-bit lanes transposed in registers (AVX-512),
    and relu on a vector as kiln's relu does it, for the fused LeNet layers of cpu/conv.c and
    cpu/bf16_conv.c, which move between oneDNN's blocked layout (sixteen channels a vector) and
-   NCHW rows. Included at the avx512 level only. */
+   NCHW rows, and for cpu/sgemm.c's packing of a transposed operand. Included at the avx512 level
+   only. */
 #ifndef KILN_CPU_TRANSPOSE16_H
 #define KILN_CPU_TRANSPOSE16_H
 #include <immintrin.h>
