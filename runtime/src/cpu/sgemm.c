@@ -101,15 +101,49 @@ static void pack_panel(const float *x, int64_t sp, int64_t sq, int64_t p0, int64
     for (int64_t p = 0; p < kc; p++) memset(pb + p * PW + nc, 0, sizeof(float) * (size_t)(PW - nc));
 }
 
-/* D[r][q] for NR rows and nc columns, at d[r * drs + q * dqs] (dqs == 1, or drs == 1 for a
-   transposed result: then through a buffer, written row of D by row) = first ? alpha * acc + beta *
-   D : D + alpha * acc, where acc = the broadcast operand's NR rows (element (r, p) at
-   a[r * ars + p * aps]) times the panel's kc rows. beta == 0 reads nothing of D (it may hold NaN),
-   as in the BLAS. */
-static inline __attribute__((always_inline)) void tile(const int NR, const int NV, const int TR, const float *a,
-                                                       int64_t ars, int64_t aps, const float *pb, int64_t kc, float *d,
-                                                       int64_t drs, int64_t dqs, int64_t nc, float alpha, float beta,
-                                                       int first, const float *bias, int relu) {
+/* C^T's tile (buf[r][q] = alpha * the sums, r < nr rows of C^T, q < nc of its columns) into C:
+   row q of C, at d + q * dqs, gets the nr values buf[.][q], = first ? v + beta * C : C + v, then
+   the bias of C's columns added and relu, as tile() finishes its own. Each 16 of them transposed
+   in registers; a row's nr values stored by plain stores of 4, 2 and 1 (a masked 64-byte store
+   across two lines, as most of these rows are, was slower than the scalar loop this replaces). */
+static __attribute__((noinline)) void tr_store(int nr, const float (*buf)[PW], float *d, int64_t dqs, int64_t nc, float beta,
+                                               int first, const float *bias, int relu) {
+  const __mmask16 rm = (__mmask16)((1u << nr) - 1);
+  const __m512 zero = _mm512_setzero_ps(), vb = _mm512_set1_ps(beta);
+  const __m512 bv = bias ? _mm512_maskz_loadu_ps(rm, bias) : zero;
+  for (int64_t q0 = 0; q0 < nc; q0 += 16) {
+    __m512 t[16];
+    for (int r = 0; r < 16; r++) t[r] = r < nr ? _mm512_loadu_ps(&buf[r][q0]) : zero;
+    transpose16(t);
+    int lim = nc - q0 < 16 ? (int)(nc - q0) : 16;
+    for (int l = 0; l < lim; l++) {
+      float *o = d + (q0 + l) * dqs;
+      __m512 y = t[l];
+      if (!first) y = _mm512_add_ps(_mm512_maskz_loadu_ps(rm, o), y);
+      else if (beta != 0) y = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(rm, o), y);
+      if (bias) y = _mm512_add_ps(y, bv);
+      if (relu) y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(y, zero, _CMP_LT_OQ), zero);
+      __m128 lo = _mm512_castps512_ps128(y), hi = _mm512_extractf32x4_ps(y, 1);
+      switch (nr) {
+      case 6: _mm_storeu_ps(o, lo); _mm_storel_pi((__m64 *)(o + 4), hi); break;
+      case 5: _mm_storeu_ps(o, lo); _mm_store_ss(o + 4, hi); break;
+      case 4: _mm_storeu_ps(o, lo); break;
+      case 3: _mm_storel_pi((__m64 *)o, lo); _mm_store_ss(o + 2, _mm_movehl_ps(lo, lo)); break;
+      case 2: _mm_storel_pi((__m64 *)o, lo); break;
+      default: _mm_store_ss(o, lo); break;
+      }
+    }
+  }
+}
+
+/* D[r][q] for NR rows and nc columns, at d[r * drs + q] = first ? alpha * acc + beta * D : D +
+   alpha * acc, where acc = the broadcast operand's NR rows (element (r, p) at a[r * ars + p *
+   aps]) times the panel's kc rows. beta == 0 reads nothing of D (it may hold NaN), as in the
+   BLAS. */
+static inline __attribute__((always_inline)) void tile(const int NR, const int NV, const float *a, int64_t ars,
+                                                       int64_t aps, const float *pb, int64_t kc, float *d, int64_t drs,
+                                                       int64_t nc, float alpha, float beta, int first, const float *bias,
+                                                       int relu) {
   __m512 acc[MR][4];
 #pragma GCC unroll 6
   for (int r = 0; r < NR; r++)
@@ -136,24 +170,6 @@ static inline __attribute__((always_inline)) void tile(const int NR, const int N
     }
   }
   __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-  if (TR) {   /* D's rows are columns of C: the tile into a buffer, then each C row's NR values */
-    float buf[MR][PW];
-    memset(buf, 0, sizeof buf);   /* only NV vectors of a row are stored; columns past them are not read */
-#pragma GCC unroll 6
-    for (int r = 0; r < NR; r++)
-#pragma GCC unroll 4
-      for (int v = 0; v < NV; v++) _mm512_storeu_ps(&buf[r][16 * v], _mm512_mul_ps(va, acc[r][v]));
-    for (int64_t q = 0; q < nc; q++) {
-      float *o = d + q * dqs;
-#pragma GCC unroll 6
-      for (int r = 0; r < NR; r++) {
-        float y = !first ? o[r] + buf[r][q] : beta != 0 ? beta * o[r] + buf[r][q] : buf[r][q];
-        if (bias) y = y + bias[r];   /* D's rows are C's columns */
-        o[r] = relu && y < 0 ? 0.0f : y;
-      }
-    }
-    return;
-  }
   const __m512 zero = _mm512_setzero_ps();
 #pragma GCC unroll 6
   for (int r = 0; r < NR; r++)
@@ -180,14 +196,20 @@ static inline __attribute__((always_inline)) void tile(const int NR, const int N
     }
 }
 
-/* One tile of nr <= MR rows by a panel of nv vectors: the constant shapes' kernels. */
+/* One tile of nr <= MR rows by a panel of nv vectors: the constant shapes' kernels. tr: D is C^T
+   (d[r + q * dqs]): the tile goes through a buffer, and tr_store writes it. */
 static void tile_any(int nr, int nv, int tr, const float *a, int64_t ars, int64_t aps, const float *pb, int64_t kc,
                      float *d, int64_t drs, int64_t dqs, int64_t nc, float alpha, float beta, int first, const float *bias,
                      int relu) {
+  float buf[MR][PW];
+  if (tr) memset(buf, 0, sizeof buf);   /* columns past nc are read by the transposes, not used */
 #define KILN_TILE(R, V)                                                                           \
   case (R) * 8 + (V):                                                                             \
-    if (tr) tile(R, V, 1, a, ars, aps, pb, kc, d, drs, dqs, nc, alpha, beta, first, bias, relu);  \
-    else tile(R, V, 0, a, ars, aps, pb, kc, d, drs, dqs, nc, alpha, beta, first, bias, relu);     \
+    if (tr) {                                                                                     \
+      tile(R, V, a, ars, aps, pb, kc, &buf[0][0], PW, nc, alpha, 0.0f, 1, NULL, 0);               \
+      tr_store(R, buf, d, dqs, nc, beta, first, bias, relu);                                      \
+    } else                                                                                        \
+      tile(R, V, a, ars, aps, pb, kc, d, drs, nc, alpha, beta, first, bias, relu);                \
     return;
 #define KILN_TILE_ROW(R) KILN_TILE(R, 1) KILN_TILE(R, 2) KILN_TILE(R, 3) KILN_TILE(R, 4)
   switch (nr * 8 + nv) {
@@ -245,11 +267,14 @@ void kiln_cpu_sgemm_ep(int ta, int tb, int64_t m, int64_t n, int64_t k, float al
   int64_t bs_p = tb == KILN_BLAS_NO_TRANS ? ldb : 1, bs_j = tb == KILN_BLAS_NO_TRANS ? 1 : ldb;
   /* The packed operand: op(B) [k, n] for C, op(A) broadcast from where it lies; or op(A)^T [k, m]
      for C^T = op(B)^T op(A)^T when B is stored [n, k] (rows of op(B)^T read along) and C has a
-     sixteenth as many rows as columns or fewer: a batch of 32 against a 1024 x 1024 weight (a
-     Linear's forward) packs the batch, not the weight (Zen 5: 112 -> 154 GFLOP/s; at 8 times as
-     many columns as rows it is no faster). Either way each element of C is the same FMAs in the
-     same order: the same bits. */
-  int tr = tb == KILN_BLAS_TRANS && 16 * m <= n;
+     quarter as many rows as columns or fewer: a batch of 32 against a 1024 x 1024 weight (a
+     Linear's forward) packs the batch, not the weight (Zen 5: 112 -> 154 GFLOP/s). Since C^T's
+     tiles are written transposed in registers (tr_store), a quarter rather than a sixteenth
+     (Emerald Rapids, 1 thread, against the sixteenth with the scalar loop before: [128, 784] x
+     [784, 512] 0.94-0.95 of the time, [64, 1024] x [1024, 1024] 0.95, [16, 256] x [256, 1024]
+     0.83-0.87; half as many: mixed, 0.96-1.03). Either way each element of C is the same FMAs in
+     the same order: the same bits. */
+  int tr = tb == KILN_BLAS_TRANS && 4 * m <= n;
   const float *x = tr ? a : b, *y = tr ? b : a;
   int64_t xs_p = tr ? as_p : bs_p, xs_q = tr ? as_i : bs_j, ys_r = tr ? bs_j : as_i, ys_p = tr ? bs_p : as_p;
   int64_t rows = tr ? n : m, cols = tr ? m : n, drs = tr ? 1 : ldc, dqs = tr ? ldc : 1;
