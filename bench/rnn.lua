@@ -8,16 +8,21 @@
 -- speedup_bound = gemm_ms / floor_ms, what no recurrence could beat by much.
 -- With --amp bf16 only the char-LM step runs, in f32 and under kiln.amp.autocast("bf16") (the
 -- peer under torch.autocast("cpu", dtype=torch.bfloat16)), with the speedup of bf16 over f32.
--- usage: kiln bench/rnn.lua [--quick] [--no-peer] [--amp bf16]
+-- With --pairs N only the char-LM step runs, kiln's and the peer's alternately N times per
+-- thread count (the peer a process each time, bench/rnn.py --char-lm), and char_lm_step_pairs
+-- gives the median of the N ratios (as bench/train_step.lua --pairs does).
+-- usage: kiln bench/rnn.lua [--quick] [--no-peer] [--amp bf16] [--pairs N]
 local kiln = kiln or require "kiln"
 local nn, optim = kiln.nn, kiln.optim
 local common = require "bench.common"
 local quick = common.quick
-local amp_dtype
-for i, a in ipairs(arg or {}) do if a == "--amp" then amp_dtype = arg[i + 1] end end
+local amp_dtype, pairs_n
+for i, a in ipairs(arg or {}) do
+  if a == "--amp" then amp_dtype = arg[i + 1] elseif a == "--pairs" then pairs_n = tonumber(arg[i + 1]) end
+end
 local function measure(fn) return common.measure(fn) * 1000 end   -- milliseconds
 
-local hiddens = amp_dtype and {} or quick and {256} or {256, 512, 1024}
+local hiddens = (amp_dtype or pairs_n) and {} or quick and {256} or {256, 512, 1024}
 local batches = quick and {1, 16} or {1, 4, 16, 64}
 local T, I = 64, 256
 local ours = {}
@@ -74,6 +79,22 @@ for _, threads in ipairs{1, 2} do
     end)
     return med * 1000, best * 1000
   end
+  if pairs_n then   -- kiln and the peer alternately, seconds apart
+    local ratios, ks, ps = {}, {}, {}
+    for _ = 1, pairs_n do
+      local k, p = step_ms(amp_dtype), nil
+      common.peer_lines("bench/rnn.py --char-lm" .. (amp_dtype and " --amp " .. amp_dtype or ""), function(line)
+        if line:match('"bench": "char_lm_step"') then p = tonumber(line:match('"ms": ([%d%.e%-]+)')) end
+      end, {threads}, true)
+      if not p then break end
+      ks[#ks + 1], ps[#ps + 1], ratios[#ratios + 1] = k, p, k / p
+    end
+    if #ratios > 0 then
+      kiln.ui.json{bench = "char_lm_step_pairs", threads = threads, amp = amp_dtype, pairs = #ratios,
+                   ratio = common.median(ratios), ratios = ratios, kiln_ms = common.median(ks), pytorch_ms = common.median(ps)}
+    end
+    goto next_threads
+  end
   local ms, best = step_ms(amp_dtype)
   ours["charlm:" .. threads], ours["charlm_best:" .. threads] = ms, best
   kiln.ui.json{bench = "char_lm_step", impl = "kiln", algorithm = lstm:algorithm_for(B), vocab = V, embedding = E,
@@ -83,7 +104,9 @@ for _, threads in ipairs{1, 2} do
     kiln.ui.json{bench = "char_lm_amp_speedup", amp = amp_dtype, threads = threads, f32_ms = f32, amp_ms = ms, speedup = f32 / ms,
                  best_speedup = f32_best / best}
   end
+  ::next_threads::
 end
+if pairs_n then os.exit(0) end
 
 common.peer_lines("bench/rnn.py" .. (amp_dtype and " --amp " .. amp_dtype or ""), function(line, threads)
   local bench = line:match('"bench": "([%w_]+)"')

@@ -1,6 +1,7 @@
 """PyTorch peer of bench/rnn.lua: the same LSTM shapes and char-LM step, at one thread count.
-usage: OMP_WAIT_POLICY=passive python3 bench/rnn.py [--amp bf16] THREADS [--quick]
-With --amp bf16 only the char-LM step runs, under torch.autocast("cpu", dtype=torch.bfloat16)."""
+usage: OMP_WAIT_POLICY=passive python3 bench/rnn.py [--amp bf16] [--char-lm] THREADS [--quick]
+With --amp bf16 only the char-LM step runs, under torch.autocast("cpu", dtype=torch.bfloat16);
+with --char-lm only the char-LM step runs."""
 import contextlib, json
 import torch
 import torch.nn as nn
@@ -13,7 +14,8 @@ def measure(fn):
     return common.measure(fn) * 1000   # milliseconds
 
 T, I = 64, 256
-for H in ([] if amp else [256] if quick else [256, 512, 1024]):
+import sys
+for H in ([] if amp or "--char-lm" in sys.argv else [256] if quick else [256, 512, 1024]):
     for B in ([1, 16] if quick else [1, 4, 16, 64]):
         torch.manual_seed(0)
         lstm = nn.LSTM(I, H)
