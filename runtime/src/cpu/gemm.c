@@ -3,6 +3,7 @@
    each worker calls cblas on its part, so exactly one pool ever runs. */
 #include "cpu.h"
 #include "convert.h"
+#include "dtype_math.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,25 +23,21 @@ struct gemm_job {
   int relu;                  /* LINEAR: then x < 0 ? 0 : x */
 };
 
+/* LINEAR's arithmetic after the product, one body over dt (a constant at each call): + bias[q],
+   then relu (NaN and -0 kept), rounded to the dtype as the add and relu ops round. */
+static inline __attribute__((always_inline)) void linear_finish(int dt, int64_t m, int64_t n, void *c, int64_t ldc,
+                                                                const void *bias, int relu) {
+  for (int64_t i = 0; i < m; i++) {
+    void *o = dt_at(c, dt, i * ldc);
+    for (int64_t q = 0; q < n; q++) {
+      double y = bias ? dt_add(dt, dt_load(o, dt, q), dt_load(bias, dt, q)) : dt_load(o, dt, q);
+      dt_store(o, dt, q, relu && y < 0 ? 0.0 : y);
+    }
+  }
+}
 void kiln_cpu_linear_finish(int dtype, int64_t m, int64_t n, void *c, int64_t ldc, const void *bias, int relu) {
-  if (dtype == KILN_F32)
-    for (int64_t i = 0; i < m; i++) {
-      float *o = (float *)c + i * ldc;
-      const float *bv = bias;
-      for (int64_t q = 0; q < n; q++) {
-        float y = bv ? o[q] + bv[q] : o[q];
-        o[q] = relu && y < 0 ? 0.0f : y;
-      }
-    }
-  else
-    for (int64_t i = 0; i < m; i++) {
-      double *o = (double *)c + i * ldc;
-      const double *bv = bias;
-      for (int64_t q = 0; q < n; q++) {
-        double y = bv ? o[q] + bv[q] : o[q];
-        o[q] = relu && y < 0 ? 0.0 : y;
-      }
-    }
+  if (dtype == KILN_F32) linear_finish(KILN_F32, m, n, c, ldc, bias, relu);
+  else linear_finish(KILN_F64, m, n, c, ldc, bias, relu);
 }
 
 static void gemm_block(const struct gemm_job *j, int64_t bi, int64_t r0, int64_t rn, int64_t c0, int64_t cn) {
