@@ -593,6 +593,35 @@ describe("an Embedding feeding a recurrent layer", function()
     assert.same({"product"}, calls)
   end)
 
+  it("sums the table's grad as the persistent team goes, in one order at any thread count, near f64's", function()
+    -- reversed directions and short sequences; f32 bits compared across thread counts
+    local function grads(mode, algorithm, dtype, threads)
+      local saved = kiln.get_num_threads()
+      kiln.set_num_threads(threads)
+      kiln.manual_seed(3)
+      local T, V, E, H, B = 7, 9, 5, 20, 11
+      local emb = nn.Embedding(V, E, {dtype = dtype})
+      local rnn = nn[mode](E, H, {dtype = dtype, bidirectional = true, algorithm = algorithm})
+      local idx = kiln.randint(1, V + 1, {T, B})
+      local out = rnn(emb(idx), nil, lengths)
+      kiln.manual_seed(5)
+      out:mul(randn(out:size()):to(dtype)):sum():backward()
+      kiln.set_num_threads(saved)
+      return emb.weight.grad
+    end
+    for _, mode in ipairs{"LSTM", "GRU"} do
+      local want = grads(mode, "gemm", "f64", 1)
+      local one = grads(mode, "persistent", "f32", 1)
+      assert.equal(0, (grads(mode, "persistent", "f32", 2) - one):abs():max():item(), mode .. " at 2 threads")
+      for _, got in ipairs{one, grads(mode, "gemm", "f32", 1)} do
+        local d = (got:double() - want):abs():max():item()
+        assert(d < 1e-5 * math.max(want:abs():max():item(), 1), mode .. ": f32 table grad differs from f64's by " .. d)
+      end
+      local d64 = (grads(mode, "persistent", "f64", 1) - want):abs():max():item()
+      assert(d64 < 1e-12, mode .. ": the persistent f64 table grad differs from the GEMM path's by " .. d64)
+    end
+  end)
+
   it("in f32 and under bf16 autocast gives the product's results within rounding; under f16 it multiplies", function()
     kiln.manual_seed(6)
     local emb, lstm = nn.Embedding(9, 8), nn.LSTM(8, 16)

@@ -375,6 +375,8 @@ struct layer {
                                     step (the input projection's fold, backward); else NULL */
   void *gwp;                     /* dgh packed in panels [panels(GH)][T*B][PW] for the weights' grads,
                                     by the persistent team as it goes (weight_grads); else NULL */
+  void *gt;                      /* a looked-up table's grad [V][GH] (xidx), summed by the persistent
+                                    team as it goes (table_rows); else NULL */
   int ring;                      /* dgx (= dgh) holds two steps' rows, [2,B,GH], step s's at s % 2:
                                     the persistent team's, when nothing reads them after it */
   /* bf16: a layer whose input is bf16 (autocast's) runs its products on bf16 rows with f32 sums
@@ -780,6 +782,21 @@ static void grad_rows_bf(struct layer *L, int64_t s, int64_t b, int64_t j0, int6
 }
 static void bias_rows_f64(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1) { bias_rows(KILN_F64, L, s, b, j0, j1); }
 
+/* A looked-up input's grad: the row of dgx of sequence b at step s, units [j0, j1) of every gate,
+   added into the table's row its index names (gt). The team's sums as it goes, over steps from the
+   last and sequences in order, as table_columns sums after the GEMM path; with them dgx needs only
+   two steps' rows (ring). */
+static inline __attribute__((always_inline)) void table_rows(int dt, struct layer *L, int64_t s, int64_t b, int64_t j0,
+                                                             int64_t j1) {
+  int64_t GH = L->GH, t = step_time(L, s, b);
+  void *restrict g = dt_at(L->gt, dt, L->xidx[t * L->B + b] * GH);
+  const void *restrict d = dt_at(L->dgx, dt, grad_row(L, s, b) * GH);
+  for (int64_t gate = 0; gate < L->G; gate++)
+    for (int64_t j = gate * L->H + j0; j < gate * L->H + j1; j++) dt_store(g, dt, j, dt_add(dt, dt_load(g, dt, j), dt_load(d, dt, j)));
+}
+static void table_rows_f32(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1) { table_rows(KILN_F32, L, s, b, j0, j1); }
+static void table_rows_f64(struct layer *L, int64_t s, int64_t b, int64_t j0, int64_t j1) { table_rows(KILN_F64, L, s, b, j0, j1); }
+
 /* ---- the GEMM path: one product per step over the batch, then the fused gates ---- */
 
 struct rows { struct layer *L; int64_t s; };
@@ -998,6 +1015,7 @@ static inline __attribute__((always_inline)) void backward_team(int dt, struct l
       dt == KILN_F32 ? cell_backward_f32(L, s, b, j0, j1, NULL, NULL, 1) : cell_backward_f64(L, s, b, j0, j1, 1);
       if ((L->gbx || L->gbh) && L->mode != KILN_RNN_LSTM)
         dt == KILN_F32 ? bias_rows_f32(L, s, b, j0, j1) : bias_rows_f64(L, s, b, j0, j1);
+      if (L->gt) dt == KILN_F32 ? table_rows_f32(L, s, b, j0, j1) : table_rows_f64(L, s, b, j0, j1);
     }
     barrier_wait(&L->bar, &sense);
     /* this step's rows are read where they are in dgh, by time, so that the next step may write
@@ -1373,32 +1391,35 @@ static inline __attribute__((always_inline)) void bias_grad(int dt, void *dst, c
     for (int64_t q = 0; q < GH; q++) dt_store(dst, dt, q, dt_add(dt, dt_load(dst, dt, q), dt_load(src, dt, r * GH + q)));
 }
 
-/* A looked-up input's grad, the table's [V][GH]: each step's row of dgx added into the row its
-   index names, in step order; columns shared out over the pool (each column's sums in one thread,
-   in the same order at any thread count). dgx's rows are f32/f64 (dgx) or rounded bf16 (dgxb,
-   GHp apart). */
+/* A looked-up input's grad, the table's [V][GH], after the GEMM path (the persistent team sums
+   it as it goes: table_rows): each active row of dgx added into the row its index names, over
+   steps from the last and sequences in order, as the team does; columns shared out over the pool
+   (each column's sums in one thread, in the same order at any thread count). dgx's rows are
+   f32/f64 (dgx) or rounded bf16 (dgxb, GHp apart). */
 struct table_job { int dt; const struct layer *L; void *gt; int64_t V; };
 static void table_columns(void *ctx, int64_t q0, int64_t q1) {
   const struct table_job *j = ctx;
   const struct layer *L = j->L;
-  int64_t GH = L->GH, rows = L->T * L->B;
+  int64_t GH = L->GH;
   for (int64_t v = 0; v < j->V; v++) memset(dt_at(j->gt, j->dt, v * GH + q0), 0, dt_size(j->dt) * (size_t)(q1 - q0));
-  for (int64_t r = 0; r < rows; r++) {
-    int64_t v = L->xidx[r];
-    if (L->dgxb) {
-      float *g = (float *)j->gt + v * GH;
-      const uint16_t *d = L->dgxb + r * L->GHp;
-      for (int64_t q = q0; q < q1; q++) g[q] += convert_bf16_to_f32(d[q]);
-    } else if (j->dt == KILN_F32) {
-      float *g = (float *)j->gt + v * GH;
-      const float *d = (const float *)L->dgx + r * GH;
-      for (int64_t q = q0; q < q1; q++) g[q] += d[q];
-    } else {
-      double *g = (double *)j->gt + v * GH;
-      const double *d = (const double *)L->dgx + r * GH;
-      for (int64_t q = q0; q < q1; q++) g[q] += d[q];
+  for (int64_t s = L->T - 1; s >= 0; s--)
+    for (int64_t b = 0; b < L->B; b++) {
+      if (s >= L->len[b]) continue;
+      int64_t r = step_time(L, s, b) * L->B + b, v = L->xidx[r];
+      if (L->dgxb) {
+        float *g = (float *)j->gt + v * GH;
+        const uint16_t *d = L->dgxb + r * L->GHp;
+        for (int64_t q = q0; q < q1; q++) g[q] += convert_bf16_to_f32(d[q]);
+      } else if (j->dt == KILN_F32) {
+        float *g = (float *)j->gt + v * GH;
+        const float *d = (const float *)L->dgx + r * GH;
+        for (int64_t q = q0; q < q1; q++) g[q] += d[q];
+      } else {
+        double *g = (double *)j->gt + v * GH;
+        const double *d = (const double *)L->dgx + r * GH;
+        for (int64_t q = q0; q < q1; q++) g[q] += d[q];
+      }
     }
-  }
 }
 static void table_grad(int dt, const struct layer *L, void *gt, int64_t V) {
   struct table_job j = {dt, L, gt, V};
@@ -1420,12 +1441,14 @@ static inline __attribute__((always_inline)) int backward(int dt, const struct k
   size_t nprev = es * (size_t)(T * B * H > 0 ? T * B * H : 1);
   size_t ngwp = es * (size_t)(panels(dt, GH) * panel_width(dt) * T * B + 1);
   /* the persistent team's rows of dgx are read by nothing after it when it also packs them for the
-     weights' grads, computes x's grad and sums the bias grads (below; not the GRU, whose dgh is
+     weights' grads, computes x's grad (or sums a looked-up table's) and sums the bias grads (below; not the GRU, whose dgh is
      apart): then two steps' rows, which stay in cache, rather than T steps' (8 MB, char-LM) */
   int persistent = c->ints[2] == KILN_RNN_PERSISTENT;
   int fold_gx = bw->gx && persistent && B >= KILN_RNN_FOLD_MIN_BATCH && H + I <= KILN_RNN_FOLD_MAX_ROWS && I > 0;
   int team_gw = persistent && L.mode != KILN_RNN_GRU && (bw->gw_hh || bw->gw_ih) && T * B > 0 && weight_grads_here();
-  L.ring = persistent && L.mode != KILN_RNN_GRU && (!bw->gx || fold_gx) && (team_gw || (!bw->gw_hh && !bw->gw_ih));
+  /* the team also sums a looked-up table's grad as it goes (table_rows) */
+  int team_table = persistent && bw->gx && L.xidx;
+  L.ring = persistent && L.mode != KILN_RNN_GRU && (!bw->gx || fold_gx || team_table) && (team_gw || (!bw->gw_hh && !bw->gw_ih));
   if (L.ring) nbig = es * (size_t)(2 * B * GH > 0 ? 2 * B * GH : 1);
   L.dgx = scratch(nbig, L.padded && !L.ring);
   L.dgh = L.mode == KILN_RNN_GRU ? scratch(nbig, L.padded) : L.dgx;
@@ -1460,6 +1483,10 @@ static inline __attribute__((always_inline)) int backward(int dt, const struct k
     L.gwp = scratch(ngwp, L.padded || GH % panel_width(dt));   /* zeros: rows past the ends, columns past GH */
     if (!L.gwp) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory for the layer's buffers"); goto done; }
   }
+  if (team_table) {
+    L.gt = kiln_tensor_data(bw->gx);
+    memset(L.gt, 0, es * (size_t)(bw->gx->sizes[0] * GH));
+  }
   int team_bias = c->ints[2] == KILN_RNN_PERSISTENT;
   if (team_bias) {
     /* the team sums the bias grads as it goes, instead of a pass over dgx (and dgh) after it:
@@ -1481,7 +1508,7 @@ static inline __attribute__((always_inline)) int backward(int dt, const struct k
   }
   if (bw->gh0) memcpy(kiln_tensor_data(bw->gh0), L.dh, es * (size_t)(B * H));
   if (bw->gc0) memcpy(kiln_tensor_data(bw->gc0), L.dc, es * (size_t)(B * H));
-  if (bw->gx && L.xidx) {
+  if (bw->gx && L.xidx && !L.gt) {
     table_grad(dt, &L, kiln_tensor_data(bw->gx), bw->gx->sizes[0]);
   } else if (bw->gx && !L.gx) {
     kiln_cpu_gemm_raw(dt, 0, 0, T * B, I, GH, 1.0, L.dgx, GH, L.w_ih, I, 0.0, kiln_tensor_data(bw->gx), I);
