@@ -358,6 +358,8 @@ struct layer {
   const void *x, *h0, *c0;       /* h0, c0: [B,H], zeros when the layer has none */
   const void *w_ih, *w_hh, *b_hh;   /* b_hh: zeros when the layer has none */
   void *z, *res;                 /* Z [T+S,B,H]; reserve [T,B,RS*H] */
+  int res_stream;                /* the persistent teams' LSTM gates write the reserve by streaming stores
+                                    (lstm_forward_f32_zmm), each thread fencing before the team's join */
   void *xp;                      /* forward: [T,B,GH] input projection (b_ih is added in the gates);
                                     NULL when the persistent team folds it into its products */
   const void *b_ih;              /* zeros when the layer has none */
@@ -600,7 +602,7 @@ static inline __attribute__((always_inline)) __m512 gate_tanh16(__m512 x) {
 }
 /* sixteen units of lstm_forward at j, the lanes of m (masked loads and stores only for the last
    pass: Zen's masked stores are slow); the output to y, or rounded to bf16 into yb (bf = 1) */
-static inline __attribute__((always_inline)) void lstm_forward16(const int masked, __mmask16 m, int64_t H, int64_t j,
+static inline __attribute__((always_inline)) void lstm_forward16(const int masked, const int nt, __mmask16 m, int64_t H, int64_t j,
                                                                  const float *restrict xp, const float *restrict bi,
                                                                  const float *restrict hh, const float *restrict bh,
                                                                  float *restrict c, float *restrict res, float *restrict ho,
@@ -615,7 +617,10 @@ static inline __attribute__((always_inline)) void lstm_forward16(const int maske
   __m512 i = gate_sigmoid16(gin[0]), f = gate_sigmoid16(gin[1]), g = gate_tanh16(gin[2]), o = gate_sigmoid16(gin[3]);
   __m512 cn = _mm512_fmadd_ps(f, LD(c + j), _mm512_mul_ps(i, g));
   __m512 hn = _mm512_mul_ps(o, gate_tanh16(cn));
-  if (res) {
+  if (res && nt) {
+    _mm512_stream_ps(res + j, i); _mm512_stream_ps(res + H + j, f); _mm512_stream_ps(res + 2 * H + j, g);
+    _mm512_stream_ps(res + 3 * H + j, o); _mm512_stream_ps(res + 4 * H + j, cn);
+  } else if (res) {
     ST(res + j, i); ST(res + H + j, f); ST(res + 2 * H + j, g); ST(res + 3 * H + j, o); ST(res + 4 * H + j, cn);
   }
   ST(c + j, cn); ST(ho + j, hn);
@@ -626,13 +631,19 @@ static inline __attribute__((always_inline)) void lstm_forward16(const int maske
 #undef LD
 #undef ST
 }
-/* y the f32 output row, or (y NULL) yb the bf16 one (the bf16 team's form, bf = 1) */
+/* y the f32 output row, or (y NULL) yb the bf16 one (the bf16 team's form, bf = 1). stream: the
+   reserve's whole vectors by streaming stores where its rows are 64-byte aligned: nothing reads it
+   before the backward, and its lines (10.5 MB a char-LM step) need not be fetched before they are
+   written (the caller fences). */
 static void lstm_forward_f32_zmm(int64_t H, int64_t n, const float *restrict xp, const float *restrict bi,
                                  const float *restrict hh, const float *restrict bh, float *restrict c,
-                                 float *restrict res, float *restrict ho, float *restrict y, uint16_t *restrict yb) {
+                                 float *restrict res, float *restrict ho, float *restrict y, uint16_t *restrict yb,
+                                 int stream) {
   int64_t j = 0;
-  for (; j + 16 <= n; j += 16) lstm_forward16(0, 0xffff, H, j, xp, bi, hh, bh, c, res, ho, y, yb);
-  if (j < n) lstm_forward16(1, (__mmask16)((1u << (n - j)) - 1), H, j, xp, bi, hh, bh, c, res, ho, y, yb);
+  if (stream && res && H % 16 == 0 && (uintptr_t)res % 64 == 0)
+    for (; j + 16 <= n; j += 16) lstm_forward16(0, 1, 0xffff, H, j, xp, bi, hh, bh, c, res, ho, y, yb);
+  for (; j + 16 <= n; j += 16) lstm_forward16(0, 0, 0xffff, H, j, xp, bi, hh, bh, c, res, ho, y, yb);
+  if (j < n) lstm_forward16(1, 0, (__mmask16)((1u << (n - j)) - 1), H, j, xp, bi, hh, bh, c, res, ho, y, yb);
 }
 #endif
 
@@ -649,7 +660,7 @@ static inline __attribute__((always_inline)) void cell_forward(int dt, struct la
   void *res = L->res ? dt_at(L->res, dt, row * L->RS * H + j0) : NULL;
 #if defined(__AVX512F__)
   if (dt == KILN_F32 && L->mode == KILN_RNN_LSTM)
-    lstm_forward_f32_zmm(H, n, xp, bi, hh, bh, (float *)L->c + b * H + j0, res, ho, y, NULL);
+    lstm_forward_f32_zmm(H, n, xp, bi, hh, bh, (float *)L->c + b * H + j0, res, ho, y, NULL, L->res_stream);
   else
 #endif
   if (L->mode == KILN_RNN_LSTM) lstm_forward(dt, 0, H, n, xp, bi, hh, bh, dt_at(L->c, dt, b * H + j0), res, ho, y);
@@ -674,7 +685,7 @@ static void cell_forward_lstm_bf(struct layer *L, int64_t s, int64_t b, int64_t 
 #if defined(__AVX512F__)
   lstm_forward_f32_zmm(H, n, xp, (const float *)L->b_ih + j0, (const float *)L->hh + b * GH + j0, (const float *)L->b_hh + j0,
                        (float *)L->c + b * H + j0, L->res ? (float *)L->res + row * L->RS * H + j0 : NULL,
-                       (float *)hout + b * H + j0, NULL, L->zb + row * H + j0);
+                       (float *)hout + b * H + j0, NULL, L->zb + row * H + j0, L->res_stream);
 #else
   lstm_forward(KILN_F32, 1, H, n, xp, (const float *)L->b_ih + j0, (const float *)L->hh + b * GH + j0,
                (const float *)L->b_hh + j0, (float *)L->c + b * H + j0, L->res ? (float *)L->res + row * L->RS * H + j0 : NULL,
@@ -965,6 +976,9 @@ static inline __attribute__((always_inline)) void forward_team(int dt, struct la
     void *swap = hcur; hcur = hnext; hnext = swap;
     barrier_wait(&L->bar, &sense);
   }
+#if defined(__AVX512F__)
+  if (L->res_stream) _mm_sfence();   /* the reserve's streaming stores seen before the team's join */
+#endif
   free(w); free(prod); free(hx); free(active); free(xs); free(ys);
 }
 static void forward_team_f32(void *ctx, int id, int nteam) { forward_team(KILN_F32, ctx, id, nteam); }
@@ -1127,6 +1141,9 @@ static void forward_team_bf(void *ctx, int id, int nteam) {
     float *swap = hcur; hcur = hnext; hnext = swap;
     barrier_wait(&L->bar, &sense);
   }
+#if defined(__AVX512F__)
+  if (L->res_stream) _mm_sfence();   /* the reserve's streaming stores seen before the team's join */
+#endif
   free(w); free(prod); free(yf); free(hx); free(active); free(xs); free(ys);
 }
 
@@ -1251,6 +1268,7 @@ static inline __attribute__((always_inline)) int forward(int dt, const struct ki
   memcpy(L.c, L.c0, es * (size_t)(B * H));
   if (c->ints[2] == KILN_RNN_PERSISTENT) {
     barrier_init(&L.bar, kiln_parallel_team_size());
+    L.res_stream = 1;
     kiln_parallel_team(dt == KILN_F32 ? forward_team_f32 : forward_team_f64, &L);
     if (L.bar.failed) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn: out of memory for the persistent threads' weights"); goto done; }
     /* the team swapped the buffers T times: after an odd count the final state is in hnext */
@@ -1644,6 +1662,7 @@ static int forward_bf(const struct kiln_call *c) {
   memcpy(L.c, L.c0, sizeof(float) * (size_t)(B * H));
   if (persistent) {
     barrier_init(&L.bar, kiln_parallel_team_size());
+    L.res_stream = 1;
     kiln_parallel_team(forward_team_bf, &L);
     if (L.bar.failed) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn: out of memory for the persistent threads' weights"); goto done; }
     if (T % 2) { void *swap = L.h; L.h = L.hnext; L.hnext = swap; }
