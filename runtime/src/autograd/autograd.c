@@ -524,13 +524,18 @@ static int view_derivative(struct kiln_node *n, struct kiln_tensor *g, struct ki
     break;
   }
   case KILN_VIEW_NARROW: case KILN_VIEW_SELECT: {
+    /* the base's grad: g in the view's rows of dim d, zeros before and after them (each element
+       written once: an RNN's output is most of its base) */
     const struct edge *e = &n->in[0];
-    struct kiln_tensor *z = zeros(s, e->ndim, e->sizes, g->dtype, g->device);
-    struct kiln_tensor *part = NULL;
+    int d = (int)n->ints[0];
+    int64_t start = n->ints[1], len = n->kind == KILN_VIEW_NARROW ? n->ints[2] : 1, after = e->sizes[d] - start - len;
+    struct kiln_tensor *z = !s->failed ? keep(s, kiln_tensor_empty(e->ndim, e->sizes, g->dtype, g->device)) : NULL;
+    struct kiln_tensor *part = NULL, *before = NULL, *rest = NULL;
     if (!s->failed)
-      part = keep(s, n->kind == KILN_VIEW_NARROW ? kiln_narrow(z, (int)n->ints[0], n->ints[1], n->ints[2])
-                                                 : kiln_select(z, (int)n->ints[0], n->ints[1]));
+      part = keep(s, n->kind == KILN_VIEW_NARROW ? kiln_narrow(z, d, start, len) : kiln_select(z, d, start));
     if (part && kiln_copy_(part, g)) s->failed = 1;
+    if (!s->failed && start > 0 && (before = keep(s, kiln_narrow(z, d, 0, start))) && kiln_fill_(before, 0)) s->failed = 1;
+    if (!s->failed && after > 0 && (rest = keep(s, kiln_narrow(z, d, start + len, after))) && kiln_fill_(rest, 0)) s->failed = 1;
     r[0] = z;
     break;
   }
