@@ -321,12 +321,13 @@ static inline __attribute__((always_inline)) void times_rows(int dt, const void 
   for (int64_t p = 0; p < panels(dt, n); p++) {
     int64_t c0 = p * panel_width(dt), out = span ? (c0 / span) * stride + c0 % span : c0, q = 0;
 #if BLOCK == 6
-    /* blocks of 6, the last two 4 + 3 rather than 6 + 1; a batch of 4j + 1 leaves its last
-       sequence alone, as blocks of 4 did before (a block of one sums in another order), so that
-       every batch's bits stay what they were */
+    /* blocks of 6, the last two 4 + 3 rather than 6 + 1 and 4 + 4 rather than 6 + 2 (a block of
+       2 has 8 sums, too few to hide the FMAs' latency: char-LM step 0.985-0.996, batch 8 0.966);
+       a batch of 4j + 1 leaves its last sequence alone, as blocks of 4 did before (a block of one
+       sums in another order), so that every batch's bits stay what they were */
     int64_t m = na > 1 && na % 4 == 1 ? na - 1 : na;
-    for (; m - q >= 6 && m - q != 7; q += 6) times_block(dt, 6, packed, K, n, p, xs + q, ys + q, out);
-    if (m - q == 7) { times_block(dt, 4, packed, K, n, p, xs + q, ys + q, out); q += 4; }
+    for (; m - q >= 6 && m - q != 7 && m - q != 8; q += 6) times_block(dt, 6, packed, K, n, p, xs + q, ys + q, out);
+    if (m - q == 7 || m - q == 8) { times_block(dt, 4, packed, K, n, p, xs + q, ys + q, out); q += 4; }
     if (m - q == 5) times_block(dt, 5, packed, K, n, p, xs + q, ys + q, out);
     else if (m - q == 4) times_block(dt, 4, packed, K, n, p, xs + q, ys + q, out);
     else if (m - q == 3) times_block(dt, 3, packed, K, n, p, xs + q, ys + q, out);
