@@ -927,10 +927,10 @@ static inline __attribute__((always_inline)) void forward_team(int dt, struct la
      the same rows of w_ih when the input projection is folded in: [H+I][G*nj] against [h | x]);
      their products [B][G*nj] */
   int64_t nq = G * nj, I = L->xp ? 0 : L->I, K = H + I;
-  void *w = malloc(es * (size_t)(panels(dt, nq) * panel_width(dt) * K + 1));
+  void *w = kiln_cpu_scratch(es * (size_t)(panels(dt, nq) * panel_width(dt) * K + 1));
   const void **cols = malloc(sizeof(void *) * (size_t)(nq + 1));
-  void *prod = malloc(es * (size_t)(B * nq + 1));
-  void *hx = I ? malloc(es * (size_t)(B * K + 1)) : NULL;
+  void *prod = kiln_cpu_scratch(es * (size_t)(B * nq + 1));
+  void *hx = I ? kiln_cpu_scratch(es * (size_t)(B * K + 1)) : NULL;
   unsigned char *active = malloc((size_t)B);
   const void **xs = malloc(sizeof(void *) * (size_t)(B + 1));
   void **ys = malloc(sizeof(void *) * (size_t)(B + 1));
@@ -1011,9 +1011,9 @@ static inline __attribute__((always_inline)) void backward_team(int dt, struct l
   int64_t i0 = 0, i1 = 0, I = L->I;
   if (L->gx) slice(I, id, nteam, &i0, &i1);
   int64_t ni = i1 - i0;
-  void *wc = malloc(es * (size_t)(panels(dt, nj) * panel_width(dt) * GH + 1));
-  void *wi = ni ? malloc(es * (size_t)(panels(dt, ni) * panel_width(dt) * GH + 1)) : NULL;
-  void *prod = malloc(es * (size_t)(B * nj + 1));
+  void *wc = kiln_cpu_scratch(es * (size_t)(panels(dt, nj) * panel_width(dt) * GH + 1));
+  void *wi = ni ? kiln_cpu_scratch(es * (size_t)(panels(dt, ni) * panel_width(dt) * GH + 1)) : NULL;
+  void *prod = kiln_cpu_scratch(es * (size_t)(B * nj + 1));
   unsigned char *active = malloc((size_t)B);
   const void **xs = malloc(sizeof(void *) * (size_t)(B + 1));
   void **ys = malloc(sizeof(void *) * (size_t)(B + 1));
@@ -1091,9 +1091,9 @@ static void forward_team_bf(void *ctx, int id, int nteam) {
      of the packed [K][G*nj]; each column is first a row of K elements (2 kp, zero-padded) */
   int64_t nq = G * nj, I = L->xp ? 0 : L->I, K = H + I, kp = (K + 1) / 2, PW = kiln_cpu_rnn_bf16_panel();
   size_t ws = L->wdt == KILN_BF16 ? 2 : 4;
-  uint32_t *w = malloc(sizeof(uint32_t) * (size_t)((nq + PW - 1) / PW * PW * kp + 1));
-  uint16_t *rows = malloc(sizeof(uint16_t) * (size_t)(nq * 2 * kp + 1));
-  float *prod = malloc(sizeof(float) * (size_t)(B * nq + 1)), *yf = malloc(sizeof(float) * (size_t)(nj + 1));
+  uint32_t *w = kiln_cpu_scratch(sizeof(uint32_t) * (size_t)((nq + PW - 1) / PW * PW * kp + 1));
+  uint16_t *rows = kiln_cpu_scratch(sizeof(uint16_t) * (size_t)(nq * 2 * kp + 1));
+  float *prod = kiln_cpu_scratch(sizeof(float) * (size_t)(B * nq + 1)), *yf = kiln_cpu_scratch(sizeof(float) * (size_t)(nj + 1));
   uint16_t *hx = I ? calloc((size_t)(B * 2 * kp + 1), sizeof(uint16_t)) : NULL;   /* [h | x] rows of 2 kp */
   unsigned char *active = malloc((size_t)B);
   const uint16_t **xs = malloc(sizeof(void *) * (size_t)(B + 1));
@@ -1158,13 +1158,13 @@ static void backward_team_bf(void *ctx, int id, int nteam) {
   int sense = 0;
   size_t ws = L->wdt == KILN_BF16 ? 2 : 4;
   /* columns j0..j1 of w_hh (and i0..i1 of w_ih), rounded and packed [GH][nj] */
-  uint32_t *wc = malloc(sizeof(uint32_t) * (size_t)((nj + PW - 1) / PW * PW * kp + 1));
-  uint32_t *wi = ni ? malloc(sizeof(uint32_t) * (size_t)((ni + PW - 1) / PW * PW * kp + 1)) : NULL;
-  float *prod = malloc(sizeof(float) * (size_t)(B * nj + 1));
+  uint32_t *wc = kiln_cpu_scratch(sizeof(uint32_t) * (size_t)((nj + PW - 1) / PW * PW * kp + 1));
+  uint32_t *wi = ni ? kiln_cpu_scratch(sizeof(uint32_t) * (size_t)((ni + PW - 1) / PW * PW * kp + 1)) : NULL;
+  float *prod = kiln_cpu_scratch(sizeof(float) * (size_t)(B * nj + 1));
   /* a step's f32 grads of one sequence, rounded into dgxb (dghb) as soon as they are written: a
      row of dgx (and of dgh for the GRU), of which this thread fills its units; none for the LSTM,
      whose gates write dgxb themselves (cell_backward_lstm_bf) */
-  float *gxr = L->gzb ? NULL : malloc(sizeof(float) * (size_t)(2 * GH + 1)), *ghr = L->dghb != L->dgxb ? gxr + GH : gxr;
+  float *gxr = L->gzb ? NULL : kiln_cpu_scratch(sizeof(float) * (size_t)(2 * GH + 1)), *ghr = L->dghb != L->dgxb ? gxr + GH : gxr;
   unsigned char *active = malloc((size_t)B);
   const uint16_t **xs = malloc(sizeof(void *) * (size_t)(B + 1));
   void **ys = malloc(sizeof(void *) * (size_t)(B + 1));
@@ -1254,9 +1254,9 @@ static inline __attribute__((always_inline)) int forward(int dt, const struct ki
   L.xp = fold ? NULL : L.xidx ? (void *)L.x : kiln_cpu_alloc(nxp);
   L.zero = zeros;
   L.hh = calloc((size_t)(B * GH > 0 ? B * GH : 1), es);
-  L.h = malloc(es * (size_t)(B * H > 0 ? B * H : 1));
-  L.hnext = malloc(es * (size_t)(B * H > 0 ? B * H : 1));
-  L.c = malloc(es * (size_t)(B * H > 0 ? B * H : 1));
+  L.h = kiln_cpu_scratch(es * (size_t)(B * H > 0 ? B * H : 1));
+  L.hnext = kiln_cpu_scratch(es * (size_t)(B * H > 0 ? B * H : 1));
+  L.c = kiln_cpu_scratch(es * (size_t)(B * H > 0 ? B * H : 1));
   int rc = KILN_OK;
   if ((!fold && !L.xp) || !L.hh || !L.h || !L.hnext || !L.c) {
     rc = kiln_fail(KILN_ERR_MEMORY, "rnn: out of memory for the layer's buffers");
@@ -1474,10 +1474,10 @@ static inline __attribute__((always_inline)) int backward(int dt, const struct k
   /* the GEMM path's rows of a step, gathered when reversed sequences of several lengths put them
      at different times (backward_gemm) */
   int gather_rows = c->ints[2] != KILN_RNN_PERSISTENT && L.reverse && L.padded;
-  L.dgs = gather_rows ? malloc(es * (size_t)(B * GH)) : NULL;
-  L.dh = malloc(es * nbh);
-  L.dc = malloc(es * nbh);
-  L.tmp = malloc(es * nbh);
+  L.dgs = gather_rows ? kiln_cpu_scratch(es * (size_t)(B * GH)) : NULL;
+  L.dh = kiln_cpu_scratch(es * nbh);
+  L.dc = kiln_cpu_scratch(es * nbh);
+  L.tmp = kiln_cpu_scratch(es * nbh);
   /* the states before each step, for w_hh's grad: gathered only when sequences of several lengths
      scatter them (else they are h0 and the output rows, read in place) */
   int gather = (L.padded || T * B == 0);
@@ -1584,7 +1584,7 @@ static int backward_f64(const struct kiln_call *c) { return backward(KILN_F64, c
 static const float *f32_of(const struct kiln_tensor *t, int64_t n, float **copy) {
   *copy = NULL;
   if (t->dtype == KILN_F32) return kiln_tensor_data(t);
-  *copy = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+  *copy = kiln_cpu_scratch(sizeof(float) * (size_t)(n > 0 ? n : 1));
   if (*copy) {
     const uint16_t *src = kiln_tensor_data(t);
     for (int64_t i = 0; i < n; i++) (*copy)[i] = convert_bf16_to_f32(src[i]);
@@ -1603,7 +1603,7 @@ static void store_f32(struct kiln_tensor *t, const float *src, int64_t n) {
 static float *f32_out(struct kiln_tensor *t, int64_t n, float **scratch) {
   *scratch = NULL;
   if (t->dtype == KILN_F32) return kiln_tensor_data(t);
-  return *scratch = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+  return *scratch = kiln_cpu_scratch(sizeof(float) * (size_t)(n > 0 ? n : 1));
 }
 
 /* The bf16 copies a bf16 layer's products read, where allocated: h0 (one element more, 0, as the
@@ -1639,15 +1639,15 @@ static int forward_bf(const struct kiln_call *c) {
   L.xp = fold ? NULL : L.xidx ? (void *)kiln_tensor_data(f->t.x) : kiln_cpu_alloc(nxp);
   L.zero = zeros;
   L.hh = calloc((size_t)(B * GH > 0 ? B * GH : 1), sizeof(float));
-  L.h = malloc(sizeof(float) * nbh);
-  L.hnext = malloc(sizeof(float) * nbh);
-  L.c = malloc(sizeof(float) * nbh);
-  L.h0b = malloc(sizeof(uint16_t) * (nbh + 1));
-  L.wihb = fold ? NULL : malloc(sizeof(uint16_t) * (size_t)(GH * I + 1));
+  L.h = kiln_cpu_scratch(sizeof(float) * nbh);
+  L.hnext = kiln_cpu_scratch(sizeof(float) * nbh);
+  L.c = kiln_cpu_scratch(sizeof(float) * nbh);
+  L.h0b = kiln_cpu_scratch(sizeof(uint16_t) * (nbh + 1));
+  L.wihb = fold ? NULL : kiln_cpu_scratch(sizeof(uint16_t) * (size_t)(GH * I + 1));
   if (!persistent) {
-    L.whhb = malloc(sizeof(uint16_t) * (size_t)(GH * H + 1));
-    L.hb = malloc(sizeof(uint16_t) * (nbh + 1));
-    L.yrows = malloc(sizeof(float) * nbh);
+    L.whhb = kiln_cpu_scratch(sizeof(uint16_t) * (size_t)(GH * H + 1));
+    L.hb = kiln_cpu_scratch(sizeof(uint16_t) * (nbh + 1));
+    L.yrows = kiln_cpu_scratch(sizeof(float) * nbh);
   }
   if (!L.h0 || !L.c0 || !L.b_ih || !L.b_hh || (!fold && (!L.xp || !L.wihb)) || !L.hh || !L.h || !L.hnext || !L.c || !L.h0b ||
       (!persistent && (!L.whhb || !L.hb || !L.yrows))) {
@@ -1703,7 +1703,7 @@ static int backward_bf(const struct kiln_call *c) {
   const float *gz_last = NULL;   /* rows T.. of gz (the last states' grads) in f32 */
   if (persistent && L.mode == KILN_RNN_LSTM && bw->gz->dtype == KILN_BF16) {
     L.gzb = kiln_tensor_data(bw->gz);
-    if ((gzc = malloc(sizeof(float) * (size_t)(S * B * H + 1))))
+    if ((gzc = kiln_cpu_scratch(sizeof(float) * (size_t)(S * B * H + 1))))
       for (int64_t i = 0; i < S * B * H; i++) gzc[i] = convert_bf16_to_f32(L.gzb[T * B * H + i]);
     gz_last = gzc;
   } else if ((L.gz = f32_of(bw->gz, (T + S) * B * H, &gzc))) {
@@ -1712,7 +1712,7 @@ static int backward_bf(const struct kiln_call *c) {
   if (bw->t.h0) L.h0 = f32_of(bw->t.h0, B * H, &h0c);
   if (bw->t.c0) L.c0 = f32_of(bw->t.c0, B * H, &c0c);
   if (L.mode != KILN_RNN_LSTM) {   /* the GRU and the plain RNN read the outputs (the states) in f32 */
-    L.z = zf = malloc(sizeof(float) * (nz > 0 ? nz : 1));
+    L.z = zf = kiln_cpu_scratch(sizeof(float) * (nz > 0 ? nz : 1));
     if (zf)
       for (size_t i = 0; i < nz; i++) zf[i] = convert_bf16_to_f32(L.zb[i]);
   }
@@ -1724,16 +1724,16 @@ static int backward_bf(const struct kiln_call *c) {
   }
   L.dgxb = scratch(nbigb, L.padded || (GH & 1));
   L.dghb = gru ? scratch(nbigb, L.padded || (GH & 1)) : L.dgxb;
-  L.dh = malloc(sizeof(float) * nbh);
-  L.dc = malloc(sizeof(float) * nbh);
-  L.tmp = malloc(sizeof(float) * nbh);
-  L.h0b = malloc(sizeof(uint16_t) * (nbh + 1));
+  L.dh = kiln_cpu_scratch(sizeof(float) * nbh);
+  L.dc = kiln_cpu_scratch(sizeof(float) * nbh);
+  L.tmp = kiln_cpu_scratch(sizeof(float) * nbh);
+  L.h0b = kiln_cpu_scratch(sizeof(uint16_t) * (nbh + 1));
   if (!persistent) {
-    L.whhb = malloc(sizeof(uint16_t) * (size_t)(GH * H + 1));
-    if (L.reverse && L.padded) L.dgs = malloc(sizeof(uint16_t) * (size_t)(B * GHp + 1));
+    L.whhb = kiln_cpu_scratch(sizeof(uint16_t) * (size_t)(GH * H + 1));
+    if (L.reverse && L.padded) L.dgs = kiln_cpu_scratch(sizeof(uint16_t) * (size_t)(B * GHp + 1));
   }
   int fold_gx = bw->gx && persistent && B >= KILN_RNN_FOLD_MIN_BATCH && H + I <= KILN_RNN_FOLD_MAX_ROWS && I > 0;
-  if (bw->gx && !fold_gx) L.wihb = malloc(sizeof(uint16_t) * (size_t)(GH * I + 1));
+  if (bw->gx && !fold_gx) L.wihb = kiln_cpu_scratch(sizeof(uint16_t) * (size_t)(GH * I + 1));
   int gather = L.padded || T * B == 0;
   if (bw->gw_hh && gather) hprev = scratch(sizeof(uint16_t) * (size_t)(T * B * H + 1), L.padded);
   if (!gz_last || !L.h0 || !L.c0 || (L.mode != KILN_RNN_LSTM && !zf) || (!persistent && (!L.dgx || !L.dgh)) || !L.dgxb ||
@@ -1772,7 +1772,7 @@ static int backward_bf(const struct kiln_call *c) {
   if (bw->gx && L.xidx) {   /* a looked-up input's grad: dgx rounded (as the products below read it), by rows */
     table_grad(KILN_F32, &L, kiln_tensor_data(bw->gx), bw->gx->sizes[0]);
   } else if (bw->gx && !fold_gx) {   /* dgx rounded times w_ih rounded, then rounded once */
-    if (!(gxf = malloc(sizeof(float) * (size_t)(T * B * I + 1)))) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory"); goto done; }
+    if (!(gxf = kiln_cpu_scratch(sizeof(float) * (size_t)(T * B * I + 1)))) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory"); goto done; }
     if ((rc = kiln_cpu_gemm_bf16_f32(T * B, I, GH, 1.0f, L.dgxb, GHp, 1, L.wihb, I, 1, 0.0f, gxf, I, 1))) goto done;
     store_f32(bw->gx, gxf, T * B * I);
   }
@@ -1782,8 +1782,8 @@ static int backward_bf(const struct kiln_call *c) {
   int fused = bw->gw_ih && bw->gw_hh && !gather && L.dghb == L.dgxb && T * B > 0;
   if (fused) {
     const int64_t R = I + H;
-    uint16_t *xh = malloc(sizeof(uint16_t) * (size_t)(T * B * R + 1));
-    float *both = malloc(sizeof(float) * (size_t)(GH * R + 1));
+    uint16_t *xh = kiln_cpu_scratch(sizeof(uint16_t) * (size_t)(T * B * R + 1));
+    float *both = kiln_cpu_scratch(sizeof(float) * (size_t)(GH * R + 1));
     if (!xh || !both) { free(xh); free(both); rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory"); goto done; }
     for (int64_t t = 0; t < T; t++)
       for (int64_t b = 0; b < B; b++) {
