@@ -2,7 +2,8 @@
    this test): alignment, small blocks never kept, a freed large block reused for the same size
    rounded to 2 MiB and for no other, the budget and the slot count (the
    least recently freed go first), a block larger than the budget not kept, trimming, and two
-   threads sharing the cache without ever being handed the same block. */
+   threads sharing the cache without ever being handed the same block; and the kernels' scratch
+   buffers (kiln_cpu_scratch, cpu.h): aligned, whole, and NULL for a size no block can have. */
 #include "check.h"
 #include "cpu/cpu.h"
 #include <pthread.h>
@@ -124,5 +125,16 @@ int main(void) {
   CHECK(cached(&blocks, &hits) <= (size_t)1 << 30 && blocks >= 1 && blocks <= 16);
   kiln_cpu_trim();
   CHECK(cached(&blocks, NULL) == 0 && blocks == 0);
+
+  /* scratch buffers: 64-byte aligned at every size, every byte writable; a size that rounding up
+     would wrap is refused, as malloc refuses it */
+  const size_t sizes[] = {0, 1, 16, 63, 64, 65, 1000, 4097, 777777};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    unsigned char *p = kiln_cpu_scratch(sizes[i]);
+    CHECK(p && (uintptr_t)p % 64 == 0);
+    if (p && sizes[i]) { memset(p, 5, sizes[i]); CHECK(p[0] == 5 && p[sizes[i] - 1] == 5); }
+    free(p);
+  }
+  CHECK(kiln_cpu_scratch(SIZE_MAX) == NULL && kiln_cpu_scratch(SIZE_MAX - 10) == NULL);
   return check_done("test_big_blocks");
 }

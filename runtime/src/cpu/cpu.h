@@ -287,6 +287,9 @@ void kiln_cpu_set_cache_budget(size_t bytes);    /* drops the oldest blocks past
 /* A kernel's scratch buffer, 64-byte aligned, freed with free(): malloc's 16-byte alignment would
    split every zmm load and store of it across two cache lines (the persistent RNN's products read
    their packed weights 5% faster from aligned panels: char-LM step, Emerald Rapids). */
-static inline void *kiln_cpu_scratch(size_t nbytes) { return aligned_alloc(64, nbytes ? (nbytes + 63) & ~(size_t)63 : 64); }
+static inline void *kiln_cpu_scratch(size_t nbytes) {
+  if (nbytes > SIZE_MAX - 63) return NULL;   /* as malloc fails it, not a wrapped small block */
+  return aligned_alloc(64, nbytes ? (nbytes + 63) & ~(size_t)63 : 64);
+}
 
 #endif
