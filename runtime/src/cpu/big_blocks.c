@@ -63,10 +63,10 @@ void *kiln_cpu_alloc(size_t nbytes) {
     pthread_mutex_unlock(&cache.lock);
     if (p) return p;
   }
-  void *p = aligned_alloc(64, n);
+  void *p = kiln_cpu_scratch(n);
   if (!p) {   /* what the cache holds may be what is missing */
     kiln_cpu_trim();
-    p = aligned_alloc(64, n);
+    p = kiln_cpu_scratch(n);
   }
   return p;
 }

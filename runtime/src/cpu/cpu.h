@@ -284,9 +284,11 @@ void kiln_cpu_trim(void);                        /* give every cached block back
 void kiln_cpu_cache_info(size_t *bytes, int *blocks, int64_t *hits);
 void kiln_cpu_set_cache_budget(size_t bytes);    /* drops the oldest blocks past it */
 
-/* A kernel's scratch buffer, 64-byte aligned, freed with free(): malloc's 16-byte alignment would
-   split every zmm load and store of it across two cache lines (the persistent RNN's products read
-   their packed weights 5% faster from aligned panels: char-LM step, Emerald Rapids). */
+/* A kernel's scratch buffer, 64-byte aligned, its size rounded up to whole lines as aligned_alloc
+   wants, freed with free() (kiln_cpu_alloc's blocks below the cache's size are these): malloc's
+   16-byte alignment would split every zmm load and store of it across two cache lines (the
+   persistent RNN's products read their packed weights 5% faster from aligned panels: char-LM step,
+   Emerald Rapids). */
 static inline void *kiln_cpu_scratch(size_t nbytes) {
   if (nbytes > SIZE_MAX - 63) return NULL;   /* as malloc fails it, not a wrapped small block */
   return aligned_alloc(64, nbytes ? (nbytes + 63) & ~(size_t)63 : 64);

@@ -185,7 +185,7 @@ static void run_parts(void *ctx, int64_t begin, int64_t end) {
   int fused = c->epilogue || c->prologue;
   if (fused) {   /* the part's output (grad) in nChw16c */
     size_t bytes = (size_t)((j->small + 1) * ((c->O + 15) / 16 * 16) * c->OH * c->OW) * es;
-    if (!(blk = aligned_alloc(64, (bytes + 63) & ~(size_t)63))) { fail_job(j, "out of memory for a part's output"); return; }
+    if (!(blk = kiln_cpu_scratch(bytes))) { fail_job(j, "out of memory for a part's output"); return; }
   }
   for (int64_t t = begin; t < end && !__atomic_load_n(&j->failed, __ATOMIC_RELAXED); t++) {
     int64_t n0 = part_begin(c, t), nb = part_begin(c, t + 1) - n0;
@@ -200,7 +200,7 @@ static void run_parts(void *ctx, int64_t begin, int64_t end) {
       if (need > ws_bytes) {
         free(ws);
         ws_bytes = need;
-        if (!(ws = aligned_alloc(64, (ws_bytes + 63) & ~(size_t)63))) { fail_job(j, "out of memory for oneDNN's workspace"); return; }
+        if (!(ws = kiln_cpu_scratch(ws_bytes))) { fail_job(j, "out of memory for oneDNN's workspace"); return; }
       }
       int rc;
       const char *x = (const char *)c->x + n0 * c->C * c->H * c->W * es;
@@ -263,7 +263,7 @@ static int job_init(struct job *j, const struct kiln_conv_job *c) {
       size_t wb = lib->weights_bytes(j->plan[passes[k]][size]);
       int slot = passes[k] == KILN_ONEDNN_FORWARD ? 0 : 1;
       if (!wb) continue;
-      if (!(j->wbuf[slot][size] = aligned_alloc(64, (wb + 63) & ~(size_t)63)))
+      if (!(j->wbuf[slot][size] = kiln_cpu_scratch(wb)))
         { kiln_fail(KILN_ERR_MEMORY, "conv2d: out of memory for oneDNN's weights (%zu bytes)", wb); return -1; }
       if (lib->prepare_weights(j->plan[passes[k]][size], c->w, j->wbuf[slot][size], err, sizeof err))
         { kiln_fail(KILN_ERR_UNSUPPORTED, "conv2d: %s", err); return -1; }
@@ -299,7 +299,7 @@ static int run_onednn(struct kiln_conv_job *c, char *impl, size_t nimpl) {
   if (gw_bytes) {
     j.gw_bytes = gw_bytes;
     j.gw_stride = (gw_bytes + 63) & ~(size_t)63;
-    if (!(j.gwb = aligned_alloc(64, j.gw_stride * (size_t)c->parts))) {
+    if (!(j.gwb = kiln_cpu_scratch(j.gw_stride * (size_t)c->parts))) {
       kiln_fail(KILN_ERR_MEMORY, "conv2d_backward: out of memory for oneDNN's weight grads");
       rc = -1;
     }
@@ -589,7 +589,7 @@ static void matmul_parts(void *ctx, int64_t begin, int64_t end) {
     s.n = j->whole.n - c0 < MATMUL_COLS ? j->whole.n - c0 : MATMUL_COLS;
     char err[200] = "";
     void *plan = matmul_plan_for(&s, err, sizeof err);
-    void *ws = plan ? aligned_alloc(64, lib->workspace_bytes(plan) + 64) : NULL;
+    void *ws = plan ? kiln_cpu_scratch(lib->workspace_bytes(plan) + 64) : NULL;
     int rc = !plan || !ws ? -1
              : lib->matmul_run(plan, j->a + 2 * (bi * j->sa + r0 * s.ars), j->b + 2 * (bi * j->sb + c0 * s.bcs),
                                j->c + 2 * (bi * j->sc + r0 * s.ldc + c0), ws, err, sizeof err);

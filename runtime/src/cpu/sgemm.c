@@ -237,7 +237,7 @@ static float *panel_for(size_t bytes) {
     pthread_once(&panel_once, panel_key_make);
     if (!panel_key_ok) return NULL;   /* no key, no buffer that could leak: the BLAS does it */
     free(panel_buf);
-    panel_buf = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    panel_buf = kiln_cpu_scratch(bytes);
     panel_bytes = panel_buf ? bytes : 0;
     pthread_setspecific(panel_key, panel_buf);
   }

@@ -351,7 +351,7 @@ static int wbuf_init(struct wbuf *b, const struct wjob *j) {
   b->w.VS = tiles * j->Cp + 16 * 3;   /* planes a few lines more than a power of two apart: a tile's 36 */
   b->w.MS = tiles * j->Op + 16 * 5;   /* elements, read or written together, would share a cache set */
   size_t v = (size_t)(TE * b->w.VS), m = (size_t)(TE * b->w.MS), x = (size_t)(j->Hp * j->Wp * j->Cp), k = blk_floats(j, most_images(j->c));
-  if (!(b->mem = aligned_alloc(64, sizeof(float) * ((v + m + x + k + 64 + 15) & ~(size_t)15)))) return -1;
+  if (!(b->mem = kiln_cpu_scratch(sizeof(float) * (v + m + x + k + 64)))) return -1;
   b->w.V = b->mem;
   b->w.M = b->w.V + ((v + 15) & ~(size_t)15);
   b->xt = b->w.M + ((m + 15) & ~(size_t)15);
