@@ -1460,12 +1460,12 @@ static inline __attribute__((always_inline)) int backward(int dt, const struct k
   size_t nprev = es * (size_t)(T * B * H > 0 ? T * B * H : 1);
   size_t ngwp = es * (size_t)(panels(dt, GH) * panel_width(dt) * T * B + 1);
   /* the persistent team's rows of dgx are read by nothing after it when it also packs them for the
-     weights' grads, computes x's grad (or sums a looked-up table's) and sums the bias grads (below; not the GRU, whose dgh is
-     apart): then two steps' rows, which stay in cache, rather than T steps' (8 MB, char-LM) */
+     weights' grads, computes x's grad or sums a looked-up table's (table_rows), and sums the bias
+     grads (below; not the GRU, whose dgh is apart): then two steps' rows, which stay in cache,
+     rather than T steps' (8 MB, char-LM) */
   int persistent = c->ints[2] == KILN_RNN_PERSISTENT;
   int fold_gx = bw->gx && persistent && B >= KILN_RNN_FOLD_MIN_BATCH && H + I <= KILN_RNN_FOLD_MAX_ROWS && I > 0;
   int team_gw = persistent && L.mode != KILN_RNN_GRU && (bw->gw_hh || bw->gw_ih) && T * B > 0 && weight_grads_here();
-  /* the team also sums a looked-up table's grad as it goes (table_rows) */
   int team_table = persistent && bw->gx && L.xidx;
   L.ring = persistent && L.mode != KILN_RNN_GRU && (!bw->gx || fold_gx || team_table) && (team_gw || (!bw->gw_hh && !bw->gw_ih));
   if (L.ring) nbig = es * (size_t)(2 * B * GH > 0 ? 2 * B * GH : 1);
