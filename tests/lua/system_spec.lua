@@ -226,6 +226,27 @@ describe("the CPU kernels' level", function()
     end
   end)
 
+  it("draws the same random numbers at every level, bit for bit", function()
+    if not H.kiln_exe() then pending("not running under the kiln launcher") return end
+    if not levels_built() then return end
+    -- normal's mean + std * draw is one rounding at every level (the baseline has no FMA)
+    local draw = "kiln.manual_seed(11) local t = {} " ..
+                 "for _, d in ipairs{\"f64\", \"f32\"} do " ..
+                 "for _, v in ipairs(kiln.empty({300}, {dtype = d}):normal_(0.3, 2.5):totable()) do " ..
+                 "t[#t + 1] = string.format(\"%a\", v) end " ..
+                 "for _, v in ipairs(kiln.rand({300}, {dtype = d}):totable()) do t[#t + 1] = string.format(\"%a\", v) end end " ..
+                 "print(table.concat(t, \" \"))"
+    local ref
+    for _, level in ipairs{"avx512", "avx2", "baseline"} do
+      if runs[level] then
+        local out, err = run("KILN_CPU_LEVEL=" .. level, draw)
+        assert.is_true(#out > 1000, level .. ": " .. out .. err)
+        ref = ref or out
+        assert.are.equal(ref, out, level)
+      end
+    end
+  end)
+
   it("refuses a level the CPU lacks or the build does not have, naming it", function()
     if not H.kiln_exe() then pending("not running under the kiln launcher") return end
     if not levels_built() then return end

@@ -278,14 +278,14 @@ KILN_EL void random_element(int op, void *dst, int dtype, uint64_t seed, uint64_
   double v;
   if (op == KILN_OP_UNIFORM) {
     double u = dtype == KILN_F64 ? unit53(r) : (double)(r[0] >> 8) * 0x1p-24;
-    /* One rounding, as gcc contracts cpu/random.c's p0 + (p1 - p0) * u on FMA machines. */
+    /* One rounding, as cpu/random.c's fma at every CPU level. */
     v = fma(p1 - p0, u, p0);
     if (v >= p1 && p1 > p0) v = nextafter(p1, p0);
     if (dtype != KILN_F64 && (float)v >= (float)p1 && p1 > p0) v = nextafterf((float)p1, (float)p0);
   } else if (op == KILN_OP_NORMAL) {
     double u1 = 1.0 - unit53(r);
     double u2 = (double)(((uint64_t)r[2] << 21) ^ (r[3] >> 11)) * 0x1p-53;
-    v = fma(p1 * sqrt(-2.0 * log(u1)), cos(2.0 * 3.14159265358979323846 * u2), p0);   /* contracted as on the CPU */
+    v = fma(p1 * sqrt(-2.0 * log(u1)), cos(2.0 * 3.14159265358979323846 * u2), p0);   /* as on the CPU */
   } else {
     uint64_t range = (uint64_t)hi - (uint64_t)lo;
     uint64_t x = ((uint64_t)r[0] << 32) | r[1];
