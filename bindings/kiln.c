@@ -55,6 +55,8 @@ static lua_State *global_L;
    call, return and instruction, so that a pcall in the running code cannot swallow it: the next
    instruction after that pcall raises it again. (Hooks do not run inside error handlers.) */
 static volatile sig_atomic_t interrupt_pending;
+/* 1 once the hook has raised the interrupt in the running docall (its error is the interrupt's) */
+static volatile sig_atomic_t interrupt_raised;
 enum { INTERRUPT_MASK = LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT };
 
 /* A time limit (kiln nb run --timeout): 1 while armed, 2 once it has fired and the hook is set.
@@ -80,7 +82,11 @@ static void interrupt_hook(lua_State *L, lua_Debug *ar)
     lua_sethook(L, NULL, 0, 0);
     return;
   }
-  luaL_error(L, timeout_stage == 2 ? "timed out" : "interrupted");
+  interrupt_raised = 1;
+  /* the message alone, wherever it lands (luaL_error would prefix a library file's line when
+     the interrupt falls in kiln's own code): the traceback says where the user's code was */
+  lua_pushstring(L, timeout_stage == 2 ? "timed out" : "interrupted");
+  lua_error(L);
 }
 
 /* 1 while the REPL runs: a prompt can come back, so a second Ctrl-C does not end kiln. */
@@ -225,6 +231,7 @@ static int docall(lua_State *L, int narg, int nres)
   int base = lua_gettop(L) - narg;
   lua_pushcfunction(L, message_handler);
   lua_insert(L, base);
+  interrupt_raised = 0;
   install_eval_sigint();
   int status = lua_pcall(L, narg, nres, base);
   signal(SIGINT, SIG_DFL);
@@ -746,7 +753,9 @@ static int load_kiln(lua_State *L)
   lua_pushliteral(L, "kiln");
   int status = docall(L, 1, 1);
   if (status != 0) {
-    fprintf(stderr, "%s: could not load the kiln library:\n", progname);
+    /* Ctrl-C while the library loads is an interrupt, not a library that cannot be loaded */
+    if (!interrupt_raised)
+      fprintf(stderr, "%s: could not load the kiln library:\n", progname);
     return report(L, status);
   }
   lua_setglobal(L, "kiln");

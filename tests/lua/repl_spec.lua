@@ -309,12 +309,15 @@ end)
 describe("Ctrl-C under the kiln launcher", function()
   local H = require "helpers"
   local exe = H.kiln_exe()
-  -- Runs the shell lines `start` (which start kiln in the background and set pid), sends kiln
-  -- SIGINT after half a second and gives it 5 s to end; the output, and whether it had to be killed.
-  local function interrupt(start)
-    local out = H.capture(start .. [[
+  -- Runs the shell lines `start` (which start kiln in the background and set pid), waits until
+  -- the shell condition `ready` holds (the code is running: at most 10 s), sends kiln SIGINT
+  -- 0.3 s later and gives it 5 s to end; the output, and whether it had to be killed. (A fixed
+  -- wait sent it, on a loaded machine, while kiln was still loading its library or reading the
+  -- REPL's line, an interrupt of something else.)
+  local function interrupt(start, ready)
+    local out = H.capture(start .. "\ni=0\nwhile ! (" .. ready .. ") && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done" .. [[
 
-sleep 0.5
+sleep 0.3
 kill -INT $pid
 i=0
 while kill -0 $pid 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
@@ -322,6 +325,9 @@ if kill -0 $pid 2>/dev/null; then kill -9 $pid; echo STILL-RUNNING; fi
 wait $pid 2>/dev/null]])
     return out, out:find("STILL-RUNNING", 1, true) ~= nil
   end
+  -- Lua that creates the file at path: the first statement of a script, so that the test knows
+  -- the script runs
+  local function mark(path) return string.format('io.open("%s", "w"):close() ', path) end
   local function read_and_remove(path)
     local f = assert(io.open(path))
     local text = f:read("*a")
@@ -336,20 +342,49 @@ wait $pid 2>/dev/null]])
   for _, code in ipairs(loops) do
     it("ends a script that catches the interrupt in a pcall: " .. code, function()
       if not exe then pending("not running under the kiln launcher") return end
-      local log = os.tmpname()
-      local out, hung = interrupt(string.format("%s -e '%s' > %s 2>&1 &\npid=$!", exe, code, log))
+      local log, started = os.tmpname(), os.tmpname()
+      os.remove(started)
+      local out, hung = interrupt(string.format("%s -e '%s%s' > %s 2>&1 &\npid=$!", exe, mark(started), code, log),
+                                  "[ -e " .. started .. " ]")
+      os.remove(started)
       local text = read_and_remove(log)
       assert.is_false(hung, out .. text)
       assert.truthy(text:find("kiln: interrupted", 1, true), text)
     end)
   end
 
+  it("says a Ctrl-C while the library loads is an interrupt, not a library that cannot load", function()
+    if not exe then pending("not running under the kiln launcher") return end
+    -- a kiln module first on the path (KILN_LUA_PATH) that says it has started, then loops
+    local dir, log, started = os.tmpname(), os.tmpname(), os.tmpname()
+    os.remove(dir)
+    os.remove(started)
+    assert(os.execute("mkdir " .. dir) == 0)
+    local f = assert(io.open(dir .. "/kiln.lua", "w"))
+    f:write(mark(started), "jit.off() while true do end\n")
+    f:close()
+    local out, hung = interrupt(string.format("KILN_LUA_PATH=%s %s -e 'print(1)' > %s 2>&1 &\npid=$!", dir, exe, log),
+                                "[ -e " .. started .. " ]")
+    os.remove(started)
+    os.remove(dir .. "/kiln.lua")
+    os.remove(dir)
+    local text = read_and_remove(log)
+    assert.is_false(hung, out .. text)
+    assert.truthy(text:find("kiln: interrupted", 1, true), text)
+    assert.is_nil(text:find("could not load", 1, true), text)
+    assert.is_nil(text:find("\n1\n", 1, true), text)
+  end)
+
   it("lets a script handle the interrupt from an xpcall handler that calls kiln.interrupt_caught", function()
     if not exe then pending("not running under the kiln launcher") return end
     local log = os.tmpname()
     local code = "local ok, e = xpcall(function() jit.off() while true do pcall(function() for i = 1, 1e5 do end end) end end, " ..
                  "function(e) kiln.interrupt_caught() return e end) for i = 1, 1e5 do end print(\"handled: \" .. e) os.exit(3)"
-    local out, hung = interrupt(string.format("%s -e '%s' > %s 2>&1 &\npid=$!", exe, code, log))
+    local started = os.tmpname()
+    os.remove(started)
+    local out, hung = interrupt(string.format("%s -e '%s%s' > %s 2>&1 &\npid=$!", exe, mark(started), code, log),
+                                "[ -e " .. started .. " ]")
+    os.remove(started)
     local text = read_and_remove(log)
     assert.is_false(hung, out .. text)
     assert.matches("^handled: .*interrupted", text)
@@ -365,7 +400,7 @@ wait $pid 2>/dev/null]])
 mkfifo %s
 (echo '%s'; sleep 1.5; echo '40 + 2') > %s &
 %s -i < %s > %s 2>&1 &
-pid=$!]], fifo, code, fifo, exe, fifo, log))
+pid=$!]], fifo, code, fifo, exe, fifo, log), string.format("grep -qF '%s' %s", code, log))
       os.remove(fifo)
       local text = read_and_remove(log)
       assert.is_false(hung, out .. text)
