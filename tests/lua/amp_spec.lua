@@ -126,7 +126,7 @@ describe("amp bf16 arithmetic", function()
       out.products = kiln.tensor({kiln.info().blas.bf16_products:match("^f32 FMAs") and 1 or 0})
       for k, v in pairs{a = a, b = b, big = big} do out[k] = v end
       kiln.save(arg[1], out)
-    ]], {"env -u KILN_BF16_EMULATE", "KILN_BF16_EMULATE=1"}))
+    ]], {"env -u KILN_BF16_EMULATE -u KILN_BF16_MATMUL", "env -u KILN_BF16_MATMUL KILN_BF16_EMULATE=1"}))
     assert.are.equal(1, widened.products[1])
     local a, b, big = widened.a:double(), widened.b:double(), widened.big:double()
     local want = {plain = a:matmul(b), shared = a[1]:matmul(b), transposed = a[2]:matmul(b[1]),
