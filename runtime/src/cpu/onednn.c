@@ -589,7 +589,7 @@ static void matmul_parts(void *ctx, int64_t begin, int64_t end) {
     s.n = j->whole.n - c0 < MATMUL_COLS ? j->whole.n - c0 : MATMUL_COLS;
     char err[200] = "";
     void *plan = matmul_plan_for(&s, err, sizeof err);
-    void *ws = plan ? kiln_cpu_scratch(lib->workspace_bytes(plan) + 64) : NULL;
+    void *ws = plan ? kiln_cpu_scratch(lib->workspace_bytes(plan)) : NULL;
     int rc = !plan || !ws ? -1
              : lib->matmul_run(plan, j->a + 2 * (bi * j->sa + r0 * s.ars), j->b + 2 * (bi * j->sb + c0 * s.bcs),
                                j->c + 2 * (bi * j->sc + r0 * s.ldc + c0), ws, err, sizeof err);
