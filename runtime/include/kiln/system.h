@@ -31,8 +31,8 @@ int kiln_cpu_has(const char *feature);
    the CPU runs), or when the CPU lacks even the lowest level. */
 const char *kiln_cpu_level(void);
 int kiln_cpu_level_check(void);
-/* What computes f32 matrix products: "kiln" (kiln's own kernel, the avx512 level: every product of
-   2 or more rows and 16 or more columns) or "blas"; KILN_SGEMM=kiln|blas forces it. */
+/* What computes f32 matrix products: "kiln" (kiln's own kernel, the avx512 and avx2 levels: every
+   product of 2 or more rows and 16 or more columns) or "blas"; KILN_SGEMM=kiln|blas forces it. */
 const char *kiln_cpu_f32_gemm(void);
 /* What computes bf16 products (autocast's on the CPU), in words: vdpbf16ps where the CPU has
    AVX512-BF16 and runs it faster than f32 FMAs (measured once, on the first call), else f32 FMAs on

@@ -1,4 +1,4 @@
-/* cpu/sgemm.c: kiln's own f32 GEMM at the avx512 level. op(B) is packed into panels of 64 columns
+/* cpu/sgemm.c: kiln's own f32 GEMM at the avx512 and avx2 levels. op(B) is packed into panels of 64 columns
    (four zmm) by up to KC rows, zero-padded; a micro-kernel keeps MR x 4 accumulators (MR = 6 rows
    of op(A), each element broadcast from where it lies: A is not packed) and streams the panel from
    L1/L2, as the persistent recurrent path's products do. Each element of C is one sum over k in
@@ -7,7 +7,7 @@
    this kernel against OpenBLAS 0.3.21's Cooperlake (AVX-512) and Haswell (AVX2) kernels): 197-234
    against 151-214 and 98-113 on the MLP's, CNN's and char-LM's products and 1024^3; at 2 threads
    317-398 against 270-380. A product of one row (a vector times a matrix) is the BLAS's: packing
-   the matrix would read it twice. */
+   the matrix would read it twice. The avx2 level's kernel (below) is the same scheme at 32 bytes. */
 #include "cpu.h"
 #include <pthread.h>
 #include <stdlib.h>
@@ -15,10 +15,10 @@
 
 /* Whether the f32 product [m, k] x [k, n] runs here rather than in the BLAS, decided once per
    product (before the pool splits it, so that the choice does not depend on the threads):
-   KILN_SGEMM=kiln or blas forces it; else at the avx512 level when C has 2 rows or more and 16
-   columns or more (a narrower C fills a panel's vectors too thinly). */
+   KILN_SGEMM=kiln or blas forces it; else at the avx512 and avx2 levels when C has 2 rows or more
+   and 16 columns or more (a narrower C fills a panel's vectors too thinly). */
 int kiln_cpu_sgemm_here(int64_t m, int64_t n, int64_t k) {
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
   static int mode = -1;   /* 0 BLAS, 1 kiln, 2 by the shape */
   if (mode < 0) {
     const char *e = getenv("KILN_SGEMM");
@@ -31,6 +31,39 @@ int kiln_cpu_sgemm_here(int64_t m, int64_t n, int64_t k) {
   return 0;
 #endif
 }
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+/* The calling thread's panel, kept between calls (each pool thread packs its own; at most its
+   block of k by 64 columns, 512 KB at the avx512 level): a fresh one per call would be mapped and
+   faulted in each time. A thread-specific key frees it when the thread ends (the pool's threads
+   end when it is resized). */
+static __thread float *panel_buf;
+static __thread size_t panel_bytes;
+static pthread_key_t panel_key;
+static pthread_once_t panel_once = PTHREAD_ONCE_INIT;
+static int panel_key_ok;
+
+static void panel_key_make(void) { panel_key_ok = pthread_key_create(&panel_key, free) == 0; }
+
+static float *panel_for(size_t bytes) {
+  if (bytes > panel_bytes) {
+    pthread_once(&panel_once, panel_key_make);
+    if (!panel_key_ok) return NULL;   /* no key, no buffer that could leak: the BLAS does it */
+    free(panel_buf);
+    panel_buf = kiln_cpu_scratch(bytes);
+    panel_bytes = panel_buf ? bytes : 0;
+    pthread_setspecific(panel_key, panel_buf);
+  }
+  return panel_buf;
+}
+
+/* C[m, n] = alpha * op(A) op(B) + beta * C, row-major, as kiln_sgemm (CBLAS's arguments). */
+void kiln_cpu_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                    const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+  kiln_cpu_sgemm_ep(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, NULL);
+}
+
+#endif
 
 #if defined(__AVX512F__)
 #include "transpose16.h"
@@ -221,35 +254,6 @@ static void tile_any(int nr, int nv, int tr, const float *a, int64_t ars, int64_
 #undef KILN_TILE
 }
 
-/* The calling thread's panel, kept between calls (each pool thread packs its own; at most
-   KC x PW floats, 512 KB): a fresh one per call would be mapped and faulted in each time. A
-   thread-specific key frees it when the thread ends (the pool's threads end when it is resized). */
-static __thread float *panel_buf;
-static __thread size_t panel_bytes;
-static pthread_key_t panel_key;
-static pthread_once_t panel_once = PTHREAD_ONCE_INIT;
-static int panel_key_ok;
-
-static void panel_key_make(void) { panel_key_ok = pthread_key_create(&panel_key, free) == 0; }
-
-static float *panel_for(size_t bytes) {
-  if (bytes > panel_bytes) {
-    pthread_once(&panel_once, panel_key_make);
-    if (!panel_key_ok) return NULL;   /* no key, no buffer that could leak: the BLAS does it */
-    free(panel_buf);
-    panel_buf = kiln_cpu_scratch(bytes);
-    panel_bytes = panel_buf ? bytes : 0;
-    pthread_setspecific(panel_key, panel_buf);
-  }
-  return panel_buf;
-}
-
-/* C[m, n] = alpha * op(A) op(B) + beta * C, row-major, as kiln_sgemm (CBLAS's arguments). */
-void kiln_cpu_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
-                    const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
-  kiln_cpu_sgemm_ep(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, NULL);
-}
-
 /* The same, with ep (or NULL) done to each element as the last block of k stores it. */
 void kiln_cpu_sgemm_ep(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                        const float *b, int64_t ldb, float beta, float *c, int64_t ldc, const struct kiln_sgemm_ep *ep) {
@@ -337,6 +341,179 @@ void kiln_cpu_sgemm_panels(int ta, int64_t m, int64_t n, int64_t k, float alpha,
                NULL, 0);
     }
   }
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+/* The avx2 level's kernel: panels of 64 columns, packed as four strips of 16 columns (two ymm), each
+   strip contiguous; MR x 2 accumulators (12 of the 16 registers); k in blocks of 1024 (a tile's 6
+   rows of A, 24 KiB, stay in L1 across the panel's four strips). A transposed A is packed a tile
+   at a time, whatever n: read where it lies, a weight's grad ([1024, 2048] x [2048, 64] with A^T)
+   ran at half speed. C is written directly (no C^T path: its transposed stores would need the
+   avx512 level's masks). Emerald Rapids, one core at this level (GFLOP/s, against OpenBLAS 0.3.21's
+   Haswell kernels in the same session): 64-82 against 64-80 on the MLP's, CNN's and char-LM's
+   products and 1024^3; the core's ymm FMA peak is about 90. */
+#include "transpose8.h"
+#include <immintrin.h>
+#include <math.h>
+
+enum { MR = 6, PW = 64, SW = 16, KC = 1024 };
+
+/* pb = op(B)(p0 + p, j0 + q) for q < nc, zeros past nc, in strips of 16 columns, each strip
+   contiguous: pb[q / 16][p][q % 16] (a strip is read from start to end, kc * 64 bytes). */
+static inline float *at(float *pb, int64_t kc, int64_t p, int64_t q) { return pb + (q / SW) * kc * SW + p * SW + q % SW; }
+
+static void pack_panel(const float *x, int64_t sp, int64_t sq, int64_t p0, int64_t kc, int64_t j0, int64_t nc,
+                       float *pb) {
+  int64_t q = 0;
+  if (sq == 1) {
+    for (int64_t p = 0; p < kc; p++) {
+      const float *src = x + (p0 + p) * sp + j0;
+      for (q = 0; q + SW <= nc; q += SW) memcpy(at(pb, kc, p, q), src + q, sizeof(float) * SW);
+      for (; q < nc; q++) *at(pb, kc, p, q) = src[q];
+    }
+  } else {
+    if (sp == 1)
+      for (; q + 8 <= nc; q += 8) {
+        const float *cols[8];
+        for (int r = 0; r < 8; r++) cols[r] = x + (j0 + q + r) * sq + p0;
+        int64_t p = 0;
+        for (; p + 8 <= kc; p += 8) {
+          __m256 v[8];
+          for (int r = 0; r < 8; r++) v[r] = _mm256_loadu_ps(cols[r] + p);
+          kiln_transpose8_store(v, at(pb, kc, p, q), SW);
+        }
+        for (; p < kc; p++)
+          for (int r = 0; r < 8; r++) *at(pb, kc, p, q + r) = cols[r][p];
+      }
+    for (; q < nc; q++)
+      for (int64_t p = 0; p < kc; p++) *at(pb, kc, p, q) = x[(p0 + p) * sp + (j0 + q) * sq];
+  }
+  if (nc % SW)   /* the last strip's columns past nc */
+    for (int64_t p = 0; p < kc; p++)
+      memset(at(pb, kc, p, nc), 0, sizeof(float) * (size_t)(SW - nc % SW));
+}
+
+/* D[r][q] for NR rows and nc <= 16 columns of one strip (pb: the strip's first column), as the
+   avx512 level's tile: first ? alpha * acc + beta * D : D + alpha * acc, then bias and relu. */
+static inline __attribute__((always_inline)) void tile(const int NR, const int NV, const float *a, int64_t ars,
+                                                       int64_t aps, const float *pb, int64_t kc, float *d, int64_t drs,
+                                                       int64_t nc, float alpha, float beta, int first, const float *bias,
+                                                       int relu) {
+  __m256 acc[MR][2];
+#pragma GCC unroll 6
+  for (int r = 0; r < NR; r++)
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; v++) acc[r][v] = _mm256_setzero_ps();
+  const float *ar[MR];
+#pragma GCC unroll 6
+  for (int r = 0; r < NR; r++) ar[r] = a + r * ars;
+#pragma GCC unroll 4
+  for (int64_t p = 0; p < kc; p++) {
+    const float *bp = pb + p * SW;
+    __m256 w[2];
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; v++) w[v] = _mm256_loadu_ps(bp + 8 * v);
+    if (NV > 0) __asm__("" : "+x"(w[0]));
+    if (NV > 1) __asm__("" : "+x"(w[1]));
+#pragma GCC unroll 6
+    for (int r = 0; r < NR; r++) {
+      __m256 x = _mm256_broadcast_ss(ar[r] + p * aps);
+#pragma GCC unroll 2
+      for (int v = 0; v < NV; v++) acc[r][v] = _mm256_fmadd_ps(x, w[v], acc[r][v]);
+    }
+  }
+  const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta), zero = _mm256_setzero_ps();
+#pragma GCC unroll 6
+  for (int r = 0; r < NR; r++)
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; v++) {
+      int64_t left = nc - 8 * v;
+      float *o = d + r * drs + 8 * v;
+      __m256 y = _mm256_mul_ps(va, acc[r][v]);
+      if (left >= 8) {
+        if (!first) y = _mm256_add_ps(_mm256_loadu_ps(o), y);
+        else if (beta != 0) y = _mm256_fmadd_ps(vb, _mm256_loadu_ps(o), y);
+        if (bias) y = _mm256_add_ps(y, _mm256_loadu_ps(bias + 8 * v));
+        /* x < 0 ? 0 : x, as the relu op: NaN and -0 kept */
+        if (relu) y = _mm256_blendv_ps(y, zero, _mm256_cmp_ps(y, zero, _CMP_LT_OQ));
+        _mm256_storeu_ps(o, y);
+        continue;
+      }
+      float t[8];   /* a strip's last columns: one element at a time, the same operations */
+      _mm256_storeu_ps(t, y);
+      for (int64_t l = 0; l < left; l++) {
+        float e = t[l];
+        if (!first) e = o[l] + e;
+        else if (beta != 0) e = fmaf(beta, o[l], e);
+        if (bias) e = e + bias[8 * v + l];
+        if (relu && e < 0) e = 0;
+        o[l] = e;
+      }
+    }
+}
+
+static void tile_any(int nr, int nv, const float *a, int64_t ars, int64_t aps, const float *pb, int64_t kc, float *d,
+                     int64_t drs, int64_t nc, float alpha, float beta, int first, const float *bias, int relu) {
+#define KILN_TILE(R, V)                                                                           \
+  case (R) * 4 + (V):                                                                             \
+    tile(R, V, a, ars, aps, pb, kc, d, drs, nc, alpha, beta, first, bias, relu);                  \
+    return;
+#define KILN_TILE_ROW(R) KILN_TILE(R, 1) KILN_TILE(R, 2)
+  switch (nr * 4 + nv) {
+    KILN_TILE_ROW(1) KILN_TILE_ROW(2) KILN_TILE_ROW(3) KILN_TILE_ROW(4) KILN_TILE_ROW(5) KILN_TILE_ROW(6)
+  }
+#undef KILN_TILE_ROW
+#undef KILN_TILE
+}
+
+void kiln_cpu_sgemm_ep(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                       const float *b, int64_t ldb, float beta, float *c, int64_t ldc, const struct kiln_sgemm_ep *ep) {
+  if (m <= 0 || n <= 0) return;
+  int64_t kc0 = k < KC ? k : KC;
+  float *pb = panel_for(sizeof(float) * (size_t)((kc0 > 0 ? kc0 : 1) * PW));
+  if (!pb || k <= 0 || alpha == 0) {
+    kiln_sgemm(ta, tb, (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+    if (ep) kiln_cpu_linear_finish(KILN_F32, m, n, c, ldc, ep->bias, ep->relu);
+    return;
+  }
+  const float *bias = ep ? ep->bias : NULL;
+  int relu = ep ? ep->relu : 0;
+  int64_t as_i = ta == KILN_BLAS_NO_TRANS ? lda : 1, as_p = ta == KILN_BLAS_NO_TRANS ? 1 : lda;
+  int64_t bs_p = tb == KILN_BLAS_NO_TRANS ? ldb : 1, bs_j = tb == KILN_BLAS_NO_TRANS ? 1 : ldb;
+  /* A^T's rows packed [k][MR] a tile, as at the avx512 level */
+  int pack_a = as_i == 1 && as_p > 1 && m >= MR && (double)m * (double)kc0 * 4 <= 16e6;
+  float *abuf = pack_a ? malloc(sizeof(float) * (size_t)(((m + MR - 1) / MR) * MR * kc0) + 64) : NULL;
+  for (int64_t p0 = 0; p0 < k; p0 += KC) {
+    int64_t kc = k - p0 < KC ? k - p0 : KC;
+    if (abuf)   /* 16 rows of A^T at a time, each read from start to end */
+      for (int64_t q0 = 0; q0 < kc; q0 += 16) {
+        int64_t q1 = kc - q0 < 16 ? kc : q0 + 16;
+        for (int64_t i0 = 0; i0 < m; i0 += MR) {
+          const float *src = a + p0 * as_p + i0;
+          float *dst = abuf + i0 * kc;
+          int64_t p = q0;
+          if (i0 + 8 <= m)   /* 8 floats stored, the 2 past the tile's row rewritten by its next row */
+            for (; p < q1 && p + 1 < kc; p++) _mm256_storeu_ps(dst + p * MR, _mm256_loadu_ps(src + p * as_p));
+          for (; p < q1; p++)
+            for (int64_t r = 0; r < MR && i0 + r < m; r++) dst[p * MR + r] = src[p * as_p + r];
+        }
+      }
+    for (int64_t j0 = 0; j0 < n; j0 += PW) {
+      int64_t nc = n - j0 < PW ? n - j0 : PW;
+      pack_panel(b, bs_p, bs_j, p0, kc, j0, nc, pb);
+      int last = p0 + kc >= k;
+      for (int64_t i0 = 0; i0 < m; i0 += MR) {
+        int nr = m - i0 < MR ? (int)(m - i0) : MR;
+        const float *ya = abuf ? abuf + i0 * kc : a + i0 * as_i + p0 * as_p;
+        int64_t yr = abuf ? 1 : as_i, yp = abuf ? MR : as_p;
+        for (int64_t s0 = 0; s0 < nc; s0 += 16) {
+          int64_t sc = nc - s0 < 16 ? nc - s0 : 16;
+          tile_any(nr, (int)((sc + 7) / 8), ya, yr, yp, pb + s0 * kc, kc, c + i0 * ldc + j0 + s0, ldc, sc, alpha, beta,
+                   p0 == 0, last && bias ? bias + j0 + s0 : NULL, last && relu);
+        }
+      }
+    }
+  }
+  free(abuf);
 }
 #else
 void kiln_cpu_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
