@@ -33,6 +33,10 @@ int kiln_cpu_sgemm_here(int64_t m, int64_t n, int64_t k) {
 }
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#include <immintrin.h>
+
+enum { MR = 6 };   /* rows of op(A) a tile, at both levels */
+
 /* The calling thread's panel, kept between calls (each pool thread packs its own; at most its
    block of k by 64 columns, 512 KB at the avx512 level): a fresh one per call would be mapped and
    faulted in each time. A thread-specific key frees it when the thread ends (the pool's threads
@@ -57,6 +61,26 @@ static float *panel_for(size_t bytes) {
   return panel_buf;
 }
 
+/* Rows p0.. p0 + kc of A^T (rows floats each, ys_p apart) packed tile by tile, each tile's MR
+   values at each k in order: ybuf[tile][p][r]. 16 rows of A^T at a time, so that each is read
+   from start to end rather than a tile's few values from every row. */
+static void pack_rows(const float *y, int64_t ys_p, int64_t p0, int64_t kc, int64_t rows, float *ybuf) {
+  for (int64_t q0 = 0; q0 < kc; q0 += 16) {
+    int64_t q1 = kc - q0 < 16 ? kc : q0 + 16;
+    for (int64_t i0 = 0; i0 < rows; i0 += MR) {
+      const float *src = y + p0 * ys_p + i0;
+      float *dst = ybuf + i0 * kc;
+      int64_t p = q0;
+      /* 8 values a step where 8 are there, the last 2 rewritten by the tile's next k (so not at
+         the block's last k) */
+      if (i0 + 8 <= rows)
+        for (; p < q1 && p + 1 < kc; p++) _mm256_storeu_ps(dst + p * MR, _mm256_loadu_ps(src + p * ys_p));
+      for (; p < q1; p++)
+        for (int64_t r = 0; r < MR && i0 + r < rows; r++) dst[p * MR + r] = src[p * ys_p + r];
+    }
+  }
+}
+
 /* C[m, n] = alpha * op(A) op(B) + beta * C, row-major, as kiln_sgemm (CBLAS's arguments). */
 void kiln_cpu_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                     const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
@@ -70,7 +94,7 @@ void kiln_cpu_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha
 #include "transpose8.h"
 #include <immintrin.h>
 
-enum { MR = 6, PW = 64, KC = KILN_SGEMM_PANEL_K };
+enum { PW = 64, KC = KILN_SGEMM_PANEL_K };
 
 /* The panel of columns [j0, j0 + nc), rows [p0, p0 + kc) of a [k, n] operand X whose element
    (p, q) is x[p * sp + q * sq]: pb[p][q], zeros past nc. */
@@ -259,13 +283,6 @@ void kiln_cpu_sgemm_ep(int ta, int tb, int64_t m, int64_t n, int64_t k, float al
                        const float *b, int64_t ldb, float beta, float *c, int64_t ldc, const struct kiln_sgemm_ep *ep) {
   if (m <= 0 || n <= 0) return;
   int64_t kc0 = k < KC ? k : KC;
-  float *pb = panel_for(sizeof(float) * (size_t)((kc0 > 0 ? kc0 : 1) * PW));
-  if (!pb || k <= 0 || alpha == 0) {   /* no memory for a panel, or no products (C = beta C, A and B not read,
-                                            as the BLAS does: NaN in them does not reach C): the BLAS does it */
-    kiln_sgemm(ta, tb, (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
-    if (ep) kiln_cpu_linear_finish(KILN_F32, m, n, c, ldc, ep->bias, ep->relu);
-    return;
-  }
   const float *bias = ep ? ep->bias : NULL;
   int relu = ep ? ep->relu : 0;
   /* op(A)(i, p) at a[i * as_i + p * as_p], op(B)(p, j) at b[p * bs_p + j * bs_j] */
@@ -284,44 +301,61 @@ void kiln_cpu_sgemm_ep(int ta, int tb, int64_t m, int64_t n, int64_t k, float al
   const float *x = tr ? a : b, *y = tr ? b : a;
   int64_t xs_p = tr ? as_p : bs_p, xs_q = tr ? as_i : bs_j, ys_r = tr ? bs_j : as_i, ys_p = tr ? bs_p : as_p;
   int64_t rows = tr ? n : m, cols = tr ? m : n, drs = tr ? 1 : ldc, dqs = tr ? ldc : 1;
+  /* A short k (k <= 256: a layer's input of 64 features, a weight's grad over a batch of 128):
+     every panel of op(B) packed first (up to 1 MB, in L2), then C by rows of tiles, so that a tile
+     row's MR rows of C are written along (each row of C its own page: panel by panel, a panel's
+     tiles touched a new page each. Emerald Rapids, 1 thread, medians of 13 alternating in one
+     process: [2048, 64] x [64, 1024] with B^T 72 -> 95-97 GFLOP/s, [512, 128] x [128, 784] with
+     A^T 93-96 -> 104; the same bits). */
+  int64_t np = (cols + PW - 1) / PW;
+  int whole = k <= 256 && np > 1 && (double)k * (double)(np * PW) * 4 <= 1 << 20;
+  float *pb = k > 0 ? panel_for(sizeof(float) * (size_t)((whole ? np : 1) * kc0 * PW)) : NULL;
+  if (!pb || alpha == 0) {   /* no memory for a panel, or no products (C = beta C, A and B not read, as
+                                the BLAS does: NaN in them does not reach C): the BLAS does it */
+    kiln_sgemm(ta, tb, (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+    if (ep) kiln_cpu_linear_finish(KILN_F32, m, n, c, ldc, ep->bias, ep->relu);
+    return;
+  }
   /* A broadcast operand whose rows lie side by side (op(A) = A^T: element (r, p) at y[r + p * ys_p])
      touches a new cache line and page every k for a tile's few rows, once per panel of columns:
-     against 8 panels or more, each tile's rows of the block go packed [k][MR] first (the same
-     values, so the same FMAs in the same order), up to 16 MB (Emerald Rapids, 1 thread, 1024^3 with
-     A^T: 60-72 -> 134-136 GFLOP/s; plain A 131-154). */
-  int pack_y = ys_r == 1 && ys_p > 1 && cols >= 8 * PW && rows >= MR && (double)rows * (double)kc0 * 4 <= 16e6;
+     each tile's rows of the block go packed [k][MR] first (the same values, so the same FMAs in
+     the same order), up to 16 MB (Emerald Rapids, 1 thread, 1024^3 with A^T: 60-72 -> 134-136
+     GFLOP/s; plain A 131-154). Packed against fewer than 8 panels too (a weight's grad over a
+     long batch, as above: [1024, 2048] x [2048, 64] with A^T 44 -> 62, [1024, 2048] x [2048, 256]
+     41 -> 87-94, [256, 2048] x [2048, 96] 55 -> 89-93), 16 rows of A^T at a time, each read from
+     start to end. */
+  int pack_y = ys_r == 1 && ys_p > 1 && rows >= MR && (double)rows * (double)kc0 * 4 <= 16e6;
   float *ybuf = pack_y ? malloc(sizeof(float) * (size_t)(((rows + MR - 1) / MR) * MR * kc0) + 64) : NULL;
-  for (int64_t p0 = 0; p0 < k; p0 += KC) {
-    int64_t kc = k - p0 < KC ? k - p0 : KC;
-    if (ybuf)   /* tile by tile, its MR rows' values at each k written in order: ybuf[tile][p][r] */
-      for (int64_t i0 = 0; i0 < rows; i0 += MR) {
-        const float *src = y + p0 * ys_p + i0;
-        float *dst = ybuf + i0 * kc;
-        int64_t p = 0;
-        /* 8 values a step where 8 are there, the last 2 overwritten by the next k (so not for the last) */
-        if (i0 + 8 <= rows)
-          for (; p + 1 < kc; p++) _mm256_storeu_ps(dst + p * MR, _mm256_loadu_ps(src + p * ys_p));
-        for (; p < kc; p++)
-          for (int64_t r = 0; r < MR && i0 + r < rows; r++) dst[p * MR + r] = src[p * ys_p + r];
-      }
-    for (int64_t j0 = 0; j0 < cols; j0 += PW) {
-      int64_t nc = cols - j0 < PW ? cols - j0 : PW;
-      int nv = (int)((nc + 15) / 16);
-      pack_panel(x, xs_p, xs_q, p0, kc, j0, nc, pb);
-      int last = p0 + kc >= k;   /* ep's work on the last block's stores */
-      for (int64_t i0 = 0; i0 < rows; i0 += MR) {
-        int nr = rows - i0 < MR ? (int)(rows - i0) : MR;
-        /* the bias of a tile's columns of C: D's columns, or its rows when D is C^T */
-        const float *tb_bias = last && bias ? bias + (tr ? i0 : j0) : NULL;
-        if (ybuf)
-          tile_any(nr, nv, tr, ybuf + i0 * kc, 1, MR, pb, kc, c + i0 * drs + j0 * dqs, drs, dqs, nc, alpha, beta, p0 == 0,
-                   tb_bias, last && relu);
-        else
-          tile_any(nr, nv, tr, y + i0 * ys_r + p0 * ys_p, ys_r, ys_p, pb, kc, c + i0 * drs + j0 * dqs, drs, dqs, nc,
-                   alpha, beta, p0 == 0, tb_bias, last && relu);
+  /* the tile of C at (i0, j0) for the block of k at p0 (kc rows), its panel packed at panel */
+#define KILN_SGEMM_TILE(i0, j0, p0, kc, panel)                                                               \
+  do {                                                                                                     \
+    int64_t nc_ = cols - (j0) < PW ? cols - (j0) : PW;                                                     \
+    int nr_ = rows - (i0) < MR ? (int)(rows - (i0)) : MR, nv_ = (int)((nc_ + 15) / 16), last_ = (p0) + (kc) >= k; \
+    /* the bias of a tile's columns of C: D's columns, or its rows when D is C^T */                       \
+    const float *tb_bias = last_ && bias ? bias + (tr ? (i0) : (j0)) : NULL;                               \
+    if (ybuf)                                                                                              \
+      tile_any(nr_, nv_, tr, ybuf + (i0) * (kc), 1, MR, panel, kc, c + (i0) * drs + (j0) * dqs, drs, dqs, nc_, \
+               alpha, beta, (p0) == 0, tb_bias, last_ && relu);                                            \
+    else                                                                                                   \
+      tile_any(nr_, nv_, tr, y + (i0) * ys_r + (p0) * ys_p, ys_r, ys_p, panel, kc, c + (i0) * drs + (j0) * dqs, \
+               drs, dqs, nc_, alpha, beta, (p0) == 0, tb_bias, last_ && relu);                             \
+  } while (0)
+  if (whole) {
+    if (ybuf) pack_rows(y, ys_p, 0, k, rows, ybuf);
+    for (int64_t j0 = 0; j0 < cols; j0 += PW)
+      pack_panel(x, xs_p, xs_q, 0, k, j0, cols - j0 < PW ? cols - j0 : PW, pb + j0 / PW * k * PW);
+    for (int64_t i0 = 0; i0 < rows; i0 += MR)
+      for (int64_t j0 = 0; j0 < cols; j0 += PW) KILN_SGEMM_TILE(i0, j0, 0, k, pb + j0 / PW * k * PW);
+  } else
+    for (int64_t p0 = 0; p0 < k; p0 += KC) {
+      int64_t kc = k - p0 < KC ? k - p0 : KC;
+      if (ybuf) pack_rows(y, ys_p, p0, kc, rows, ybuf);
+      for (int64_t j0 = 0; j0 < cols; j0 += PW) {
+        pack_panel(x, xs_p, xs_q, p0, kc, j0, cols - j0 < PW ? cols - j0 : PW, pb);
+        for (int64_t i0 = 0; i0 < rows; i0 += MR) KILN_SGEMM_TILE(i0, j0, p0, kc, pb);
       }
     }
-  }
+#undef KILN_SGEMM_TILE
   free(ybuf);
 }
 
@@ -355,7 +389,7 @@ void kiln_cpu_sgemm_panels(int ta, int64_t m, int64_t n, int64_t k, float alpha,
 #include <immintrin.h>
 #include <math.h>
 
-enum { MR = 6, PW = 64, SW = 16, KC = 1024 };
+enum { PW = 64, SW = 16, KC = 1024 };
 
 /* pb = op(B)(p0 + p, j0 + q) for q < nc, zeros past nc, in strips of 16 columns, each strip
    contiguous: pb[q / 16][p][q % 16] (a strip is read from start to end, kc * 64 bytes). */
@@ -484,19 +518,7 @@ void kiln_cpu_sgemm_ep(int ta, int tb, int64_t m, int64_t n, int64_t k, float al
   float *abuf = pack_a ? malloc(sizeof(float) * (size_t)(((m + MR - 1) / MR) * MR * kc0) + 64) : NULL;
   for (int64_t p0 = 0; p0 < k; p0 += KC) {
     int64_t kc = k - p0 < KC ? k - p0 : KC;
-    if (abuf)   /* 16 rows of A^T at a time, each read from start to end */
-      for (int64_t q0 = 0; q0 < kc; q0 += 16) {
-        int64_t q1 = kc - q0 < 16 ? kc : q0 + 16;
-        for (int64_t i0 = 0; i0 < m; i0 += MR) {
-          const float *src = a + p0 * as_p + i0;
-          float *dst = abuf + i0 * kc;
-          int64_t p = q0;
-          if (i0 + 8 <= m)   /* 8 floats stored, the 2 past the tile's row rewritten by its next row */
-            for (; p < q1 && p + 1 < kc; p++) _mm256_storeu_ps(dst + p * MR, _mm256_loadu_ps(src + p * as_p));
-          for (; p < q1; p++)
-            for (int64_t r = 0; r < MR && i0 + r < m; r++) dst[p * MR + r] = src[p * as_p + r];
-        }
-      }
+    if (abuf) pack_rows(a, as_p, p0, kc, m, abuf);
     for (int64_t j0 = 0; j0 < n; j0 += PW) {
       int64_t nc = n - j0 < PW ? n - j0 : PW;
       pack_panel(b, bs_p, bs_j, p0, kc, j0, nc, pb);
