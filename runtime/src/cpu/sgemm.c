@@ -304,9 +304,9 @@ void kiln_cpu_sgemm_ep(int ta, int tb, int64_t m, int64_t n, int64_t k, float al
   /* A short k (k <= 256: a layer's input of 64 features, a weight's grad over a batch of 128):
      every panel of op(B) packed first (up to 1 MB, in L2), then C by rows of tiles, so that a tile
      row's MR rows of C are written along (each row of C its own page: panel by panel, a panel's
-     tiles touched a new page each. Emerald Rapids, 1 thread, medians of 13 alternating in one
-     process: [2048, 64] x [64, 1024] with B^T 72 -> 95-97 GFLOP/s, [512, 128] x [128, 784] with
-     A^T 93-96 -> 104; the same bits). */
+     tiles touched a new page each. Emerald Rapids, 1 thread, medians of 19 alternating in one
+     quiet process: [2048, 64] x [64, 1024] with B^T 102-105 -> 132-136 GFLOP/s, [512, 128] x
+     [128, 784] with A^T 124-125 -> 145, [784, 128] x [128, 512] 127 -> 142; the same bits). */
   int64_t np = (cols + PW - 1) / PW;
   int whole = k <= 256 && np > 1 && (double)k * (double)(np * PW) * 4 <= 1 << 20;
   float *pb = k > 0 ? panel_for(sizeof(float) * (size_t)((whole ? np : 1) * kc0 * PW)) : NULL;
@@ -503,8 +503,12 @@ void kiln_cpu_sgemm_ep(int ta, int tb, int64_t m, int64_t n, int64_t k, float al
                        const float *b, int64_t ldb, float beta, float *c, int64_t ldc, const struct kiln_sgemm_ep *ep) {
   if (m <= 0 || n <= 0) return;
   int64_t kc0 = k < KC ? k : KC;
-  float *pb = panel_for(sizeof(float) * (size_t)((kc0 > 0 ? kc0 : 1) * PW));
-  if (!pb || k <= 0 || alpha == 0) {
+  /* a short k: every panel packed first and C by rows of tiles, as at the avx512 level (one Emerald
+     Rapids core at this level: [2048, 64] x [64, 1024] with B^T 69-70 -> 76 GFLOP/s, the rest level) */
+  int64_t np = (n + PW - 1) / PW;
+  int whole = k <= 256 && np > 1 && (double)k * (double)(np * PW) * 4 <= 1 << 20;
+  float *pb = k > 0 ? panel_for(sizeof(float) * (size_t)((whole ? np : 1) * kc0 * PW)) : NULL;
+  if (!pb || alpha == 0) {
     kiln_sgemm(ta, tb, (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
     if (ep) kiln_cpu_linear_finish(KILN_F32, m, n, c, ldc, ep->bias, ep->relu);
     return;
@@ -516,25 +520,34 @@ void kiln_cpu_sgemm_ep(int ta, int tb, int64_t m, int64_t n, int64_t k, float al
   /* A^T's rows packed [k][MR] a tile, as at the avx512 level */
   int pack_a = as_i == 1 && as_p > 1 && m >= MR && (double)m * (double)kc0 * 4 <= 16e6;
   float *abuf = pack_a ? malloc(sizeof(float) * (size_t)(((m + MR - 1) / MR) * MR * kc0) + 64) : NULL;
-  for (int64_t p0 = 0; p0 < k; p0 += KC) {
-    int64_t kc = k - p0 < KC ? k - p0 : KC;
-    if (abuf) pack_rows(a, as_p, p0, kc, m, abuf);
-    for (int64_t j0 = 0; j0 < n; j0 += PW) {
-      int64_t nc = n - j0 < PW ? n - j0 : PW;
-      pack_panel(b, bs_p, bs_j, p0, kc, j0, nc, pb);
-      int last = p0 + kc >= k;
-      for (int64_t i0 = 0; i0 < m; i0 += MR) {
-        int nr = m - i0 < MR ? (int)(m - i0) : MR;
-        const float *ya = abuf ? abuf + i0 * kc : a + i0 * as_i + p0 * as_p;
-        int64_t yr = abuf ? 1 : as_i, yp = abuf ? MR : as_p;
-        for (int64_t s0 = 0; s0 < nc; s0 += 16) {
-          int64_t sc = nc - s0 < 16 ? nc - s0 : 16;
-          tile_any(nr, (int)((sc + 7) / 8), ya, yr, yp, pb + s0 * kc, kc, c + i0 * ldc + j0 + s0, ldc, sc, alpha, beta,
-                   p0 == 0, last && bias ? bias + j0 + s0 : NULL, last && relu);
-        }
+  /* the tile of C at (i0, j0) for the block of k at p0 (kc rows), its panel packed at panel: its strips */
+#define KILN_SGEMM_TILE(i0, j0, p0, kc, panel)                                                               \
+  do {                                                                                                     \
+    int64_t nc_ = n - (j0) < PW ? n - (j0) : PW, last_ = (p0) + (kc) >= k;                                 \
+    int nr_ = m - (i0) < MR ? (int)(m - (i0)) : MR;                                                        \
+    const float *ya_ = abuf ? abuf + (i0) * (kc) : a + (i0) * as_i + (p0) * as_p;                          \
+    int64_t yr_ = abuf ? 1 : as_i, yp_ = abuf ? MR : as_p;                                                 \
+    for (int64_t s0 = 0; s0 < nc_; s0 += 16) {                                                             \
+      int64_t sc = nc_ - s0 < 16 ? nc_ - s0 : 16;                                                          \
+      tile_any(nr_, (int)((sc + 7) / 8), ya_, yr_, yp_, (panel) + s0 * (kc), kc, c + (i0) * ldc + (j0) + s0, ldc, sc, \
+               alpha, beta, (p0) == 0, last_ && bias ? bias + (j0) + s0 : NULL, last_ && relu);             \
+    }                                                                                                      \
+  } while (0)
+  if (whole) {
+    if (abuf) pack_rows(a, as_p, 0, k, m, abuf);
+    for (int64_t j0 = 0; j0 < n; j0 += PW) pack_panel(b, bs_p, bs_j, 0, k, j0, n - j0 < PW ? n - j0 : PW, pb + j0 / PW * k * PW);
+    for (int64_t i0 = 0; i0 < m; i0 += MR)
+      for (int64_t j0 = 0; j0 < n; j0 += PW) KILN_SGEMM_TILE(i0, j0, 0, k, pb + j0 / PW * k * PW);
+  } else
+    for (int64_t p0 = 0; p0 < k; p0 += KC) {
+      int64_t kc = k - p0 < KC ? k - p0 : KC;
+      if (abuf) pack_rows(a, as_p, p0, kc, m, abuf);
+      for (int64_t j0 = 0; j0 < n; j0 += PW) {
+        pack_panel(b, bs_p, bs_j, p0, kc, j0, n - j0 < PW ? n - j0 : PW, pb);
+        for (int64_t i0 = 0; i0 < m; i0 += MR) KILN_SGEMM_TILE(i0, j0, p0, kc, pb);
       }
     }
-  }
+#undef KILN_SGEMM_TILE
   free(abuf);
 }
 #else
