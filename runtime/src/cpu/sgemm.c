@@ -1,13 +1,14 @@
-/* cpu/sgemm.c: kiln's own f32 GEMM at the avx512 and avx2 levels. op(B) is packed into panels of 64 columns
-   (four zmm) by up to KC rows, zero-padded; a micro-kernel keeps MR x 4 accumulators (MR = 6 rows
-   of op(A), each element broadcast from where it lies: A is not packed) and streams the panel from
-   L1/L2, as the persistent recurrent path's products do. Each element of C is one sum over k in
-   order, in blocks of KC added to C in order, whatever the threads and the part of C a thread
-   computes: f32 products do not depend on the thread count. Measured on Zen 5 (1 thread, GFLOP/s,
-   this kernel against OpenBLAS 0.3.21's Cooperlake (AVX-512) and Haswell (AVX2) kernels): 197-234
-   against 151-214 and 98-113 on the MLP's, CNN's and char-LM's products and 1024^3; at 2 threads
-   317-398 against 270-380. A product of one row (a vector times a matrix) is the BLAS's: packing
-   the matrix would read it twice. The avx2 level's kernel (below) is the same scheme at 32 bytes. */
+/* cpu/sgemm.c: kiln's own f32 GEMM at the avx512 and avx2 levels. op(B) is packed into panels of
+   64 columns (four zmm) by up to KC rows, zero-padded; a micro-kernel keeps MR x 4 accumulators
+   (MR = 6 rows of op(A), each element broadcast: from where it lies, or for a transposed A from a
+   tile's rows packed first) and streams the panel from L1/L2, as the persistent recurrent path's
+   products do. Each element of C is one sum over k in order, in blocks of KC added to C in order,
+   whatever the threads and the part of C a thread computes: f32 products do not depend on the
+   thread count. Measured on Zen 5 (1 thread, GFLOP/s, this kernel against OpenBLAS 0.3.21's
+   Cooperlake (AVX-512) and Haswell (AVX2) kernels): 197-234 against 151-214 and 98-113 on the
+   MLP's, CNN's and char-LM's products and 1024^3; at 2 threads 317-398 against 270-380. A product
+   of one row (a vector times a matrix) is the BLAS's: packing the matrix would read it twice. The
+   avx2 level's kernel (below) is the same scheme at 32 bytes. */
 #include "cpu.h"
 #include <pthread.h>
 #include <stdlib.h>
@@ -37,9 +38,9 @@ int kiln_cpu_sgemm_here(int64_t m, int64_t n, int64_t k) {
 
 enum { MR = 6 };   /* rows of op(A) a tile, at both levels */
 
-/* The calling thread's panel, kept between calls (each pool thread packs its own; at most its
-   block of k by 64 columns, 512 KB at the avx512 level): a fresh one per call would be mapped and
-   faulted in each time. A thread-specific key frees it when the thread ends (the pool's threads
+/* The calling thread's panels, kept between calls (each pool thread packs its own; at most a
+   block of k by 64 columns, 512 KB at the avx512 level, or a short k's panels, 1 MB): a fresh one
+   per call would be mapped and faulted in each time. A thread-specific key frees it when the thread ends (the pool's threads
    end when it is resized). */
 static __thread float *panel_buf;
 static __thread size_t panel_bytes;
