@@ -2,7 +2,8 @@
    KILN_SGEMM=kiln; ctest runs it at the avx512 and avx2 levels, and at the baseline the BLAS runs
    them and the same checks hold) against a
    naive loop in double: shapes around the micro-kernel's 6 rows and 64-column panels, k past the
-   2048-row block, every layout of the operands, C^T computed for a wide C, addmm's alpha and beta
+   2048-row block, a short k's panels packed all at once, every layout of the operands, C^T
+   computed for a wide C, addmm's alpha and beta
    (beta 0 ignores NaN in C, alpha 0 NaN in A and B), and the same bits at 1 and 2 threads. */
 #include "check.h"
 #include "internal.h"
@@ -71,6 +72,13 @@ static void test_shapes(void) {
   kiln_set_num_threads(1);
   for (int l = 0; l < 4; l++) check_product(50, 600, 300, l & 1, l >> 1, 1, 0);
   for (int l = 0; l < 2; l++) check_product(13, 520, 2048 + 37, 1, l, -0.5, 2);
+  /* a short k (256 or less) over more than one panel: every panel packed first, C by rows of
+     tiles; for C^T too (B transposed, 130 rows of C: three panels of C^T's columns); and k just
+     past it */
+  for (int l = 0; l < 4; l++) {
+    check_product(130, 600, 256, l & 1, l >> 1, -0.5, 2);
+    check_product(20, 200, 257, l & 1, l >> 1, 1, 0);
+  }
   kiln_set_num_threads(threads);
   /* k past a block of 2048 rows: the second block is added to C */
   for (int l = 0; l < 4; l++) check_product(9, 70, 2048 + 37, l & 1, l >> 1, 1, 0);
