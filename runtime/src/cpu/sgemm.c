@@ -95,7 +95,7 @@ void kiln_cpu_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha
 #include "transpose8.h"
 #include <immintrin.h>
 
-enum { PW = 64, KC = KILN_SGEMM_PANEL_K };
+enum { PW = 64, KC = KILN_SGEMM_PANEL_K, C_TRANSPOSED = 1 };   /* C_TRANSPOSED: the C^T path (below) */
 
 /* The panel of columns [j0, j0 + nc), rows [p0, p0 + kc) of a [k, n] operand X whose element
    (p, q) is x[p * sp + q * sq]: pb[p][q], zeros past nc. */
@@ -279,86 +279,6 @@ static void tile_any(int nr, int nv, int tr, const float *a, int64_t ars, int64_
 #undef KILN_TILE
 }
 
-/* The same, with ep (or NULL) done to each element as the last block of k stores it. */
-void kiln_cpu_sgemm_ep(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
-                       const float *b, int64_t ldb, float beta, float *c, int64_t ldc, const struct kiln_sgemm_ep *ep) {
-  if (m <= 0 || n <= 0) return;
-  int64_t kc0 = k < KC ? k : KC;
-  const float *bias = ep ? ep->bias : NULL;
-  int relu = ep ? ep->relu : 0;
-  /* op(A)(i, p) at a[i * as_i + p * as_p], op(B)(p, j) at b[p * bs_p + j * bs_j] */
-  int64_t as_i = ta == KILN_BLAS_NO_TRANS ? lda : 1, as_p = ta == KILN_BLAS_NO_TRANS ? 1 : lda;
-  int64_t bs_p = tb == KILN_BLAS_NO_TRANS ? ldb : 1, bs_j = tb == KILN_BLAS_NO_TRANS ? 1 : ldb;
-  /* The packed operand: op(B) [k, n] for C, op(A) broadcast from where it lies; or op(A)^T [k, m]
-     for C^T = op(B)^T op(A)^T when B is stored [n, k] (rows of op(B)^T read along) and C has a
-     quarter as many rows as columns or fewer: a batch of 32 against a 1024 x 1024 weight (a
-     Linear's forward) packs the batch, not the weight (Zen 5: 112 -> 154 GFLOP/s). Since C^T's
-     tiles are written transposed in registers (tr_store), a quarter rather than a sixteenth
-     (Emerald Rapids, 1 thread, against the sixteenth with the scalar loop before: [128, 784] x
-     [784, 512] 0.94-0.95 of the time, [64, 1024] x [1024, 1024] 0.95, [16, 256] x [256, 1024]
-     0.83-0.87; half as many: mixed, 0.96-1.03). Either way each element of C is the same FMAs in
-     the same order: the same bits. */
-  int tr = tb == KILN_BLAS_TRANS && 4 * m <= n;
-  const float *x = tr ? a : b, *y = tr ? b : a;
-  int64_t xs_p = tr ? as_p : bs_p, xs_q = tr ? as_i : bs_j, ys_r = tr ? bs_j : as_i, ys_p = tr ? bs_p : as_p;
-  int64_t rows = tr ? n : m, cols = tr ? m : n, drs = tr ? 1 : ldc, dqs = tr ? ldc : 1;
-  /* A short k (k <= 256: a layer's input of 64 features, a weight's grad over a batch of 128):
-     every panel of op(B) packed first (up to 1 MB, in L2), then C by rows of tiles, so that a tile
-     row's MR rows of C are written along (each row of C its own page: panel by panel, a panel's
-     tiles touched a new page each. Emerald Rapids, 1 thread, medians of 19 alternating in one
-     quiet process: [2048, 64] x [64, 1024] with B^T 102-105 -> 132-136 GFLOP/s, [512, 128] x
-     [128, 784] with A^T 124-125 -> 145, [784, 128] x [128, 512] 127 -> 142; the same bits). */
-  int64_t np = (cols + PW - 1) / PW;
-  int whole = k <= 256 && np > 1 && (double)k * (double)(np * PW) * 4 <= 1 << 20;
-  float *pb = k > 0 ? panel_for(sizeof(float) * (size_t)((whole ? np : 1) * kc0 * PW)) : NULL;
-  if (!pb || alpha == 0) {   /* no memory for a panel, or no products (C = beta C, A and B not read, as
-                                the BLAS does: NaN in them does not reach C): the BLAS does it */
-    kiln_sgemm(ta, tb, (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
-    if (ep) kiln_cpu_linear_finish(KILN_F32, m, n, c, ldc, ep->bias, ep->relu);
-    return;
-  }
-  /* A broadcast operand whose rows lie side by side (op(A) = A^T: element (r, p) at y[r + p * ys_p])
-     touches a new cache line and page every k for a tile's few rows, once per panel of columns:
-     each tile's rows of the block go packed [k][MR] first (the same values, so the same FMAs in
-     the same order), up to 16 MB (Emerald Rapids, 1 thread, 1024^3 with A^T: 60-72 -> 134-136
-     GFLOP/s; plain A 131-154). Packed against fewer than 8 panels too (a weight's grad over a
-     long batch, as above: [1024, 2048] x [2048, 64] with A^T 44 -> 62, [1024, 2048] x [2048, 256]
-     41 -> 87-94, [256, 2048] x [2048, 96] 55 -> 89-93), 16 rows of A^T at a time, each read from
-     start to end. */
-  int pack_y = ys_r == 1 && ys_p > 1 && rows >= MR && (double)rows * (double)kc0 * 4 <= 16e6;
-  float *ybuf = pack_y ? malloc(sizeof(float) * (size_t)(((rows + MR - 1) / MR) * MR * kc0) + 64) : NULL;
-  /* the tile of C at (i0, j0) for the block of k at p0 (kc rows), its panel packed at panel */
-#define KILN_SGEMM_TILE(i0, j0, p0, kc, panel)                                                               \
-  do {                                                                                                     \
-    int64_t nc_ = cols - (j0) < PW ? cols - (j0) : PW;                                                     \
-    int nr_ = rows - (i0) < MR ? (int)(rows - (i0)) : MR, nv_ = (int)((nc_ + 15) / 16), last_ = (p0) + (kc) >= k; \
-    /* the bias of a tile's columns of C: D's columns, or its rows when D is C^T */                       \
-    const float *tb_bias = last_ && bias ? bias + (tr ? (i0) : (j0)) : NULL;                               \
-    if (ybuf)                                                                                              \
-      tile_any(nr_, nv_, tr, ybuf + (i0) * (kc), 1, MR, panel, kc, c + (i0) * drs + (j0) * dqs, drs, dqs, nc_, \
-               alpha, beta, (p0) == 0, tb_bias, last_ && relu);                                            \
-    else                                                                                                   \
-      tile_any(nr_, nv_, tr, y + (i0) * ys_r + (p0) * ys_p, ys_r, ys_p, panel, kc, c + (i0) * drs + (j0) * dqs, \
-               drs, dqs, nc_, alpha, beta, (p0) == 0, tb_bias, last_ && relu);                             \
-  } while (0)
-  if (whole) {
-    if (ybuf) pack_rows(y, ys_p, 0, k, rows, ybuf);
-    for (int64_t j0 = 0; j0 < cols; j0 += PW)
-      pack_panel(x, xs_p, xs_q, 0, k, j0, cols - j0 < PW ? cols - j0 : PW, pb + j0 / PW * k * PW);
-    for (int64_t i0 = 0; i0 < rows; i0 += MR)
-      for (int64_t j0 = 0; j0 < cols; j0 += PW) KILN_SGEMM_TILE(i0, j0, 0, k, pb + j0 / PW * k * PW);
-  } else
-    for (int64_t p0 = 0; p0 < k; p0 += KC) {
-      int64_t kc = k - p0 < KC ? k - p0 : KC;
-      if (ybuf) pack_rows(y, ys_p, p0, kc, rows, ybuf);
-      for (int64_t j0 = 0; j0 < cols; j0 += PW) {
-        pack_panel(x, xs_p, xs_q, p0, kc, j0, cols - j0 < PW ? cols - j0 : PW, pb);
-        for (int64_t i0 = 0; i0 < rows; i0 += MR) KILN_SGEMM_TILE(i0, j0, p0, kc, pb);
-      }
-    }
-#undef KILN_SGEMM_TILE
-  free(ybuf);
-}
 
 /* C[m, n] = alpha * op(A) B + beta * C where B comes packed as kiln_cpu_sgemm packs it, panels of
    64 columns [ceil(n / 64)][k][64] with zeros past n, k <= KILN_SGEMM_PANEL_K: for a B that serves
@@ -390,7 +310,7 @@ void kiln_cpu_sgemm_panels(int ta, int64_t m, int64_t n, int64_t k, float alpha,
 #include <immintrin.h>
 #include <math.h>
 
-enum { PW = 64, SW = 16, KC = 1024 };
+enum { PW = 64, SW = 16, KC = 1024, C_TRANSPOSED = 0 };
 
 /* pb = op(B)(p0 + p, j0 + q) for q < nc, zeros past nc, in strips of 16 columns, each strip
    contiguous: pb[q / 16][p][q % 16] (a strip is read from start to end, kc * 64 bytes). */
@@ -486,8 +406,8 @@ static inline __attribute__((always_inline)) void tile(const int NR, const int N
     }
 }
 
-static void tile_any(int nr, int nv, const float *a, int64_t ars, int64_t aps, const float *pb, int64_t kc, float *d,
-                     int64_t drs, int64_t nc, float alpha, float beta, int first, const float *bias, int relu) {
+static void strip_any(int nr, int nv, const float *a, int64_t ars, int64_t aps, const float *pb, int64_t kc, float *d,
+                      int64_t drs, int64_t nc, float alpha, float beta, int first, const float *bias, int relu) {
 #define KILN_TILE(R, V)                                                                           \
   case (R) * 4 + (V):                                                                             \
     tile(R, V, a, ars, aps, pb, kc, d, drs, nc, alpha, beta, first, bias, relu);                  \
@@ -500,56 +420,104 @@ static void tile_any(int nr, int nv, const float *a, int64_t ars, int64_t aps, c
 #undef KILN_TILE
 }
 
+/* A tile of 6 rows by a panel's nc columns, as the avx512 level's tile_any: its strips of 16. C is
+   written directly at this level (tr is 0: no C^T path, whose transposed stores would need the
+   avx512 level's masks), so nv and dqs are not used. */
+static void tile_any(int nr, int nv, int tr, const float *a, int64_t ars, int64_t aps, const float *pb, int64_t kc,
+                     float *d, int64_t drs, int64_t dqs, int64_t nc, float alpha, float beta, int first, const float *bias,
+                     int relu) {
+  (void)nv; (void)tr; (void)dqs;
+  for (int64_t s0 = 0; s0 < nc; s0 += SW) {
+    int64_t sc = nc - s0 < SW ? nc - s0 : SW;
+    strip_any(nr, (int)((sc + 7) / 8), a, ars, aps, pb + s0 * kc, kc, d + s0, drs, sc, alpha, beta, first,
+              bias ? bias + s0 : NULL, relu);
+  }
+}
+
+#endif
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+/* The same, with ep (or NULL) done to each element as the last block of k stores it: one driver for
+   both levels, over their pack_panel and tile_any. */
 void kiln_cpu_sgemm_ep(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                        const float *b, int64_t ldb, float beta, float *c, int64_t ldc, const struct kiln_sgemm_ep *ep) {
   if (m <= 0 || n <= 0) return;
   int64_t kc0 = k < KC ? k : KC;
-  /* a short k: every panel packed first and C by rows of tiles, as at the avx512 level (one Emerald
-     Rapids core at this level: [2048, 64] x [64, 1024] with B^T 69-70 -> 76 GFLOP/s, the rest level) */
-  int64_t np = (n + PW - 1) / PW;
+  const float *bias = ep ? ep->bias : NULL;
+  int relu = ep ? ep->relu : 0;
+  /* op(A)(i, p) at a[i * as_i + p * as_p], op(B)(p, j) at b[p * bs_p + j * bs_j] */
+  int64_t as_i = ta == KILN_BLAS_NO_TRANS ? lda : 1, as_p = ta == KILN_BLAS_NO_TRANS ? 1 : lda;
+  int64_t bs_p = tb == KILN_BLAS_NO_TRANS ? ldb : 1, bs_j = tb == KILN_BLAS_NO_TRANS ? 1 : ldb;
+  /* The packed operand: op(B) [k, n] for C, op(A) broadcast from where it lies; or op(A)^T [k, m]
+     for C^T = op(B)^T op(A)^T when B is stored [n, k] (rows of op(B)^T read along) and C has a
+     quarter as many rows as columns or fewer: a batch of 32 against a 1024 x 1024 weight (a
+     Linear's forward) packs the batch, not the weight (Zen 5: 112 -> 154 GFLOP/s). Since C^T's
+     tiles are written transposed in registers (tr_store), a quarter rather than a sixteenth
+     (Emerald Rapids, 1 thread, against the sixteenth with the scalar loop before: [128, 784] x
+     [784, 512] 0.94-0.95 of the time, [64, 1024] x [1024, 1024] 0.95, [16, 256] x [256, 1024]
+     0.83-0.87; half as many: mixed, 0.96-1.03). Either way each element of C is the same FMAs in
+     the same order: the same bits. */
+  int tr = C_TRANSPOSED && tb == KILN_BLAS_TRANS && 4 * m <= n;
+  const float *x = tr ? a : b, *y = tr ? b : a;
+  int64_t xs_p = tr ? as_p : bs_p, xs_q = tr ? as_i : bs_j, ys_r = tr ? bs_j : as_i, ys_p = tr ? bs_p : as_p;
+  int64_t rows = tr ? n : m, cols = tr ? m : n, drs = tr ? 1 : ldc, dqs = tr ? ldc : 1;
+  /* A short k (k <= 256: a layer's input of 64 features, a weight's grad over a batch of 128):
+     every panel of op(B) packed first (up to 1 MB, in L2), then C by rows of tiles, so that a tile
+     row's MR rows of C are written along (each row of C its own page: panel by panel, a panel's
+     tiles touched a new page each. Emerald Rapids, 1 thread, medians of 19 alternating in one
+     quiet process: [2048, 64] x [64, 1024] with B^T 102-105 -> 132-136 GFLOP/s, [512, 128] x
+     [128, 784] with A^T 124-125 -> 145, [784, 128] x [128, 512] 127 -> 142; at the avx2 level the
+     first 69-70 -> 76, the rest level; the same bits). */
+  int64_t np = (cols + PW - 1) / PW;
   int whole = k <= 256 && np > 1 && (double)k * (double)(np * PW) * 4 <= 1 << 20;
   float *pb = k > 0 ? panel_for(sizeof(float) * (size_t)((whole ? np : 1) * kc0 * PW)) : NULL;
-  if (!pb || alpha == 0) {
+  if (!pb || alpha == 0) {   /* no memory for a panel, or no products (C = beta C, A and B not read, as
+                                the BLAS does: NaN in them does not reach C): the BLAS does it */
     kiln_sgemm(ta, tb, (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
     if (ep) kiln_cpu_linear_finish(KILN_F32, m, n, c, ldc, ep->bias, ep->relu);
     return;
   }
-  const float *bias = ep ? ep->bias : NULL;
-  int relu = ep ? ep->relu : 0;
-  int64_t as_i = ta == KILN_BLAS_NO_TRANS ? lda : 1, as_p = ta == KILN_BLAS_NO_TRANS ? 1 : lda;
-  int64_t bs_p = tb == KILN_BLAS_NO_TRANS ? ldb : 1, bs_j = tb == KILN_BLAS_NO_TRANS ? 1 : ldb;
-  /* A^T's rows packed [k][MR] a tile, as at the avx512 level */
-  int pack_a = as_i == 1 && as_p > 1 && m >= MR && (double)m * (double)kc0 * 4 <= 16e6;
-  float *abuf = pack_a ? malloc(sizeof(float) * (size_t)(((m + MR - 1) / MR) * MR * kc0) + 64) : NULL;
-  /* the tile of C at (i0, j0) for the block of k at p0 (kc rows), its panel packed at panel: its strips */
+  /* A broadcast operand whose rows lie side by side (op(A) = A^T: element (r, p) at y[r + p * ys_p])
+     touches a new cache line and page every k for a tile's few rows, once per panel of columns:
+     each tile's rows of the block go packed [k][MR] first (the same values, so the same FMAs in
+     the same order), up to 16 MB (Emerald Rapids, 1 thread, 1024^3 with A^T: 60-72 -> 134-136
+     GFLOP/s; plain A 131-154). Packed against fewer than 8 panels too (a weight's grad over a
+     long batch, as above: [1024, 2048] x [2048, 64] with A^T 44 -> 62, [1024, 2048] x [2048, 256]
+     41 -> 87-94, [256, 2048] x [2048, 96] 55 -> 89-93), 16 rows of A^T at a time, each read from
+     start to end. */
+  int pack_y = ys_r == 1 && ys_p > 1 && rows >= MR && (double)rows * (double)kc0 * 4 <= 16e6;
+  float *ybuf = pack_y ? malloc(sizeof(float) * (size_t)(((rows + MR - 1) / MR) * MR * kc0) + 64) : NULL;
+  /* the tile of C at (i0, j0) for the block of k at p0 (kc rows), its panel packed at panel */
 #define KILN_SGEMM_TILE(i0, j0, p0, kc, panel)                                                               \
   do {                                                                                                     \
-    int64_t nc_ = n - (j0) < PW ? n - (j0) : PW, last_ = (p0) + (kc) >= k;                                 \
-    int nr_ = m - (i0) < MR ? (int)(m - (i0)) : MR;                                                        \
-    const float *ya_ = abuf ? abuf + (i0) * (kc) : a + (i0) * as_i + (p0) * as_p;                          \
-    int64_t yr_ = abuf ? 1 : as_i, yp_ = abuf ? MR : as_p;                                                 \
-    for (int64_t s0 = 0; s0 < nc_; s0 += 16) {                                                             \
-      int64_t sc = nc_ - s0 < 16 ? nc_ - s0 : 16;                                                          \
-      tile_any(nr_, (int)((sc + 7) / 8), ya_, yr_, yp_, (panel) + s0 * (kc), kc, c + (i0) * ldc + (j0) + s0, ldc, sc, \
-               alpha, beta, (p0) == 0, last_ && bias ? bias + (j0) + s0 : NULL, last_ && relu);             \
-    }                                                                                                      \
+    int64_t nc_ = cols - (j0) < PW ? cols - (j0) : PW;                                                     \
+    int nr_ = rows - (i0) < MR ? (int)(rows - (i0)) : MR, nv_ = (int)((nc_ + 15) / 16), last_ = (p0) + (kc) >= k; \
+    /* the bias of a tile's columns of C: D's columns, or its rows when D is C^T */                       \
+    const float *tb_bias = last_ && bias ? bias + (tr ? (i0) : (j0)) : NULL;                               \
+    if (ybuf)                                                                                              \
+      tile_any(nr_, nv_, tr, ybuf + (i0) * (kc), 1, MR, panel, kc, c + (i0) * drs + (j0) * dqs, drs, dqs, nc_, \
+               alpha, beta, (p0) == 0, tb_bias, last_ && relu);                                            \
+    else                                                                                                   \
+      tile_any(nr_, nv_, tr, y + (i0) * ys_r + (p0) * ys_p, ys_r, ys_p, panel, kc, c + (i0) * drs + (j0) * dqs, \
+               drs, dqs, nc_, alpha, beta, (p0) == 0, tb_bias, last_ && relu);                             \
   } while (0)
   if (whole) {
-    if (abuf) pack_rows(a, as_p, 0, k, m, abuf);
-    for (int64_t j0 = 0; j0 < n; j0 += PW) pack_panel(b, bs_p, bs_j, 0, k, j0, n - j0 < PW ? n - j0 : PW, pb + j0 / PW * k * PW);
-    for (int64_t i0 = 0; i0 < m; i0 += MR)
-      for (int64_t j0 = 0; j0 < n; j0 += PW) KILN_SGEMM_TILE(i0, j0, 0, k, pb + j0 / PW * k * PW);
+    if (ybuf) pack_rows(y, ys_p, 0, k, rows, ybuf);
+    for (int64_t j0 = 0; j0 < cols; j0 += PW)
+      pack_panel(x, xs_p, xs_q, 0, k, j0, cols - j0 < PW ? cols - j0 : PW, pb + j0 / PW * k * PW);
+    for (int64_t i0 = 0; i0 < rows; i0 += MR)
+      for (int64_t j0 = 0; j0 < cols; j0 += PW) KILN_SGEMM_TILE(i0, j0, 0, k, pb + j0 / PW * k * PW);
   } else
     for (int64_t p0 = 0; p0 < k; p0 += KC) {
       int64_t kc = k - p0 < KC ? k - p0 : KC;
-      if (abuf) pack_rows(a, as_p, p0, kc, m, abuf);
-      for (int64_t j0 = 0; j0 < n; j0 += PW) {
-        pack_panel(b, bs_p, bs_j, p0, kc, j0, n - j0 < PW ? n - j0 : PW, pb);
-        for (int64_t i0 = 0; i0 < m; i0 += MR) KILN_SGEMM_TILE(i0, j0, p0, kc, pb);
+      if (ybuf) pack_rows(y, ys_p, p0, kc, rows, ybuf);
+      for (int64_t j0 = 0; j0 < cols; j0 += PW) {
+        pack_panel(x, xs_p, xs_q, p0, kc, j0, cols - j0 < PW ? cols - j0 : PW, pb);
+        for (int64_t i0 = 0; i0 < rows; i0 += MR) KILN_SGEMM_TILE(i0, j0, p0, kc, pb);
       }
     }
 #undef KILN_SGEMM_TILE
-  free(abuf);
+  free(ybuf);
 }
 #else
 void kiln_cpu_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
