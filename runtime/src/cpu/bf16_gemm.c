@@ -367,24 +367,36 @@ int cpu_gemm_bf16(struct kiln_tensor *out, const struct kiln_tensor *a, const st
   return bgemm_run(&g, a->sizes[0] == 1 ? 1 : g.nbatch);
 }
 
+/* A rows x cols bf16 operand (element [i][p] at x[i * s1 + p * s2]) widened to f32 for sgemm: as it
+   lies where it is a plain row-major matrix or the transpose of one (one vectorised pass over its
+   span; *tr and *ld say how sgemm reads it), else copied into a row-major one. NULL: no memory. */
+static float *widen_operand(const uint16_t *x, int64_t rows, int64_t cols, int64_t s1, int64_t s2, int *tr, int64_t *ld) {
+  int64_t span = 0;
+  if (rows <= 0 || cols <= 0) { *tr = 0; *ld = 1; return malloc(64); }   /* nothing to read */
+  if (s2 == 1 && s1 >= cols) { span = (rows - 1) * s1 + cols; *tr = 0; *ld = s1; }
+  else if (s1 == 1 && s2 >= rows) { span = (cols - 1) * s2 + rows; *tr = 1; *ld = s2; }
+  if (span > 2 * rows * cols + 4096) span = 0;   /* a small part of a larger storage: copied */
+  float *w = malloc(sizeof(float) * (size_t)(span ? span : rows * cols) + 64);
+  if (!w) return NULL;
+  if (span) { convert_vectorised(w, KILN_F32, x, KILN_BF16, span); return w; }
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t p = 0; p < cols; p++) w[i * cols + p] = kiln_bf16_to_f32(x[i * s1 + p * s2]);
+  *tr = 0; *ld = cols > 0 ? cols : 1;
+  return w;
+}
+
 int kiln_cpu_gemm_bf16_f32(int64_t n, int64_t m, int64_t k, float alpha, const uint16_t *a, int64_t as1, int64_t as2,
                            const uint16_t *b, int64_t bs1, int64_t bs2, float beta, float *c, int64_t cs1, int64_t cs2) {
-  if (!kiln_cpu_bf16_native()) {   /* exact bf16 values in f32, then sgemm: f32 products and sums */
+  /* where vdpbf16ps is not the faster (kiln_cpu_bf16_products_native): exact bf16 values in f32,
+     then sgemm: f32 products and sums */
+  if (!kiln_cpu_bf16_products_native()) {
     if (n <= 0 || m <= 0) return KILN_OK;
-    float *af = malloc(sizeof(float) * (size_t)(n * k) + 16), *bf = malloc(sizeof(float) * (size_t)(k * m) + 16);
+    int ta = 0, tb = 0;
+    int64_t lda = 1, ldb = 1;
+    float *af = widen_operand(a, n, k, as1, as2, &ta, &lda), *bf = widen_operand(b, k, m, bs1, bs2, &tb, &ldb);
     if (!af || !bf) { free(af); free(bf); return kiln_fail(KILN_ERR_MEMORY, "matmul: out of memory converting bf16 operands"); }
-    if (as2 == 1)
-      for (int64_t i = 0; i < n; i++) convert_vectorised(af + i * k, KILN_F32, a + i * as1, KILN_BF16, k);
-    else
-      for (int64_t p = 0; p < k; p++)
-        for (int64_t i = 0; i < n; i++) af[i * k + p] = kiln_bf16_to_f32(a[i * as1 + p * as2]);
-    if (bs2 == 1)
-      for (int64_t p = 0; p < k; p++) convert_vectorised(bf + p * m, KILN_F32, b + p * bs1, KILN_BF16, m);
-    else
-      for (int64_t j = 0; j < m; j++)
-        for (int64_t p = 0; p < k; p++) bf[p * m + j] = kiln_bf16_to_f32(b[p * bs1 + j * bs2]);
-    if (cs2 == 1) kiln_cpu_gemm_raw_fixed(KILN_F32, 0, 0, n, m, k, alpha, af, k, bf, m, beta, c, cs1);
-    else kiln_cpu_gemm_raw_fixed(KILN_F32, 1, 1, m, n, k, alpha, bf, m, af, k, beta, c, cs2);   /* c^T = b^T a^T */
+    if (cs2 == 1) kiln_cpu_gemm_raw_fixed(KILN_F32, ta, tb, n, m, k, alpha, af, lda, bf, ldb, beta, c, cs1);
+    else kiln_cpu_gemm_raw_fixed(KILN_F32, !tb, !ta, m, n, k, alpha, bf, ldb, af, lda, beta, c, cs2);   /* c^T = b^T a^T */
     free(af); free(bf);
     return KILN_OK;
   }

@@ -84,7 +84,7 @@ static void gemm_run(struct gemm_job *j) { gemm_run_parts(j, 0); }
 
 /* fixed_parts > 0: split as for that many threads, whatever the pool's size, so that the bits do
    not depend on the thread count (each panel is one BLAS call, and a BLAS call's result can depend
-   on its shape). */
+   on its shape), unless kiln's own GEMM runs it. */
 static void gemm_run_parts(struct gemm_job *j, int fixed_parts) {
   if (j->k <= 0) {   /* BLAS wants k >= 1: the product is zero, only beta * C remains */
     int es = j->dtype == KILN_F32 ? 4 : 8;
@@ -101,7 +101,9 @@ static void gemm_run_parts(struct gemm_job *j, int fixed_parts) {
     return;
   }
   j->own = j->dtype == KILN_F32 && kiln_cpu_sgemm_here(j->n, j->m, j->k);
-  int nt = fixed_parts > 0 ? fixed_parts : kiln_get_num_threads();
+  /* kiln's own f32 GEMM sums each element in one order whatever the part (cpu/sgemm.c): fixed parts
+     would only pack op(B) again for each of them */
+  int nt = fixed_parts > 0 && !j->own ? fixed_parts : kiln_get_num_threads();
   double flops = 2.0 * (double)j->n * (double)j->m * (double)j->k;
   int64_t tasks;
   if (nt == 1 || flops * (double)j->nbatch < 2e5) { j->split = 0; tasks = j->nbatch; nt = 1; }
