@@ -6,13 +6,17 @@
 
    With AVX512-BF16, where it is faster than f32 FMAs (kiln_cpu_bf16_products_native), a panel is
    64 columns and vdpbf16ps adds each pair's two products into 16 f32 lanes, 4 sequences x 4
-   vectors at a time. Without it (or with KILN_BF16_EMULATE=1) a panel is the level's 4 vectors of f32 lanes, each
-   step's rows are widened to f32 once for all the panels, and the same sums are made
-   with f32 arithmetic in vdpbf16ps's order: for each pair the odd product, then the even one, each
-   added with one rounding to nearest even (a product of two bf16 values is exact in f32, so an
-   FMA, or a multiply and an add, round once), subnormal inputs and results taken as zero (MXCSR's
-   DAZ and FTZ while the products run). So the emulated products are the native ones, bit for bit
-   (the baseline level, which has no FMA, may differ where a single product is below 2^-126). */
+   vectors at a time. Without it (or with KILN_BF16_EMULATE=1) the same sums are made with f32
+   arithmetic in vdpbf16ps's order: for each pair the odd product, then the even one, each added
+   with one rounding to nearest even (a product of two bf16 values is exact in f32, so an FMA, or a
+   multiply and an add, round once), subnormal inputs and results taken as zero (MXCSR's DAZ and
+   FTZ while the products run). The packed pairs are then widened once, in place, into f32 panels
+   of cpu/rnn.c's f32 products (the level's 4 vectors wide), each pair as two rows, the odd element
+   first; each step's rows are widened the same way, once for all the panels; and cpu/rnn.c's f32
+   kernel, in k's order, makes the sums (Emerald Rapids, 1 thread: the char-LM's bf16 step
+   ~0.9x the time of widening each pair of a panel as it is used). So the emulated products are
+   the native ones, bit for bit (the baseline level, which has no FMA, may differ where a single
+   product is below 2^-126). */
 #include "cpu.h"
 #include "convert.h"
 #include <stdlib.h>
@@ -22,25 +26,40 @@
 #include <immintrin.h>
 #endif
 
-/* the emulation's vectors: the level's own, as in cpu/rnn.c */
+/* the emulation's panels: cpu/rnn.c's f32 ones, 4 of the level's vectors wide */
 #if defined(__AVX512F__)
 #define EVEC 64
-#define EBLOCK 4
 #elif defined(__AVX__)
 #define EVEC 32
-#define EBLOCK 2
 #else
 #define EVEC 16
-#define EBLOCK 2
 #endif
 enum { ELANES = EVEC / 4, EPW = 4 * ELANES, NPW = 64 };
-
-typedef float ev_f32 __attribute__((vector_size(EVEC)));
-typedef uint32_t ev_u32 __attribute__((vector_size(EVEC)));
 
 /* vdpbf16ps where the CPU runs it faster than the emulation's f32 FMAs (not Sapphire and Emerald
    Rapids, where the emulation takes about 0.55-0.7x its time) */
 int64_t kiln_cpu_rnn_bf16_panel(void) { return kiln_cpu_bf16_products_native() ? NPW : EPW; }
+
+int64_t kiln_cpu_rnn_bf16_packed_words(int64_t n, int64_t K) {
+  const int64_t PW = kiln_cpu_rnn_bf16_panel(), kp = (K + 1) / 2;
+  return (n + PW - 1) / PW * PW * kp * (kiln_cpu_bf16_products_native() ? 1 : 2);
+}
+
+/* Emulated: the np panels of kp pair rows widened in place into panels of 2 kp f32 rows (each
+   pair's odd element first), from the last row down, as each row's place is at or past its own. */
+static void widen_panels(uint32_t *packed, int64_t np, int64_t kp) {
+  if (kiln_cpu_bf16_products_native()) return;
+  for (int64_t r = np * kp - 1; r >= 0; r--) {
+    uint32_t pr[EPW];
+    memcpy(pr, packed + r * EPW, sizeof pr);
+    float *odd = (float *)(packed + 2 * r * EPW), *even = odd + EPW;
+    for (int64_t c = 0; c < EPW; c++) {
+      uint32_t hi = pr[c] & 0xffff0000u, lo = pr[c] << 16;
+      memcpy(odd + c, &hi, 4);
+      memcpy(even + c, &lo, 4);
+    }
+  }
+}
 
 static inline uint16_t to_bf16(int sdt, const void *src, int64_t i) {
   return sdt == KILN_BF16 ? ((const uint16_t *)src)[i] : convert_f32_to_bf16(((const float *)src)[i]);
@@ -71,6 +90,7 @@ void kiln_cpu_rnn_bf16_pack_rows(uint32_t *packed, int64_t n, int64_t K, const v
       for (int64_t c = m; c < PW; c++) row[c] = 0;
     }
   }
+  widen_panels(packed, np, kp);
 }
 
 #if defined(__AVX__)
@@ -95,6 +115,7 @@ void kiln_cpu_rnn_bf16_pack_cols(uint32_t *packed, int64_t n, int64_t kp, const 
     for (int64_t kk = k0; kk < kp; kk++)
       for (int64_t c = 0; c < PW; c++) panel[kk * PW + c] = c < m ? rows[(c0 + c) * ld + kk] : 0;
   }
+  widen_panels(packed, np, kp);
 }
 
 /* The accumulators of one row (4 vectors of `lanes` floats in acc) into y + out: m columns, f32 or
@@ -108,86 +129,71 @@ static inline __attribute__((always_inline)) void store_row(const float *acc, in
   }
 }
 
-/* ---- the emulation: f32 vectors of the level ---- */
+/* ---- the emulation: cpu/rnn.c's f32 products on the widened panels ---- */
 
-/* NB rows x against a panel. WIDE: x holds rows of 2 kp f32 values (the bf16 rows widened, a zero
-   past an odd K), whose elements are broadcast straight from memory; else the bf16 rows, each
-   pair widened here (slower: the broadcasts from registers take the FMAs' ports). */
-static inline __attribute__((always_inline)) void eblock(const int WIDE, const int NB, const uint32_t *ap, int64_t K,
-                                                         const void *const *x, void *const *y, int64_t out, int64_t m,
-                                                         int out_bf16) {
-  const int64_t kp = (K + 1) / 2;
-  ev_f32 acc[4][4];
-  for (int q = 0; q < NB; q++)
-    for (int v = 0; v < 4; v++) acc[q][v] = (ev_f32){0};
-  for (int64_t kk = 0; kk < kp; kk++) {
-    const uint32_t *ak = ap + kk * EPW;
-    float xo[4], xe[4];
-    for (int q = 0; q < NB; q++) {
-      if (WIDE) {
-        xo[q] = ((const float *)x[q])[2 * kk + 1];
-        xe[q] = ((const float *)x[q])[2 * kk];
-        continue;
-      }
-      uint32_t pr;
-      memcpy(&pr, (const uint16_t *)x[q] + 2 * kk, 4);   /* the pair (x[2kk], x[2kk+1]); a row need not be 4-byte aligned */
-      uint32_t hi = pr & 0xffff0000u, lo = pr << 16;
-      if (kk == kp - 1 && (K & 1)) hi = 0;   /* past K: the row's next element is not ours */
-      memcpy(&xo[q], &hi, 4);
-      memcpy(&xe[q], &lo, 4);
-    }
-    for (int v = 0; v < 4; v++) {
-      ev_u32 w;
-      memcpy(&w, ak + v * ELANES, sizeof w);
-      ev_f32 wo = (ev_f32)(w & 0xffff0000u), we = (ev_f32)(w << 16);
-      for (int q = 0; q < NB; q++) {
-        acc[q][v] += xo[q] * wo;   /* vdpbf16ps's order: the odd product, then the even one */
-        acc[q][v] += xe[q] * we;
-      }
-    }
+/* A bf16 row of K elements into 2 kp f32 values as the panels hold them: for each pair, the odd
+   element, then the even one (one 64-bit word of two floats from the pair's 32 bits) */
+static void widen_row(float *restrict r, const uint16_t *restrict x, int64_t K) {
+  const int64_t full = K / 2;
+  uint64_t *r64 = (uint64_t *)(void *)r;
+  for (int64_t kk = 0; kk < full; kk++) {
+    uint32_t w;
+    memcpy(&w, x + 2 * kk, 4);   /* a row need not be 4-byte aligned */
+    uint64_t v = w;
+    r64[kk] = (v & 0xffff0000u) | (v & 0xffffu) << 48;
   }
-  for (int q = 0; q < NB; q++) {
-    float vals[EPW];
-    for (int v = 0; v < 4; v++) memcpy(vals + v * ELANES, &acc[q][v], sizeof acc[q][v]);
-    store_row(vals, m, y[q], out, out_bf16);
+  if (K & 1) {   /* past K: the row's next element is not ours */
+    r[2 * full] = 0;
+    r[2 * full + 1] = convert_bf16_to_f32(x[K - 1]);
   }
 }
 
-/* the na rows against one panel, EBLOCK at a time */
-static inline __attribute__((always_inline)) void eblocks(const int WIDE, const uint32_t *ap, int64_t K, int64_t na,
-                                                          const void *const *x, void *const *y, int64_t out, int64_t m,
-                                                          int out_bf16) {
-  int64_t q = 0;
-  for (; q + EBLOCK <= na; q += EBLOCK) eblock(WIDE, EBLOCK, ap, K, x + q, y + q, out, m, out_bf16);
-  if (EBLOCK > 3 && na - q == 3) eblock(WIDE, 3, ap, K, x + q, y + q, out, m, out_bf16);
-  else if (na - q == 2) eblock(WIDE, 2, ap, K, x + q, y + q, out, m, out_bf16);
-  else if (na - q == 1) eblock(WIDE, 1, ap, K, x + q, y + q, out, m, out_bf16);
+/* Without memory for the widened rows: one sum at a time, in the same order (products of bf16
+   values are exact, so each add rounds once as the FMA does) */
+static void times_emulated_one(const uint32_t *packed, int64_t K, int64_t n, const uint16_t *x, void *y, int out_bf16,
+                               int64_t span, int64_t stride) {
+  const int64_t kp = (K + 1) / 2;
+  for (int64_t c = 0; c < n; c++) {
+    const float *col = (const float *)packed + (c / EPW) * 2 * kp * EPW + c % EPW;
+    float acc = 0;
+    for (int64_t kk = 0; kk < kp; kk++) {
+      float xo = 2 * kk + 1 < K ? convert_bf16_to_f32(x[2 * kk + 1]) : 0, xe = convert_bf16_to_f32(x[2 * kk]);
+      acc += xo * col[2 * kk * EPW];
+      acc += xe * col[(2 * kk + 1) * EPW];
+    }
+    int64_t o = span ? (c / span) * stride + c % span : c;
+    if (out_bf16) ((uint16_t *)y)[o] = convert_f32_to_bf16(acc);
+    else ((float *)y)[o] = acc;
+  }
 }
 
 static void times_emulated(const uint32_t *packed, int64_t K, int64_t n, int64_t na, const uint16_t *const *xs, void *const *ys,
                            int out_bf16, int64_t span, int64_t stride) {
+  const int64_t kp = (K + 1) / 2, K2 = 2 * kp;
+  if (na <= 0) return;
+  /* the rows widened as the panels are, each pair's odd element first (a zero past an odd K: the
+     row's next element is not ours); with out_bf16 the f32 sums go to rows of their own first */
 #if defined(__x86_64__) || defined(__i386__)
   unsigned csr = _mm_getcsr();
   _mm_setcsr((csr & ~0x6000u) | 0x8040u);   /* round to nearest even, DAZ, FTZ: as vdpbf16ps */
 #endif
-  const int64_t kp = (K + 1) / 2;
-  /* the rows widened once for all the panels (a step's rows: tens of KB) */
-  float *wide = malloc(sizeof(float) * (size_t)(na * 2 * kp + 1));
-  const void *rows[na > 0 ? na : 1];
-  for (int64_t q = 0; q < na; q++) {
-    if (!wide) { rows[q] = xs[q]; continue; }   /* no buffer: the pairs widened as they are read */
-    float *r = wide + q * 2 * kp;
-    for (int64_t k = 0; k < K; k++) r[k] = convert_bf16_to_f32(xs[q][k]);
-    if (K & 1) r[K] = 0;   /* past K: the row's next element is not ours */
-    rows[q] = r;
+  float *wide = malloc(sizeof(float) * (size_t)(na * K2 + (out_bf16 ? na * n : 0)));
+  if (!wide)   /* no buffer: one sum at a time */
+    for (int64_t q = 0; q < na; q++) times_emulated_one(packed, K, n, xs[q], ys[q], out_bf16, span, stride);
+  else {
+    const float *rows[na];
+    float *outs[na];
+    for (int64_t q = 0; q < na; q++) {
+      float *r = wide + q * K2;
+      widen_row(r, xs[q], K);
+      rows[q] = r;
+      outs[q] = out_bf16 ? wide + na * K2 + q * n : ys[q];
+    }
+    kiln_cpu_rnn_times_f32_ordered((const float *)packed, K2, n, na, rows, outs, span, stride);
+    if (out_bf16)
+      for (int64_t q = 0; q < na; q++) store_row(outs[q], n, ys[q], 0, 1);
+    free(wide);
   }
-  for (int64_t p = 0; p * EPW < n; p++) {
-    int64_t c0 = p * EPW, m = n - c0 < EPW ? n - c0 : EPW, out = span ? (c0 / span) * stride + c0 % span : c0;
-    const uint32_t *ap = packed + p * kp * EPW;
-    if (wide) eblocks(1, ap, K, na, rows, ys, out, m, out_bf16);
-    else eblocks(0, ap, K, na, rows, ys, out, m, out_bf16);
-  }
-  free(wide);
 #if defined(__x86_64__) || defined(__i386__)
   _mm_setcsr(csr);
 #endif

@@ -254,9 +254,12 @@ static inline __attribute__((always_inline)) void pack_rows(int dt, void *packed
     }
 }
 
-/* Panel p of the products for NB sequences, written at y[q] + out (for columns p * PW on). */
-static inline __attribute__((always_inline)) void times_block(int dt, const int NB, const void *packed, int64_t K, int64_t n,
-                                                              int64_t p, const void *const *x, void *const *y, int64_t out) {
+/* Panel p of the products for NB sequences, written at y[q] + out (for columns p * PW on). ORD:
+   every sum in k's order, a lone sequence's too (the bf16 emulation's, which must keep vdpbf16ps's
+   order). */
+static inline __attribute__((always_inline)) void times_block(int dt, const int ORD, const int NB, const void *packed, int64_t K,
+                                                              int64_t n, int64_t p, const void *const *x, void *const *y,
+                                                              int64_t out) {
   const int64_t LANES = dt == KILN_F32 ? LANES_F32 : LANES_F64, PW = 4 * LANES;
   const void *ap = dt_at(packed, dt, p * K * PW);
   /* only the NB x 4 accumulators in use are set (zeroing the whole array costs a rep stos a call) */
@@ -264,7 +267,7 @@ static inline __attribute__((always_inline)) void times_block(int dt, const int 
   for (int q = 0; q < NB; q++)
     for (int v = 0; v < 4; v++) acc[q][v] = vec_zero();
   int64_t k = 0;
-  if (NB == 1) {   /* one sequence: a second set of accumulators for odd k hides the FMA latency */
+  if (NB == 1 && !ORD) {   /* one sequence: a second set of accumulators for odd k hides the FMA latency */
     struct vec odd[4] = {vec_zero(), vec_zero(), vec_zero(), vec_zero()};
     for (; k + 2 <= K; k += 2) {
       const void *ak = dt_at(ap, dt, k * PW);
@@ -316,8 +319,9 @@ static inline __attribute__((always_inline)) void times_block(int dt, const int 
    do not fit), and a panel is reused from L1 or L2 by the blocks after the first. With span > 0
    (a multiple of PW), column c goes to (c / span) * stride + c % span of ys[q]: the forward's
    gates straight into their places in a row of w_hh h. */
-static inline __attribute__((always_inline)) void times_rows(int dt, const void *packed, int64_t K, int64_t n, int64_t na,
-                                                             const void **xs, void **ys, int64_t span, int64_t stride) {
+static inline __attribute__((always_inline)) void times_rows(int dt, const int ORD, const void *packed, int64_t K, int64_t n,
+                                                             int64_t na, const void *const *xs, void *const *ys, int64_t span,
+                                                             int64_t stride) {
   for (int64_t p = 0; p < panels(dt, n); p++) {
     int64_t c0 = p * panel_width(dt), out = span ? (c0 / span) * stride + c0 % span : c0, q = 0;
 #if BLOCK == 6
@@ -326,27 +330,31 @@ static inline __attribute__((always_inline)) void times_rows(int dt, const void 
        a batch of 4j + 1 leaves its last sequence alone, as blocks of 4 did before (a block of one
        sums in another order), so that every batch's bits stay what they were */
     int64_t m = na > 1 && na % 4 == 1 ? na - 1 : na;
-    for (; m - q >= 6 && m - q != 7 && m - q != 8; q += 6) times_block(dt, 6, packed, K, n, p, xs + q, ys + q, out);
-    if (m - q == 7 || m - q == 8) { times_block(dt, 4, packed, K, n, p, xs + q, ys + q, out); q += 4; }
-    if (m - q == 5) times_block(dt, 5, packed, K, n, p, xs + q, ys + q, out);
-    else if (m - q == 4) times_block(dt, 4, packed, K, n, p, xs + q, ys + q, out);
-    else if (m - q == 3) times_block(dt, 3, packed, K, n, p, xs + q, ys + q, out);
-    else if (m - q == 2) times_block(dt, 2, packed, K, n, p, xs + q, ys + q, out);
-    else if (m - q == 1) times_block(dt, 1, packed, K, n, p, xs + q, ys + q, out);
-    if (m < na) times_block(dt, 1, packed, K, n, p, xs + m, ys + m, out);
+    for (; m - q >= 6 && m - q != 7 && m - q != 8; q += 6) times_block(dt, ORD, 6, packed, K, n, p, xs + q, ys + q, out);
+    if (m - q == 7 || m - q == 8) { times_block(dt, ORD, 4, packed, K, n, p, xs + q, ys + q, out); q += 4; }
+    if (m - q == 5) times_block(dt, ORD, 5, packed, K, n, p, xs + q, ys + q, out);
+    else if (m - q == 4) times_block(dt, ORD, 4, packed, K, n, p, xs + q, ys + q, out);
+    else if (m - q == 3) times_block(dt, ORD, 3, packed, K, n, p, xs + q, ys + q, out);
+    else if (m - q == 2) times_block(dt, ORD, 2, packed, K, n, p, xs + q, ys + q, out);
+    else if (m - q == 1) times_block(dt, ORD, 1, packed, K, n, p, xs + q, ys + q, out);
+    if (m < na) times_block(dt, ORD, 1, packed, K, n, p, xs + m, ys + m, out);
 #else
-    for (; q + BLOCK <= na; q += BLOCK) times_block(dt, BLOCK, packed, K, n, p, xs + q, ys + q, out);
-    if (na - q == 1) times_block(dt, 1, packed, K, n, p, xs + q, ys + q, out);
+    for (; q + BLOCK <= na; q += BLOCK) times_block(dt, ORD, BLOCK, packed, K, n, p, xs + q, ys + q, out);
+    if (na - q == 1) times_block(dt, ORD, 1, packed, K, n, p, xs + q, ys + q, out);
 #endif
   }
 }
 static void times_rows_f32(const float *packed, int64_t K, int64_t n, int64_t na, const void **xs, void **ys, int64_t span,
                            int64_t stride) {
-  times_rows(KILN_F32, packed, K, n, na, xs, ys, span, stride);
+  times_rows(KILN_F32, 0, packed, K, n, na, xs, ys, span, stride);
 }
 static void times_rows_f64(const double *packed, int64_t K, int64_t n, int64_t na, const void **xs, void **ys, int64_t span,
                            int64_t stride) {
-  times_rows(KILN_F64, packed, K, n, na, xs, ys, span, stride);
+  times_rows(KILN_F64, 0, packed, K, n, na, xs, ys, span, stride);
+}
+void kiln_cpu_rnn_times_f32_ordered(const float *packed, int64_t K, int64_t n, int64_t na, const float *const *xs,
+                                    float *const *ys, int64_t span, int64_t stride) {
+  times_rows(KILN_F32, 1, packed, K, n, na, (const void *const *)xs, (void *const *)ys, span, stride);
 }
 
 /* A layer's buffers, of its dtype. */
@@ -1091,7 +1099,7 @@ static void forward_team_bf(void *ctx, int id, int nteam) {
      of the packed [K][G*nj]; each column is first a row of K elements (2 kp, zero-padded) */
   int64_t nq = G * nj, I = L->xp ? 0 : L->I, K = H + I, kp = (K + 1) / 2, PW = kiln_cpu_rnn_bf16_panel();
   size_t ws = L->wdt == KILN_BF16 ? 2 : 4;
-  uint32_t *w = kiln_cpu_scratch(sizeof(uint32_t) * (size_t)((nq + PW - 1) / PW * PW * kp + 1));
+  uint32_t *w = kiln_cpu_scratch(sizeof(uint32_t) * (size_t)(kiln_cpu_rnn_bf16_packed_words(nq, K) + 1));
   uint16_t *rows = kiln_cpu_scratch(sizeof(uint16_t) * (size_t)(nq * 2 * kp + 1));
   float *prod = kiln_cpu_scratch(sizeof(float) * (size_t)(B * nq + 1)), *yf = kiln_cpu_scratch(sizeof(float) * (size_t)(nj + 1));
   uint16_t *hx = I ? calloc((size_t)(B * 2 * kp + 1), sizeof(uint16_t)) : NULL;   /* [h | x] rows of 2 kp */
@@ -1154,12 +1162,12 @@ static void backward_team_bf(void *ctx, int id, int nteam) {
   slice(H, id, nteam, &j0, &j1);
   int64_t nj = j1 - j0, i0 = 0, i1 = 0;
   if (L->gxb) slice(I, id, nteam, &i0, &i1);
-  int64_t ni = i1 - i0, kp = (GH + 1) / 2, PW = kiln_cpu_rnn_bf16_panel();
+  int64_t ni = i1 - i0;
   int sense = 0;
   size_t ws = L->wdt == KILN_BF16 ? 2 : 4;
   /* columns j0..j1 of w_hh (and i0..i1 of w_ih), rounded and packed [GH][nj] */
-  uint32_t *wc = kiln_cpu_scratch(sizeof(uint32_t) * (size_t)((nj + PW - 1) / PW * PW * kp + 1));
-  uint32_t *wi = ni ? kiln_cpu_scratch(sizeof(uint32_t) * (size_t)((ni + PW - 1) / PW * PW * kp + 1)) : NULL;
+  uint32_t *wc = kiln_cpu_scratch(sizeof(uint32_t) * (size_t)(kiln_cpu_rnn_bf16_packed_words(nj, GH) + 1));
+  uint32_t *wi = ni ? kiln_cpu_scratch(sizeof(uint32_t) * (size_t)(kiln_cpu_rnn_bf16_packed_words(ni, GH) + 1)) : NULL;
   float *prod = kiln_cpu_scratch(sizeof(float) * (size_t)(B * nj + 1));
   /* a step's f32 grads of one sequence, rounded into dgxb (dghb) as soon as they are written: a
      row of dgx (and of dgh for the GRU), of which this thread fills its units; none for the LSTM,
