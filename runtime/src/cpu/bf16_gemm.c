@@ -3,9 +3,10 @@
    an 8x32 micro-kernel keeps 16 f32 accumulators and runs vdpbf16ps (32 bf16 products summed into
    16 f32 lanes per instruction), and each result is rounded to bf16 once (round to nearest even).
    The pool splits the work by column panels, or, for a short k, by rows of C across op(B) packed
-   whole (rows mode, below). On a CPU without AVX512-BF16 (or with
-   KILN_BF16_EMULATE=1) cpu/gemm.c converts the operands to f32 and runs sgemm instead: the same
-   f32 products of exact bf16 values and f32 sums, rounded once. */
+   whole (rows mode, below). On a CPU without AVX512-BF16, where vdpbf16ps is the slower
+   (kiln_cpu_bf16_products_native) or with KILN_BF16_EMULATE=1, the operands are widened to f32
+   and sgemm runs instead (cpu/gemm.c for matmul, kiln_cpu_gemm_bf16_f32 below): the same f32
+   products of exact bf16 values and f32 sums, rounded once. */
 #include "cpu.h"
 #include "convert.h"
 #include "transpose8.h"
