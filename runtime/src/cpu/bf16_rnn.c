@@ -148,55 +148,36 @@ static void widen_row(float *restrict r, const uint16_t *restrict x, int64_t K) 
   }
 }
 
-/* Without memory for the widened rows: one sum at a time, in the same order (products of bf16
-   values are exact, so each add rounds once as the FMA does) */
-static void times_emulated_one(const uint32_t *packed, int64_t K, int64_t n, const uint16_t *x, void *y, int out_bf16,
-                               int64_t span, int64_t stride) {
-  const int64_t kp = (K + 1) / 2;
-  for (int64_t c = 0; c < n; c++) {
-    const float *col = (const float *)packed + (c / EPW) * 2 * kp * EPW + c % EPW;
-    float acc = 0;
-    for (int64_t kk = 0; kk < kp; kk++) {
-      float xo = 2 * kk + 1 < K ? convert_bf16_to_f32(x[2 * kk + 1]) : 0, xe = convert_bf16_to_f32(x[2 * kk]);
-      acc += xo * col[2 * kk * EPW];
-      acc += xe * col[(2 * kk + 1) * EPW];
-    }
-    int64_t o = span ? (c / span) * stride + c % span : c;
-    if (out_bf16) ((uint16_t *)y)[o] = convert_f32_to_bf16(acc);
-    else ((float *)y)[o] = acc;
-  }
+size_t kiln_cpu_rnn_bf16_times_scratch(int64_t na, int64_t K, int64_t n, int out_bf16) {
+  if (kiln_cpu_bf16_products_native() || na <= 0) return 0;
+  return sizeof(float) * (size_t)(na * 2 * ((K + 1) / 2) + (out_bf16 ? na * n : 0));
 }
 
 static void times_emulated(const uint32_t *packed, int64_t K, int64_t n, int64_t na, const uint16_t *const *xs, void *const *ys,
-                           int out_bf16, int64_t span, int64_t stride) {
-  const int64_t kp = (K + 1) / 2, K2 = 2 * kp;
+                           int out_bf16, int64_t span, int64_t stride, float *wide) {
+  const int64_t K2 = 2 * ((K + 1) / 2);
   if (na <= 0) return;
   /* the rows widened as the panels are, each pair's odd element first (a zero past an odd K: the
-     row's next element is not ours); with out_bf16 the f32 sums go to rows of their own first */
+     row's next element is not ours), into the caller's scratch; with out_bf16 the f32 sums go to
+     rows of their own there first */
+  const float *rows[na];
+  float *outs[na];
+  for (int64_t q = 0; q < na; q++) {
+    float *r = wide + q * K2;
+    widen_row(r, xs[q], K);
+    rows[q] = r;
+    outs[q] = out_bf16 ? wide + na * K2 + q * n : ys[q];
+  }
 #if defined(__x86_64__) || defined(__i386__)
   unsigned csr = _mm_getcsr();
   _mm_setcsr((csr & ~0x6000u) | 0x8040u);   /* round to nearest even, DAZ, FTZ: as vdpbf16ps */
 #endif
-  float *wide = malloc(sizeof(float) * (size_t)(na * K2 + (out_bf16 ? na * n : 0)));
-  if (!wide)   /* no buffer: one sum at a time */
-    for (int64_t q = 0; q < na; q++) times_emulated_one(packed, K, n, xs[q], ys[q], out_bf16, span, stride);
-  else {
-    const float *rows[na];
-    float *outs[na];
-    for (int64_t q = 0; q < na; q++) {
-      float *r = wide + q * K2;
-      widen_row(r, xs[q], K);
-      rows[q] = r;
-      outs[q] = out_bf16 ? wide + na * K2 + q * n : ys[q];
-    }
-    kiln_cpu_rnn_times_f32_ordered((const float *)packed, K2, n, na, rows, outs, span, stride);
-    if (out_bf16)
-      for (int64_t q = 0; q < na; q++) store_row(outs[q], n, ys[q], 0, 1);
-    free(wide);
-  }
+  kiln_cpu_rnn_times_f32_ordered((const float *)packed, K2, n, na, rows, outs, span, stride);
 #if defined(__x86_64__) || defined(__i386__)
   _mm_setcsr(csr);
 #endif
+  if (out_bf16)
+    for (int64_t q = 0; q < na; q++) store_row(outs[q], n, ys[q], 0, 1);
 }
 
 /* ---- AVX512-BF16 ---- */
@@ -261,9 +242,9 @@ static void times_native(const uint32_t *packed, int64_t K, int64_t n, int64_t n
 #endif
 
 void kiln_cpu_rnn_bf16_times(const uint32_t *packed, int64_t K, int64_t n, int64_t na, const uint16_t *const *xs,
-                             void *const *ys, int out_bf16, int64_t span, int64_t stride) {
+                             void *const *ys, int out_bf16, int64_t span, int64_t stride, float *scratch) {
 #if defined(__x86_64__)
   if (kiln_cpu_bf16_products_native()) { times_native(packed, K, n, na, xs, ys, out_bf16, span, stride); return; }
 #endif
-  times_emulated(packed, K, n, na, xs, ys, out_bf16, span, stride);
+  times_emulated(packed, K, n, na, xs, ys, out_bf16, span, stride, scratch);
 }

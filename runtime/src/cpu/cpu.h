@@ -70,6 +70,7 @@
 #define kiln_cpu_rnn_bf16_pack_cols KILN_LEVEL_NAME(kiln_cpu_rnn_bf16_pack_cols)
 #define kiln_cpu_rnn_bf16_times KILN_LEVEL_NAME(kiln_cpu_rnn_bf16_times)
 #define kiln_cpu_rnn_bf16_packed_words KILN_LEVEL_NAME(kiln_cpu_rnn_bf16_packed_words)
+#define kiln_cpu_rnn_bf16_times_scratch KILN_LEVEL_NAME(kiln_cpu_rnn_bf16_times_scratch)
 #define kiln_cpu_rnn_times_f32_ordered KILN_LEVEL_NAME(kiln_cpu_rnn_times_f32_ordered)
 #define kiln_cpu_gemm_raw KILN_LEVEL_NAME(kiln_cpu_gemm_raw)
 #define kiln_cpu_sgemm KILN_LEVEL_NAME(kiln_cpu_sgemm)
@@ -139,7 +140,8 @@ int kiln_cpu_gemm_bf16_f32(int64_t n, int64_t m, int64_t k, float alpha, const u
    the bf16 row rows + c * ld (as 32-bit pairs, kp = (K + 1) / 2 of them). times: ys[q] (f32, or bf16
    rounded once) = the bf16 row xs[q] (K elements read as pairs, so one more readable when K is odd) times the packed [K][n], f32 sums;
    span and stride as cpu/rnn.c's times_rows. round: n values of src (f32 or bf16) to bf16.
-   packed_words: the 32-bit words a packed [K][n] takes (emulated, its pairs are widened to f32). */
+   packed_words: the 32-bit words a packed [K][n] takes (emulated, its pairs are widened to f32).
+   times_scratch: the bytes of scratch times needs for up to na rows (0: none, scratch may be NULL). */
 int64_t kiln_cpu_rnn_bf16_panel(void);
 int64_t kiln_cpu_rnn_bf16_packed_words(int64_t n, int64_t K);
 /* cpu/rnn.c's f32 products of the persistent path on its panels (4 vectors of the level wide, K
@@ -149,8 +151,9 @@ void kiln_cpu_rnn_times_f32_ordered(const float *packed, int64_t K, int64_t n, i
 void kiln_cpu_rnn_bf16_round(uint16_t *dst, const void *src, int sdt, int64_t n);
 void kiln_cpu_rnn_bf16_pack_rows(uint32_t *packed, int64_t n, int64_t K, const void *src, int sdt, int64_t ld);
 void kiln_cpu_rnn_bf16_pack_cols(uint32_t *packed, int64_t n, int64_t kp, const uint32_t *rows, int64_t ld);
+size_t kiln_cpu_rnn_bf16_times_scratch(int64_t na, int64_t K, int64_t n, int out_bf16);
 void kiln_cpu_rnn_bf16_times(const uint32_t *packed, int64_t K, int64_t n, int64_t na, const uint16_t *const *xs,
-                             void *const *ys, int out_bf16, int64_t span, int64_t stride);
+                             void *const *ys, int out_bf16, int64_t span, int64_t stride, float *scratch);
 int cpu_conv2d_bf16(const struct kiln_call *c);
 int cpu_conv2d_backward_bf16(const struct kiln_call *c);
 int cpu_conv2d_relu_pool_bf16(const struct kiln_call *c);

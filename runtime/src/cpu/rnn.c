@@ -1103,11 +1103,13 @@ static void forward_team_bf(void *ctx, int id, int nteam) {
   uint16_t *rows = kiln_cpu_scratch(sizeof(uint16_t) * (size_t)(nq * 2 * kp + 1));
   float *prod = kiln_cpu_scratch(sizeof(float) * (size_t)(B * nq + 1)), *yf = kiln_cpu_scratch(sizeof(float) * (size_t)(nj + 1));
   uint16_t *hx = I ? calloc((size_t)(B * 2 * kp + 1), sizeof(uint16_t)) : NULL;   /* [h | x] rows of 2 kp */
+  size_t nsc = kiln_cpu_rnn_bf16_times_scratch(B, K, nq, 0);
+  float *sc = nsc ? kiln_cpu_scratch(nsc) : NULL;   /* the products' widened rows, when emulated */
   unsigned char *active = malloc((size_t)B);
   const uint16_t **xs = malloc(sizeof(void *) * (size_t)(B + 1));
   void **ys = malloc(sizeof(void *) * (size_t)(B + 1));
-  if (!team_ready(L, &sense, w && rows && prod && yf && (!I || hx) && active && xs && ys)) {
-    free(w); free(rows); free(prod); free(yf); free(hx); free(active); free(xs); free(ys);
+  if (!team_ready(L, &sense, w && rows && prod && yf && (!I || hx) && (!nsc || sc) && active && xs && ys)) {
+    free(w); free(rows); free(prod); free(yf); free(hx); free(sc); free(active); free(xs); free(ys);
     return;
   }
   for (int64_t q = 0; q < nq; q++) {
@@ -1135,7 +1137,7 @@ static void forward_team_bf(void *ctx, int id, int nteam) {
       ys[na] = direct ? (float *)L->hh + b * L->GH + j0 : prod + b * nq;
       na++;
     }
-    kiln_cpu_rnn_bf16_times(w, K, nq, na, xs, ys, 0, direct ? nj : 0, H);
+    kiln_cpu_rnn_bf16_times(w, K, nq, na, xs, ys, 0, direct ? nj : 0, H, sc);
     for (int64_t b = 0; b < B; b++) {
       if (!active[b]) {
         memcpy(hnext + b * H + j0, hcur + b * H + j0, sizeof(float) * (size_t)nj);
@@ -1153,7 +1155,7 @@ static void forward_team_bf(void *ctx, int id, int nteam) {
 #if defined(__AVX512F__)
   if (L->res_stream) _mm_sfence();   /* the reserve's streaming stores seen before the team's join */
 #endif
-  free(w); free(prod); free(yf); free(hx); free(active); free(xs); free(ys);
+  free(w); free(prod); free(yf); free(hx); free(sc); free(active); free(xs); free(ys);
 }
 
 static void backward_team_bf(void *ctx, int id, int nteam) {
@@ -1173,11 +1175,15 @@ static void backward_team_bf(void *ctx, int id, int nteam) {
      row of dgx (and of dgh for the GRU), of which this thread fills its units; none for the LSTM,
      whose gates write dgxb themselves (cell_backward_lstm_bf) */
   float *gxr = L->gzb ? NULL : kiln_cpu_scratch(sizeof(float) * (size_t)(2 * GH + 1)), *ghr = L->dghb != L->dgxb ? gxr + GH : gxr;
+  /* the products' widened rows, when emulated: the larger of the two products' needs */
+  size_t nsc = kiln_cpu_rnn_bf16_times_scratch(B, GH, nj, 0), nsi = ni ? kiln_cpu_rnn_bf16_times_scratch(B, GH, ni, 1) : 0;
+  if (nsi > nsc) nsc = nsi;
+  float *sc = nsc ? kiln_cpu_scratch(nsc) : NULL;
   unsigned char *active = malloc((size_t)B);
   const uint16_t **xs = malloc(sizeof(void *) * (size_t)(B + 1));
   void **ys = malloc(sizeof(void *) * (size_t)(B + 1));
-  if (!team_ready(L, &sense, wc && (!ni || wi) && prod && (L->gzb || gxr) && active && xs && ys)) {
-    free(wc); free(wi); free(prod); free(gxr); free(active); free(xs); free(ys);
+  if (!team_ready(L, &sense, wc && (!ni || wi) && prod && (L->gzb || gxr) && (!nsc || sc) && active && xs && ys)) {
+    free(wc); free(wi); free(prod); free(gxr); free(sc); free(active); free(xs); free(ys);
     return;
   }
   kiln_cpu_rnn_bf16_pack_rows(wc, nj, GH, (const char *)L->w_hh + ws * (size_t)j0, L->wdt, H);
@@ -1197,7 +1203,7 @@ static void backward_team_bf(void *ctx, int id, int nteam) {
     int64_t na = 0;
     for (int64_t b = 0; b < B; b++)
       if (active[b]) { xs[na] = L->dghb + (step_time(L, s, b) * B + b) * GHp; ys[na] = prod + b * nj; na++; }
-    kiln_cpu_rnn_bf16_times(wc, GH, nj, na, xs, ys, 0, 0, 0);
+    kiln_cpu_rnn_bf16_times(wc, GH, nj, na, xs, ys, 0, 0, 0, sc);
     for (int64_t b = 0; b < B; b++)
       if (active[b]) carry_back_f32(L, s, b, j0, j1, prod + b * nj);
     if (ni) {   /* x's grad of the step, rounded once */
@@ -1209,10 +1215,10 @@ static void backward_team_bf(void *ctx, int id, int nteam) {
           ys[na] = L->gxb + row * I + i0;
           na++;
         }
-      kiln_cpu_rnn_bf16_times(wi, GH, ni, na, xs, ys, 1, 0, 0);
+      kiln_cpu_rnn_bf16_times(wi, GH, ni, na, xs, ys, 1, 0, 0, sc);
     }
   }
-  free(wc); free(wi); free(prod); free(gxr); free(active); free(xs); free(ys);
+  free(wc); free(wi); free(prod); free(gxr); free(sc); free(active); free(xs); free(ys);
 }
 
 /* ---- the layer ---- */
