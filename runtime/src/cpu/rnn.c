@@ -1206,6 +1206,21 @@ static void backward_team_bf(void *ctx, int id, int nteam) {
     kiln_cpu_rnn_bf16_times(wc, GH, nj, na, xs, ys, 0, 0, 0, sc);
     for (int64_t b = 0; b < B; b++)
       if (active[b]) carry_back_f32(L, s, b, j0, j1, prod + b * nj);
+    if (L->gwp) {   /* the step's rounded rows of dgx, widened, into the weights' grads' panels: this thread's */
+      const int64_t TB = L->T * B, np = panels(KILN_F32, GH);
+      int64_t p0, p1;
+      slice(np, id, nteam, &p0, &p1);
+      for (int64_t b = 0; b < B; b++) {
+        if (!active[b]) continue;
+        int64_t r = step_time(L, s, b) * B + b;
+        for (int64_t p = p0; p < p1; p++) {
+          int64_t c0 = p * PW_F32, m = GH - c0 < PW_F32 ? GH - c0 : PW_F32;
+          float *dst = (float *)L->gwp + (p * TB + r) * PW_F32;
+          const uint16_t *src = L->dgxb + r * GHp + c0;
+          for (int64_t c = 0; c < m; c++) dst[c] = convert_bf16_to_f32(src[c]);
+        }
+      }
+    }
     if (ni) {   /* x's grad of the step, rounded once */
       na = 0;
       for (int64_t b = 0; b < B; b++)
@@ -1377,11 +1392,25 @@ static inline __attribute__((always_inline)) int weight_grads(int dt, struct lay
   const int TBK = VEC_BYTES == 64 && dt == KILN_F32 ? 16 : 8;
   const size_t es = dt_size(dt), nxt = es * (size_t)(R * ldx + 1), ngt = es * (size_t)(R * ldg + 1);
   void *xt = kiln_cpu_alloc(nxt), *gwt = kiln_cpu_alloc(ngt);
-  if (!xt || !gwt) { kiln_cpu_free(xt, nxt); kiln_cpu_free(gwt, ngt); return kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory"); }
+  /* a bf16 layer (f32 here, no sequence ends): its rows widened, TBK at a time, [h_prev | x] */
+  float *wide = L->bf ? malloc(sizeof(float) * (size_t)(TBK * (H + I) + 1)) : NULL;
+  if (!xt || !gwt || (L->bf && !wide)) {
+    kiln_cpu_free(xt, nxt); kiln_cpu_free(gwt, ngt); free(wide);
+    return kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory");
+  }
   for (int64_t r0 = 0; r0 < TB; r0 += TBK) {
     int nr = TB - r0 < TBK ? (int)(TB - r0) : TBK;
     const void *hp[16], *xr[16];
     for (int r = 0; r < nr; r++) {
+      if (L->bf) {
+        int64_t t = (r0 + r) / L->B, b = (r0 + r) % L->B;
+        float *w = wide + r * (H + I);
+        const uint16_t *h = h_before_bf(L, L->reverse ? L->T - 1 - t : t, b, t), *x = L->xb ? L->xb + (r0 + r) * I : NULL;
+        for (int64_t k = 0; k < H; k++) w[k] = convert_bf16_to_f32(h[k]);
+        for (int64_t k = 0; k < R - Hh; k++) w[H + k] = convert_bf16_to_f32(x[k]);   /* x when its grad is wanted */
+        hp[r] = w; xr[r] = w + H;
+        continue;
+      }
       hp[r] = row_before(dt, L, r0 + r);
       xr[r] = hp[r] ? dt_at(L->x, dt, (r0 + r) * I) : NULL;   /* zeros past a sequence's end */
     }
@@ -1406,7 +1435,7 @@ static inline __attribute__((always_inline)) int weight_grads(int dt, struct lay
     }
   }
   (void)PW;
-  kiln_cpu_free(xt, nxt); kiln_cpu_free(gwt, ngt);
+  kiln_cpu_free(xt, nxt); kiln_cpu_free(gwt, ngt); free(wide);
   return KILN_OK;
 }
 
@@ -1774,6 +1803,15 @@ static int backward_bf(const struct kiln_call *c) {
   memcpy(L.dh, gz_last, sizeof(float) * (size_t)(B * H));
   if (L.mode == KILN_RNN_LSTM) memcpy(L.dc, gz_last + B * H, sizeof(float) * (size_t)(B * H));
   else memset(L.dc, 0, sizeof(float) * (size_t)(B * H));
+  /* emulated (vdpbf16ps the slower), every sequence of length T, dgh = dgx (not the GRU) and the
+     level's own kernels for the weights' grads (weight_grads_here): as the f32 path, the team widens the rounded rows of dgx into
+     panels as it goes, and the grads are the f32 products on them (not a GEMM of the bf16 rows,
+     whose operands would be widened, and the large one packed, after the team) */
+  if (persistent && (bw->gw_ih || bw->gw_hh) && (!bw->gw_ih || L.xb) && !gather && L.dghb == L.dgxb && T * B > 0 &&
+      !kiln_cpu_bf16_products_native() && weight_grads_here()) {
+    L.gwp = scratch(sizeof(float) * (size_t)(panels(KILN_F32, GH) * PW_F32 * T * B + 1), GH % PW_F32 != 0);
+    if (!L.gwp) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory for the layer's buffers"); goto done; }
+  }
   if (persistent) {
     barrier_init(&L.bar, kiln_parallel_team_size());
     kiln_parallel_team(backward_team_bf, &L);
@@ -1794,7 +1832,19 @@ static int backward_bf(const struct kiln_call *c) {
      once when the weight is bf16. Both wanted, every sequence of length T and dgh = dgx (not the
      GRU): one product [x | h_prev]^T dgx, so that dgx (the large operand) is packed once */
   int fused = bw->gw_ih && bw->gw_hh && !gather && L.dghb == L.dgxb && T * B > 0;
-  if (fused) {
+  if (L.gwp) {   /* the f32 path's products on the panels the team widened */
+    float *gi = NULL, *gh = NULL, *ghc = NULL;
+    if ((bw->gw_ih && !(gi = f32_out(bw->gw_ih, GH * I, &gwc))) || (bw->gw_hh && !(gh = f32_out(bw->gw_hh, GH * H, &ghc))))
+      rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory");
+    else
+      rc = weight_grads(KILN_F32, &L, gh, gi);
+    if (!rc) {
+      if (gwc) store_f32(bw->gw_ih, gwc, GH * I);
+      if (ghc) store_f32(bw->gw_hh, ghc, GH * H);
+    }
+    free(ghc); free(gwc); gwc = NULL;
+    if (rc) goto done;
+  } else if (fused) {
     const int64_t R = I + H;
     uint16_t *xh = kiln_cpu_scratch(sizeof(uint16_t) * (size_t)(T * B * R + 1));
     float *both = kiln_cpu_scratch(sizeof(float) * (size_t)(GH * R + 1));
@@ -1821,13 +1871,13 @@ static int backward_bf(const struct kiln_call *c) {
     free(both); free(gwc); free(ghc); gwc = NULL;
     if (rc) goto done;
   }
-  if (bw->gw_ih && !fused) {
+  if (bw->gw_ih && !fused && !L.gwp) {
     float *gw = f32_out(bw->gw_ih, GH * I, &gwc);
     if (!gw) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory"); goto done; }
     if ((rc = kiln_cpu_gemm_bf16_f32(I, GH, T * B, 1.0f, L.xb, 1, I, L.dgxb, GHp, 1, 0.0f, gw, 1, I))) goto done;
     if (gwc) { store_f32(bw->gw_ih, gwc, GH * I); free(gwc); gwc = NULL; }
   }
-  if (bw->gw_hh && !fused) {
+  if (bw->gw_hh && !fused && !L.gwp) {
     float *gw = f32_out(bw->gw_hh, GH * H, &gwc);
     if (!gw) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory"); goto done; }
     if (!gather) {   /* as backward: the rows whose state before is h0, then the rest against the outputs */
@@ -1862,6 +1912,7 @@ done:
   if (L.dghb != L.dgxb) kiln_cpu_free(L.dghb, nbigb);
   kiln_cpu_free(L.dgxb, nbigb);
   if (hprev) kiln_cpu_free(hprev, sizeof(uint16_t) * (size_t)(T * B * H + 1));
+  kiln_cpu_free(L.gwp, sizeof(float) * (size_t)(panels(KILN_F32, GH) * PW_F32 * T * B + 1));
   free(L.dgs); free(L.dh); free(L.dc); free(L.tmp); free(L.h0b); free(L.whhb); free(L.wihb);
   free(gzc); free(h0c); free(c0c); free(zf); free(gxf); free(gwc); free(gbxc); free(gbhc);
   free((void *)L.len); free(zeros);
