@@ -350,7 +350,7 @@ describe("amp on recurrent layers", function()
     -- every result, the weights' grads too: vdpbf16ps's GEMM, or emulated (no AVX512-BF16,
     -- KILN_BF16_EMULATE=1, or where it is the slower) kiln's f32 GEMM, whose sums do not depend on
     -- the part of C a thread computes, or the BLAS cut into fixed parts
-    for _, mode in ipairs{"lstm", "gru"} do
+    for _, mode in ipairs{"lstm", "gru", "rnn_tanh"} do
       for ci = 2, 4 do
         local ref = layer(mode, "bf16", "persistent", CASES[ci], 1)
         for _, n in ipairs{2, 3} do
