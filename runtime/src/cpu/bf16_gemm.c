@@ -395,7 +395,11 @@ int kiln_cpu_gemm_bf16_f32(int64_t n, int64_t m, int64_t k, float alpha, const u
     int ta = 0, tb = 0;
     int64_t lda = 1, ldb = 1;
     float *af = widen_operand(a, n, k, as1, as2, &ta, &lda), *bf = widen_operand(b, k, m, bs1, bs2, &tb, &ldb);
-    if (!af || !bf) { free(af); free(bf); return kiln_fail(KILN_ERR_MEMORY, "matmul: out of memory converting bf16 operands"); }
+    if (!af || !bf) {
+      free(af); free(bf);
+      return kiln_fail(KILN_ERR_MEMORY, "a bf16 product [%lld, %lld] x [%lld, %lld]: out of memory widening its operands to f32",
+                       (long long)n, (long long)k, (long long)k, (long long)m);
+    }
     if (cs2 == 1) kiln_cpu_gemm_raw_fixed(KILN_F32, ta, tb, n, m, k, alpha, af, lda, bf, ldb, beta, c, cs1);
     else kiln_cpu_gemm_raw_fixed(KILN_F32, !tb, !ta, m, n, k, alpha, bf, ldb, af, lda, beta, c, cs2);   /* c^T = b^T a^T */
     free(af); free(bf);
