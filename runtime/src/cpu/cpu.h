@@ -80,6 +80,7 @@
 #define kiln_cpu_winograd_takes KILN_LEVEL_NAME(kiln_cpu_winograd_takes)
 #define kiln_cpu_winograd_run KILN_LEVEL_NAME(kiln_cpu_winograd_run)
 #define kiln_cpu_gemm_raw_fixed KILN_LEVEL_NAME(kiln_cpu_gemm_raw_fixed)
+#define kiln_cpu_widen_bf16 KILN_LEVEL_NAME(kiln_cpu_widen_bf16)
 #define kiln_cpu_copy KILN_LEVEL_NAME(kiln_cpu_copy)
 #define kiln_cpu_max2x2_plane_f32 KILN_LEVEL_NAME(kiln_cpu_max2x2_plane_f32)
 #define kiln_cpu_fill KILN_LEVEL_NAME(kiln_cpu_fill)
@@ -258,6 +259,8 @@ void kiln_cpu_gemm_raw(int dtype, int trans_a, int trans_b, int64_t n, int64_t m
    thread count (the emulated bf16 products of the convolutions and recurrent layers). */
 void kiln_cpu_gemm_raw_fixed(int dtype, int trans_a, int trans_b, int64_t n, int64_t m, int64_t k, double alpha,
                              const void *a, int64_t lda, const void *b, int64_t ldb, double beta, void *c, int64_t ldc);
+/* dst[i] = src[i] (bf16) widened to f32, exactly, over the pool (cpu/gemm.c) */
+void kiln_cpu_widen_bf16(float *dst, const uint16_t *src, int64_t n);
 
 /* Sums kept in n independent lanes (element i in lane i % n) fold in this fixed tree, in place (n a
    power of two): the order depends on the lane count alone, never on threads or layout. */

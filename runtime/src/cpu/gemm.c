@@ -181,6 +181,20 @@ static int64_t widen_span(const struct kiln_tensor *t) {
   return span <= 2 * t->numel + 4096 ? span : 0;
 }
 
+/* n bf16 values widened to f32 (exactly) in parts of 64 K elements over the pool: a pass over
+   memory that one thread would run alone while the others wait for the product */
+struct widen_job { float *dst; const uint16_t *src; int64_t n; };
+enum { WIDEN_PART = 1 << 16 };
+static void widen_range(void *ctx, int64_t begin, int64_t end) {
+  const struct widen_job *j = ctx;
+  int64_t i0 = begin * WIDEN_PART, i1 = end * WIDEN_PART < j->n ? end * WIDEN_PART : j->n;
+  convert_vectorised(j->dst + i0, KILN_F32, j->src + i0, KILN_BF16, i1 - i0);
+}
+void kiln_cpu_widen_bf16(float *dst, const uint16_t *src, int64_t n) {
+  struct widen_job j = {dst, src, n};
+  kiln_parallel_for((n + WIDEN_PART - 1) / WIDEN_PART, 1, widen_range, &j);
+}
+
 /* bf16 operands where f32 FMAs are the faster way (!kiln_cpu_bf16_products_native): each
    operand's storage widened to f32 as it lies (exactly, in one vectorised pass, its strides
    kept), the f32 product, and the result rounded to bf16 once (nearest even). 1 when the layouts
@@ -200,8 +214,8 @@ static int gemm_bf16_widened(struct kiln_tensor *out, const struct kiln_tensor *
     return 0;
   }
   float *bf = af + sa;
-  convert_vectorised(af, KILN_F32, kiln_tensor_data(a), KILN_BF16, sa);
-  convert_vectorised(bf, KILN_F32, kiln_tensor_data(b), KILN_BF16, sb);
+  kiln_cpu_widen_bf16(af, kiln_tensor_data(a), sa);
+  kiln_cpu_widen_bf16(bf, kiln_tensor_data(b), sb);
   if (beta != 0) kiln_cpu_copy(C, out);
   j.a = (const char *)af; j.b = (const char *)bf; j.c = kiln_tensor_data(C);
   j.sa = a->sizes[0] > 1 ? a->strides[0] : 0;
