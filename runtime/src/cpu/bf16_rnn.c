@@ -135,12 +135,11 @@ static inline __attribute__((always_inline)) void store_row(const float *acc, in
    element, then the even one (one 64-bit word of two floats from the pair's 32 bits) */
 static void widen_row(float *restrict r, const uint16_t *restrict x, int64_t K) {
   const int64_t full = K / 2;
-  uint64_t *r64 = (uint64_t *)(void *)r;
   for (int64_t kk = 0; kk < full; kk++) {
     uint32_t w;
     memcpy(&w, x + 2 * kk, 4);   /* a row need not be 4-byte aligned */
-    uint64_t v = w;
-    r64[kk] = (v & 0xffff0000u) | (v & 0xffffu) << 48;
+    uint64_t v = w, two = (v & 0xffff0000u) | (v & 0xffffu) << 48;   /* little-endian: the odd element's float first */
+    memcpy(r + 2 * kk, &two, 8);
   }
   if (K & 1) {   /* past K: the row's next element is not ours */
     r[2 * full] = 0;
