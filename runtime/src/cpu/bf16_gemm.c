@@ -382,7 +382,7 @@ static float *widen_operand(const uint16_t *x, int64_t rows, int64_t cols, int64
   if (span) { kiln_cpu_widen_bf16(w, x, span); return w; }
   for (int64_t i = 0; i < rows; i++)
     for (int64_t p = 0; p < cols; p++) w[i * cols + p] = kiln_bf16_to_f32(x[i * s1 + p * s2]);
-  *tr = 0; *ld = cols > 0 ? cols : 1;
+  *tr = 0; *ld = cols;
   return w;
 }
 

@@ -255,8 +255,9 @@ struct kiln_tensor *kiln_cpu_contiguous(const struct kiln_tensor *t);
 /* C[n,m] = alpha * op(A) op(B) + beta * C for row-major f32 or f64 matrices, in kiln's pool (cpu/gemm.c). */
 void kiln_cpu_gemm_raw(int dtype, int trans_a, int trans_b, int64_t n, int64_t m, int64_t k, double alpha,
                        const void *a, int64_t lda, const void *b, int64_t ldb, double beta, void *c, int64_t ldc);
-/* The same, cut into panels as for 16 threads whatever the pool's size: the same bits at any
-   thread count (the emulated bf16 products of the convolutions and recurrent layers). */
+/* The same with the same bits at any thread count (the emulated bf16 products of the convolutions
+   and recurrent layers): kiln's own f32 GEMM gives them whatever the split; the BLAS is cut into
+   panels as for 16 threads whatever the pool's size. */
 void kiln_cpu_gemm_raw_fixed(int dtype, int trans_a, int trans_b, int64_t n, int64_t m, int64_t k, double alpha,
                              const void *a, int64_t lda, const void *b, int64_t ldb, double beta, void *c, int64_t ldc);
 /* dst[i] = src[i] (bf16) widened to f32, exactly, over the pool (cpu/gemm.c) */

@@ -1742,6 +1742,7 @@ static int backward_bf(const struct kiln_call *c) {
   int rc = KILN_OK;
   size_t nbig = sizeof(float) * (size_t)(T * B * GH > 0 ? T * B * GH : 1), nbh = (size_t)(B * H > 0 ? B * H : 1);
   size_t nbigb = sizeof(uint16_t) * (size_t)(T * B * GHp + 1), nz = (size_t)((T + S) * B * H);
+  size_t ngwp = sizeof(float) * (size_t)(panels(KILN_F32, GH) * PW_F32 * T * B + 1);   /* the team's panels, when made */
   /* the persistent LSTM reads gz as it is (bf16) but for the last state's grads, below; the rest an f32 copy */
   const float *gz_last = NULL;   /* rows T.. of gz (the last states' grads) in f32 */
   if (persistent && L.mode == KILN_RNN_LSTM && bw->gz->dtype == KILN_BF16) {
@@ -1804,12 +1805,13 @@ static int backward_bf(const struct kiln_call *c) {
   if (L.mode == KILN_RNN_LSTM) memcpy(L.dc, gz_last + B * H, sizeof(float) * (size_t)(B * H));
   else memset(L.dc, 0, sizeof(float) * (size_t)(B * H));
   /* emulated (vdpbf16ps the slower), every sequence of length T, dgh = dgx (not the GRU) and the
-     level's own kernels for the weights' grads (weight_grads_here): as the f32 path, the team widens the rounded rows of dgx into
-     panels as it goes, and the grads are the f32 products on them (not a GEMM of the bf16 rows,
-     whose operands would be widened, and the large one packed, after the team) */
+     level's own kernels for the weights' grads (weight_grads_here): as in the f32 path, the team
+     widens the rounded rows of dgx into panels as it goes, and the grads are the f32 products on
+     them (not a GEMM of the bf16 rows, whose operands would be widened, and the large one packed,
+     after the team) */
   if (persistent && (bw->gw_ih || bw->gw_hh) && (!bw->gw_ih || L.xb) && !gather && L.dghb == L.dgxb && T * B > 0 &&
       !kiln_cpu_bf16_products_native() && weight_grads_here()) {
-    L.gwp = scratch(sizeof(float) * (size_t)(panels(KILN_F32, GH) * PW_F32 * T * B + 1), GH % PW_F32 != 0);
+    L.gwp = scratch(ngwp, GH % PW_F32 != 0);
     if (!L.gwp) { rc = kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory for the layer's buffers"); goto done; }
   }
   if (persistent) {
@@ -1912,7 +1914,7 @@ done:
   if (L.dghb != L.dgxb) kiln_cpu_free(L.dghb, nbigb);
   kiln_cpu_free(L.dgxb, nbigb);
   if (hprev) kiln_cpu_free(hprev, sizeof(uint16_t) * (size_t)(T * B * H + 1));
-  kiln_cpu_free(L.gwp, sizeof(float) * (size_t)(panels(KILN_F32, GH) * PW_F32 * T * B + 1));
+  kiln_cpu_free(L.gwp, ngwp);
   free(L.dgs); free(L.dh); free(L.dc); free(L.tmp); free(L.h0b); free(L.whhb); free(L.wihb);
   free(gzc); free(h0c); free(c0c); free(zf); free(gxf); free(gwc); free(gbxc); free(gbhc);
   free((void *)L.len); free(zeros);
