@@ -139,6 +139,59 @@ describe("amp bf16 arithmetic", function()
     assert.is_true(max_rel(widened.addmm, native.addmm:double()) < 2 ^ -6)
   end)
 
+  it("gives the bits of widening, the f32 product and one rounding when it widens as it packs", function()
+    local exe = H.kiln_exe()
+    if not exe then pending("not running under the kiln launcher") return end
+    -- at the avx512 level kiln's kernel reads the bf16 operands itself (widened as packed, or a
+    -- broadcast operand widened where it lies) and rounds C as it stores it; elsewhere, and for k
+    -- past its block, the operands are widened first. Either way each result must be the f32
+    -- product of the widened operands rounded once: every layout the kernel tells apart, partial
+    -- tiles, a batch, beta, values that round to infinity, at 1 and 2 threads
+    local out = unpack(H.children_outputs(exe, [[
+      local kiln = require "kiln"
+      local out = {}
+      local function pair(name, got, want) out[name], out[name .. ".want"] = got, want end
+      for _, threads in ipairs{1, 2} do
+        kiln.set_num_threads(threads)
+        kiln.manual_seed(threads)
+        local function r(...) return kiln.randn(...):to("bf16") end
+        local cases = {
+          plain = {r(33, 70), r(70, 45)},                        -- partial tiles, k in one block
+          b_transposed = {r(20, 300), r(200, 300):t()},          -- B^T packed by 16 x 16 blocks
+          a_transposed = {r(300, 130):t(), r(300, 96)},          -- A^T packed by rows
+          both = {r(64, 40):t(), r(72, 64):t()},
+          k_block = {r(8, 2048), r(2048, 40)},                   -- the kernel's whole block of k
+          k_past = {r(8, 2100), r(2100, 40)},                    -- widened first
+          narrow = {r(30, 50), r(50, 9)},                        -- the BLAS's
+          batched = {r(3, 17, 64), r(3, 64, 80)},
+          shared = {r(3, 17, 64), r(64, 80)},
+        }
+        for name, ab in pairs(cases) do
+          local a, b = ab[1], ab[2]
+          pair(name .. threads, a:matmul(b), a:float():matmul(b:float()):to("bf16"))
+        end
+        local a, b, c = r(40, 90), r(90, 70), r(40, 70)
+        pair("addmm" .. threads, kiln.addmm(c, a, b, 0.5, 2), kiln.addmm(c:float(), a:float(), b:float(), 0.5, 2):to("bf16"))
+        -- sums about f32's largest: the first rows' finite, the last's rounded to infinity
+        local big = (kiln.tensor({0.9, 0.97, 0.999, 1.001, 1.003, 1.2}):view(6, 1) * kiln.ones(6, 64) * 1e19):to("bf16")
+        local w = (kiln.ones(64, 80) * 5.3e17):to("bf16")
+        pair("huge" .. threads, big:matmul(w), big:float():matmul(w:float()):to("bf16"))
+      end
+      kiln.save(arg[1], out)
+    ]], {"env KILN_BF16_MATMUL=kiln KILN_BF16_EMULATE=1"}))
+    local n = 0
+    for name, got in pairs(out) do
+      if not name:match("%.want$") then
+        n = n + 1
+        assert.are.equal("bf16", got:dtype(), name)
+        assert.are.same(out[name .. ".want"]:float():totable(), got:float():totable(), name)
+      end
+    end
+    assert.are.equal(22, n)
+    local huge = out.huge1:float()
+    assert.is_true(huge:isinf():sum():item() > 0 and huge:isfinite():sum():item() > 0)
+  end)
+
   it("multiplies bf16 by oneDNN's matmul where the CPU has AMX (KILN_BF16_MATMUL=onednn forces it)", function()
     local exe = H.kiln_exe()
     if not exe then pending("not running under the kiln launcher") return end

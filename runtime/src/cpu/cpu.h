@@ -77,6 +77,8 @@
 #define kiln_cpu_sgemm_ep KILN_LEVEL_NAME(kiln_cpu_sgemm_ep)
 #define kiln_cpu_sgemm_here KILN_LEVEL_NAME(kiln_cpu_sgemm_here)
 #define kiln_cpu_sgemm_panels KILN_LEVEL_NAME(kiln_cpu_sgemm_panels)
+#define kiln_cpu_sgemm_bf16 KILN_LEVEL_NAME(kiln_cpu_sgemm_bf16)
+#define kiln_cpu_sgemm_bf16_here KILN_LEVEL_NAME(kiln_cpu_sgemm_bf16_here)
 #define kiln_cpu_winograd_takes KILN_LEVEL_NAME(kiln_cpu_winograd_takes)
 #define kiln_cpu_winograd_run KILN_LEVEL_NAME(kiln_cpu_winograd_run)
 #define kiln_cpu_gemm_raw_fixed KILN_LEVEL_NAME(kiln_cpu_gemm_raw_fixed)
@@ -112,6 +114,13 @@ struct kiln_sgemm_ep { const float *bias; int relu; };
 void kiln_cpu_sgemm_ep(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                        const float *b, int64_t ldb, float beta, float *c, int64_t ldc, const struct kiln_sgemm_ep *ep);
 int kiln_cpu_sgemm_here(int64_t m, int64_t n, int64_t k);
+/* The product with bf16 A, B and C on kiln's own kernel (the avx512 level): each value widened as it
+   is packed, the f32 sums as kiln_cpu_sgemm's, and C rounded once (nearest even) as it is stored:
+   the bits of widening, kiln_cpu_sgemm and rounding. Where kiln_cpu_sgemm_bf16_here says so (k at
+   most its block of k, alpha not 0); 0, or -1 when its buffers found no memory. */
+int kiln_cpu_sgemm_bf16_here(int64_t m, int64_t n, int64_t k, float alpha);
+int kiln_cpu_sgemm_bf16(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a, int64_t lda,
+                        const uint16_t *b, int64_t ldb, float beta, uint16_t *c, int64_t ldc);
 /* The avx512 level's product with op(B) given as kiln_cpu_sgemm's panels (cpu/sgemm.c): 64 columns a
    panel, [ceil(n / 64)][k][64], zeros past n, k at most KILN_SGEMM_PANEL_K (its block of k). */
 enum { KILN_SGEMM_PANEL_K = 2048 };

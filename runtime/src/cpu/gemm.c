@@ -21,6 +21,8 @@ struct gemm_job {
   int own;                   /* f32 on kiln's own kernel (cpu/sgemm.c), chosen for the whole product */
   const void *bias;          /* LINEAR: + bias[column of c] as c is stored (or NULL) */
   int relu;                  /* LINEAR: then x < 0 ? 0 : x */
+  int bf16;                  /* a, b and c are bf16, on kiln_cpu_sgemm_bf16 (dtype f32, own) */
+  int failed;                /* a part's buffers found no memory (bf16) */
 };
 
 /* LINEAR's arithmetic after the product, one body over dt (a constant at each call): + bias[q],
@@ -40,13 +42,19 @@ void kiln_cpu_linear_finish(int dtype, int64_t m, int64_t n, void *c, int64_t ld
   else linear_finish(KILN_F64, m, n, c, ldc, bias, relu);
 }
 
-static void gemm_block(const struct gemm_job *j, int64_t bi, int64_t r0, int64_t rn, int64_t c0, int64_t cn) {
-  int es = j->dtype == KILN_F32 ? 4 : 8;
+static void gemm_block(struct gemm_job *j, int64_t bi, int64_t r0, int64_t rn, int64_t c0, int64_t cn) {
+  int es = j->bf16 ? 2 : j->dtype == KILN_F32 ? 4 : 8;
   /* Row r0 of op(A) and column c0 of op(B). */
   const char *a = j->a + (bi * j->sa + (j->ta == KILN_BLAS_NO_TRANS ? r0 * j->lda : r0)) * es;
   const char *b = j->b + (bi * j->sb + (j->tb == KILN_BLAS_NO_TRANS ? c0 : c0 * j->ldb)) * es;
   char *c = j->c + (bi * j->sc + r0 * j->ldc + c0) * es;
   const char *bias = j->bias ? (const char *)j->bias + c0 * es : NULL;
+  if (j->bf16) {
+    if (kiln_cpu_sgemm_bf16(j->ta, j->tb, rn, cn, j->k, (float)j->alpha, (const uint16_t *)a, j->lda, (const uint16_t *)b,
+                            j->ldb, (float)j->beta, (uint16_t *)c, j->ldc) < 0)
+      __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+    return;
+  }
   if (j->dtype == KILN_F32 && j->own) {   /* LINEAR's bias and relu as the tiles are stored */
     struct kiln_sgemm_ep ep = {(const float *)bias, j->relu};
     kiln_cpu_sgemm_ep(j->ta, j->tb, rn, cn, j->k, (float)j->alpha, (const float *)a, j->lda, (const float *)b, j->ldb,
@@ -63,7 +71,7 @@ static void gemm_block(const struct gemm_job *j, int64_t bi, int64_t r0, int64_t
 }
 
 static void gemm_range(void *ctx, int64_t begin, int64_t end) {
-  const struct gemm_job *j = ctx;
+  struct gemm_job *j = ctx;
   for (int64_t t = begin; t < end; t++) {
     if (j->split == 0) gemm_block(j, t, 0, j->n, 0, j->m);
     else {
@@ -100,7 +108,7 @@ static void gemm_run_parts(struct gemm_job *j, int fixed_parts) {
         kiln_cpu_linear_finish(j->dtype, j->n, j->m, j->c + bi * j->sc * es, j->ldc, j->bias, j->relu);
     return;
   }
-  j->own = j->dtype == KILN_F32 && kiln_cpu_sgemm_here(j->n, j->m, j->k);
+  j->own = j->bf16 || (j->dtype == KILN_F32 && kiln_cpu_sgemm_here(j->n, j->m, j->k));
   /* kiln's own f32 GEMM sums each element in one order whatever the part (cpu/sgemm.c): fixed parts
      would only pack op(B) again for each of them */
   int nt = fixed_parts > 0 && !j->own ? fixed_parts : kiln_get_num_threads();
@@ -195,16 +203,32 @@ void kiln_cpu_widen_bf16(float *dst, const uint16_t *src, int64_t n) {
   kiln_parallel_for((n + WIDEN_PART - 1) / WIDEN_PART, 1, widen_range, &j);
 }
 
-/* bf16 operands where f32 FMAs are the faster way (!kiln_cpu_bf16_products_native): each
-   operand's storage widened to f32 as it lies (exactly, in one vectorised pass, its strides
-   kept), the f32 product, and the result rounded to bf16 once (nearest even). 1 when the layouts
-   do not suit it. */
+/* bf16 operands where f32 FMAs are the faster way (!kiln_cpu_bf16_products_native): the f32
+   product of the widened values, rounded to bf16 once (nearest even). On kiln's kernel where it
+   takes them (kiln_cpu_sgemm_bf16: widened as packed, rounded as stored, no f32 copies); else each
+   operand's storage widened to f32 as it lies (exactly, in one vectorised pass, its strides kept)
+   and the f32 product rounded after. The same bits either way. 1 when the layouts do not suit it. */
 static int gemm_bf16_widened(struct kiln_tensor *out, const struct kiln_tensor *a, const struct kiln_tensor *b, double alpha,
                              double beta, int *rc) {
   struct gemm_job j = {.dtype = KILN_F32, .nbatch = out->sizes[0], .n = out->sizes[1], .m = out->sizes[2], .k = a->sizes[2],
                        .alpha = alpha, .beta = beta};
   int64_t sa = widen_span(a), sb = widen_span(b);
   if (!sa || !sb || !blas_layout(a, &j.ta, &j.lda) || !blas_layout(b, &j.tb, &j.ldb)) return 1;
+  j.sa = a->sizes[0] > 1 ? a->strides[0] : 0;
+  j.sb = b->sizes[0] > 1 ? b->strides[0] : 0;
+  /* on kiln's kernel: widened as packed, C rounded as stored (no f32 copies), where it can */
+  if (out->strides[2] == 1 && out->strides[1] >= out->sizes[2] && kiln_is_contiguous(out) &&
+      kiln_cpu_sgemm_bf16_here(j.n, j.m, j.k, (float)alpha)) {
+    j.bf16 = 1;
+    j.a = kiln_tensor_data(a); j.b = kiln_tensor_data(b); j.c = kiln_tensor_data(out);
+    j.sc = out->strides[0];
+    j.ldc = out->strides[1] > 0 ? out->strides[1] : 1;
+    gemm_run(&j);
+    *rc = j.failed ? kiln_fail(KILN_ERR_MEMORY, "matmul: out of memory for the buffers of a bf16 product %s x %s",
+                               kiln_shape_string(a), kiln_shape_string(b))
+                   : KILN_OK;
+    return 0;
+  }
   float *af = malloc(sizeof(float) * (size_t)(sa + sb) + 64);
   struct kiln_tensor *C = af ? kiln_tensor_empty(3, out->sizes, KILN_F32, out->device) : NULL;
   if (!C) {
@@ -218,8 +242,6 @@ static int gemm_bf16_widened(struct kiln_tensor *out, const struct kiln_tensor *
   kiln_cpu_widen_bf16(bf, kiln_tensor_data(b), sb);
   if (beta != 0) kiln_cpu_copy(C, out);
   j.a = (const char *)af; j.b = (const char *)bf; j.c = kiln_tensor_data(C);
-  j.sa = a->sizes[0] > 1 ? a->strides[0] : 0;
-  j.sb = b->sizes[0] > 1 ? b->strides[0] : 0;
   j.sc = C->strides[0];
   j.ldc = C->strides[1] > 0 ? C->strides[1] : 1;
   gemm_run(&j);

@@ -82,6 +82,50 @@ static void pack_rows(const float *y, int64_t ys_p, int64_t p0, int64_t kc, int6
   }
 }
 
+/* A bf16 value widened to f32 (exactly); n of them. */
+static inline float widen1(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+static void widen_all(float *dst, const uint16_t *src, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(
+                                  _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + i))), 16)));
+#endif
+  for (; i < n; i++) dst[i] = widen1(src[i]);
+}
+
+/* pack_rows for a bf16 A^T, each value widened as it is packed. */
+static void pack_rows_bf16(const uint16_t *y, int64_t ys_p, int64_t p0, int64_t kc, int64_t rows, float *ybuf) {
+  for (int64_t q0 = 0; q0 < kc; q0 += 16) {
+    int64_t q1 = kc - q0 < 16 ? kc : q0 + 16;
+    for (int64_t i0 = 0; i0 < rows; i0 += MR) {
+      const uint16_t *src = y + p0 * ys_p + i0;
+      float *dst = ybuf + i0 * kc;
+      int64_t p = q0;
+      if (i0 + 8 <= rows)
+        for (; p < q1 && p + 1 < kc; p++) {
+          __m256i w = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + p * ys_p))), 16);
+          _mm256_storeu_ps(dst + p * MR, _mm256_castsi256_ps(w));
+        }
+      for (; p < q1; p++)
+        for (int64_t r = 0; r < MR && i0 + r < rows; r++) {
+          uint32_t u = (uint32_t)src[p * ys_p + r] << 16;
+          memcpy(dst + p * MR + r, &u, 4);
+        }
+    }
+  }
+}
+
+static void pack_any_rows(const void *y, int64_t ys_p, int64_t p0, int64_t kc, int64_t rows, float *ybuf, int bf) {
+  if (bf) pack_rows_bf16(y, ys_p, p0, kc, rows, ybuf);
+  else pack_rows(y, ys_p, p0, kc, rows, ybuf);
+}
+
 /* C[m, n] = alpha * op(A) op(B) + beta * C, row-major, as kiln_sgemm (CBLAS's arguments). */
 void kiln_cpu_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                     const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
@@ -95,7 +139,20 @@ void kiln_cpu_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha
 #include "transpose8.h"
 #include <immintrin.h>
 
-enum { PW = 64, KC = KILN_SGEMM_PANEL_K, C_TRANSPOSED = 1 };   /* C_TRANSPOSED: the C^T path (below) */
+/* C_TRANSPOSED: the C^T path (below); BF16_C: kiln_cpu_sgemm_bf16's products */
+enum { PW = 64, KC = KILN_SGEMM_PANEL_K, C_TRANSPOSED = 1, BF16_C = 1 };
+
+/* bf16 operands and C (kiln_cpu_sgemm_bf16): 16 values widened to f32 (exactly), and 16 f32 rounded
+   to bf16 as core/convert.h's convert_f32_to_bf16 rounds (nearest even; a NaN stays NaN, made
+   quiet), in integer lanes so that no AVX512-BF16 is needed. */
+static inline __m512 widen16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+static inline __m256i round16(__m512 y) {
+  const __m512i u = _mm512_castps_si512(y), hi = _mm512_srli_epi32(u, 16);
+  __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), _mm512_and_si512(hi, _mm512_set1_epi32(1)));
+  r = _mm512_srli_epi32(r, 16);
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q), _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+  return _mm512_cvtepi32_epi16(r);
+}
 
 /* The panel of columns [j0, j0 + nc), rows [p0, p0 + kc) of a [k, n] operand X whose element
    (p, q) is x[p * sp + q * sq]: pb[p][q], zeros past nc. */
@@ -159,6 +216,52 @@ static void pack_panel(const float *x, int64_t sp, int64_t sq, int64_t p0, int64
     for (int64_t p = 0; p < kc; p++) memset(pb + p * PW + nc, 0, sizeof(float) * (size_t)(PW - nc));
 }
 
+/* pack_panel for a bf16 X, each value widened as it is packed (the same panel as packing X's f32
+   copy). */
+static void pack_panel_bf16(const uint16_t *x, int64_t sp, int64_t sq, int64_t p0, int64_t kc, int64_t j0, int64_t nc,
+                            float *pb) {
+  if (sq == 1) {
+    for (int64_t p = 0; p < kc; p++) {
+      float *dst = pb + p * PW;
+      if (p + 16 < kc)   /* as pack_panel: rows a leading dimension apart */
+        for (int64_t q = 0; q < nc; q += 32) _mm_prefetch((const char *)(x + (p0 + p + 16) * sp + j0 + q), _MM_HINT_T0);
+      const uint16_t *src = x + (p0 + p) * sp + j0;
+      for (int64_t v = 0; v < PW; v += 16) {
+        int64_t left = nc - v;
+        __mmask16 mask = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+        __m256i h = left >= 16 ? _mm256_loadu_si256((const __m256i *)(src + v)) : _mm256_maskz_loadu_epi16(mask, src + v);
+        _mm512_store_ps(dst + v, widen16(h));
+      }
+    }
+    return;
+  }
+  int64_t q = 0;
+  if (sp == 1)   /* columns along the rows: 16 x 16 blocks widened and transposed in registers */
+    for (; q + 16 <= nc; q += 16) {
+      const uint16_t *cols[16];
+      for (int r = 0; r < 16; r++) cols[r] = x + (j0 + q + r) * sq + p0;
+      int64_t p = 0;
+      for (; p + 16 <= kc; p += 16) {
+        __m512 v[16];
+        for (int r = 0; r < 16; r++) v[r] = widen16(_mm256_loadu_si256((const __m256i *)(cols[r] + p)));
+        transpose16(v);
+        for (int r = 0; r < 16; r++) _mm512_storeu_ps(pb + (p + r) * PW + q, v[r]);
+      }
+      for (; p < kc; p++)
+        for (int r = 0; r < 16; r++) pb[p * PW + q + r] = widen1(cols[r][p]);
+    }
+  for (; q < nc; q++)
+    for (int64_t p = 0; p < kc; p++) pb[p * PW + q] = widen1(x[(p0 + p) * sp + (j0 + q) * sq]);
+  if (nc < PW)
+    for (int64_t p = 0; p < kc; p++) memset(pb + p * PW + nc, 0, sizeof(float) * (size_t)(PW - nc));
+}
+
+static void pack_any_panel(const void *x, int64_t sp, int64_t sq, int64_t p0, int64_t kc, int64_t j0, int64_t nc,
+                           float *pb, int bf) {
+  if (bf) pack_panel_bf16(x, sp, sq, p0, kc, j0, nc, pb);
+  else pack_panel(x, sp, sq, p0, kc, j0, nc, pb);
+}
+
 /* C^T's tile (buf[r][q] = alpha * the sums, r < nr rows of C^T, q < nc of its columns) into C:
    row q of C, at d + q * dqs, gets the nr values buf[.][q], = first ? v + beta * C : C + v, then
    the bias of C's columns added and relu, as tile() finishes its own. Each 16 of them transposed
@@ -203,7 +306,7 @@ static __attribute__((noinline)) void tr_store(int nr, const float (*buf)[PW], f
 static inline __attribute__((always_inline)) void tile(const int NR, const int NV, const float *a, int64_t ars,
                                                        int64_t aps, const float *pb, int64_t kc, float *d, int64_t drs,
                                                        int64_t nc, float alpha, float beta, int first, const float *bias,
-                                                       int relu) {
+                                                       int relu, uint16_t *ob) {
   __m512 acc[MR][4];
 #pragma GCC unroll 6
   for (int r = 0; r < NR; r++)
@@ -237,8 +340,19 @@ static inline __attribute__((always_inline)) void tile(const int NR, const int N
     for (int v = 0; v < NV; v++) {
       int64_t left = nc - 16 * v;
       __mmask16 mask = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
-      float *o = d + r * drs + 16 * v;
       __m512 y = _mm512_mul_ps(va, acc[r][v]);
+      if (ob) {   /* a bf16 C (one block of k, so first): rounded once, as stored */
+        uint16_t *o = ob + r * drs + 16 * v;
+        if (left >= 16) {
+          if (beta != 0) y = _mm512_fmadd_ps(vb, widen16(_mm256_loadu_si256((const __m256i *)o)), y);
+          _mm256_storeu_si256((__m256i *)o, round16(y));
+        } else {
+          if (beta != 0) y = _mm512_fmadd_ps(vb, widen16(_mm256_maskz_loadu_epi16(mask, o)), y);
+          _mm256_mask_storeu_epi16(o, mask, round16(y));
+        }
+        continue;
+      }
+      float *o = d + r * drs + 16 * v;
       if (left >= 16) {   /* whole vectors unmasked: Zen's masked stores are slow */
         if (!first) y = _mm512_add_ps(_mm512_loadu_ps(o), y);
         else if (beta != 0) y = _mm512_fmadd_ps(vb, _mm512_loadu_ps(o), y);
@@ -260,16 +374,16 @@ static inline __attribute__((always_inline)) void tile(const int NR, const int N
    (d[r + q * dqs]): the tile goes through a buffer, and tr_store writes it. */
 static void tile_any(int nr, int nv, int tr, const float *a, int64_t ars, int64_t aps, const float *pb, int64_t kc,
                      float *d, int64_t drs, int64_t dqs, int64_t nc, float alpha, float beta, int first, const float *bias,
-                     int relu) {
+                     int relu, uint16_t *ob) {
   float buf[MR][PW];
   if (tr) memset(buf, 0, sizeof buf);   /* columns past nc are read by the transposes, not used */
 #define KILN_TILE(R, V)                                                                           \
   case (R) * 8 + (V):                                                                             \
     if (tr) {                                                                                     \
-      tile(R, V, a, ars, aps, pb, kc, &buf[0][0], PW, nc, alpha, 0.0f, 1, NULL, 0);               \
+      tile(R, V, a, ars, aps, pb, kc, &buf[0][0], PW, nc, alpha, 0.0f, 1, NULL, 0, NULL);         \
       tr_store(R, buf, d, dqs, nc, beta, first, bias, relu);                                      \
     } else                                                                                        \
-      tile(R, V, a, ars, aps, pb, kc, d, drs, nc, alpha, beta, first, bias, relu);                \
+      tile(R, V, a, ars, aps, pb, kc, d, drs, nc, alpha, beta, first, bias, relu, ob);            \
     return;
 #define KILN_TILE_ROW(R) KILN_TILE(R, 1) KILN_TILE(R, 2) KILN_TILE(R, 3) KILN_TILE(R, 4)
   switch (nr * 8 + nv) {
@@ -293,7 +407,7 @@ void kiln_cpu_sgemm_panels(int ta, int64_t m, int64_t n, int64_t k, float alpha,
     for (int64_t i0 = 0; i0 < m; i0 += MR) {
       int nr = m - i0 < MR ? (int)(m - i0) : MR;
       tile_any(nr, (int)((nc + 15) / 16), 0, a + i0 * as_i, as_i, as_p, panel, k, c + i0 * ldc + j0, ldc, 1, nc, alpha, beta, 1,
-               NULL, 0);
+               NULL, 0, NULL);
     }
   }
 }
@@ -310,7 +424,7 @@ void kiln_cpu_sgemm_panels(int ta, int64_t m, int64_t n, int64_t k, float alpha,
 #include <immintrin.h>
 #include <math.h>
 
-enum { PW = 64, SW = 16, KC = 1024, C_TRANSPOSED = 0 };
+enum { PW = 64, SW = 16, KC = 1024, C_TRANSPOSED = 0, BF16_C = 0 };
 
 /* pb = op(B)(p0 + p, j0 + q) for q < nc, zeros past nc, in strips of 16 columns, each strip
    contiguous: pb[q / 16][p][q % 16] (a strip is read from start to end, kc * 64 bytes). */
@@ -345,6 +459,12 @@ static void pack_panel(const float *x, int64_t sp, int64_t sq, int64_t p0, int64
   if (nc % SW)   /* the last strip's columns past nc */
     for (int64_t p = 0; p < kc; p++)
       memset(at(pb, kc, p, nc), 0, sizeof(float) * (size_t)(SW - nc % SW));
+}
+
+static void pack_any_panel(const void *x, int64_t sp, int64_t sq, int64_t p0, int64_t kc, int64_t j0, int64_t nc,
+                           float *pb, int bf) {
+  (void)bf;   /* no bf16 products at this level (BF16_C) */
+  pack_panel(x, sp, sq, p0, kc, j0, nc, pb);
 }
 
 /* D[r][q] for NR rows and nc <= 16 columns of one strip (pb: the strip's first column), as the
@@ -425,8 +545,8 @@ static void strip_any(int nr, int nv, const float *a, int64_t ars, int64_t aps, 
    avx512 level's masks), so nv and dqs are not used. */
 static void tile_any(int nr, int nv, int tr, const float *a, int64_t ars, int64_t aps, const float *pb, int64_t kc,
                      float *d, int64_t drs, int64_t dqs, int64_t nc, float alpha, float beta, int first, const float *bias,
-                     int relu) {
-  (void)nv; (void)tr; (void)dqs;
+                     int relu, uint16_t *ob) {
+  (void)nv; (void)tr; (void)dqs; (void)ob;   /* no bf16 C at this level (kiln_cpu_sgemm_bf16 says no) */
   for (int64_t s0 = 0; s0 < nc; s0 += SW) {
     int64_t sc = nc - s0 < SW ? nc - s0 : SW;
     strip_any(nr, (int)((sc + 7) / 8), a, ars, aps, pb + s0 * kc, kc, d + s0, drs, sc, alpha, beta, first,
@@ -437,12 +557,17 @@ static void tile_any(int nr, int nv, int tr, const float *a, int64_t ars, int64_
 #endif
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-/* The same, with ep (or NULL) done to each element as the last block of k stores it: one driver for
-   both levels, over their pack_panel and tile_any. */
-void kiln_cpu_sgemm_ep(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
-                       const float *b, int64_t ldb, float beta, float *c, int64_t ldc, const struct kiln_sgemm_ep *ep) {
-  if (m <= 0 || n <= 0) return;
+/* The product, with ep (or NULL) done to each element as the last block of k stores it: one driver
+   for both levels, over their pack_panel and tile_any. bf: A, B and C are bf16 (the avx512 level, k
+   <= KC, no ep, alpha != 0): each value of A and B widened as it is packed (a broadcast operand read
+   where it lies, widened first), and C rounded once as its tiles are stored. 0, or -1 where a bf16
+   product found no memory for its buffers. */
+static int sgemm_drive(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const void *a, int64_t lda,
+                       const void *b, int64_t ldb, float beta, void *cv, int64_t ldc, const struct kiln_sgemm_ep *ep, int bf) {
+  if (m <= 0 || n <= 0) return 0;
   int64_t kc0 = k < KC ? k : KC;
+  float *c = bf ? NULL : cv;
+  uint16_t *c16 = bf ? cv : NULL;
   const float *bias = ep ? ep->bias : NULL;
   int relu = ep ? ep->relu : 0;
   /* op(A)(i, p) at a[i * as_i + p * as_p], op(B)(p, j) at b[p * bs_p + j * bs_j] */
@@ -456,9 +581,11 @@ void kiln_cpu_sgemm_ep(int ta, int tb, int64_t m, int64_t n, int64_t k, float al
      (Emerald Rapids, 1 thread, against the sixteenth with the scalar loop before: [128, 784] x
      [784, 512] 0.94-0.95 of the time, [64, 1024] x [1024, 1024] 0.95, [16, 256] x [256, 1024]
      0.83-0.87; half as many: mixed, 0.96-1.03). Either way each element of C is the same FMAs in
-     the same order: the same bits. */
-  int tr = C_TRANSPOSED && tb == KILN_BLAS_TRANS && 4 * m <= n;
-  const float *x = tr ? a : b, *y = tr ? b : a;
+     the same order: the same bits. Not for bf16 operands, whose broadcast operand is widened whole
+     first: there the smaller one is broadcast (1 thread, GFLOP/s: [16, 256] x [256, 1024] 72 -> 92,
+     [128, 784] x [784, 512] 141 -> 152, [64, 1024] x [1024, 1024] 122 -> 138). */
+  int tr = C_TRANSPOSED && !bf && tb == KILN_BLAS_TRANS && 4 * m <= n;
+  const void *x = tr ? a : b, *y = tr ? b : a;
   int64_t xs_p = tr ? as_p : bs_p, xs_q = tr ? as_i : bs_j, ys_r = tr ? bs_j : as_i, ys_p = tr ? bs_p : as_p;
   int64_t rows = tr ? n : m, cols = tr ? m : n, drs = tr ? 1 : ldc, dqs = tr ? ldc : 1;
   /* A short k (k <= 256: a layer's input of 64 features, a weight's grad over a batch of 128):
@@ -471,11 +598,12 @@ void kiln_cpu_sgemm_ep(int ta, int tb, int64_t m, int64_t n, int64_t k, float al
   int64_t np = (cols + PW - 1) / PW;
   int whole = k <= 256 && np > 1 && (double)k * (double)(np * PW) * 4 <= 1 << 20;
   float *pb = k > 0 ? panel_for(sizeof(float) * (size_t)((whole ? np : 1) * kc0 * PW)) : NULL;
+  if (bf && (!pb || alpha == 0)) return -1;   /* the caller has seen to alpha */
   if (!pb || alpha == 0) {   /* no memory for a panel, or no products (C = beta C, A and B not read, as
                                 the BLAS does: NaN in them does not reach C): the BLAS does it */
     kiln_sgemm(ta, tb, (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
     if (ep) kiln_cpu_linear_finish(KILN_F32, m, n, c, ldc, ep->bias, ep->relu);
-    return;
+    return 0;
   }
   /* A broadcast operand whose rows lie side by side (op(A) = A^T: element (r, p) at y[r + p * ys_p])
      touches a new cache line and page every k for a tile's few rows, once per panel of columns:
@@ -487,6 +615,13 @@ void kiln_cpu_sgemm_ep(int ta, int tb, int64_t m, int64_t n, int64_t k, float al
      start to end. */
   int pack_y = ys_r == 1 && ys_p > 1 && rows >= MR && (double)rows * (double)kc0 * 4 <= 16e6;
   float *ybuf = pack_y ? malloc(sizeof(float) * (size_t)(((rows + MR - 1) / MR) * MR * kc0) + 64) : NULL;
+  /* a bf16 broadcast operand read where it lies: its span widened first, its strides kept */
+  float *yw = NULL;
+  if (bf && !ybuf) {
+    int64_t span = (rows - 1) * ys_r + (k - 1) * ys_p + 1;
+    if (!(yw = malloc(sizeof(float) * (size_t)span))) { free(ybuf); return -1; }
+    widen_all(yw, y, span);
+  }
   /* the tile of C at (i0, j0) for the block of k at p0 (kc rows), its panel packed at panel */
 #define KILN_SGEMM_TILE(i0, j0, p0, kc, panel)                                                               \
   do {                                                                                                     \
@@ -494,30 +629,49 @@ void kiln_cpu_sgemm_ep(int ta, int tb, int64_t m, int64_t n, int64_t k, float al
     int nr_ = rows - (i0) < MR ? (int)(rows - (i0)) : MR, nv_ = (int)((nc_ + 15) / 16), last_ = (p0) + (kc) >= k; \
     /* the bias of a tile's columns of C: D's columns, or its rows when D is C^T */                       \
     const float *tb_bias = last_ && bias ? bias + (tr ? (i0) : (j0)) : NULL;                               \
+    float *d_ = c ? c + (i0) * drs + (j0) * dqs : NULL;                                                  \
+    uint16_t *ob_ = c16 ? c16 + (i0) * drs + (j0) * dqs : NULL;                                          \
     if (ybuf)                                                                                              \
-      tile_any(nr_, nv_, tr, ybuf + (i0) * (kc), 1, MR, panel, kc, c + (i0) * drs + (j0) * dqs, drs, dqs, nc_, \
-               alpha, beta, (p0) == 0, tb_bias, last_ && relu);                                            \
+      tile_any(nr_, nv_, tr, ybuf + (i0) * (kc), 1, MR, panel, kc, d_, drs, dqs, nc_, alpha, beta, (p0) == 0, \
+               tb_bias, last_ && relu, ob_);                                                               \
     else                                                                                                   \
-      tile_any(nr_, nv_, tr, y + (i0) * ys_r + (p0) * ys_p, ys_r, ys_p, panel, kc, c + (i0) * drs + (j0) * dqs, \
-               drs, dqs, nc_, alpha, beta, (p0) == 0, tb_bias, last_ && relu);                             \
+      tile_any(nr_, nv_, tr, yf + (i0) * ys_r + (p0) * ys_p, ys_r, ys_p, panel, kc, d_, drs, dqs, nc_, alpha, \
+               beta, (p0) == 0, tb_bias, last_ && relu, ob_);                                              \
   } while (0)
+  const float *yf = bf ? yw : y;
   if (whole) {
-    if (ybuf) pack_rows(y, ys_p, 0, k, rows, ybuf);
+    if (ybuf) pack_any_rows(y, ys_p, 0, k, rows, ybuf, bf);
     for (int64_t j0 = 0; j0 < cols; j0 += PW)
-      pack_panel(x, xs_p, xs_q, 0, k, j0, cols - j0 < PW ? cols - j0 : PW, pb + j0 / PW * k * PW);
+      pack_any_panel(x, xs_p, xs_q, 0, k, j0, cols - j0 < PW ? cols - j0 : PW, pb + j0 / PW * k * PW, bf);
     for (int64_t i0 = 0; i0 < rows; i0 += MR)
       for (int64_t j0 = 0; j0 < cols; j0 += PW) KILN_SGEMM_TILE(i0, j0, 0, k, pb + j0 / PW * k * PW);
   } else
     for (int64_t p0 = 0; p0 < k; p0 += KC) {
       int64_t kc = k - p0 < KC ? k - p0 : KC;
-      if (ybuf) pack_rows(y, ys_p, p0, kc, rows, ybuf);
+      if (ybuf) pack_any_rows(y, ys_p, p0, kc, rows, ybuf, bf);
       for (int64_t j0 = 0; j0 < cols; j0 += PW) {
-        pack_panel(x, xs_p, xs_q, p0, kc, j0, cols - j0 < PW ? cols - j0 : PW, pb);
+        pack_any_panel(x, xs_p, xs_q, p0, kc, j0, cols - j0 < PW ? cols - j0 : PW, pb, bf);
         for (int64_t i0 = 0; i0 < rows; i0 += MR) KILN_SGEMM_TILE(i0, j0, p0, kc, pb);
       }
     }
 #undef KILN_SGEMM_TILE
   free(ybuf);
+  free(yw);
+  return 0;
+}
+
+void kiln_cpu_sgemm_ep(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                       const float *b, int64_t ldb, float beta, float *c, int64_t ldc, const struct kiln_sgemm_ep *ep) {
+  sgemm_drive(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ep, 0);
+}
+
+int kiln_cpu_sgemm_bf16_here(int64_t m, int64_t n, int64_t k, float alpha) {
+  return BF16_C && k >= 1 && k <= KC && alpha != 0 && kiln_cpu_sgemm_here(m, n, k);
+}
+
+int kiln_cpu_sgemm_bf16(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a, int64_t lda,
+                        const uint16_t *b, int64_t ldb, float beta, uint16_t *c, int64_t ldc) {
+  return sgemm_drive(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, NULL, 1);
 }
 #else
 void kiln_cpu_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
@@ -528,5 +682,15 @@ void kiln_cpu_sgemm_ep(int ta, int tb, int64_t m, int64_t n, int64_t k, float al
                        const float *b, int64_t ldb, float beta, float *c, int64_t ldc, const struct kiln_sgemm_ep *ep) {
   kiln_sgemm(ta, tb, (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
   if (ep) kiln_cpu_linear_finish(KILN_F32, m, n, c, ldc, ep->bias, ep->relu);
+}
+int kiln_cpu_sgemm_bf16_here(int64_t m, int64_t n, int64_t k, float alpha) {
+  (void)m; (void)n; (void)k; (void)alpha;
+  return 0;
+}
+int kiln_cpu_sgemm_bf16(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a, int64_t lda,
+                        const uint16_t *b, int64_t ldb, float beta, uint16_t *c, int64_t ldc) {
+  (void)ta; (void)tb; (void)m; (void)n; (void)k; (void)alpha; (void)a; (void)lda; (void)b; (void)ldb; (void)beta; (void)c;
+  (void)ldc;
+  return -1;   /* never called: kiln_cpu_sgemm_bf16_here says no */
 }
 #endif
