@@ -589,6 +589,29 @@ describe("copies and conversions", function()
     assert.equal(-3, bf(-3))
   end)
 
+  it("casts a long contiguous tensor part by part as it rounds each value", function()
+    -- contiguous casts convert straight into the output, over the pool's parts; known roundings at
+    -- the start, across parts and at the end, and every value as a strided source (the iterator's
+    -- blocks) gives it, in both directions and to f16
+    local prev = kiln.get_num_threads()
+    kiln.set_num_threads(2)
+    local n = 3 * 65536 + 7
+    local x = kiln.randn(n) * 1000
+    local known = {[1] = {1 + 2 ^ -8, 1}, [65536] = {257, 256}, [65537] = {259, 260}, [131073] = {1e39, math.huge},
+                   [n] = {-3, -3}}
+    for i, c in pairs(known) do x[i] = c[1] end
+    local y = x:to("bf16")
+    for i, c in pairs(known) do assert.are.equal(c[2], y[i], i) end
+    local strided = kiln.stack({x, x}, 2):select(2, 1)
+    assert.are.equal(2, strided:stride(1))
+    assert.are.same(strided:to("bf16"):float():totable(), y:float():totable())
+    assert.are.same(strided:to("f16"):float():totable(), x:to("f16"):float():totable())
+    local back = kiln.stack({y, y}, 2):select(2, 2)
+    assert.are.same(back:float():totable(), y:float():totable())
+    assert.is_true(kiln.tensor{0 / 0}:to("bf16"):float():isnan():item())
+    kiln.set_num_threads(prev)
+  end)
+
   it("converts f32 to integers by truncation, and integers wrap into u8", function()
     assert.same({2, -2, 0}, kiln.tensor{2.7, -2.7, 0.3}:to("i64"):totable())
     assert.same({44, 255}, kiln.tensor({300, -1}, {dtype = "i64"}):to("u8"):totable())

@@ -841,9 +841,24 @@ static int copy_tiled(struct kiln_tensor *dst, const struct kiln_tensor *src) {
   return 1;
 }
 
+/* A cast between contiguous tensors of one shape (autocast's casts of weights and their grads):
+   each part converted in one run straight into the output, rather than block by block through the
+   iterator's buffers and a copy out of them (the same conversion, so the same bits). */
+struct cast_job { char *dst; const char *src; int dd, sd; };
+static void cast_range(void *ctx, int64_t begin, int64_t end) {
+  const struct cast_job *j = ctx;
+  convert(j->dst + begin * kiln_dtype_size(j->dd), j->dd, j->src + begin * kiln_dtype_size(j->sd), j->sd, end - begin);
+}
+static int copy_cast(struct kiln_tensor *dst, const struct kiln_tensor *src) {
+  if (src->dtype == dst->dtype || !kiln_is_contiguous(dst) || !kiln_is_contiguous(src) || !same_shape(dst, src)) return 0;
+  struct cast_job j = {kiln_tensor_data(dst), kiln_tensor_data(src), dst->dtype, src->dtype};
+  kiln_parallel_for(dst->numel, GRAIN, cast_range, &j);
+  return 1;
+}
+
 int cpu_copy(const struct kiln_call *c) {
   static const ew_fn moves[9] = {[1] = move8, [2] = move16, [4] = move32, [8] = move64};
-  if (c->out->numel && copy_tiled(c->out, c->in[0])) return KILN_OK;
+  if (c->out->numel && (copy_cast(c->out, c->in[0]) || copy_tiled(c->out, c->in[0]))) return KILN_OK;
   int dt = c->out->dtype;
   execute(c->out, c->in, 1, 0, 0, 0, dt, dt, moves[kiln_dtype_size(dt)], NULL);
   return KILN_OK;
