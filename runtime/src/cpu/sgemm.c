@@ -424,7 +424,25 @@ void kiln_cpu_sgemm_panels(int ta, int64_t m, int64_t n, int64_t k, float alpha,
 #include <immintrin.h>
 #include <math.h>
 
-enum { PW = 64, SW = 16, KC = 1024, C_TRANSPOSED = 0, BF16_C = 0 };
+enum { PW = 64, SW = 16, KC = 1024, C_TRANSPOSED = 0, BF16_C = 1 };
+
+/* bf16 operands and C (kiln_cpu_sgemm_bf16), as the avx512 level's: 8 values widened, 8 rounded to
+   nearest even (a NaN made quiet), one rounded. */
+static inline __m256 widen8(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
+static inline __m128i round8(__m256 y) {
+  const __m256i u = _mm256_castps_si256(y), hi = _mm256_srli_epi32(u, 16);
+  __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), _mm256_and_si256(hi, _mm256_set1_epi32(1)));
+  r = _mm256_srli_epi32(r, 16);
+  __m256i q = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
+  r = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(q), _mm256_cmp_ps(y, y, _CMP_UNORD_Q)));
+  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+static inline uint16_t round1(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
+  return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
+}
 
 /* pb = op(B)(p0 + p, j0 + q) for q < nc, zeros past nc, in strips of 16 columns, each strip
    contiguous: pb[q / 16][p][q % 16] (a strip is read from start to end, kc * 64 bytes). */
@@ -461,10 +479,42 @@ static void pack_panel(const float *x, int64_t sp, int64_t sq, int64_t p0, int64
       memset(at(pb, kc, p, nc), 0, sizeof(float) * (size_t)(SW - nc % SW));
 }
 
+/* pack_panel for a bf16 X, each value widened as it is packed. */
+static void pack_panel_bf16(const uint16_t *x, int64_t sp, int64_t sq, int64_t p0, int64_t kc, int64_t j0, int64_t nc,
+                            float *pb) {
+  int64_t q = 0;
+  if (sq == 1) {
+    for (int64_t p = 0; p < kc; p++) {
+      const uint16_t *src = x + (p0 + p) * sp + j0;
+      for (q = 0; q + 8 <= nc; q += 8) _mm256_storeu_ps(at(pb, kc, p, q), widen8(_mm_loadu_si128((const __m128i *)(src + q))));
+      for (; q < nc; q++) *at(pb, kc, p, q) = widen1(src[q]);
+    }
+  } else {
+    if (sp == 1)
+      for (; q + 8 <= nc; q += 8) {
+        const uint16_t *cols[8];
+        for (int r = 0; r < 8; r++) cols[r] = x + (j0 + q + r) * sq + p0;
+        int64_t p = 0;
+        for (; p + 8 <= kc; p += 8) {
+          __m256 v[8];
+          for (int r = 0; r < 8; r++) v[r] = widen8(_mm_loadu_si128((const __m128i *)(cols[r] + p)));
+          kiln_transpose8_store(v, at(pb, kc, p, q), SW);
+        }
+        for (; p < kc; p++)
+          for (int r = 0; r < 8; r++) *at(pb, kc, p, q + r) = widen1(cols[r][p]);
+      }
+    for (; q < nc; q++)
+      for (int64_t p = 0; p < kc; p++) *at(pb, kc, p, q) = widen1(x[(p0 + p) * sp + (j0 + q) * sq]);
+  }
+  if (nc % SW)
+    for (int64_t p = 0; p < kc; p++)
+      memset(at(pb, kc, p, nc), 0, sizeof(float) * (size_t)(SW - nc % SW));
+}
+
 static void pack_any_panel(const void *x, int64_t sp, int64_t sq, int64_t p0, int64_t kc, int64_t j0, int64_t nc,
                            float *pb, int bf) {
-  (void)bf;   /* no bf16 products at this level (BF16_C) */
-  pack_panel(x, sp, sq, p0, kc, j0, nc, pb);
+  if (bf) pack_panel_bf16(x, sp, sq, p0, kc, j0, nc, pb);
+  else pack_panel(x, sp, sq, p0, kc, j0, nc, pb);
 }
 
 /* D[r][q] for NR rows and nc <= 16 columns of one strip (pb: the strip's first column), as the
@@ -472,7 +522,7 @@ static void pack_any_panel(const void *x, int64_t sp, int64_t sq, int64_t p0, in
 static inline __attribute__((always_inline)) void tile(const int NR, const int NV, const float *a, int64_t ars,
                                                        int64_t aps, const float *pb, int64_t kc, float *d, int64_t drs,
                                                        int64_t nc, float alpha, float beta, int first, const float *bias,
-                                                       int relu) {
+                                                       int relu, uint16_t *ob) {
   __m256 acc[MR][2];
 #pragma GCC unroll 6
   for (int r = 0; r < NR; r++)
@@ -502,8 +552,20 @@ static inline __attribute__((always_inline)) void tile(const int NR, const int N
 #pragma GCC unroll 2
     for (int v = 0; v < NV; v++) {
       int64_t left = nc - 8 * v;
-      float *o = d + r * drs + 8 * v;
       __m256 y = _mm256_mul_ps(va, acc[r][v]);
+      if (ob) {   /* a bf16 C (one block of k, so first): rounded once, as stored */
+        uint16_t *o = ob + r * drs + 8 * v;
+        if (left >= 8) {
+          if (beta != 0) y = _mm256_fmadd_ps(vb, widen8(_mm_loadu_si128((const __m128i *)o)), y);
+          _mm_storeu_si128((__m128i *)o, round8(y));
+          continue;
+        }
+        float t[8];
+        _mm256_storeu_ps(t, y);
+        for (int64_t l = 0; l < left; l++) o[l] = round1(beta != 0 ? fmaf(beta, widen1(o[l]), t[l]) : t[l]);
+        continue;
+      }
+      float *o = d + r * drs + 8 * v;
       if (left >= 8) {
         if (!first) y = _mm256_add_ps(_mm256_loadu_ps(o), y);
         else if (beta != 0) y = _mm256_fmadd_ps(vb, _mm256_loadu_ps(o), y);
@@ -527,10 +589,11 @@ static inline __attribute__((always_inline)) void tile(const int NR, const int N
 }
 
 static void strip_any(int nr, int nv, const float *a, int64_t ars, int64_t aps, const float *pb, int64_t kc, float *d,
-                      int64_t drs, int64_t nc, float alpha, float beta, int first, const float *bias, int relu) {
+                      int64_t drs, int64_t nc, float alpha, float beta, int first, const float *bias, int relu,
+                      uint16_t *ob) {
 #define KILN_TILE(R, V)                                                                           \
   case (R) * 4 + (V):                                                                             \
-    tile(R, V, a, ars, aps, pb, kc, d, drs, nc, alpha, beta, first, bias, relu);                  \
+    tile(R, V, a, ars, aps, pb, kc, d, drs, nc, alpha, beta, first, bias, relu, ob);              \
     return;
 #define KILN_TILE_ROW(R) KILN_TILE(R, 1) KILN_TILE(R, 2)
   switch (nr * 4 + nv) {
@@ -546,11 +609,11 @@ static void strip_any(int nr, int nv, const float *a, int64_t ars, int64_t aps, 
 static void tile_any(int nr, int nv, int tr, const float *a, int64_t ars, int64_t aps, const float *pb, int64_t kc,
                      float *d, int64_t drs, int64_t dqs, int64_t nc, float alpha, float beta, int first, const float *bias,
                      int relu, uint16_t *ob) {
-  (void)nv; (void)tr; (void)dqs; (void)ob;   /* no bf16 C at this level (kiln_cpu_sgemm_bf16 says no) */
+  (void)nv; (void)tr; (void)dqs;
   for (int64_t s0 = 0; s0 < nc; s0 += SW) {
     int64_t sc = nc - s0 < SW ? nc - s0 : SW;
-    strip_any(nr, (int)((sc + 7) / 8), a, ars, aps, pb + s0 * kc, kc, d + s0, drs, sc, alpha, beta, first,
-              bias ? bias + s0 : NULL, relu);
+    strip_any(nr, (int)((sc + 7) / 8), a, ars, aps, pb + s0 * kc, kc, d ? d + s0 : NULL, drs, sc, alpha, beta, first,
+              bias ? bias + s0 : NULL, relu, ob ? ob + s0 : NULL);
   }
 }
 
