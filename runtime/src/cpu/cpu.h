@@ -83,6 +83,7 @@
 #define kiln_cpu_winograd_run KILN_LEVEL_NAME(kiln_cpu_winograd_run)
 #define kiln_cpu_gemm_raw_fixed KILN_LEVEL_NAME(kiln_cpu_gemm_raw_fixed)
 #define kiln_cpu_widen_bf16 KILN_LEVEL_NAME(kiln_cpu_widen_bf16)
+#define kiln_cpu_gemm_raw_bf16 KILN_LEVEL_NAME(kiln_cpu_gemm_raw_bf16)
 #define kiln_cpu_copy KILN_LEVEL_NAME(kiln_cpu_copy)
 #define kiln_cpu_max2x2_plane_f32 KILN_LEVEL_NAME(kiln_cpu_max2x2_plane_f32)
 #define kiln_cpu_fill KILN_LEVEL_NAME(kiln_cpu_fill)
@@ -114,13 +115,14 @@ struct kiln_sgemm_ep { const float *bias; int relu; };
 void kiln_cpu_sgemm_ep(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                        const float *b, int64_t ldb, float beta, float *c, int64_t ldc, const struct kiln_sgemm_ep *ep);
 int kiln_cpu_sgemm_here(int64_t m, int64_t n, int64_t k);
-/* The product with bf16 A, B and C on kiln's own kernel (the avx512 level): each value widened as it
-   is packed, the f32 sums as kiln_cpu_sgemm's, and C rounded once (nearest even) as it is stored:
-   the bits of widening, kiln_cpu_sgemm and rounding. Where kiln_cpu_sgemm_bf16_here says so (k at
-   most its block of k, alpha not 0); 0, or -1 when its buffers found no memory. */
-int kiln_cpu_sgemm_bf16_here(int64_t m, int64_t n, int64_t k, float alpha);
+/* The product of bf16 A and B on kiln's own kernel (the avx512 and avx2 levels): each value widened
+   as it is packed, the f32 sums as kiln_cpu_sgemm's; C f32, or bf16 (bf16_c) rounded once (nearest
+   even) as it is stored: the bits of widening, kiln_cpu_sgemm and rounding. Where
+   kiln_cpu_sgemm_bf16_here says so (alpha not 0; a bf16 C: k within the kernel's block of k); 0,
+   or -1 when its buffers found no memory. */
+int kiln_cpu_sgemm_bf16_here(int64_t m, int64_t n, int64_t k, float alpha, int bf16_c);
 int kiln_cpu_sgemm_bf16(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a, int64_t lda,
-                        const uint16_t *b, int64_t ldb, float beta, uint16_t *c, int64_t ldc);
+                        const uint16_t *b, int64_t ldb, float beta, void *c, int64_t ldc, int bf16_c);
 /* The avx512 level's product with op(B) given as kiln_cpu_sgemm's panels (cpu/sgemm.c): 64 columns a
    panel, [ceil(n / 64)][k][64], zeros past n, k at most KILN_SGEMM_PANEL_K (its block of k). */
 enum { KILN_SGEMM_PANEL_K = 2048 };
@@ -269,6 +271,11 @@ void kiln_cpu_gemm_raw(int dtype, int trans_a, int trans_b, int64_t n, int64_t m
    panels as for 16 threads whatever the pool's size. */
 void kiln_cpu_gemm_raw_fixed(int dtype, int trans_a, int trans_b, int64_t n, int64_t m, int64_t k, double alpha,
                              const void *a, int64_t lda, const void *b, int64_t ldb, double beta, void *c, int64_t ldc);
+/* The same for bf16 A and B into an f32 C on kiln's own kernel, which widens them as it packs
+   (kiln_cpu_sgemm_bf16): the bits of kiln_cpu_gemm_raw_fixed on the widened operands. Where
+   kiln_cpu_sgemm_bf16_here(n, m, k, alpha, 0) says so; -1 when its buffers found no memory. */
+int kiln_cpu_gemm_raw_bf16(int trans_a, int trans_b, int64_t n, int64_t m, int64_t k, float alpha, const uint16_t *a,
+                           int64_t lda, const uint16_t *b, int64_t ldb, float beta, float *c, int64_t ldc);
 /* dst[i] = src[i] (bf16) widened to f32, exactly, over the pool (cpu/gemm.c) */
 void kiln_cpu_widen_bf16(float *dst, const uint16_t *src, int64_t n);
 

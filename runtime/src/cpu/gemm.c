@@ -21,7 +21,7 @@ struct gemm_job {
   int own;                   /* f32 on kiln's own kernel (cpu/sgemm.c), chosen for the whole product */
   const void *bias;          /* LINEAR: + bias[column of c] as c is stored (or NULL) */
   int relu;                  /* LINEAR: then x < 0 ? 0 : x */
-  int bf16;                  /* a, b and c are bf16, on kiln_cpu_sgemm_bf16 (dtype f32, own) */
+  int bf16;                  /* a and b are bf16, on kiln_cpu_sgemm_bf16 (dtype f32, own): 1 c f32, 2 c bf16 */
   int failed;                /* a part's buffers found no memory (bf16) */
 };
 
@@ -43,15 +43,15 @@ void kiln_cpu_linear_finish(int dtype, int64_t m, int64_t n, void *c, int64_t ld
 }
 
 static void gemm_block(struct gemm_job *j, int64_t bi, int64_t r0, int64_t rn, int64_t c0, int64_t cn) {
-  int es = j->bf16 ? 2 : j->dtype == KILN_F32 ? 4 : 8;
+  int es = j->bf16 ? 2 : j->dtype == KILN_F32 ? 4 : 8, ces = j->bf16 == 2 ? 2 : j->dtype == KILN_F32 ? 4 : 8;
   /* Row r0 of op(A) and column c0 of op(B). */
   const char *a = j->a + (bi * j->sa + (j->ta == KILN_BLAS_NO_TRANS ? r0 * j->lda : r0)) * es;
   const char *b = j->b + (bi * j->sb + (j->tb == KILN_BLAS_NO_TRANS ? c0 : c0 * j->ldb)) * es;
-  char *c = j->c + (bi * j->sc + r0 * j->ldc + c0) * es;
+  char *c = j->c + (bi * j->sc + r0 * j->ldc + c0) * ces;
   const char *bias = j->bias ? (const char *)j->bias + c0 * es : NULL;
   if (j->bf16) {
     if (kiln_cpu_sgemm_bf16(j->ta, j->tb, rn, cn, j->k, (float)j->alpha, (const uint16_t *)a, j->lda, (const uint16_t *)b,
-                            j->ldb, (float)j->beta, (uint16_t *)c, j->ldc) < 0)
+                            j->ldb, (float)j->beta, c, j->ldc, j->bf16 == 2) < 0)
       __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
     return;
   }
@@ -147,6 +147,17 @@ void kiln_cpu_gemm_raw_fixed(int dtype, int trans_a, int trans_b, int64_t n, int
   gemm_raw(dtype, trans_a, trans_b, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc, 16);
 }
 
+int kiln_cpu_gemm_raw_bf16(int trans_a, int trans_b, int64_t n, int64_t m, int64_t k, float alpha, const uint16_t *a,
+                           int64_t lda, const uint16_t *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+  if (n <= 0 || m <= 0) return 0;
+  struct gemm_job j = {.dtype = KILN_F32, .nbatch = 1, .n = n, .m = m, .k = k, .a = (const char *)a, .b = (const char *)b,
+                       .c = (char *)c, .ta = trans_a ? KILN_BLAS_TRANS : KILN_BLAS_NO_TRANS,
+                       .tb = trans_b ? KILN_BLAS_TRANS : KILN_BLAS_NO_TRANS, .lda = lda, .ldb = ldb, .ldc = ldc,
+                       .alpha = alpha, .beta = beta, .bf16 = 1};
+  gemm_run(&j);
+  return j.failed ? -1 : 0;
+}
+
 /* A BLAS view of a rows x cols matrix with strides s0, s1: transposed or not, and its leading dim. */
 static int blas_layout_of(int64_t rows, int64_t cols, int64_t s0, int64_t s1, int *tr, int64_t *ld) {
   if ((s1 == 1 || cols == 1) && s0 >= (cols > 1 ? cols : 1)) { *tr = KILN_BLAS_NO_TRANS; *ld = s0 > 0 ? s0 : 1; if (rows == 1) *ld = cols > 1 ? cols : 1; return 1; }
@@ -218,8 +229,8 @@ static int gemm_bf16_widened(struct kiln_tensor *out, const struct kiln_tensor *
   j.sb = b->sizes[0] > 1 ? b->strides[0] : 0;
   /* on kiln's kernel: widened as packed, C rounded as stored (no f32 copies), where it can */
   if (out->strides[2] == 1 && out->strides[1] >= out->sizes[2] && kiln_is_contiguous(out) &&
-      kiln_cpu_sgemm_bf16_here(j.n, j.m, j.k, (float)alpha)) {
-    j.bf16 = 1;
+      kiln_cpu_sgemm_bf16_here(j.n, j.m, j.k, (float)alpha, 1)) {
+    j.bf16 = 2;
     j.a = kiln_tensor_data(a); j.b = kiln_tensor_data(b); j.c = kiln_tensor_data(out);
     j.sc = out->strides[0];
     j.ldc = out->strides[1] > 0 ? out->strides[1] : 1;

@@ -621,16 +621,17 @@ static void tile_any(int nr, int nv, int tr, const float *a, int64_t ars, int64_
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 /* The product, with ep (or NULL) done to each element as the last block of k stores it: one driver
-   for both levels, over their pack_panel and tile_any. bf: A, B and C are bf16 (the avx512 level, k
-   <= KC, no ep, alpha != 0): each value of A and B widened as it is packed (a broadcast operand read
-   where it lies, widened first), and C rounded once as its tiles are stored. 0, or -1 where a bf16
-   product found no memory for its buffers. */
+   for both levels, over their pack_panel and tile_any. bf: A and B are bf16 (no ep, alpha != 0),
+   each value widened as it is packed (a broadcast operand widened first, row by row); bf16_c: so is
+   C (k <= KC), rounded once as its tiles are stored. 0, or -1 where a bf16 product found no memory
+   for its buffers. */
 static int sgemm_drive(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const void *a, int64_t lda,
-                       const void *b, int64_t ldb, float beta, void *cv, int64_t ldc, const struct kiln_sgemm_ep *ep, int bf) {
+                       const void *b, int64_t ldb, float beta, void *cv, int64_t ldc, const struct kiln_sgemm_ep *ep, int bf,
+                       int bf16_c) {
   if (m <= 0 || n <= 0) return 0;
   int64_t kc0 = k < KC ? k : KC;
-  float *c = bf ? NULL : cv;
-  uint16_t *c16 = bf ? cv : NULL;
+  float *c = bf16_c ? NULL : cv;
+  uint16_t *c16 = bf16_c ? cv : NULL;
   const float *bias = ep ? ep->bias : NULL;
   int relu = ep ? ep->relu : 0;
   /* op(A)(i, p) at a[i * as_i + p * as_p], op(B)(p, j) at b[p * bs_p + j * bs_j] */
@@ -678,12 +679,17 @@ static int sgemm_drive(int ta, int tb, int64_t m, int64_t n, int64_t k, float al
      start to end. */
   int pack_y = ys_r == 1 && ys_p > 1 && rows >= MR && (double)rows * (double)kc0 * 4 <= 16e6;
   float *ybuf = pack_y ? malloc(sizeof(float) * (size_t)(((rows + MR - 1) / MR) * MR * kc0) + 64) : NULL;
-  /* a bf16 broadcast operand read where it lies: its span widened first, its strides kept */
+  /* a bf16 broadcast operand not packed by rows: widened first into rows of k */
   float *yw = NULL;
   if (bf && !ybuf) {
-    int64_t span = (rows - 1) * ys_r + (k - 1) * ys_p + 1;
-    if (!(yw = malloc(sizeof(float) * (size_t)span))) { free(ybuf); return -1; }
-    widen_all(yw, y, span);
+    if (!(yw = malloc(sizeof(float) * (size_t)(rows * k)))) return -1;
+    const uint16_t *y16 = y;
+    for (int64_t r = 0; r < rows; r++)
+      if (ys_p == 1) widen_all(yw + r * k, y16 + r * ys_r, k);
+      else
+        for (int64_t p = 0; p < k; p++) yw[r * k + p] = widen1(y16[r * ys_r + p * ys_p]);
+    ys_r = k;
+    ys_p = 1;
   }
   /* the tile of C at (i0, j0) for the block of k at p0 (kc rows), its panel packed at panel */
 #define KILN_SGEMM_TILE(i0, j0, p0, kc, panel)                                                               \
@@ -725,16 +731,16 @@ static int sgemm_drive(int ta, int tb, int64_t m, int64_t n, int64_t k, float al
 
 void kiln_cpu_sgemm_ep(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                        const float *b, int64_t ldb, float beta, float *c, int64_t ldc, const struct kiln_sgemm_ep *ep) {
-  sgemm_drive(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ep, 0);
+  sgemm_drive(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ep, 0, 0);
 }
 
-int kiln_cpu_sgemm_bf16_here(int64_t m, int64_t n, int64_t k, float alpha) {
-  return BF16_C && k >= 1 && k <= KC && alpha != 0 && kiln_cpu_sgemm_here(m, n, k);
+int kiln_cpu_sgemm_bf16_here(int64_t m, int64_t n, int64_t k, float alpha, int bf16_c) {
+  return BF16_C && k >= 1 && (k <= KC || !bf16_c) && alpha != 0 && kiln_cpu_sgemm_here(m, n, k);
 }
 
 int kiln_cpu_sgemm_bf16(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a, int64_t lda,
-                        const uint16_t *b, int64_t ldb, float beta, uint16_t *c, int64_t ldc) {
-  return sgemm_drive(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, NULL, 1);
+                        const uint16_t *b, int64_t ldb, float beta, void *c, int64_t ldc, int bf16_c) {
+  return sgemm_drive(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, NULL, 1, bf16_c);
 }
 #else
 void kiln_cpu_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
@@ -746,14 +752,14 @@ void kiln_cpu_sgemm_ep(int ta, int tb, int64_t m, int64_t n, int64_t k, float al
   kiln_sgemm(ta, tb, (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
   if (ep) kiln_cpu_linear_finish(KILN_F32, m, n, c, ldc, ep->bias, ep->relu);
 }
-int kiln_cpu_sgemm_bf16_here(int64_t m, int64_t n, int64_t k, float alpha) {
-  (void)m; (void)n; (void)k; (void)alpha;
+int kiln_cpu_sgemm_bf16_here(int64_t m, int64_t n, int64_t k, float alpha, int bf16_c) {
+  (void)m; (void)n; (void)k; (void)alpha; (void)bf16_c;
   return 0;
 }
 int kiln_cpu_sgemm_bf16(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a, int64_t lda,
-                        const uint16_t *b, int64_t ldb, float beta, uint16_t *c, int64_t ldc) {
+                        const uint16_t *b, int64_t ldb, float beta, void *c, int64_t ldc, int bf16_c) {
   (void)ta; (void)tb; (void)m; (void)n; (void)k; (void)alpha; (void)a; (void)lda; (void)b; (void)ldb; (void)beta; (void)c;
-  (void)ldc;
+  (void)ldc; (void)bf16_c;
   return -1;   /* never called: kiln_cpu_sgemm_bf16_here says no */
 }
 #endif
