@@ -334,6 +334,23 @@ static inline __attribute__((always_inline)) void tile(const int NR, const int N
   }
   __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
   const __m512 zero = _mm512_setzero_ps();
+  /* A whole tile stored, C not read (the usual case): the loop below, without its choices per vector,
+     kept its accumulators on the stack (products with k = 128, Emerald Rapids: 145 -> 156 GFLOP/s) */
+  if (first && beta == 0 && !ob && nc >= 16 * NV) {
+    __m512 bv[4];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++) bv[v] = bias ? _mm512_loadu_ps(bias + 16 * v) : zero;
+#pragma GCC unroll 6
+    for (int r = 0; r < NR; r++)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) {
+        __m512 y = _mm512_mul_ps(va, acc[r][v]);
+        if (bias) y = _mm512_add_ps(y, bv[v]);
+        if (relu) y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(y, zero, _CMP_LT_OQ), zero);
+        _mm512_storeu_ps(d + r * drs + 16 * v, y);
+      }
+    return;
+  }
 #pragma GCC unroll 6
   for (int r = 0; r < NR; r++)
 #pragma GCC unroll 4
