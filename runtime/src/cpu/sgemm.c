@@ -389,9 +389,10 @@ static inline __attribute__((always_inline)) void tile(const int NR, const int N
 
 /* One tile of nr <= MR rows by a panel of nv vectors: the constant shapes' kernels. tr: D is C^T
    (d[r + q * dqs]): the tile goes through a buffer, and tr_store writes it. */
-static void tile_any(int nr, int nv, int tr, const float *a, int64_t ars, int64_t aps, const float *pb, int64_t kc,
-                     float *d, int64_t drs, int64_t dqs, int64_t nc, float alpha, float beta, int first, const float *bias,
-                     int relu, uint16_t *ob) {
+static inline __attribute__((always_inline)) void tile_body(int nr, int nv, int tr, const float *a, int64_t ars,
+                                                           int64_t aps, const float *pb, int64_t kc, float *d, int64_t drs,
+                                                           int64_t dqs, int64_t nc, float alpha, float beta, int first,
+                                                           const float *bias, int relu, uint16_t *ob) {
   float buf[MR][PW];
   if (tr) memset(buf, 0, sizeof buf);   /* columns past nc are read by the transposes, not used */
 #define KILN_TILE(R, V)                                                                           \
@@ -409,7 +410,16 @@ static void tile_any(int nr, int nv, int tr, const float *a, int64_t ars, int64_
 #undef KILN_TILE_ROW
 #undef KILN_TILE
 }
-
+/* A read where it lies; and A packed by rows ([k][MR]), whose constant strides give the tiles
+   constant offsets (as the avx2 level's strip_packed) */
+static void tile_any(int nr, int nv, int tr, const float *a, int64_t ars, int64_t aps, const float *pb, int64_t kc,
+                     float *d, int64_t drs, int64_t dqs, int64_t nc, float alpha, float beta, int first, const float *bias,
+                     int relu, uint16_t *ob) {
+  if (ars == 1 && aps == MR)
+    tile_body(nr, nv, tr, a, 1, MR, pb, kc, d, drs, dqs, nc, alpha, beta, first, bias, relu, ob);
+  else
+    tile_body(nr, nv, tr, a, ars, aps, pb, kc, d, drs, dqs, nc, alpha, beta, first, bias, relu, ob);
+}
 
 /* C[m, n] = alpha * op(A) B + beta * C where B comes packed as kiln_cpu_sgemm packs it, panels of
    64 columns [ceil(n / 64)][k][64] with zeros past n, k <= KILN_SGEMM_PANEL_K: for a B that serves
@@ -605,9 +615,10 @@ static inline __attribute__((always_inline)) void tile(const int NR, const int N
     }
 }
 
-static void strip_any(int nr, int nv, const float *a, int64_t ars, int64_t aps, const float *pb, int64_t kc, float *d,
-                      int64_t drs, int64_t nc, float alpha, float beta, int first, const float *bias, int relu,
-                      uint16_t *ob) {
+static inline __attribute__((always_inline)) void strip_body(int nr, int nv, const float *a, int64_t ars, int64_t aps,
+                                                            const float *pb, int64_t kc, float *d, int64_t drs, int64_t nc,
+                                                            float alpha, float beta, int first, const float *bias, int relu,
+                                                            uint16_t *ob) {
 #define KILN_TILE(R, V)                                                                           \
   case (R) * 4 + (V):                                                                             \
     tile(R, V, a, ars, aps, pb, kc, d, drs, nc, alpha, beta, first, bias, relu, ob);              \
@@ -620,6 +631,19 @@ static void strip_any(int nr, int nv, const float *a, int64_t ars, int64_t aps, 
 #undef KILN_TILE
 }
 
+/* A strip's tile, A read where it lies; and A packed by rows ([k][MR]: the constant strides give the
+   tiles constant offsets, which gcc found by itself only while nothing else changed the code, and
+   without them the weight grads ran 6% slower). */
+static void strip_any(int nr, int nv, const float *a, int64_t ars, int64_t aps, const float *pb, int64_t kc, float *d,
+                      int64_t drs, int64_t nc, float alpha, float beta, int first, const float *bias, int relu,
+                      uint16_t *ob) {
+  strip_body(nr, nv, a, ars, aps, pb, kc, d, drs, nc, alpha, beta, first, bias, relu, ob);
+}
+static void strip_packed(int nr, int nv, const float *a, const float *pb, int64_t kc, float *d, int64_t drs, int64_t nc,
+                         float alpha, float beta, int first, const float *bias, int relu, uint16_t *ob) {
+  strip_body(nr, nv, a, 1, MR, pb, kc, d, drs, nc, alpha, beta, first, bias, relu, ob);
+}
+
 /* A tile of 6 rows by a panel's nc columns, as the avx512 level's tile_any: its strips of 16. C is
    written directly at this level (tr is 0: no C^T path, whose transposed stores would need the
    avx512 level's masks), so nv and dqs are not used. */
@@ -629,8 +653,13 @@ static void tile_any(int nr, int nv, int tr, const float *a, int64_t ars, int64_
   (void)nv; (void)tr; (void)dqs;
   for (int64_t s0 = 0; s0 < nc; s0 += SW) {
     int64_t sc = nc - s0 < SW ? nc - s0 : SW;
-    strip_any(nr, (int)((sc + 7) / 8), a, ars, aps, pb + s0 * kc, kc, d ? d + s0 : NULL, drs, sc, alpha, beta, first,
-              bias ? bias + s0 : NULL, relu, ob ? ob + s0 : NULL);
+    float *ds = d ? d + s0 : NULL;
+    const float *bs = bias ? bias + s0 : NULL;
+    uint16_t *os = ob ? ob + s0 : NULL;
+    if (ars == 1 && aps == MR)
+      strip_packed(nr, (int)((sc + 7) / 8), a, pb + s0 * kc, kc, ds, drs, sc, alpha, beta, first, bs, relu, os);
+    else
+      strip_any(nr, (int)((sc + 7) / 8), a, ars, aps, pb + s0 * kc, kc, ds, drs, sc, alpha, beta, first, bs, relu, os);
   }
 }
 
@@ -662,8 +691,8 @@ static int sgemm_drive(int ta, int tb, int64_t m, int64_t n, int64_t k, float al
      (Emerald Rapids, 1 thread, against the sixteenth with the scalar loop before: [128, 784] x
      [784, 512] 0.94-0.95 of the time, [64, 1024] x [1024, 1024] 0.95, [16, 256] x [256, 1024]
      0.83-0.87; half as many: mixed, 0.96-1.03). Either way each element of C is the same FMAs in
-     the same order: the same bits. Not for bf16 operands, whose broadcast operand is widened whole
-     first: there the smaller one is broadcast (1 thread, GFLOP/s: [16, 256] x [256, 1024] 72 -> 92,
+     the same order: the same bits. Not for bf16 operands, whose broadcast operand is widened in a
+     pass of its own: there the smaller one is broadcast (1 thread, GFLOP/s: [16, 256] x [256, 1024] 72 -> 92,
      [128, 784] x [784, 512] 141 -> 152, [64, 1024] x [1024, 1024] 122 -> 138). */
   int tr = C_TRANSPOSED && !bf && tb == KILN_BLAS_TRANS && 4 * m <= n;
   const void *x = tr ? a : b, *y = tr ? b : a;
