@@ -62,26 +62,6 @@ static float *panel_for(size_t bytes) {
   return panel_buf;
 }
 
-/* Rows p0.. p0 + kc of A^T (rows floats each, ys_p apart) packed tile by tile, each tile's MR
-   values at each k in order: ybuf[tile][p][r]. 16 rows of A^T at a time, so that each is read
-   from start to end rather than a tile's few values from every row. */
-static void pack_rows(const float *y, int64_t ys_p, int64_t p0, int64_t kc, int64_t rows, float *ybuf) {
-  for (int64_t q0 = 0; q0 < kc; q0 += 16) {
-    int64_t q1 = kc - q0 < 16 ? kc : q0 + 16;
-    for (int64_t i0 = 0; i0 < rows; i0 += MR) {
-      const float *src = y + p0 * ys_p + i0;
-      float *dst = ybuf + i0 * kc;
-      int64_t p = q0;
-      /* 8 values a step where 8 are there, the last 2 rewritten by the tile's next k (so not at
-         the block's last k) */
-      if (i0 + 8 <= rows)
-        for (; p < q1 && p + 1 < kc; p++) _mm256_storeu_ps(dst + p * MR, _mm256_loadu_ps(src + p * ys_p));
-      for (; p < q1; p++)
-        for (int64_t r = 0; r < MR && i0 + r < rows; r++) dst[p * MR + r] = src[p * ys_p + r];
-    }
-  }
-}
-
 /* A bf16 value widened to f32 (exactly); n of them. */
 static inline float widen1(uint16_t h) {
   uint32_t u = (uint32_t)h << 16;
@@ -99,30 +79,43 @@ static void widen_all(float *dst, const uint16_t *src, int64_t n) {
   for (; i < n; i++) dst[i] = widen1(src[i]);
 }
 
-/* pack_rows for a bf16 A^T, each value widened as it is packed. */
-static void pack_rows_bf16(const uint16_t *y, int64_t ys_p, int64_t p0, int64_t kc, int64_t rows, float *ybuf) {
+/* Element i of an f32 or (BF) bf16 operand, widened to f32; 8 of them from i on. */
+static inline __attribute__((always_inline)) float ld1(const void *x, int64_t i, const int BF) {
+  return BF ? widen1(((const uint16_t *)x)[i]) : ((const float *)x)[i];
+}
+static inline __attribute__((always_inline)) __m256 ld8(const void *x, int64_t i, const int BF) {
+  if (BF)
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)x + i))), 16));
+  return _mm256_loadu_ps((const float *)x + i);
+}
+
+/* Rows p0.. p0 + kc of A^T (rows values each, ys_p apart; f32, or bf16 (BF) widened as packed)
+   packed tile by tile, each tile's MR values at each k in order: ybuf[tile][p][r]. 16 rows of A^T
+   at a time, so that each is read from start to end rather than a tile's few values from every
+   row. */
+static inline __attribute__((always_inline)) void rows_body(const void *y, int64_t ys_p, int64_t p0, int64_t kc,
+                                                            int64_t rows, float *ybuf, const int BF) {
   for (int64_t q0 = 0; q0 < kc; q0 += 16) {
     int64_t q1 = kc - q0 < 16 ? kc : q0 + 16;
     for (int64_t i0 = 0; i0 < rows; i0 += MR) {
-      const uint16_t *src = y + p0 * ys_p + i0;
+      int64_t src = p0 * ys_p + i0;
       float *dst = ybuf + i0 * kc;
       int64_t p = q0;
+      /* 8 values a step where 8 are there, the last 2 rewritten by the tile's next k (so not at
+         the block's last k) */
       if (i0 + 8 <= rows)
-        for (; p < q1 && p + 1 < kc; p++) {
-          __m256i w = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + p * ys_p))), 16);
-          _mm256_storeu_ps(dst + p * MR, _mm256_castsi256_ps(w));
-        }
+        for (; p < q1 && p + 1 < kc; p++) _mm256_storeu_ps(dst + p * MR, ld8(y, src + p * ys_p, BF));
       for (; p < q1; p++)
-        for (int64_t r = 0; r < MR && i0 + r < rows; r++) {
-          uint32_t u = (uint32_t)src[p * ys_p + r] << 16;
-          memcpy(dst + p * MR + r, &u, 4);
-        }
+        for (int64_t r = 0; r < MR && i0 + r < rows; r++) dst[p * MR + r] = ld1(y, src + p * ys_p + r, BF);
     }
   }
 }
-
+static void pack_rows(const float *y, int64_t ys_p, int64_t p0, int64_t kc, int64_t rows, float *ybuf) {
+  rows_body(y, ys_p, p0, kc, rows, ybuf, 0);
+}
 static void pack_any_rows(const void *y, int64_t ys_p, int64_t p0, int64_t kc, int64_t rows, float *ybuf, int bf) {
-  if (bf) pack_rows_bf16(y, ys_p, p0, kc, rows, ybuf);
+  if (bf) rows_body(y, ys_p, p0, kc, rows, ybuf, 1);
   else pack_rows(y, ys_p, p0, kc, rows, ybuf);
 }
 
@@ -154,21 +147,33 @@ static inline __m256i round16(__m512 y) {
   return _mm512_cvtepi32_epi16(r);
 }
 
+/* 16 values of an f32 or (BF) bf16 operand from element i on, widened to f32 (mask: the lanes
+   read). */
+static inline __attribute__((always_inline)) __m512 ld16(const void *x, int64_t i, __mmask16 mask, const int BF) {
+  if (BF)
+    return widen16(mask == 0xffff ? _mm256_loadu_si256((const __m256i *)((const uint16_t *)x + i))
+                                  : _mm256_maskz_loadu_epi16(mask, (const uint16_t *)x + i));
+  return mask == 0xffff ? _mm512_loadu_ps((const float *)x + i) : _mm512_maskz_loadu_ps(mask, (const float *)x + i);
+}
+
 /* The panel of columns [j0, j0 + nc), rows [p0, p0 + kc) of a [k, n] operand X whose element
-   (p, q) is x[p * sp + q * sq]: pb[p][q], zeros past nc. */
-static void pack_panel(const float *x, int64_t sp, int64_t sq, int64_t p0, int64_t kc, int64_t j0, int64_t nc,
-                       float *pb) {
+   (p, q) is x[p * sp + q * sq]: pb[p][q], zeros past nc. X is f32, or bf16 (BF) widened as it is
+   packed (the same panel as packing its f32 copy). */
+static inline __attribute__((always_inline)) void pack_body(const void *x, int64_t sp, int64_t sq, int64_t p0, int64_t kc,
+                                                            int64_t j0, int64_t nc, float *pb, const int BF) {
+  const int es = BF ? 2 : 4;
   if (sq == 1) {   /* rows along the columns: copied */
     for (int64_t p = 0; p < kc; p++) {
       float *dst = pb + p * PW;
       /* rows a leading dimension apart (4 KB for a 1024-wide weight) defeat the hardware's
-         prefetch: the row 16 ahead asked for now */
+         prefetch: the row 16 ahead asked for now, a line at a time */
       if (p + 16 < kc)
-        for (int64_t q = 0; q < nc; q += 16) _mm_prefetch((const char *)(x + (p0 + p + 16) * sp + j0 + q), _MM_HINT_T0);
-      const float *src = x + (p0 + p) * sp + j0;
+        for (int64_t q = 0; q < nc; q += 64 / es)
+          _mm_prefetch((const char *)x + ((p0 + p + 16) * sp + j0 + q) * es, _MM_HINT_T0);
+      int64_t at = (p0 + p) * sp + j0;
       if (nc == PW) {
-        __m512 v0 = _mm512_loadu_ps(src), v1 = _mm512_loadu_ps(src + 16), v2 = _mm512_loadu_ps(src + 32),
-               v3 = _mm512_loadu_ps(src + 48);
+        __m512 v0 = ld16(x, at, 0xffff, BF), v1 = ld16(x, at + 16, 0xffff, BF), v2 = ld16(x, at + 32, 0xffff, BF),
+               v3 = ld16(x, at + 48, 0xffff, BF);
         _mm512_store_ps(dst, v0); _mm512_store_ps(dst + 16, v1); _mm512_store_ps(dst + 32, v2);
         _mm512_store_ps(dst + 48, v3);
         continue;
@@ -176,90 +181,41 @@ static void pack_panel(const float *x, int64_t sp, int64_t sq, int64_t p0, int64
       for (int64_t v = 0; v < PW; v += 16) {
         int64_t left = nc - v;
         __mmask16 mask = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
-        _mm512_store_ps(dst + v, _mm512_maskz_loadu_ps(mask, src + v));
+        _mm512_store_ps(dst + v, mask ? ld16(x, at + v, mask, BF) : _mm512_setzero_ps());
       }
     }
     return;
   }
-  /* columns along the rows: 8 x 8 blocks transposed in registers */
+  /* columns along the rows: 16 x 16 blocks where there are 16 columns, then 8 x 8, transposed in
+     registers */
   int64_t q = 0;
-  if (sp == 1)   /* 16 x 16 blocks where there are 16 columns, then 8 x 8 */
+  if (sp == 1)
     for (; q + 16 <= nc; q += 16) {
-      const float *cols[16];
-      for (int r = 0; r < 16; r++) cols[r] = x + (j0 + q + r) * sq + p0;
       int64_t p = 0;
       for (; p + 16 <= kc; p += 16) {
         __m512 v[16];
-        for (int r = 0; r < 16; r++) v[r] = _mm512_loadu_ps(cols[r] + p);
+        for (int r = 0; r < 16; r++) v[r] = ld16(x, (j0 + q + r) * sq + p0 + p, 0xffff, BF);
         transpose16(v);
         for (int r = 0; r < 16; r++) _mm512_storeu_ps(pb + (p + r) * PW + q, v[r]);
       }
       for (; p < kc; p++)
-        for (int r = 0; r < 16; r++) pb[p * PW + q + r] = cols[r][p];
+        for (int r = 0; r < 16; r++) pb[p * PW + q + r] = ld1(x, (j0 + q + r) * sq + p0 + p, BF);
     }
   if (sp == 1)
     for (; q + 8 <= nc; q += 8) {
-      const float *cols[8];
-      for (int r = 0; r < 8; r++) cols[r] = x + (j0 + q + r) * sq + p0;
       int64_t p = 0;
       for (; p + 8 <= kc; p += 8) {
         __m256 v[8];
-        for (int r = 0; r < 8; r++) v[r] = _mm256_loadu_ps(cols[r] + p);
+        for (int r = 0; r < 8; r++) v[r] = ld8(x, (j0 + q + r) * sq + p0 + p, BF);
         kiln_transpose8_store(v, pb + p * PW + q, PW);
       }
       for (; p < kc; p++)
-        for (int r = 0; r < 8; r++) pb[p * PW + q + r] = cols[r][p];
+        for (int r = 0; r < 8; r++) pb[p * PW + q + r] = ld1(x, (j0 + q + r) * sq + p0 + p, BF);
     }
   for (; q < nc; q++)
-    for (int64_t p = 0; p < kc; p++) pb[p * PW + q] = x[(p0 + p) * sp + (j0 + q) * sq];
+    for (int64_t p = 0; p < kc; p++) pb[p * PW + q] = ld1(x, (p0 + p) * sp + (j0 + q) * sq, BF);
   if (nc < PW)
     for (int64_t p = 0; p < kc; p++) memset(pb + p * PW + nc, 0, sizeof(float) * (size_t)(PW - nc));
-}
-
-/* pack_panel for a bf16 X, each value widened as it is packed (the same panel as packing X's f32
-   copy). */
-static void pack_panel_bf16(const uint16_t *x, int64_t sp, int64_t sq, int64_t p0, int64_t kc, int64_t j0, int64_t nc,
-                            float *pb) {
-  if (sq == 1) {
-    for (int64_t p = 0; p < kc; p++) {
-      float *dst = pb + p * PW;
-      if (p + 16 < kc)   /* as pack_panel: rows a leading dimension apart */
-        for (int64_t q = 0; q < nc; q += 32) _mm_prefetch((const char *)(x + (p0 + p + 16) * sp + j0 + q), _MM_HINT_T0);
-      const uint16_t *src = x + (p0 + p) * sp + j0;
-      for (int64_t v = 0; v < PW; v += 16) {
-        int64_t left = nc - v;
-        __mmask16 mask = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
-        __m256i h = left >= 16 ? _mm256_loadu_si256((const __m256i *)(src + v)) : _mm256_maskz_loadu_epi16(mask, src + v);
-        _mm512_store_ps(dst + v, widen16(h));
-      }
-    }
-    return;
-  }
-  int64_t q = 0;
-  if (sp == 1)   /* columns along the rows: 16 x 16 blocks widened and transposed in registers */
-    for (; q + 16 <= nc; q += 16) {
-      const uint16_t *cols[16];
-      for (int r = 0; r < 16; r++) cols[r] = x + (j0 + q + r) * sq + p0;
-      int64_t p = 0;
-      for (; p + 16 <= kc; p += 16) {
-        __m512 v[16];
-        for (int r = 0; r < 16; r++) v[r] = widen16(_mm256_loadu_si256((const __m256i *)(cols[r] + p)));
-        transpose16(v);
-        for (int r = 0; r < 16; r++) _mm512_storeu_ps(pb + (p + r) * PW + q, v[r]);
-      }
-      for (; p < kc; p++)
-        for (int r = 0; r < 16; r++) pb[p * PW + q + r] = widen1(cols[r][p]);
-    }
-  for (; q < nc; q++)
-    for (int64_t p = 0; p < kc; p++) pb[p * PW + q] = widen1(x[(p0 + p) * sp + (j0 + q) * sq]);
-  if (nc < PW)
-    for (int64_t p = 0; p < kc; p++) memset(pb + p * PW + nc, 0, sizeof(float) * (size_t)(PW - nc));
-}
-
-static void pack_any_panel(const void *x, int64_t sp, int64_t sq, int64_t p0, int64_t kc, int64_t j0, int64_t nc,
-                           float *pb, int bf) {
-  if (bf) pack_panel_bf16(x, sp, sq, p0, kc, j0, nc, pb);
-  else pack_panel(x, sp, sq, p0, kc, j0, nc, pb);
 }
 
 /* C^T's tile (buf[r][q] = alpha * the sums, r < nr rows of C^T, q < nc of its columns) into C:
@@ -475,73 +431,34 @@ static inline uint16_t round1(float x) {
    contiguous: pb[q / 16][p][q % 16] (a strip is read from start to end, kc * 64 bytes). */
 static inline float *at(float *pb, int64_t kc, int64_t p, int64_t q) { return pb + (q / SW) * kc * SW + p * SW + q % SW; }
 
-static void pack_panel(const float *x, int64_t sp, int64_t sq, int64_t p0, int64_t kc, int64_t j0, int64_t nc,
-                       float *pb) {
+/* X f32, or bf16 (BF) widened as it is packed. */
+static inline __attribute__((always_inline)) void pack_body(const void *x, int64_t sp, int64_t sq, int64_t p0, int64_t kc,
+                                                            int64_t j0, int64_t nc, float *pb, const int BF) {
   int64_t q = 0;
   if (sq == 1) {
     for (int64_t p = 0; p < kc; p++) {
-      const float *src = x + (p0 + p) * sp + j0;
-      for (q = 0; q + SW <= nc; q += SW) memcpy(at(pb, kc, p, q), src + q, sizeof(float) * SW);
-      for (; q < nc; q++) *at(pb, kc, p, q) = src[q];
+      int64_t i = (p0 + p) * sp + j0;
+      for (q = 0; q + 8 <= nc; q += 8) _mm256_storeu_ps(at(pb, kc, p, q), ld8(x, i + q, BF));
+      for (; q < nc; q++) *at(pb, kc, p, q) = ld1(x, i + q, BF);
     }
   } else {
     if (sp == 1)
       for (; q + 8 <= nc; q += 8) {
-        const float *cols[8];
-        for (int r = 0; r < 8; r++) cols[r] = x + (j0 + q + r) * sq + p0;
         int64_t p = 0;
         for (; p + 8 <= kc; p += 8) {
           __m256 v[8];
-          for (int r = 0; r < 8; r++) v[r] = _mm256_loadu_ps(cols[r] + p);
+          for (int r = 0; r < 8; r++) v[r] = ld8(x, (j0 + q + r) * sq + p0 + p, BF);
           kiln_transpose8_store(v, at(pb, kc, p, q), SW);
         }
         for (; p < kc; p++)
-          for (int r = 0; r < 8; r++) *at(pb, kc, p, q + r) = cols[r][p];
+          for (int r = 0; r < 8; r++) *at(pb, kc, p, q + r) = ld1(x, (j0 + q + r) * sq + p0 + p, BF);
       }
     for (; q < nc; q++)
-      for (int64_t p = 0; p < kc; p++) *at(pb, kc, p, q) = x[(p0 + p) * sp + (j0 + q) * sq];
+      for (int64_t p = 0; p < kc; p++) *at(pb, kc, p, q) = ld1(x, (p0 + p) * sp + (j0 + q) * sq, BF);
   }
   if (nc % SW)   /* the last strip's columns past nc */
     for (int64_t p = 0; p < kc; p++)
       memset(at(pb, kc, p, nc), 0, sizeof(float) * (size_t)(SW - nc % SW));
-}
-
-/* pack_panel for a bf16 X, each value widened as it is packed. */
-static void pack_panel_bf16(const uint16_t *x, int64_t sp, int64_t sq, int64_t p0, int64_t kc, int64_t j0, int64_t nc,
-                            float *pb) {
-  int64_t q = 0;
-  if (sq == 1) {
-    for (int64_t p = 0; p < kc; p++) {
-      const uint16_t *src = x + (p0 + p) * sp + j0;
-      for (q = 0; q + 8 <= nc; q += 8) _mm256_storeu_ps(at(pb, kc, p, q), widen8(_mm_loadu_si128((const __m128i *)(src + q))));
-      for (; q < nc; q++) *at(pb, kc, p, q) = widen1(src[q]);
-    }
-  } else {
-    if (sp == 1)
-      for (; q + 8 <= nc; q += 8) {
-        const uint16_t *cols[8];
-        for (int r = 0; r < 8; r++) cols[r] = x + (j0 + q + r) * sq + p0;
-        int64_t p = 0;
-        for (; p + 8 <= kc; p += 8) {
-          __m256 v[8];
-          for (int r = 0; r < 8; r++) v[r] = widen8(_mm_loadu_si128((const __m128i *)(cols[r] + p)));
-          kiln_transpose8_store(v, at(pb, kc, p, q), SW);
-        }
-        for (; p < kc; p++)
-          for (int r = 0; r < 8; r++) *at(pb, kc, p, q + r) = widen1(cols[r][p]);
-      }
-    for (; q < nc; q++)
-      for (int64_t p = 0; p < kc; p++) *at(pb, kc, p, q) = widen1(x[(p0 + p) * sp + (j0 + q) * sq]);
-  }
-  if (nc % SW)
-    for (int64_t p = 0; p < kc; p++)
-      memset(at(pb, kc, p, nc), 0, sizeof(float) * (size_t)(SW - nc % SW));
-}
-
-static void pack_any_panel(const void *x, int64_t sp, int64_t sq, int64_t p0, int64_t kc, int64_t j0, int64_t nc,
-                           float *pb, int bf) {
-  if (bf) pack_panel_bf16(x, sp, sq, p0, kc, j0, nc, pb);
-  else pack_panel(x, sp, sq, p0, kc, j0, nc, pb);
 }
 
 /* D[r][q] for NR rows and nc <= 16 columns of one strip (pb: the strip's first column), as the
@@ -666,6 +583,13 @@ static void tile_any(int nr, int nv, int tr, const float *a, int64_t ars, int64_
 #endif
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+/* The level's panel of an f32 or bf16 (bf) operand. */
+static void pack_any_panel(const void *x, int64_t sp, int64_t sq, int64_t p0, int64_t kc, int64_t j0, int64_t nc,
+                           float *pb, int bf) {
+  if (bf) pack_body(x, sp, sq, p0, kc, j0, nc, pb, 1);
+  else pack_body(x, sp, sq, p0, kc, j0, nc, pb, 0);
+}
+
 /* The product, with ep (or NULL) done to each element as the last block of k stores it: one driver
    for both levels, over their pack_panel and tile_any. bf: A and B are bf16 (no ep, alpha != 0),
    each value widened as it is packed (a broadcast operand widened first, row by row); bf16_c: so is
