@@ -386,14 +386,6 @@ static float *widen_operand(const uint16_t *x, int64_t rows, int64_t cols, int64
   return w;
 }
 
-/* A rows x cols operand (element [i][p] at x[i * s1 + p * s2]) as the GEMMs read one: rows along
-   (tr 0) or the transpose of rows (tr 1), ld apart. 0 for other layouts. */
-static int blas_view(int64_t rows, int64_t cols, int64_t s1, int64_t s2, int *tr, int64_t *ld) {
-  if (s2 == 1 && s1 >= cols) { *tr = 0; *ld = s1 > 0 ? s1 : 1; return 1; }
-  if (s1 == 1 && s2 >= rows) { *tr = 1; *ld = s2 > 0 ? s2 : 1; return 1; }
-  return 0;
-}
-
 int kiln_cpu_gemm_bf16_f32(int64_t n, int64_t m, int64_t k, float alpha, const uint16_t *a, int64_t as1, int64_t as2,
                            const uint16_t *b, int64_t bs1, int64_t bs2, float beta, float *c, int64_t cs1, int64_t cs2) {
   /* where vdpbf16ps is not the faster (kiln_cpu_bf16_products_native): exact bf16 values in f32,
@@ -403,8 +395,10 @@ int kiln_cpu_gemm_bf16_f32(int64_t n, int64_t m, int64_t k, float alpha, const u
     int ta = 0, tb = 0;
     int64_t lda = 1, ldb = 1;
     /* on kiln's kernel, which widens them as it packs (operands as rows or their transpose) */
-    if (blas_view(n, k, as1, as2, &ta, &lda) && blas_view(k, m, bs1, bs2, &tb, &ldb) &&
+    if (kiln_cpu_blas_layout(n, k, as1, as2, &ta, &lda) && kiln_cpu_blas_layout(k, m, bs1, bs2, &tb, &ldb) &&
         (cs2 == 1 ? kiln_cpu_sgemm_bf16_here(n, m, k, alpha, 0) : kiln_cpu_sgemm_bf16_here(m, n, k, alpha, 0))) {
+      ta = ta == KILN_BLAS_TRANS;
+      tb = tb == KILN_BLAS_TRANS;
       int rc = cs2 == 1 ? kiln_cpu_gemm_raw_bf16(ta, tb, n, m, k, alpha, a, lda, b, ldb, beta, c, cs1)
                         : kiln_cpu_gemm_raw_bf16(!tb, !ta, m, n, k, alpha, b, ldb, a, lda, beta, c, cs2);   /* c^T = b^T a^T */
       if (rc)

@@ -84,6 +84,7 @@
 #define kiln_cpu_gemm_raw_fixed KILN_LEVEL_NAME(kiln_cpu_gemm_raw_fixed)
 #define kiln_cpu_widen_bf16 KILN_LEVEL_NAME(kiln_cpu_widen_bf16)
 #define kiln_cpu_gemm_raw_bf16 KILN_LEVEL_NAME(kiln_cpu_gemm_raw_bf16)
+#define kiln_cpu_blas_layout KILN_LEVEL_NAME(kiln_cpu_blas_layout)
 #define kiln_cpu_copy KILN_LEVEL_NAME(kiln_cpu_copy)
 #define kiln_cpu_max2x2_plane_f32 KILN_LEVEL_NAME(kiln_cpu_max2x2_plane_f32)
 #define kiln_cpu_fill KILN_LEVEL_NAME(kiln_cpu_fill)
@@ -276,6 +277,9 @@ void kiln_cpu_gemm_raw_fixed(int dtype, int trans_a, int trans_b, int64_t n, int
    kiln_cpu_sgemm_bf16_here(n, m, k, alpha, 0) says so; -1 when its buffers found no memory. */
 int kiln_cpu_gemm_raw_bf16(int trans_a, int trans_b, int64_t n, int64_t m, int64_t k, float alpha, const uint16_t *a,
                            int64_t lda, const uint16_t *b, int64_t ldb, float beta, float *c, int64_t ldc);
+/* How a GEMM reads a rows x cols matrix with strides s0, s1: *tr KILN_BLAS_NO_TRANS or
+   KILN_BLAS_TRANS and its leading dim *ld; 0 for a layout no GEMM reads (cpu/gemm.c). */
+int kiln_cpu_blas_layout(int64_t rows, int64_t cols, int64_t s0, int64_t s1, int *tr, int64_t *ld);
 /* dst[i] = src[i] (bf16) widened to f32, exactly, over the pool (cpu/gemm.c) */
 void kiln_cpu_widen_bf16(float *dst, const uint16_t *src, int64_t n);
 

@@ -159,14 +159,14 @@ int kiln_cpu_gemm_raw_bf16(int trans_a, int trans_b, int64_t n, int64_t m, int64
 }
 
 /* A BLAS view of a rows x cols matrix with strides s0, s1: transposed or not, and its leading dim. */
-static int blas_layout_of(int64_t rows, int64_t cols, int64_t s0, int64_t s1, int *tr, int64_t *ld) {
+int kiln_cpu_blas_layout(int64_t rows, int64_t cols, int64_t s0, int64_t s1, int *tr, int64_t *ld) {
   if ((s1 == 1 || cols == 1) && s0 >= (cols > 1 ? cols : 1)) { *tr = KILN_BLAS_NO_TRANS; *ld = s0 > 0 ? s0 : 1; if (rows == 1) *ld = cols > 1 ? cols : 1; return 1; }
   if ((s0 == 1 || rows == 1) && s1 >= (rows > 1 ? rows : 1)) { *tr = KILN_BLAS_TRANS; *ld = s1 > 0 ? s1 : 1; if (cols == 1) *ld = rows > 1 ? rows : 1; return 1; }
   return 0;
 }
 /* The same for dims 1, 2 of a 3-d tensor. */
 static int blas_layout(const struct kiln_tensor *t, int *tr, int64_t *ld) {
-  return blas_layout_of(t->sizes[1], t->sizes[2], t->strides[1], t->strides[2], tr, ld);
+  return kiln_cpu_blas_layout(t->sizes[1], t->sizes[2], t->strides[1], t->strides[2], tr, ld);
 }
 
 static void gemm_naive_i64(struct kiln_tensor *out, const struct kiln_tensor *a, const struct kiln_tensor *b, double alpha, double beta) {
@@ -223,8 +223,7 @@ static int gemm_bf16_widened(struct kiln_tensor *out, const struct kiln_tensor *
                              double beta, int *rc) {
   struct gemm_job j = {.dtype = KILN_F32, .nbatch = out->sizes[0], .n = out->sizes[1], .m = out->sizes[2], .k = a->sizes[2],
                        .alpha = alpha, .beta = beta};
-  int64_t sa = widen_span(a), sb = widen_span(b);
-  if (!sa || !sb || !blas_layout(a, &j.ta, &j.lda) || !blas_layout(b, &j.tb, &j.ldb)) return 1;
+  if (!blas_layout(a, &j.ta, &j.lda) || !blas_layout(b, &j.tb, &j.ldb)) return 1;
   j.sa = a->sizes[0] > 1 ? a->strides[0] : 0;
   j.sb = b->sizes[0] > 1 ? b->strides[0] : 0;
   /* on kiln's kernel: widened as packed, C rounded as stored (no f32 copies), where it can */
@@ -240,6 +239,8 @@ static int gemm_bf16_widened(struct kiln_tensor *out, const struct kiln_tensor *
                    : KILN_OK;
     return 0;
   }
+  int64_t sa = widen_span(a), sb = widen_span(b);   /* else widened copies, where the storage is not much more */
+  if (!sa || !sb) return 1;
   float *af = malloc(sizeof(float) * (size_t)(sa + sb) + 64);
   struct kiln_tensor *C = af ? kiln_tensor_empty(3, out->sizes, KILN_F32, out->device) : NULL;
   if (!C) {
@@ -325,17 +326,17 @@ int cpu_linear(const struct kiln_call *c) {
   struct gemm_job j = {.dtype = out->dtype, .nbatch = 1, .n = x->sizes[0], .m = w->sizes[0], .k = x->sizes[1], .alpha = 1.0,
                        .beta = 0.0, .bias = b ? kiln_tensor_data(b) : NULL, .relu = c->ints[0] != 0, .ldc = out->sizes[1]};
   struct kiln_tensor *X = NULL;
-  if (!blas_layout_of(x->sizes[0], x->sizes[1], x->strides[0], x->strides[1], &j.ta, &j.lda)) {   /* odd strides: a copy */
+  if (!kiln_cpu_blas_layout(x->sizes[0], x->sizes[1], x->strides[0], x->strides[1], &j.ta, &j.lda)) {   /* odd strides: a copy */
     if (!(X = kiln_tensor_empty(2, x->sizes, x->dtype, x->device))) return kiln_error_code();
     kiln_cpu_copy(X, x);
-    blas_layout_of(X->sizes[0], X->sizes[1], X->strides[0], X->strides[1], &j.ta, &j.lda);
+    kiln_cpu_blas_layout(X->sizes[0], X->sizes[1], X->strides[0], X->strides[1], &j.ta, &j.lda);
   }
   /* op(B) = w^T, [I, O] */
   struct kiln_tensor *W = NULL;
-  if (!blas_layout_of(w->sizes[1], w->sizes[0], w->strides[1], w->strides[0], &j.tb, &j.ldb)) {
+  if (!kiln_cpu_blas_layout(w->sizes[1], w->sizes[0], w->strides[1], w->strides[0], &j.tb, &j.ldb)) {
     if (!(W = kiln_tensor_empty(2, w->sizes, w->dtype, w->device))) { kiln_tensor_release(X); return kiln_error_code(); }
     kiln_cpu_copy(W, w);
-    blas_layout_of(W->sizes[1], W->sizes[0], W->strides[1], W->strides[0], &j.tb, &j.ldb);
+    kiln_cpu_blas_layout(W->sizes[1], W->sizes[0], W->strides[1], W->strides[0], &j.tb, &j.ldb);
   }
   j.a = kiln_tensor_data(X ? X : x); j.b = kiln_tensor_data(W ? W : w); j.c = kiln_tensor_data(out);
   gemm_run(&j);

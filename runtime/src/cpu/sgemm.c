@@ -10,6 +10,7 @@
    of one row (a vector times a matrix) is the BLAS's: packing the matrix would read it twice. The
    avx2 level's kernel (below) is the same scheme at 32 bytes. */
 #include "cpu.h"
+#include "convert.h"
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,26 +63,9 @@ static float *panel_for(size_t bytes) {
   return panel_buf;
 }
 
-/* A bf16 value widened to f32 (exactly); n of them. */
-static inline float widen1(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-static void widen_all(float *dst, const uint16_t *src, int64_t n) {
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(
-                                  _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + i))), 16)));
-#endif
-  for (; i < n; i++) dst[i] = widen1(src[i]);
-}
-
 /* Element i of an f32 or (BF) bf16 operand, widened to f32; 8 of them from i on. */
 static inline __attribute__((always_inline)) float ld1(const void *x, int64_t i, const int BF) {
-  return BF ? widen1(((const uint16_t *)x)[i]) : ((const float *)x)[i];
+  return BF ? convert_bf16_to_f32(((const uint16_t *)x)[i]) : ((const float *)x)[i];
 }
 static inline __attribute__((always_inline)) __m256 ld8(const void *x, int64_t i, const int BF) {
   if (BF)
@@ -132,8 +116,7 @@ void kiln_cpu_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha
 #include "transpose8.h"
 #include <immintrin.h>
 
-/* C_TRANSPOSED: the C^T path (below); BF16_C: kiln_cpu_sgemm_bf16's products */
-enum { PW = 64, KC = KILN_SGEMM_PANEL_K, C_TRANSPOSED = 1, BF16_C = 1 };
+enum { PW = 64, KC = KILN_SGEMM_PANEL_K, C_TRANSPOSED = 1 };   /* C_TRANSPOSED: the C^T path (below) */
 
 /* bf16 operands and C (kiln_cpu_sgemm_bf16): 16 values widened to f32 (exactly), and 16 f32 rounded
    to bf16 as core/convert.h's convert_f32_to_bf16 rounds (nearest even; a NaN stays NaN, made
@@ -407,10 +390,10 @@ void kiln_cpu_sgemm_panels(int ta, int64_t m, int64_t n, int64_t k, float alpha,
 #include <immintrin.h>
 #include <math.h>
 
-enum { PW = 64, SW = 16, KC = 1024, C_TRANSPOSED = 0, BF16_C = 1 };
+enum { PW = 64, SW = 16, KC = 1024, C_TRANSPOSED = 0 };
 
 /* bf16 operands and C (kiln_cpu_sgemm_bf16), as the avx512 level's: 8 values widened, 8 rounded to
-   nearest even (a NaN made quiet), one rounded. */
+   nearest even (a NaN made quiet). */
 static inline __m256 widen8(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
 static inline __m128i round8(__m256 y) {
   const __m256i u = _mm256_castps_si256(y), hi = _mm256_srli_epi32(u, 16);
@@ -419,12 +402,6 @@ static inline __m128i round8(__m256 y) {
   __m256i q = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
   r = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(q), _mm256_cmp_ps(y, y, _CMP_UNORD_Q)));
   return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-}
-static inline uint16_t round1(float x) {
-  uint32_t u;
-  memcpy(&u, &x, 4);
-  uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
-  return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
 }
 
 /* pb = op(B)(p0 + p, j0 + q) for q < nc, zeros past nc, in strips of 16 columns, each strip
@@ -506,7 +483,7 @@ static inline __attribute__((always_inline)) void tile(const int NR, const int N
         }
         float t[8];
         _mm256_storeu_ps(t, y);
-        for (int64_t l = 0; l < left; l++) o[l] = round1(beta != 0 ? fmaf(beta, widen1(o[l]), t[l]) : t[l]);
+        for (int64_t l = 0; l < left; l++) o[l] = convert_f32_to_bf16(beta != 0 ? fmaf(beta, convert_bf16_to_f32(o[l]), t[l]) : t[l]);
         continue;
       }
       float *o = d + r * drs + 8 * v;
@@ -655,9 +632,9 @@ static int sgemm_drive(int ta, int tb, int64_t m, int64_t n, int64_t k, float al
     if (!(yw = malloc(sizeof(float) * (size_t)(rows * k)))) return -1;
     const uint16_t *y16 = y;
     for (int64_t r = 0; r < rows; r++)
-      if (ys_p == 1) widen_all(yw + r * k, y16 + r * ys_r, k);
+      if (ys_p == 1) convert_vectorised(yw + r * k, KILN_F32, y16 + r * ys_r, KILN_BF16, k);
       else
-        for (int64_t p = 0; p < k; p++) yw[r * k + p] = widen1(y16[r * ys_r + p * ys_p]);
+        for (int64_t p = 0; p < k; p++) yw[r * k + p] = convert_bf16_to_f32(y16[r * ys_r + p * ys_p]);
     ys_r = k;
     ys_p = 1;
   }
@@ -705,7 +682,7 @@ void kiln_cpu_sgemm_ep(int ta, int tb, int64_t m, int64_t n, int64_t k, float al
 }
 
 int kiln_cpu_sgemm_bf16_here(int64_t m, int64_t n, int64_t k, float alpha, int bf16_c) {
-  return BF16_C && k >= 1 && (k <= KC || !bf16_c) && alpha != 0 && kiln_cpu_sgemm_here(m, n, k);
+  return k >= 1 && (k <= KC || !bf16_c) && alpha != 0 && kiln_cpu_sgemm_here(m, n, k);
 }
 
 int kiln_cpu_sgemm_bf16(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a, int64_t lda,
