@@ -112,30 +112,17 @@ void kiln_cpu_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha
 #endif
 
 #if defined(__AVX512F__)
+#include "bf16x16.h"   /* bf16 operands and C (kiln_cpu_sgemm_bf16): widened, and rounded as convert.h rounds */
 #include "transpose16.h"
-#include "transpose8.h"
 #include <immintrin.h>
 
 enum { PW = 64, KC = KILN_SGEMM_PANEL_K, C_TRANSPOSED = 1 };   /* C_TRANSPOSED: the C^T path (below) */
-
-/* bf16 operands and C (kiln_cpu_sgemm_bf16): 16 values widened to f32 (exactly), and 16 f32 rounded
-   to bf16 as core/convert.h's convert_f32_to_bf16 rounds (nearest even; a NaN stays NaN, made
-   quiet), in integer lanes so that no AVX512-BF16 is needed. */
-static inline __m512 widen16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
-static inline __m256i round16(__m512 y) {
-  const __m512i u = _mm512_castps_si512(y), hi = _mm512_srli_epi32(u, 16);
-  __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), _mm512_and_si512(hi, _mm512_set1_epi32(1)));
-  r = _mm512_srli_epi32(r, 16);
-  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q), _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
-  return _mm512_cvtepi32_epi16(r);
-}
 
 /* 16 values of an f32 or (BF) bf16 operand from element i on, widened to f32 (mask: the lanes
    read). */
 static inline __attribute__((always_inline)) __m512 ld16(const void *x, int64_t i, __mmask16 mask, const int BF) {
   if (BF)
-    return widen16(mask == 0xffff ? _mm256_loadu_si256((const __m256i *)((const uint16_t *)x + i))
-                                  : _mm256_maskz_loadu_epi16(mask, (const uint16_t *)x + i));
+    return kiln_bf16x16_load(mask, (const uint16_t *)x + i);
   return mask == 0xffff ? _mm512_loadu_ps((const float *)x + i) : _mm512_maskz_loadu_ps(mask, (const float *)x + i);
 }
 
@@ -311,11 +298,11 @@ static inline __attribute__((always_inline)) void tile(const int NR, const int N
       if (ob) {   /* a bf16 C (one block of k, so first): rounded once, as stored */
         uint16_t *o = ob + r * drs + 16 * v;
         if (left >= 16) {
-          if (beta != 0) y = _mm512_fmadd_ps(vb, widen16(_mm256_loadu_si256((const __m256i *)o)), y);
-          _mm256_storeu_si256((__m256i *)o, round16(y));
+          if (beta != 0) y = _mm512_fmadd_ps(vb, kiln_bf16x16_load(0xffff, o), y);
+          _mm256_storeu_si256((__m256i *)o, kiln_bf16x16_round(y));
         } else {
-          if (beta != 0) y = _mm512_fmadd_ps(vb, widen16(_mm256_maskz_loadu_epi16(mask, o)), y);
-          _mm256_mask_storeu_epi16(o, mask, round16(y));
+          if (beta != 0) y = _mm512_fmadd_ps(vb, kiln_bf16x16_load(mask, o), y);
+          _mm256_mask_storeu_epi16(o, mask, kiln_bf16x16_round(y));
         }
         continue;
       }
