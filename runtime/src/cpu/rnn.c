@@ -1413,7 +1413,7 @@ static inline __attribute__((always_inline)) int weight_grads(int dt, struct lay
   void *xt = kiln_cpu_alloc(nxt), *gwt = kiln_cpu_alloc(ngt);
   /* a bf16 layer (f32 here, no sequence ends): its rows widened, TBK at a time, [h_prev | x].
      From 16 rows of xt, the states' rows where they lie, found once (NULL past a sequence's end:
-     zeros), a pointer a row of T*B: at most half of xt's bytes */
+     zeros), a pointer a row of T*B: at most an eighth of xt's bytes */
   float *wide = L->bf ? malloc(sizeof(float) * (size_t)(TBK * (H + I) + 1)) : NULL;
   const void **rowp = !L->bf && R >= 16 ? malloc(sizeof(void *) * (size_t)TB) : NULL;
   if (!xt || !gwt || (L->bf && !wide) || (!L->bf && R >= 16 && !rowp)) {
