@@ -1411,12 +1411,12 @@ static inline __attribute__((always_inline)) int weight_grads(int dt, struct lay
   const int TBK = VEC_BYTES == 64 && dt == KILN_F32 ? 16 : 8;
   const size_t es = dt_size(dt), nxt = es * (size_t)(R * ldx + 1), ngt = es * (size_t)(R * ldg + 1);
   void *xt = kiln_cpu_alloc(nxt), *gwt = kiln_cpu_alloc(ngt);
-  /* a bf16 layer (f32 here, no sequence ends): its rows widened, TBK at a time, [h_prev | x].
-     From 16 rows of xt, the states' rows where they lie, found once (NULL past a sequence's end:
-     zeros), a pointer a row of T*B: at most an eighth of xt's bytes */
+  /* a bf16 layer (f32 here, no sequence ends): its rows widened, TBK at a time, [h_prev | x];
+     else the states' rows where they lie, found once (NULL past a sequence's end: zeros): a
+     pointer a row of T*B, a thirty-second of gwp's bytes at most */
   float *wide = L->bf ? malloc(sizeof(float) * (size_t)(TBK * (H + I) + 1)) : NULL;
-  const void **rowp = !L->bf && R >= 16 ? malloc(sizeof(void *) * (size_t)TB) : NULL;
-  if (!xt || !gwt || (L->bf && !wide) || (!L->bf && R >= 16 && !rowp)) {
+  const void **rowp = L->bf ? NULL : malloc(sizeof(void *) * (size_t)(TB + 1));
+  if (!xt || !gwt || (L->bf ? !wide : !rowp)) {
     kiln_cpu_free(xt, nxt); kiln_cpu_free(gwt, ngt); free(wide); free(rowp);
     return kiln_fail(KILN_ERR_MEMORY, "rnn_backward: out of memory");
   }
@@ -1441,17 +1441,12 @@ static inline __attribute__((always_inline)) int weight_grads(int dt, struct lay
       int nr = TB - r0 < TBK ? (int)(TB - r0) : TBK;
       const void *hp[16], *xr[16];
       for (int r = 0; r < nr; r++) {
-        if (L->bf) {
-          int64_t t = (r0 + r) / L->B, b = (r0 + r) % L->B;
-          float *w = wide + r * (H + I);
-          const uint16_t *h = h_before_bf(L, L->reverse ? L->T - 1 - t : t, b, t), *x = L->xb ? L->xb + (r0 + r) * I : NULL;
-          for (int64_t k = 0; k < H; k++) w[k] = convert_bf16_to_f32(h[k]);
-          for (int64_t k = 0; k < R - Hh; k++) w[H + k] = convert_bf16_to_f32(x[k]);   /* x when its grad is wanted */
-          hp[r] = w; xr[r] = w + H;
-          continue;
-        }
-        hp[r] = row_before(dt, L, r0 + r);
-        xr[r] = hp[r] ? dt_at(L->x, dt, (r0 + r) * I) : NULL;   /* zeros past a sequence's end */
+        int64_t t = (r0 + r) / L->B, b = (r0 + r) % L->B;
+        float *w = wide + r * (H + I);
+        const uint16_t *h = h_before_bf(L, L->reverse ? L->T - 1 - t : t, b, t), *x = L->xb ? L->xb + (r0 + r) * I : NULL;
+        for (int64_t k = 0; k < H; k++) w[k] = convert_bf16_to_f32(h[k]);
+        for (int64_t k = 0; k < R - Hh; k++) w[H + k] = convert_bf16_to_f32(x[k]);   /* x when its grad is wanted */
+        hp[r] = w; xr[r] = w + H;
       }
       for (int64_t k = 0; k < Hh; k += TBK)
         transpose_block(dt, dt_at(xt, dt, k * ldx + r0), ldx, hp, k, nr, Hh - k < TBK ? (int)(Hh - k) : TBK);
