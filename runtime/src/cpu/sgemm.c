@@ -126,6 +126,17 @@ static inline __attribute__((always_inline)) __m512 ld16(const void *x, int64_t 
   return mask == 0xffff ? _mm512_loadu_ps((const float *)x + i) : _mm512_maskz_loadu_ps(mask, (const float *)x + i);
 }
 
+/* 16 rows of k by 16 columns of X (nr of them, zeros past) from column j on, X's columns along its
+   rows (element (p, q) at x[q * sq + p], from p on): transposed in registers into dst[p][q], rows
+   PW apart */
+static inline __attribute__((always_inline)) void block16(const void *x, int64_t sq, int64_t p, int64_t j, int nr, float *dst,
+                                                          const int BF) {
+  __m512 v[16];
+  for (int r = 0; r < 16; r++) v[r] = r < nr ? ld16(x, (j + r) * sq + p, 0xffff, BF) : _mm512_setzero_ps();
+  transpose16(v);
+  for (int r = 0; r < 16; r++) _mm512_storeu_ps(dst + r * PW, v[r]);
+}
+
 /* The panel of columns [j0, j0 + nc), rows [p0, p0 + kc) of a [k, n] operand X whose element
    (p, q) is x[p * sp + q * sq]: pb[p][q], zeros past nc. X is f32, or bf16 (BF) widened as it is
    packed (the same panel as packing its f32 copy). */
@@ -169,19 +180,9 @@ static inline __attribute__((always_inline)) void pack_body(const void *x, int64
       const int nr = nc - q < 16 ? (int)(nc - q) : 16;
       int64_t p = 0;
       if (nr == 16)
-        for (; p + 16 <= kc; p += 16) {
-          __m512 v[16];
-          for (int r = 0; r < 16; r++) v[r] = ld16(x, (j0 + q + r) * sq + p0 + p, 0xffff, BF);
-          transpose16(v);
-          for (int r = 0; r < 16; r++) _mm512_storeu_ps(pb + (p + r) * PW + q, v[r]);
-        }
+        for (; p + 16 <= kc; p += 16) block16(x, sq, p0 + p, j0 + q, 16, pb + p * PW + q, BF);
       else
-        for (; p + 16 <= kc; p += 16) {
-          __m512 v[16];
-          for (int r = 0; r < 16; r++) v[r] = r < nr ? ld16(x, (j0 + q + r) * sq + p0 + p, 0xffff, BF) : _mm512_setzero_ps();
-          transpose16(v);
-          for (int r = 0; r < 16; r++) _mm512_storeu_ps(pb + (p + r) * PW + q, v[r]);
-        }
+        for (; p + 16 <= kc; p += 16) block16(x, sq, p0 + p, j0 + q, nr, pb + p * PW + q, BF);
       for (; p < kc; p++)
         for (int r = 0; r < 16; r++) pb[p * PW + q + r] = r < nr ? ld1(x, (j0 + q + r) * sq + p0 + p, BF) : 0.0f;
     }
