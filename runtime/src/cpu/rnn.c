@@ -399,6 +399,8 @@ struct layer {
   void *dgx, *dgh;               /* [T,B,GH] pre-activation grads (dgh: as seen by w_hh; = dgx but for GRU) */
   void *dgs;                     /* [B,GH]: the GEMM path's rows of this step, when dgh has them apart */
   void *dh, *dc, *tmp;           /* [B,H] */
+  int dh0;                       /* h0's grad is wanted: else the first step's product against w_hh,
+                                    which only that grad reads, is not computed */
   void *gbx, *gbh;               /* [GH]: the bias grads (sums of dgx and of dgh rows), when the persistent
                                     team sums them as it goes (gbh: the GRU's, else NULL); else NULL */
   void *gx;                      /* [T,B,I]: the grad of x, when the persistent team computes it step by
@@ -889,6 +891,7 @@ static inline __attribute__((always_inline)) int backward_gemm(int dt, struct la
   for (int64_t s = L->T - 1; s >= 0; s--) {
     struct rows r = {L, s};
     kiln_parallel_for(L->B, row_grain(L), dt == KILN_F32 ? backward_rows_f32 : backward_rows_f64, &r);
+    if (s == 0 && !L->dh0) break;
     if (L->bf) {   /* the step's rows of dgh rounded, times w_hh rounded */
       int64_t t0 = L->B ? step_time(L, s, 0) : 0, GHp = L->GHp;
       const uint16_t *rows = L->dghb + t0 * L->B * GHp;
@@ -1064,11 +1067,11 @@ static inline __attribute__((always_inline)) void backward_team(int dt, struct l
        its own rows while other threads still read these: one barrier per step */
     int64_t na = 0;
     for (int64_t b = 0; b < B; b++)
-      if (active[b]) { xs[na] = dt_at(L->dgh, dt, grad_row(L, s, b) * GH); ys[na] = dt_at(prod, dt, b * nj); na++; }
+      if (active[b] && (s > 0 || L->dh0)) { xs[na] = dt_at(L->dgh, dt, grad_row(L, s, b) * GH); ys[na] = dt_at(prod, dt, b * nj); na++; }
     if (dt == KILN_F32) times_rows_f32(wc, GH, nj, na, xs, ys, 0, 0);
     else times_rows_f64(wc, GH, nj, na, xs, ys, 0, 0);
     for (int64_t b = 0; b < B; b++)
-      if (active[b])
+      if (active[b] && (s > 0 || L->dh0))
         dt == KILN_F32 ? carry_back_f32(L, s, b, j0, j1, dt_at(prod, dt, b * nj)) : carry_back_f64(L, s, b, j0, j1, dt_at(prod, dt, b * nj));
     if (L->gwp) {   /* the step's rows of dgh into the weights' grads' panels: this thread's panels */
       const int64_t PW = panel_width(dt), np = panels(dt, GH), TB = L->T * B;
@@ -1221,10 +1224,10 @@ static void backward_team_bf(void *ctx, int id, int nteam) {
     barrier_wait(&L->bar, &sense);
     int64_t na = 0;
     for (int64_t b = 0; b < B; b++)
-      if (active[b]) { xs[na] = L->dghb + (step_time(L, s, b) * B + b) * GHp; ys[na] = prod + b * nj; na++; }
-    kiln_cpu_rnn_bf16_times(wc, GH, nj, na, xs, ys, 0, 0, 0, sc);
+      if (active[b] && (s > 0 || L->dh0)) { xs[na] = L->dghb + (step_time(L, s, b) * B + b) * GHp; ys[na] = prod + b * nj; na++; }
+    if (na) kiln_cpu_rnn_bf16_times(wc, GH, nj, na, xs, ys, 0, 0, 0, sc);
     for (int64_t b = 0; b < B; b++)
-      if (active[b]) carry_back_f32(L, s, b, j0, j1, prod + b * nj);
+      if (active[b] && (s > 0 || L->dh0)) carry_back_f32(L, s, b, j0, j1, prod + b * nj);
     if (L->gwp) {   /* the step's rounded rows of dgx, widened, into the weights' grads' panels: this thread's */
       const int64_t TB = L->T * B, np = panels(KILN_F32, GH);
       int64_t p0, p1;
@@ -1529,6 +1532,7 @@ static inline __attribute__((always_inline)) int backward(int dt, const struct k
   if (setup(dt, &L, (int)c->ints[0], (int)c->ints[1], &bw->t, &zeros)) return kiln_error_code();
   int64_t T = L.T, B = L.B, H = L.H, GH = L.GH, I = L.I;
   const size_t es = dt_size(dt);
+  L.dh0 = bw->gh0 != NULL;
   L.z = kiln_tensor_data(bw->z);
   L.res = bw->reserve ? kiln_tensor_data(bw->reserve) : NULL;
   L.gz = kiln_tensor_data(bw->gz);
@@ -1766,6 +1770,7 @@ static int backward_bf(const struct kiln_call *c) {
   int64_t T = L.T, B = L.B, H = L.H, GH = L.GH, I = L.I, S = kiln_rnn_states(L.mode), GHp = GH + (GH & 1);
   int persistent = c->ints[2] == KILN_RNN_PERSISTENT, gru = L.mode == KILN_RNN_GRU;
   L.bf = 1;
+  L.dh0 = bw->gh0 != NULL;
   L.wdt = bw->t.w_hh->dtype;
   L.xb = L.xidx ? NULL : L.x; L.x = NULL;
   L.zb = kiln_tensor_data(bw->z);
