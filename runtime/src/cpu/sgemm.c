@@ -1,5 +1,6 @@
 /* cpu/sgemm.c: kiln's own f32 GEMM at the avx512 and avx2 levels. op(B) is packed into panels of
-   64 columns (four zmm) by up to KC rows, zero-padded; a micro-kernel keeps MR x 4 accumulators
+   64 columns (four zmm) by up to KC rows, zero-padded (or, for a short k, read where it lies when
+   its rows run along C's: sgemm_drive); a micro-kernel keeps MR x 4 accumulators
    (MR = 6 rows of op(A), each element broadcast: from where it lies, or for a transposed A from a
    tile's rows packed first) and streams the panel from L1/L2, as the persistent recurrent path's
    products do. Each element of C is one sum over k in order, in blocks of KC added to C in order,
@@ -116,7 +117,7 @@ void kiln_cpu_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha
 #include "transpose16.h"
 #include <immintrin.h>
 
-enum { PW = 64, KC = KILN_SGEMM_PANEL_K, C_TRANSPOSED = 1 };   /* C_TRANSPOSED: the C^T path (below) */
+enum { PW = 64, KC = KILN_SGEMM_PANEL_K, C_TRANSPOSED = 1, DIRECT_B = 1 };   /* C_TRANSPOSED: the C^T path (below) */
 
 /* 16 values of an f32 or (BF) bf16 operand from element i on, widened to f32 (mask: the lanes
    read). */
@@ -242,7 +243,7 @@ static __attribute__((noinline)) void tr_store(int nr, const float (*buf)[PW], f
    aps]) times the panel's kc rows. beta == 0 reads nothing of D (it may hold NaN), as in the
    BLAS. */
 static inline __attribute__((always_inline)) void tile(const int NR, const int NV, const float *a, int64_t ars,
-                                                       int64_t aps, const float *pb, int64_t kc, float *d, int64_t drs,
+                                                       int64_t aps, const float *pb, int64_t bps, int64_t kc, float *d, int64_t drs,
                                                        int64_t nc, float alpha, float beta, int first, const float *bias,
                                                        int relu, uint16_t *ob) {
   __m512 acc[MR][4];
@@ -254,7 +255,7 @@ static inline __attribute__((always_inline)) void tile(const int NR, const int N
 #pragma GCC unroll 6
   for (int r = 0; r < NR; r++) ar[r] = a + r * ars;
   for (int64_t p = 0; p < kc; p++) {
-    const float *bp = pb + p * PW;
+    const float *bp = pb + p * bps;
     __m512 w[4];
 #pragma GCC unroll 4
     for (int v = 0; v < NV; v++) w[v] = _mm512_loadu_ps(bp + 16 * v);
@@ -328,7 +329,7 @@ static inline __attribute__((always_inline)) void tile(const int NR, const int N
 /* One tile of nr <= MR rows by a panel of nv vectors: the constant shapes' kernels. tr: D is C^T
    (d[r + q * dqs]): the tile goes through a buffer, and tr_store writes it. */
 static inline __attribute__((always_inline)) void tile_body(int nr, int nv, int tr, const float *a, int64_t ars,
-                                                           int64_t aps, const float *pb, int64_t kc, float *d, int64_t drs,
+                                                           int64_t aps, const float *pb, int64_t bps, int64_t kc, float *d, int64_t drs,
                                                            int64_t dqs, int64_t nc, float alpha, float beta, int first,
                                                            const float *bias, int relu, uint16_t *ob) {
   float buf[MR][PW];
@@ -336,10 +337,10 @@ static inline __attribute__((always_inline)) void tile_body(int nr, int nv, int 
 #define KILN_TILE(R, V)                                                                           \
   case (R) * 8 + (V):                                                                             \
     if (tr) {                                                                                     \
-      tile(R, V, a, ars, aps, pb, kc, &buf[0][0], PW, nc, alpha, 0.0f, 1, NULL, 0, NULL);         \
+      tile(R, V, a, ars, aps, pb, bps, kc, &buf[0][0], PW, nc, alpha, 0.0f, 1, NULL, 0, NULL);    \
       tr_store(R, buf, d, dqs, nc, beta, first, bias, relu);                                      \
     } else                                                                                        \
-      tile(R, V, a, ars, aps, pb, kc, d, drs, nc, alpha, beta, first, bias, relu, ob);            \
+      tile(R, V, a, ars, aps, pb, bps, kc, d, drs, nc, alpha, beta, first, bias, relu, ob);       \
     return;
 #define KILN_TILE_ROW(R) KILN_TILE(R, 1) KILN_TILE(R, 2) KILN_TILE(R, 3) KILN_TILE(R, 4)
   switch (nr * 8 + nv) {
@@ -350,13 +351,13 @@ static inline __attribute__((always_inline)) void tile_body(int nr, int nv, int 
 }
 /* A read where it lies; and A packed by rows ([k][MR]), whose constant strides give the tiles
    constant offsets (as the avx2 level's strip_packed) */
-static void tile_any(int nr, int nv, int tr, const float *a, int64_t ars, int64_t aps, const float *pb, int64_t kc,
-                     float *d, int64_t drs, int64_t dqs, int64_t nc, float alpha, float beta, int first, const float *bias,
-                     int relu, uint16_t *ob) {
+static void tile_any(int nr, int nv, int tr, const float *a, int64_t ars, int64_t aps, const float *pb, int64_t bps,
+                     int64_t kc, float *d, int64_t drs, int64_t dqs, int64_t nc, float alpha, float beta, int first,
+                     const float *bias, int relu, uint16_t *ob) {
   if (ars == 1 && aps == MR)
-    tile_body(nr, nv, tr, a, 1, MR, pb, kc, d, drs, dqs, nc, alpha, beta, first, bias, relu, ob);
+    tile_body(nr, nv, tr, a, 1, MR, pb, bps, kc, d, drs, dqs, nc, alpha, beta, first, bias, relu, ob);
   else
-    tile_body(nr, nv, tr, a, ars, aps, pb, kc, d, drs, dqs, nc, alpha, beta, first, bias, relu, ob);
+    tile_body(nr, nv, tr, a, ars, aps, pb, bps, kc, d, drs, dqs, nc, alpha, beta, first, bias, relu, ob);
 }
 
 /* C[m, n] = alpha * op(A) B + beta * C where B comes packed as kiln_cpu_sgemm packs it, panels of
@@ -371,7 +372,7 @@ void kiln_cpu_sgemm_panels(int ta, int64_t m, int64_t n, int64_t k, float alpha,
     const float *panel = pb + j0 / PW * k * PW;
     for (int64_t i0 = 0; i0 < m; i0 += MR) {
       int nr = m - i0 < MR ? (int)(m - i0) : MR;
-      tile_any(nr, (int)((nc + 15) / 16), 0, a + i0 * as_i, as_i, as_p, panel, k, c + i0 * ldc + j0, ldc, 1, nc, alpha, beta, 1,
+      tile_any(nr, (int)((nc + 15) / 16), 0, a + i0 * as_i, as_i, as_p, panel, PW, k, c + i0 * ldc + j0, ldc, 1, nc, alpha, beta, 1,
                NULL, 0, NULL);
     }
   }
@@ -389,7 +390,7 @@ void kiln_cpu_sgemm_panels(int ta, int64_t m, int64_t n, int64_t k, float alpha,
 #include <immintrin.h>
 #include <math.h>
 
-enum { PW = 64, SW = 16, KC = 1024, C_TRANSPOSED = 0 };
+enum { PW = 64, SW = 16, KC = 1024, C_TRANSPOSED = 0, DIRECT_B = 0 };
 
 /* bf16 operands and C (kiln_cpu_sgemm_bf16), as the avx512 level's: 8 values widened, 8 rounded to
    nearest even (a NaN made quiet). */
@@ -544,10 +545,10 @@ static void strip_packed(int nr, int nv, const float *a, const float *pb, int64_
 /* A tile of 6 rows by a panel's nc columns, as the avx512 level's tile_any: its strips of 16. C is
    written directly at this level (tr is 0: no C^T path, whose transposed stores would need the
    avx512 level's masks), so nv and dqs are not used. */
-static void tile_any(int nr, int nv, int tr, const float *a, int64_t ars, int64_t aps, const float *pb, int64_t kc,
-                     float *d, int64_t drs, int64_t dqs, int64_t nc, float alpha, float beta, int first, const float *bias,
-                     int relu, uint16_t *ob) {
-  (void)nv; (void)tr; (void)dqs;
+static void tile_any(int nr, int nv, int tr, const float *a, int64_t ars, int64_t aps, const float *pb, int64_t bps,
+                     int64_t kc, float *d, int64_t drs, int64_t dqs, int64_t nc, float alpha, float beta, int first,
+                     const float *bias, int relu, uint16_t *ob) {
+  (void)nv; (void)tr; (void)dqs; (void)bps;
   for (int64_t s0 = 0; s0 < nc; s0 += SW) {
     int64_t sc = nc - s0 < SW ? nc - s0 : SW;
     float *ds = d ? d + s0 : NULL;
@@ -611,10 +612,23 @@ static int sgemm_drive(int ta, int tb, int64_t m, int64_t n, int64_t k, float al
      first 69-70 -> 76, the rest level; the same bits). */
   int64_t np = (cols + PW - 1) / PW;
   int whole = k <= 256 && np > 1 && (double)k * (double)(np * PW) * 4 <= 1 << 20;
-  float *pb = k > 0 ? panel_for(sizeof(float) * (size_t)((whole ? np : 1) * kc0 * PW)) : NULL;
+  /* op(B) read where it lies, not packed, when it is one block of rows end to end (B not
+     transposed, its rows exactly C's columns: a whole matrix, not a thread's share of its columns)
+     of whole vectors, for the products whose panels would all be packed first (whole): a short k
+     against at most 1 MB, which then stays in L2 for every row of tiles, streamed as a packed
+     panel would be (Emerald Rapids, 1 thread, GFLOP/s, medians of 15 alternating in one process:
+     [128, 256] x [256, 512] 115 -> 133, [256, 128] x [128, 512] with A^T 136 -> 144, [512, 128]
+     x [128, 784] with A^T 141 -> 146, [300, 200] x [200, 320] 148 -> 154; the MLP step 0.972-0.988
+     of its time; the same FMAs in the same order, so the same bits). A thread's share of B's
+     columns stays packed: read in place, the MLP step at 2 threads took 1.04-1.05 times as long.
+     So does a k in blocks: a block's rows of a B a power-of-two row apart fall in a few sets of L1
+     ([96, 2048] x [2048, 256] with A^T 117 -> 82). */
+  int direct = DIRECT_B && !bf && !tr && xs_q == 1 && xs_p == cols && cols % 16 == 0 && whole && k > 0;
+  float *pb = k > 0 && !direct ? panel_for(sizeof(float) * (size_t)((whole ? np : 1) * kc0 * PW)) : NULL;
   if (bf && (!pb || alpha == 0)) return -1;   /* the caller has seen to alpha */
-  if (!pb || alpha == 0) {   /* no memory for a panel, or no products (C = beta C, A and B not read, as
-                                the BLAS does: NaN in them does not reach C): the BLAS does it */
+  if ((!pb && !direct) || alpha == 0) {   /* no memory for a panel, or no products (C = beta C, A and B
+                                              not read, as the BLAS does: NaN in them does not reach C):
+                                              the BLAS does it */
     kiln_sgemm(ta, tb, (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
     if (ep) kiln_cpu_linear_finish(KILN_F32, m, n, c, ldc, ep->bias, ep->relu);
     return 0;
@@ -642,7 +656,7 @@ static int sgemm_drive(int ta, int tb, int64_t m, int64_t n, int64_t k, float al
     ys_p = 1;
   }
   /* the tile of C at (i0, j0) for the block of k at p0 (kc rows), its panel packed at panel */
-#define KILN_SGEMM_TILE(i0, j0, p0, kc, panel)                                                               \
+#define KILN_SGEMM_TILE(i0, j0, p0, kc, panel, bps)                                                          \
   do {                                                                                                     \
     int64_t nc_ = cols - (j0) < PW ? cols - (j0) : PW;                                                     \
     int nr_ = rows - (i0) < MR ? (int)(rows - (i0)) : MR, nv_ = (int)((nc_ + 15) / 16), last_ = (p0) + (kc) >= k; \
@@ -651,26 +665,30 @@ static int sgemm_drive(int ta, int tb, int64_t m, int64_t n, int64_t k, float al
     float *d_ = c ? c + (i0) * drs + (j0) * dqs : NULL;                                                  \
     uint16_t *ob_ = c16 ? c16 + (i0) * drs + (j0) * dqs : NULL;                                          \
     if (ybuf)                                                                                              \
-      tile_any(nr_, nv_, tr, ybuf + (i0) * (kc), 1, MR, panel, kc, d_, drs, dqs, nc_, alpha, beta, (p0) == 0, \
+      tile_any(nr_, nv_, tr, ybuf + (i0) * (kc), 1, MR, panel, bps, kc, d_, drs, dqs, nc_, alpha, beta, (p0) == 0, \
                tb_bias, last_ && relu, ob_);                                                               \
     else                                                                                                   \
-      tile_any(nr_, nv_, tr, yf + (i0) * ys_r + (p0) * ys_p, ys_r, ys_p, panel, kc, d_, drs, dqs, nc_, alpha, \
+      tile_any(nr_, nv_, tr, yf + (i0) * ys_r + (p0) * ys_p, ys_r, ys_p, panel, bps, kc, d_, drs, dqs, nc_, alpha, \
                beta, (p0) == 0, tb_bias, last_ && relu, ob_);                                              \
   } while (0)
   const float *yf = bf ? yw : y;
-  if (whole) {
+  if (direct) {
+    if (ybuf) pack_any_rows(y, ys_p, 0, k, rows, ybuf, bf);
+    for (int64_t i0 = 0; i0 < rows; i0 += MR)
+      for (int64_t j0 = 0; j0 < cols; j0 += PW) KILN_SGEMM_TILE(i0, j0, 0, k, (const float *)x + j0, xs_p);
+  } else if (whole) {
     if (ybuf) pack_any_rows(y, ys_p, 0, k, rows, ybuf, bf);
     for (int64_t j0 = 0; j0 < cols; j0 += PW)
       pack_any_panel(x, xs_p, xs_q, 0, k, j0, cols - j0 < PW ? cols - j0 : PW, pb + j0 / PW * k * PW, bf);
     for (int64_t i0 = 0; i0 < rows; i0 += MR)
-      for (int64_t j0 = 0; j0 < cols; j0 += PW) KILN_SGEMM_TILE(i0, j0, 0, k, pb + j0 / PW * k * PW);
+      for (int64_t j0 = 0; j0 < cols; j0 += PW) KILN_SGEMM_TILE(i0, j0, 0, k, pb + j0 / PW * k * PW, PW);
   } else
     for (int64_t p0 = 0; p0 < k; p0 += KC) {
       int64_t kc = k - p0 < KC ? k - p0 : KC;
       if (ybuf) pack_any_rows(y, ys_p, p0, kc, rows, ybuf, bf);
       for (int64_t j0 = 0; j0 < cols; j0 += PW) {
         pack_any_panel(x, xs_p, xs_q, p0, kc, j0, cols - j0 < PW ? cols - j0 : PW, pb, bf);
-        for (int64_t i0 = 0; i0 < rows; i0 += MR) KILN_SGEMM_TILE(i0, j0, p0, kc, pb);
+        for (int64_t i0 = 0; i0 < rows; i0 += MR) KILN_SGEMM_TILE(i0, j0, p0, kc, pb, PW);
       }
     }
 #undef KILN_SGEMM_TILE
