@@ -240,12 +240,12 @@ static __attribute__((noinline)) void tr_store(int nr, const float (*buf)[PW], f
 
 /* D[r][q] for NR rows and nc columns, at d[r * drs + q] = first ? alpha * acc + beta * D : D +
    alpha * acc, where acc = the broadcast operand's NR rows (element (r, p) at a[r * ars + p *
-   aps]) times the panel's kc rows. beta == 0 reads nothing of D (it may hold NaN), as in the
+   aps]) times the panel's kc rows (row p at pb + p * bps). beta == 0 reads nothing of D (it may hold NaN), as in the
    BLAS. */
 static inline __attribute__((always_inline)) void tile(const int NR, const int NV, const float *a, int64_t ars,
-                                                       int64_t aps, const float *pb, int64_t bps, int64_t kc, float *d, int64_t drs,
-                                                       int64_t nc, float alpha, float beta, int first, const float *bias,
-                                                       int relu, uint16_t *ob) {
+                                                       int64_t aps, const float *pb, int64_t bps, int64_t kc, float *d,
+                                                       int64_t drs, int64_t nc, float alpha, float beta, int first,
+                                                       const float *bias, int relu, uint16_t *ob) {
   __m512 acc[MR][4];
 #pragma GCC unroll 6
   for (int r = 0; r < NR; r++)
@@ -329,9 +329,9 @@ static inline __attribute__((always_inline)) void tile(const int NR, const int N
 /* One tile of nr <= MR rows by a panel of nv vectors: the constant shapes' kernels. tr: D is C^T
    (d[r + q * dqs]): the tile goes through a buffer, and tr_store writes it. */
 static inline __attribute__((always_inline)) void tile_body(int nr, int nv, int tr, const float *a, int64_t ars,
-                                                           int64_t aps, const float *pb, int64_t bps, int64_t kc, float *d, int64_t drs,
-                                                           int64_t dqs, int64_t nc, float alpha, float beta, int first,
-                                                           const float *bias, int relu, uint16_t *ob) {
+                                                           int64_t aps, const float *pb, int64_t bps, int64_t kc, float *d,
+                                                           int64_t drs, int64_t dqs, int64_t nc, float alpha, float beta,
+                                                           int first, const float *bias, int relu, uint16_t *ob) {
   float buf[MR][PW];
   if (tr) memset(buf, 0, sizeof buf);   /* columns past nc are read by the transposes, not used */
 #define KILN_TILE(R, V)                                                                           \
@@ -372,8 +372,8 @@ void kiln_cpu_sgemm_panels(int ta, int64_t m, int64_t n, int64_t k, float alpha,
     const float *panel = pb + j0 / PW * k * PW;
     for (int64_t i0 = 0; i0 < m; i0 += MR) {
       int nr = m - i0 < MR ? (int)(m - i0) : MR;
-      tile_any(nr, (int)((nc + 15) / 16), 0, a + i0 * as_i, as_i, as_p, panel, PW, k, c + i0 * ldc + j0, ldc, 1, nc, alpha, beta, 1,
-               NULL, 0, NULL);
+      tile_any(nr, (int)((nc + 15) / 16), 0, a + i0 * as_i, as_i, as_p, panel, PW, k, c + i0 * ldc + j0, ldc, 1, nc, alpha,
+               beta, 1, NULL, 0, NULL);
     }
   }
 }
@@ -655,7 +655,8 @@ static int sgemm_drive(int ta, int tb, int64_t m, int64_t n, int64_t k, float al
     ys_r = k;
     ys_p = 1;
   }
-  /* the tile of C at (i0, j0) for the block of k at p0 (kc rows), its panel packed at panel */
+  /* the tile of C at (i0, j0) for the block of k at p0 (kc rows), its panel at panel, bps apart a
+     row of k (PW when packed, B's own row stride when read in place) */
 #define KILN_SGEMM_TILE(i0, j0, p0, kc, panel, bps)                                                          \
   do {                                                                                                     \
     int64_t nc_ = cols - (j0) < PW ? cols - (j0) : PW;                                                     \
