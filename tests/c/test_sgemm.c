@@ -79,6 +79,15 @@ static void test_shapes(void) {
     check_product(130, 600, 256, l & 1, l >> 1, -0.5, 2);
     check_product(20, 200, 257, l & 1, l >> 1, 1, 0);
   }
+  /* B read in place (not transposed, its rows exactly C's columns, a multiple of 16, at most 1 MB):
+     a short k; a k past 256 (by rows of tiles all the same); the last panel one vector wide; and
+     just over 1 MB, packed a block of k at a time */
+  for (int l = 0; l < 2; l++) {
+    check_product(130, 96, 256, l, 0, -0.5, 2);
+    check_product(20, 192, 700, l, 0, 1, 0);
+    check_product(13, 80, 1500, l, 0, 3, 0);
+    check_product(9, 128, 2100, l, 0, 0.25, -1);
+  }
   kiln_set_num_threads(threads);
   /* k past a block of 2048 rows: the second block is added to C */
   for (int l = 0; l < 4; l++) check_product(9, 70, 2048 + 37, l & 1, l >> 1, 1, 0);
@@ -120,6 +129,14 @@ static void test_threads(void) {
   CHECK(d1 && d2 && memcmp(kiln_tensor_data(d1), kiln_tensor_data(d2), sizeof(float) * 300 * 260) == 0);
   kiln_tensor_release(c1); kiln_tensor_release(c2); kiln_tensor_release(d1); kiln_tensor_release(d2);
   kiln_tensor_release(a); kiln_tensor_release(b); kiln_tensor_release(bt); kiln_tensor_release(bt0);
+  /* B read in place at 1 thread; at 2, split by columns, each part packs its share: the same bits */
+  struct kiln_tensor *e = filled(100, 500), *f = filled(500, 320);
+  kiln_set_num_threads(1);
+  struct kiln_tensor *g1 = kiln_matmul(e, f);
+  kiln_set_num_threads(2);
+  struct kiln_tensor *g2 = kiln_matmul(e, f);
+  CHECK(g1 && g2 && memcmp(kiln_tensor_data(g1), kiln_tensor_data(g2), sizeof(float) * 100 * 320) == 0);
+  kiln_tensor_release(g1); kiln_tensor_release(g2); kiln_tensor_release(e); kiln_tensor_release(f);
 }
 
 int main(void) {

@@ -611,19 +611,25 @@ static int sgemm_drive(int ta, int tb, int64_t m, int64_t n, int64_t k, float al
      [128, 784] with A^T 124-125 -> 145, [784, 128] x [128, 512] 127 -> 142; at the avx2 level the
      first 69-70 -> 76, the rest level; the same bits). */
   int64_t np = (cols + PW - 1) / PW;
-  int whole = k <= 256 && np > 1 && (double)k * (double)(np * PW) * 4 <= 1 << 20;
   /* op(B) read where it lies, not packed, when it is one block of rows end to end (B not
      transposed, its rows exactly C's columns: a whole matrix, not a thread's share of its columns)
-     of whole vectors, for the products whose panels would all be packed first (whole): a short k
-     against at most 1 MB, which then stays in L2 for every row of tiles, streamed as a packed
-     panel would be (Emerald Rapids, 1 thread, GFLOP/s, medians of 15 alternating in one process:
-     [128, 256] x [256, 512] 115 -> 133, [256, 128] x [128, 512] with A^T 136 -> 144, [512, 128]
-     x [128, 784] with A^T 141 -> 146, [300, 200] x [200, 320] 148 -> 154; the MLP step 0.972-0.988
-     of its time; the same FMAs in the same order, so the same bits). A thread's share of B's
-     columns stays packed: read in place, the MLP step at 2 threads took 1.04-1.05 times as long.
-     So does a k in blocks: a block's rows of a B a power-of-two row apart fall in a few sets of L1
+     of whole vectors, for the products whose panels would all be packed first (whole), which are
+     then at most 1 MB and stay in L2 for every row of tiles, streamed as a packed panel would be
+     (Emerald Rapids, 1 thread, GFLOP/s, medians of 15 alternating in one process: [128, 256] x
+     [256, 512] 115 -> 133, [256, 128] x [128, 512] with A^T 136 -> 144, [512, 128] x [128, 784]
+     with A^T 141 -> 146, [300, 200] x [200, 320] 148 -> 154; the MLP step 0.972-0.988 of its time;
+     the same FMAs in the same order, so the same bits). A thread's share of B's columns stays
+     packed: read in place, the MLP step at 2 threads took 1.04-1.05 times as long. So does a B of
+     more than 1 MB, walked panel by panel, whose rows read in place come from L3 for every tile
      ([96, 2048] x [2048, 256] with A^T 117 -> 82). */
-  int direct = DIRECT_B && !bf && !tr && xs_q == 1 && xs_p == cols && cols % 16 == 0 && whole && k > 0;
+  int in_place = DIRECT_B && !bf && !tr && xs_q == 1 && xs_p == cols && cols % 16 == 0 && k > 0;
+  /* A B read in place of at most 1 MB goes by rows of tiles whatever its k (up to 2048 by that
+     bound), so that a tile row's rows of A are read once for every panel rather than once a panel
+     (1 thread, medians of 11 alternating: [512, 512] x [512, 512] 150 -> 163 GFLOP/s, [256, 1024]
+     x [1024, 128] 158 -> 171, [64, 1024] x [1024, 256] 137 -> 149, [1024, 1024] x [1024, 256] 140
+     -> 148; 2 threads 1.00-1.08x; k in one block either way, so the same bits). */
+  int whole = (k <= 256 || in_place) && np > 1 && (double)k * (double)(np * PW) * 4 <= 1 << 20;
+  int direct = in_place && whole;
   float *pb = k > 0 && !direct ? panel_for(sizeof(float) * (size_t)((whole ? np : 1) * kc0 * PW)) : NULL;
   if (bf && (!pb || alpha == 0)) return -1;   /* the caller has seen to alpha */
   if ((!pb && !direct) || alpha == 0) {   /* no memory for a panel, or no products (C = beta C, A and B
