@@ -1,6 +1,6 @@
 /* cpu/sgemm.c: kiln's own f32 GEMM at the avx512 and avx2 levels. op(B) is packed into panels of
-   64 columns (four zmm) by up to KC rows, zero-padded (or, for a short k, read where it lies when
-   its rows run along C's: sgemm_drive); a micro-kernel keeps MR x 4 accumulators
+   64 columns (four zmm) by up to KC rows, zero-padded (or, when it is one block of rows end to
+   end of at most 1 MB, read where it lies: sgemm_drive); a micro-kernel keeps MR x 4 accumulators
    (MR = 6 rows of op(A), each element broadcast: from where it lies, or for a transposed A from a
    tile's rows packed first) and streams the panel from L1/L2, as the persistent recurrent path's
    products do. Each element of C is one sum over k in order, in blocks of KC added to C in order,
@@ -240,8 +240,8 @@ static __attribute__((noinline)) void tr_store(int nr, const float (*buf)[PW], f
 
 /* D[r][q] for NR rows and nc columns, at d[r * drs + q] = first ? alpha * acc + beta * D : D +
    alpha * acc, where acc = the broadcast operand's NR rows (element (r, p) at a[r * ars + p *
-   aps]) times the panel's kc rows (row p at pb + p * bps). beta == 0 reads nothing of D (it may hold NaN), as in the
-   BLAS. */
+   aps]) times the panel's kc rows (row p at pb + p * bps). beta == 0 reads nothing of D (it may
+   hold NaN), as in the BLAS. */
 static inline __attribute__((always_inline)) void tile(const int NR, const int NV, const float *a, int64_t ars,
                                                        int64_t aps, const float *pb, int64_t bps, int64_t kc, float *d,
                                                        int64_t drs, int64_t nc, float alpha, float beta, int first,
@@ -679,16 +679,14 @@ static int sgemm_drive(int ta, int tb, int64_t m, int64_t n, int64_t k, float al
                beta, (p0) == 0, tb_bias, last_ && relu, ob_);                                              \
   } while (0)
   const float *yf = bf ? yw : y;
-  if (direct) {
+  if (whole) {   /* B's panels where they lie (direct) or all packed first; C by rows of tiles */
     if (ybuf) pack_any_rows(y, ys_p, 0, k, rows, ybuf, bf);
-    for (int64_t i0 = 0; i0 < rows; i0 += MR)
-      for (int64_t j0 = 0; j0 < cols; j0 += PW) KILN_SGEMM_TILE(i0, j0, 0, k, (const float *)x + j0, xs_p);
-  } else if (whole) {
-    if (ybuf) pack_any_rows(y, ys_p, 0, k, rows, ybuf, bf);
-    for (int64_t j0 = 0; j0 < cols; j0 += PW)
+    for (int64_t j0 = 0; j0 < cols && !direct; j0 += PW)
       pack_any_panel(x, xs_p, xs_q, 0, k, j0, cols - j0 < PW ? cols - j0 : PW, pb + j0 / PW * k * PW, bf);
+    const float *b0 = direct ? (const float *)x : pb;
+    int64_t bstep = direct ? 1 : k, bps = direct ? xs_p : PW;   /* panel j0 at b0 + j0 * bstep */
     for (int64_t i0 = 0; i0 < rows; i0 += MR)
-      for (int64_t j0 = 0; j0 < cols; j0 += PW) KILN_SGEMM_TILE(i0, j0, 0, k, pb + j0 / PW * k * PW, PW);
+      for (int64_t j0 = 0; j0 < cols; j0 += PW) KILN_SGEMM_TILE(i0, j0, 0, k, b0 + j0 * bstep, bps);
   } else
     for (int64_t p0 = 0; p0 < k; p0 += KC) {
       int64_t kc = k - p0 < KC ? k - p0 : KC;
