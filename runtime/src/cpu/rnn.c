@@ -1066,13 +1066,15 @@ static inline __attribute__((always_inline)) void backward_team(int dt, struct l
     /* this step's rows are read where they are in dgh, by time, so that the next step may write
        its own rows while other threads still read these: one barrier per step */
     int64_t na = 0;
-    for (int64_t b = 0; b < B; b++)
-      if (active[b] && (s > 0 || L->dh0)) { xs[na] = dt_at(L->dgh, dt, grad_row(L, s, b) * GH); ys[na] = dt_at(prod, dt, b * nj); na++; }
-    if (dt == KILN_F32) times_rows_f32(wc, GH, nj, na, xs, ys, 0, 0);
-    else times_rows_f64(wc, GH, nj, na, xs, ys, 0, 0);
-    for (int64_t b = 0; b < B; b++)
-      if (active[b] && (s > 0 || L->dh0))
-        dt == KILN_F32 ? carry_back_f32(L, s, b, j0, j1, dt_at(prod, dt, b * nj)) : carry_back_f64(L, s, b, j0, j1, dt_at(prod, dt, b * nj));
+    if (s > 0 || L->dh0) {   /* the grad of the state before the step (before the first: h0's) */
+      for (int64_t b = 0; b < B; b++)
+        if (active[b]) { xs[na] = dt_at(L->dgh, dt, grad_row(L, s, b) * GH); ys[na] = dt_at(prod, dt, b * nj); na++; }
+      if (dt == KILN_F32) times_rows_f32(wc, GH, nj, na, xs, ys, 0, 0);
+      else times_rows_f64(wc, GH, nj, na, xs, ys, 0, 0);
+      for (int64_t b = 0; b < B; b++)
+        if (active[b])
+          dt == KILN_F32 ? carry_back_f32(L, s, b, j0, j1, dt_at(prod, dt, b * nj)) : carry_back_f64(L, s, b, j0, j1, dt_at(prod, dt, b * nj));
+    }
     if (L->gwp) {   /* the step's rows of dgh into the weights' grads' panels: this thread's panels */
       const int64_t PW = panel_width(dt), np = panels(dt, GH), TB = L->T * B;
       int64_t p0, p1;
@@ -1223,11 +1225,13 @@ static void backward_team_bf(void *ctx, int id, int nteam) {
     }
     barrier_wait(&L->bar, &sense);
     int64_t na = 0;
-    for (int64_t b = 0; b < B; b++)
-      if (active[b] && (s > 0 || L->dh0)) { xs[na] = L->dghb + (step_time(L, s, b) * B + b) * GHp; ys[na] = prod + b * nj; na++; }
-    if (na) kiln_cpu_rnn_bf16_times(wc, GH, nj, na, xs, ys, 0, 0, 0, sc);
-    for (int64_t b = 0; b < B; b++)
-      if (active[b] && (s > 0 || L->dh0)) carry_back_f32(L, s, b, j0, j1, prod + b * nj);
+    if (s > 0 || L->dh0) {   /* the grad of the state before the step (before the first: h0's) */
+      for (int64_t b = 0; b < B; b++)
+        if (active[b]) { xs[na] = L->dghb + (step_time(L, s, b) * B + b) * GHp; ys[na] = prod + b * nj; na++; }
+      kiln_cpu_rnn_bf16_times(wc, GH, nj, na, xs, ys, 0, 0, 0, sc);
+      for (int64_t b = 0; b < B; b++)
+        if (active[b]) carry_back_f32(L, s, b, j0, j1, prod + b * nj);
+    }
     if (L->gwp) {   /* the step's rounded rows of dgx, widened, into the weights' grads' panels: this thread's */
       const int64_t TB = L->T * B, np = panels(KILN_F32, GH);
       int64_t p0, p1;
