@@ -202,11 +202,17 @@ function GradScaler:load_state_dict(sd)
     if self.enabled then raise("amp.GradScaler: the state dict is empty (saved from a disabled scaler)") end
     return
   end
-  self.scale_value = positive(sd.scale, "scale")
-  self.growth_factor = positive(sd.growth_factor, "growth_factor")
-  self.backoff_factor = positive(sd.backoff_factor, "backoff_factor")
-  self.growth_interval = positive(sd.growth_interval, "growth_interval")
-  self.growth_tracker = tonumber(sd._growth_tracker) or 0
+  -- every field checked before any is taken: a bad dict leaves the scaler as it was
+  local scale, growth = positive(sd.scale, "scale"), positive(sd.growth_factor, "growth_factor")
+  local backoff, interval = positive(sd.backoff_factor, "backoff_factor"), positive(sd.growth_interval, "growth_interval")
+  if growth <= 1 then raise("amp.GradScaler: growth_factor must be > 1, got " .. tostring(growth)) end
+  if backoff >= 1 then raise("amp.GradScaler: backoff_factor must be < 1, got " .. tostring(backoff)) end
+  local tracker = sd._growth_tracker
+  if type(tracker) ~= "number" or not (tracker >= 0 and tracker < math.huge) or tracker ~= math.floor(tracker) then
+    raise("amp.GradScaler: _growth_tracker must be a whole number >= 0, got " .. tostring(tracker))
+  end
+  self.scale_value, self.growth_factor, self.backoff_factor = scale, growth, backoff
+  self.growth_interval, self.growth_tracker = interval, tracker
   self.per_optimizer = {}
 end
 

@@ -555,4 +555,28 @@ describe("amp.GradScaler", function()
     assert.are.same(scaler:state_dict(), other:state_dict())
     assert.are.equal(2 ^ 7, st.scaler.scale)
   end)
+  it("refuses a bad state dict whole, naming the field, and keeps its state", function()
+    local _, _, scaler = setup{init_scale = 2 ^ 10, growth_interval = 7}
+    scaler.growth_tracker = 2
+    local before = scaler:state_dict()
+    local function with(field, value)
+      local sd = scaler:state_dict()
+      sd.scale = 2 ^ 3   -- a good field ahead of the bad one must not be taken either
+      sd[field] = value
+      return sd
+    end
+    for _, case in ipairs{{"growth_factor", 0.5}, {"growth_factor", 1}, {"backoff_factor", 1.5}, {"growth_interval", 0},
+                          {"_growth_tracker", -1}, {"_growth_tracker", 0.5}, {"_growth_tracker", "3"},
+                          {"_growth_tracker", math.huge}, {"_growth_tracker", 0 / 0}, {"scale", 0 / 0}} do
+      local err = H.error_of(scaler.load_state_dict, scaler, with(case[1], case[2]))
+      assert.truthy(err and err:find(case[1], 1, true), case[1] .. " = " .. tostring(case[2]) .. ": " .. tostring(err))
+      assert.are.same(before, scaler:state_dict())
+    end
+    local sd = with("_growth_tracker", nil)
+    assert.truthy(H.error_of(scaler.load_state_dict, scaler, sd):find("_growth_tracker", 1, true))
+    assert.are.same(before, scaler:state_dict())
+    scaler:load_state_dict(with("_growth_tracker", 4))
+    assert.are.equal(2 ^ 3, scaler:get_scale())
+    assert.are.equal(4, scaler.growth_tracker)
+  end)
 end)
