@@ -444,6 +444,46 @@ describe("state_dict", function()
     opt:step()
     assert_near(a, ref_sgd({lr = 0.1, momentum = 0.9}, 2), 1e-6)
   end)
+
+  it("refuses bad options and steps in a state dict as the constructor does, taking nothing of it", function()
+    local a = param("f32")
+    local opt = optim.Adam({a}, {lr = 0.1})
+    a.grad = grad("f32", G[1])
+    opt:step()
+    local function with(edit)
+      local sd = opt:state_dict()
+      sd.param_groups[1].eps = 1e-6             -- a good change beside the bad one is not taken either
+      sd.state[0].exp_avg:fill_(7)
+      edit(sd)
+      return sd
+    end
+    local cases = {
+      {function(sd) sd.param_groups[1].lr = "fast" end, "Adam.load_state_dict: group 1: invalid learning rate: fast"},
+      {function(sd) sd.param_groups[1].lr = 0 / 0 end, "group 1: invalid learning rate: nan"},
+      {function(sd) sd.param_groups[1].betas = {2, 0.999} end, "group 1: invalid beta parameter at index 1: 2"},
+      {function(sd) sd.param_groups[1].lrr = 0.1 end, "group 1: unknown option \"lrr\""},
+      {function(sd) sd.state[0].step = -3 end, "parameter 0: step must be a whole number >= 0, got -3"},
+      {function(sd) sd.state[0].step = 0 / 0 end, "parameter 0: step must be a whole number >= 0, got nan"},
+      {function(sd) sd.state[0].step = 1.5 end, "step must be a whole number >= 0, got 1.5"},
+    }
+    for _, c in ipairs(cases) do
+      local msg = err(function() opt:load_state_dict(with(c[1])) end)
+      assert.truthy(H.contains(msg, c[2]), msg)
+      assert.truthy(H.contains(msg, SRC), msg)
+      assert.are.equal(1e-8, opt.param_groups[1].eps)
+      assert.are.equal(1, opt.state[a].step)
+      assert.are_not.equal(7, opt.state[a].exp_avg[1])
+    end
+    local w = optim.AdamW({param("f32")}, {lr = 0.1})
+    local sd = w:state_dict()
+    sd.param_groups[1].decoupled_weight_decay = false
+    local msg = err(function() w:load_state_dict(sd) end)
+    assert.truthy(H.contains(msg, "decoupled_weight_decay is false in the state dict; AdamW's is always true"), msg)
+    -- and the next step runs from the state it had
+    a.grad = grad("f32", G[2])
+    opt:step()
+    assert_near(a, ref_adam({lr = 0.1}, 2), 1e-6)
+  end)
 end)
 
 describe("misuse", function()
@@ -499,6 +539,12 @@ describe("misuse", function()
       {function() optim.Adam({kiln.tensor({1, 2}, {dtype = "i64"})}) end, "is i64"},
       {function() optim.RMSprop({p}, {alpha = -1}) end, "invalid alpha value"},
       {function() optim.Adagrad({p}, {lr_decay = -1}) end, "invalid lr_decay value"},
+      -- NaN is refused as PyTorch refuses it (not 0 <= nan), not left to the first step
+      {function() optim.SGD({p}, {lr = 0 / 0}) end, "SGD: invalid learning rate: nan"},
+      {function() optim.Adam({p}, {eps = 0 / 0}) end, "Adam: invalid epsilon value: nan"},
+      {function() optim.Adam({p}, {betas = {0 / 0, 0.999}}) end, "invalid beta parameter at index 1: nan"},
+      {function() optim.RMSprop({p}, {momentum = 0 / 0}) end, "RMSprop: invalid momentum value: nan"},
+      {function() optim.Adagrad({p}, {initial_accumulator_value = 0 / 0}) end, "invalid initial_accumulator_value"},
     }
     for _, c in ipairs(cases) do
       local msg = err(c[1])

@@ -7,13 +7,13 @@ return {
   name = "Adagrad",
   defaults = {lr = 1e-2, lr_decay = 0, weight_decay = 0, initial_accumulator_value = 0, eps = 1e-10},
   check = function(g, fail)
-    if type(g.lr) ~= "number" or g.lr < 0 then fail("invalid learning rate: " .. tostring(g.lr)) end
-    if type(g.lr_decay) ~= "number" or g.lr_decay < 0 then fail("invalid lr_decay value: " .. tostring(g.lr_decay)) end
-    if type(g.weight_decay) ~= "number" or g.weight_decay < 0 then fail("invalid weight_decay value: " .. tostring(g.weight_decay)) end
-    if type(g.initial_accumulator_value) ~= "number" or g.initial_accumulator_value < 0 then
+    if type(g.lr) ~= "number" or not (g.lr >= 0) then fail("invalid learning rate: " .. tostring(g.lr)) end
+    if type(g.lr_decay) ~= "number" or not (g.lr_decay >= 0) then fail("invalid lr_decay value: " .. tostring(g.lr_decay)) end
+    if type(g.weight_decay) ~= "number" or not (g.weight_decay >= 0) then fail("invalid weight_decay value: " .. tostring(g.weight_decay)) end
+    if type(g.initial_accumulator_value) ~= "number" or not (g.initial_accumulator_value >= 0) then
       fail("invalid initial_accumulator_value value: " .. tostring(g.initial_accumulator_value))
     end
-    if type(g.eps) ~= "number" or g.eps < 0 then fail("invalid epsilon value: " .. tostring(g.eps)) end
+    if type(g.eps) ~= "number" or not (g.eps >= 0) then fail("invalid epsilon value: " .. tostring(g.eps)) end
   end,
   state_names = {"sum"},
   eager_state = function(g, p) return {step = 0, sum = full_like(p, g.initial_accumulator_value)} end,

@@ -4,14 +4,14 @@ local Tensor = require "kiln.tensor"
 local function zeros_like(p) return Tensor.zeros_like(p) end
 
 local function check(g, fail)
-  if type(g.lr) ~= "number" or g.lr < 0 then fail("invalid learning rate: " .. tostring(g.lr)) end
-  if type(g.eps) ~= "number" or g.eps < 0 then fail("invalid epsilon value: " .. tostring(g.eps)) end
+  if type(g.lr) ~= "number" or not (g.lr >= 0) then fail("invalid learning rate: " .. tostring(g.lr)) end
+  if type(g.eps) ~= "number" or not (g.eps >= 0) then fail("invalid epsilon value: " .. tostring(g.eps)) end
   if type(g.betas) ~= "table" or #g.betas ~= 2 then fail("betas must be a table of two numbers, e.g. {0.9, 0.999}") end
   for i = 1, 2 do
     local b = g.betas[i]
-    if type(b) ~= "number" or b < 0 or b >= 1 then fail(string.format("invalid beta parameter at index %d: %s", i, tostring(b))) end
+    if type(b) ~= "number" or not (b >= 0 and b < 1) then fail(string.format("invalid beta parameter at index %d: %s", i, tostring(b))) end
   end
-  if type(g.weight_decay) ~= "number" or g.weight_decay < 0 then fail("invalid weight_decay value: " .. tostring(g.weight_decay)) end
+  if type(g.weight_decay) ~= "number" or not (g.weight_decay >= 0) then fail("invalid weight_decay value: " .. tostring(g.weight_decay)) end
 end
 
 local function spec(name, weight_decay, decoupled)

@@ -340,6 +340,26 @@ function Optimizer:load_state_dict(sd)
     end
     for j, id in ipairs(g.params) do by_id[id] = mine[j] end
   end
+  -- each group's options as loading would leave them, checked as the constructor checks them,
+  -- before anything is taken: a bad state dict leaves the optimizer as it was
+  local spec = self._spec
+  for gi, g in ipairs(saved) do
+    local merged = {}
+    for k, v in pairs(self.param_groups[gi]) do merged[k] = v end
+    for k, v in pairs(g) do
+      if k ~= "params" then
+        if self.defaults[k] == nil and not scheduler_keys[k] then
+          raise(string.format("%s: group %d: unknown option %q%s", name, gi, tostring(k), core.did_you_mean(k, self.defaults)))
+        end
+        if spec.fixed and spec.fixed[k] ~= nil and v ~= spec.fixed[k] then
+          raise(string.format("%s: group %d: %s is %s in the state dict; %s's is always %s", name, gi, k, tostring(v),
+                              spec.name, tostring(spec.fixed[k])))
+        end
+        merged[k] = v
+      end
+    end
+    spec.check(merged, function(msg) raise(string.format("%s: group %d: %s", name, gi, msg)) end)
+  end
   local new_state = {}
   for id, s in pairs(sd.state) do
     local p = by_id[id]
@@ -352,6 +372,8 @@ function Optimizer:load_state_dict(sd)
                               shape_string(v), shape_string(p)))
         end
         st[k] = Tensor.clone(v:to{dtype = p.p.dtype, device = p.p.device})
+      elseif k == "step" and (type(v) ~= "number" or not (v >= 0 and v < math.huge) or v ~= math.floor(v)) then
+        raise(string.format("%s: parameter %s: step must be a whole number >= 0, got %s", name, tostring(id), tostring(v)))
       else
         st[k] = copy(v)
       end

@@ -7,9 +7,9 @@ return {
   name = "SGD",
   defaults = {lr = 1e-3, momentum = 0, dampening = 0, weight_decay = 0, nesterov = false},
   check = function(g, fail)
-    if type(g.lr) ~= "number" or g.lr < 0 then fail("invalid learning rate: " .. tostring(g.lr)) end
-    if type(g.momentum) ~= "number" or g.momentum < 0 then fail("invalid momentum value: " .. tostring(g.momentum)) end
-    if type(g.weight_decay) ~= "number" or g.weight_decay < 0 then fail("invalid weight_decay value: " .. tostring(g.weight_decay)) end
+    if type(g.lr) ~= "number" or not (g.lr >= 0) then fail("invalid learning rate: " .. tostring(g.lr)) end
+    if type(g.momentum) ~= "number" or not (g.momentum >= 0) then fail("invalid momentum value: " .. tostring(g.momentum)) end
+    if type(g.weight_decay) ~= "number" or not (g.weight_decay >= 0) then fail("invalid weight_decay value: " .. tostring(g.weight_decay)) end
     if type(g.dampening) ~= "number" then fail("invalid dampening value: " .. tostring(g.dampening)) end
     if g.nesterov and (g.momentum <= 0 or g.dampening ~= 0) then
       fail("nesterov momentum requires a momentum and zero dampening")
