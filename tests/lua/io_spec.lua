@@ -494,9 +494,7 @@ describe("kiln.checkpoint", function()
         for k, v in pairs(sd2.state[i]) do if kiln.is_tensor(v) then tens2[k] = v end end
         assert_same_tensors(tens1, tens2, "optimizer state " .. i)
       end
-      local a, b = s1:state_dict(), s2:state_dict()
-      a.anneal, b.anneal = nil, nil
-      assert.are.same(a, b)
+      assert.are.same(s1:state_dict(), s2:state_dict())
       -- the decisive check: more steps give the same parameters
       train_steps(m1, o1, s1, 4, 11)
       train_steps(m2, o2, s2, 4, 11)

@@ -693,6 +693,40 @@ describe("schedulers", function()
     assert.are.same({0.05, 0.5}, sched:get_last_lr())
     assert.are.equal(0.1, opt.param_groups[1].initial_lr)
   end)
+
+  it("a state dict carries OneCycleLR's anneal strategy, and one of another kind is refused whole", function()
+    -- a linear schedule resumed into a scheduler made with the default (cosine) goes on linearly
+    local o1, o2 = sgd(), sgd()
+    local linear = optim.OneCycleLR(o1, {max_lr = 1, total_steps = 10, anneal_strategy = "linear"})
+    for _ = 1, 4 do linear:step() end
+    local resumed = optim.OneCycleLR(o2, {max_lr = 1, total_steps = 10})
+    resumed:load_state_dict(linear:state_dict())
+    linear:step()
+    resumed:step()
+    -- step 5 of the second phase (steps 2..9), linear: 1 + (4e-6 - 1) * 3 / 7
+    assert_near({o1.param_groups[1].lr, o2.param_groups[1].lr}, {1 + (4e-6 - 1) * 3 / 7, 1 + (4e-6 - 1) * 3 / 7}, 1e-14)
+    local o3 = sgd()
+    local step_lr = optim.StepLR(o3, {step_size = 2, gamma = 0.5})
+    step_lr:step()
+    local before = step_lr:state_dict()
+    local cases = {
+      {linear:state_dict(), "StepLR.load_state_dict: the state dict has a field \"", "that this scheduler does not have"},
+      {{step = 3}, "field \"step\" that this scheduler does not have"},
+      {{step_size = "2"}, "field \"step_size\" is a string in the state dict, a number here"},
+      {"x", "StepLR.load_state_dict: expected a table from state_dict(), got a string"},
+    }
+    for _, c in ipairs(cases) do
+      local with_good = type(c[1]) == "table" and c[1] or nil
+      if with_good then with_good.last_epoch = 7 end   -- a good field beside the bad one is not taken
+      local msg = err(function() step_lr:load_state_dict(c[1]) end)
+      assert.truthy(H.contains(msg, c[2]), msg)
+      if c[3] then assert.truthy(H.contains(msg, c[3]), msg) end
+      assert.truthy(H.contains(msg, SRC), msg)
+      assert.are.same(before, step_lr:state_dict())
+    end
+    step_lr:step()                                     -- and it steps on as before: 0.1 * 0.5 at step 2
+    assert.are.same({0.05}, step_lr:get_last_lr())
+  end)
 end)
 
 -- ---- clipping ----

@@ -84,7 +84,22 @@ function Scheduler:state_dict()
   return sd
 end
 
+-- Takes the fields of a state dict from a scheduler of the same kind: a field this one does not
+-- have, or of another type, is an error (a dict of another kind of scheduler, or of one made with
+-- other options), and then nothing is taken.
 function Scheduler:load_state_dict(sd)
+  local name = (getmetatable(self).__name or "LRScheduler") .. ".load_state_dict"
+  if type(sd) ~= "table" then raise(string.format("%s: expected a table from state_dict(), got %s", name, core.describe(sd))) end
+  for k, v in pairs(sd) do
+    local mine = rawget(self, k)
+    if k ~= "optimizer" and mine == nil then
+      raise(string.format("%s: the state dict has a field %q that this scheduler does not have (saved from another kind of " ..
+                          "scheduler, or one made with other options?)", name, tostring(k)))
+    end
+    if k ~= "optimizer" and type(v) ~= type(mine) then
+      raise(string.format("%s: field %q is %s in the state dict, a %s here", name, tostring(k), core.describe(v), type(mine)))
+    end
+  end
   for k, v in pairs(sd) do
     if k ~= "optimizer" then self[k] = deep_copy(v) end
   end
@@ -227,7 +242,8 @@ setmetatable(OneCycleLR, {__index = Scheduler, __call = function(cls, optimizer,
     raise(name .. ": anneal_strategy must be \"cos\" or \"linear\", got " .. tostring(strategy))
   end
   if opts.max_lr == nil then raise(name .. ": max_lr is required") end
-  local self = setmetatable({total_steps = total, anneal = strategy == "cos" and anneal_cos or anneal_linear,
+  -- the strategy by name (PyTorch's _anneal_func_type), so that a state dict and a checkpoint carry it
+  local self = setmetatable({total_steps = total, _anneal_func_type = strategy,
                              cycle_momentum = opts.cycle_momentum ~= false}, cls)
   if opts.three_phase then
     self._schedule_phases = {
@@ -270,14 +286,15 @@ function OneCycleLR:get_lr()
   end
   local r = {}
   local phases = self._schedule_phases
+  local anneal = self._anneal_func_type == "linear" and anneal_linear or anneal_cos
   for i, g in ipairs(self.optimizer.param_groups) do
     local start_step = 0
     local lr, momentum
     for k, ph in ipairs(phases) do
       if step <= ph.end_step or k == #phases then
         local pct = (step - start_step) / (ph.end_step - start_step)
-        lr = self.anneal(g[ph.start_lr], g[ph.end_lr], pct)
-        if self.cycle_momentum then momentum = self.anneal(g[ph.start_momentum], g[ph.end_momentum], pct) end
+        lr = anneal(g[ph.start_lr], g[ph.end_lr], pct)
+        if self.cycle_momentum then momentum = anneal(g[ph.start_momentum], g[ph.end_momentum], pct) end
         break
       end
       start_step = ph.end_step
