@@ -221,7 +221,7 @@ local function state_of(obj, what)
   return obj
 end
 
--- Scheduler state without functions (OneCycleLR's annealing function comes from its constructor).
+-- Scheduler state without functions (a scheduler of the user's may keep one; its constructor makes it).
 local function without_functions(t)
   local r = {}
   for k, v in pairs(t) do if type(v) ~= "function" then r[k] = v end end

@@ -705,6 +705,11 @@ describe("schedulers", function()
     resumed:step()
     -- step 5 of the second phase (steps 2..9), linear: 1 + (4e-6 - 1) * 3 / 7
     assert_near({o1.param_groups[1].lr, o2.param_groups[1].lr}, {1 + (4e-6 - 1) * 3 / 7, 1 + (4e-6 - 1) * 3 / 7}, 1e-14)
+    local cubic = linear:state_dict()
+    cubic._anneal_func_type = "cubic"
+    local msg = err(function() resumed:load_state_dict(cubic) end)
+    assert.truthy(H.contains(msg, "OneCycleLR.load_state_dict: _anneal_func_type \"cubic\" is unknown (cos or linear)"), msg)
+    assert.are.same(linear:state_dict(), resumed:state_dict())
     local o3 = sgd()
     local step_lr = optim.StepLR(o3, {step_size = 2, gamma = 0.5})
     step_lr:step()

@@ -100,6 +100,7 @@ function Scheduler:load_state_dict(sd)
       raise(string.format("%s: field %q is %s in the state dict, a %s here", name, tostring(k), core.describe(v), type(mine)))
     end
   end
+  if self.check_loaded then self:check_loaded(sd, name) end   -- a kind's own checks of its fields
   for k, v in pairs(sd) do
     if k ~= "optimizer" then self[k] = deep_copy(v) end
   end
@@ -219,6 +220,7 @@ M.OneCycleLR = OneCycleLR
 
 local function anneal_cos(start, stop, pct) return stop + (start - stop) / 2 * (math.cos(math.pi * pct) + 1) end
 local function anneal_linear(start, stop, pct) return (stop - start) * pct + start end
+local anneal_by_name = {cos = anneal_cos, linear = anneal_linear}
 
 setmetatable(OneCycleLR, {__index = Scheduler, __call = function(cls, optimizer, opts)
   opts = core.options(opts, core.set("max_lr", "total_steps", "epochs", "steps_per_epoch", "pct_start", "anneal_strategy", "cycle_momentum", "base_momentum", "max_momentum", "div_factor", "final_div_factor", "three_phase"), "OneCycleLR")
@@ -238,7 +240,7 @@ setmetatable(OneCycleLR, {__index = Scheduler, __call = function(cls, optimizer,
     raise(name .. ": pct_start must be between 0 and 1, got " .. tostring(pct_start))
   end
   local strategy = opts.anneal_strategy or "cos"
-  if strategy ~= "cos" and strategy ~= "linear" then
+  if not anneal_by_name[strategy] then
     raise(name .. ": anneal_strategy must be \"cos\" or \"linear\", got " .. tostring(strategy))
   end
   if opts.max_lr == nil then raise(name .. ": max_lr is required") end
@@ -279,6 +281,12 @@ setmetatable(OneCycleLR, {__index = Scheduler, __call = function(cls, optimizer,
   return init(self, optimizer)
 end})
 
+function OneCycleLR:check_loaded(sd, name)
+  if sd._anneal_func_type ~= nil and not anneal_by_name[sd._anneal_func_type] then
+    raise(string.format("%s: _anneal_func_type %q is unknown (cos or linear)", name, tostring(sd._anneal_func_type)))
+  end
+end
+
 function OneCycleLR:get_lr()
   local step = self.last_epoch
   if step > self.total_steps then
@@ -286,7 +294,10 @@ function OneCycleLR:get_lr()
   end
   local r = {}
   local phases = self._schedule_phases
-  local anneal = self._anneal_func_type == "linear" and anneal_linear or anneal_cos
+  local anneal = anneal_by_name[self._anneal_func_type]
+  if not anneal then
+    raise("OneCycleLR: anneal strategy " .. tostring(self._anneal_func_type) .. " is unknown (cos or linear)")
+  end
   for i, g in ipairs(self.optimizer.param_groups) do
     local start_step = 0
     local lr, momentum
