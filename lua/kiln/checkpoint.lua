@@ -351,9 +351,20 @@ function M.load(where, targets)
     if not plain.has_model then raise(string.format("checkpoint.load: %s holds no model", path)) end
     if type(targets.model.load_state_dict) == "function" then
       checked("model", targets.model.load_state_dict, targets.model, model)
-    else   -- a table of tensors, filled in place
+    else   -- a table of tensors, filled in place: every one checked first (the same shape, not one
+           -- that copy_ would broadcast), then all copied
       for k, t in pairs(targets.model) do
-        if model[k] == nil then raise(string.format("checkpoint.load: %s has no tensor model.%s", path, tostring(k))) end
+        local src = model[k]
+        if src == nil then raise(string.format("checkpoint.load: %s has no tensor model.%s", path, tostring(k))) end
+        if not is_tensor(t) then
+          raise(string.format("checkpoint.load: %s: the model's %s is %s, not a tensor", path, tostring(k), core.describe(t)))
+        end
+        if not is_tensor(src) or tostring(src:size()) ~= tostring(t:size()) then
+          raise(string.format("checkpoint.load: %s: model.%s is %s in the checkpoint, %s in the model", path, tostring(k),
+                              is_tensor(src) and tostring(src:size()) or core.describe(src), tostring(t:size())))
+        end
+      end
+      for k, t in pairs(targets.model) do
         checked("model." .. tostring(k), autograd.no_grad, function() t:copy_(model[k]) end)
       end
     end

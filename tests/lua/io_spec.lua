@@ -565,7 +565,12 @@ describe("kiln.checkpoint", function()
     fails({model = nn.Sequential({nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 4)})}, "model: .*2%.weight")
     -- a tensor of a plain table that the checkpoint lacks, and one of the wrong shape
     fails({model = {["9.weight"] = kiln.zeros(2)}}, "has no tensor model%.9%.weight")
-    fails({model = {["0.weight"] = kiln.zeros(2, 2)}}, "model%.0%.weight: ")
+    fails({model = {["0.weight"] = kiln.zeros(2, 2)}}, "model%.0%.weight is %[8, 6%] in the checkpoint, %[2, 2%] in the model")
+    -- one that copy_ would broadcast (a bias of [8] into [2, 8]) too, before any tensor of the table is written
+    local w, b = kiln.zeros(8, 6), kiln.zeros(2, 8)
+    fails({model = {["0.weight"] = w, ["0.bias"] = b}}, "model%.0%.bias is %[8%] in the checkpoint, %[2, 8%] in the model")
+    assert.are.equal(0, w:abs():sum():item())
+    fails({model = {["0.weight"] = "w"}}, "the model's 0%.weight is a string, not a tensor")
     -- a momentum buffer that does not fit the optimizer's parameters
     local other = nn.Sequential({nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 4)})
     fails({optimizer = optim.SGD(other:parameters(), {lr = 0.1, momentum = 0.9})}, "optimizer: ")
