@@ -100,7 +100,7 @@ function Scheduler:load_state_dict(sd)
       raise(string.format("%s: field %q is %s in the state dict, a %s here", name, tostring(k), core.describe(v), type(mine)))
     end
   end
-  if self.check_loaded then self:check_loaded(sd, name) end   -- a kind's own checks of its fields
+  if self._check_loaded then self:_check_loaded(sd, name) end   -- a kind's own checks of its fields
   for k, v in pairs(sd) do
     if k ~= "optimizer" then self[k] = deep_copy(v) end
   end
@@ -281,7 +281,7 @@ setmetatable(OneCycleLR, {__index = Scheduler, __call = function(cls, optimizer,
   return init(self, optimizer)
 end})
 
-function OneCycleLR:check_loaded(sd, name)
+function OneCycleLR:_check_loaded(sd, name)
   if sd._anneal_func_type ~= nil and not anneal_by_name[sd._anneal_func_type] then
     raise(string.format("%s: _anneal_func_type %q is unknown (cos or linear)", name, tostring(sd._anneal_func_type)))
   end
