@@ -208,9 +208,7 @@ function GradScaler:load_state_dict(sd)
   if growth <= 1 then raise("amp.GradScaler: growth_factor must be > 1, got " .. tostring(growth)) end
   if backoff >= 1 then raise("amp.GradScaler: backoff_factor must be < 1, got " .. tostring(backoff)) end
   local tracker = sd._growth_tracker
-  if type(tracker) ~= "number" or not (tracker >= 0 and tracker < math.huge) or tracker ~= math.floor(tracker) then
-    raise("amp.GradScaler: _growth_tracker must be a whole number >= 0, got " .. tostring(tracker))
-  end
+  core.count_arg(tracker, "amp.GradScaler", "_growth_tracker")
   self.scale_value, self.growth_factor, self.backoff_factor = scale, growth, backoff
   self.growth_interval, self.growth_tracker = interval, tracker
   self.per_optimizer = {}

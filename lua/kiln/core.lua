@@ -177,6 +177,12 @@ function M.integer_arg(v, op, name)
   end
 end
 
+-- A count (an integer >= 0, as integer_arg takes it) named name of op, else an error naming both.
+function M.count_arg(v, op, name)
+  M.integer_arg(v, op, name)
+  if v < 0 then M.raise(string.format("%s: %s must be >= 0, got %s", op, name, tostring(v))) end
+end
+
 -- A true/false option of op (nil: the default); anything else is an error naming it.
 function M.flag(v, default, op, name)
   if v == nil then return default end

@@ -462,9 +462,9 @@ describe("state_dict", function()
       {function(sd) sd.param_groups[1].lr = 0 / 0 end, "group 1: invalid learning rate: nan"},
       {function(sd) sd.param_groups[1].betas = {2, 0.999} end, "group 1: invalid beta parameter at index 1: 2"},
       {function(sd) sd.param_groups[1].lrr = 0.1 end, "group 1: unknown option \"lrr\""},
-      {function(sd) sd.state[0].step = -3 end, "parameter 0: step must be a whole number >= 0, got -3"},
-      {function(sd) sd.state[0].step = 0 / 0 end, "parameter 0: step must be a whole number >= 0, got nan"},
-      {function(sd) sd.state[0].step = 1.5 end, "step must be a whole number >= 0, got 1.5"},
+      {function(sd) sd.state[0].step = -3 end, "Adam.load_state_dict: parameter 0: step must be >= 0, got -3"},
+      {function(sd) sd.state[0].step = 0 / 0 end, "parameter 0: step must be an integer, got nan"},
+      {function(sd) sd.state[0].step = 1.5 end, "parameter 0: step must be an integer, got 1.5"},
     }
     for _, c in ipairs(cases) do
       local msg = err(function() opt:load_state_dict(with(c[1])) end)

@@ -372,9 +372,8 @@ function Optimizer:load_state_dict(sd)
                               shape_string(v), shape_string(p)))
         end
         st[k] = Tensor.clone(v:to{dtype = p.p.dtype, device = p.p.device})
-      elseif k == "step" and (type(v) ~= "number" or not (v >= 0 and v < math.huge) or v ~= math.floor(v)) then
-        raise(string.format("%s: parameter %s: step must be a whole number >= 0, got %s", name, tostring(id), tostring(v)))
       else
+        if k == "step" then core.count_arg(v, name .. ": parameter " .. tostring(id), "step") end
         st[k] = copy(v)
       end
     end

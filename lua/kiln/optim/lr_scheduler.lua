@@ -92,12 +92,14 @@ function Scheduler:load_state_dict(sd)
   if type(sd) ~= "table" then raise(string.format("%s: expected a table from state_dict(), got %s", name, core.describe(sd))) end
   for k, v in pairs(sd) do
     local mine = rawget(self, k)
-    if k ~= "optimizer" and mine == nil then
-      raise(string.format("%s: the state dict has a field %q that this scheduler does not have (saved from another kind of " ..
-                          "scheduler, or one made with other options?)", name, tostring(k)))
-    end
-    if k ~= "optimizer" and type(v) ~= type(mine) then
-      raise(string.format("%s: field %q is %s in the state dict, a %s here", name, tostring(k), core.describe(v), type(mine)))
+    if k ~= "optimizer" then
+      if mine == nil then
+        raise(string.format("%s: the state dict has a field %q that this scheduler does not have (saved from another kind " ..
+                            "of scheduler, or one made with other options?)", name, tostring(k)))
+      end
+      if type(v) ~= type(mine) then
+        raise(string.format("%s: field %q is %s in the state dict, a %s here", name, tostring(k), core.describe(v), type(mine)))
+      end
     end
   end
   if self._check_loaded then self:_check_loaded(sd, name) end   -- a kind's own checks of its fields
@@ -294,10 +296,7 @@ function OneCycleLR:get_lr()
   end
   local r = {}
   local phases = self._schedule_phases
-  local anneal = anneal_by_name[self._anneal_func_type]
-  if not anneal then
-    raise("OneCycleLR: anneal strategy " .. tostring(self._anneal_func_type) .. " is unknown (cos or linear)")
-  end
+  local anneal = anneal_by_name[self._anneal_func_type]   -- checked when made and when loaded
   for i, g in ipairs(self.optimizer.param_groups) do
     local start_step = 0
     local lr, momentum
